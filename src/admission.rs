@@ -1,0 +1,414 @@
+//! The [`Admission`] guard: what a successful decision gives, and how its tokens are settled.
+
+use crate::demand::{Reconcile, Reservation, Usage};
+use crate::error::UsageError;
+use crate::id::AdmissionId;
+use crate::shared::SharedRef;
+use crate::state::{Word, MAX_TOKENS, ONE_SLOT};
+use crate::sync::Ordering;
+use crate::Priority;
+use std::fmt;
+
+/// What a usage report left behind (CONTRACT.md §5).
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
+/// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_200).build().unwrap();
+/// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
+/// let r = a.report_usage(Usage::new(20, 5), None).unwrap();
+/// assert_eq!((r.sequence, r.held, r.consumed, r.output_remaining), (1, 1_020, 25, Some(995)));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct UsageReport {
+    /// The admission.
+    pub admission_id: AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// Increments whenever the clamped usage or the hold changes.
+    pub sequence: u64,
+    /// The reservation `r` (0 without a budget).
+    pub reserved: u64,
+    /// The current hold (0 after release or without a budget).
+    pub held: u64,
+    /// `input + output` of the clamped cumulative usage.
+    pub consumed: u64,
+    /// The reservation's `max_output` (`None` without a budget).
+    pub output_cap: Option<u64>,
+    /// `max(0, max_output − output)` (`None` without a budget).
+    pub output_remaining: Option<u64>,
+    /// `consumed > reserved` (always false without a budget).
+    pub over_reservation: bool,
+}
+
+/// What a release settled.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
+/// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap();
+/// let a = b.try_acquire(Demand::tokens(Reservation::new(300, 200).unwrap())).unwrap();
+/// let r = a.release(Some(Usage::new(100, 50))).unwrap();
+/// assert_eq!((r.held, r.consumed, r.refunded), (500, Some(150), 350));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ReleaseReport {
+    /// The admission.
+    pub admission_id: AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// The reservation `r` (0 without a budget).
+    pub reserved: u64,
+    /// The hold just before release; all of it went back to the budget.
+    pub held: u64,
+    /// `max(0, held − consumed)` (bookkeeping; 0 without usage or without a budget).
+    pub refunded: u64,
+    /// Consumption, when usage is known (the explicit usage, else the last report).
+    pub consumed: Option<u64>,
+    /// The usage the release used.
+    pub usage: Option<Usage>,
+    /// The usage sequence at release.
+    pub usage_sequence: u64,
+}
+
+/// `release` was given invalid usage: nothing changed, and the admission comes back so that
+/// nothing is lost (dropping it releases it without usage).
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Usage};
+/// let b = Bulkhead::new(1).unwrap();
+/// let a = b.try_acquire(Demand::slot()).unwrap();
+/// let err = a.release(Some(Usage::new(u64::MAX, 1))).unwrap_err();
+/// assert_eq!(b.stats().in_flight, 1);        // still held
+/// err.admission.release(None).unwrap();      // settle it properly
+/// assert_eq!(b.stats().in_flight, 0);
+/// ```
+#[derive(Debug)]
+pub struct ReleaseError {
+    /// What was wrong.
+    pub error: UsageError,
+    /// The admission, still held.
+    pub admission: Box<Admission>,
+}
+
+impl fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "release refused, admission still held: {}", self.error)
+    }
+}
+
+impl std::error::Error for ReleaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// A successful admission: a global slot and, with a token budget, a token hold.
+///
+/// It is `Send + 'static`, so it can move into a spawned task or thread. Dropping it releases
+/// it (without usage: the last report is used), also during a panic unwind; `release` consumes
+/// it, so a second release cannot be written.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
+/// let b = Bulkhead::builder().max_concurrent(4).token_budget(10_000).build().unwrap();
+/// let mut a = b.try_acquire(Demand::tokens(Reservation::new(1_000, 500).unwrap())).unwrap();
+/// assert_eq!((a.revision(), a.held()), (0, 1_500));
+/// std::thread::spawn(move || {
+///     a.report_usage(Usage::new(900, 100), None).unwrap();
+///     a.release(Some(Usage::new(900, 300))).unwrap();
+/// }).join().unwrap();
+/// assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 0);
+/// ```
+pub struct Admission {
+    shared: SharedRef,
+    id: AdmissionId,
+    revision: u64,
+    priority: Priority,
+    reservation: Option<Reservation>,
+    held: u64,
+    reported: Option<Usage>,
+    sequence: u64,
+    released: bool,
+}
+
+impl Admission {
+    pub(crate) fn new(
+        shared: SharedRef,
+        id: AdmissionId,
+        revision: u64,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Admission {
+        Admission {
+            shared,
+            id,
+            revision,
+            priority,
+            reservation,
+            held: reservation.map_or(0, |r| r.total()),
+            reported: None,
+            sequence: 0,
+            released: false,
+        }
+    }
+
+    /// The admission's id (unique, UUID-formatted).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().id().to_string().len(), 36);
+    /// ```
+    pub fn id(&self) -> AdmissionId {
+        self.id
+    }
+
+    /// The revision of the limits that authorised this admission; never relabelled.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::builder().max_concurrent(1).initial_revision(7).build().unwrap();
+    /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().revision(), 7);
+    /// ```
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The demand's priority.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, Demand, Priority};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().priority(), Priority::Normal);
+    /// ```
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// The reservation taken (`None` on a bulkhead without a token budget).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, Demand, Reservation};
+    /// let d = Demand::tokens(Reservation::new(5, 5).unwrap());
+    /// assert_eq!(Bulkhead::new(1).unwrap().try_acquire(d).unwrap().reservation(), None);
+    /// ```
+    pub fn reservation(&self) -> Option<Reservation> {
+        self.reservation
+    }
+
+    /// Tokens currently held (0 without a budget).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, Demand, Reservation};
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(100).build().unwrap();
+    /// let a = b.try_acquire(Demand::tokens(Reservation::new(30, 20).unwrap())).unwrap();
+    /// assert_eq!(a.held(), 50);
+    /// ```
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The current usage sequence number.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, Demand};
+    /// assert_eq!(Bulkhead::new(1).unwrap().try_acquire(Demand::slot()).unwrap().sequence(), 0);
+    /// ```
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// Reports cumulative usage and corrects the hold (CONTRACT.md §5).
+    ///
+    /// Usage is clamped so neither field decreases. Without `reconcile` the hold becomes
+    /// `input + max(max_output, output)`; with it, `remaining_output + safety_margin +
+    /// max(0, output − max_output)`. Growth is booked as overrun with no admission check;
+    /// shrinkage as refund. The sequence increments whenever the clamped usage or the hold
+    /// changes.
+    ///
+    /// # Errors
+    /// [`UsageError`] for sums that overflow, `remaining_output` above the output cap, or a
+    /// hold that cannot be held at all; nothing changes.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Reconcile, Reservation, Usage};
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
+    /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
+    /// let r = a.report_usage(Usage::new(20, 100), Some(Reconcile { remaining_output: 900, safety_margin: 50 })).unwrap();
+    /// assert_eq!(r.held, 950);
+    /// assert_eq!(b.stats().token_budget.unwrap().total_refunded, 150);
+    /// ```
+    pub fn report_usage(
+        &mut self,
+        usage: Usage,
+        reconcile: Option<Reconcile>,
+    ) -> Result<UsageReport, UsageError> {
+        usage
+            .total()
+            .ok_or(UsageError::Overflow { field: "usage" })?;
+        let clamped = usage.clamp_after(self.reported);
+        let consumed = clamped
+            .total()
+            .ok_or(UsageError::Overflow { field: "usage" })?;
+        if let (Some(res), Some(rc)) = (self.reservation, reconcile) {
+            if rc.remaining_output > res.max_output() {
+                return Err(UsageError::RemainingExceedsCap {
+                    remaining: rc.remaining_output,
+                    cap: res.max_output(),
+                });
+            }
+        }
+        let new_hold = match self.reservation {
+            Some(res) if !self.released => {
+                let cap = res.max_output();
+                let hold = match reconcile {
+                    None => clamped.input.checked_add(cap.max(clamped.output)),
+                    Some(rc) => rc
+                        .remaining_output
+                        .checked_add(rc.safety_margin)
+                        .and_then(|h| h.checked_add(clamped.output.saturating_sub(cap))),
+                };
+                hold.ok_or(UsageError::Overflow { field: "hold" })?
+            }
+            _ => self.held,
+        };
+        if new_hold > self.held {
+            self.grow_hold(new_hold)?;
+        } else if new_hold < self.held {
+            let delta = self.held - new_hold;
+            self.shared.hot.word.fetch_sub(delta, Ordering::Release);
+            self.shared.counters.local().total_refunded.add(delta);
+        }
+        if !self.released && (self.reported != Some(clamped) || new_hold != self.held) {
+            self.sequence += 1;
+        }
+        self.held = new_hold;
+        self.reported = Some(clamped);
+        let reserved = self.reservation.map_or(0, |r| r.total());
+        Ok(UsageReport {
+            admission_id: self.id,
+            revision: self.revision,
+            sequence: self.sequence,
+            reserved,
+            held: self.held,
+            consumed,
+            output_cap: self.reservation.map(|r| r.max_output()),
+            output_remaining: self
+                .reservation
+                .map(|r| r.max_output().saturating_sub(clamped.output)),
+            over_reservation: self.reservation.is_some() && consumed > reserved,
+        })
+    }
+
+    /// Adds `new_hold − held` to the tokens in flight, with no admission check, refusing only
+    /// growth past what the word can hold. Lock-free.
+    fn grow_hold(&mut self, new_hold: u64) -> Result<(), UsageError> {
+        let delta = new_hold - self.held;
+        let word = &self.shared.hot.word;
+        let mut w = Word(word.load(Ordering::Relaxed));
+        loop {
+            if w.tokens().checked_add(delta).is_none_or(|t| t > MAX_TOKENS) {
+                return Err(UsageError::HoldTooLarge {
+                    hold: new_hold,
+                    max: MAX_TOKENS,
+                });
+            }
+            match word.compare_exchange_weak(w.0, w.0 + delta, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(actual) => w = Word(actual),
+            }
+        }
+        self.shared.counters.local().total_overrun.add(delta);
+        Ok(())
+    }
+
+    /// Releases the admission: the slot and the whole current hold go back at once.
+    ///
+    /// `usage`, when given, is the final usage; otherwise the last report is used. Consumption
+    /// is counted whenever usage is known; `refunded = max(0, held − consumed)` is bookkeeping.
+    ///
+    /// # Errors
+    /// [`ReleaseError`] when `usage` overflows; nothing changed and the admission is returned
+    /// inside the error.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
+    /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
+    /// a.report_usage(Usage::new(100, 250), None).unwrap();
+    /// let r = a.release(None).unwrap(); // falls back to the last report
+    /// assert_eq!((r.consumed, r.refunded), (Some(350), 750));
+    /// ```
+    pub fn release(mut self, usage: Option<Usage>) -> Result<ReleaseReport, ReleaseError> {
+        if let Some(u) = usage {
+            if u.total().is_none() {
+                return Err(ReleaseError {
+                    error: UsageError::Overflow { field: "usage" },
+                    admission: Box::new(self),
+                });
+            }
+        }
+        Ok(self.settle(usage))
+    }
+
+    /// Returns the slot and the whole hold. Called exactly once: `release` consumes the
+    /// admission and `Drop` skips a released one.
+    fn settle(&mut self, usage: Option<Usage>) -> ReleaseReport {
+        debug_assert!(!self.released);
+        let held = self.held;
+        let effective = usage.or(self.reported);
+        let consumed = effective.and_then(|u| u.total());
+        self.released = true;
+        self.held = 0;
+        // Release: the work done under this admission happens-before the next admission that
+        // reuses its capacity.
+        self.shared
+            .hot
+            .word
+            .fetch_sub(ONE_SLOT + held, Ordering::Release);
+        let refunded = match (self.reservation, consumed) {
+            (Some(_), Some(consumed)) => held.saturating_sub(consumed),
+            _ => 0,
+        };
+        let c = self.shared.counters.local();
+        c.released.add(1);
+        if let Some(consumed) = consumed {
+            c.total_consumed.add(consumed);
+        }
+        c.total_refunded.add(refunded);
+        ReleaseReport {
+            admission_id: self.id,
+            revision: self.revision,
+            reserved: self.reservation.map_or(0, |r| r.total()),
+            held,
+            refunded,
+            consumed,
+            usage: effective,
+            usage_sequence: self.sequence,
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if !self.released {
+            self.settle(None);
+        }
+    }
+}
+
+impl fmt::Debug for Admission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admission")
+            .field("id", &self.id)
+            .field("revision", &self.revision)
+            .field("priority", &self.priority)
+            .field("reservation", &self.reservation)
+            .field("held", &self.held)
+            .field("sequence", &self.sequence)
+            .field("released", &self.released)
+            .finish()
+    }
+}

@@ -1,0 +1,186 @@
+//! Typed errors for bad input. Every one of them is returned before any state changes.
+
+use crate::limits::LimitsSnapshot;
+use std::fmt;
+
+/// What is wrong with one configuration or snapshot field.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, ConfigProblem};
+/// let err = Bulkhead::builder().max_concurrent(1 << 20).build().unwrap_err();
+/// assert_eq!(err.field, "max_concurrent");
+/// assert!(matches!(err.problem, ConfigProblem::TooLarge { max: 65_535, .. }));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigProblem {
+    /// The value is larger than the packed atomic words can hold.
+    TooLarge {
+        /// The value given.
+        value: u64,
+        /// The largest value supported.
+        max: u64,
+    },
+    /// `high_priority_reserve` exceeds `budget` at construction.
+    ReserveExceedsBudget {
+        /// The reserve given.
+        reserve: u64,
+        /// The budget given.
+        budget: u64,
+    },
+    /// A snapshot omits the token budget although the bulkhead was built with one.
+    Required,
+    /// A snapshot sets a token budget although the bulkhead was built without one.
+    MustBeOmitted,
+    /// The field needs a token budget, and none is configured.
+    NeedsTokenBudget,
+}
+
+/// An invalid configuration or limits snapshot. Nothing was built or installed.
+///
+/// ```
+/// use llm_bulkhead::Bulkhead;
+/// let err = Bulkhead::builder().token_budget(100).high_priority_reserve(200).build().unwrap_err();
+/// assert_eq!(err.field, "token_budget.high_priority_reserve");
+/// assert!(err.to_string().contains("exceeds"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The offending field, as a dotted path.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: ConfigProblem,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.problem {
+            ConfigProblem::TooLarge { value, max } => write!(
+                f,
+                "{} = {value} exceeds the largest supported value {max}",
+                self.field
+            ),
+            ConfigProblem::ReserveExceedsBudget { reserve, budget } => write!(
+                f,
+                "{} = {reserve} exceeds token_budget.budget = {budget}",
+                self.field
+            ),
+            ConfigProblem::Required => write!(
+                f,
+                "{} is required because the bulkhead was built with a token budget",
+                self.field
+            ),
+            ConfigProblem::NeedsTokenBudget => {
+                write!(f, "{} requires a token budget to be configured", self.field)
+            }
+            ConfigProblem::MustBeOmitted => write!(
+                f,
+                "{} must be omitted because the bulkhead was built without a token budget",
+                self.field
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why `apply_limits` installed nothing.
+///
+/// ```
+/// use llm_bulkhead::{ApplyLimitsError, Bulkhead};
+/// let b = Bulkhead::builder().max_concurrent(4).initial_revision(7).build().unwrap();
+/// let stale = b.limits().with_revision(7);
+/// assert!(matches!(b.apply_limits(stale), Err(ApplyLimitsError::StaleRevision { .. })));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyLimitsError {
+    /// The snapshot's revision is not newer than the current one. Checked first: a stale
+    /// snapshot is refused whatever else it contains.
+    StaleRevision {
+        /// The revision the snapshot carried.
+        attempted: u64,
+        /// The snapshot that stays current.
+        current: LimitsSnapshot,
+    },
+    /// The snapshot is invalid.
+    Invalid(ConfigError),
+}
+
+impl fmt::Display for ApplyLimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApplyLimitsError::StaleRevision { attempted, current } => write!(
+                f,
+                "stale limits revision {attempted}: the current revision is {}",
+                current.revision
+            ),
+            ApplyLimitsError::Invalid(e) => write!(f, "invalid limits snapshot: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ApplyLimitsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ApplyLimitsError::Invalid(e) => Some(e),
+            ApplyLimitsError::StaleRevision { .. } => None,
+        }
+    }
+}
+
+impl From<ConfigError> for ApplyLimitsError {
+    fn from(e: ConfigError) -> Self {
+        ApplyLimitsError::Invalid(e)
+    }
+}
+
+/// Invalid token usage or reservation input. Nothing changed.
+///
+/// ```
+/// use llm_bulkhead::{Usage, UsageError, Bulkhead, Demand, Reservation, Reconcile};
+/// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap();
+/// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 100).unwrap())).unwrap();
+/// let err = a.report_usage(Usage::new(10, 0), Some(Reconcile { remaining_output: 500, safety_margin: 0 }));
+/// assert!(matches!(err, Err(UsageError::RemainingExceedsCap { remaining: 500, cap: 100 })));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UsageError {
+    /// A sum of token counts does not fit in a `u64`.
+    Overflow {
+        /// What overflowed.
+        field: &'static str,
+    },
+    /// `remaining_output` is larger than the reserved output cap.
+    RemainingExceedsCap {
+        /// The remaining output given.
+        remaining: u64,
+        /// The reservation's `max_output`.
+        cap: u64,
+    },
+    /// The new hold would push the tokens held in flight past [`MAX_TOKENS`](crate::MAX_TOKENS).
+    HoldTooLarge {
+        /// The hold the report asked for.
+        hold: u64,
+        /// The largest number of tokens that can be held at once.
+        max: u64,
+    },
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UsageError::Overflow { field } => write!(f, "{field} overflows a 64-bit token count"),
+            UsageError::RemainingExceedsCap { remaining, cap } => write!(
+                f,
+                "remaining_output = {remaining} must not exceed the reserved output cap {cap}"
+            ),
+            UsageError::HoldTooLarge { hold, max } => write!(
+                f,
+                "a hold of {hold} tokens would exceed the {max} tokens that can be held in flight"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UsageError {}

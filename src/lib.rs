@@ -1,0 +1,79 @@
+//! # llm-bulkhead
+//!
+//! A lock-free admission controller for LLM gateways. For every call a gateway is about to
+//! make it answers *should this run right now?*: it admits or refuses a [`Demand`] (a
+//! concurrency slot, an optional token [`Reservation`], a [`Priority`]) against a global
+//! concurrency limit and an in-flight token budget, from any number of threads, with one CAS
+//! on one packed atomic word and no lock.
+//!
+//! ```
+//! use llm_bulkhead::{Bulkhead, Demand, RejectReason, Reservation, Usage};
+//!
+//! let bulkhead = Bulkhead::builder()
+//!     .max_concurrent(8)
+//!     .token_budget(50_000)
+//!     .high_priority_reserve(5_000)
+//!     .build()?;
+//!
+//! // Reserve estimated input + max output tokens before calling the provider.
+//! let demand = Demand::tokens(Reservation::new(1_200, 800)?);
+//! match bulkhead.try_acquire(demand) {
+//!     Ok(admission) => {
+//!         // ... call the provider ...
+//!         let report = admission.release(Some(Usage::new(1_150, 310)))?;
+//!         assert_eq!(report.refunded, 2_000 - 1_460);
+//!     }
+//!     Err(rejection) => {
+//!         // Answer 429/503 with `rejection` (it serialises with the `serde` feature).
+//!         assert_ne!(rejection.reason, RejectReason::Shutdown);
+//!     }
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Where things are
+//!
+//! * [`state`]: the packed atomic word and the protocol notes (which operation is wait-free,
+//!   lock-free or blocking, and the plans for classes and waiters).
+//! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
+//! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
+//! * [`Admission`]: the guard of one admission; usage reports and release.
+//! * [`model`]: the sequential reference model the engine is tested against.
+//!
+//! ## Guarantees (CONTRACT.md §10)
+//!
+//! * **Safety:** no admission makes the slots in use exceed `max_concurrent` or the tokens
+//!   held exceed the effective budget. Only usage reports (accounting, not admission) can push
+//!   tokens past the budget.
+//! * **No leaks:** once every admission is released or dropped, slots and tokens in flight are
+//!   zero, whatever the interleaving, including panics (an admission releases on drop).
+//! * **Progress:** `try_acquire` is lock-free and release is wait-free; neither takes a lock.
+//! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
+//!   snapshot can succeed; every admission keeps the revision that authorised it.
+//! * **Precision:** a refusal is explained by one real state: no request is ever refused
+//!   because of another request's tentative step.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod admission;
+mod bulkhead;
+mod demand;
+mod error;
+mod id;
+pub mod limits;
+pub mod model;
+mod rejection;
+mod shared;
+pub mod state;
+mod stats;
+mod sync;
+
+pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
+pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange};
+pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
+pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
+pub use id::AdmissionId;
+pub use limits::{BudgetLimits, LimitsSnapshot};
+pub use rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
+pub use state::{MAX_SLOTS, MAX_TOKENS};
+pub use stats::{RejectCounts, Stats, TokenStats};

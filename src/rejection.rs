@@ -1,0 +1,197 @@
+//! Refusals: why a demand was not admitted, with the capacity that explains it.
+
+use std::fmt;
+
+/// Why a demand was refused (CONTRACT.md §2).
+///
+/// ```
+/// use llm_bulkhead::RejectReason;
+/// assert_eq!(RejectReason::BudgetLimit.as_str(), "budget_limit");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum RejectReason {
+    /// No free slot (or `max_concurrent` is 0, or queueing is not possible).
+    ConcurrencyLimit,
+    /// No free slot and the wait queue is full.
+    QueueLimit,
+    /// The reservation does not fit in the (effective) token budget.
+    BudgetLimit,
+    /// A waiter's deadline passed.
+    Timeout,
+    /// The request was cancelled.
+    Aborted,
+    /// The bulkhead is closed.
+    Shutdown,
+}
+
+impl RejectReason {
+    /// Every reason, in the order used by statistics.
+    pub const ALL: [RejectReason; 6] = [
+        RejectReason::ConcurrencyLimit,
+        RejectReason::QueueLimit,
+        RejectReason::BudgetLimit,
+        RejectReason::Timeout,
+        RejectReason::Aborted,
+        RejectReason::Shutdown,
+    ];
+
+    /// The wire name (`snake_case`), as the reference library spells it.
+    ///
+    /// ```
+    /// # use llm_bulkhead::RejectReason;
+    /// assert_eq!(RejectReason::ConcurrencyLimit.as_str(), "concurrency_limit");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::ConcurrencyLimit => "concurrency_limit",
+            RejectReason::QueueLimit => "queue_limit",
+            RejectReason::BudgetLimit => "budget_limit",
+            RejectReason::Timeout => "timeout",
+            RejectReason::Aborted => "aborted",
+            RejectReason::Shutdown => "shutdown",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which limit bound a refusal. Present only on bulkheads with admission classes.
+///
+/// ```
+/// use llm_bulkhead::Constraint;
+/// assert_eq!(Constraint::AdmissionClassProtection.as_str(), "admission_class_protection");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Constraint {
+    /// A global limit (slots, queue, budget).
+    Global,
+    /// A class ceiling.
+    AdmissionClass,
+    /// Another class's protected floor.
+    AdmissionClassProtection,
+}
+
+impl Constraint {
+    /// The wire name.
+    ///
+    /// ```
+    /// # use llm_bulkhead::Constraint;
+    /// assert_eq!(Constraint::Global.as_str(), "global");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Constraint::Global => "global",
+            Constraint::AdmissionClass => "admission_class",
+            Constraint::AdmissionClassProtection => "admission_class_protection",
+        }
+    }
+}
+
+/// The token budget as a refusal saw it.
+///
+/// ```
+/// use llm_bulkhead::TokenCapacity;
+/// let t = TokenCapacity { budget: 2_400, in_flight_tokens: 1_100, effective_budget: 2_000, available: 900, requested: 1_100 };
+/// assert_eq!(t.available, t.effective_budget - t.in_flight_tokens);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TokenCapacity {
+    /// The budget `B`.
+    pub budget: u64,
+    /// Tokens held in flight `T`.
+    pub in_flight_tokens: u64,
+    /// `eff(priority)` for the refused demand.
+    pub effective_budget: u64,
+    /// `max(0, eff − T)`.
+    pub available: u64,
+    /// The demand's reservation `r` (0 when it had none).
+    pub requested: u64,
+}
+
+/// The capacity a decision saw: the state that explains it.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand};
+/// let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
+/// let d = b.try_acquire(Demand::slot()).unwrap_err().detail;
+/// assert_eq!((d.in_flight, d.max_concurrent), (0, 0));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct CapacityDetail {
+    /// Slots in use.
+    pub in_flight: u64,
+    /// Waiters queued.
+    pub pending: u64,
+    /// The global concurrency limit.
+    pub max_concurrent: u64,
+    /// The queue bound.
+    pub max_queue: u64,
+    /// The budget numbers, when a budget is configured.
+    pub token_budget: Option<TokenCapacity>,
+}
+
+/// A refused demand. Implements [`std::error::Error`] and, with the default `serde` feature,
+/// serialises to a body a gateway can send with a 429 or 503. No retry-after is invented.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, RejectReason, Reservation};
+/// let b = Bulkhead::builder().max_concurrent(2).token_budget(1_000).build().unwrap();
+/// let r = b.try_acquire(Demand::tokens(Reservation::new(900, 200).unwrap())).unwrap_err();
+/// assert_eq!(r.reason, RejectReason::BudgetLimit);
+/// assert_eq!(r.detail.token_budget.unwrap().requested, 1_100);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Rejection {
+    /// Why.
+    pub reason: RejectReason,
+    /// Which limit (only with admission classes).
+    pub constraint: Option<Constraint>,
+    /// The revision of the limits the decision used.
+    pub revision: u64,
+    /// The capacity the decision saw.
+    pub detail: CapacityDetail,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "admission refused: {} (limits revision {})",
+            self.reason, self.revision
+        )?;
+        if let Some(c) = self.constraint {
+            write!(f, " [{}]", c.as_str())?;
+        }
+        let d = &self.detail;
+        match (self.reason, d.token_budget) {
+            (RejectReason::BudgetLimit, Some(t)) => write!(
+                f,
+                ": {} tokens requested, {} of {} available",
+                t.requested, t.available, t.effective_budget
+            ),
+            (RejectReason::Shutdown | RejectReason::Aborted, _) => Ok(()),
+            _ => write!(
+                f,
+                ": {} of {} slots in use, {} of {} queued",
+                d.in_flight, d.max_concurrent, d.pending, d.max_queue
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}

@@ -1,0 +1,205 @@
+//! The atomic state layout: one packed 64-bit word per bulkhead.
+//!
+//! # The word
+//!
+//! ```text
+//!  63      62       61..48        47..32          31..0
+//! +------+--------+-----------+--------------+-----------------+
+//! |closed|waiters | limits tag| slots in use | tokens held (T) |
+//! +------+--------+-----------+--------------+-----------------+
+//! ```
+//!
+//! * **tokens held** `T`: the sum of the holds of every admission not yet released
+//!   (CONTRACT.md §1). At most [`MAX_TOKENS`]; budgets above that are refused by validation, and
+//!   a usage report that would push `T` past it is refused with a typed error.
+//! * **slots in use** `G`: admissions holding a global slot. At most [`MAX_SLOTS`];
+//!   `max_concurrent` above that is refused by validation.
+//! * **limits tag**: the low [`TAG_BITS`] bits of the install counter of the limits snapshot
+//!   that is current. The snapshot itself lives in a small ring (see [`crate::limits`]); the tag
+//!   names its slot. Installing a snapshot bumps the tag with a CAS, so any decision that read
+//!   the word before the install fails its CAS afterwards (CONTRACT.md §6, last sentence).
+//! * **waiters**: set while the wait queue is non-empty (used by the waiting layer). While it is
+//!   set the fast path admits nobody: newcomers go to the slow path and cannot barge.
+//! * **closed**: set once by `close()`, never cleared.
+//!
+//! Every writer preserves the flag bits: admissions and tag bumps are CASes that copy them,
+//! releases are `fetch_sub`s of field amounts that can never borrow across a field boundary
+//! (a release subtracts exactly what its admission added, and what it added is still there).
+//!
+//! # One decision, operation by operation
+//!
+//! | operation | progress | why |
+//! |---|---|---|
+//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned. It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). |
+//! | refusal | lock-free | the refusal re-reads the word after reading the limits; if the tag moved, the limits may be torn and the decision is retried, so every refusal is explained by one real state. |
+//! | `release`, `drop(Admission)` | wait-free | one `fetch_sub` of the slot and the hold. (With waiters queued, the releaser additionally takes the queue lock to hand off: that is the slow path.) |
+//! | `report_usage` shrinking a hold | wait-free | one `fetch_sub`. |
+//! | `report_usage` growing a hold | lock-free | a CAS loop whose only check is that `T` stays within the field. |
+//! | `close` | wait-free | one `fetch_or`. |
+//! | `stats`, `limits` | wait-free / blocking | `stats` reads the word and every thread's counters; `limits` clones the canonical snapshot under the reconfiguration lock. |
+//! | `apply_limits` | blocking among reconfigurers only | serialised by a mutex; never blocks a decider. It writes a fresh ring slot, then bumps the tag with a CAS loop (lock-free against deciders). |
+//!
+//! # Memory ordering
+//!
+//! * A successful admission CAS is `AcqRel`: acquire pairs with the release of the previous
+//!   `release`/`fetch_sub` (work done under an admission happens-before work done under the
+//!   admission that reuses its capacity, as with a semaphore), and with the tag bump of
+//!   `apply_limits`, so the ring slot named by the tag is visible.
+//! * Ring slot fields are written with `Relaxed` stores after a `Release` fence and read with
+//!   `Acquire` loads. A reader that sees a value written for a later install therefore also sees
+//!   that install's earlier tag bump, and its CAS (or the re-read of a refusal) fails. See
+//!   [`crate::limits`].
+//! * `close` is a `fetch_or` with `AcqRel`; a decision that loaded the word before it fails its
+//!   CAS afterwards.
+//!
+//! # ABA on the tag
+//!
+//! The tag has [`TAG_BITS`] bits, so a decision could succeed under a stale snapshot only if
+//! exactly a multiple of 2^14 = 16,384 snapshots were installed between that thread's load of
+//! the word and its CAS, two adjacent instructions. Installs are serialised and each takes
+//! microseconds, so that needs a decider descheduled for tens of milliseconds *and* a control
+//! plane installing limits continuously at full speed during that window. The same bound is the
+//! classic argument for tagged words; it is stated here rather than hidden.
+//!
+//! # Plan for admission classes (the classes issue builds this; nothing here changes)
+//!
+//! With classes, each class gets its own 64-bit word `[class tokens:32][class in flight:16]`
+//! and the bulkhead gets a second global word, the *shared* word `[U:16][V:32]` where
+//! `U = Σ max(in_flight_k, protected_concurrent_k)` and `V = Σ max(tokens_k, protected_tokens_k)`
+//! (CONTRACT.md §4). This word stays as it is (it still carries `G`, `T`, tag and flags), so the
+//! no-class fast path never pays for classes.
+//!
+//! A class decision is a sequence of CASes in a fixed order, **class word → shared word (only
+//! when the request borrows) → global word**, each with its own check (class ceilings; shared
+//! capacity; global budget, slots, tag, flags). The class CAS determines, from the class state it
+//! atomically changed, whether the slot is borrowed and how many tokens are borrowed, i.e. the
+//! exact `ΔU`/`ΔV` of this admission. If a later step fails, earlier steps are undone in reverse
+//! order with unconditional RMWs; an undo that finds other admissions above the floor computes
+//! its own `ΔU`/`ΔV` from the class transition it performs and applies that to the shared word,
+//! so `U` and `V` stay exact. Releases run the same steps in the opposite direction. Because a
+//! step can be undone, a request can be refused by another's tentative step; the classes issue
+//! measures that rate against the sequential model, as CONTRACT.md §10 asks. Floor changes by
+//! `apply_limits` recompute `U`/`V` from the class words while holding the reconfiguration lock,
+//! and install them together with the tag bump.
+//!
+//! # Plan for waiting (the waiting issue builds this; nothing here changes)
+//!
+//! The waiters bit is set by an enqueuer, under the queue mutex, with the same CAS that proves
+//! there is no free slot (if a slot is free the enqueuer takes it instead). A release is a
+//! `fetch_sub`; if the value it returns has the waiters bit, the releaser takes the queue mutex
+//! and performs the head waiter's whole decision (checks 1–5 against the limits then current) with
+//! a CAS on this word. Either the release's `fetch_sub` comes first in the word's modification
+//! order (then the enqueuer's CAS sees the free slot) or the enqueuer's CAS comes first (then the
+//! releaser sees the bit): no lost wake-up. The bit is cleared by whoever empties the queue,
+//! under the mutex.
+
+/// Bits of the token field.
+pub(crate) const TOKEN_BITS: u32 = 32;
+/// Bits of the slot field.
+pub(crate) const SLOT_BITS: u32 = 16;
+/// Bits of the limits tag.
+pub(crate) const TAG_BITS: u32 = 14;
+
+const SLOT_SHIFT: u32 = TOKEN_BITS;
+const TAG_SHIFT: u32 = TOKEN_BITS + SLOT_BITS;
+const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
+const SLOT_MASK: u64 = ((1 << SLOT_BITS) - 1) << SLOT_SHIFT;
+pub(crate) const TAG_MASK: u64 = ((1 << TAG_BITS) - 1) << TAG_SHIFT;
+pub(crate) const WAITERS: u64 = 1 << 62;
+pub(crate) const CLOSED: u64 = 1 << 63;
+
+/// The largest token budget (and the largest number of tokens that can be held at once).
+pub const MAX_TOKENS: u64 = TOKEN_MASK;
+/// The largest `max_concurrent`.
+pub const MAX_SLOTS: u32 = (1 << SLOT_BITS) - 1;
+
+/// One slot, as an amount to add to or subtract from the word.
+pub(crate) const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
+
+/// A decoded view of the word.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Word(pub(crate) u64);
+
+impl Word {
+    #[inline]
+    pub(crate) fn tokens(self) -> u64 {
+        self.0 & TOKEN_MASK
+    }
+    #[inline]
+    pub(crate) fn slots(self) -> u64 {
+        (self.0 & SLOT_MASK) >> SLOT_SHIFT
+    }
+    #[inline]
+    pub(crate) fn tag(self) -> usize {
+        ((self.0 & TAG_MASK) >> TAG_SHIFT) as usize
+    }
+    #[inline]
+    pub(crate) fn closed(self) -> bool {
+        self.0 & CLOSED != 0
+    }
+    #[inline]
+    pub(crate) fn waiters(self) -> bool {
+        self.0 & WAITERS != 0
+    }
+    /// The same word with the tag advanced by one (wrapping inside the field).
+    #[inline]
+    pub(crate) fn with_next_tag(self) -> Word {
+        let next = ((self.tag() as u64 + 1) << TAG_SHIFT) & TAG_MASK;
+        Word((self.0 & !TAG_MASK) | next)
+    }
+    /// The same word with one more slot and `tokens` more tokens. The caller has checked that
+    /// both fields stay in range.
+    #[inline]
+    pub(crate) fn plus(self, tokens: u64) -> Word {
+        debug_assert!(self.slots() < u64::from(MAX_SLOTS));
+        debug_assert!(self.tokens() + tokens <= MAX_TOKENS);
+        Word(self.0 + ONE_SLOT + tokens)
+    }
+}
+
+impl std::fmt::Debug for Word {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Word")
+            .field("tokens", &self.tokens())
+            .field("slots", &self.slots())
+            .field("tag", &self.tag())
+            .field("waiters", &self.waiters())
+            .field("closed", &self.closed())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_do_not_overlap() {
+        assert_eq!(TOKEN_MASK & SLOT_MASK, 0);
+        assert_eq!(SLOT_MASK & TAG_MASK, 0);
+        assert_eq!(TAG_MASK & (WAITERS | CLOSED), 0);
+        assert_eq!(
+            TOKEN_MASK | SLOT_MASK | TAG_MASK | WAITERS | CLOSED,
+            u64::MAX
+        );
+    }
+
+    #[test]
+    fn tag_wraps_inside_its_field() {
+        let mut w = Word(CLOSED | WAITERS | (5 * ONE_SLOT) | 7);
+        for _ in 0..(1 << TAG_BITS) {
+            w = w.with_next_tag();
+            assert!(w.closed() && w.waiters());
+            assert_eq!((w.slots(), w.tokens()), (5, 7));
+        }
+        assert_eq!(w.tag(), 0);
+    }
+
+    #[test]
+    fn plus_fills_fields_exactly() {
+        let w = Word((u64::from(MAX_SLOTS) - 1) * ONE_SLOT).plus(MAX_TOKENS);
+        assert_eq!(w.slots(), u64::from(MAX_SLOTS));
+        assert_eq!(w.tokens(), MAX_TOKENS);
+        assert_eq!(w.tag(), 0);
+    }
+}

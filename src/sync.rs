@@ -1,0 +1,113 @@
+//! The crate-private synchronisation facade.
+//!
+//! Every atomic, fence and lock the crate uses comes from here, so that building with
+//! `RUSTFLAGS="--cfg loom"` swaps them for [loom]'s model-checked versions and the loom suite in
+//! `loom-tests/` explores every interleaving of the real protocols, not of a copy.
+//!
+//! Two things differ under loom, both for reasons of the checker rather than of the protocol:
+//!
+//! * [`Stripe`] counters are updated with a read-modify-write instead of the single-writer
+//!   `load` + `store` used in normal builds, because loom has no per-thread storage that is
+//!   also iterable from another thread. Statistics are bookkeeping only; no admission decision
+//!   reads them.
+//! * [`Stripes`] is a single shared cell under loom instead of one cell per thread.
+//!
+//! [loom]: https://docs.rs/loom
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicUsize};
+#[cfg(loom)]
+pub(crate) use loom::sync::Mutex;
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicUsize};
+#[cfg(not(loom))]
+pub(crate) use std::sync::Mutex;
+
+pub(crate) use std::sync::atomic::Ordering;
+
+/// Locks a facade mutex, ignoring poisoning: every critical section in this crate leaves the
+/// protected data consistent before it can panic, so a poisoned lock carries no broken state.
+#[cfg(not(loom))]
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Locks a facade mutex (loom flavour).
+#[cfg(loom)]
+pub(crate) fn lock<T>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A statistics counter.
+///
+/// In normal builds each counter has exactly one writing thread (it lives in that thread's
+/// [`Stripes`] entry), so an increment is a plain `load` + `store`: no locked instruction and no
+/// shared cache line on the hot path. Readers on other threads see a value that is at worst a
+/// few increments old, never a torn one.
+#[derive(Default)]
+pub(crate) struct Stripe(AtomicU64);
+
+impl Stripe {
+    #[inline]
+    pub(crate) fn add(&self, delta: u64) {
+        #[cfg(not(loom))]
+        {
+            let v = self.0.load(Ordering::Relaxed);
+            self.0.store(v.wrapping_add(delta), Ordering::Relaxed);
+        }
+        #[cfg(loom)]
+        {
+            self.0.fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Per-thread storage for statistics counters, summed when statistics are read.
+#[cfg(not(loom))]
+pub(crate) struct Stripes<T: Send>(thread_local::ThreadLocal<crossbeam_utils::CachePadded<T>>);
+
+#[cfg(not(loom))]
+impl<T: Send + Sync + Default> Stripes<T> {
+    pub(crate) fn new() -> Self {
+        Stripes(thread_local::ThreadLocal::new())
+    }
+
+    /// The calling thread's entry (created on the thread's first use).
+    #[inline]
+    pub(crate) fn local(&self) -> &T {
+        self.0.get_or_default()
+    }
+
+    /// Visits every thread's entry.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&T)) {
+        for t in self.0.iter() {
+            f(t)
+        }
+    }
+}
+
+/// Per-thread storage for statistics counters (loom flavour: one shared entry).
+#[cfg(loom)]
+pub(crate) struct Stripes<T: Send>(T);
+
+#[cfg(loom)]
+impl<T: Send + Sync + Default> Stripes<T> {
+    pub(crate) fn new() -> Self {
+        Stripes(T::default())
+    }
+
+    #[inline]
+    pub(crate) fn local(&self) -> &T {
+        &self.0
+    }
+
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&T)) {
+        f(&self.0)
+    }
+}
