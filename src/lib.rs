@@ -61,6 +61,7 @@ mod demand;
 mod error;
 mod id;
 pub mod limits;
+pub mod conformance;
 pub mod model;
 mod rejection;
 mod shared;

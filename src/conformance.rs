@@ -1,0 +1,341 @@
+//! Conformance driver: runs one operation sequence through the real [`Bulkhead`] and the
+//! sequential [`Model`] side by side and reports the first divergence.
+//!
+//! The property tests generate [`Op`] sequences with proptest; the fuzz target and its corpus
+//! replay decode them from bytes with [`decode`]. Every step compares decisions (admitted or
+//! the exact [`Rejection`](crate::Rejection)), the revision and reservation of each admission,
+//! usage and release reports (ids aside), errors, and the full [`Stats`](crate::Stats). At the
+//! end every remaining admission is released and both sides must be back at zero.
+//!
+//! ```
+//! use llm_bulkhead::conformance::{run, Op, Setup};
+//! let setup = Setup { max_concurrent: 1, max_queue: 0, budget: Some((1_000, 100)), initial_revision: 0 };
+//! let ops = [
+//!     Op::Acquire { input: 600, max_output: 300, high: false },
+//!     Op::Acquire { input: 0, max_output: 0, high: true },
+//!     Op::Report { pick: 0, input: 700, output: 400, reconcile: None },
+//!     Op::Release { pick: 0, usage: None },
+//! ];
+//! run(&setup, &ops).unwrap();
+//! ```
+
+use crate::model::{Handle, Model};
+use crate::{
+    Admission, BudgetLimits, Bulkhead, Demand, LimitsSnapshot, Priority, Reconcile, Reservation,
+    Usage,
+};
+use std::fmt;
+
+/// Initial configuration of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setup {
+    /// Global concurrency limit.
+    pub max_concurrent: u32,
+    /// Queue bound.
+    pub max_queue: u32,
+    /// `(budget, high_priority_reserve)`, or no budget.
+    pub budget: Option<(u64, u64)>,
+    /// Revision of the initial limits.
+    pub initial_revision: u64,
+}
+
+/// One operation. `pick` selects a live admission by index modulo the number live (the
+/// operation is skipped when none is live).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `try_acquire` with a reservation `input + max_output` (ignored without a budget).
+    Acquire {
+        /// Estimated input tokens.
+        input: u64,
+        /// Output cap.
+        max_output: u64,
+        /// High priority.
+        high: bool,
+    },
+    /// `try_acquire` of a slot only.
+    AcquireSlot,
+    /// `report_usage` on a live admission.
+    Report {
+        /// Which admission.
+        pick: usize,
+        /// Cumulative input.
+        input: u64,
+        /// Cumulative output.
+        output: u64,
+        /// `(remaining_output, safety_margin)` for progressive reconciliation.
+        reconcile: Option<(u64, u64)>,
+    },
+    /// `release` of a live admission.
+    Release {
+        /// Which admission.
+        pick: usize,
+        /// Final usage `(input, output)`.
+        usage: Option<(u64, u64)>,
+    },
+    /// Drop a live admission without releasing it explicitly.
+    Drop {
+        /// Which admission.
+        pick: usize,
+    },
+    /// `apply_limits` with `revision = current + step` (step 0 is stale).
+    Apply {
+        /// Added to the current revision.
+        step: u64,
+        /// New `max_concurrent`.
+        max_concurrent: u32,
+        /// New `max_queue`.
+        max_queue: u32,
+        /// New `(budget, reserve)`, or none (invalid when the bulkhead has a budget).
+        budget: Option<(u64, u64)>,
+    },
+    /// `set_budget`.
+    SetBudget {
+        /// The new budget.
+        budget: u64,
+    },
+    /// `close`.
+    Close,
+}
+
+/// Where engine and model disagreed.
+#[derive(Clone, Debug)]
+pub struct Divergence {
+    /// Index of the operation (`ops.len()` for the final release-all check).
+    pub step: usize,
+    /// What the engine did.
+    pub engine: String,
+    /// What the model did.
+    pub model: String,
+}
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {}: engine {} but model {}", self.step, self.engine, self.model)
+    }
+}
+
+impl std::error::Error for Divergence {}
+
+fn same<T: fmt::Debug + PartialEq>(step: usize, engine: T, model: T) -> Result<(), Divergence> {
+    if engine == model {
+        Ok(())
+    } else {
+        Err(Divergence { step, engine: format!("{engine:?}"), model: format!("{model:?}") })
+    }
+}
+
+fn budget_limits(b: Option<(u64, u64)>) -> Option<BudgetLimits> {
+    b.map(|(budget, high_priority_reserve)| BudgetLimits { budget, high_priority_reserve })
+}
+
+/// Runs `ops` through engine and model.
+///
+/// # Errors
+/// The first [`Divergence`]. A setup both sides refuse identically is a pass.
+pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
+    let first = LimitsSnapshot {
+        revision: setup.initial_revision,
+        max_concurrent: setup.max_concurrent,
+        max_queue: setup.max_queue,
+        token_budget: budget_limits(setup.budget),
+    };
+    let mut builder = Bulkhead::builder()
+        .max_concurrent(setup.max_concurrent)
+        .max_queue(setup.max_queue)
+        .initial_revision(setup.initial_revision);
+    if let Some((b, h)) = setup.budget {
+        builder = builder.token_budget(b).high_priority_reserve(h);
+    }
+    let (engine, mut model) = match (builder.build(), Model::new(first)) {
+        (Ok(e), Ok(m)) => (e, m),
+        (Err(e), Err(m)) => return same(0, e, m),
+        (e, m) => return same(0, format!("{:?}", e.map(drop)), format!("{:?}", m.map(drop))),
+    };
+    let mut live: Vec<(Admission, Handle)> = Vec::new();
+    for (step, op) in ops.iter().enumerate() {
+        apply_op(step, *op, &engine, &mut model, &mut live)?;
+        same(step, engine.stats(), model.stats())?;
+    }
+    let end = ops.len();
+    for (a, h) in live.drain(..) {
+        let e = a.release(None).map_err(|e| e.error);
+        let m = model.release(h, None);
+        match (e, m) {
+            (Ok(e), Ok(m)) => same(end, crate::ReleaseReport { admission_id: m.admission_id, ..e }, m)?,
+            (e, m) => same(end, e.map(|_| ()), m.map(|_| ()))?,
+        }
+    }
+    let s = engine.stats();
+    same(end, s.clone(), model.stats())?;
+    same(end, (s.in_flight, s.admissions_in_flight), (0, 0))?;
+    same(end, s.token_budget.map_or(0, |t| t.in_flight_tokens), 0)
+}
+
+fn pick(live: &[(Admission, Handle)], i: usize) -> Option<usize> {
+    (!live.is_empty()).then(|| i % live.len())
+}
+
+fn apply_op(
+    step: usize,
+    op: Op,
+    engine: &Bulkhead,
+    model: &mut Model,
+    live: &mut Vec<(Admission, Handle)>,
+) -> Result<(), Divergence> {
+    match op {
+        Op::Acquire { .. } | Op::AcquireSlot => {
+            let demand = match op {
+                Op::Acquire { input, max_output, high } => match Reservation::new(input, max_output) {
+                    Ok(r) => Demand::tokens(r).with_priority(if high { Priority::High } else { Priority::Normal }),
+                    Err(_) => return Ok(()),
+                },
+                _ => Demand::slot(),
+            };
+            match (engine.try_acquire(demand), model.try_acquire(demand)) {
+                (Ok(a), Ok(h)) => {
+                    let (rev, res) = model.admission(h).expect("live");
+                    same(step, (a.revision(), a.reservation()), (rev, res))?;
+                    live.push((a, h));
+                }
+                (Err(e), Err(m)) => same(step, e, m)?,
+                (e, m) => same(step, format!("{:?}", e.map(|a| a.revision())), format!("{:?}", m.map(|_| ())))?,
+            }
+        }
+        Op::Report { pick: p, input, output, reconcile } => {
+            let Some(i) = pick(live, p) else { return Ok(()) };
+            let usage = Usage::new(input, output);
+            let rc = reconcile.map(|(remaining_output, safety_margin)| Reconcile { remaining_output, safety_margin });
+            let (a, h) = &mut live[i];
+            let e = a.report_usage(usage, rc);
+            let m = model.report_usage(*h, usage, rc);
+            match (e, m) {
+                (Ok(e), Ok(m)) => same(step, crate::UsageReport { admission_id: m.admission_id, ..e }, m)?,
+                (e, m) => same(step, e.map(|_| ()), m.map(|_| ()))?,
+            }
+        }
+        Op::Release { pick: p, usage } => {
+            let Some(i) = pick(live, p) else { return Ok(()) };
+            let (a, h) = live.swap_remove(i);
+            let usage = usage.map(|(i, o)| Usage::new(i, o));
+            match (a.release(usage), model.release(h, usage)) {
+                (Ok(e), Ok(m)) => same(step, crate::ReleaseReport { admission_id: m.admission_id, ..e }, m)?,
+                (Err(e), Err(m)) => {
+                    same(step, &e.error, &m)?;
+                    live.push((*e.admission, h));
+                }
+                (e, m) => same(step, format!("{:?}", e.map(|_| ())), format!("{:?}", m.map(|_| ())))?,
+            }
+        }
+        Op::Drop { pick: p } => {
+            let Some(i) = pick(live, p) else { return Ok(()) };
+            let (a, h) = live.swap_remove(i);
+            drop(a);
+            model.release(h, None).expect("usage-free release cannot fail");
+        }
+        Op::Apply { step: s, max_concurrent, max_queue, budget } => {
+            let cur = engine.limits();
+            let snap = LimitsSnapshot {
+                revision: cur.revision.saturating_add(s),
+                max_concurrent,
+                max_queue,
+                token_budget: budget_limits(budget),
+            };
+            same(step, engine.apply_limits(snap), model.apply_limits(snap))?;
+        }
+        Op::SetBudget { budget } => {
+            // The model has no set_budget: it is apply_limits of the current snapshot with
+            // revision + 1 and the new budget, which is exactly what the engine promises.
+            let cur = engine.limits();
+            let expected = match cur.token_budget {
+                None => Err(()),
+                Some(b) => Ok(cur.with_revision(cur.revision + 1).with_token_budget(Some(BudgetLimits { budget, ..b }))),
+            };
+            let e = engine.set_budget(budget);
+            match expected {
+                Err(()) => same(step, e.is_err(), true)?,
+                Ok(snap) => same(step, e, model.apply_limits(snap))?,
+            }
+        }
+        Op::Close => {
+            engine.close();
+            model.close();
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a byte string into a setup and operations (the fuzz target's input format). Every
+/// byte string decodes to something; small values are favoured so limits are hit exactly.
+///
+/// ```
+/// let (setup, ops) = llm_bulkhead::conformance::decode(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+/// assert!(setup.max_concurrent <= 8);
+/// assert!(!ops.is_empty());
+/// ```
+pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
+    let mut cur = Cursor(bytes);
+    let flags = cur.byte();
+    let setup = Setup {
+        max_concurrent: u32::from(cur.byte() % 9),
+        max_queue: u32::from(flags >> 4),
+        budget: (flags & 1 == 1).then(|| (cur.tokens(), cur.tokens() / 4)),
+        initial_revision: u64::from(flags >> 1 & 3),
+    };
+    let mut ops = Vec::new();
+    while !cur.0.is_empty() {
+        let tag = cur.byte();
+        let op = match tag % 10 {
+            0..=2 => Op::Acquire { input: cur.tokens(), max_output: cur.tokens(), high: tag & 0x10 != 0 },
+            3 => Op::AcquireSlot,
+            4 => Op::Report {
+                pick: cur.byte().into(),
+                input: cur.tokens(),
+                output: cur.tokens(),
+                reconcile: (tag & 0x10 != 0).then(|| (cur.tokens(), cur.tokens())),
+            },
+            5 | 6 => Op::Release {
+                pick: cur.byte().into(),
+                usage: (tag & 0x10 != 0).then(|| (cur.tokens(), cur.tokens())),
+            },
+            7 => Op::Drop { pick: cur.byte().into() },
+            8 => {
+                let b = cur.byte();
+                Op::Apply {
+                    step: u64::from(b % 3),
+                    max_concurrent: if b & 0x80 != 0 { crate::MAX_SLOTS + 1 } else { u32::from(cur.byte() % 9) },
+                    max_queue: u32::from(b >> 4 & 3),
+                    budget: (tag & 0x10 == 0).then(|| (cur.tokens(), cur.tokens())),
+                }
+            }
+            _ if tag & 0x10 != 0 => Op::SetBudget { budget: cur.tokens() },
+            _ => Op::Close,
+        };
+        ops.push(op);
+    }
+    (setup, ops)
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+
+    /// Token amounts in units of 100, with an occasional huge value to reach the bounds.
+    fn tokens(&mut self) -> u64 {
+        match self.byte() {
+            250 => crate::MAX_TOKENS,
+            251 => crate::MAX_TOKENS + 1,
+            252 => u64::MAX,
+            253 => u64::MAX / 2 + 1,
+            b => u64::from(b % 32) * 100,
+        }
+    }
+}

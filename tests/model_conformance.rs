@@ -1,0 +1,73 @@
+//! Property test: random operation sequences through the lock-free engine and the sequential
+//! model must give identical decisions, reports, errors and statistics at every step, and end
+//! at zero once everything is released (see `llm_bulkhead::conformance`).
+
+use llm_bulkhead::conformance::{run, Op, Setup};
+use proptest::prelude::*;
+
+/// Token amounts in units of 100 so that limits are filled exactly and often.
+fn tokens() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        8 => (0u64..=12).prop_map(|x| x * 100),
+        1 => Just(0u64),
+        1 => Just(llm_bulkhead::MAX_TOKENS),
+    ]
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        0u32..=5,
+        0u32..=3,
+        prop::option::weighted(0.8, ((0u64..=30).prop_map(|b| b * 100), (0u64..=8).prop_map(|h| h * 100))),
+        0u64..=3,
+    )
+        .prop_map(|(max_concurrent, max_queue, budget, initial_revision)| Setup {
+            max_concurrent,
+            max_queue,
+            // Mostly valid reserves (H ≤ B); the rest must be refused identically.
+            budget: budget.map(|(b, h)| (b, if h <= b || b % 700 == 0 { h } else { b / 2 })),
+            initial_revision,
+        })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (tokens(), tokens(), any::<bool>()).prop_map(|(input, max_output, high)| Op::Acquire { input, max_output, high }),
+        1 => Just(Op::AcquireSlot),
+        3 => (any::<usize>(), tokens(), tokens(), prop::option::of((tokens(), (0u64..=3).prop_map(|m| m * 50))))
+            .prop_map(|(pick, input, output, reconcile)| Op::Report { pick, input, output, reconcile }),
+        3 => (any::<usize>(), prop::option::of((tokens(), tokens()))).prop_map(|(pick, usage)| Op::Release { pick, usage }),
+        1 => any::<usize>().prop_map(|pick| Op::Drop { pick }),
+        2 => (0u64..=2, prop_oneof![8 => 0u32..=6, 1 => Just(llm_bulkhead::MAX_SLOTS + 1)], 0u32..=3,
+              prop::option::weighted(0.9, ((0u64..=30).prop_map(|b| b * 100), (0u64..=40).prop_map(|h| h * 100))))
+            .prop_map(|(step, max_concurrent, max_queue, budget)| Op::Apply { step, max_concurrent, max_queue, budget }),
+        1 => tokens().prop_map(|budget| Op::SetBudget { budget }),
+        1 => Just(Op::Close),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_model(setup in setup(), ops in prop::collection::vec(op(), 0..60)) {
+        if let Err(d) = run(&setup, &ops) {
+            prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
+        }
+    }
+}
+
+/// Exact fills: a reservation that fills the effective budget exactly is admitted; one more
+/// token is refused; a 0-token demand is admitted while `T ≤ eff` and refused once `T > eff`.
+#[test]
+fn exact_fills_and_zero_token_demands() {
+    let setup = Setup { max_concurrent: 3, max_queue: 0, budget: Some((1_000, 0)), initial_revision: 0 };
+    let ops = [
+        Op::Acquire { input: 600, max_output: 400, high: false },
+        Op::Acquire { input: 0, max_output: 0, high: false },
+        Op::Report { pick: 0, input: 700, output: 400, reconcile: None },
+        Op::Acquire { input: 0, max_output: 0, high: false },
+        Op::Release { pick: 0, usage: None },
+    ];
+    run(&setup, &ops).unwrap();
+}
