@@ -41,6 +41,10 @@ struct Held {
 }
 
 /// The sequential model of one bulkhead.
+///
+/// Token totals (`total_reserved`, `total_consumed`, `total_refunded`, `total_overrun`) wrap
+/// modulo 2^64, as the engine's per-thread counters do: a single usage report may carry up to
+/// `u64::MAX` tokens, so a sum of them can exceed any fixed width.
 #[derive(Clone, Debug)]
 pub struct Model {
     limits: LimitsSnapshot,
@@ -189,7 +193,7 @@ impl Model {
         self.tokens += r;
         self.admitted += 1;
         if self.has_budget {
-            self.reserved += r;
+            self.reserved = self.reserved.wrapping_add(r);
         }
         let h = Handle(self.next);
         self.next += 1;
@@ -287,10 +291,10 @@ impl Model {
                     max: MAX_TOKENS,
                 });
             }
-            self.overrun += hold - a.held;
+            self.overrun = self.overrun.wrapping_add(hold - a.held);
             self.tokens = grown as u64;
         } else {
-            self.refunded += a.held - hold;
+            self.refunded = self.refunded.wrapping_add(a.held - hold);
             self.tokens -= a.held - hold;
         }
         let changed = a.reported != Some(clamped) || hold != a.held;
@@ -346,8 +350,8 @@ impl Model {
             (Some(_), Some(c)) if c < a.held => a.held - c,
             _ => 0,
         };
-        self.consumed += consumed.unwrap_or(0);
-        self.refunded += refunded;
+        self.consumed = self.consumed.wrapping_add(consumed.unwrap_or(0));
+        self.refunded = self.refunded.wrapping_add(refunded);
         Ok(ReleaseReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
