@@ -1,2 +1,364 @@
-//! Criterion benchmarks (placeholder until written).
-fn main() {}
+//! Criterion benchmarks of the admission fast path against its baselines.
+//!
+//! Every group holds the same variants so that one run gives comparable numbers:
+//!
+//! * `bare_atomic_floor`: an `AtomicU64` CAS-with-limit acquire and a `fetch_sub` release, the
+//!   least any lock-free admission controller can do;
+//! * `tokio_semaphore`: `tokio::sync::Semaphore::try_acquire` and dropping the permit (slots
+//!   only, a permit borrowing the semaphore);
+//! * `tokio_semaphore_owned` (context only, not in the committed targets): `try_acquire_owned`
+//!   on an `Arc<Semaphore>`, whose permit is `'static` like our admission (an `Arc` clone and
+//!   drop on top of the borrowed pair);
+//! * `parking_lot_bulkhead`: a `parking_lot::Mutex` around `{in_flight, tokens}` that checks both
+//!   limits and releases both;
+//! * `ours_slots`: a [`Bulkhead`] without a token budget, `try_acquire(Demand::slot())` + drop;
+//! * `ours_slots_tokens`: a [`Bulkhead`] with a token budget and a [`Reservation`].
+//!
+//! Groups:
+//!
+//! * `uncontended_pair`: one acquire + release pair per iteration on one thread;
+//! * `two_threads`: two threads hammering one shared instance, `iters` pairs each; criterion's
+//!   time is the wall time of one iteration (one pair on each thread, in parallel) and its
+//!   throughput (`Elements(2)` per iteration) is the aggregate pairs per second;
+//! * `refused`: the cost of a refusal, ours (`budget_limit`, and `concurrency_limit` for
+//!   reference) beside tokio's `try_acquire` on a semaphore with no permits.
+//!
+//! Limits are large enough that no pair in the first two groups is ever refused; the two-thread
+//! runs count refusals and assert that there were none. `benches/ratios.py` turns the results
+//! into tables of ratios.
+
+use criterion::{black_box, criterion_main, Criterion, Throughput};
+use llm_bulkhead::{Bulkhead, Demand, RejectReason, Reservation};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+/// Concurrency limit for every variant: far above what two threads can hold at once.
+const MAX_CONCURRENT: u32 = 1024;
+/// Token budget for the variants with tokens: 1024 admissions of [`INPUT`] + [`MAX_OUTPUT`] fit.
+const BUDGET: u64 = 1 << 30;
+/// Reservation used by the token variants.
+const INPUT: u64 = 1_200;
+/// Reservation used by the token variants.
+const MAX_OUTPUT: u64 = 800;
+
+/// The floor: a slot counter with a limit, acquired by CAS and released by `fetch_sub`.
+struct BareAtomic {
+    in_flight: AtomicU64,
+    max: u64,
+}
+
+impl BareAtomic {
+    fn new(max: u64) -> Self {
+        BareAtomic {
+            in_flight: AtomicU64::new(0),
+            max,
+        }
+    }
+
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        let mut cur = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if cur >= self.max {
+                return false;
+            }
+            match self.in_flight.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    #[inline]
+    fn release(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Release);
+    }
+
+    #[inline]
+    fn pair(&self) -> bool {
+        if self.try_acquire() {
+            self.release();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The lock-based baseline: both limits checked and both counters changed under one mutex.
+struct LockedState {
+    in_flight: u64,
+    tokens: u64,
+}
+
+struct LockBulkhead {
+    state: Mutex<LockedState>,
+    max_concurrent: u64,
+    budget: u64,
+}
+
+impl LockBulkhead {
+    fn new(max_concurrent: u64, budget: u64) -> Self {
+        LockBulkhead {
+            state: Mutex::new(LockedState {
+                in_flight: 0,
+                tokens: 0,
+            }),
+            max_concurrent,
+            budget,
+        }
+    }
+
+    #[inline]
+    fn try_acquire(&self, tokens: u64) -> bool {
+        let mut s = self.state.lock();
+        if s.tokens + tokens > self.budget || s.in_flight >= self.max_concurrent {
+            return false;
+        }
+        s.in_flight += 1;
+        s.tokens += tokens;
+        true
+    }
+
+    #[inline]
+    fn release(&self, tokens: u64) {
+        let mut s = self.state.lock();
+        s.in_flight -= 1;
+        s.tokens -= tokens;
+    }
+
+    #[inline]
+    fn pair(&self, tokens: u64) -> bool {
+        if self.try_acquire(tokens) {
+            self.release(tokens);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[inline]
+fn tokio_pair(sem: &Semaphore) -> bool {
+    // The permit is dropped in place (its drop has effects, so nothing is optimised away).
+    sem.try_acquire().is_ok()
+}
+
+/// tokio's owned permit (`Arc` clone + drop), the counterpart of our `Send + 'static`
+/// [`llm_bulkhead::Admission`]; not part of the committed targets, shown for context.
+#[inline]
+fn tokio_owned_pair(sem: &Arc<Semaphore>) -> bool {
+    Arc::clone(sem).try_acquire_owned().is_ok()
+}
+
+#[inline]
+fn ours_pair(b: &Bulkhead, demand: Demand) -> bool {
+    // The result is checked and dropped in place, as a caller that only needs the decision
+    // would: no `black_box(result)`, which would copy the 128-byte `Result` to a new stack slot
+    // (dropping an admission has effects, and `try_acquire` is not inlined, so nothing is
+    // optimised away).
+    b.try_acquire(black_box(demand)).is_ok()
+}
+
+fn slots_bulkhead() -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(MAX_CONCURRENT)
+        .build()
+        .expect("valid limits")
+}
+
+fn tokens_bulkhead() -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(MAX_CONCURRENT)
+        .token_budget(BUDGET)
+        .build()
+        .expect("valid limits")
+}
+
+fn token_demand() -> Demand {
+    Demand::tokens(Reservation::new(INPUT, MAX_OUTPUT).expect("no overflow"))
+}
+
+/// Short runs: this has to finish in a few minutes on a 2-core machine.
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(40)
+}
+
+fn uncontended_pair(c: &mut Criterion) {
+    let mut g = c.benchmark_group("uncontended_pair");
+
+    let floor = BareAtomic::new(u64::from(MAX_CONCURRENT));
+    g.bench_function("bare_atomic_floor", |b| {
+        b.iter(|| black_box(black_box(&floor).pair()))
+    });
+
+    let sem = Semaphore::new(MAX_CONCURRENT as usize);
+    g.bench_function("tokio_semaphore", |b| {
+        b.iter(|| black_box(tokio_pair(black_box(&sem))))
+    });
+
+    let owned = Arc::new(Semaphore::new(MAX_CONCURRENT as usize));
+    g.bench_function("tokio_semaphore_owned", |b| {
+        b.iter(|| black_box(tokio_owned_pair(black_box(&owned))))
+    });
+
+    let locked = LockBulkhead::new(u64::from(MAX_CONCURRENT), BUDGET);
+    let r = INPUT + MAX_OUTPUT;
+    g.bench_function("parking_lot_bulkhead", |b| {
+        b.iter(|| black_box(black_box(&locked).pair(black_box(r))))
+    });
+
+    let ours = slots_bulkhead();
+    g.bench_function("ours_slots", |b| {
+        b.iter(|| black_box(ours_pair(black_box(&ours), Demand::slot())))
+    });
+
+    let ours_t = tokens_bulkhead();
+    let d = token_demand();
+    g.bench_function("ours_slots_tokens", |b| {
+        b.iter(|| black_box(ours_pair(black_box(&ours_t), d)))
+    });
+
+    g.finish();
+    let s = ours_t.stats();
+    assert_eq!((s.rejected, s.in_flight), (0, 0));
+}
+
+/// Runs `iters` pairs on each of two threads against `shared` and returns the wall time from
+/// the moment both threads are released by the barrier to the moment the last one finishes
+/// (thread spawning and joining are not measured). Panics if any pair was refused.
+fn two_thread_run<S: Sync>(shared: &S, iters: u64, pair: impl Fn(&S) -> bool + Sync) -> Duration {
+    let barrier = Barrier::new(2);
+    let (spans, refused): (Vec<(Instant, Instant)>, u64) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut refused = 0u64;
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        if !pair(black_box(shared)) {
+                            refused += 1;
+                        }
+                    }
+                    ((start, Instant::now()), refused)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("worker panicked"))
+            .fold((Vec::new(), 0), |(mut v, n), (span, r)| {
+                v.push(span);
+                (v, n + r)
+            })
+    });
+    assert_eq!(refused, 0, "a pair was refused; raise the limits");
+    let start = spans.iter().map(|s| s.0).min().expect("two spans");
+    let end = spans.iter().map(|s| s.1).max().expect("two spans");
+    end - start
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("two_threads");
+    // One iteration = one pair on each of the two threads.
+    g.throughput(Throughput::Elements(2));
+
+    let floor = BareAtomic::new(u64::from(MAX_CONCURRENT));
+    g.bench_function("bare_atomic_floor", |b| {
+        b.iter_custom(|iters| two_thread_run(&floor, iters, BareAtomic::pair))
+    });
+
+    let sem = Semaphore::new(MAX_CONCURRENT as usize);
+    g.bench_function("tokio_semaphore", |b| {
+        b.iter_custom(|iters| two_thread_run(&sem, iters, tokio_pair))
+    });
+
+    let owned = Arc::new(Semaphore::new(MAX_CONCURRENT as usize));
+    g.bench_function("tokio_semaphore_owned", |b| {
+        b.iter_custom(|iters| two_thread_run(&owned, iters, tokio_owned_pair))
+    });
+
+    let locked = LockBulkhead::new(u64::from(MAX_CONCURRENT), BUDGET);
+    let r = INPUT + MAX_OUTPUT;
+    g.bench_function("parking_lot_bulkhead", |b| {
+        b.iter_custom(|iters| two_thread_run(&locked, iters, |l| l.pair(black_box(r))))
+    });
+
+    let ours = slots_bulkhead();
+    g.bench_function("ours_slots", |b| {
+        b.iter_custom(|iters| two_thread_run(&ours, iters, |o| ours_pair(o, Demand::slot())))
+    });
+
+    let ours_t = tokens_bulkhead();
+    let d = token_demand();
+    g.bench_function("ours_slots_tokens", |b| {
+        b.iter_custom(|iters| two_thread_run(&ours_t, iters, |o| ours_pair(o, d)))
+    });
+
+    g.finish();
+    for o in [&ours, &ours_t] {
+        let s = o.stats();
+        assert_eq!((s.rejected, s.in_flight), (0, 0));
+        assert_eq!(s.admitted, s.released);
+    }
+}
+
+fn refused(c: &mut Criterion) {
+    let mut g = c.benchmark_group("refused");
+
+    let sem = Semaphore::new(0);
+    g.bench_function("tokio_no_permits", |b| {
+        b.iter(|| black_box(!tokio_pair(black_box(&sem))))
+    });
+
+    let budget = Bulkhead::builder()
+        .max_concurrent(MAX_CONCURRENT)
+        .token_budget(1_000)
+        .build()
+        .expect("valid limits");
+    let d = token_demand();
+    let e = budget
+        .try_acquire(d)
+        .expect_err("reservation exceeds the budget");
+    assert_eq!(e.reason, RejectReason::BudgetLimit);
+    g.bench_function("ours_budget_limit", |b| {
+        b.iter(|| black_box(!ours_pair(black_box(&budget), d)))
+    });
+
+    let full = Bulkhead::builder()
+        .max_concurrent(0)
+        .build()
+        .expect("valid limits");
+    let e = full.try_acquire(Demand::slot()).expect_err("no slots");
+    assert_eq!(e.reason, RejectReason::ConcurrencyLimit);
+    g.bench_function("ours_concurrency_limit", |b| {
+        b.iter(|| black_box(!ours_pair(black_box(&full), Demand::slot())))
+    });
+
+    g.finish();
+    assert_eq!(budget.stats().admitted, 0);
+    assert_eq!(full.stats().admitted, 0);
+}
+
+/// The criterion group of this target (in a module: the macro's function has no doc comment).
+mod group {
+    use super::{config, refused, two_threads, uncontended_pair};
+    criterion::criterion_group! {
+        name = core_benches;
+        config = config();
+        targets = uncontended_pair, two_threads, refused
+    }
+}
+criterion_main!(group::core_benches);
