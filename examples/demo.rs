@@ -21,7 +21,10 @@ const CALLS: u64 = 300;
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         self.0 >> 33
     }
 }
@@ -67,23 +70,40 @@ fn main() {
                 for _ in 0..CALLS {
                     let input = 200 + rng.next() % 1_800;
                     let max_output = 256 << (rng.next() % 3);
-                    let priority = if rng.next() % 10 == 0 { Priority::High } else { Priority::Normal };
-                    let demand = Demand::tokens(Reservation::new(input, max_output).expect("small numbers"))
-                        .with_priority(priority);
+                    let priority = if rng.next() % 10 == 0 {
+                        Priority::High
+                    } else {
+                        Priority::Normal
+                    };
+                    let demand =
+                        Demand::tokens(Reservation::new(input, max_output).expect("small numbers"))
+                            .with_priority(priority);
                     match bulkhead.try_acquire(demand) {
                         Ok(mut admission) => {
                             row.admitted += 1;
                             row.high += u64::from(priority == Priority::High);
-                            *by_revision.lock().unwrap().entry(admission.revision()).or_default() += 1;
+                            *by_revision
+                                .lock()
+                                .unwrap()
+                                .entry(admission.revision())
+                                .or_default() += 1;
                             let output = rng.next() % (max_output + 64); // sometimes over the cap
-                            // Streaming: halfway through, report progress and return unused tokens.
+                                                                         // Streaming: halfway through, report progress and return unused tokens.
                             let half = Usage::new(input, output / 2);
                             let remaining = max_output.saturating_sub(output / 2);
                             admission
-                                .report_usage(half, Some(Reconcile { remaining_output: remaining, safety_margin: 32 }))
+                                .report_usage(
+                                    half,
+                                    Some(Reconcile {
+                                        remaining_output: remaining,
+                                        safety_margin: 32,
+                                    }),
+                                )
                                 .expect("valid usage");
                             sink.fetch_add(provider_work(output), Ordering::Relaxed);
-                            let report = admission.release(Some(Usage::new(input, output))).expect("valid usage");
+                            let report = admission
+                                .release(Some(Usage::new(input, output)))
+                                .expect("valid usage");
                             row.consumed += report.consumed.unwrap_or(0);
                         }
                         Err(rejection) => {
@@ -104,10 +124,14 @@ fn main() {
             std::thread::sleep(Duration::from_millis(1));
             let done = progress.load(Ordering::Relaxed);
             if step == 0 && done >= total / 3 {
-                bulkhead.apply_limits(bulkhead.limits().with_revision(1).with_max_concurrent(2)).unwrap();
+                bulkhead
+                    .apply_limits(bulkhead.limits().with_revision(1).with_max_concurrent(2))
+                    .unwrap();
                 step = 1;
             } else if step == 1 && done >= 2 * total / 3 {
-                bulkhead.apply_limits(bulkhead.limits().with_revision(2).with_max_concurrent(6)).unwrap();
+                bulkhead
+                    .apply_limits(bulkhead.limits().with_revision(2).with_max_concurrent(6))
+                    .unwrap();
                 step = 2;
             }
         }
@@ -120,8 +144,14 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|");
     let mut sum = Row::default();
     for (i, r) in rows.iter().enumerate() {
-        let refused: Vec<u64> = reasons.iter().map(|x| r.refused.get(x.as_str()).copied().unwrap_or(0)).collect();
-        println!("| {i} | {} | {} | {} | {} | {} |", r.admitted, r.high, refused[0], refused[1], r.consumed);
+        let refused: Vec<u64> = reasons
+            .iter()
+            .map(|x| r.refused.get(x.as_str()).copied().unwrap_or(0))
+            .collect();
+        println!(
+            "| {i} | {} | {} | {} | {} | {} |",
+            r.admitted, r.high, refused[0], refused[1], r.consumed
+        );
         sum.admitted += r.admitted;
         sum.high += r.high;
         sum.consumed += r.consumed;
@@ -146,13 +176,23 @@ fn main() {
     let s = bulkhead.stats();
     let t = s.token_budget.expect("budget configured");
     println!("\nfinal stats:");
-    println!("  in flight {} (slots) / {} (admissions), tokens in flight {}", s.in_flight, s.admissions_in_flight, t.in_flight_tokens);
-    println!("  admitted {}, released {}, rejected {} ({:?})", s.admitted, s.released, s.rejected, s.rejected_by_reason);
+    println!(
+        "  in flight {} (slots) / {} (admissions), tokens in flight {}",
+        s.in_flight, s.admissions_in_flight, t.in_flight_tokens
+    );
+    println!(
+        "  admitted {}, released {}, rejected {} ({:?})",
+        s.admitted, s.released, s.rejected, s.rejected_by_reason
+    );
     println!(
         "  tokens: reserved {}, consumed {}, refunded {}, overrun {}",
         t.total_reserved, t.total_consumed, t.total_refunded, t.total_overrun
     );
-    assert_eq!((s.in_flight, t.in_flight_tokens), (0, 0), "everything returned");
+    assert_eq!(
+        (s.in_flight, t.in_flight_tokens),
+        (0, 0),
+        "everything returned"
+    );
     assert_eq!(s.admitted, sum.admitted);
     assert_eq!(s.rejected, WORKERS * CALLS - sum.admitted);
     println!("  (work checksum {:x})", sink.load(Ordering::Relaxed));

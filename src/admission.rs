@@ -3,8 +3,9 @@
 use crate::demand::{Reconcile, Reservation, Usage};
 use crate::error::UsageError;
 use crate::id::AdmissionId;
-use crate::shared::SharedRef;
-use crate::state::{Word, MAX_TOKENS, ONE_SLOT};
+use crate::shared::{Shared, SlotRef};
+use crate::state::{Word, MAX_TOKENS};
+use crate::stats::Counters;
 use crate::sync::Ordering;
 use crate::Priority;
 use std::fmt;
@@ -121,7 +122,8 @@ impl std::error::Error for ReleaseError {
 /// assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 0);
 /// ```
 pub struct Admission {
-    shared: SharedRef,
+    /// The slot (and the pointer to the shared state it keeps alive); `None` once released.
+    slot: Option<SlotRef>,
     id: AdmissionId,
     revision: u64,
     priority: Priority,
@@ -129,19 +131,26 @@ pub struct Admission {
     held: u64,
     reported: Option<Usage>,
     sequence: u64,
-    released: bool,
+}
+
+/// What settling an admission returned.
+struct Settled {
+    held: u64,
+    consumed: Option<u64>,
+    refunded: u64,
+    usage: Option<Usage>,
 }
 
 impl Admission {
     pub(crate) fn new(
-        shared: SharedRef,
+        slot: SlotRef,
         id: AdmissionId,
         revision: u64,
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Admission {
         Admission {
-            shared,
+            slot: Some(slot),
             id,
             revision,
             priority,
@@ -149,8 +158,13 @@ impl Admission {
             held: reservation.map_or(0, |r| r.total()),
             reported: None,
             sequence: 0,
-            released: false,
         }
+    }
+
+    /// The shared state, while the slot is held.
+    #[inline]
+    fn shared(&self) -> Option<&Shared> {
+        self.slot.as_ref().map(SlotRef::get)
     }
 
     /// The admission's id (unique, UUID-formatted).
@@ -259,8 +273,9 @@ impl Admission {
                 });
             }
         }
+        let released = self.slot.is_none();
         let new_hold = match self.reservation {
-            Some(res) if !self.released => {
+            Some(res) if !released => {
                 let cap = res.max_output();
                 let hold = match reconcile {
                     None => clamped.input.checked_add(cap.max(clamped.output)),
@@ -273,14 +288,21 @@ impl Admission {
             }
             _ => self.held,
         };
-        if new_hold > self.held {
-            self.grow_hold(new_hold)?;
-        } else if new_hold < self.held {
-            let delta = self.held - new_hold;
-            self.shared.hot.word.fetch_sub(delta, Ordering::Release);
-            self.shared.counters.local().total_refunded.add(delta);
+        if let Some(shared) = self.shared() {
+            if new_hold > self.held {
+                grow_hold(shared, new_hold - self.held, new_hold)?;
+            } else if new_hold < self.held {
+                let delta = self.held - new_hold;
+                // Release, like any return of capacity.
+                shared.word.fetch_sub(delta, Ordering::Release);
+                shared
+                    .counters
+                    .local(Counters::new)
+                    .total_refunded
+                    .add(delta);
+            }
         }
-        if !self.released && (self.reported != Some(clamped) || new_hold != self.held) {
+        if !released && (self.reported != Some(clamped) || new_hold != self.held) {
             self.sequence += 1;
         }
         self.held = new_hold;
@@ -299,29 +321,6 @@ impl Admission {
                 .map(|r| r.max_output().saturating_sub(clamped.output)),
             over_reservation: self.reservation.is_some() && consumed > reserved,
         })
-    }
-
-    /// Adds `new_hold − held` to the tokens in flight, with no admission check, refusing only
-    /// growth past what the word can hold. Lock-free.
-    fn grow_hold(&mut self, new_hold: u64) -> Result<(), UsageError> {
-        let delta = new_hold - self.held;
-        let word = &self.shared.hot.word;
-        let mut w = Word(word.load(Ordering::Relaxed));
-        loop {
-            if w.tokens().checked_add(delta).is_none_or(|t| t > MAX_TOKENS) {
-                return Err(UsageError::HoldTooLarge {
-                    hold: new_hold,
-                    max: MAX_TOKENS,
-                });
-            }
-            match word.compare_exchange_weak(w.0, w.0 + delta, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(actual) => w = Word(actual),
-            }
-        }
-        self.shared.counters.local().total_overrun.add(delta);
-        Ok(())
     }
 
     /// Releases the admission: the slot and the whole current hold go back at once.
@@ -350,52 +349,87 @@ impl Admission {
                 });
             }
         }
-        Ok(self.settle(usage))
+        let s = self.settle(usage).unwrap_or(Settled {
+            held: 0,
+            consumed: None,
+            refunded: 0,
+            usage,
+        });
+        Ok(ReleaseReport {
+            admission_id: self.id,
+            revision: self.revision,
+            reserved: self.reservation.map_or(0, |r| r.total()),
+            held: s.held,
+            refunded: s.refunded,
+            consumed: s.consumed,
+            usage: s.usage,
+            usage_sequence: self.sequence,
+        })
     }
 
-    /// Returns the slot and the whole hold. Called exactly once: `release` consumes the
-    /// admission and `Drop` skips a released one.
-    fn settle(&mut self, usage: Option<Usage>) -> ReleaseReport {
-        debug_assert!(!self.released);
-        let held = self.held;
-        let effective = usage.or(self.reported);
-        let consumed = effective.and_then(|u| u.total());
-        self.released = true;
-        self.held = 0;
-        // Release: the work done under this admission happens-before the next admission that
-        // reuses its capacity.
-        self.shared
-            .hot
-            .word
-            .fetch_sub(ONE_SLOT + held, Ordering::Release);
+    /// Returns the slot and the whole hold; `None` if already released. Statistics are written
+    /// before the slot goes back: the return may free the shared state (see
+    /// [`crate::shared`]).
+    #[inline]
+    fn settle(&mut self, usage: Option<Usage>) -> Option<Settled> {
+        let slot = self.slot.take()?;
+        let held = std::mem::take(&mut self.held);
+        let usage = usage.or(self.reported);
+        let consumed = usage.and_then(|u| u.total());
         let refunded = match (self.reservation, consumed) {
             (Some(_), Some(consumed)) => held.saturating_sub(consumed),
             _ => 0,
         };
-        let c = self.shared.counters.local();
-        c.released.add(1);
         if let Some(consumed) = consumed {
+            let c = slot.get().counters.local(Counters::new);
             c.total_consumed.add(consumed);
+            if refunded > 0 {
+                c.total_refunded.add(refunded);
+            }
         }
-        c.total_refunded.add(refunded);
-        ReleaseReport {
-            admission_id: self.id,
-            revision: self.revision,
-            reserved: self.reservation.map_or(0, |r| r.total()),
+        slot.return_slot(held);
+        Some(Settled {
             held,
-            refunded,
             consumed,
-            usage: effective,
-            usage_sequence: self.sequence,
-        }
+            refunded,
+            usage,
+        })
     }
 }
 
-impl Drop for Admission {
-    fn drop(&mut self) {
-        if !self.released {
-            self.settle(None);
+/// Adds `delta` to the tokens in flight, with no admission check, refusing only growth past
+/// what the word can hold. Lock-free.
+fn grow_hold(shared: &Shared, delta: u64, new_hold: u64) -> Result<(), UsageError> {
+    let mut w = Word(shared.word.load(Ordering::Relaxed));
+    loop {
+        if w.tokens().checked_add(delta).is_none_or(|t| t > MAX_TOKENS) {
+            return Err(UsageError::HoldTooLarge {
+                hold: new_hold,
+                max: MAX_TOKENS,
+            });
         }
+        match shared.word.compare_exchange_weak(
+            w.0,
+            w.0 + delta,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break,
+            Err(actual) => w = Word(actual),
+        }
+    }
+    shared
+        .counters
+        .local(Counters::new)
+        .total_overrun
+        .add(delta);
+    Ok(())
+}
+
+impl Drop for Admission {
+    #[inline]
+    fn drop(&mut self) {
+        self.settle(None);
     }
 }
 
@@ -408,7 +442,7 @@ impl fmt::Debug for Admission {
             .field("reservation", &self.reservation)
             .field("held", &self.held)
             .field("sequence", &self.sequence)
-            .field("released", &self.released)
+            .field("released", &self.slot.is_none())
             .finish()
     }
 }

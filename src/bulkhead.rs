@@ -6,9 +6,9 @@ use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem};
 use crate::id::AdmissionId;
 use crate::limits::{BudgetLimits, Hot, LimitsSnapshot, Ring};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
-use crate::shared::{Canonical, SharedRef};
+use crate::shared::{Canonical, Handle};
 use crate::state::{Word, CLOSED};
-use crate::stats::{Stats, TokenStats, Totals};
+use crate::stats::{Counters, Stats, TokenStats, Totals};
 use crate::sync::{lock, Ordering};
 use crate::Priority;
 use std::fmt;
@@ -138,8 +138,7 @@ impl BulkheadBuilder {
                 });
             }
         }
-        let shared = SharedRef::new(
-            0,
+        let shared = Handle::new(
             Ring::new(&first),
             Canonical {
                 current: first,
@@ -196,7 +195,7 @@ pub struct LimitsChange {
 /// succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
 #[derive(Clone)]
 pub struct Bulkhead {
-    shared: SharedRef,
+    shared: Handle,
 }
 
 enum Decision {
@@ -273,7 +272,7 @@ impl Bulkhead {
         };
         let r = reservation.map_or(0, |x| x.total());
         let priority = demand.priority();
-        let word = &shared.hot.word;
+        let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
             let lim = shared.ring.read(w.tag());
@@ -286,14 +285,14 @@ impl Bulkhead {
                         Ordering::Acquire,
                     ) {
                         Ok(_) => {
-                            let c = shared.counters.local();
-                            c.admitted.add(1);
+                            let c = shared.counters.local(Counters::new);
+                            let n = c.admitted.add(1);
                             if shared.has_budget {
                                 c.total_reserved.add(r);
                             }
                             return Ok(Admission::new(
-                                self.shared.clone(),
-                                AdmissionId::next(),
+                                self.shared.slot_ref(),
+                                AdmissionId::new(shared.id_prefix, c.key, n),
                                 lim.revision,
                                 priority,
                                 reservation,
@@ -310,7 +309,7 @@ impl Bulkhead {
                         w = now;
                         continue;
                     }
-                    shared.counters.local().rejected[reason.index()].add(1);
+                    shared.counters.local(Counters::new).rejected[reason.index()].add(1);
                     return Err(rejection(w, &lim, reason, r, priority));
                 }
             }
@@ -365,7 +364,7 @@ impl Bulkhead {
         }
         let tag = canon.tag.wrapping_add(1);
         shared.ring.write(tag, &next);
-        let word = &shared.hot.word;
+        let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
             debug_assert_eq!(w.tag(), canon.tag % (1 << crate::state::TAG_BITS));
@@ -436,7 +435,7 @@ impl Bulkhead {
     /// assert!(b.stats().closed);
     /// ```
     pub fn close(&self) {
-        self.shared.hot.word.fetch_or(CLOSED, Ordering::AcqRel);
+        self.shared.word.fetch_or(CLOSED, Ordering::AcqRel);
     }
 
     /// Whether `close()` was called.
@@ -447,7 +446,7 @@ impl Bulkhead {
     /// assert!(!b.is_closed());
     /// ```
     pub fn is_closed(&self) -> bool {
-        Word(self.shared.hot.word.load(Ordering::Acquire)).closed()
+        Word(self.shared.word.load(Ordering::Acquire)).closed()
     }
 
     /// The current limits snapshot.
@@ -474,7 +473,7 @@ impl Bulkhead {
     pub fn stats(&self) -> Stats {
         let shared = &*self.shared;
         let limits = self.limits();
-        let w = Word(shared.hot.word.load(Ordering::Acquire));
+        let w = Word(shared.word.load(Ordering::Acquire));
         let mut t = Totals::default();
         shared.counters.for_each(|c| t.add(c));
         let rejected = t.rejected.total();
@@ -482,11 +481,11 @@ impl Bulkhead {
             limits,
             closed: w.closed(),
             in_flight: w.slots(),
-            admissions_in_flight: t.admitted.saturating_sub(t.released),
+            admissions_in_flight: w.slots(),
             pending: 0,
             available_slots: u64::from(limits.max_concurrent).saturating_sub(w.slots()),
             admitted: t.admitted,
-            released: t.released,
+            released: t.admitted.saturating_sub(w.slots()),
             rejected,
             rejected_by_reason: t.rejected,
             token_budget: limits.token_budget.map(|b| TokenStats {
@@ -529,7 +528,7 @@ fn rejection(w: Word, lim: &Hot, reason: RejectReason, r: u64, priority: Priorit
 
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let w = Word(self.shared.hot.word.load(Ordering::Relaxed));
+        let w = Word(self.shared.word.load(Ordering::Relaxed));
         f.debug_struct("Bulkhead")
             .field("in_flight", &w.slots())
             .field("tokens_in_flight", &w.tokens())

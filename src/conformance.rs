@@ -110,7 +110,11 @@ pub struct Divergence {
 
 impl fmt::Display for Divergence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "step {}: engine {} but model {}", self.step, self.engine, self.model)
+        write!(
+            f,
+            "step {}: engine {} but model {}",
+            self.step, self.engine, self.model
+        )
     }
 }
 
@@ -120,12 +124,19 @@ fn same<T: fmt::Debug + PartialEq>(step: usize, engine: T, model: T) -> Result<(
     if engine == model {
         Ok(())
     } else {
-        Err(Divergence { step, engine: format!("{engine:?}"), model: format!("{model:?}") })
+        Err(Divergence {
+            step,
+            engine: format!("{engine:?}"),
+            model: format!("{model:?}"),
+        })
     }
 }
 
 fn budget_limits(b: Option<(u64, u64)>) -> Option<BudgetLimits> {
-    b.map(|(budget, high_priority_reserve)| BudgetLimits { budget, high_priority_reserve })
+    b.map(|(budget, high_priority_reserve)| BudgetLimits {
+        budget,
+        high_priority_reserve,
+    })
 }
 
 /// Runs `ops` through engine and model.
@@ -149,7 +160,13 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
     let (engine, mut model) = match (builder.build(), Model::new(first)) {
         (Ok(e), Ok(m)) => (e, m),
         (Err(e), Err(m)) => return same(0, e, m),
-        (e, m) => return same(0, format!("{:?}", e.map(drop)), format!("{:?}", m.map(drop))),
+        (e, m) => {
+            return same(
+                0,
+                format!("{:?}", e.map(drop)),
+                format!("{:?}", m.map(drop)),
+            )
+        }
     };
     let mut live: Vec<(Admission, Handle)> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
@@ -161,7 +178,14 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
         let e = a.release(None).map_err(|e| e.error);
         let m = model.release(h, None);
         match (e, m) {
-            (Ok(e), Ok(m)) => same(end, crate::ReleaseReport { admission_id: m.admission_id, ..e }, m)?,
+            (Ok(e), Ok(m)) => same(
+                end,
+                crate::ReleaseReport {
+                    admission_id: m.admission_id,
+                    ..e
+                },
+                m,
+            )?,
             (e, m) => same(end, e.map(|_| ()), m.map(|_| ()))?,
         }
     }
@@ -185,8 +209,16 @@ fn apply_op(
     match op {
         Op::Acquire { .. } | Op::AcquireSlot => {
             let demand = match op {
-                Op::Acquire { input, max_output, high } => match Reservation::new(input, max_output) {
-                    Ok(r) => Demand::tokens(r).with_priority(if high { Priority::High } else { Priority::Normal }),
+                Op::Acquire {
+                    input,
+                    max_output,
+                    high,
+                } => match Reservation::new(input, max_output) {
+                    Ok(r) => Demand::tokens(r).with_priority(if high {
+                        Priority::High
+                    } else {
+                        Priority::Normal
+                    }),
                     Err(_) => return Ok(()),
                 },
                 _ => Demand::slot(),
@@ -198,41 +230,84 @@ fn apply_op(
                     live.push((a, h));
                 }
                 (Err(e), Err(m)) => same(step, e, m)?,
-                (e, m) => same(step, format!("{:?}", e.map(|a| a.revision())), format!("{:?}", m.map(|_| ())))?,
+                (e, m) => same(
+                    step,
+                    format!("{:?}", e.map(|a| a.revision())),
+                    format!("{:?}", m.map(|_| ())),
+                )?,
             }
         }
-        Op::Report { pick: p, input, output, reconcile } => {
-            let Some(i) = pick(live, p) else { return Ok(()) };
+        Op::Report {
+            pick: p,
+            input,
+            output,
+            reconcile,
+        } => {
+            let Some(i) = pick(live, p) else {
+                return Ok(());
+            };
             let usage = Usage::new(input, output);
-            let rc = reconcile.map(|(remaining_output, safety_margin)| Reconcile { remaining_output, safety_margin });
+            let rc = reconcile.map(|(remaining_output, safety_margin)| Reconcile {
+                remaining_output,
+                safety_margin,
+            });
             let (a, h) = &mut live[i];
             let e = a.report_usage(usage, rc);
             let m = model.report_usage(*h, usage, rc);
             match (e, m) {
-                (Ok(e), Ok(m)) => same(step, crate::UsageReport { admission_id: m.admission_id, ..e }, m)?,
+                (Ok(e), Ok(m)) => same(
+                    step,
+                    crate::UsageReport {
+                        admission_id: m.admission_id,
+                        ..e
+                    },
+                    m,
+                )?,
                 (e, m) => same(step, e.map(|_| ()), m.map(|_| ()))?,
             }
         }
         Op::Release { pick: p, usage } => {
-            let Some(i) = pick(live, p) else { return Ok(()) };
+            let Some(i) = pick(live, p) else {
+                return Ok(());
+            };
             let (a, h) = live.swap_remove(i);
             let usage = usage.map(|(i, o)| Usage::new(i, o));
             match (a.release(usage), model.release(h, usage)) {
-                (Ok(e), Ok(m)) => same(step, crate::ReleaseReport { admission_id: m.admission_id, ..e }, m)?,
+                (Ok(e), Ok(m)) => same(
+                    step,
+                    crate::ReleaseReport {
+                        admission_id: m.admission_id,
+                        ..e
+                    },
+                    m,
+                )?,
                 (Err(e), Err(m)) => {
                     same(step, &e.error, &m)?;
                     live.push((*e.admission, h));
                 }
-                (e, m) => same(step, format!("{:?}", e.map(|_| ())), format!("{:?}", m.map(|_| ())))?,
+                (e, m) => same(
+                    step,
+                    format!("{:?}", e.map(|_| ())),
+                    format!("{:?}", m.map(|_| ())),
+                )?,
             }
         }
         Op::Drop { pick: p } => {
-            let Some(i) = pick(live, p) else { return Ok(()) };
+            let Some(i) = pick(live, p) else {
+                return Ok(());
+            };
             let (a, h) = live.swap_remove(i);
             drop(a);
-            model.release(h, None).expect("usage-free release cannot fail");
+            model
+                .release(h, None)
+                .expect("usage-free release cannot fail");
         }
-        Op::Apply { step: s, max_concurrent, max_queue, budget } => {
+        Op::Apply {
+            step: s,
+            max_concurrent,
+            max_queue,
+            budget,
+        } => {
             let cur = engine.limits();
             let snap = LimitsSnapshot {
                 revision: cur.revision.saturating_add(s),
@@ -248,7 +323,9 @@ fn apply_op(
             let cur = engine.limits();
             let expected = match cur.token_budget {
                 None => Err(()),
-                Some(b) => Ok(cur.with_revision(cur.revision + 1).with_token_budget(Some(BudgetLimits { budget, ..b }))),
+                Some(b) => Ok(cur
+                    .with_revision(cur.revision + 1)
+                    .with_token_budget(Some(BudgetLimits { budget, ..b }))),
             };
             let e = engine.set_budget(budget);
             match expected {
@@ -285,7 +362,11 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
     while !cur.0.is_empty() {
         let tag = cur.byte();
         let op = match tag % 10 {
-            0..=2 => Op::Acquire { input: cur.tokens(), max_output: cur.tokens(), high: tag & 0x10 != 0 },
+            0..=2 => Op::Acquire {
+                input: cur.tokens(),
+                max_output: cur.tokens(),
+                high: tag & 0x10 != 0,
+            },
             3 => Op::AcquireSlot,
             4 => Op::Report {
                 pick: cur.byte().into(),
@@ -297,17 +378,25 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
                 pick: cur.byte().into(),
                 usage: (tag & 0x10 != 0).then(|| (cur.tokens(), cur.tokens())),
             },
-            7 => Op::Drop { pick: cur.byte().into() },
+            7 => Op::Drop {
+                pick: cur.byte().into(),
+            },
             8 => {
                 let b = cur.byte();
                 Op::Apply {
                     step: u64::from(b % 3),
-                    max_concurrent: if b & 0x80 != 0 { crate::MAX_SLOTS + 1 } else { u32::from(cur.byte() % 9) },
+                    max_concurrent: if b & 0x80 != 0 {
+                        crate::MAX_SLOTS + 1
+                    } else {
+                        u32::from(cur.byte() % 9)
+                    },
                     max_queue: u32::from(b >> 4 & 3),
                     budget: (tag & 0x10 == 0).then(|| (cur.tokens(), cur.tokens())),
                 }
             }
-            _ if tag & 0x10 != 0 => Op::SetBudget { budget: cur.tokens() },
+            _ if tag & 0x10 != 0 => Op::SetBudget {
+                budget: cur.tokens(),
+            },
             _ => Op::Close,
         };
         ops.push(op);

@@ -9,7 +9,7 @@ use std::fmt;
 /// use llm_bulkhead::{Bulkhead, ConfigProblem};
 /// let err = Bulkhead::builder().max_concurrent(1 << 20).build().unwrap_err();
 /// assert_eq!(err.field, "max_concurrent");
-/// assert!(matches!(err.problem, ConfigProblem::TooLarge { max: 65_535, .. }));
+/// assert!(matches!(err.problem, ConfigProblem::TooLarge { max: 32_767, .. }));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -1,14 +1,21 @@
-//! Admission ids: UUID-formatted, unique within the process, made without a contended atomic.
+//! Admission ids: UUID-formatted, unique, made without a contended atomic and without a
+//! second thread-local lookup.
 //!
-//! Each thread draws a 32-bit key once (one `fetch_add` on a global counter, at the thread's
-//! first admission) and then numbers its admissions with a thread-local counter. The id packs
-//! `(per-process random salt, thread key, counter)` into a UUID with version 8 ("custom") and
-//! the RFC 9562 variant, so ids are unique for 2^62 admissions per thread and 2^32 threads.
+//! An admission already bumps its thread's `admitted` counter (see [`crate::stats`]); the value
+//! it replaced numbers the admission within that per-thread entry. The id packs
+//!
+//! ```text
+//! [salt:16][bulkhead serial:24][key hi:8][version 8:4][key lo:12][variant:2][counter:62]
+//! ```
+//!
+//! where the salt is random per process, the serial numbers bulkheads within the process, and
+//! the key numbers the per-thread entries of one bulkhead (entries are reused by later threads,
+//! so keys stay below the peak number of threads). Ids are therefore unique within a process
+//! for 2^24 bulkheads, 2^20 concurrent threads per bulkhead and 2^62 admissions per entry, and
+//! the random salt separates processes. The result is a version-8 ("custom") RFC 9562 UUID.
 
-use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 /// The identity of one admission.
 ///
@@ -41,33 +48,41 @@ impl AdmissionId {
         AdmissionId(v)
     }
 
-    pub(crate) fn next() -> AdmissionId {
-        thread_local! {
-            static NEXT: Cell<(u64, u64)> = const { Cell::new((u64::MAX, 0)) };
-        }
-        static KEYS: AtomicU64 = AtomicU64::new(0);
-        static SALT: OnceLock<u64> = OnceLock::new();
-        let (mut key, counter) = NEXT.with(Cell::get);
-        if key == u64::MAX {
-            key = KEYS.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff;
-        }
-        NEXT.with(|c| c.set((key, counter + 1)));
-        let salt = *SALT.get_or_init(|| {
-            use std::hash::{BuildHasher, Hasher};
-            std::collections::hash_map::RandomState::new()
-                .build_hasher()
-                .finish()
-        });
-        let counter = u128::from(counter) & ((1 << 62) - 1);
+    /// The id of admission number `counter` of per-thread entry `key` of the bulkhead whose
+    /// [`prefix`] is `prefix`.
+    #[inline]
+    pub(crate) fn new(prefix: u128, key: u64, counter: u64) -> AdmissionId {
         let key = u128::from(key);
-        let v = counter
-            | (0b10 << 62)
-            | ((key & 0xfff) << 64)
-            | (0x8 << 76)
-            | ((key >> 12) << 80)
-            | (u128::from(salt & 0x0fff_ffff) << 100);
-        AdmissionId(v)
+        AdmissionId(
+            prefix
+                | (u128::from(counter) & ((1 << 62) - 1))
+                | ((key & 0xfff) << 64)
+                | (((key >> 12) & 0xff) << 80),
+        )
     }
+}
+
+/// The bits every id of one bulkhead shares: salt, serial, version and variant.
+pub(crate) fn prefix() -> u128 {
+    static SERIAL: AtomicU64 = AtomicU64::new(0);
+    static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let salt = *SALT.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    (u128::from(salt & 0xffff) << 112)
+        | (u128::from(serial & 0xff_ffff) << 88)
+        | (0x8 << 76)
+        | (0b10 << 62)
+}
+
+/// Numbers the per-thread counter entries of bulkheads (once per thread and bulkhead).
+pub(crate) fn next_key() -> u64 {
+    static KEYS: AtomicU64 = AtomicU64::new(0);
+    KEYS.fetch_add(1, Ordering::Relaxed) & 0xf_ffff
 }
 
 impl fmt::Display for AdmissionId {
@@ -95,13 +110,16 @@ mod tests {
     use std::collections::HashSet;
 
     #[test]
-    fn ids_are_unique_across_threads_and_well_formed() {
-        let all: Vec<AdmissionId> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|_| s.spawn(|| (0..1000).map(|_| AdmissionId::next()).collect::<Vec<_>>()))
-                .collect();
-            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-        });
+    fn ids_are_unique_and_well_formed() {
+        let (p, q) = (prefix(), prefix());
+        let mut all = Vec::new();
+        for prefix in [p, q] {
+            for key in [0, 1, 0xfff, 0x1000, 0xf_ffff] {
+                for counter in [0, 1, (1 << 62) - 1] {
+                    all.push(AdmissionId::new(prefix, key, counter));
+                }
+            }
+        }
         let set: HashSet<_> = all.iter().copied().collect();
         assert_eq!(set.len(), all.len());
         for id in &all {

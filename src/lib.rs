@@ -57,11 +57,11 @@
 
 mod admission;
 mod bulkhead;
+pub mod conformance;
 mod demand;
 mod error;
 mod id;
 pub mod limits;
-pub mod conformance;
 pub mod model;
 mod rejection;
 mod shared;

@@ -1,23 +1,36 @@
-//! The state every handle and admission of one bulkhead shares, and the reference count that
-//! keeps it alive.
+//! The state every handle and admission of one bulkhead shares, and what keeps it alive.
 //!
-//! The reference count lives on the same cache line as the state word. An admission must keep
-//! the bulkhead alive (admissions are `Send + 'static`), and with a `std::sync::Arc` the count
-//! would sit on a different, equally contended line: every admission would touch two contended
-//! lines. Here the count's increment hits the line the admission CAS just took exclusively.
+//! # Lifetime without a per-admission reference count
+//!
+//! Admissions are `Send + 'static`, so they must keep the shared state alive. A reference
+//! count per admission (as `Arc` would give) costs two more locked instructions on every
+//! acquire/release pair, on a contended line. Instead, **the slot an admission holds is its
+//! reference**: the slots-in-use field of the state word already counts every admission.
+//!
+//! * [`Handle`]s (one per `Bulkhead` clone) are counted in `handles`, off the hot line.
+//! * When the last handle goes, it sets the `DETACHED` bit of the state word with a
+//!   `fetch_or`; if the word it replaced held no slot, it frees the state.
+//! * An admission returns its slot with a `fetch_sub`; if the word it replaced had `DETACHED`
+//!   set and exactly its own slot, it frees the state.
+//!
+//! Both decisions read the same word, whose modifications are totally ordered, so exactly one
+//! thread frees, and only after every other owner is done: the handle count can never climb
+//! back from zero (a handle is only cloned from a live handle), and an admission touches the
+//! shared state only before its slot-returning `fetch_sub` (statistics are written first).
+//!
+//! # Memory ordering
+//!
+//! Every decrement (`handles.fetch_sub`, the slot-returning `fetch_sub`, the `DETACHED`
+//! `fetch_or`) is `AcqRel`. RMWs on one atomic extend each other's release sequences, so the
+//! freeing RMW synchronises with every earlier owner's last write: all uses of the state
+//! happen-before the free.
 
 use crate::limits::{LimitsSnapshot, Ring};
+use crate::state::{Word, DETACHED, ONE_SLOT};
 use crate::stats::Counters;
-use crate::sync::{fence, AtomicU64, AtomicUsize, Mutex, Ordering, Stripes};
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering, Stripes};
 use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
-
-/// The contended line: the state word and the reference count.
-pub(crate) struct HotLine {
-    /// The packed state word; see [`crate::state`].
-    pub(crate) word: AtomicU64,
-    refs: AtomicUsize,
-}
 
 /// The canonical limits, owned by the reconfiguration lock.
 pub(crate) struct Canonical {
@@ -27,82 +40,137 @@ pub(crate) struct Canonical {
 }
 
 pub(crate) struct Shared {
-    pub(crate) hot: CachePadded<HotLine>,
+    /// The packed state word (see [`crate::state`]), alone on its cache line.
+    pub(crate) word: CachePadded<AtomicU64>,
+    /// Live `Bulkhead` handles (not admissions).
+    handles: CachePadded<AtomicUsize>,
     pub(crate) ring: Ring,
     pub(crate) counters: Stripes<Counters>,
     pub(crate) reconfig: Mutex<Canonical>,
     pub(crate) has_budget: bool,
+    /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
+    pub(crate) id_prefix: u128,
 }
-
-/// A counted reference to [`Shared`], like `Arc<Shared>` but with the count on the hot line.
-pub(crate) struct SharedRef(NonNull<Shared>);
-
-// SAFETY: `SharedRef` is an owning, reference-counted pointer to a `Shared`, which is itself
-// `Send + Sync` (atomics, a mutex, and per-thread counters of `Send` data; checked below). As for
-// `Arc<T: Send + Sync>`, moving or sharing the pointer across threads only moves or shares
-// access to a `Sync` value, and the count is atomic.
-unsafe impl Send for SharedRef {}
-// SAFETY: as above: `&SharedRef` only gives `&Shared`, and `Shared: Sync`.
-unsafe impl Sync for SharedRef {}
 
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Shared>();
 };
 
-impl SharedRef {
-    pub(crate) fn new(word: u64, ring: Ring, canonical: Canonical, has_budget: bool) -> SharedRef {
+/// Frees the shared state.
+///
+/// # Safety
+/// `ptr` came from `Handle::new` and the caller is the unique thread that observed the last
+/// owner leave (see the module docs); nothing can reach the state afterwards.
+unsafe fn free(ptr: NonNull<Shared>) {
+    // SAFETY: allocated by `Box::new` in `Handle::new`, leaked exactly once, and by the
+    // caller's contract freed exactly once, after every other use.
+    drop(unsafe { Box::from_raw(ptr.as_ptr()) });
+}
+
+/// A counted handle: what a `Bulkhead` holds.
+pub(crate) struct Handle(NonNull<Shared>);
+
+// SAFETY: a `Handle` is an owning, counted pointer to a `Shared`, which is `Send + Sync`
+// (checked above). As for `Arc<T: Send + Sync>`, moving or sharing the pointer only moves or
+// shares access to a `Sync` value, and the count is atomic.
+unsafe impl Send for Handle {}
+// SAFETY: `&Handle` only gives `&Shared`, and `Shared: Sync`.
+unsafe impl Sync for Handle {}
+
+impl Handle {
+    pub(crate) fn new(ring: Ring, canonical: Canonical, has_budget: bool) -> Handle {
         let shared = Shared {
-            hot: CachePadded::new(HotLine {
-                word: AtomicU64::new(word),
-                refs: AtomicUsize::new(1),
-            }),
+            word: CachePadded::new(AtomicU64::new(0)),
+            handles: CachePadded::new(AtomicUsize::new(1)),
             ring,
             counters: Stripes::new(),
             reconfig: Mutex::new(canonical),
             has_budget,
+            id_prefix: crate::id::prefix(),
         };
-        SharedRef(NonNull::from(Box::leak(Box::new(shared))))
+        Handle(NonNull::from(Box::leak(Box::new(shared))))
+    }
+
+    /// An uncounted pointer for an admission that has just taken a slot.
+    pub(crate) fn slot_ref(&self) -> SlotRef {
+        SlotRef(self.0)
     }
 }
 
-impl std::ops::Deref for SharedRef {
+impl std::ops::Deref for Handle {
     type Target = Shared;
 
     #[inline]
     fn deref(&self) -> &Shared {
-        // SAFETY: the allocation is freed only when the last `SharedRef` is dropped, and `self`
-        // is a live `SharedRef`, so the count is at least 1 and the pointee is alive.
+        // SAFETY: a live handle keeps `handles ≥ 1`, so the state is not detached and cannot
+        // have been freed (module docs).
         unsafe { self.0.as_ref() }
     }
 }
 
-impl Clone for SharedRef {
-    #[inline]
-    fn clone(&self) -> SharedRef {
-        // Relaxed suffices for an increment from a live reference (as in `Arc::clone`): the new
-        // reference is derived from one that already keeps the value alive.
-        let old = self.hot.refs.fetch_add(1, Ordering::Relaxed);
+impl Clone for Handle {
+    fn clone(&self) -> Handle {
+        // Relaxed suffices for an increment from a live handle (as in `Arc::clone`).
+        let old = self.handles.fetch_add(1, Ordering::Relaxed);
         if old > isize::MAX as usize {
-            // Only reachable by leaking more than isize::MAX references; aborting is what `Arc`
+            // Only reachable by leaking more than isize::MAX handles; aborting is what `Arc`
             // does, since continuing could overflow the count and free a live value.
             std::process::abort();
         }
-        SharedRef(self.0)
+        Handle(self.0)
     }
 }
 
-impl Drop for SharedRef {
-    #[inline]
+impl Drop for Handle {
     fn drop(&mut self) {
-        // Release: every use of the value through this reference happens-before the free.
-        if self.hot.refs.fetch_sub(1, Ordering::Release) != 1 {
+        if self.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        // Acquire: pairs with the Release decrements of all other references.
-        fence(Ordering::Acquire);
-        // SAFETY: the count reached zero, so this was the last reference: nobody else can reach
-        // the allocation, which `new` made with `Box::new` and leaked exactly once.
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+        let prev = Word(self.word.fetch_or(DETACHED, Ordering::AcqRel));
+        if prev.slots() == 0 {
+            // SAFETY: the last handle is gone and no admission holds a slot; any admission
+            // that comes later would need a handle. We are the unique freer (module docs).
+            unsafe { free(self.0) }
+        }
+    }
+}
+
+/// An admission's pointer to the shared state, valid while it holds its slot.
+pub(crate) struct SlotRef(NonNull<Shared>);
+
+// SAFETY: `SlotRef` is a pointer to a `Shared` (which is `Send + Sync`) kept alive by the
+// slot its owner holds in the state word; moving it to another thread moves that ownership.
+unsafe impl Send for SlotRef {}
+// SAFETY: `&SlotRef` only gives `&Shared`, and `Shared: Sync`.
+unsafe impl Sync for SlotRef {}
+
+impl SlotRef {
+    /// The shared state.
+    ///
+    /// Callers hold the slot this `SlotRef` was made for (it is returned only by
+    /// [`SlotRef::return_slot`], which consumes it).
+    #[inline]
+    pub(crate) fn get(&self) -> &Shared {
+        // SAFETY: the owner's slot is counted in the state word, so the state cannot be freed
+        // (module docs); `return_slot` consumes `self`, so no use follows the return.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// Returns the slot and `tokens` held tokens in one `fetch_sub`, and frees the state if
+    /// this was the last owner. Nothing may touch the state after this.
+    #[inline]
+    pub(crate) fn return_slot(self, tokens: u64) {
+        let prev = Word(
+            self.get()
+                .word
+                .fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel),
+        );
+        if prev.detached() && prev.slots() == 1 {
+            // SAFETY: no handle is left (DETACHED is set only once the handle count reached
+            // zero, and it never climbs back) and ours was the last slot. We are the unique
+            // freer (module docs).
+            unsafe { free(self.0) }
+        }
     }
 }

@@ -3,10 +3,10 @@
 //! # The word
 //!
 //! ```text
-//!  63      62       61..48        47..32          31..0
-//! +------+--------+-----------+--------------+-----------------+
-//! |closed|waiters | limits tag| slots in use | tokens held (T) |
-//! +------+--------+-----------+--------------+-----------------+
+//!  63      62       61..48        47       46..32          31..0
+//! +------+--------+-----------+--------+--------------+-----------------+
+//! |closed|waiters | limits tag|detached| slots in use | tokens held (T) |
+//! +------+--------+-----------+--------+--------------+-----------------+
 //! ```
 //!
 //! * **tokens held** `T`: the sum of the holds of every admission not yet released
@@ -18,6 +18,9 @@
 //!   that is current. The snapshot itself lives in a small ring (see [`crate::limits`]); the tag
 //!   names its slot. Installing a snapshot bumps the tag with a CAS, so any decision that read
 //!   the word before the install fails its CAS afterwards (CONTRACT.md §6, last sentence).
+//! * **detached**: set once the last `Bulkhead` handle is gone; the admission that returns the
+//!   last slot then frees the shared state (see [`crate::shared`]: a held slot is what keeps
+//!   an admission's view of the bulkhead alive, so admissions need no reference count).
 //! * **waiters**: set while the wait queue is non-empty (used by the waiting layer). While it is
 //!   set the fast path admits nobody: newcomers go to the slow path and cannot barge.
 //! * **closed**: set once by `close()`, never cleared.
@@ -32,7 +35,7 @@
 //! |---|---|---|
 //! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned. It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). |
 //! | refusal | lock-free | the refusal re-reads the word after reading the limits; if the tag moved, the limits may be torn and the decision is retried, so every refusal is explained by one real state. |
-//! | `release`, `drop(Admission)` | wait-free | one `fetch_sub` of the slot and the hold. (With waiters queued, the releaser additionally takes the queue lock to hand off: that is the slow path.) |
+//! | `release`, `drop(Admission)` | wait-free | one `fetch_sub` of the slot and the hold, which also decides whether this was the last owner of the shared state. |
 //! | `report_usage` shrinking a hold | wait-free | one `fetch_sub`. |
 //! | `report_usage` growing a hold | lock-free | a CAS loop whose only check is that `T` stays within the field. |
 //! | `close` | wait-free | one `fetch_or`. |
@@ -85,26 +88,29 @@
 //! # Plan for waiting (the waiting issue builds this; nothing here changes)
 //!
 //! The waiters bit is set by an enqueuer, under the queue mutex, with the same CAS that proves
-//! there is no free slot (if a slot is free the enqueuer takes it instead). A release is a
-//! `fetch_sub`; if the value it returns has the waiters bit, the releaser takes the queue mutex
-//! and performs the head waiter's whole decision (checks 1–5 against the limits then current) with
-//! a CAS on this word. Either the release's `fetch_sub` comes first in the word's modification
-//! order (then the enqueuer's CAS sees the free slot) or the enqueuer's CAS comes first (then the
-//! releaser sees the bit): no lost wake-up. The bit is cleared by whoever empties the queue,
-//! under the mutex.
+//! there is no free slot (if a slot is free the enqueuer takes it instead). A release then
+//! becomes a CAS that refuses to return its slot while the bit is set: a releaser that sees the
+//! bit takes the queue mutex *while still holding its slot* (which keeps the shared state alive,
+//! see [`crate::shared`]) and hands capacity to the head waiter by performing that waiter's
+//! whole decision (checks 1–5 against the limits then current) on this word. Either the
+//! release's CAS comes first in the word's modification order (then the enqueuer's CAS sees the
+//! free slot) or the enqueuer's CAS comes first (then the releaser's CAS fails and it sees the
+//! bit): no lost wake-up. The bit is cleared by whoever empties the queue, under the mutex.
+//! Without waiters the CAS succeeds first time, so the uncontended cost is unchanged.
 
 /// Bits of the token field.
 pub(crate) const TOKEN_BITS: u32 = 32;
 /// Bits of the slot field.
-pub(crate) const SLOT_BITS: u32 = 16;
+pub(crate) const SLOT_BITS: u32 = 15;
 /// Bits of the limits tag.
 pub(crate) const TAG_BITS: u32 = 14;
 
 const SLOT_SHIFT: u32 = TOKEN_BITS;
-const TAG_SHIFT: u32 = TOKEN_BITS + SLOT_BITS;
+const TAG_SHIFT: u32 = 48;
 const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
 const SLOT_MASK: u64 = ((1 << SLOT_BITS) - 1) << SLOT_SHIFT;
 pub(crate) const TAG_MASK: u64 = ((1 << TAG_BITS) - 1) << TAG_SHIFT;
+pub(crate) const DETACHED: u64 = 1 << 47;
 pub(crate) const WAITERS: u64 = 1 << 62;
 pub(crate) const CLOSED: u64 = 1 << 63;
 
@@ -138,6 +144,10 @@ impl Word {
         self.0 & CLOSED != 0
     }
     #[inline]
+    pub(crate) fn detached(self) -> bool {
+        self.0 & DETACHED != 0
+    }
+    #[inline]
     pub(crate) fn waiters(self) -> bool {
         self.0 & WAITERS != 0
     }
@@ -163,6 +173,7 @@ impl std::fmt::Debug for Word {
             .field("tokens", &self.tokens())
             .field("slots", &self.slots())
             .field("tag", &self.tag())
+            .field("detached", &self.detached())
             .field("waiters", &self.waiters())
             .field("closed", &self.closed())
             .finish()
@@ -176,20 +187,19 @@ mod tests {
     #[test]
     fn fields_do_not_overlap() {
         assert_eq!(TOKEN_MASK & SLOT_MASK, 0);
-        assert_eq!(SLOT_MASK & TAG_MASK, 0);
-        assert_eq!(TAG_MASK & (WAITERS | CLOSED), 0);
-        assert_eq!(
-            TOKEN_MASK | SLOT_MASK | TAG_MASK | WAITERS | CLOSED,
-            u64::MAX
-        );
+        assert_eq!(SLOT_MASK & (TAG_MASK | DETACHED), 0);
+        assert_eq!(TAG_MASK & (WAITERS | CLOSED | DETACHED), 0);
+        let all = TOKEN_MASK | SLOT_MASK | DETACHED | TAG_MASK | WAITERS | CLOSED;
+        assert_eq!(all, u64::MAX);
+        assert_eq!(SLOT_SHIFT + SLOT_BITS, 47);
     }
 
     #[test]
     fn tag_wraps_inside_its_field() {
-        let mut w = Word(CLOSED | WAITERS | (5 * ONE_SLOT) | 7);
+        let mut w = Word(CLOSED | WAITERS | DETACHED | (5 * ONE_SLOT) | 7);
         for _ in 0..(1 << TAG_BITS) {
             w = w.with_next_tag();
-            assert!(w.closed() && w.waiters());
+            assert!(w.closed() && w.waiters() && w.detached());
             assert_eq!((w.slots(), w.tokens()), (5, 7));
         }
         assert_eq!(w.tag(), 0);

@@ -17,15 +17,29 @@ use crate::rejection::RejectReason;
 use crate::sync::Stripe;
 
 /// One thread's event counters.
+///
+/// Releases are not counted: every admission holds a slot until it is released, so
+/// `released = admitted − slots in use`, and the release path writes no counter unless it
+/// has usage to book.
 #[derive(Default)]
 pub(crate) struct Counters {
+    /// Distinguishes this entry's admission ids from other threads' (see [`crate::id`]).
+    pub(crate) key: u64,
     pub(crate) admitted: Stripe,
-    pub(crate) released: Stripe,
     pub(crate) rejected: [Stripe; 6],
     pub(crate) total_reserved: Stripe,
     pub(crate) total_consumed: Stripe,
     pub(crate) total_refunded: Stripe,
     pub(crate) total_overrun: Stripe,
+}
+
+impl Counters {
+    pub(crate) fn new() -> Counters {
+        Counters {
+            key: crate::id::next_key(),
+            ..Counters::default()
+        }
+    }
 }
 
 /// Refusals counted by reason.
@@ -152,7 +166,7 @@ pub struct Stats {
     pub available_slots: u64,
     /// Successful admissions.
     pub admitted: u64,
-    /// First releases of admissions.
+    /// Admissions released (`admitted − admissions_in_flight`).
     pub released: u64,
     /// Refusals, all reasons.
     pub rejected: u64,
@@ -166,7 +180,6 @@ pub struct Stats {
 #[derive(Default)]
 pub(crate) struct Totals {
     pub(crate) admitted: u64,
-    pub(crate) released: u64,
     pub(crate) rejected: RejectCounts,
     pub(crate) total_reserved: u64,
     pub(crate) total_consumed: u64,
@@ -180,7 +193,6 @@ impl Totals {
             *sum = sum.wrapping_add(s.get());
         }
         acc(&mut self.admitted, &c.admitted);
-        acc(&mut self.released, &c.released);
         for r in RejectReason::ALL {
             acc(self.rejected.slot(r), &c.rejected[r.index()]);
         }

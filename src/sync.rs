@@ -49,16 +49,18 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
 pub(crate) struct Stripe(AtomicU64);
 
 impl Stripe {
+    /// Adds `delta` and returns the previous value.
     #[inline]
-    pub(crate) fn add(&self, delta: u64) {
+    pub(crate) fn add(&self, delta: u64) -> u64 {
         #[cfg(not(loom))]
         {
             let v = self.0.load(Ordering::Relaxed);
             self.0.store(v.wrapping_add(delta), Ordering::Relaxed);
+            v
         }
         #[cfg(loom)]
         {
-            self.0.fetch_add(delta, Ordering::Relaxed);
+            self.0.fetch_add(delta, Ordering::Relaxed)
         }
     }
 
@@ -73,15 +75,26 @@ impl Stripe {
 pub(crate) struct Stripes<T: Send>(thread_local::ThreadLocal<crossbeam_utils::CachePadded<T>>);
 
 #[cfg(not(loom))]
-impl<T: Send + Sync + Default> Stripes<T> {
+impl<T: Send + Sync> Stripes<T> {
     pub(crate) fn new() -> Self {
         Stripes(thread_local::ThreadLocal::new())
     }
 
-    /// The calling thread's entry (created on the thread's first use).
+    /// The calling thread's entry, made by `init` on the thread's first use.
     #[inline]
-    pub(crate) fn local(&self) -> &T {
-        self.0.get_or_default()
+    pub(crate) fn local(&self, init: impl FnOnce() -> T) -> &T {
+        match self.0.get() {
+            Some(t) => t,
+            None => self.insert(init),
+        }
+    }
+
+    /// The first use on a thread: kept out of line so that the hot path does not carry the
+    /// cache-padded value on its stack frame.
+    #[cold]
+    #[inline(never)]
+    fn insert(&self, init: impl FnOnce() -> T) -> &T {
+        self.0.get_or(|| crossbeam_utils::CachePadded::new(init()))
     }
 
     /// Visits every thread's entry.
@@ -92,7 +105,9 @@ impl<T: Send + Sync + Default> Stripes<T> {
     }
 }
 
-/// Per-thread storage for statistics counters (loom flavour: one shared entry).
+/// Per-thread storage for statistics counters (loom flavour: one shared entry, made eagerly:
+/// a lazily initialised cell could block one loom thread on another's initialisation, and
+/// loom runs every thread of a model on one OS thread).
 #[cfg(loom)]
 pub(crate) struct Stripes<T: Send>(T);
 
@@ -103,7 +118,7 @@ impl<T: Send + Sync + Default> Stripes<T> {
     }
 
     #[inline]
-    pub(crate) fn local(&self) -> &T {
+    pub(crate) fn local(&self, _init: impl FnOnce() -> T) -> &T {
         &self.0
     }
 

@@ -18,16 +18,24 @@ fn setup() -> impl Strategy<Value = Setup> {
     (
         0u32..=5,
         0u32..=3,
-        prop::option::weighted(0.8, ((0u64..=30).prop_map(|b| b * 100), (0u64..=8).prop_map(|h| h * 100))),
+        prop::option::weighted(
+            0.8,
+            (
+                (0u64..=30).prop_map(|b| b * 100),
+                (0u64..=8).prop_map(|h| h * 100),
+            ),
+        ),
         0u64..=3,
     )
-        .prop_map(|(max_concurrent, max_queue, budget, initial_revision)| Setup {
-            max_concurrent,
-            max_queue,
-            // Mostly valid reserves (H ≤ B); the rest must be refused identically.
-            budget: budget.map(|(b, h)| (b, if h <= b || b % 700 == 0 { h } else { b / 2 })),
-            initial_revision,
-        })
+        .prop_map(
+            |(max_concurrent, max_queue, budget, initial_revision)| Setup {
+                max_concurrent,
+                max_queue,
+                // Mostly valid reserves (H ≤ B); the rest must be refused identically.
+                budget: budget.map(|(b, h)| (b, if h <= b || b % 700 == 0 { h } else { b / 2 })),
+                initial_revision,
+            },
+        )
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -61,13 +69,38 @@ proptest! {
 /// token is refused; a 0-token demand is admitted while `T ≤ eff` and refused once `T > eff`.
 #[test]
 fn exact_fills_and_zero_token_demands() {
-    let setup = Setup { max_concurrent: 3, max_queue: 0, budget: Some((1_000, 0)), initial_revision: 0 };
+    let setup = Setup {
+        max_concurrent: 3,
+        max_queue: 0,
+        budget: Some((1_000, 0)),
+        initial_revision: 0,
+    };
     let ops = [
-        Op::Acquire { input: 600, max_output: 400, high: false },
-        Op::Acquire { input: 0, max_output: 0, high: false },
-        Op::Report { pick: 0, input: 700, output: 400, reconcile: None },
-        Op::Acquire { input: 0, max_output: 0, high: false },
-        Op::Release { pick: 0, usage: None },
+        Op::Acquire {
+            input: 600,
+            max_output: 400,
+            high: false,
+        },
+        Op::Acquire {
+            input: 0,
+            max_output: 0,
+            high: false,
+        },
+        Op::Report {
+            pick: 0,
+            input: 700,
+            output: 400,
+            reconcile: None,
+        },
+        Op::Acquire {
+            input: 0,
+            max_output: 0,
+            high: false,
+        },
+        Op::Release {
+            pick: 0,
+            usage: None,
+        },
     ];
     run(&setup, &ops).unwrap();
 }

@@ -55,7 +55,11 @@ impl Tally {
 
 #[test]
 fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
-    let b = Bulkhead::builder().max_concurrent(MAX as u32).token_budget(BUDGET).build().unwrap();
+    let b = Bulkhead::builder()
+        .max_concurrent(MAX as u32)
+        .token_budget(BUDGET)
+        .build()
+        .unwrap();
     let tally = Tally::default();
     let done = AtomicBool::new(false);
     let start = Barrier::new(THREADS + 1);
@@ -69,11 +73,16 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
                     let (input, cap) = (rng.below(8) * 100, rng.below(8) * 100);
                     match b.try_acquire(Demand::tokens(Reservation::new(input, cap).unwrap())) {
                         Err(r) => {
-                            assert!(matches!(r.reason, RejectReason::BudgetLimit | RejectReason::ConcurrencyLimit));
+                            assert!(matches!(
+                                r.reason,
+                                RejectReason::BudgetLimit | RejectReason::ConcurrencyLimit
+                            ));
                             // The refusal is explained by the state it saw.
                             let t = r.detail.token_budget.unwrap();
                             match r.reason {
-                                RejectReason::BudgetLimit => assert!(t.in_flight_tokens + input + cap > BUDGET),
+                                RejectReason::BudgetLimit => {
+                                    assert!(t.in_flight_tokens + input + cap > BUDGET)
+                                }
                                 _ => assert!(r.detail.in_flight >= MAX),
                             }
                             tally.refused.fetch_add(1, SeqCst);
@@ -127,7 +136,10 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
                 let st = b.stats();
                 let t = st.token_budget.unwrap();
                 assert!(st.in_flight <= MAX, "{st:?}");
-                assert!(t.in_flight_tokens <= BUDGET + tally.overrun.load(SeqCst), "{st:?}");
+                assert!(
+                    t.in_flight_tokens <= BUDGET + tally.overrun.load(SeqCst),
+                    "{st:?}"
+                );
                 samples += 1;
             }
             samples
@@ -136,7 +148,9 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
         // Scoped workers are joined at the end of the scope; signal the observer after them.
         s.spawn(move || {
             // Wait until every worker has made all its decisions.
-            while tally.admitted.load(SeqCst) + tally.refused.load(SeqCst) < (THREADS * ITERS) as u64 {
+            while tally.admitted.load(SeqCst) + tally.refused.load(SeqCst)
+                < (THREADS * ITERS) as u64
+            {
                 std::hint::spin_loop();
             }
             done.store(true, SeqCst);
@@ -146,12 +160,18 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
     assert_eq!(tally.violations.load(SeqCst), 0);
     let s = b.stats();
     let t = s.token_budget.unwrap();
-    assert_eq!((s.in_flight, s.admissions_in_flight, t.in_flight_tokens), (0, 0, 0));
+    assert_eq!(
+        (s.in_flight, s.admissions_in_flight, t.in_flight_tokens),
+        (0, 0, 0)
+    );
     assert_eq!(s.admitted, tally.admitted.load(SeqCst));
     assert_eq!(s.released, s.admitted);
     assert_eq!(s.rejected, tally.refused.load(SeqCst));
     assert_eq!(t.total_overrun, tally.overrun.load(SeqCst));
-    assert!(s.admitted > 0 && s.rejected > 0, "the test must exercise both outcomes: {s:?}");
+    assert!(
+        s.admitted > 0 && s.rejected > 0,
+        "the test must exercise both outcomes: {s:?}"
+    );
 }
 
 /// Reconfiguration races decisions: a reconfigurer alternates between a kill switch and an
@@ -160,7 +180,11 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
 /// revision or a newer one (CONTRACT.md §6); everything returns to zero.
 #[test]
 fn no_admission_under_a_kill_switch_revision() {
-    let b = Bulkhead::builder().max_concurrent(3).initial_revision(0).build().unwrap();
+    let b = Bulkhead::builder()
+        .max_concurrent(3)
+        .initial_revision(0)
+        .build()
+        .unwrap();
     let stop = AtomicBool::new(false);
     let published = AtomicU64::new(0);
     let admissions = AtomicU64::new(0);
@@ -188,7 +212,10 @@ fn no_admission_under_a_kill_switch_revision() {
         let mut rev = 0u64;
         while rev < 2_000 || admissions.load(SeqCst) < 20_000 {
             rev += 1;
-            let snap = b.limits().with_revision(rev).with_max_concurrent(if rev % 2 == 1 { 0 } else { 3 });
+            let snap = b
+                .limits()
+                .with_revision(rev)
+                .with_max_concurrent(if rev % 2 == 1 { 0 } else { 3 });
             b.apply_limits(snap).unwrap();
             published.store(rev, SeqCst);
             if rev % 2 == 1 {

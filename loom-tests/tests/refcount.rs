@@ -1,9 +1,10 @@
-//! Models the hand-written reference count of the shared state (`src/shared.rs`): `Bulkhead`
-//! handles and `Admission`s each own a count on the hot line (`Relaxed` `fetch_add` on clone,
-//! `Release` `fetch_sub` on drop, an `Acquire` fence before the free by the last owner).
-//! Admissions move to other threads and are settled (released or dropped) there while the last
-//! `Bulkhead` handle is dropped on the main thread, and handles are cloned and dropped
-//! concurrently.
+//! Models the lifetime protocol of the shared state (`src/shared.rs`): `Bulkhead` handles are
+//! counted off the hot line, and an admission's held slot is its reference. The last handle
+//! sets `DETACHED` with a `fetch_or` and frees if no slot is held; an admission returning the
+//! last slot of a detached state frees it. Admissions move to other threads and are settled
+//! (released or dropped) there while the last `Bulkhead` handle is dropped on the main
+//! thread, two admissions outlive every handle and settle concurrently, and handles are
+//! cloned and dropped concurrently.
 //!
 //! loom's atomics keep their values outside the allocation, so a use after free or a double
 //! free of the shared block would not by itself fail a loom model. This binary therefore
@@ -251,6 +252,31 @@ fn admission_outlives_every_handle_across_threads() {
             let a = t.join().unwrap();
             assert_eq!(a.revision(), 0);
             drop(a); // frees the shared state
+        });
+    });
+}
+
+#[test]
+fn two_admissions_outlive_every_handle_and_settle_concurrently() {
+    // The free must wait for the *last* slot: freeing when one of two admissions returns its
+    // slot would leave the other with a dangling pointer.
+    model(|| {
+        checked(|| {
+            let b = Bulkhead::builder()
+                .max_concurrent(2)
+                .token_budget(10)
+                .build()
+                .unwrap();
+            let x = b.try_acquire(tokens(1, 1)).unwrap();
+            let mut y = b.try_acquire(tokens(2, 2)).unwrap();
+            let tx = thread::spawn(move || drop(x));
+            let ty = thread::spawn(move || {
+                assert_eq!(y.report_usage(Usage::new(1, 3), None).unwrap().held, 4);
+                y.release(None).unwrap();
+            });
+            drop(b);
+            tx.join().unwrap();
+            ty.join().unwrap();
         });
     });
 }
