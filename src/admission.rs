@@ -142,6 +142,7 @@ struct Settled {
 }
 
 impl Admission {
+    #[inline]
     pub(crate) fn new(
         slot: SlotRef,
         id: AdmissionId,

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// assert_eq!((s.len(), &s[14..15]), (36, "8")); // a version-8 UUID
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AdmissionId(u128);
+pub struct AdmissionId([u64; 2]);
 
 impl AdmissionId {
     /// The id as a 128-bit integer (the UUID's big-endian value).
@@ -40,20 +40,21 @@ impl AdmissionId {
     /// assert_eq!(a.id().as_u128() >> 76 & 0xf, 8);
     /// ```
     pub fn as_u128(self) -> u128 {
-        self.0
+        (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
     }
 
     /// Used by the sequential model, whose ids are its handle numbers.
     pub(crate) fn from_u128(v: u128) -> AdmissionId {
-        AdmissionId(v)
+        AdmissionId([(v >> 64) as u64, v as u64])
     }
 
     /// The id of admission number `counter` of per-thread entry `key` of the bulkhead whose
     /// [`prefix`] is `prefix`.
     #[inline]
     pub(crate) fn new(prefix: u128, key: u64, counter: u64) -> AdmissionId {
+        // Stored as two words (8-byte alignment keeps `Admission` small).
         let key = u128::from(key);
-        AdmissionId(
+        AdmissionId::from_u128(
             prefix
                 | (u128::from(counter) & ((1 << 62) - 1))
                 | ((key & 0xfff) << 64)
@@ -87,7 +88,7 @@ pub(crate) fn next_key() -> u64 {
 
 impl fmt::Display for AdmissionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&uuid::Uuid::from_u128(self.0).hyphenated(), f)
+        fmt::Display::fmt(&uuid::Uuid::from_u128(self.as_u128()).hyphenated(), f)
     }
 }
 

@@ -71,35 +71,63 @@ impl Stripe {
 }
 
 /// Per-thread storage for statistics counters, summed when statistics are read.
+///
+/// Entries live in a [`thread_local::ThreadLocal`]. In front of it sits a one-entry cache per
+/// thread, `(serial of the Stripes, pointer to this thread's entry)`, so the common case (a
+/// thread using the same bulkhead again) costs one thread-local read and a compare.
 #[cfg(not(loom))]
-pub(crate) struct Stripes<T: Send>(thread_local::ThreadLocal<crossbeam_utils::CachePadded<T>>);
+pub(crate) struct Stripes<T: Send> {
+    entries: thread_local::ThreadLocal<crossbeam_utils::CachePadded<T>>,
+    /// Unique among all `Stripes` ever made in this process (never reused).
+    serial: u64,
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The calling thread's last `(Stripes serial, entry)` pair.
+    static LAST: std::cell::Cell<(u64, *const ())> = const { std::cell::Cell::new((u64::MAX, std::ptr::null())) };
+}
 
 #[cfg(not(loom))]
 impl<T: Send + Sync> Stripes<T> {
     pub(crate) fn new() -> Self {
-        Stripes(thread_local::ThreadLocal::new())
+        static SERIALS: AtomicU64 = AtomicU64::new(0);
+        Stripes {
+            entries: thread_local::ThreadLocal::new(),
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     /// The calling thread's entry, made by `init` on the thread's first use.
     #[inline]
     pub(crate) fn local(&self, init: impl FnOnce() -> T) -> &T {
-        match self.0.get() {
-            Some(t) => t,
-            None => self.insert(init),
+        let (serial, entry) = LAST.with(std::cell::Cell::get);
+        if serial == self.serial {
+            // SAFETY: the cache names this `Stripes` (serials are unique and never reused),
+            // which is alive because `&self` is; the pointer was taken from this thread's entry
+            // of `self.entries`, and `ThreadLocal` entries keep their address until the
+            // `ThreadLocal` is dropped. It is this thread's entry because the cache is
+            // thread-local, so the single-writer rule of `Stripe` still holds.
+            return unsafe { &*entry.cast::<T>() };
         }
+        self.local_slow(init)
     }
 
-    /// The first use on a thread: kept out of line so that the hot path does not carry the
-    /// cache-padded value on its stack frame.
+    /// A thread's first use of this `Stripes`, or its first after using another one. Out of
+    /// line so the hot path does not carry the cache-padded value on its stack frame.
     #[cold]
     #[inline(never)]
-    fn insert(&self, init: impl FnOnce() -> T) -> &T {
-        self.0.get_or(|| crossbeam_utils::CachePadded::new(init()))
+    fn local_slow(&self, init: impl FnOnce() -> T) -> &T {
+        let entry: &T = self
+            .entries
+            .get_or(|| crossbeam_utils::CachePadded::new(init()));
+        LAST.with(|c| c.set((self.serial, (entry as *const T).cast())));
+        entry
     }
 
     /// Visits every thread's entry.
     pub(crate) fn for_each(&self, mut f: impl FnMut(&T)) {
-        for t in self.0.iter() {
+        for t in self.entries.iter() {
             f(t)
         }
     }

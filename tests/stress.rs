@@ -6,12 +6,12 @@
 //! accounting and not admission) is tallied *before* it happens, so `budget + overrun` is
 //! always an upper bound for the tokens held. No test sleeps or measures time.
 
-use llm_bulkhead::{Bulkhead, Demand, Reconcile, RejectReason, Reservation, Usage};
+use llm_bulkhead::{Admission, Bulkhead, Demand, Reconcile, RejectReason, Reservation, Usage};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Barrier;
 
 const THREADS: usize = 4;
-const ITERS: usize = 20_000;
+const ITERS: usize = 50_000;
 const MAX: u64 = 3;
 const BUDGET: u64 = 2_500;
 
@@ -53,6 +53,17 @@ impl Tally {
     }
 }
 
+/// Releases (or drops) an admission, lowering the tally first.
+fn settle(rng: &mut Rng, tally: &Tally, a: Admission, used: Usage) {
+    tally.tokens.fetch_sub(a.held(), SeqCst);
+    tally.slots.fetch_sub(1, SeqCst);
+    if rng.below(2) == 0 {
+        a.release(Some(used)).unwrap();
+    } else {
+        drop(a);
+    }
+}
+
 #[test]
 fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
     let b = Bulkhead::builder()
@@ -64,12 +75,21 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
     let done = AtomicBool::new(false);
     let start = Barrier::new(THREADS + 1);
     std::thread::scope(|s| {
+        let mut workers = Vec::new();
         for t in 0..THREADS {
             let (b, tally, start) = (&b, &tally, &start);
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
                 let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
                 start.wait();
+                // Each thread keeps up to `MAX + 1` admissions at once, so that even fully
+                // serialised threads reach both limits.
+                let mut held: Vec<(Admission, Usage)> = Vec::new();
                 for _ in 0..ITERS {
+                    if !held.is_empty() && (held.len() > MAX as usize || rng.below(2) == 0) {
+                        let (a, used) = held.swap_remove(rng.below(held.len() as u64) as usize);
+                        settle(&mut rng, tally, a, used);
+                        continue;
+                    }
                     let (input, cap) = (rng.below(8) * 100, rng.below(8) * 100);
                     match b.try_acquire(Demand::tokens(Reservation::new(input, cap).unwrap())) {
                         Err(r) => {
@@ -115,24 +135,21 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
                             if new_hold > old {
                                 tally.raise_tokens(new_hold - old);
                             }
-                            // Release: lower the tally first.
-                            tally.tokens.fetch_sub(a.held(), SeqCst);
-                            tally.slots.fetch_sub(1, SeqCst);
-                            if rng.below(2) == 0 {
-                                a.release(Some(used)).unwrap();
-                            } else {
-                                drop(a);
-                            }
+                            held.push((a, used));
                         }
                     }
                 }
-            });
+                for (a, used) in held {
+                    settle(&mut rng, tally, a, used);
+                }
+            }));
         }
         // An observer checks the bulkhead's own view against the limits while work runs.
         let (b, tally, done) = (&b, &tally, &done);
         let observer = s.spawn(move || {
             let mut samples = 0u64;
-            while !done.load(SeqCst) {
+            loop {
+                let last = done.load(SeqCst);
                 let st = b.stats();
                 let t = st.token_budget.unwrap();
                 assert!(st.in_flight <= MAX, "{st:?}");
@@ -141,20 +158,17 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
                     "{st:?}"
                 );
                 samples += 1;
+                if last {
+                    break;
+                }
             }
             samples
         });
         start.wait();
-        // Scoped workers are joined at the end of the scope; signal the observer after them.
-        s.spawn(move || {
-            // Wait until every worker has made all its decisions.
-            while tally.admitted.load(SeqCst) + tally.refused.load(SeqCst)
-                < (THREADS * ITERS) as u64
-            {
-                std::hint::spin_loop();
-            }
-            done.store(true, SeqCst);
-        });
+        for w in workers {
+            w.join().unwrap();
+        }
+        done.store(true, SeqCst);
         assert!(observer.join().unwrap() > 0);
     });
     assert_eq!(tally.violations.load(SeqCst), 0);
