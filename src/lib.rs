@@ -78,3 +78,8 @@ pub use limits::{BudgetLimits, LimitsSnapshot};
 pub use rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
 pub use state::{MAX_SLOTS, MAX_TOKENS};
 pub use stats::{RejectCounts, Stats, TokenStats};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
