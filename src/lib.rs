@@ -66,7 +66,7 @@ pub mod model;
 mod rejection;
 mod shared;
 pub mod state;
-mod stats;
+pub mod stats;
 mod sync;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};

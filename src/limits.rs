@@ -5,7 +5,7 @@
 //!
 //! Deciders must read the current limits without a lock and without a reference count (an
 //! `Arc` clone would be a second contended cache line). The bulkhead therefore keeps
-//! [`RING`] slots of packed limits; the state word's tag (see [`crate::state`]) names the slot
+//! `RING` slots of packed limits; the state word's tag (see [`crate::state`]) names the slot
 //! that is current, as `tag % RING`.
 //!
 //! `apply_limits` (serialised by the reconfiguration mutex) writes the *next* slot, `tag + 1`,

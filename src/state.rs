@@ -14,12 +14,12 @@
 //!   a usage report that would push `T` past it is refused with a typed error.
 //! * **slots in use** `G`: admissions holding a global slot. At most [`MAX_SLOTS`];
 //!   `max_concurrent` above that is refused by validation.
-//! * **limits tag**: the low [`TAG_BITS`] bits of the install counter of the limits snapshot
+//! * **limits tag**: the low 14 bits (`TAG_BITS`) of the install counter of the limits snapshot
 //!   that is current. The snapshot itself lives in a small ring (see [`crate::limits`]); the tag
 //!   names its slot. Installing a snapshot bumps the tag with a CAS, so any decision that read
 //!   the word before the install fails its CAS afterwards (CONTRACT.md §6, last sentence).
 //! * **detached**: set once the last `Bulkhead` handle is gone; the admission that returns the
-//!   last slot then frees the shared state (see [`crate::shared`]: a held slot is what keeps
+//!   last slot then frees the shared state (see `src/shared.rs`: a held slot is what keeps
 //!   an admission's view of the bulkhead alive, so admissions need no reference count).
 //! * **waiters**: set while the wait queue is non-empty (used by the waiting layer). While it is
 //!   set the fast path admits nobody: newcomers go to the slow path and cannot barge.
@@ -57,7 +57,7 @@
 //!
 //! # ABA on the tag
 //!
-//! The tag has [`TAG_BITS`] bits, so a decision could succeed under a stale snapshot only if
+//! The tag has 14 bits, so a decision could succeed under a stale snapshot only if
 //! exactly a multiple of 2^14 = 16,384 snapshots were installed between that thread's load of
 //! the word and its CAS, two adjacent instructions. Installs are serialised and each takes
 //! microseconds, so that needs a decider descheduled for tens of milliseconds *and* a control
@@ -91,7 +91,7 @@
 //! there is no free slot (if a slot is free the enqueuer takes it instead). A release then
 //! becomes a CAS that refuses to return its slot while the bit is set: a releaser that sees the
 //! bit takes the queue mutex *while still holding its slot* (which keeps the shared state alive,
-//! see [`crate::shared`]) and hands capacity to the head waiter by performing that waiter's
+//! see `src/shared.rs`) and hands capacity to the head waiter by performing that waiter's
 //! whole decision (checks 1–5 against the limits then current) on this word. Either the
 //! release's CAS comes first in the word's modification order (then the enqueuer's CAS sees the
 //! free slot) or the enqueuer's CAS comes first (then the releaser's CAS fails and it sees the

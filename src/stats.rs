@@ -2,7 +2,7 @@
 //!
 //! No statistic is a shared atomic. Quantities that are state (slots in use, tokens held,
 //! available capacity) are derived from the state word; event counts (admissions, releases,
-//! refusals by reason, token totals) live in one [`Counters`] block per thread, each written
+//! refusals by reason, token totals) live in one `Counters` block per thread, each written
 //! only by its own thread, and are summed by [`Bulkhead::stats`](crate::Bulkhead::stats).
 //!
 //! # Memory ordering
