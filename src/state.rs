@@ -66,24 +66,44 @@
 //!
 //! # Plan for admission classes (the classes issue builds this; nothing here changes)
 //!
-//! With classes, each class gets its own 64-bit word `[class tokens:32][class in flight:16]`
-//! and the bulkhead gets a second global word, the *shared* word `[U:16][V:32]` where
-//! `U = Σ max(in_flight_k, protected_concurrent_k)` and `V = Σ max(tokens_k, protected_tokens_k)`
-//! (CONTRACT.md §4). This word stays as it is (it still carries `G`, `T`, tag and flags), so the
-//! no-class fast path never pays for classes.
+//! Classes add one 64-bit word per class, `[class tokens:32][class in flight:15]`, and no
+//! other shared word. This word stays as it is (it still carries `G`, `T`, the tag and the
+//! flags), so the no-class fast path never pays for classes, and the class limits (floors,
+//! ceilings, `Σ floors`) are stored in the same ring slots as the global limits, so one tag
+//! names one coherent snapshot of everything.
 //!
-//! A class decision is a sequence of CASes in a fixed order, **class word → shared word (only
-//! when the request borrows) → global word**, each with its own check (class ceilings; shared
-//! capacity; global budget, slots, tag, flags). The class CAS determines, from the class state it
-//! atomically changed, whether the slot is borrowed and how many tokens are borrowed, i.e. the
-//! exact `ΔU`/`ΔV` of this admission. If a later step fails, earlier steps are undone in reverse
-//! order with unconditional RMWs; an undo that finds other admissions above the floor computes
-//! its own `ΔU`/`ΔV` from the class transition it performs and applies that to the shared word,
-//! so `U` and `V` stay exact. Releases run the same steps in the opposite direction. Because a
-//! step can be undone, a request can be refused by another's tentative step; the classes issue
-//! measures that rate against the sequential model, as CONTRACT.md §10 asks. Floor changes by
-//! `apply_limits` recompute `U`/`V` from the class words while holding the reconfiguration lock,
-//! and install them together with the tag bump.
+//! `U = Σ max(in_flight_k, protected_concurrent_k)` and `V = Σ max(tokens_k, protected_tokens_k)`
+//! (CONTRACT.md §4) are **not stored**: they depend on the floors, and a stored copy would have
+//! to be recomputed, consistently with concurrent admissions and releases, whenever a snapshot
+//! changes a floor. A decision for class `k` instead runs:
+//!
+//! 1. load this word (tag `t`, closed, `T`): the cheap early refusals (rows 0 and 1);
+//! 2. CAS the class word (rows 2 and 3, the ceilings), tentatively taking one class slot and
+//!    `r` class tokens; the class state it replaced says exactly whether the slot is borrowed
+//!    (`in_flight_k ≥ protected_concurrent_k`) and how many tokens are borrowed;
+//! 3. only when something is borrowed: load every class word (`SeqCst`, like the CAS in step 2)
+//!    and compute `U` and `V` with the floors of snapshot `t` (rows 4 and 5);
+//! 4. CAS this word expecting tag `t` (rows 0, 1 and 6 again, atomically with the commit).
+//!
+//! A failure after step 2 undoes the class CAS with an unconditional `fetch_sub`. Safety of the
+//! floors follows the store-then-load (Dekker) argument: of any two concurrent borrowers, the one
+//! whose class CAS comes later in the `SeqCst` order sees the other's increment in step 3; so the
+//! last successful borrower saw every other successful borrower, and `U + 1 ≤ max_concurrent`
+//! held with all of them counted. A floor change needs no recount at all: step 4 fails when the
+//! tag moved, and the retry uses the new floors. Releases decrement the class word, then this
+//! word (the last `fetch_sub` may free the state, see `src/shared.rs`); both are wait-free.
+//!
+//! The price is precision under races: two borrowers that see each other's tentative increments
+//! may both refuse although one of them fitting was possible (CONTRACT.md §10 allows this if it
+//! is documented and measured). The classes issue measures the rate against the sequential
+//! model under stress, and can drive it toward zero by re-collecting while a tentative increment
+//! that decides the outcome is still unresolved (a bounded wait for another thread's next CAS).
+//!
+//! `abandon_borrowed_concurrency` returns the class slot and the global slot but keeps the token
+//! hold, so the abandoned admission no longer holds the slot that keeps the shared state alive:
+//! it first takes a pin on the handle count (only while that count is non-zero, which is when
+//! anyone could use the returned slot; at zero it keeps its slot instead), and drops the pin at
+//! release.
 //!
 //! # Plan for waiting (the waiting issue builds this; nothing here changes)
 //!
