@@ -19,7 +19,7 @@
 //! run(&setup, &ops).unwrap();
 //! ```
 
-use crate::model::{Handle, Model};
+use crate::model::{Handle, Model, ModelError};
 use crate::{
     Admission, BudgetLimits, Bulkhead, Demand, LimitsSnapshot, Priority, Reconcile, Reservation,
     Usage,
@@ -186,7 +186,7 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
                 },
                 m,
             )?,
-            (e, m) => same(end, e.map(|_| ()), m.map(|_| ()))?,
+            (e, m) => same(end, e.map(|_| ()).map_err(ModelError::Usage), m.map(|_| ()))?,
         }
     }
     let s = engine.stats();
@@ -225,8 +225,8 @@ fn apply_op(
             };
             match (engine.try_acquire(demand), model.try_acquire(demand)) {
                 (Ok(a), Ok(h)) => {
-                    let (rev, res) = model.admission(h).expect("live");
-                    same(step, (a.revision(), a.reservation()), (rev, res))?;
+                    let model_view = model.admission(h);
+                    same(step, Some((a.revision(), a.reservation())), model_view)?;
                     live.push((a, h));
                 }
                 (Err(e), Err(m)) => same(step, e, m)?,
@@ -263,7 +263,11 @@ fn apply_op(
                     },
                     m,
                 )?,
-                (e, m) => same(step, e.map(|_| ()), m.map(|_| ()))?,
+                (e, m) => same(
+                    step,
+                    e.map(|_| ()).map_err(ModelError::Usage),
+                    m.map(|_| ()),
+                )?,
             }
         }
         Op::Release { pick: p, usage } => {
@@ -282,7 +286,7 @@ fn apply_op(
                     m,
                 )?,
                 (Err(e), Err(m)) => {
-                    same(step, &e.error, &m)?;
+                    same(step, &ModelError::Usage(e.error.clone()), &m)?;
                     live.push((*e.admission, h));
                 }
                 (e, m) => same(
@@ -298,9 +302,7 @@ fn apply_op(
             };
             let (a, h) = live.swap_remove(i);
             drop(a);
-            model
-                .release(h, None)
-                .expect("usage-free release cannot fail");
+            same(step, Ok(()), model.release(h, None).map(|_| ()))?;
         }
         Op::Apply {
             step: s,

@@ -31,6 +31,39 @@ use std::collections::BTreeMap;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Handle(pub u64);
 
+/// Why the model refused a usage report or a release.
+///
+/// ```
+/// use llm_bulkhead::model::{Handle, Model, ModelError};
+/// use llm_bulkhead::LimitsSnapshot;
+/// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+/// assert_eq!(m.release(Handle(7), None), Err(ModelError::UnknownHandle(Handle(7))));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelError {
+    /// The handle names no live admission (never admitted, or already released).
+    UnknownHandle(Handle),
+    /// The usage was invalid, exactly as the engine would say.
+    Usage(UsageError),
+}
+
+impl From<UsageError> for ModelError {
+    fn from(e: UsageError) -> Self {
+        ModelError::Usage(e)
+    }
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelError::UnknownHandle(h) => write!(f, "no live admission with handle {}", h.0),
+            ModelError::Usage(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {}
+
 #[derive(Clone, Debug)]
 struct Held {
     revision: u64,
@@ -237,10 +270,8 @@ impl Model {
     /// the handle number.
     ///
     /// # Errors
-    /// As [`Admission::report_usage`](crate::Admission::report_usage).
-    ///
-    /// # Panics
-    /// If `h` is not live (a test bug, not user input).
+    /// As [`Admission::report_usage`](crate::Admission::report_usage), or
+    /// [`ModelError::UnknownHandle`].
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot, BudgetLimits, Demand, Reservation, Usage};
@@ -254,8 +285,12 @@ impl Model {
         h: Handle,
         usage: Usage,
         reconcile: Option<Reconcile>,
-    ) -> Result<UsageReport, UsageError> {
-        let a = self.live.get(&h).expect("report on a live handle").clone();
+    ) -> Result<UsageReport, ModelError> {
+        let a = self
+            .live
+            .get(&h)
+            .ok_or(ModelError::UnknownHandle(h))?
+            .clone();
         let overflow = |field| UsageError::Overflow { field };
         usage.total().ok_or(overflow("usage"))?;
         let clamped = match a.reported {
@@ -271,7 +306,8 @@ impl Model {
                     return Err(UsageError::RemainingExceedsCap {
                         remaining: rc.remaining_output,
                         cap,
-                    })
+                    }
+                    .into())
                 }
                 Some(rc) => (rc.remaining_output as u128
                     + rc.safety_margin as u128
@@ -289,7 +325,8 @@ impl Model {
                 return Err(UsageError::HoldTooLarge {
                     hold,
                     max: MAX_TOKENS,
-                });
+                }
+                .into());
             }
             self.overrun = self.overrun.wrapping_add(hold - a.held);
             self.tokens = grown as u64;
@@ -298,15 +335,21 @@ impl Model {
             self.tokens -= a.held - hold;
         }
         let changed = a.reported != Some(clamped) || hold != a.held;
-        let e = self.live.get_mut(&h).expect("live");
-        e.sequence += u64::from(changed);
-        e.held = hold;
-        e.reported = Some(clamped);
+        let sequence = a.sequence + u64::from(changed);
+        self.live.insert(
+            h,
+            Held {
+                sequence,
+                held: hold,
+                reported: Some(clamped),
+                ..a.clone()
+            },
+        );
         let reserved = a.reservation.map_or(0, |r| r.total());
         Ok(UsageReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
-            sequence: e.sequence,
+            sequence,
             reserved,
             held: hold,
             consumed,
@@ -321,10 +364,8 @@ impl Model {
     /// Releases a live admission.
     ///
     /// # Errors
-    /// [`UsageError::Overflow`] when `usage` overflows; the admission stays live.
-    ///
-    /// # Panics
-    /// If `h` is not live (a test bug, not user input).
+    /// [`UsageError::Overflow`] when `usage` overflows (the admission stays live), or
+    /// [`ModelError::UnknownHandle`].
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot, Demand, Usage};
@@ -336,11 +377,16 @@ impl Model {
         &mut self,
         h: Handle,
         usage: Option<Usage>,
-    ) -> Result<ReleaseReport, UsageError> {
-        if usage.is_some_and(|u| u.total().is_none()) {
-            return Err(UsageError::Overflow { field: "usage" });
+    ) -> Result<ReleaseReport, ModelError> {
+        if !self.live.contains_key(&h) {
+            return Err(ModelError::UnknownHandle(h));
         }
-        let a = self.live.remove(&h).expect("release of a live handle");
+        if usage.is_some_and(|u| u.total().is_none()) {
+            return Err(UsageError::Overflow { field: "usage" }.into());
+        }
+        let Some(a) = self.live.remove(&h) else {
+            return Err(ModelError::UnknownHandle(h));
+        };
         let effective = usage.or(a.reported);
         let consumed = effective.and_then(|u| u.total());
         self.in_flight -= 1;
