@@ -13,6 +13,8 @@
 //!   limits and releases both;
 //! * `ours_slots`: a [`Bulkhead`] without a token budget, `try_acquire(Demand::slot())` + drop;
 //! * `ours_slots_tokens`: a [`Bulkhead`] with a token budget and a [`Reservation`].
+//! * `ours_slots_tokens_id_read` (uncontended only): the same, reading the admission's id,
+//!   revision and hold, so that no field of the admission can be optimised away.
 //!
 //! Groups:
 //!
@@ -228,6 +230,18 @@ fn uncontended_pair(c: &mut Criterion) {
     let d = token_demand();
     g.bench_function("ours_slots_tokens", |b| {
         b.iter(|| black_box(ours_pair(black_box(&ours_t), d)))
+    });
+
+    // The same pair for a caller that also reads the admission's id and revision (so none of
+    // the admission's fields can be optimised away). Context only, not part of the targets.
+    g.bench_function("ours_slots_tokens_id_read", |b| {
+        b.iter(|| match black_box(&ours_t).try_acquire(black_box(d)) {
+            Ok(a) => {
+                black_box((a.id(), a.revision(), a.held()));
+                true
+            }
+            Err(_) => false,
+        })
     });
 
     g.finish();

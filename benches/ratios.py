@@ -24,7 +24,7 @@ import sys
 BASELINES = ["bare_atomic_floor", "tokio_semaphore", "parking_lot_bulkhead"]
 # Context only: tokio's owned ('static) permit, the counterpart of our Admission.
 CONTEXT = ["tokio_semaphore_owned"]
-OURS = ["ours_slots", "ours_slots_tokens"]
+OURS = ["ours_slots", "ours_slots_tokens", "ours_slots_tokens_id_read"]
 PAIR_BENCHES = BASELINES[:2] + CONTEXT + BASELINES[2:] + OURS
 
 # The committed targets (acquire+release pair).

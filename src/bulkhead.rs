@@ -6,7 +6,7 @@ use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem};
 use crate::id::AdmissionId;
 use crate::limits::{BudgetLimits, Hot, LimitsSnapshot, Ring};
 use crate::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
-use crate::shared::{Canonical, Handle};
+use crate::shared::{Canonical, Handle, Shared};
 use crate::state::{Word, CLOSED};
 use crate::stats::{Counters, Stats, TokenStats, Totals};
 use crate::sync::{lock, Ordering};
@@ -262,7 +262,10 @@ impl Bulkhead {
     /// drop(a);
     /// assert!(b.try_acquire(Demand::slot()).is_ok());
     /// ```
-    #[inline]
+    // Always inlined: callers then keep the admission in registers instead of writing the
+    // whole `Result` to memory, which measured 15.5 → ~11 ns per pair. The refusal path is
+    // out of line (`refuse`), so the inlined code is the decision, one CAS and the guard.
+    #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
         let reservation = if shared.has_budget {
@@ -301,17 +304,10 @@ impl Bulkhead {
                         Err(actual) => w = Word(actual),
                     }
                 }
-                Decision::Refuse(reason) => {
-                    // The limits were read from the slot named by `w`'s tag; they are known to
-                    // be untorn only if the tag has not moved since. See `crate::limits`.
-                    let now = Word(word.load(Ordering::Acquire));
-                    if now.tag() != w.tag() {
-                        w = now;
-                        continue;
-                    }
-                    shared.counters.local(Counters::new).rejected[reason.index()].add(1);
-                    return Err(rejection(w, &lim, reason, r, priority));
-                }
+                Decision::Refuse(reason) => match refuse(shared, w, &lim, reason, r, priority) {
+                    Ok(rejection) => return Err(rejection),
+                    Err(now) => w = now,
+                },
             }
         }
     }
@@ -500,6 +496,27 @@ impl Bulkhead {
             }),
         }
     }
+}
+
+/// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
+/// limits were untorn (the tag has not moved since `w`; see `crate::limits`), counts the
+/// refusal and builds the rejection, or returns the new word to retry with.
+#[cold]
+#[inline(never)]
+fn refuse(
+    shared: &Shared,
+    w: Word,
+    lim: &Hot,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Result<Rejection, Word> {
+    let now = Word(shared.word.load(Ordering::Acquire));
+    if now.tag() != w.tag() {
+        return Err(now);
+    }
+    shared.counters.local(Counters::new).rejected[reason.index()].add(1);
+    Ok(rejection(w, lim, reason, r, priority))
 }
 
 fn rejection(w: Word, lim: &Hot, reason: RejectReason, r: u64, priority: Priority) -> Rejection {
