@@ -191,7 +191,7 @@ pub struct LimitsChange {
 ///
 /// A successful admission synchronises with the release whose capacity it reuses and with the
 /// `apply_limits` that installed the limits it was decided under (the admission CAS is
-/// `AcqRel`, releases are `Release`). `close` is `AcqRel`: once it returns, no admission can
+/// `AcqRel`, releases are `AcqRel` `fetch_sub`s). `close` is `AcqRel`: once it returns, no admission can
 /// succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
 #[derive(Clone)]
 pub struct Bulkhead {

@@ -39,7 +39,7 @@
 //! | `report_usage` shrinking a hold | wait-free | one `fetch_sub`. |
 //! | `report_usage` growing a hold | lock-free | a CAS loop whose only check is that `T` stays within the field. |
 //! | `close` | wait-free | one `fetch_or`. |
-//! | `stats`, `limits` | wait-free / blocking | `stats` reads the word and every thread's counters; `limits` clones the canonical snapshot under the reconfiguration lock. |
+//! | `stats`, `limits` | blocking, briefly | both copy the canonical snapshot under the reconfiguration lock (held only by `apply_limits`, for microseconds); `stats` then reads the word and every thread's counters without locking. Neither is on a decision path. |
 //! | `apply_limits` | blocking among reconfigurers only | serialised by a mutex; never blocks a decider. It writes a fresh ring slot, then bumps the tag with a CAS loop (lock-free against deciders). |
 //!
 //! # Memory ordering
