@@ -277,6 +277,7 @@ impl Bulkhead {
         let priority = demand.priority();
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
+        let backoff = crossbeam_utils::Backoff::new();
         loop {
             let lim = shared.ring.read(w.tag());
             match decide(w, &lim, r, priority) {
@@ -301,7 +302,10 @@ impl Bulkhead {
                                 reservation,
                             ));
                         }
-                        Err(actual) => w = Word(actual),
+                        Err(actual) => {
+                            backoff.spin();
+                            w = Word(actual);
+                        }
                     }
                 }
                 Decision::Refuse(reason) => match refuse(shared, w, &lim, reason, r, priority) {

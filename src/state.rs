@@ -33,7 +33,7 @@
 //!
 //! | operation | progress | why |
 //! |---|---|---|
-//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned. It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). |
+//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned, after a short bounded exponential backoff (`crossbeam_utils::Backoff::spin`, at most 64 spin hints) that keeps contending threads from colliding on every attempt. It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). |
 //! | refusal | lock-free | the refusal re-reads the word after reading the limits; if the tag moved, the limits may be torn and the decision is retried, so every refusal is explained by one real state. |
 //! | `release`, `drop(Admission)` | wait-free | one `fetch_sub` of the slot and the hold, which also decides whether this was the last owner of the shared state. |
 //! | `report_usage` shrinking a hold | wait-free | one `fetch_sub`. |
