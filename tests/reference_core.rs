@@ -696,3 +696,48 @@ fn dropping_during_a_panic_releases() {
     assert!(r.is_err());
     assert_eq!((b.stats().in_flight, tokens(&b).in_flight_tokens), (0, 0));
 }
+
+// ---- the limits tag wraps around its 14 bits and the ring slots are reused ----
+
+#[test]
+fn decisions_stay_exact_across_tag_wraparound() {
+    // 40,000 installs: the 14-bit tag wraps more than twice and every ring slot is rewritten
+    // thousands of times. After each install the decision must use exactly the new limits.
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .token_budget(100)
+        .build()
+        .unwrap();
+    let held = b.try_acquire(res(10, 0)).unwrap();
+    for rev in 1..=40_000u64 {
+        let (max_concurrent, budget) = match rev % 4 {
+            0 => (1, 100), // slot full
+            1 => (2, 10),  // budget full (10 held)
+            2 => (2, 100), // fits
+            _ => (0, 100), // kill switch
+        };
+        let snap = b
+            .limits()
+            .with_revision(rev)
+            .with_max_concurrent(max_concurrent)
+            .with_token_budget(Some(BudgetLimits {
+                budget,
+                high_priority_reserve: 0,
+            }));
+        b.apply_limits(snap).unwrap();
+        match (rev % 4, b.try_acquire(res(5, 0))) {
+            (2, Ok(a)) => assert_eq!(a.revision(), rev),
+            (1, Err(r)) => assert_eq!((r.reason, r.revision), (RejectReason::BudgetLimit, rev)),
+            (0 | 3, Err(r)) => {
+                assert_eq!(
+                    (r.reason, r.revision),
+                    (RejectReason::ConcurrencyLimit, rev)
+                )
+            }
+            (k, other) => panic!("revision {rev} (case {k}): unexpected {other:?}"),
+        }
+    }
+    assert_eq!(held.revision(), 0);
+    drop(held);
+    assert_eq!(b.stats().in_flight, 0);
+}
