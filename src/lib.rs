@@ -39,6 +39,8 @@
 //! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
 //! * [`Admission`]: the guard of one admission; usage reports and release.
 //! * [`model`]: the sequential reference model the engine is tested against.
+//! * `llm` (default `serde` feature): chat requests as gateways receive them, and token
+//!   estimation (naive, model-aware, custom) that turns them into reservations.
 //!
 //! ## Guarantees (CONTRACT.md §10)
 //!
@@ -62,6 +64,8 @@ mod demand;
 mod error;
 mod id;
 pub mod limits;
+#[cfg(feature = "serde")]
+pub mod llm;
 pub mod model;
 mod rejection;
 mod shared;

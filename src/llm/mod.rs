@@ -1,0 +1,34 @@
+//! The LLM layer: chat requests as gateways receive them, and token estimation.
+//!
+//! This layer turns a provider-shaped request into the [`Reservation`](crate::Reservation) the
+//! admission core works with. It needs the default `serde` feature (requests are deserialised
+//! from the JSON a gateway already has).
+//!
+//! ```
+//! use llm_bulkhead::llm::{LlmRequest, ModelAwareEstimator, TokenEstimator};
+//! use llm_bulkhead::{Bulkhead, Demand};
+//!
+//! let request: LlmRequest = serde_json::from_str(r#"{
+//!     "model": "claude-sonnet-4-5",
+//!     "system": "You are terse.",
+//!     "messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "image", "source": {}}]}],
+//!     "max_tokens": 1024
+//! }"#)?;
+//! let estimator = ModelAwareEstimator::builder().opaque_block_tokens(1_500).build()?;
+//! let reservation = estimator.estimate(&request)?;
+//! assert_eq!(reservation.max_output(), 1_024);
+//!
+//! let bulkhead = Bulkhead::builder().max_concurrent(8).token_budget(100_000).build()?;
+//! let admission = bulkhead.try_acquire(Demand::tokens(reservation))?;
+//! # drop(admission);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod estimate;
+mod request;
+
+pub use estimate::{
+    EstimateError, ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator,
+    OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,
+};
+pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};

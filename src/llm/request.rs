@@ -1,0 +1,243 @@
+//! Chat requests in the shapes gateways already receive (OpenAI and Anthropic): a model,
+//! messages whose content is a string or an array of content blocks, an optional system prompt
+//! (string or blocks), `max_tokens`, and an optional count of extra input tokens.
+//!
+//! Unknown fields are tolerated and kept (in `extra`), so that a request can be passed on and
+//! hashed whole. Characters are counted as the reference library counts them: UTF-16 code units.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The UTF-16 length of `s`: what JavaScript's `.length` returns, and so what the reference
+/// library counts as characters.
+///
+/// ```
+/// assert_eq!(llm_bulkhead::llm::utf16_len("😀😀😀😀é"), 9);
+/// ```
+pub fn utf16_len(s: &str) -> u64 {
+    // Every char is one UTF-16 unit, except those outside the BMP (4-byte UTF-8, lead byte
+    // ≥ 0xF0), which are two. So count the bytes that start a char (not `0b10xx_xxxx`) plus
+    // the 4-byte lead bytes, with byte-wide counters over chunks of 127 bytes (at most 254 per
+    // chunk): a loop the compiler vectorises, unlike `encode_utf16().count()`.
+    if s.is_ascii() {
+        return s.len() as u64;
+    }
+    s.as_bytes()
+        .chunks(127)
+        .map(|chunk| {
+            let mut n: u8 = 0;
+            for &b in chunk {
+                n += u8::from((b as i8) >= -0x40) + u8::from(b >= 0xF0);
+            }
+            u64::from(n)
+        })
+        .sum()
+}
+
+/// One content block (`{"type": "text", "text": "…"}`, `{"type": "image", …}`, …), kept as the
+/// JSON it came as.
+///
+/// ```
+/// use llm_bulkhead::llm::ContentBlock;
+/// let b = ContentBlock::from_text("hello");
+/// assert_eq!((b.kind(), b.text()), (Some("text"), Some("hello")));
+/// let img = ContentBlock::of_type("image");
+/// assert_eq!((img.kind(), img.text()), (Some("image"), None));
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ContentBlock(pub Value);
+
+impl ContentBlock {
+    /// A well-formed text block.
+    pub fn from_text(text: impl Into<String>) -> ContentBlock {
+        let mut m = Map::new();
+        m.insert("type".into(), Value::from("text"));
+        m.insert("text".into(), Value::from(text.into()));
+        ContentBlock(Value::Object(m))
+    }
+
+    /// A block of another type (image, document, audio, …) with no other fields.
+    pub fn of_type(kind: &str) -> ContentBlock {
+        let mut m = Map::new();
+        m.insert("type".into(), Value::from(kind));
+        ContentBlock(Value::Object(m))
+    }
+
+    /// The block's `type`, when it is a string.
+    pub fn kind(&self) -> Option<&str> {
+        self.0.get("type").and_then(Value::as_str)
+    }
+
+    /// The text of a well-formed text block (`type` is `"text"` and `text` is a string);
+    /// `None` for every other block, malformed text blocks included.
+    pub fn text(&self) -> Option<&str> {
+        match self.kind() {
+            Some("text") => self.0.get("text").and_then(Value::as_str),
+            _ => None,
+        }
+    }
+}
+
+/// Message or system content: a string, or an array of blocks.
+///
+/// ```
+/// use llm_bulkhead::llm::{Content, ContentBlock};
+/// assert_eq!(Content::from("héllo").text_len(), 5);
+/// let blocks = Content::Blocks(vec![ContentBlock::from_text("ab"), ContentBlock::of_type("image")]);
+/// assert_eq!(blocks.text_len(), 2);
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content blocks.
+    Blocks(Vec<ContentBlock>),
+    /// Anything else (`null`, as OpenAI sends for tool-call-only assistant messages, or an
+    /// unexpected shape): no characters and no blocks.
+    Other(Value),
+}
+
+impl From<&str> for Content {
+    fn from(s: &str) -> Content {
+        Content::Text(s.to_owned())
+    }
+}
+
+impl Content {
+    /// Characters of text (UTF-16 code units): the string, or the sum over well-formed text
+    /// blocks. Every other block counts 0.
+    pub fn text_len(&self) -> u64 {
+        match self {
+            Content::Text(s) => utf16_len(s),
+            Content::Blocks(b) => b.iter().filter_map(ContentBlock::text).map(utf16_len).sum(),
+            Content::Other(_) => 0,
+        }
+    }
+
+    /// The blocks that are not well-formed text blocks (the "opaque" ones: images, documents,
+    /// audio, malformed text). String content has none.
+    pub fn opaque_blocks(&self) -> impl Iterator<Item = &ContentBlock> {
+        let blocks: &[ContentBlock] = match self {
+            Content::Blocks(b) => b,
+            _ => &[],
+        };
+        blocks.iter().filter(|b| b.text().is_none())
+    }
+}
+
+/// One chat message.
+///
+/// ```
+/// use llm_bulkhead::llm::Message;
+/// let m = Message::user("hi");
+/// assert_eq!(m.role, "user");
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// `user`, `assistant`, `system`, `tool`, …
+    #[serde(default)]
+    pub role: String,
+    /// The content (`null` when absent).
+    #[serde(default = "null_content")]
+    pub content: Content,
+    /// Every other field, kept as given.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+fn null_content() -> Content {
+    Content::Other(Value::Null)
+}
+
+impl Message {
+    /// A user message with string content.
+    pub fn user(text: &str) -> Message {
+        Message {
+            role: "user".into(),
+            content: Content::from(text),
+            extra: Map::new(),
+        }
+    }
+}
+
+/// A chat request as a gateway receives it (OpenAI or Anthropic shape).
+///
+/// `max_tokens` also accepts OpenAI's `max_completion_tokens`; `extra_input_tokens` (also
+/// `extraInputTokens`) adds input tokens the text does not show (tool schemas, a cached
+/// prefix, …). Negative or fractional token counts are rejected when deserialising, with the
+/// field's name. Every other field is kept in `extra`.
+///
+/// ```
+/// use llm_bulkhead::llm::LlmRequest;
+/// let openai: LlmRequest = serde_json::from_str(r#"{"model": "gpt-4o", "temperature": 0.2,
+///     "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+///     "max_completion_tokens": 256}"#).unwrap();
+/// assert_eq!((openai.max_tokens, openai.text_len()), (Some(256), 11));
+/// assert!(openai.extra.contains_key("temperature"));
+///
+/// let bad = serde_json::from_str::<LlmRequest>(r#"{"messages": [], "max_tokens": -1}"#);
+/// assert!(bad.unwrap_err().to_string().contains("invalid value"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmRequest {
+    /// The model, if the request names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The messages.
+    #[serde(default)]
+    pub messages: Vec<Message>,
+    /// Anthropic-style top-level system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<Content>,
+    /// The output cap the caller asked for.
+    #[serde(
+        default,
+        alias = "max_completion_tokens",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_tokens: Option<u64>,
+    /// Input tokens to add to the estimate.
+    #[serde(
+        default,
+        alias = "extraInputTokens",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub extra_input_tokens: Option<u64>,
+    /// Every other field, kept as given.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl LlmRequest {
+    /// A request with the given model and user messages and nothing else.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::LlmRequest;
+    /// let r = LlmRequest::new("gpt-4o", &["hello", "world"]);
+    /// assert_eq!(r.text_len(), 10);
+    /// ```
+    pub fn new(model: &str, user_messages: &[&str]) -> LlmRequest {
+        LlmRequest {
+            model: Some(model.to_owned()),
+            messages: user_messages.iter().map(|m| Message::user(m)).collect(),
+            ..LlmRequest::default()
+        }
+    }
+
+    /// Characters of text in the messages and the system prompt (UTF-16 code units).
+    pub fn text_len(&self) -> u64 {
+        let messages: u64 = self.messages.iter().map(|m| m.content.text_len()).sum();
+        messages + self.system.as_ref().map_or(0, Content::text_len)
+    }
+
+    /// Every opaque (non-text) block of the messages and of a block-array system prompt.
+    pub fn opaque_blocks(&self) -> impl Iterator<Item = &ContentBlock> {
+        self.messages
+            .iter()
+            .map(|m| &m.content)
+            .chain(self.system.as_ref())
+            .flat_map(Content::opaque_blocks)
+    }
+}
