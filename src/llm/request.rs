@@ -34,8 +34,11 @@ pub fn utf16_len(s: &str) -> u64 {
         .sum()
 }
 
-/// One content block (`{"type": "text", "text": "…"}`, `{"type": "image", …}`, …), kept as the
-/// JSON it came as.
+/// One content block (`{"type": "text", "text": "…"}`, `{"type": "image", …}`, …).
+///
+/// The JSON is kept as it came (so the block can be forwarded and hashed whole); its `type` and,
+/// for a well-formed text block, its text are extracted once when it is made, so estimating
+/// reads fields instead of searching the JSON.
 ///
 /// ```
 /// use llm_bulkhead::llm::ContentBlock;
@@ -43,39 +46,77 @@ pub fn utf16_len(s: &str) -> u64 {
 /// assert_eq!((b.kind(), b.text()), (Some("text"), Some("hello")));
 /// let img = ContentBlock::of_type("image");
 /// assert_eq!((img.kind(), img.text()), (Some("image"), None));
+/// let malformed = ContentBlock::from_json(serde_json::json!({"type": "text", "text": 123}));
+/// assert_eq!((malformed.kind(), malformed.text()), (Some("text"), None));
 /// ```
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ContentBlock(pub Value);
+#[derive(Clone, Debug, PartialEq)]
+pub struct ContentBlock {
+    json: Value,
+    kind: Option<String>,
+    text: Option<String>,
+}
 
 impl ContentBlock {
+    /// A block from its JSON.
+    pub fn from_json(json: Value) -> ContentBlock {
+        let kind = json.get("type").and_then(Value::as_str).map(str::to_owned);
+        let text = match kind.as_deref() {
+            Some("text") => json.get("text").and_then(Value::as_str).map(str::to_owned),
+            _ => None,
+        };
+        ContentBlock { json, kind, text }
+    }
+
     /// A well-formed text block.
     pub fn from_text(text: impl Into<String>) -> ContentBlock {
+        let text = text.into();
         let mut m = Map::new();
         m.insert("type".into(), Value::from("text"));
-        m.insert("text".into(), Value::from(text.into()));
-        ContentBlock(Value::Object(m))
+        m.insert("text".into(), Value::from(text.clone()));
+        ContentBlock {
+            json: Value::Object(m),
+            kind: Some("text".into()),
+            text: Some(text),
+        }
     }
 
     /// A block of another type (image, document, audio, …) with no other fields.
     pub fn of_type(kind: &str) -> ContentBlock {
         let mut m = Map::new();
         m.insert("type".into(), Value::from(kind));
-        ContentBlock(Value::Object(m))
+        ContentBlock {
+            json: Value::Object(m),
+            kind: Some(kind.to_owned()),
+            text: None,
+        }
+    }
+
+    /// The block's JSON, as given.
+    pub fn json(&self) -> &Value {
+        &self.json
     }
 
     /// The block's `type`, when it is a string.
     pub fn kind(&self) -> Option<&str> {
-        self.0.get("type").and_then(Value::as_str)
+        self.kind.as_deref()
     }
 
     /// The text of a well-formed text block (`type` is `"text"` and `text` is a string);
     /// `None` for every other block, malformed text blocks included.
     pub fn text(&self) -> Option<&str> {
-        match self.kind() {
-            Some("text") => self.0.get("text").and_then(Value::as_str),
-            _ => None,
-        }
+        self.text.as_deref()
+    }
+}
+
+impl Serialize for ContentBlock {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ContentBlock {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(ContentBlock::from_json)
     }
 }
 
