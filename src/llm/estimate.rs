@@ -69,6 +69,13 @@ pub enum EstimateError {
         /// The value.
         ratio: f64,
     },
+    /// A setting of an estimator is out of range.
+    InvalidSetting {
+        /// The setting.
+        field: &'static str,
+        /// The range it must be in.
+        expected: &'static str,
+    },
     /// An explicit reservation's `reserved` does not equal `input + max_output`.
     InconsistentReservation {
         /// The `reserved` given.
@@ -86,6 +93,9 @@ impl fmt::Display for EstimateError {
                 f,
                 "ratio for model {model:?} must be a finite number above 0 (got {ratio})"
             ),
+            EstimateError::InvalidSetting { field, expected } => {
+                write!(f, "{field} is out of range: it must be {expected}")
+            }
             EstimateError::InconsistentReservation { reserved, sum } => write!(
                 f,
                 "reservation.reserved ({reserved}) must equal reservation.input + reservation.max_output ({sum})"
@@ -337,6 +347,17 @@ impl ModelAwareEstimator {
     /// A builder with no overrides, no default model, output cap 2048 and free opaque blocks.
     pub fn builder() -> ModelAwareEstimatorBuilder {
         ModelAwareEstimatorBuilder::default()
+    }
+
+    /// The model assumed when a request names none.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::ModelAwareEstimator;
+    /// let e = ModelAwareEstimator::builder().default_model("gpt-4o").build().unwrap();
+    /// assert_eq!(e.default_model(), Some("gpt-4o"));
+    /// ```
+    pub fn default_model(&self) -> Option<&str> {
+        self.default_model.as_deref()
     }
 
     /// The characters-per-token ratio for `model`, and whether it was known.

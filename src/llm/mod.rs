@@ -24,9 +24,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod adaptive;
 mod estimate;
 mod request;
 
+pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use estimate::{
     EstimateError, ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator,
     OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,
