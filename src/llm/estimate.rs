@@ -208,10 +208,17 @@ impl OpaqueBlockTokens {
 }
 
 /// Called with a model name that has no known ratio.
-type UnknownModelHook = Arc<dyn Fn(&str) + Send + Sync>;
+#[derive(Clone)]
+struct UnknownModelHook(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl fmt::Debug for UnknownModelHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("UnknownModelHook(..)")
+    }
+}
 
 /// Builds a [`ModelAwareEstimator`].
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct ModelAwareEstimatorBuilder {
     overrides: HashMap<String, f64>,
@@ -219,17 +226,6 @@ pub struct ModelAwareEstimatorBuilder {
     output_cap: Option<u64>,
     opaque: Option<OpaqueBlockTokens>,
     on_unknown_model: Option<UnknownModelHook>,
-}
-
-impl fmt::Debug for ModelAwareEstimatorBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ModelAwareEstimatorBuilder")
-            .field("overrides", &self.overrides)
-            .field("default_model", &self.default_model)
-            .field("output_cap", &self.output_cap)
-            .field("opaque", &self.opaque)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ModelAwareEstimatorBuilder {
@@ -266,7 +262,7 @@ impl ModelAwareEstimatorBuilder {
 
     /// Called with the model name whenever no ratio is known for it (the ratio 4.0 is used).
     pub fn on_unknown_model(mut self, f: impl Fn(&str) + Send + Sync + 'static) -> Self {
-        self.on_unknown_model = Some(Arc::new(f));
+        self.on_unknown_model = Some(UnknownModelHook(Arc::new(f)));
         self
     }
 
@@ -311,24 +307,13 @@ impl ModelAwareEstimatorBuilder {
 /// let r = est.estimate(&req).unwrap();
 /// assert_eq!((r.input(), r.total()), (2_418, 3_442));
 /// ```
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ModelAwareEstimator {
     overrides: HashMap<String, f64>,
     default_model: Option<String>,
     output_cap: u64,
     opaque: Option<OpaqueBlockTokens>,
     on_unknown_model: Option<UnknownModelHook>,
-}
-
-impl fmt::Debug for ModelAwareEstimator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ModelAwareEstimator")
-            .field("overrides", &self.overrides)
-            .field("default_model", &self.default_model)
-            .field("output_cap", &self.output_cap)
-            .field("opaque", &self.opaque)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for ModelAwareEstimator {
@@ -408,7 +393,7 @@ impl TokenEstimator for ModelAwareEstimator {
         let (ratio, known) = self.ratio_for(model);
         if !known {
             if let Some(f) = &self.on_unknown_model {
-                f(model);
+                (f.0)(model);
             }
         }
         // IEEE-754 double division and ceil, as the reference computes it.
