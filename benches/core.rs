@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the admission fast path against its baselines.
 //!
-//! Every group holds the same variants so that one run gives comparable numbers:
+//! The first three groups hold the same variants so that one run gives comparable numbers (the
+//! `classes` group, below, holds its own):
 //!
 //! * `bare_atomic_floor`: an `AtomicU64` CAS-with-limit acquire and a `fetch_sub` release, the
 //!   least any lock-free admission controller can do;
@@ -23,14 +24,25 @@
 //!   time is the wall time of one iteration (one pair on each thread, in parallel) and its
 //!   throughput (`Elements(2)` per iteration) is the aggregate pairs per second;
 //! * `refused`: the cost of a refusal, ours (`budget_limit`, and `concurrency_limit` for
-//!   reference) beside tokio's `try_acquire` on a semaphore with no permits.
+//!   reference) beside tokio's `try_acquire` on a semaphore with no permits;
+//! * `classes`: the admission-class path (`try_acquire_classed`) on a bulkhead with three
+//!   classes, each with a concurrency floor of 8 and a token floor of 8 reservations
+//!   (`max_concurrent` 64), beside the no-class `ours_slots_tokens` pair and the parking_lot
+//!   bulkhead, in the same group so that one run compares them:
+//!   * `ours_slots_tokens` (no classes) and `protected` (a class admitted inside its floors) and
+//!     `borrowing` (a class whose floors are used up by 8 held admissions, so every pair
+//!     borrows a slot and its whole reservation and collects every class word): one pair per
+//!     iteration on one thread;
+//!   * `two_threads_parking_lot`, `two_threads_ours_slots_tokens`, `two_threads_protected` (the
+//!     two threads in different classes, each inside its floors) and `two_threads_borrowing`
+//!     (context: both threads borrow, in different classes): as in `two_threads`.
 //!
 //! Limits are large enough that no pair in the first two groups is ever refused; the two-thread
 //! runs count refusals and assert that there were none. `benches/ratios.py` turns the results
 //! into tables of ratios.
 
 use criterion::{black_box, criterion_main, Criterion, Throughput};
-use llm_bulkhead::{Bulkhead, Demand, RejectReason, Reservation};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, RejectReason, Reservation};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -84,7 +96,7 @@ impl BareAtomic {
         self.in_flight.fetch_sub(1, Ordering::Release);
     }
 
-    #[inline]
+    #[inline(always)]
     fn pair(&self) -> bool {
         if self.try_acquire() {
             self.release();
@@ -137,7 +149,7 @@ impl LockBulkhead {
         s.tokens -= tokens;
     }
 
-    #[inline]
+    #[inline(always)]
     fn pair(&self, tokens: u64) -> bool {
         if self.try_acquire(tokens) {
             self.release(tokens);
@@ -148,7 +160,7 @@ impl LockBulkhead {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn tokio_pair(sem: &Semaphore) -> bool {
     // The permit is dropped in place (its drop has effects, so nothing is optimised away).
     sem.try_acquire().is_ok()
@@ -156,18 +168,29 @@ fn tokio_pair(sem: &Semaphore) -> bool {
 
 /// tokio's owned permit (`Arc` clone + drop), the counterpart of our `Send + 'static`
 /// [`llm_bulkhead::Admission`]; not part of the committed targets, shown for context.
-#[inline]
+#[inline(always)]
 fn tokio_owned_pair(sem: &Arc<Semaphore>) -> bool {
     Arc::clone(sem).try_acquire_owned().is_ok()
 }
 
-#[inline]
+// `inline(always)` on every pair function: each measured pair sits in the timing loop itself,
+// whatever the inliner's budget makes of the surrounding closures.
+#[inline(always)]
 fn ours_pair(b: &Bulkhead, demand: Demand) -> bool {
     // The result is checked and dropped in place, as a caller that only needs the decision
     // would: no `black_box(result)`, which would copy the 128-byte `Result` to a new stack slot
     // (dropping an admission has effects, and `try_acquire` is not inlined, so nothing is
     // optimised away).
-    b.try_acquire(black_box(demand)).is_ok()
+    match b.try_acquire(black_box(demand)) {
+        Ok(admission) => {
+            drop(admission);
+            true
+        }
+        Err(rejection) => {
+            drop(rejection);
+            false
+        }
+    }
 }
 
 fn slots_bulkhead() -> Bulkhead {
@@ -253,16 +276,27 @@ fn uncontended_pair(c: &mut Criterion) {
 /// the moment both threads are released by the barrier to the moment the last one finishes
 /// (thread spawning and joining are not measured). Panics if any pair was refused.
 fn two_thread_run<S: Sync>(shared: &S, iters: u64, pair: impl Fn(&S) -> bool + Sync) -> Duration {
+    two_thread_run_indexed(shared, iters, |s, _| pair(s))
+}
+
+/// [`two_thread_run`] with the thread's index (0 or 1) passed to `pair`, so that the two
+/// threads can make different demands (the `classes` group puts them in different classes).
+fn two_thread_run_indexed<S: Sync>(
+    shared: &S,
+    iters: u64,
+    pair: impl Fn(&S, usize) -> bool + Sync,
+) -> Duration {
     let barrier = Barrier::new(2);
+    let (barrier, pair) = (&barrier, &pair);
     let (spans, refused): (Vec<(Instant, Instant)>, u64) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..2)
-            .map(|_| {
-                s.spawn(|| {
+            .map(|i| {
+                s.spawn(move || {
                     let mut refused = 0u64;
                     barrier.wait();
                     let start = Instant::now();
                     for _ in 0..iters {
-                        if !pair(black_box(shared)) {
+                        if !pair(black_box(shared), i) {
                             refused += 1;
                         }
                     }
@@ -366,13 +400,155 @@ fn refused(c: &mut Criterion) {
     assert_eq!(full.stats().admitted, 0);
 }
 
+/// Global slots of the classed bulkhead of the `classes` group.
+const CLASS_MAX_CONCURRENT: u32 = 64;
+/// Concurrency floor of each of its three classes.
+const CLASS_FLOOR: u32 = 8;
+/// Token floor of each class: exactly [`CLASS_FLOOR`] reservations of the token demand.
+const CLASS_TOKEN_FLOOR: u64 = CLASS_FLOOR as u64 * (INPUT + MAX_OUTPUT);
+/// The classes, in construction order.
+const CLASSES: [&str; 3] = ["premium", "standard", "batch"];
+/// Token budget of the classed bulkhead (the largest a bulkhead with classes accepts).
+const CLASS_BUDGET: u64 = llm_bulkhead::MAX_CLASSED_TOKENS;
+
+/// Three classes with floors 8/8/8 (and token floors of 8 reservations each), ceilings of 48
+/// slots and half the budget, on 64 global slots: 40 shared slots.
+fn classes_bulkhead() -> Bulkhead {
+    let limits = ClassLimits {
+        protected_concurrent: CLASS_FLOOR,
+        max_concurrent: Some(48),
+        protected_tokens: CLASS_TOKEN_FLOOR,
+        max_tokens: Some(CLASS_BUDGET / 2),
+    };
+    CLASSES
+        .iter()
+        .fold(
+            Bulkhead::builder()
+                .max_concurrent(CLASS_MAX_CONCURRENT)
+                .token_budget(CLASS_BUDGET),
+            |b, name| b.class(*name, limits),
+        )
+        .default_class("standard")
+        .build()
+        .expect("valid limits")
+}
+
+/// The token demand in class `name` of `b`.
+fn class_demand(b: &Bulkhead, name: &str) -> Demand {
+    token_demand().in_class(b.class_id(name).expect("configured class"))
+}
+
+/// Holds [`CLASS_FLOOR`] admissions of the token demand in class `name`, which uses up both of
+/// its floors: every further admission in that class borrows a slot and its whole reservation.
+fn use_up_floors(b: &Bulkhead, name: &str) -> Vec<llm_bulkhead::Admission> {
+    let d = class_demand(b, name);
+    let held: Vec<_> = (0..CLASS_FLOOR)
+        .map(|_| b.try_acquire(d).expect("inside the floors"))
+        .collect();
+    assert!(held.iter().all(|a| {
+        let r = a.resources();
+        !r.borrowed_concurrency && r.borrowed_tokens == 0
+    }));
+    let probe = b.try_acquire(d).expect("the shared remainder is free");
+    assert!(probe.resources().borrowed_concurrency);
+    assert_eq!(probe.resources().borrowed_tokens, INPUT + MAX_OUTPUT);
+    held
+}
+
+fn classes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("classes");
+
+    // One thread, one pair per iteration.
+    g.throughput(Throughput::Elements(1));
+    let ours_t = tokens_bulkhead();
+    let d = token_demand();
+    g.bench_function("ours_slots_tokens", |b| {
+        b.iter(|| black_box(ours_pair(black_box(&ours_t), d)))
+    });
+
+    let protected = classes_bulkhead();
+    let dp = class_demand(&protected, "premium");
+    {
+        let a = protected.try_acquire(dp).expect("free");
+        assert!(!a.resources().borrowed_concurrency && a.resources().borrowed_tokens == 0);
+    }
+    g.bench_function("protected", |b| {
+        b.iter(|| black_box(ours_pair(black_box(&protected), dp)))
+    });
+
+    let borrowing = classes_bulkhead();
+    let held = use_up_floors(&borrowing, "batch");
+    let db = class_demand(&borrowing, "batch");
+    g.bench_function("borrowing", |b| {
+        b.iter(|| black_box(ours_pair(black_box(&borrowing), db)))
+    });
+
+    // Two threads, one pair on each per iteration.
+    g.throughput(Throughput::Elements(2));
+    let locked = LockBulkhead::new(u64::from(CLASS_MAX_CONCURRENT), BUDGET);
+    let r = INPUT + MAX_OUTPUT;
+    g.bench_function("two_threads_parking_lot", |b| {
+        b.iter_custom(|iters| two_thread_run(&locked, iters, |l| l.pair(black_box(r))))
+    });
+
+    g.bench_function("two_threads_ours_slots_tokens", |b| {
+        b.iter_custom(|iters| two_thread_run(&ours_t, iters, |o| ours_pair(o, d)))
+    });
+
+    let two = [
+        class_demand(&protected, "premium"),
+        class_demand(&protected, "standard"),
+    ];
+    g.bench_function("two_threads_protected", |b| {
+        b.iter_custom(|iters| {
+            two_thread_run_indexed(&protected, iters, |o, i| ours_pair(o, two[i]))
+        })
+    });
+
+    let held_two = [
+        use_up_floors(&borrowing, "premium"),
+        use_up_floors(&borrowing, "standard"),
+    ];
+    let two_b = [
+        class_demand(&borrowing, "premium"),
+        class_demand(&borrowing, "standard"),
+    ];
+    g.bench_function("two_threads_borrowing", |b| {
+        b.iter_custom(|iters| {
+            two_thread_run_indexed(&borrowing, iters, |o, i| ours_pair(o, two_b[i]))
+        })
+    });
+
+    g.finish();
+    let s = protected.stats();
+    assert_eq!((s.rejected, s.in_flight), (0, 0));
+    let cs = s.classes.expect("classes");
+    assert!(cs.classes.iter().all(|c| c.total_borrowed_admissions == 0));
+    let s = borrowing.stats();
+    assert_eq!(s.rejected, 0);
+    assert_eq!(s.in_flight, 3 * u64::from(CLASS_FLOOR));
+    let cs = s.classes.expect("classes");
+    // Every benchmarked pair borrowed; only the held admissions (and one probe per class) were
+    // inside the floors.
+    for c in &cs.classes {
+        assert_eq!(
+            c.admitted - c.total_borrowed_admissions,
+            u64::from(CLASS_FLOOR)
+        );
+    }
+    drop((held, held_two));
+    assert_eq!(borrowing.stats().in_flight, 0);
+    let s = ours_t.stats();
+    assert_eq!((s.rejected, s.in_flight), (0, 0));
+}
+
 /// The criterion group of this target (in a module: the macro's function has no doc comment).
 mod group {
-    use super::{config, refused, two_threads, uncontended_pair};
+    use super::{classes, config, refused, two_threads, uncontended_pair};
     criterion::criterion_group! {
         name = core_benches;
         config = config();
-        targets = uncontended_pair, two_threads, refused
+        targets = uncontended_pair, two_threads, refused, classes
     }
 }
 criterion_main!(group::core_benches);

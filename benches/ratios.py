@@ -12,7 +12,12 @@ per criterion iteration) for the groups written by benches/core.rs:
 * two_threads: one iteration is one pair on each of two threads, so the aggregate throughput is
   2 / (ns per iteration) pairs per ns; shows wall ns per iteration, aggregate ns per pair, Mops/s
   and the throughput ratios ours/tokio and ours/parking_lot (above 1 means ours is faster);
-* refused: ns per refusal, ours vs tokio.
+* refused: ns per refusal, ours vs tokio;
+* classes: the admission-class path beside the no-class pair and parking_lot in one group:
+  ns per pair (one thread) or wall ns per iteration and Mops/s (two threads), with its targets:
+  protected / no-class time <= 1.5x, borrowing / no-class time <= 2.5x, and two threads in
+  different classes (protected) / parking_lot throughput >= 1x. `two_threads_borrowing` is
+  context only.
 
 Stdlib only. Missing benchmarks are shown as "n/a".
 """
@@ -47,6 +52,10 @@ def mean_ns(root, group, bench):
 
 def fmt(x, digits=2):
     return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def fmtx(x):
+    return "n/a" if x is None else f"{x:.2f}x"
 
 
 def ratio(a, b):
@@ -121,6 +130,69 @@ def refused(root):
     )
 
 
+CLASS_ONE = ["ours_slots_tokens", "protected", "borrowing"]
+CLASS_TWO = [
+    "two_threads_parking_lot",
+    "two_threads_ours_slots_tokens",
+    "two_threads_protected",
+    "two_threads_borrowing",
+]
+# (what, numerator, denominator, kind, bound): "time" ratios are one-thread ns per pair (lower
+# is better, target <= bound); "thrpt" ratios are two-thread throughputs (target >= bound).
+CLASS_TARGETS = [
+    ("protected / no-class", "protected", "ours_slots_tokens", "time", 1.5),
+    ("borrowing / no-class", "borrowing", "ours_slots_tokens", "time", 2.5),
+    (
+        "two threads, classes / parking_lot",
+        "two_threads_protected",
+        "two_threads_parking_lot",
+        "thrpt",
+        1.0,
+    ),
+]
+
+
+def classes(root):
+    t = {b: mean_ns(root, "classes", b) for b in CLASS_ONE + CLASS_TWO}
+    rows = []
+    for b in CLASS_ONE:
+        vs = "" if b == "ours_slots_tokens" else fmtx(ratio(t[b], t["ours_slots_tokens"]))
+        rows.append([f"`{b}`", "1", fmt(t[b]), "", vs, ""])
+    mops = {b: (None if t[b] is None else 2e3 / t[b]) for b in CLASS_TWO}
+    for b in CLASS_TWO:
+        vs = ""
+        if b != "two_threads_parking_lot":
+            vs = fmtx(ratio(mops[b], mops["two_threads_parking_lot"]))
+        rows.append([f"`{b}`", "2", fmt(t[b]), fmt(mops[b]), "", vs])
+    header = [
+        "bench",
+        "threads",
+        "ns/pair (1 thread) or wall ns/iter (2 threads)",
+        "Mops/s (total)",
+        "time vs no-class",
+        "thrpt vs parking_lot",
+    ]
+    out = "### classes (three classes, floors 8/8/8 of 64 slots, token floors)\n\n" + table(
+        header, rows
+    )
+    trows = []
+    for what, num, den, kind, bound in CLASS_TARGETS:
+        if kind == "time":
+            r = ratio(t[num], t[den])
+            ok = r is not None and r <= bound
+            want = f"<= {bound}x"
+        else:
+            r = ratio(mops[num], mops[den])
+            ok = r is not None and r >= bound
+            want = f">= {bound}x"
+        verdict = "n/a" if r is None else ("met" if ok else "MISSED")
+        trows.append([what, f"`{num}` / `{den}`", fmtx(r), want, verdict])
+    out += "\n\n### classes targets\n\n" + table(
+        ["ratio", "benches", "measured", "target", "verdict"], trows
+    )
+    return out
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CARGO_TARGET_DIR", "target")
     if not os.path.isdir(os.path.join(root, "criterion")):
@@ -143,6 +215,7 @@ def main():
         rows.append([group, what, fmt(r) + "x", want, verdict])
     print("### committed targets\n")
     print(table(["group", "ratio", "measured", "target", "verdict"], rows))
+    print("\n" + classes(root))
 
 
 if __name__ == "__main__":

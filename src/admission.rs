@@ -1,5 +1,6 @@
 //! The [`Admission`] guard: what a successful decision gives, and how its tokens are settled.
 
+use crate::classes::{ClassId, Resources};
 use crate::demand::{Reconcile, Reservation, Usage};
 use crate::error::UsageError;
 use crate::id::AdmissionId;
@@ -126,11 +127,74 @@ pub struct Admission {
     slot: Option<SlotRef>,
     id: AdmissionId,
     revision: u64,
-    priority: Priority,
     reservation: Option<Reservation>,
     held: u64,
     reported: Option<Usage>,
     sequence: u64,
+    /// Priority, class, attribution and abandonment, packed (see [`ClassBits`]). One word keeps
+    /// `Admission` small and free of byte-sized fields, which the no-class fast path feels
+    /// (a byte field next to others made the moves of a new admission stall on store
+    /// forwarding: 12.6 → 21 ns per pair).
+    class: ClassBits,
+}
+
+/// `[borrowed tokens @8..][high priority @7][pinned @6][abandoned @5][borrowed slot @4]
+/// [class index @1..4][has class @0]`. "Pinned": at abandonment a `Bulkhead` handle was counted (and forgotten)
+/// to keep the shared state alive in place of the returned slot; `settle_classed` turns it
+/// back into a handle and drops it. Borrowed tokens fit: a reservation's borrowed part is at
+/// most the budget (`MAX_CLASSED_TOKENS` < 2^30).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ClassBits(u64);
+
+impl ClassBits {
+    const HAS: u64 = 1;
+    const BORROWED_SLOT: u64 = 1 << 4;
+    const ABANDONED: u64 = 1 << 5;
+    const PINNED: u64 = 1 << 6;
+    const HIGH: u64 = 1 << 7;
+
+    fn new(class: Option<(usize, Resources)>, priority: Priority) -> ClassBits {
+        let high = match priority {
+            Priority::High => Self::HIGH,
+            Priority::Normal => 0,
+        };
+        let bits = match class {
+            None => ClassBits(0),
+            Some((k, r)) => ClassBits(
+                Self::HAS
+                    | ((k as u64) << 1)
+                    | if r.borrowed_concurrency {
+                        Self::BORROWED_SLOT
+                    } else {
+                        0
+                    }
+                    | (r.borrowed_tokens << 8),
+            ),
+        };
+        ClassBits(bits.0 | high)
+    }
+    #[inline]
+    fn priority(self) -> Priority {
+        if self.0 & Self::HIGH != 0 {
+            Priority::High
+        } else {
+            Priority::Normal
+        }
+    }
+
+    #[inline]
+    fn index(self) -> Option<usize> {
+        (self.0 & Self::HAS != 0).then_some(((self.0 >> 1) & 7) as usize)
+    }
+    fn resources(self) -> Resources {
+        Resources {
+            borrowed_concurrency: self.0 & Self::BORROWED_SLOT != 0,
+            borrowed_tokens: self.0 >> 8,
+        }
+    }
+    fn has(self, flag: u64) -> bool {
+        self.0 & flag != 0
+    }
 }
 
 /// What settling an admission returned.
@@ -149,17 +213,84 @@ impl Admission {
         revision: u64,
         priority: Priority,
         reservation: Option<Reservation>,
+        class: Option<(usize, Resources)>,
     ) -> Admission {
         Admission {
             slot: Some(slot),
             id,
             revision,
-            priority,
             reservation,
             held: reservation.map_or(0, |r| r.total()),
             reported: None,
             sequence: 0,
+            class: ClassBits::new(class, priority),
         }
+    }
+
+    /// The admission class (`None` on a bulkhead without classes).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    /// let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().class(), Some(b.class_id("a").unwrap()));
+    /// ```
+    pub fn class(&self) -> Option<ClassId> {
+        self.class.index().map(|k| ClassId(k as u8))
+    }
+
+    /// How the admission's capacity was attributed at its decision: whether its slot and how
+    /// many of its tokens came from the shared remainder (`{false, 0}` without classes).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    /// let b = Bulkhead::builder().max_concurrent(2)
+    ///     .class("a", ClassLimits { protected_concurrent: 1, ..Default::default() }).default_class("a").build().unwrap();
+    /// let first = b.try_acquire(Demand::slot()).unwrap();
+    /// let second = b.try_acquire(Demand::slot()).unwrap();
+    /// assert!(!first.resources().borrowed_concurrency && second.resources().borrowed_concurrency);
+    /// ```
+    pub fn resources(&self) -> Resources {
+        self.class.resources()
+    }
+
+    /// Returns a borrowed slot at once, keeping the token hold until release (CONTRACT.md §5).
+    /// Idempotent: true only the first time, and only for an admission whose slot was borrowed.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
+    /// let mut a = b.try_acquire(Demand::slot()).unwrap();
+    /// assert!(a.abandon_borrowed_concurrency());
+    /// assert!(!a.abandon_borrowed_concurrency());
+    /// assert_eq!(b.stats().in_flight, 0);            // the slot is back
+    /// assert_eq!(b.stats().admissions_in_flight, 1); // the admission is not settled yet
+    /// let other = b.try_acquire(Demand::slot()).unwrap();
+    /// # drop((a, other));
+    /// ```
+    pub fn abandon_borrowed_concurrency(&mut self) -> bool {
+        let Some(k) = self.class.index() else {
+            return false;
+        };
+        if self.class.has(ClassBits::ABANDONED) || !self.class.has(ClassBits::BORROWED_SLOT) {
+            return false;
+        }
+        let Some(slot) = self.slot.as_ref() else {
+            return false;
+        };
+        self.class.0 |= ClassBits::ABANDONED;
+        let shared = slot.get();
+        let c = shared.counters.local(Counters::new);
+        c.abandoned.add(1);
+        c.classes[k].abandoned.add(1);
+        // Take a handle first, while the slot still keeps the state alive; then return the
+        // slot. With no handle left nobody can use the slot, so it is kept until release.
+        if let Some(pin) = slot.try_pin() {
+            crate::classed::return_slot_only(shared, k);
+            // Counted, and turned back into a handle by `settle_classed`.
+            std::mem::forget(pin);
+            self.class.0 |= ClassBits::PINNED;
+        }
+        true
     }
 
     /// The shared state, while the slot is held.
@@ -198,7 +329,7 @@ impl Admission {
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().priority(), Priority::Normal);
     /// ```
     pub fn priority(&self) -> Priority {
-        self.priority
+        self.class.priority()
     }
 
     /// The reservation taken (`None` on a bulkhead without a token budget).
@@ -289,18 +420,28 @@ impl Admission {
             }
             _ => self.held,
         };
+        let class = self.class.index();
         if let Some(shared) = self.shared() {
             if new_hold > self.held {
-                grow_hold(shared, new_hold - self.held, new_hold)?;
+                let delta = new_hold - self.held;
+                match class {
+                    None => grow_hold(shared, delta, new_hold)?,
+                    Some(k) => grow_class_hold(shared, k, delta, new_hold)?,
+                }
             } else if new_hold < self.held {
                 let delta = self.held - new_hold;
-                // Release, like any return of capacity.
-                shared.word.fetch_sub(delta, Ordering::Release);
-                shared
-                    .counters
-                    .local(Counters::new)
-                    .total_refunded
-                    .add(delta);
+                let c = shared.counters.local(Counters::new);
+                match class {
+                    // Release, like any return of capacity.
+                    None => {
+                        shared.word.fetch_sub(delta, Ordering::Release);
+                    }
+                    Some(k) => {
+                        crate::classed::return_tokens(shared, k, delta);
+                        c.classes[k].refunded.add(delta);
+                    }
+                }
+                c.total_refunded.add(delta);
             }
         }
         if !released && (self.reported != Some(clamped) || new_hold != self.held) {
@@ -371,31 +512,105 @@ impl Admission {
     /// Returns the slot and the whole hold; `None` if already released. Statistics are written
     /// before the slot goes back: the return may free the shared state (see
     /// [`crate::shared`]).
-    #[inline]
+    #[inline(always)]
     fn settle(&mut self, usage: Option<Usage>) -> Option<Settled> {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
         let usage = usage.or(self.reported);
-        let consumed = usage.and_then(|u| u.total());
-        let refunded = match (self.reservation, consumed) {
-            (Some(_), Some(consumed)) => held.saturating_sub(consumed),
-            _ => 0,
-        };
-        if let Some(consumed) = consumed {
-            let c = slot.get().counters.local(Counters::new);
-            c.total_consumed.add(consumed);
+        if usage.is_none() && self.class.0 & ClassBits::ABANDONED == 0 {
+            // The common release: nothing to book, one RMW (on the class word, with classes).
+            // Kept this small so that dropping an admission inlines.
+            match self.class.index() {
+                None => slot.return_slot(held),
+                Some(k) => slot.return_class_slot(k, held),
+            }
+            return Some(Settled {
+                held,
+                consumed: None,
+                refunded: 0,
+                usage: None,
+            });
+        }
+        Some(settle_booked(
+            slot,
+            self.class,
+            held,
+            usage,
+            self.reservation.is_some(),
+        ))
+    }
+}
+
+/// The rest of `Admission::settle`: consumption and refunds are booked, class statistics too
+/// (class mode), then the slot (class mode: the class slot, or after abandonment the tokens and
+/// the pin) goes back. Out of line: scalars only, so the admission stays in registers on the
+/// common path.
+#[inline(never)]
+fn settle_booked(
+    slot: SlotRef,
+    class: ClassBits,
+    held: u64,
+    usage: Option<Usage>,
+    has_reservation: bool,
+) -> Settled {
+    let consumed = usage.and_then(|u| u.total());
+    let refunded = match consumed {
+        Some(consumed) if has_reservation => held.saturating_sub(consumed),
+        _ => 0,
+    };
+    let shared = slot.get();
+    let c = shared.counters.local(Counters::new);
+    if let Some(consumed) = consumed {
+        c.total_consumed.add(consumed);
+        if refunded > 0 {
+            c.total_refunded.add(refunded);
+        }
+    }
+    match class.index() {
+        None => slot.return_slot(held),
+        Some(k) => {
+            let cc = &c.classes[k];
+            if let Some(consumed) = consumed {
+                cc.consumed.add(consumed);
+            }
             if refunded > 0 {
-                c.total_refunded.add(refunded);
+                cc.refunded.add(refunded);
+            }
+            if class.has(ClassBits::ABANDONED) {
+                c.abandoned_settled.add(1);
+                cc.abandoned_settled.add(1);
+            }
+            if class.has(ClassBits::PINNED) {
+                // The slot went back at abandonment: return the tokens only, then let the pin
+                // go (its drop frees the state if it was the last owner).
+                crate::classed::return_tokens(shared, k, held);
+                // SAFETY: `PINNED` is set only after `try_pin` counted a handle that was then
+                // forgotten, and this runs once per admission (its slot was just taken).
+                drop(unsafe { slot.into_pinned_handle() });
+            } else {
+                slot.return_class_slot(k, held);
             }
         }
-        slot.return_slot(held);
-        Some(Settled {
-            held,
-            consumed,
-            refunded,
-            usage,
-        })
     }
+    Settled {
+        held,
+        consumed,
+        refunded,
+        usage,
+    }
+}
+
+/// Class mode of [`grow_hold`] (see `crate::classed::grow_tokens`).
+#[inline(never)]
+fn grow_class_hold(shared: &Shared, k: usize, delta: u64, new_hold: u64) -> Result<(), UsageError> {
+    crate::classed::grow_tokens(shared, k, delta).map_err(|()| UsageError::HoldTooLarge {
+        hold: new_hold,
+        max: crate::classed::MAX_CLASSED_HOLD,
+    })?;
+    let c = shared.counters.local(Counters::new);
+    c.total_overrun.add(delta);
+    c.classes[k].overrun.add(delta);
+    Ok(())
 }
 
 /// Adds `delta` to the tokens in flight, with no admission check, refusing only growth past
@@ -428,7 +643,7 @@ fn grow_hold(shared: &Shared, delta: u64, new_hold: u64) -> Result<(), UsageErro
 }
 
 impl Drop for Admission {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         self.settle(None);
     }
@@ -439,7 +654,7 @@ impl fmt::Debug for Admission {
         f.debug_struct("Admission")
             .field("id", &self.id)
             .field("revision", &self.revision)
-            .field("priority", &self.priority)
+            .field("priority", &self.priority())
             .field("reservation", &self.reservation)
             .field("held", &self.held)
             .field("sequence", &self.sequence)

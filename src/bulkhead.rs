@@ -1,6 +1,7 @@
 //! The [`Bulkhead`]: construction, the lock-free decision, reconfiguration, close and stats.
 
 use crate::admission::Admission;
+use crate::classes::{ClassId, ClassLimits, ClassTable, ClassView, UnknownClass, MAX_CLASSES};
 use crate::demand::{Demand, Reservation};
 use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem};
 use crate::id::AdmissionId;
@@ -34,6 +35,8 @@ pub struct BulkheadBuilder {
     budget: Option<u64>,
     reserve: Option<u64>,
     initial_revision: u64,
+    classes: Vec<(String, ClassLimits)>,
+    default_class: Option<String>,
 }
 
 impl BulkheadBuilder {
@@ -95,6 +98,35 @@ impl BulkheadBuilder {
         self
     }
 
+    /// Adds an admission class (in order; at most [`MAX_CLASSES`](crate::MAX_CLASSES)). With
+    /// classes, [`default_class`](Self::default_class) is required.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(12).token_budget(24_000)
+    ///     .class("premium", ClassLimits { protected_concurrent: 6, max_concurrent: Some(10), protected_tokens: 12_000, max_tokens: Some(20_000) })
+    ///     .class("standard", ClassLimits { protected_concurrent: 2, max_concurrent: Some(6), protected_tokens: 4_000, max_tokens: Some(10_000) })
+    ///     .default_class("standard")
+    ///     .build().unwrap();
+    /// assert_eq!(b.class_names(), ["premium", "standard"]);
+    /// ```
+    pub fn class(mut self, name: impl Into<String>, limits: ClassLimits) -> Self {
+        self.classes.push((name.into(), limits));
+        self
+    }
+
+    /// The class of demands that name none.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let e = Bulkhead::builder().class("a", ClassLimits::default()).default_class("missing").build().unwrap_err();
+    /// assert_eq!(e.field, "default_class");
+    /// ```
+    pub fn default_class(mut self, name: impl Into<String>) -> Self {
+        self.default_class = Some(name.into());
+        self
+    }
+
     /// Validates every field and builds the bulkhead.
     ///
     /// # Errors
@@ -120,13 +152,52 @@ impl BulkheadBuilder {
                 high_priority_reserve: reserve.unwrap_or(0),
             }),
         };
+        let table_err = |field, why| {
+            Err(ConfigError {
+                field,
+                problem: ConfigProblem::ClassTable(why),
+            })
+        };
+        let mut table = ClassTable::default();
+        let mut names = Vec::new();
+        for (name, limits) in &self.classes {
+            let name = name.trim();
+            if name.is_empty() {
+                return table_err("classes", "a class name must not be empty");
+            }
+            if names.iter().any(|n: &String| n == name) {
+                return table_err("classes", "class names must be unique");
+            }
+            if !table.push(*limits) {
+                return Err(ConfigError {
+                    field: "classes",
+                    problem: ConfigProblem::TooLarge {
+                        value: self.classes.len() as u64,
+                        max: MAX_CLASSES as u64,
+                    },
+                });
+            }
+            names.push(name.to_owned());
+        }
+        let default_class = match (&self.default_class, names.is_empty()) {
+            (None, true) => 0,
+            (Some(_), true) => return table_err("default_class", "needs admission classes"),
+            (None, false) => {
+                return table_err("default_class", "is required with admission classes")
+            }
+            (Some(d), false) => match names.iter().position(|n| n == d.trim()) {
+                Some(i) => i,
+                None => return table_err("default_class", "must name a configured class"),
+            },
+        };
         let first = LimitsSnapshot {
             revision: self.initial_revision,
             max_concurrent: self.max_concurrent,
             max_queue: self.max_queue,
             token_budget,
+            classes: table,
         };
-        first.validate_ranges()?;
+        first.validate(token_budget.is_some(), &names)?;
         if let Some(b) = token_budget {
             if b.high_priority_reserve > b.budget {
                 return Err(ConfigError {
@@ -145,6 +216,8 @@ impl BulkheadBuilder {
                 tag: 0,
             },
             token_budget.is_some(),
+            names,
+            default_class,
         );
         Ok(Bulkhead { shared })
     }
@@ -248,8 +321,11 @@ impl Bulkhead {
     /// Admits `demand` now or refuses it; never waits, never takes a lock.
     ///
     /// Checks, first failure wins (CONTRACT.md §2): closed → `shutdown`; budget configured and
-    /// `T + r > eff(priority)` → `budget_limit`; no free slot (or waiters queued) →
-    /// `concurrency_limit`. On success the slot and the reservation are taken in the same CAS.
+    /// `T + r > eff(priority)` → `budget_limit`; with classes, the class's token and
+    /// concurrency ceilings (`admission_class`) and the other classes' floors
+    /// (`admission_class_protection`); no free slot (or waiters queued) → `concurrency_limit`.
+    /// Without classes the slot and the reservation are taken in one CAS; with classes the
+    /// decision is the multi-word protocol described in [`crate::state`].
     ///
     /// # Errors
     /// A [`Rejection`] explained by the state the decision saw.
@@ -275,45 +351,64 @@ impl Bulkhead {
         };
         let r = reservation.map_or(0, |x| x.total());
         let priority = demand.priority();
-        let word = &*shared.word;
-        let mut w = Word(word.load(Ordering::Acquire));
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            let lim = shared.ring.read(w.tag());
-            match decide(w, &lim, r, priority) {
-                Decision::Admit(next) => {
-                    match word.compare_exchange_weak(
-                        w.0,
-                        next.0,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => {
-                            let c = shared.counters.local(Counters::new);
-                            let n = c.admitted.add(1);
-                            if shared.has_budget {
-                                c.total_reserved.add(r);
+        // Both paths end in the few scalars of `Granted`, and the admission is built once, here:
+        // merging two whole `Admission` values (one from an out-of-line call) made the compiler
+        // move the admission through memory in a way that stalled on store forwarding.
+        let g = if shared.classed {
+            match self.try_acquire_classed(demand, r, priority) {
+                Ok(g) => g,
+                Err(rejection) => return Err(rejection),
+            }
+        } else {
+            let word = &*shared.word;
+            let mut w = Word(word.load(Ordering::Acquire));
+            let backoff = crossbeam_utils::Backoff::new();
+            loop {
+                let lim = shared.ring.read(w.tag());
+                match decide(w, &lim, r, priority) {
+                    Decision::Admit(next) => {
+                        match word.compare_exchange_weak(
+                            w.0,
+                            next.0,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => {
+                                let c = shared.counters.local(Counters::new);
+                                let n = c.admitted.add(1);
+                                if shared.has_budget {
+                                    c.total_reserved.add(r);
+                                }
+                                break Granted {
+                                    revision: lim.revision,
+                                    key: c.key,
+                                    n,
+                                    class: None,
+                                };
                             }
-                            return Ok(Admission::new(
-                                self.shared.slot_ref(),
-                                AdmissionId::new(shared.id_prefix, c.key, n),
-                                lim.revision,
-                                priority,
-                                reservation,
-                            ));
+                            Err(actual) => {
+                                backoff.spin();
+                                w = Word(actual);
+                            }
                         }
-                        Err(actual) => {
-                            backoff.spin();
-                            w = Word(actual);
+                    }
+                    Decision::Refuse(reason) => {
+                        match refuse(shared, w, &lim, reason, r, priority) {
+                            Ok(rejection) => return Err(rejection),
+                            Err(now) => w = now,
                         }
                     }
                 }
-                Decision::Refuse(reason) => match refuse(shared, w, &lim, reason, r, priority) {
-                    Ok(rejection) => return Err(rejection),
-                    Err(now) => w = now,
-                },
             }
-        }
+        };
+        Ok(Admission::new(
+            self.shared.slot_ref(),
+            AdmissionId::new(shared.id_prefix, g.key, g.n),
+            g.revision,
+            priority,
+            reservation,
+            g.class,
+        ))
     }
 
     /// Installs a newer limits snapshot atomically (CONTRACT.md §6).
@@ -341,37 +436,27 @@ impl Bulkhead {
         if next.revision <= canon.current.revision {
             return Err(ApplyLimitsError::StaleRevision {
                 attempted: next.revision,
-                current: canon.current,
+                current: Box::new(canon.current),
             });
         }
-        next.validate_ranges()?;
-        match (shared.has_budget, next.token_budget.is_some()) {
-            (true, false) => {
-                return Err(ConfigError {
-                    field: "token_budget",
-                    problem: ConfigProblem::Required,
-                }
-                .into())
-            }
-            (false, true) => {
-                return Err(ConfigError {
-                    field: "token_budget",
-                    problem: ConfigProblem::MustBeOmitted,
-                }
-                .into())
-            }
-            _ => {}
-        }
+        next.validate(shared.has_budget, &shared.class_names)?;
         let tag = canon.tag.wrapping_add(1);
         shared.ring.write(tag, &next);
+        // With classes, the tag bump also advances U and V by every raise of a floor; the
+        // classes then migrate to the new floors (`crate::classed`, "Reconfiguration").
+        let advance = if shared.classed {
+            crate::classed::floor_advance(&canon.current, &next)
+        } else {
+            0
+        };
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
             debug_assert_eq!(w.tag(), canon.tag % (1 << crate::state::TAG_BITS));
             match word.compare_exchange_weak(
                 w.0,
-                w.with_next_tag().0,
-                Ordering::AcqRel,
+                w.with_next_tag().0 + advance,
+                Ordering::SeqCst,
                 Ordering::Acquire,
             ) {
                 Ok(_) => break,
@@ -379,6 +464,9 @@ impl Bulkhead {
             }
         }
         canon.tag = tag;
+        for k in 0..shared.class_words.len() {
+            crate::classed::migrate(shared, k, tag);
+        }
         let previous = std::mem::replace(&mut canon.current, next);
         Ok(LimitsChange {
             previous,
@@ -412,7 +500,7 @@ impl Bulkhead {
         let Some(rev) = cur.revision.checked_add(1) else {
             return Err(ApplyLimitsError::StaleRevision {
                 attempted: cur.revision,
-                current: cur,
+                current: Box::new(cur),
             });
         };
         self.apply_limits(cur.with_revision(rev).with_token_budget(Some(BudgetLimits {
@@ -475,29 +563,58 @@ impl Bulkhead {
         let limits = self.limits();
         let w = Word(shared.word.load(Ordering::Acquire));
         let mut t = Totals::default();
-        shared.counters.for_each(|c| t.add(c));
+        let n = shared.class_words.len();
+        shared.counters.for_each(|c| t.add(c, n));
         let rejected = t.rejected.total();
+        let abandoned_open = t.abandoned.saturating_sub(t.abandoned_settled);
+        // With classes the totals are the sums of the class words (`crate::classed`).
+        let (state, slots, tokens) = if shared.classed {
+            crate::classed::collect(shared)
+        } else {
+            (Vec::new(), w.slots(), w.tokens())
+        };
+        // A class release books nothing: released = admitted − in flight − abandoned and not
+        // yet released.
+        for (tt, &(n, _)) in t.classes.iter_mut().zip(&state) {
+            let open = tt.abandoned.saturating_sub(tt.abandoned_settled);
+            tt.released = tt.admitted.saturating_sub(n + open);
+        }
+        let classes = crate::stats::classes_stats(
+            &limits,
+            &shared.class_names,
+            shared.default_class,
+            &state,
+            slots,
+            tokens,
+            &t.classes[..state.len()],
+        );
         Stats {
             limits,
             closed: w.closed(),
-            in_flight: w.slots(),
-            admissions_in_flight: w.slots(),
+            in_flight: slots,
+            admissions_in_flight: slots + abandoned_open,
             pending: 0,
-            available_slots: u64::from(limits.max_concurrent).saturating_sub(w.slots()),
+            available_slots: u64::from(limits.max_concurrent).saturating_sub(slots),
             admitted: t.admitted,
-            released: t.admitted.saturating_sub(w.slots()),
+            released: t.admitted.saturating_sub(slots + abandoned_open),
             rejected,
             rejected_by_reason: t.rejected,
             token_budget: limits.token_budget.map(|b| TokenStats {
                 budget: b.budget,
                 high_priority_reserve: b.high_priority_reserve,
-                in_flight_tokens: w.tokens(),
-                available: b.budget.saturating_sub(w.tokens()),
+                in_flight_tokens: tokens,
+                available: b.budget.saturating_sub(tokens),
                 total_reserved: t.total_reserved,
                 total_consumed: t.total_consumed,
                 total_refunded: t.total_refunded,
                 total_overrun: t.total_overrun,
             }),
+            borrowed_concurrency_abandoned: t.abandoned,
+            borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
+                manual: t.abandoned,
+                deadline: 0,
+            },
+            classes,
         }
     }
 }
@@ -520,16 +637,23 @@ fn refuse(
         return Err(now);
     }
     shared.counters.local(Counters::new).rejected[reason.index()].add(1);
-    Ok(rejection(w, lim, reason, r, priority))
+    Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority))
 }
 
-fn rejection(w: Word, lim: &Hot, reason: RejectReason, r: u64, priority: Priority) -> Rejection {
+fn rejection(
+    slots: u64,
+    tokens: u64,
+    lim: &Hot,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Rejection {
     Rejection {
         reason,
         constraint: None,
         revision: lim.revision,
         detail: CapacityDetail {
-            in_flight: w.slots(),
+            in_flight: slots,
             pending: 0,
             max_concurrent: lim.max_concurrent,
             max_queue: lim.max_queue,
@@ -537,22 +661,153 @@ fn rejection(w: Word, lim: &Hot, reason: RejectReason, r: u64, priority: Priorit
                 let eff = lim.effective(priority).unwrap_or(budget);
                 TokenCapacity {
                     budget,
-                    in_flight_tokens: w.tokens(),
+                    in_flight_tokens: tokens,
                     effective_budget: eff,
-                    available: eff.saturating_sub(w.tokens()),
+                    available: eff.saturating_sub(tokens),
                     requested: r,
                 }
             }),
+            classes: None,
         },
+    }
+}
+
+/// What a successful decision hands back, to build the admission from (see `try_acquire`).
+struct Granted {
+    revision: u64,
+    key: u64,
+    n: u64,
+    class: Option<(usize, crate::classes::Resources)>,
+}
+
+impl Bulkhead {
+    /// The class path of `try_acquire` (the protocol of [`crate::classed`]). Out of line, so
+    /// the no-class path does not carry it.
+    #[inline(never)]
+    fn try_acquire_classed(
+        &self,
+        demand: Demand,
+        r: u64,
+        priority: Priority,
+    ) -> Result<Granted, Rejection> {
+        let shared = &*self.shared;
+        let k = match demand.class() {
+            Some(c) if c.index() < shared.class_words.len() => c.index(),
+            _ => shared.default_class,
+        };
+        match crate::classed::acquire(shared, k, r, priority) {
+            Ok(a) => {
+                let c = shared.counters.local(Counters::new);
+                let n = c.admitted.add(1);
+                let cc = &c.classes[k];
+                cc.admitted.add(1);
+                if a.resources.borrowed_concurrency {
+                    cc.borrowed_admissions.add(1);
+                }
+                if shared.has_budget {
+                    c.total_reserved.add(r);
+                    cc.reserved.add(r);
+                    if a.resources.borrowed_tokens > 0 {
+                        cc.borrowed_tokens.add(a.resources.borrowed_tokens);
+                    }
+                }
+                Ok(Granted {
+                    revision: a.revision,
+                    key: c.key,
+                    n,
+                    class: Some((k, a.resources)),
+                })
+            }
+            Err(f) => Err(self.class_refusal(k, f, r, priority)),
+        }
+    }
+
+    /// Counts and explains a class refusal from the collect that decided its reason.
+    #[cold]
+    #[inline(never)]
+    fn class_refusal(
+        &self,
+        k: usize,
+        f: crate::classed::Refused,
+        r: u64,
+        priority: Priority,
+    ) -> Rejection {
+        let shared = &*self.shared;
+        let c = shared.counters.local(Counters::new);
+        c.rejected[f.reason.index()].add(1);
+        c.classes[k].rejected[f.reason.index()].add(1);
+        let mut rej = rejection(f.g, f.t, &f.lim, f.reason, r, priority);
+        rej.constraint = f.constraint;
+        if f.reason != RejectReason::Shutdown {
+            let view = ClassView {
+                g: f.g,
+                t: f.t,
+                classes: &f.classes,
+                limits: &f.limits,
+                max_concurrent: f.lim.max_concurrent,
+                eff: f.lim.effective(priority),
+            };
+            let mut detail = view.detail(k, &shared.class_names[k], r);
+            if let Some((slots, tokens)) = f.stored_shared {
+                let c = &mut detail.shared.concurrency;
+                c.in_use = c.in_use.max(slots);
+                c.available = c.capacity.saturating_sub(c.in_use);
+                if let Some(t) = detail.shared.token_budget.as_mut() {
+                    t.in_use = t.in_use.max(tokens);
+                    t.available = t.capacity.saturating_sub(t.in_use);
+                }
+            }
+            rej.detail.classes = Some(Box::new(detail));
+        }
+        rej
+    }
+
+    /// The class named `name`.
+    ///
+    /// # Errors
+    /// [`UnknownClass`] when the table has no such class (classes are never created on use).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
+    /// assert!(b.class_id("batch").is_ok());
+    /// assert!(b.class_id("tenant-42").is_err());
+    /// ```
+    pub fn class_id(&self, name: &str) -> Result<ClassId, UnknownClass> {
+        // Names are stored trimmed (the builder trims them), so look them up trimmed too.
+        let key = name.trim();
+        self.shared
+            .class_names
+            .iter()
+            .position(|n| n == key)
+            .map(|i| ClassId(i as u8))
+            .ok_or_else(|| UnknownClass(name.to_owned()))
+    }
+
+    /// The class names, in construction order (empty without classes).
+    ///
+    /// ```
+    /// # use llm_bulkhead::Bulkhead;
+    /// assert!(Bulkhead::new(1).unwrap().class_names().is_empty());
+    /// ```
+    pub fn class_names(&self) -> &[String] {
+        &self.shared.class_names
     }
 }
 
 impl fmt::Debug for Bulkhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let w = Word(self.shared.word.load(Ordering::Relaxed));
+        let shared = &*self.shared;
+        let w = Word(shared.word.load(Ordering::Relaxed));
+        let (slots, tokens) = if shared.classed {
+            let (_, g, t) = crate::classed::collect(shared);
+            (g, t)
+        } else {
+            (w.slots(), w.tokens())
+        };
         f.debug_struct("Bulkhead")
-            .field("in_flight", &w.slots())
-            .field("tokens_in_flight", &w.tokens())
+            .field("in_flight", &slots)
+            .field("tokens_in_flight", &tokens)
             .field("closed", &w.closed())
             .finish_non_exhaustive()
     }

@@ -9,10 +9,10 @@
 //!
 //! ```
 //! use llm_bulkhead::conformance::{run, Op, Setup};
-//! let setup = Setup { max_concurrent: 1, max_queue: 0, budget: Some((1_000, 100)), initial_revision: 0 };
+//! let setup = Setup { max_concurrent: 1, max_queue: 0, budget: Some((1_000, 100)), initial_revision: 0, classes: vec![], default_class: 0 };
 //! let ops = [
-//!     Op::Acquire { input: 600, max_output: 300, high: false },
-//!     Op::Acquire { input: 0, max_output: 0, high: true },
+//!     Op::Acquire { input: 600, max_output: 300, high: false, class: 0 },
+//!     Op::Acquire { input: 0, max_output: 0, high: true, class: 0 },
 //!     Op::Report { pick: 0, input: 700, output: 400, reconcile: None },
 //!     Op::Release { pick: 0, usage: None },
 //! ];
@@ -21,13 +21,13 @@
 
 use crate::model::{Handle, Model, ModelError};
 use crate::{
-    Admission, BudgetLimits, Bulkhead, Demand, LimitsSnapshot, Priority, Reconcile, Reservation,
-    Usage,
+    Admission, BudgetLimits, Bulkhead, ClassLimits, Demand, LimitsSnapshot, Priority, Reconcile,
+    Reservation, Usage,
 };
 use std::fmt;
 
 /// Initial configuration of a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Setup {
     /// Global concurrency limit.
     pub max_concurrent: u32,
@@ -37,6 +37,10 @@ pub struct Setup {
     pub budget: Option<(u64, u64)>,
     /// Revision of the initial limits.
     pub initial_revision: u64,
+    /// Admission classes, named `c0`, `c1`, … (empty: no classes).
+    pub classes: Vec<ClassLimits>,
+    /// The default class (modulo the number of classes).
+    pub default_class: usize,
 }
 
 /// One operation. `pick` selects a live admission by index modulo the number live (the
@@ -51,9 +55,16 @@ pub enum Op {
         max_output: u64,
         /// High priority.
         high: bool,
+        /// The class (modulo the number of classes; ignored without classes).
+        class: u8,
     },
-    /// `try_acquire` of a slot only.
+    /// `try_acquire` of a slot only, in the default class.
     AcquireSlot,
+    /// `abandon_borrowed_concurrency` on a live admission.
+    Abandon {
+        /// Which admission.
+        pick: usize,
+    },
     /// `report_usage` on a live admission.
     Report {
         /// Which admission.
@@ -87,6 +98,8 @@ pub enum Op {
         max_queue: u32,
         /// New `(budget, reserve)`, or none (invalid when the bulkhead has a budget).
         budget: Option<(u64, u64)>,
+        /// New class limits (the first as many as the bulkhead has classes), or the current ones.
+        classes: Option<[ClassLimits; 3]>,
     },
     /// `set_budget`.
     SetBudget {
@@ -144,20 +157,41 @@ fn budget_limits(b: Option<(u64, u64)>) -> Option<BudgetLimits> {
 /// # Errors
 /// The first [`Divergence`]. A setup both sides refuse identically is a pass.
 pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
-    let first = LimitsSnapshot {
-        revision: setup.initial_revision,
-        max_concurrent: setup.max_concurrent,
-        max_queue: setup.max_queue,
-        token_budget: budget_limits(setup.budget),
+    let mut table = crate::ClassTable::default();
+    let names: Vec<String> = (0..setup.classes.len().min(crate::MAX_CLASSES))
+        .map(|i| format!("c{i}"))
+        .collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let default_class = if names.is_empty() {
+        0
+    } else {
+        setup.default_class % names.len()
     };
     let mut builder = Bulkhead::builder()
         .max_concurrent(setup.max_concurrent)
         .max_queue(setup.max_queue)
         .initial_revision(setup.initial_revision);
+    for (name, limits) in names.iter().zip(&setup.classes) {
+        table.push(*limits);
+        builder = builder.class(name.clone(), *limits);
+    }
+    if !names.is_empty() {
+        builder = builder.default_class(names[default_class].clone());
+    }
     if let Some((b, h)) = setup.budget {
         builder = builder.token_budget(b).high_priority_reserve(h);
     }
-    let (engine, mut model) = match (builder.build(), Model::new(first)) {
+    let first = LimitsSnapshot {
+        revision: setup.initial_revision,
+        max_concurrent: setup.max_concurrent,
+        max_queue: setup.max_queue,
+        token_budget: budget_limits(setup.budget),
+        classes: table,
+    };
+    let (engine, mut model) = match (
+        builder.build(),
+        Model::with_classes(first, &name_refs, default_class),
+    ) {
         (Ok(e), Ok(m)) => (e, m),
         (Err(e), Err(m)) => return same(0, e, m),
         (e, m) => {
@@ -213,12 +247,21 @@ fn apply_op(
                     input,
                     max_output,
                     high,
+                    class,
                 } => match Reservation::new(input, max_output) {
-                    Ok(r) => Demand::tokens(r).with_priority(if high {
-                        Priority::High
-                    } else {
-                        Priority::Normal
-                    }),
+                    Ok(r) => {
+                        let d = Demand::tokens(r).with_priority(if high {
+                            Priority::High
+                        } else {
+                            Priority::Normal
+                        });
+                        let n = engine.class_names().len();
+                        if n == 0 {
+                            d
+                        } else {
+                            d.in_class(crate::ClassId((usize::from(class) % n) as u8))
+                        }
+                    }
                     Err(_) => return Ok(()),
                 },
                 _ => Demand::slot(),
@@ -227,6 +270,7 @@ fn apply_op(
                 (Ok(a), Ok(h)) => {
                     let model_view = model.admission(h);
                     same(step, Some((a.revision(), a.reservation())), model_view)?;
+                    same(step, Some((a.class(), a.resources())), model.resources(h))?;
                     live.push((a, h));
                 }
                 (Err(e), Err(m)) => same(step, e, m)?,
@@ -309,13 +353,21 @@ fn apply_op(
             max_concurrent,
             max_queue,
             budget,
+            classes,
         } => {
             let cur = engine.limits();
+            let mut table = cur.classes;
+            if let Some(new) = classes {
+                for (i, l) in new.iter().enumerate().take(table.len()) {
+                    table.set(crate::ClassId(i as u8), *l);
+                }
+            }
             let snap = LimitsSnapshot {
                 revision: cur.revision.saturating_add(s),
                 max_concurrent,
                 max_queue,
                 token_budget: budget_limits(budget),
+                classes: table,
             };
             same(step, engine.apply_limits(snap), model.apply_limits(snap))?;
         }
@@ -334,6 +386,13 @@ fn apply_op(
                 Err(()) => same(step, e.is_err(), true)?,
                 Ok(snap) => same(step, e, model.apply_limits(snap))?,
             }
+        }
+        Op::Abandon { pick: p } => {
+            let Some(i) = pick(live, p) else {
+                return Ok(());
+            };
+            let (a, h) = &mut live[i];
+            same(step, a.abandon_borrowed_concurrency(), model.abandon(*h))?;
         }
         Op::Close => {
             engine.close();
@@ -354,11 +413,24 @@ fn apply_op(
 pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
     let mut cur = Cursor(bytes);
     let flags = cur.byte();
+    let max_concurrent = u32::from(cur.byte() % 9);
+    let budget = (flags & 1 == 1).then(|| (cur.tokens(), cur.tokens() / 4));
+    let mut classes = Vec::new();
+    let mut default_class = 0;
+    if flags & 0x08 != 0 {
+        let b = cur.byte();
+        default_class = usize::from(b >> 4);
+        for _ in 0..1 + b % 3 {
+            classes.push(cur.class_limits(budget.is_some()));
+        }
+    }
     let setup = Setup {
-        max_concurrent: u32::from(cur.byte() % 9),
+        max_concurrent,
         max_queue: u32::from(flags >> 4),
-        budget: (flags & 1 == 1).then(|| (cur.tokens(), cur.tokens() / 4)),
+        budget,
         initial_revision: u64::from(flags >> 1 & 3),
+        classes,
+        default_class,
     };
     let mut ops = Vec::new();
     while !cur.0.is_empty() {
@@ -368,6 +440,7 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
                 input: cur.tokens(),
                 max_output: cur.tokens(),
                 high: tag & 0x10 != 0,
+                class: tag >> 5,
             },
             3 => Op::AcquireSlot,
             4 => Op::Report {
@@ -394,8 +467,19 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
                     },
                     max_queue: u32::from(b >> 4 & 3),
                     budget: (tag & 0x10 == 0).then(|| (cur.tokens(), cur.tokens())),
+                    classes: (tag & 0x20 != 0).then(|| {
+                        let has_budget = tag & 0x10 == 0;
+                        [
+                            cur.class_limits(has_budget),
+                            cur.class_limits(has_budget),
+                            cur.class_limits(has_budget),
+                        ]
+                    }),
                 }
             }
+            _ if tag & 0x20 != 0 => Op::Abandon {
+                pick: cur.byte().into(),
+            },
             _ if tag & 0x10 != 0 => Op::SetBudget {
                 budget: cur.tokens(),
             },
@@ -409,6 +493,23 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
 struct Cursor<'a>(&'a [u8]);
 
 impl Cursor<'_> {
+    /// Small class limits: floors 0–3, ceilings absent or 0–5 slots; token fields only with a
+    /// budget (so that most tables are valid).
+    fn class_limits(&mut self, budget: bool) -> ClassLimits {
+        let b = self.byte();
+        let mut l = ClassLimits {
+            protected_concurrent: u32::from(b % 4),
+            max_concurrent: (b & 0x04 != 0).then_some(u32::from((b >> 3) % 6)),
+            ..ClassLimits::default()
+        };
+        if budget {
+            let t = self.byte();
+            l.protected_tokens = u64::from(t % 8) * 100;
+            l.max_tokens = (t & 0x80 != 0).then_some(u64::from((t >> 3) % 16) * 100);
+        }
+        l
+    }
+
     fn byte(&mut self) -> u8 {
         match self.0.split_first() {
             Some((b, rest)) => {

@@ -103,6 +103,7 @@ impl Reservation {
 pub struct Demand {
     reservation: Option<Reservation>,
     priority: Priority,
+    class: Option<crate::ClassId>,
 }
 
 impl Demand {
@@ -160,6 +161,36 @@ impl Demand {
     /// ```
     pub fn priority(&self) -> Priority {
         self.priority
+    }
+
+    /// The same demand in an admission class (otherwise the default class). A
+    /// [`ClassId`](crate::ClassId) belongs to the bulkhead that resolved it; on a bulkhead whose
+    /// table has no such position the demand is decided in that bulkhead's default class.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    /// let b = Bulkhead::builder().max_concurrent(2)
+    ///     .class("batch", ClassLimits { max_concurrent: Some(1), ..Default::default() })
+    ///     .class("interactive", ClassLimits::default()).default_class("interactive").build().unwrap();
+    /// let batch = Demand::slot().in_class(b.class_id("batch").unwrap());
+    /// let a = b.try_acquire(batch).unwrap();
+    /// assert!(b.try_acquire(batch).is_err()); // the batch ceiling
+    /// assert!(b.try_acquire(Demand::slot()).is_ok()); // the default class still fits
+    /// # drop(a);
+    /// ```
+    pub fn in_class(mut self, class: crate::ClassId) -> Self {
+        self.class = Some(class);
+        self
+    }
+
+    /// The class, if one was chosen.
+    ///
+    /// ```
+    /// # use llm_bulkhead::Demand;
+    /// assert_eq!(Demand::slot().class(), None);
+    /// ```
+    pub fn class(&self) -> Option<crate::ClassId> {
+        self.class
     }
 }
 

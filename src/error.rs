@@ -34,6 +34,36 @@ pub enum ConfigProblem {
     MustBeOmitted,
     /// The field needs a token budget, and none is configured.
     NeedsTokenBudget,
+    /// A floor above its own class's ceiling.
+    FloorAboveCeiling {
+        /// The floor.
+        floor: u64,
+        /// The ceiling.
+        ceiling: u64,
+    },
+    /// The floors of all classes add up to more than the global limit.
+    FloorsExceedLimit {
+        /// Σ floors.
+        sum: u64,
+        /// The global limit (`max_concurrent` or the token budget).
+        limit: u64,
+    },
+    /// A snapshot's class table does not have the construction-time classes.
+    ClassCount {
+        /// Classes at construction.
+        expected: usize,
+        /// Classes in the snapshot.
+        got: usize,
+    },
+    /// A problem with one class's limits.
+    Class {
+        /// The class's name.
+        class: String,
+        /// What is wrong.
+        problem: Box<ConfigProblem>,
+    },
+    /// The class table itself is malformed (a name, the default class, the number of classes).
+    ClassTable(&'static str),
 }
 
 /// An invalid configuration or limits snapshot. Nothing was built or installed.
@@ -54,7 +84,33 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.problem {
+        self.describe(f, &self.problem)
+    }
+}
+
+impl ConfigError {
+    fn describe(&self, f: &mut fmt::Formatter<'_>, problem: &ConfigProblem) -> fmt::Result {
+        match problem {
+            ConfigProblem::Class { class, problem } => {
+                write!(f, "admission class {class:?}: ")?;
+                self.describe(f, problem)
+            }
+            ConfigProblem::FloorAboveCeiling { floor, ceiling } => write!(
+                f,
+                "{} = {floor} must be <= the class's ceiling {ceiling}",
+                self.field
+            ),
+            ConfigProblem::FloorsExceedLimit { sum, limit } => write!(
+                f,
+                "{} sum {sum} exceeds the global limit {limit}",
+                self.field
+            ),
+            ConfigProblem::ClassCount { expected, got } => write!(
+                f,
+                "{} must contain exactly the construction-time class keys ({expected}, got {got})",
+                self.field
+            ),
+            ConfigProblem::ClassTable(why) => write!(f, "{}: {why}", self.field),
             ConfigProblem::TooLarge { value, max } => write!(
                 f,
                 "{} = {value} exceeds the largest supported value {max}",
@@ -99,8 +155,8 @@ pub enum ApplyLimitsError {
     StaleRevision {
         /// The revision the snapshot carried.
         attempted: u64,
-        /// The snapshot that stays current.
-        current: LimitsSnapshot,
+        /// The snapshot that stays current (boxed: a snapshot carries the class table).
+        current: Box<LimitsSnapshot>,
     },
     /// The snapshot is invalid.
     Invalid(ConfigError),

@@ -37,7 +37,8 @@
 //!   lock-free or blocking, and the plans for classes and waiters).
 //! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
 //! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
-//! * [`Admission`]: the guard of one admission; usage reports and release.
+//! * [`Admission`]: the guard of one admission; usage reports, release, abandonment.
+//! * [`classes`]: admission classes (floors, ceilings, borrowing from the shared remainder).
 //! * [`model`]: the sequential reference model the engine is tested against.
 //! * `llm` (default `serde` feature): chat requests as gateways receive them, and token
 //!   estimation (naive, model-aware, custom) that turns them into reservations.
@@ -59,6 +60,8 @@
 
 mod admission;
 mod bulkhead;
+pub mod classed;
+pub mod classes;
 pub mod conformance;
 mod demand;
 mod error;
@@ -75,13 +78,21 @@ mod sync;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
 pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange};
+pub use classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
 pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
 pub use id::AdmissionId;
 pub use limits::{BudgetLimits, LimitsSnapshot};
-pub use rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
+pub use rejection::{
+    CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
+    Rejection, SharedAmount, SharedCapacity, TokenCapacity,
+};
 pub use state::{MAX_SLOTS, MAX_TOKENS};
-pub use stats::{RejectCounts, Stats, TokenStats};
+pub use stats::{
+    AbandonCauses, ClassStats, ClassesStats, RejectCounts, SharedStats, SharedTokenStats, Stats,
+    TokenStats,
+};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

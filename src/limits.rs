@@ -24,6 +24,9 @@
 //! CAS, and deciders load the word with `Acquire`, so the slot named by a tag is fully visible
 //! to whoever reads that tag.
 
+use crate::classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+use crate::classes::MAX_CLASSES;
+use crate::classes::{ClassId, ClassLimits, ClassTable};
 use crate::error::{ConfigError, ConfigProblem};
 use crate::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::sync::{fence, AtomicU64, Ordering};
@@ -86,6 +89,9 @@ pub struct LimitsSnapshot {
     pub max_queue: u32,
     /// The token budget, present exactly when the bulkhead was built with one.
     pub token_budget: Option<BudgetLimits>,
+    /// Per-class floors and ceilings, in construction order (empty without classes). Every
+    /// snapshot must carry exactly the construction-time classes.
+    pub classes: ClassTable,
 }
 
 impl LimitsSnapshot {
@@ -137,6 +143,168 @@ impl LimitsSnapshot {
     pub fn with_token_budget(mut self, token_budget: Option<BudgetLimits>) -> Self {
         self.token_budget = token_budget;
         self
+    }
+
+    /// The same snapshot with other limits for one class. A [`ClassId`] the table does not
+    /// have leaves the snapshot unchanged (and the bulkhead that issued it cannot have given
+    /// such an id).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(4).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// let a = b.class_id("a").unwrap();
+    /// let s = b.limits().with_revision(1).with_class(a, ClassLimits { max_concurrent: Some(1), ..Default::default() });
+    /// b.apply_limits(s).unwrap();
+    /// assert_eq!(b.limits().classes.get(a).unwrap().max_concurrent, Some(1));
+    /// ```
+    pub fn with_class(mut self, class: ClassId, limits: ClassLimits) -> Self {
+        self.classes.set(class, limits);
+        self
+    }
+
+    /// Validates everything but staleness: ranges, the budget's shape, and the class rules of
+    /// CONTRACT.md §4 (`names` are the construction-time class names).
+    pub(crate) fn validate(&self, has_budget: bool, names: &[String]) -> Result<(), ConfigError> {
+        self.validate_ranges()?;
+        let shape = |problem| {
+            Err(ConfigError {
+                field: "token_budget",
+                problem,
+            })
+        };
+        match (has_budget, self.token_budget.is_some()) {
+            (true, false) => return shape(ConfigProblem::Required),
+            (false, true) => return shape(ConfigProblem::MustBeOmitted),
+            _ => {}
+        }
+        if !names.is_empty() {
+            // The class-mode words are narrower (`crate::classed`).
+            let mut bounds = vec![(
+                "max_concurrent",
+                u64::from(self.max_concurrent),
+                u64::from(MAX_CLASSED_SLOTS),
+            )];
+            if let Some(b) = self.token_budget {
+                bounds.push(("token_budget.budget", b.budget, MAX_CLASSED_TOKENS));
+                bounds.push((
+                    "token_budget.high_priority_reserve",
+                    b.high_priority_reserve,
+                    MAX_CLASSED_TOKENS,
+                ));
+            }
+            for (field, value, max) in bounds {
+                if value > max {
+                    return Err(ConfigError {
+                        field,
+                        problem: ConfigProblem::TooLarge { value, max },
+                    });
+                }
+            }
+        }
+        if self.classes.len() != names.len() {
+            return Err(ConfigError {
+                field: "classes",
+                problem: ConfigProblem::ClassCount {
+                    expected: names.len(),
+                    got: self.classes.len(),
+                },
+            });
+        }
+        let class_err = |field, i: usize, problem| {
+            Err(ConfigError {
+                field,
+                problem: ConfigProblem::Class {
+                    class: names[i].clone(),
+                    problem: Box::new(problem),
+                },
+            })
+        };
+        for (i, c) in self.classes.iter().enumerate() {
+            for (field, value, max) in [
+                (
+                    "classes.protected_concurrent",
+                    u64::from(c.protected_concurrent),
+                    u64::from(MAX_CLASSED_SLOTS),
+                ),
+                (
+                    "classes.max_concurrent",
+                    c.max_concurrent.map_or(0, u64::from),
+                    u64::from(MAX_CLASSED_SLOTS),
+                ),
+                (
+                    "classes.protected_tokens",
+                    c.protected_tokens,
+                    MAX_CLASSED_TOKENS,
+                ),
+                (
+                    "classes.max_tokens",
+                    c.max_tokens.unwrap_or(0),
+                    MAX_CLASSED_TOKENS,
+                ),
+            ] {
+                if value > max {
+                    return class_err(field, i, ConfigProblem::TooLarge { value, max });
+                }
+            }
+            if let Some(m) = c.max_concurrent {
+                if c.protected_concurrent > m {
+                    return class_err(
+                        "classes.protected_concurrent",
+                        i,
+                        ConfigProblem::FloorAboveCeiling {
+                            floor: c.protected_concurrent.into(),
+                            ceiling: m.into(),
+                        },
+                    );
+                }
+            }
+            if let Some(m) = c.max_tokens {
+                if c.protected_tokens > m {
+                    return class_err(
+                        "classes.protected_tokens",
+                        i,
+                        ConfigProblem::FloorAboveCeiling {
+                            floor: c.protected_tokens,
+                            ceiling: m,
+                        },
+                    );
+                }
+            }
+            if !has_budget {
+                if c.protected_tokens > 0 {
+                    return class_err(
+                        "classes.protected_tokens",
+                        i,
+                        ConfigProblem::NeedsTokenBudget,
+                    );
+                }
+                if c.max_tokens.is_some() {
+                    return class_err("classes.max_tokens", i, ConfigProblem::NeedsTokenBudget);
+                }
+            }
+        }
+        let (sum_c, sum_t) = self.classes.floor_sums();
+        if sum_c > u64::from(self.max_concurrent) {
+            return Err(ConfigError {
+                field: "classes.protected_concurrent",
+                problem: ConfigProblem::FloorsExceedLimit {
+                    sum: sum_c,
+                    limit: self.max_concurrent.into(),
+                },
+            });
+        }
+        if let Some(b) = self.token_budget {
+            if sum_t > b.budget {
+                return Err(ConfigError {
+                    field: "classes.protected_tokens",
+                    problem: ConfigProblem::FloorsExceedLimit {
+                        sum: sum_t,
+                        limit: b.budget,
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Validates field ranges (everything except revision staleness and budget shape).
@@ -207,6 +375,34 @@ struct Slot {
     /// budget (low 32 bits) | eff(normal) (high 32 bits).
     budget: AtomicU64,
     revision: AtomicU64,
+    /// Σ protected_concurrent (16 bits) | Σ protected_tokens (bits 16..49).
+    sums: AtomicU64,
+    /// Per class: floor (16) | ceiling (bits 16..32) | has-ceiling (bit 32) | has-token-ceiling
+    /// (bit 33); then token floor (32) | token ceiling (32).
+    classes: [[AtomicU64; 2]; MAX_CLASSES],
+}
+
+const HAS_MAX_C: u64 = 1 << 32;
+const HAS_MAX_T: u64 = 1 << 33;
+
+/// One class's limits as the class path uses them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HotClass {
+    pub(crate) pc: u64,
+    pub(crate) mc: Option<u64>,
+    pub(crate) pt: u64,
+    pub(crate) mt: Option<u64>,
+}
+
+impl From<ClassLimits> for HotClass {
+    fn from(c: ClassLimits) -> HotClass {
+        HotClass {
+            pc: c.protected_concurrent.into(),
+            mc: c.max_concurrent.map(u64::from),
+            pt: c.protected_tokens,
+            mt: c.max_tokens,
+        }
+    }
 }
 
 /// The ring of packed limits. See the module docs.
@@ -239,6 +435,44 @@ impl Ring {
         );
         slot.budget.store(budget | (eff << 32), Ordering::Relaxed);
         slot.revision.store(snap.revision, Ordering::Relaxed);
+        if !snap.classes.is_empty() {
+            let (sum_c, sum_t) = snap.classes.floor_sums();
+            slot.sums.store(sum_c | (sum_t << 16), Ordering::Relaxed);
+        }
+        for (i, c) in snap.classes.iter().enumerate() {
+            let a = u64::from(c.protected_concurrent)
+                | (u64::from(c.max_concurrent.unwrap_or(0)) << 16)
+                | if c.max_concurrent.is_some() {
+                    HAS_MAX_C
+                } else {
+                    0
+                }
+                | if c.max_tokens.is_some() { HAS_MAX_T } else { 0 };
+            let b = c.protected_tokens | (c.max_tokens.unwrap_or(0) << 32);
+            slot.classes[i][0].store(a, Ordering::Relaxed);
+            slot.classes[i][1].store(b, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads class `k`'s limits from the slot for `tag` (same caveat as [`Ring::read`]).
+    #[inline]
+    pub(crate) fn read_class(&self, tag: usize, k: usize) -> HotClass {
+        let c = &self.slots[tag % RING].classes[k];
+        let a = c[0].load(Ordering::Acquire);
+        let b = c[1].load(Ordering::Acquire);
+        HotClass {
+            pc: a & 0xffff,
+            mc: (a & HAS_MAX_C != 0).then_some((a >> 16) & 0xffff),
+            pt: b & 0xffff_ffff,
+            mt: (a & HAS_MAX_T != 0).then_some(b >> 32),
+        }
+    }
+
+    /// Σ concurrency floors and Σ token floors of the slot for `tag`.
+    #[inline]
+    pub(crate) fn read_sums(&self, tag: usize) -> (u64, u64) {
+        let s = self.slots[tag % RING].sums.load(Ordering::Acquire);
+        (s & 0xffff, s >> 16)
     }
 
     /// Reads the slot for `tag`. The result is meaningful only if the tag is still current

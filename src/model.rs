@@ -9,21 +9,22 @@
 //! ```
 //! use llm_bulkhead::model::Model;
 //! use llm_bulkhead::{Demand, LimitsSnapshot, RejectReason, Reservation};
-//! let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+//! let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
 //! let h = m.try_acquire(Demand::slot()).unwrap();
 //! assert_eq!(m.try_acquire(Demand::slot()).unwrap_err().reason, RejectReason::ConcurrencyLimit);
 //! m.release(h, None).unwrap();
 //! assert_eq!(m.stats().in_flight, 0);
 //! ```
 
+use crate::classes::{ClassView, Resources};
 use crate::demand::{Reconcile, Reservation, Usage};
 use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
 use crate::id::AdmissionId;
-use crate::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
-use crate::stats::{RejectCounts, Stats, TokenStats};
+use crate::limits::HotClass;
+use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
+use crate::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
 use crate::{
-    Demand, LimitsChange, LimitsSnapshot, Priority, ReleaseReport, UsageReport, MAX_SLOTS,
-    MAX_TOKENS,
+    ClassId, Demand, LimitsChange, LimitsSnapshot, Priority, ReleaseReport, UsageReport, MAX_TOKENS,
 };
 use std::collections::BTreeMap;
 
@@ -36,7 +37,7 @@ pub struct Handle(pub u64);
 /// ```
 /// use llm_bulkhead::model::{Handle, Model, ModelError};
 /// use llm_bulkhead::LimitsSnapshot;
-/// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+/// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
 /// assert_eq!(m.release(Handle(7), None), Err(ModelError::UnknownHandle(Handle(7))));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +72,17 @@ struct Held {
     held: u64,
     reported: Option<Usage>,
     sequence: u64,
+    /// Class index and attribution (classes only).
+    class: Option<(usize, Resources)>,
+    abandoned: bool,
+}
+
+/// One class's state in the model.
+#[derive(Clone, Copy, Debug, Default)]
+struct ClassState {
+    in_flight: u64,
+    tokens: u64,
+    totals: ClassTotals,
 }
 
 /// The sequential model of one bulkhead.
@@ -82,6 +94,9 @@ struct Held {
 pub struct Model {
     limits: LimitsSnapshot,
     has_budget: bool,
+    names: Vec<String>,
+    default_class: usize,
+    classes: Vec<ClassState>,
     closed: bool,
     in_flight: u64,
     tokens: u64,
@@ -89,6 +104,7 @@ pub struct Model {
     next: u64,
     admitted: u64,
     released: u64,
+    abandoned: u64,
     rejected: RejectCounts,
     reserved: u64,
     consumed: u64,
@@ -96,48 +112,40 @@ pub struct Model {
     overrun: u64,
 }
 
-fn too_large(field: &'static str, value: u64, max: u64) -> ConfigError {
-    ConfigError {
-        field,
-        problem: ConfigProblem::TooLarge { value, max },
-    }
-}
-
-fn check_ranges(s: &LimitsSnapshot) -> Result<(), ConfigError> {
-    if s.max_concurrent > MAX_SLOTS {
-        return Err(too_large(
-            "max_concurrent",
-            s.max_concurrent.into(),
-            MAX_SLOTS.into(),
-        ));
-    }
-    if let Some(b) = s.token_budget {
-        if b.budget > MAX_TOKENS {
-            return Err(too_large("token_budget.budget", b.budget, MAX_TOKENS));
-        }
-        if b.high_priority_reserve > MAX_TOKENS {
-            return Err(too_large(
-                "token_budget.high_priority_reserve",
-                b.high_priority_reserve,
-                MAX_TOKENS,
-            ));
-        }
-    }
-    Ok(())
-}
-
 impl Model {
-    /// A model whose initial limits are `first` (validated as the builder validates).
+    /// A model without classes whose initial limits are `first` (validated as the builder
+    /// validates).
     ///
     /// # Errors
     /// The same [`ConfigError`] the builder would give.
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
-    /// assert!(Model::new(LimitsSnapshot { revision: 0, max_concurrent: 70_000, max_queue: 0, token_budget: None }).is_err());
+    /// assert!(Model::new(LimitsSnapshot { revision: 0, max_concurrent: 70_000, max_queue: 0, token_budget: None, classes: Default::default() }).is_err());
     /// ```
     pub fn new(first: LimitsSnapshot) -> Result<Model, ConfigError> {
-        check_ranges(&first)?;
+        Model::with_classes(first, &[], 0)
+    }
+
+    /// A model with the class table `names` (limits in `first.classes`, same order) and the
+    /// default class `names[default_class]`.
+    ///
+    /// # Errors
+    /// The same [`ConfigError`] the builder would give for these limits.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::Model, LimitsSnapshot, ClassLimits, Bulkhead};
+    /// let b = Bulkhead::builder().max_concurrent(2).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// let m = Model::with_classes(b.limits(), &["a"], 0).unwrap();
+    /// assert_eq!(m.stats().classes.unwrap().default_class, "a");
+    /// ```
+    pub fn with_classes(
+        first: LimitsSnapshot,
+        names: &[&str],
+        default_class: usize,
+    ) -> Result<Model, ConfigError> {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        first.validate(first.token_budget.is_some(), &names)?;
         if let Some(b) = first.token_budget {
             if b.high_priority_reserve > b.budget {
                 return Err(ConfigError {
@@ -152,6 +160,9 @@ impl Model {
         Ok(Model {
             limits: first,
             has_budget: first.token_budget.is_some(),
+            classes: vec![ClassState::default(); names.len()],
+            names,
+            default_class,
             closed: false,
             in_flight: 0,
             tokens: 0,
@@ -159,6 +170,7 @@ impl Model {
             next: 0,
             admitted: 0,
             released: 0,
+            abandoned: 0,
             rejected: RejectCounts::default(),
             reserved: 0,
             consumed: 0,
@@ -171,14 +183,23 @@ impl Model {
         self.limits.token_budget.map(|b| b.effective(p))
     }
 
-    /// One fail-fast decision (CONTRACT.md §2 rows 0, 1, 6).
+    fn class_limits(&self) -> Vec<HotClass> {
+        self.limits
+            .classes
+            .iter()
+            .map(|l| HotClass::from(*l))
+            .collect()
+    }
+
+    /// One fail-fast decision (CONTRACT.md §2, rows 0–6), with the reference's formulas for
+    /// floor protection (behaviour §4.3).
     ///
     /// # Errors
     /// The [`Rejection`] the engine must give in the same state.
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot, Demand};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 3, max_concurrent: 0, max_queue: 0, token_budget: None }).unwrap();
+    /// let mut m = Model::new(LimitsSnapshot { revision: 3, max_concurrent: 0, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
     /// assert_eq!(m.try_acquire(Demand::slot()).unwrap_err().revision, 3);
     /// ```
     pub fn try_acquire(&mut self, d: Demand) -> Result<Handle, Rejection> {
@@ -186,23 +207,112 @@ impl Model {
             .has_budget
             .then(|| d.reservation().unwrap_or(Reservation::ZERO));
         let r = reservation.map_or(0, |x| x.total());
-        let reason = if self.closed {
-            Some(RejectReason::Shutdown)
-        } else if self
-            .eff(d.priority())
-            .is_some_and(|eff| self.tokens.saturating_add(r) > eff)
-        {
-            Some(RejectReason::BudgetLimit)
-        } else if self.in_flight >= u64::from(self.limits.max_concurrent) {
-            Some(RejectReason::ConcurrencyLimit)
-        } else {
+        let eff = self.eff(d.priority());
+        let classed = !self.names.is_empty();
+        let k = match d.class() {
+            Some(c) if c.index() < self.names.len() => c.index(),
+            _ => self.default_class,
+        };
+        let lims = self.class_limits();
+        let constraint = |c: Constraint| classed.then_some(c);
+        let mut borrow = (false, 0);
+        let refusal: Option<(RejectReason, Option<Constraint>)> = 'decide: {
+            if self.closed {
+                break 'decide Some((RejectReason::Shutdown, None));
+            }
+            if eff.is_some_and(|e| self.tokens.saturating_add(r) > e) {
+                break 'decide Some((RejectReason::BudgetLimit, constraint(Constraint::Global)));
+            }
+            if classed {
+                let c = self.classes[k];
+                let l = lims[k];
+                if l.mt.is_some_and(|mt| c.tokens.saturating_add(r) > mt) {
+                    break 'decide Some((
+                        RejectReason::BudgetLimit,
+                        Some(Constraint::AdmissionClass),
+                    ));
+                }
+                if l.mc.is_some_and(|mc| c.in_flight >= mc) {
+                    break 'decide Some((
+                        RejectReason::ConcurrencyLimit,
+                        Some(Constraint::AdmissionClass),
+                    ));
+                }
+                let sum_pc: u64 = lims.iter().map(|l| l.pc).sum();
+                let sum_pt: u64 = lims.iter().map(|l| l.pt).sum();
+                let borrow_c = c.in_flight >= l.pc;
+                let borrow_t = if r == 0 {
+                    0
+                } else {
+                    r.saturating_sub(l.pt.saturating_sub(c.tokens))
+                };
+                borrow = (borrow_c, borrow_t);
+                // Behaviour §4.3, rule 4.
+                let sc = u64::from(self.limits.max_concurrent).saturating_sub(sum_pc);
+                let prot: u64 = self
+                    .classes
+                    .iter()
+                    .zip(&lims)
+                    .map(|(s, l)| s.in_flight.min(l.pc))
+                    .sum();
+                let shared_before = self.in_flight.saturating_sub(prot);
+                if sum_pc > 0 && borrow_c && shared_before + 1 > sc {
+                    break 'decide Some((
+                        RejectReason::ConcurrencyLimit,
+                        Some(Constraint::AdmissionClassProtection),
+                    ));
+                }
+                // Rule 5.
+                if let Some(e) = eff {
+                    let st = e.saturating_sub(sum_pt);
+                    let prot_t: u64 = self
+                        .classes
+                        .iter()
+                        .zip(&lims)
+                        .map(|(s, l)| s.tokens.min(l.pt))
+                        .sum();
+                    let stu = self.tokens.saturating_sub(prot_t);
+                    if sum_pt > 0 && borrow_t > 0 && stu.saturating_add(borrow_t) > st {
+                        break 'decide Some((
+                            RejectReason::BudgetLimit,
+                            Some(Constraint::AdmissionClassProtection),
+                        ));
+                    }
+                }
+            }
+            if self.in_flight >= u64::from(self.limits.max_concurrent) {
+                break 'decide Some((
+                    RejectReason::ConcurrencyLimit,
+                    constraint(Constraint::Global),
+                ));
+            }
             None
         };
-        if let Some(reason) = reason {
+        if let Some((reason, constraint)) = refusal {
             self.rejected = add_reason(self.rejected, reason);
+            if classed {
+                let t = &mut self.classes[k].totals;
+                t.rejected = add_reason(t.rejected, reason);
+            }
+            let classes = (classed && reason != RejectReason::Shutdown).then(|| {
+                let state: Vec<(u64, u64)> = self
+                    .classes
+                    .iter()
+                    .map(|c| (c.in_flight, c.tokens))
+                    .collect();
+                let view = ClassView {
+                    g: self.in_flight,
+                    t: self.tokens,
+                    classes: &state,
+                    limits: &lims,
+                    max_concurrent: self.limits.max_concurrent.into(),
+                    eff,
+                };
+                Box::new(view.detail(k, &self.names[k], r))
+            });
             return Err(Rejection {
                 reason,
-                constraint: None,
+                constraint,
                 revision: self.limits.revision,
                 detail: CapacityDetail {
                     in_flight: self.in_flight,
@@ -219,6 +329,7 @@ impl Model {
                             requested: r,
                         }
                     }),
+                    classes,
                 },
             });
         }
@@ -228,6 +339,24 @@ impl Model {
         if self.has_budget {
             self.reserved = self.reserved.wrapping_add(r);
         }
+        let class = classed.then(|| {
+            let c = &mut self.classes[k];
+            c.in_flight += 1;
+            c.tokens += r;
+            c.totals.admitted += 1;
+            c.totals.borrowed_admissions += u64::from(borrow.0);
+            if self.has_budget {
+                c.totals.reserved = c.totals.reserved.wrapping_add(r);
+                c.totals.borrowed_tokens = c.totals.borrowed_tokens.wrapping_add(borrow.1);
+            }
+            (
+                k,
+                Resources {
+                    borrowed_concurrency: borrow.0,
+                    borrowed_tokens: borrow.1,
+                },
+            )
+        });
         let h = Handle(self.next);
         self.next += 1;
         self.live.insert(
@@ -238,6 +367,8 @@ impl Model {
                 held: r,
                 reported: None,
                 sequence: 0,
+                class,
+                abandoned: false,
             },
         );
         Ok(h)
@@ -247,7 +378,7 @@ impl Model {
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot, Demand};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 3, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+    /// let mut m = Model::new(LimitsSnapshot { revision: 3, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
     /// let h = m.try_acquire(Demand::slot()).unwrap();
     /// assert_eq!(m.admission(h), Some((3, None)));
     /// ```
@@ -255,15 +386,59 @@ impl Model {
         self.live.get(&h).map(|a| (a.revision, a.reservation))
     }
 
+    /// The class and attribution of a live admission (`None` class without classes).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::Model, LimitsSnapshot, Demand, Resources};
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
+    /// let h = m.try_acquire(Demand::slot()).unwrap();
+    /// assert_eq!(m.resources(h), Some((None, Resources::default())));
+    /// ```
+    pub fn resources(&self, h: Handle) -> Option<(Option<ClassId>, Resources)> {
+        self.live.get(&h).map(|a| match a.class {
+            Some((k, res)) => (Some(ClassId(k as u8)), res),
+            None => (None, Resources::default()),
+        })
+    }
+
     /// Handles of the live admissions, oldest first.
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
-    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
     /// assert!(m.live().is_empty());
     /// ```
     pub fn live(&self) -> Vec<Handle> {
         self.live.keys().copied().collect()
+    }
+
+    /// `abandon_borrowed_concurrency` on a live admission.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::Model, LimitsSnapshot, Demand, Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// let mut m = Model::with_classes(b.limits(), &["a"], 0).unwrap();
+    /// let h = m.try_acquire(Demand::slot()).unwrap();
+    /// assert!(m.abandon(h));
+    /// assert!(!m.abandon(h));
+    /// ```
+    pub fn abandon(&mut self, h: Handle) -> bool {
+        let Some(a) = self.live.get_mut(&h) else {
+            return false;
+        };
+        let Some((k, res)) = a.class else {
+            return false;
+        };
+        if a.abandoned || !res.borrowed_concurrency {
+            return false;
+        }
+        a.abandoned = true;
+        self.in_flight -= 1;
+        self.abandoned += 1;
+        let c = &mut self.classes[k];
+        c.in_flight -= 1;
+        c.totals.abandoned += 1;
+        true
     }
 
     /// A usage report on a live admission (CONTRACT.md §5). The report's `admission_id` is
@@ -276,7 +451,7 @@ impl Model {
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot, BudgetLimits, Demand, Reservation, Usage};
     /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0,
-    ///     token_budget: Some(BudgetLimits { budget: 2_400, high_priority_reserve: 0 }) }).unwrap();
+    ///     token_budget: Some(BudgetLimits { budget: 2_400, high_priority_reserve: 0 }), classes: Default::default() }).unwrap();
     /// let h = m.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
     /// assert_eq!(m.report_usage(h, Usage::new(100, 1_400), None).unwrap().held, 1_500);
     /// ```
@@ -319,20 +494,41 @@ impl Model {
                     .map_err(|_| overflow("hold"))?,
             };
         }
+        let class = a.class.map(|(k, _)| k);
         if hold > a.held {
-            let grown = self.tokens as u128 + (hold - a.held) as u128;
-            if grown > MAX_TOKENS as u128 {
-                return Err(UsageError::HoldTooLarge {
-                    hold,
-                    max: MAX_TOKENS,
+            let delta = hold - a.held;
+            // With classes the bound is on V = Σ max(tokens_k, protected_tokens_k), as the
+            // engine stores it (`crate::classed::MAX_CLASSED_HOLD`).
+            let (used, max) = match class {
+                None => (self.tokens, MAX_TOKENS),
+                Some(_) => {
+                    let v: u64 = self
+                        .classes
+                        .iter()
+                        .zip(self.limits.classes.iter())
+                        .map(|(c, l)| c.tokens.max(l.protected_tokens))
+                        .sum();
+                    (v, crate::classed::MAX_CLASSED_HOLD)
                 }
-                .into());
+            };
+            if used as u128 + delta as u128 > max as u128 {
+                return Err(UsageError::HoldTooLarge { hold, max }.into());
             }
-            self.overrun = self.overrun.wrapping_add(hold - a.held);
-            self.tokens = grown as u64;
+            self.overrun = self.overrun.wrapping_add(delta);
+            self.tokens += delta;
+            if let Some(k) = class {
+                self.classes[k].tokens += delta;
+                self.classes[k].totals.overrun = self.classes[k].totals.overrun.wrapping_add(delta);
+            }
         } else {
-            self.refunded = self.refunded.wrapping_add(a.held - hold);
-            self.tokens -= a.held - hold;
+            let delta = a.held - hold;
+            self.refunded = self.refunded.wrapping_add(delta);
+            self.tokens -= delta;
+            if let Some(k) = class {
+                self.classes[k].tokens -= delta;
+                self.classes[k].totals.refunded =
+                    self.classes[k].totals.refunded.wrapping_add(delta);
+            }
         }
         let changed = a.reported != Some(clamped) || hold != a.held;
         let sequence = a.sequence + u64::from(changed);
@@ -369,7 +565,7 @@ impl Model {
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot, Demand, Usage};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
     /// let h = m.try_acquire(Demand::slot()).unwrap();
     /// assert_eq!(m.release(h, Some(Usage::new(3, 4))).unwrap().consumed, Some(7));
     /// ```
@@ -389,7 +585,9 @@ impl Model {
         };
         let effective = usage.or(a.reported);
         let consumed = effective.and_then(|u| u.total());
-        self.in_flight -= 1;
+        if !a.abandoned {
+            self.in_flight -= 1;
+        }
         self.tokens -= a.held;
         self.released += 1;
         let refunded = match (a.reservation, consumed) {
@@ -398,6 +596,16 @@ impl Model {
         };
         self.consumed = self.consumed.wrapping_add(consumed.unwrap_or(0));
         self.refunded = self.refunded.wrapping_add(refunded);
+        if let Some((k, _)) = a.class {
+            let c = &mut self.classes[k];
+            if !a.abandoned {
+                c.in_flight -= 1;
+            }
+            c.tokens -= a.held;
+            c.totals.released += 1;
+            c.totals.consumed = c.totals.consumed.wrapping_add(consumed.unwrap_or(0));
+            c.totals.refunded = c.totals.refunded.wrapping_add(refunded);
+        }
         Ok(ReleaseReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
@@ -417,7 +625,7 @@ impl Model {
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
-    /// let s = LimitsSnapshot { revision: 1, max_concurrent: 1, max_queue: 0, token_budget: None };
+    /// let s = LimitsSnapshot { revision: 1, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() };
     /// let mut m = Model::new(s).unwrap();
     /// assert!(m.apply_limits(s).is_err()); // stale
     /// assert!(m.apply_limits(s.with_revision(2)).is_ok());
@@ -426,22 +634,10 @@ impl Model {
         if next.revision <= self.limits.revision {
             return Err(ApplyLimitsError::StaleRevision {
                 attempted: next.revision,
-                current: self.limits,
+                current: Box::new(self.limits),
             });
         }
-        check_ranges(&next)?;
-        let problem = match (self.has_budget, next.token_budget.is_some()) {
-            (true, false) => Some(ConfigProblem::Required),
-            (false, true) => Some(ConfigProblem::MustBeOmitted),
-            _ => None,
-        };
-        if let Some(problem) = problem {
-            return Err(ConfigError {
-                field: "token_budget",
-                problem,
-            }
-            .into());
-        }
+        next.validate(self.has_budget, &self.names)?;
         let previous = std::mem::replace(&mut self.limits, next);
         Ok(LimitsChange {
             previous,
@@ -453,7 +649,7 @@ impl Model {
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None }).unwrap();
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
     /// m.close();
     /// assert!(m.stats().closed);
     /// ```
@@ -465,10 +661,16 @@ impl Model {
     ///
     /// ```
     /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
-    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 2, max_queue: 0, token_budget: None }).unwrap();
+    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 2, max_queue: 0, token_budget: None, classes: Default::default() }).unwrap();
     /// assert_eq!(m.stats().available_slots, 2);
     /// ```
     pub fn stats(&self) -> Stats {
+        let state: Vec<(u64, u64)> = self
+            .classes
+            .iter()
+            .map(|c| (c.in_flight, c.tokens))
+            .collect();
+        let totals: Vec<ClassTotals> = self.classes.iter().map(|c| c.totals).collect();
         Stats {
             limits: self.limits,
             closed: self.closed,
@@ -490,18 +692,25 @@ impl Model {
                 total_refunded: self.refunded,
                 total_overrun: self.overrun,
             }),
+            borrowed_concurrency_abandoned: self.abandoned,
+            borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
+                manual: self.abandoned,
+                deadline: 0,
+            },
+            classes: crate::stats::classes_stats(
+                &self.limits,
+                &self.names,
+                self.default_class,
+                &state,
+                self.in_flight,
+                self.tokens,
+                &totals,
+            ),
         }
     }
 }
 
 fn add_reason(mut c: RejectCounts, reason: RejectReason) -> RejectCounts {
-    match reason {
-        RejectReason::ConcurrencyLimit => c.concurrency_limit += 1,
-        RejectReason::QueueLimit => c.queue_limit += 1,
-        RejectReason::BudgetLimit => c.budget_limit += 1,
-        RejectReason::Timeout => c.timeout += 1,
-        RejectReason::Aborted => c.aborted += 1,
-        RejectReason::Shutdown => c.shutdown += 1,
-    }
+    *c.slot(reason) += 1;
     c
 }

@@ -129,7 +129,7 @@ pub struct TokenCapacity {
 /// let d = b.try_acquire(Demand::slot()).unwrap_err().detail;
 /// assert_eq!((d.in_flight, d.max_concurrent), (0, 0));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CapacityDetail {
     /// Slots in use.
@@ -142,6 +142,92 @@ pub struct CapacityDetail {
     pub max_queue: u64,
     /// The budget numbers, when a budget is configured.
     pub token_budget: Option<TokenCapacity>,
+    /// The shared remainder and the class's own numbers, when classes are configured.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub classes: Option<Box<ClassDetail>>,
+}
+
+/// Capacity a class decision saw: the shared remainder and the class's own numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ClassDetail {
+    /// The shared remainder (`max_concurrent − Σ floors`, and for tokens `eff − Σ token floors`).
+    pub shared: SharedCapacity,
+    /// The class's own numbers.
+    pub class: ClassCapacity,
+}
+
+/// The shared remainder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SharedCapacity {
+    /// Shared slots.
+    pub concurrency: SharedAmount,
+    /// Shared tokens (with a budget; capacity uses the demand's effective budget).
+    pub token_budget: Option<SharedAmount>,
+}
+
+/// One resource of the shared remainder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SharedAmount {
+    /// Capacity of the remainder.
+    pub capacity: u64,
+    /// Borrowed by all classes.
+    pub in_use: u64,
+    /// `max(0, capacity − in_use)`.
+    pub available: u64,
+    /// What this demand would borrow.
+    pub requested_borrowed: u64,
+}
+
+/// A class's own numbers in a refusal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ClassCapacity {
+    /// The class.
+    pub id: String,
+    /// Admissions of the class holding a slot.
+    pub in_flight: u64,
+    /// Its concurrency floor.
+    pub protected_concurrent: u64,
+    /// `min(in_flight, floor)`.
+    pub protected_concurrent_in_use: u64,
+    /// `in_flight − protected in use`.
+    pub borrowed_concurrent: u64,
+    /// `max(0, floor − in_flight)`.
+    pub available_protected_concurrent: u64,
+    /// Its concurrency ceiling.
+    pub max_concurrent: Option<u64>,
+    /// `max(0, ceiling − in_flight)`.
+    pub available_concurrent: Option<u64>,
+    /// Token numbers, with a budget.
+    pub token_budget: Option<ClassTokenCapacity>,
+}
+
+/// A class's token numbers in a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ClassTokenCapacity {
+    /// Tokens the class holds.
+    pub in_flight_tokens: u64,
+    /// Its token floor.
+    pub protected_tokens: u64,
+    /// `min(tokens, floor)`.
+    pub protected_tokens_in_use: u64,
+    /// `tokens − protected in use`.
+    pub borrowed_tokens: u64,
+    /// `max(0, floor − tokens)`.
+    pub available_protected_tokens: u64,
+    /// Its token ceiling.
+    pub max_tokens: Option<u64>,
+    /// `max(0, ceiling − tokens)`.
+    pub available: Option<u64>,
+    /// The demand's reservation.
+    pub requested: u64,
 }
 
 /// A refused demand. Implements [`std::error::Error`] and, with the default `serde` feature,

@@ -50,6 +50,18 @@ pub(crate) struct Shared {
     pub(crate) has_budget: bool,
     /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
     pub(crate) id_prefix: u128,
+    /// One word per admission class, `[class in flight:15][class tokens:48]` (see
+    /// [`crate::state`]); empty without classes.
+    pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
+    /// Class names, in construction order.
+    pub(crate) class_names: Box<[String]>,
+    /// The class of demands that name none.
+    pub(crate) default_class: usize,
+    /// Whether the bulkhead has classes (then `word` is the shared word of
+    /// [`crate::classed`] and class slots keep this state alive).
+    pub(crate) classed: bool,
+    /// Owners left once detached (class mode only, see `crate::classed`, "Lifetime").
+    pub(crate) alive: AtomicUsize,
 }
 
 const _: () = {
@@ -79,15 +91,37 @@ unsafe impl Send for Handle {}
 unsafe impl Sync for Handle {}
 
 impl Handle {
-    pub(crate) fn new(ring: Ring, canonical: Canonical, has_budget: bool) -> Handle {
+    pub(crate) fn new(
+        ring: Ring,
+        canonical: Canonical,
+        has_budget: bool,
+        class_names: Vec<String>,
+        default_class: usize,
+    ) -> Handle {
+        let class_words = class_names
+            .iter()
+            .map(|_| CachePadded::new(AtomicU64::new(crate::classed::initial_class_word(0))))
+            .collect();
+        let classed = !class_names.is_empty();
+        // With classes the word holds U and V, which start at the floor sums.
+        let first_word = if classed {
+            crate::classed::initial_shared_word(&canonical.current)
+        } else {
+            0
+        };
         let shared = Shared {
-            word: CachePadded::new(AtomicU64::new(0)),
+            word: CachePadded::new(AtomicU64::new(first_word)),
             handles: CachePadded::new(AtomicUsize::new(1)),
             ring,
             counters: Stripes::new(),
             reconfig: Mutex::new(canonical),
             has_budget,
             id_prefix: crate::id::prefix(),
+            class_words,
+            class_names: class_names.into_boxed_slice(),
+            default_class,
+            classed,
+            alive: AtomicUsize::new(0),
         };
         Handle(NonNull::from(Box::leak(Box::new(shared))))
     }
@@ -127,6 +161,15 @@ impl Drop for Handle {
         if self.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        if self.classed {
+            if crate::classed::detach(self) {
+                // SAFETY: the last handle is gone and every class word was empty (or emptied
+                // and counted down) with no pending return; we are the unique freer
+                // (`crate::classed`, "Lifetime").
+                unsafe { free(self.0) }
+            }
+            return;
+        }
         let prev = Word(self.word.fetch_or(DETACHED, Ordering::AcqRel));
         if prev.slots() == 0 {
             // SAFETY: the last handle is gone and no admission holds a slot; any admission
@@ -157,8 +200,46 @@ impl SlotRef {
         unsafe { self.0.as_ref() }
     }
 
+    /// A new handle, only while some handle is still alive (the count never climbs back from
+    /// zero, which is what makes the `DETACHED` decision final).
+    pub(crate) fn try_pin(&self) -> Option<Handle> {
+        let handles = &self.get().handles;
+        let mut n = handles.load(Ordering::Relaxed);
+        loop {
+            if n == 0 {
+                return None;
+            }
+            match handles.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(Handle(self.0)),
+                Err(actual) => n = actual,
+            }
+        }
+    }
+
+    /// The handle that a successful [`SlotRef::try_pin`] counted for this admission and that
+    /// was forgotten at abandonment.
+    ///
+    /// # Safety
+    /// Such a counted, forgotten handle exists and has not been turned back yet.
+    pub(crate) unsafe fn into_pinned_handle(self) -> Handle {
+        Handle(self.0)
+    }
+
     /// Returns the slot and `tokens` held tokens in one `fetch_sub`, and frees the state if
     /// this was the last owner. Nothing may touch the state after this.
+    /// Returns a class slot of class `k` and `tokens` held tokens (class mode), and frees the
+    /// state if this was the last owner. Nothing may touch the state after this.
+    #[inline(never)]
+    pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
+        if crate::classed::release(self.get(), k, tokens) && crate::classed::count_down(self.get())
+        {
+            // SAFETY: this release emptied a detached class word, and `alive` reached zero:
+            // every other class word is empty and the last handle is gone. We are the unique
+            // freer (`crate::classed`, "Lifetime").
+            unsafe { free(self.0) }
+        }
+    }
+
     #[inline]
     pub(crate) fn return_slot(self, tokens: u64) {
         let prev = Word(

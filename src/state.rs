@@ -38,6 +38,9 @@
 //! | `release`, `drop(Admission)` | wait-free | one `fetch_sub` of the slot and the hold, which also decides whether this was the last owner of the shared state. |
 //! | `report_usage` shrinking a hold | wait-free | one `fetch_sub`. |
 //! | `report_usage` growing a hold | lock-free | a CAS loop whose only check is that `T` stays within the field. |
+//! | `try_acquire` with classes | lock-free | a CAS on the class word, a collect of the class words when borrowing, a CAS on this word; a failed step is undone with one `fetch_sub` and retried only when another thread changed a word or the limits. |
+//! | `release` with classes | lock-free | within the class's floors: a CAS on the class word (retried only when another thread changed it), then one `fetch_sub`; otherwise a pin CAS on the handle count, two `fetch_sub`s and the unpin. |
+//! | `abandon_borrowed_concurrency` | lock-free | a CAS loop on the handle count (the pin), then two `fetch_sub`s. |
 //! | `close` | wait-free | one `fetch_or`. |
 //! | `stats`, `limits` | blocking, briefly | both copy the canonical snapshot under the reconfiguration lock (held only by `apply_limits`, for microseconds); `stats` then reads the word and every thread's counters without locking. Neither is on a decision path. |
 //! | `apply_limits` | blocking among reconfigurers only | serialised by a mutex; never blocks a decider. It writes a fresh ring slot, then bumps the tag with a CAS loop (lock-free against deciders). |
@@ -64,40 +67,50 @@
 //! plane installing limits continuously at full speed during that window. The same bound is the
 //! classic argument for tagged words; it is stated here rather than hidden.
 //!
-//! # Plan for admission classes (the classes issue builds this; nothing here changes)
+//! # Admission classes
 //!
-//! Classes add one 64-bit word per class, `[class tokens:32][class in flight:15]`, and no
-//! other shared word. This word stays as it is (it still carries `G`, `T`, the tag and the
-//! flags), so the no-class fast path never pays for classes, and the class limits (floors,
-//! ceilings, `Σ floors`) are stored in the same ring slots as the global limits, so one tag
-//! names one coherent snapshot of everything.
+//! Classes add one 64-bit word per class, `[class in flight:15][class tokens:48]`
+//! (`src/classes.rs`), and no other shared word. This word stays as it is (it still carries `G`,
+//! `T`, the tag and the flags), so the no-class fast path never pays for classes, and the class
+//! limits (floors, ceilings, `Σ floors`) live in the same ring slots as the global limits, so one
+//! tag names one coherent snapshot of everything.
 //!
 //! `U = Σ max(in_flight_k, protected_concurrent_k)` and `V = Σ max(tokens_k, protected_tokens_k)`
 //! (CONTRACT.md §4) are **not stored**: they depend on the floors, and a stored copy would have
 //! to be recomputed, consistently with concurrent admissions and releases, whenever a snapshot
-//! changes a floor. A decision for class `k` instead runs:
+//! changes a floor. A decision for class `k` (`Bulkhead::try_acquire_classed`) instead runs:
 //!
-//! 1. load this word (tag `t`, closed, `T`): the cheap early refusals (rows 0 and 1);
+//! 1. load this word (tag `t`, closed, `T`): the early refusals of rows 0 and 1;
 //! 2. CAS the class word (rows 2 and 3, the ceilings), tentatively taking one class slot and
 //!    `r` class tokens; the class state it replaced says exactly whether the slot is borrowed
 //!    (`in_flight_k ≥ protected_concurrent_k`) and how many tokens are borrowed;
-//! 3. only when something is borrowed: load every class word (`SeqCst`, like the CAS in step 2)
-//!    and compute `U` and `V` with the floors of snapshot `t` (rows 4 and 5);
+//! 3. only when something is borrowed and a floor exists: load every class word (`SeqCst`, like
+//!    the CAS in step 2) and check `U ≤ max_concurrent` and `V ≤ eff(priority)` with the floors
+//!    of snapshot `t` (rows 4 and 5; our own tentative increment is included);
 //! 4. CAS this word expecting tag `t` (rows 0, 1 and 6 again, atomically with the commit).
 //!
-//! A failure after step 2 undoes the class CAS with an unconditional `fetch_sub`. Safety of the
-//! floors follows the store-then-load (Dekker) argument: of any two concurrent borrowers, the one
-//! whose class CAS comes later in the `SeqCst` order sees the other's increment in step 3; so the
-//! last successful borrower saw every other successful borrower, and `U + 1 ≤ max_concurrent`
-//! held with all of them counted. A floor change needs no recount at all: step 4 fails when the
-//! tag moved, and the retry uses the new floors. Releases decrement the class word, then this
-//! word (the last `fetch_sub` may free the state, see `src/shared.rs`); both are wait-free.
+//! A failure after step 2 undoes the class CAS with an unconditional `fetch_sub` and retries (a
+//! moved tag) or refuses. Safety of the floors follows the store-then-load (Dekker) argument: of
+//! any two concurrent borrowers, the one whose class CAS comes later in the `SeqCst` order sees
+//! the other's increment in step 3; so the last successful borrower saw every other successful
+//! borrower, and `U ≤ max_concurrent` held with all of them counted. A floor change needs no
+//! recount at all: step 4 fails when the tag moved, and the retry uses the new floors.
+//! Increases reach the class word first (admissions, usage growth) and decreases reach this
+//! word first (abandonment, usage shrinkage, releases), so a borrower's collect never counts
+//! less class usage than this word is about to hold; otherwise a borrower could commit into
+//! capacity that a release has returned to its class word but not yet to this word, and lend
+//! another class's idle floor (loom found exactly that). A release has a constraint of its own:
+//! its `fetch_sub` on this word may free the state (`src/shared.rs`), so it must be its last
+//! step. A release whose class is within its floors (its slot and tokens are not part of `U`
+//! or `V`) therefore goes class word first, by a CAS that checks exactly that; any other release
+//! pins the handle count (`SlotRef::try_pin`) so that this word can go first, and drops the pin
+//! last. The pin costs two RMWs on the handle count, paid only by releases of borrowed capacity.
 //!
 //! The price is precision under races: two borrowers that see each other's tentative increments
 //! may both refuse although one of them fitting was possible (CONTRACT.md §10 allows this if it
-//! is documented and measured). The classes issue measures the rate against the sequential
-//! model under stress, and can drive it toward zero by re-collecting while a tentative increment
-//! that decides the outcome is still unresolved (a bounded wait for another thread's next CAS).
+//! is documented and measured; `tests/stress_classes.rs` measures the rate). Sequentially the
+//! decisions are exactly the reference's (the property tests compare them with `model.rs`,
+//! which uses the reference's own formulas for rules 4 and 5).
 //!
 //! `abandon_borrowed_concurrency` returns the class slot and the global slot but keeps the token
 //! hold, so the abandoned admission no longer holds the slot that keeps the shared state alive:

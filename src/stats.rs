@@ -31,6 +31,28 @@ pub(crate) struct Counters {
     pub(crate) total_consumed: Stripe,
     pub(crate) total_refunded: Stripe,
     pub(crate) total_overrun: Stripe,
+    /// Borrowed slots abandoned (cause `manual`).
+    pub(crate) abandoned: Stripe,
+    /// Releases of abandoned admissions.
+    pub(crate) abandoned_settled: Stripe,
+    pub(crate) classes: [ClassCounters; crate::classes::MAX_CLASSES],
+}
+
+/// One thread's counters for one class.
+#[derive(Default)]
+pub(crate) struct ClassCounters {
+    pub(crate) admitted: Stripe,
+    /// Releases of abandoned admissions of this class (other releases are derived:
+    /// `admitted − in flight − abandoned and not yet released`, so a release books nothing).
+    pub(crate) abandoned_settled: Stripe,
+    pub(crate) rejected: [Stripe; 6],
+    pub(crate) reserved: Stripe,
+    pub(crate) consumed: Stripe,
+    pub(crate) refunded: Stripe,
+    pub(crate) overrun: Stripe,
+    pub(crate) borrowed_admissions: Stripe,
+    pub(crate) borrowed_tokens: Stripe,
+    pub(crate) abandoned: Stripe,
 }
 
 impl Counters {
@@ -95,7 +117,7 @@ impl RejectCounts {
         RejectReason::ALL.iter().map(|r| self.get(*r)).sum()
     }
 
-    fn slot(&mut self, reason: RejectReason) -> &mut u64 {
+    pub(crate) fn slot(&mut self, reason: RejectReason) -> &mut u64 {
         match reason {
             RejectReason::ConcurrencyLimit => &mut self.concurrency_limit,
             RejectReason::QueueLimit => &mut self.queue_limit,
@@ -174,11 +196,209 @@ pub struct Stats {
     pub rejected_by_reason: RejectCounts,
     /// Token statistics, when a budget is configured.
     pub token_budget: Option<TokenStats>,
+    /// Borrowed slots returned early by `abandon_borrowed_concurrency`, all causes.
+    pub borrowed_concurrency_abandoned: u64,
+    /// The same, split by cause.
+    pub borrowed_concurrency_abandoned_by_cause: AbandonCauses,
+    /// Class statistics, when classes are configured.
+    pub classes: Option<ClassesStats>,
+}
+
+/// Abandoned borrowed slots by cause: `manual` (the application called
+/// `abandon_borrowed_concurrency`) or `deadline` (a lease set by `run` expired; `run` comes with
+/// the LLM layer, so this count is 0 for now).
+///
+/// ```
+/// use llm_bulkhead::AbandonCauses;
+/// assert_eq!(AbandonCauses::default().manual, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AbandonCauses {
+    /// Abandoned by the application.
+    pub manual: u64,
+    /// Abandoned when a borrowed-concurrency deadline expired.
+    pub deadline: u64,
+}
+
+/// Statistics of the class table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ClassesStats {
+    /// The default class.
+    pub default_class: String,
+    /// The shared remainder.
+    pub shared: SharedStats,
+    /// Per class, in construction order.
+    pub classes: Vec<ClassStats>,
+}
+
+/// The shared remainder (`max_concurrent − Σ floors`; tokens: `B − Σ token floors`, raw budget
+/// as in the reference).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SharedStats {
+    /// Shared slots.
+    pub max_concurrent: u64,
+    /// Borrowed slots in use.
+    pub in_flight: u64,
+    /// `max(0, max_concurrent − in_flight)`.
+    pub available_concurrent: u64,
+    /// Shared tokens, with a budget.
+    pub token_budget: Option<SharedTokenStats>,
+}
+
+/// Shared tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct SharedTokenStats {
+    /// `max(0, B − Σ token floors)`.
+    pub budget: u64,
+    /// Borrowed tokens held.
+    pub in_flight_tokens: u64,
+    /// `max(0, budget − in_flight_tokens)`.
+    pub available: u64,
+}
+
+/// One class's statistics (reference §10.3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ClassStats {
+    /// The class.
+    pub name: String,
+    /// Its current limits.
+    pub limits: crate::ClassLimits,
+    /// Admissions holding a slot of this class.
+    pub in_flight: u64,
+    /// `min(in_flight, floor)`.
+    pub protected_concurrent_in_use: u64,
+    /// `in_flight − protected in use`.
+    pub borrowed_concurrent: u64,
+    /// Tokens held by the class.
+    pub in_flight_tokens: u64,
+    /// `min(tokens, token floor)`.
+    pub protected_tokens_in_use: u64,
+    /// `tokens − protected in use`.
+    pub borrowed_in_flight_tokens: u64,
+    /// Admissions.
+    pub admitted: u64,
+    /// Releases.
+    pub released: u64,
+    /// Borrowed slots abandoned.
+    pub borrowed_concurrency_abandoned: u64,
+    /// Refusals.
+    pub rejected: u64,
+    /// Refusals by reason.
+    pub rejected_by_reason: RejectCounts,
+    /// Σ reservations at admission (0 without a budget).
+    pub total_reserved: u64,
+    /// Σ consumption at release.
+    pub total_consumed: u64,
+    /// Tokens refunded (reports and releases).
+    pub total_refunded: u64,
+    /// Hold growth from reports.
+    pub total_overrun: u64,
+    /// Admissions whose slot was borrowed.
+    pub total_borrowed_admissions: u64,
+    /// Σ borrowed tokens at admission.
+    pub total_borrowed_tokens_reserved: u64,
+}
+
+/// Per-class event totals, summed over threads (or kept by the model).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ClassTotals {
+    pub(crate) admitted: u64,
+    pub(crate) released: u64,
+    pub(crate) rejected: RejectCounts,
+    pub(crate) reserved: u64,
+    pub(crate) consumed: u64,
+    pub(crate) refunded: u64,
+    pub(crate) overrun: u64,
+    pub(crate) borrowed_admissions: u64,
+    pub(crate) borrowed_tokens: u64,
+    pub(crate) abandoned: u64,
+    /// Engine only: releases of abandoned admissions (the engine derives `released`).
+    pub(crate) abandoned_settled: u64,
+}
+
+/// Builds the class block from state (`(in flight, tokens)` per class, global slots and tokens)
+/// and totals.
+pub(crate) fn classes_stats(
+    limits: &crate::LimitsSnapshot,
+    names: &[String],
+    default_class: usize,
+    state: &[(u64, u64)],
+    g: u64,
+    t: u64,
+    totals: &[ClassTotals],
+) -> Option<ClassesStats> {
+    if names.is_empty() {
+        return None;
+    }
+    let (sum_pc, sum_pt) = limits.classes.floor_sums();
+    let mut prot_c = 0;
+    let mut prot_t = 0;
+    let classes = limits
+        .classes
+        .iter()
+        .zip(names)
+        .zip(state.iter().zip(totals))
+        .map(|((l, name), (&(i, tok), tt))| {
+            let pc = i.min(u64::from(l.protected_concurrent));
+            let pt = tok.min(l.protected_tokens);
+            prot_c += pc;
+            prot_t += pt;
+            ClassStats {
+                name: name.clone(),
+                limits: *l,
+                in_flight: i,
+                protected_concurrent_in_use: pc,
+                borrowed_concurrent: i - pc,
+                in_flight_tokens: tok,
+                protected_tokens_in_use: pt,
+                borrowed_in_flight_tokens: tok - pt,
+                admitted: tt.admitted,
+                released: tt.released,
+                borrowed_concurrency_abandoned: tt.abandoned,
+                rejected: tt.rejected.total(),
+                rejected_by_reason: tt.rejected,
+                total_reserved: tt.reserved,
+                total_consumed: tt.consumed,
+                total_refunded: tt.refunded,
+                total_overrun: tt.overrun,
+                total_borrowed_admissions: tt.borrowed_admissions,
+                total_borrowed_tokens_reserved: tt.borrowed_tokens,
+            }
+        })
+        .collect();
+    let sc = u64::from(limits.max_concurrent).saturating_sub(sum_pc);
+    let su = g.saturating_sub(prot_c);
+    Some(ClassesStats {
+        default_class: names[default_class].clone(),
+        shared: SharedStats {
+            max_concurrent: sc,
+            in_flight: su,
+            available_concurrent: sc.saturating_sub(su),
+            token_budget: limits.token_budget.map(|b| {
+                let budget = b.budget.saturating_sub(sum_pt);
+                let used = t.saturating_sub(prot_t);
+                SharedTokenStats {
+                    budget,
+                    in_flight_tokens: used,
+                    available: budget.saturating_sub(used),
+                }
+            }),
+        },
+        classes,
+    })
 }
 
 /// Sums of every thread's counters.
 #[derive(Default)]
 pub(crate) struct Totals {
+    pub(crate) abandoned: u64,
+    pub(crate) abandoned_settled: u64,
+    pub(crate) classes: [ClassTotals; crate::classes::MAX_CLASSES],
     pub(crate) admitted: u64,
     pub(crate) rejected: RejectCounts,
     pub(crate) total_reserved: u64,
@@ -188,7 +408,8 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    pub(crate) fn add(&mut self, c: &Counters) {
+    /// Adds one thread's counters; only the first `classes` class blocks are read.
+    pub(crate) fn add(&mut self, c: &Counters, classes: usize) {
         fn acc(sum: &mut u64, s: &Stripe) {
             *sum = sum.wrapping_add(s.get());
         }
@@ -200,5 +421,21 @@ impl Totals {
         acc(&mut self.total_consumed, &c.total_consumed);
         acc(&mut self.total_refunded, &c.total_refunded);
         acc(&mut self.total_overrun, &c.total_overrun);
+        acc(&mut self.abandoned, &c.abandoned);
+        acc(&mut self.abandoned_settled, &c.abandoned_settled);
+        for (t, cc) in self.classes.iter_mut().zip(&c.classes).take(classes) {
+            acc(&mut t.admitted, &cc.admitted);
+            acc(&mut t.abandoned_settled, &cc.abandoned_settled);
+            for r in RejectReason::ALL {
+                acc(t.rejected.slot(r), &cc.rejected[r.index()]);
+            }
+            acc(&mut t.reserved, &cc.reserved);
+            acc(&mut t.consumed, &cc.consumed);
+            acc(&mut t.refunded, &cc.refunded);
+            acc(&mut t.overrun, &cc.overrun);
+            acc(&mut t.borrowed_admissions, &cc.borrowed_admissions);
+            acc(&mut t.borrowed_tokens, &cc.borrowed_tokens);
+            acc(&mut t.abandoned, &cc.abandoned);
+        }
     }
 }

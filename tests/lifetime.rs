@@ -137,3 +137,45 @@ fn counters_from_many_threads_sum_exactly() {
         (80 * N as u64, 40 * N as u64, 40 * N as u64)
     );
 }
+
+#[test]
+fn class_admissions_pin_and_settle_after_every_handle_is_gone() {
+    // Borrowed releases pin the handle count while the global word goes first; abandonment
+    // pins until release. Here handles disappear while such admissions are live.
+    use llm_bulkhead::ClassLimits;
+    for _ in 0..N {
+        let b = Bulkhead::builder()
+            .max_concurrent(4)
+            .token_budget(1_000)
+            .class(
+                "p",
+                ClassLimits {
+                    protected_concurrent: 1,
+                    protected_tokens: 100,
+                    ..Default::default()
+                },
+            )
+            .class("q", ClassLimits::default())
+            .default_class("q")
+            .build()
+            .unwrap();
+        let p = b.class_id("p").unwrap();
+        let mut borrowed = b
+            .try_acquire(Demand::tokens(Reservation::new(10, 5).unwrap()))
+            .unwrap();
+        let protected = b
+            .try_acquire(Demand::tokens(Reservation::new(10, 5).unwrap()).in_class(p))
+            .unwrap();
+        let other = b.try_acquire(Demand::slot()).unwrap();
+        assert!(borrowed.abandon_borrowed_concurrency());
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            drop(other); // a borrowed release: pins while handles exist
+            drop(b2);
+        });
+        drop(b);
+        t.join().unwrap();
+        drop(protected); // within its floors: class word first
+        borrowed.release(None).unwrap(); // the pin taken at abandonment goes last
+    }
+}

@@ -3,6 +3,7 @@
 //! at zero once everything is released (see `llm_bulkhead::conformance`).
 
 use llm_bulkhead::conformance::{run, Op, Setup};
+use llm_bulkhead::ClassLimits;
 use proptest::prelude::*;
 
 /// Token amounts in units of 100 so that limits are filled exactly and often.
@@ -12,6 +13,34 @@ fn tokens() -> impl Strategy<Value = u64> {
         1 => Just(0u64),
         1 => Just(llm_bulkhead::MAX_TOKENS),
     ]
+}
+
+/// Small class limits: floors that often sum exactly to the global limit, zero floors and
+/// ceilings, absent ceilings; token fields only with a budget.
+fn class_limits(budget: bool) -> impl Strategy<Value = ClassLimits> {
+    (
+        0u32..=3,
+        prop::option::of(0u32..=5),
+        0u64..=8,
+        prop::option::of(0u64..=16),
+    )
+        .prop_map(move |(pc, mc, pt, mt)| ClassLimits {
+            protected_concurrent: pc,
+            max_concurrent: mc,
+            protected_tokens: if budget { pt * 100 } else { 0 },
+            max_tokens: if budget { mt.map(|m| m * 100) } else { None },
+        })
+}
+
+fn classed_setup() -> impl Strategy<Value = Setup> {
+    (setup(), 1usize..=3, any::<usize>()).prop_flat_map(|(s, n, d)| {
+        let budget = s.budget.is_some();
+        prop::collection::vec(class_limits(budget), n).prop_map(move |classes| Setup {
+            classes,
+            default_class: d,
+            ..s.clone()
+        })
+    })
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -34,21 +63,25 @@ fn setup() -> impl Strategy<Value = Setup> {
                 // Mostly valid reserves (H ≤ B); the rest must be refused identically.
                 budget: budget.map(|(b, h)| (b, if h <= b || b % 700 == 0 { h } else { b / 2 })),
                 initial_revision,
+                classes: Vec::new(),
+                default_class: 0,
             },
         )
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (tokens(), tokens(), any::<bool>()).prop_map(|(input, max_output, high)| Op::Acquire { input, max_output, high }),
+        6 => (tokens(), tokens(), any::<bool>(), any::<u8>()).prop_map(|(input, max_output, high, class)| Op::Acquire { input, max_output, high, class }),
+        1 => any::<usize>().prop_map(|pick| Op::Abandon { pick }),
         1 => Just(Op::AcquireSlot),
         3 => (any::<usize>(), tokens(), tokens(), prop::option::of((tokens(), (0u64..=3).prop_map(|m| m * 50))))
             .prop_map(|(pick, input, output, reconcile)| Op::Report { pick, input, output, reconcile }),
         3 => (any::<usize>(), prop::option::of((tokens(), tokens()))).prop_map(|(pick, usage)| Op::Release { pick, usage }),
         1 => any::<usize>().prop_map(|pick| Op::Drop { pick }),
         2 => (0u64..=2, prop_oneof![8 => 0u32..=6, 1 => Just(llm_bulkhead::MAX_SLOTS + 1)], 0u32..=3,
-              prop::option::weighted(0.9, ((0u64..=30).prop_map(|b| b * 100), (0u64..=40).prop_map(|h| h * 100))))
-            .prop_map(|(step, max_concurrent, max_queue, budget)| Op::Apply { step, max_concurrent, max_queue, budget }),
+              prop::option::weighted(0.9, ((0u64..=30).prop_map(|b| b * 100), (0u64..=40).prop_map(|h| h * 100))),
+              prop::option::of([class_limits(true), class_limits(true), class_limits(true)]))
+            .prop_map(|(step, max_concurrent, max_queue, budget, classes)| Op::Apply { step, max_concurrent, max_queue, budget, classes }),
         1 => tokens().prop_map(|budget| Op::SetBudget { budget }),
         1 => Just(Op::Close),
     ]
@@ -59,6 +92,13 @@ proptest! {
 
     #[test]
     fn engine_matches_model(setup in setup(), ops in prop::collection::vec(op(), 0..60)) {
+        if let Err(d) = run(&setup, &ops) {
+            prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
+        }
+    }
+
+    #[test]
+    fn engine_matches_model_with_classes(setup in classed_setup(), ops in prop::collection::vec(op(), 0..60)) {
         if let Err(d) = run(&setup, &ops) {
             prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
         }
@@ -74,17 +114,21 @@ fn exact_fills_and_zero_token_demands() {
         max_queue: 0,
         budget: Some((1_000, 0)),
         initial_revision: 0,
+        classes: Vec::new(),
+        default_class: 0,
     };
     let ops = [
         Op::Acquire {
             input: 600,
             max_output: 400,
             high: false,
+            class: 0,
         },
         Op::Acquire {
             input: 0,
             max_output: 0,
             high: false,
+            class: 0,
         },
         Op::Report {
             pick: 0,
@@ -96,6 +140,7 @@ fn exact_fills_and_zero_token_demands() {
             input: 0,
             max_output: 0,
             high: false,
+            class: 0,
         },
         Op::Release {
             pick: 0,

@@ -444,7 +444,8 @@ fn fail_closed_construction_and_later_activation() {
             revision: 0,
             max_concurrent: 0,
             max_queue: 0,
-            token_budget: None
+            token_budget: None,
+            classes: Default::default()
         }
     );
     b.apply_limits(b.limits().with_revision(1).with_max_concurrent(1))
@@ -464,6 +465,7 @@ fn initial_snapshot_and_stale_revisions() {
             budget: 1_000,
             high_priority_reserve: 0,
         }),
+        classes: Default::default(),
     };
     assert_eq!((b.limits(), b.stats().limits), (expected, expected));
     for rev in [7, 6] {
@@ -472,7 +474,7 @@ fn initial_snapshot_and_stale_revisions() {
             b.apply_limits(junk),
             Err(ApplyLimitsError::StaleRevision {
                 attempted: rev,
-                current: expected
+                current: Box::new(expected)
             })
         );
     }
@@ -609,6 +611,7 @@ fn set_budget_advances_the_revision() {
                 budget: 250,
                 high_priority_reserve: 0
             }),
+            classes: Default::default()
         }
     );
     assert!(Bulkhead::new(1).unwrap().set_budget(5).is_err());

@@ -52,6 +52,7 @@ impl Lim {
                 budget: self.budget,
                 high_priority_reserve: 0,
             }),
+            classes: Default::default(),
         }
     }
 }
@@ -197,6 +198,7 @@ fn run(sc: Scenario) {
                                         available: lim.budget.saturating_sub(tokens_held),
                                         requested: R,
                                     }),
+                                    classes: None
                                 },
                                 "refusal detail is not one real state: {r:?}"
                             );

@@ -91,6 +91,7 @@ fn two_acquirers_race_for_the_last_slot() {
                     available: 96,
                     requested: 2,
                 }),
+                classes: None
             }
         );
 
@@ -156,6 +157,7 @@ fn two_acquirers_race_for_the_last_tokens() {
                     available: 0,
                     requested: 6,
                 }),
+                classes: None
             }
         );
         let s = b.stats();

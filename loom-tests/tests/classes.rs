@@ -1,0 +1,1055 @@
+//! Models the admission-class protocol (`src/state.rs`, "Admission classes"; CONTRACT.md §2
+//! rows 2–5, §4, §5 and §10). A decision for class `k` CASes the class word
+//! `[class in flight][class tokens]` (the ceilings, rows 2 and 3), tentatively taking a class
+//! slot and `r` class tokens; only when that made it borrow, it collects every class word
+//! (`SeqCst`) and checks `U = Σ max(in_flight_j, floor_j) ≤ max_concurrent` and
+//! `V = Σ max(tokens_j, token_floor_j) ≤ eff` with the floors of the snapshot its tag names
+//! (rows 4 and 5); then it commits with a CAS of the global word that expects that tag (rows 0,
+//! 1 and 6). Any failure after the class CAS undoes it with a `fetch_sub`. Releases and
+//! abandonment decrement the class word, then the global word; abandonment first pins a
+//! `Bulkhead` handle (`SlotRef::try_pin`, `src/shared.rs`) because the returned slot was what
+//! kept the shared state alive.
+//!
+//! Models, each small (two or three threads) and each asserting its invariants in every
+//! interleaving:
+//!
+//! 1. two borrowers of two classes race for the one shared slot (and, separately, the last
+//!    shared tokens) while a third class's floor is idle, so the global word alone would admit
+//!    both: at most one wins, committed borrowed capacity never exceeds the shared remainder,
+//!    the idle floor stays usable, and the loser is refused with the right reason and
+//!    constraint. Both refusing (each saw the other's tentative step) is allowed by CONTRACT.md
+//!    §10; it is counted and printed, together with rejections whose detail shows room;
+//! 2. a protected admission against a borrower of another class at the boundary: the protected
+//!    one always gets in, the borrower never takes the idle floor;
+//! 3. a release in one class against a borrow in another: no over-admission, per-class state
+//!    exact, everything zero at the end;
+//! 4. abandonment of a borrowed slot against an acquire that needs that slot (slot returned
+//!    once, tokens kept until release, counters exact), and abandonment racing the drop of the
+//!    last `Bulkhead` handle (checked allocator: no use after free, no double free, no leak);
+//! 5. `apply_limits` raising a floor against a borrower and a release: the admission or the
+//!    refusal matches the revision it carries, the per-class state afterwards is exactly what
+//!    the threads hold, and borrowing stays refused while `U` exceeds the new limit.
+//!
+//! Four more models check that a protected admission is never refused with its floor idle
+//! while a release, an abandonment or a usage-report shrink of another admission is between its
+//! two words (see "Found and fixed" below).
+#![cfg(loom)]
+
+mod common;
+
+use common::checked_alloc::{checked, Checking};
+use common::{assert_quiescent, model, token_stats, tokens};
+use llm_bulkhead::{
+    Admission, Bulkhead, ClassId, ClassLimits, ClassStats, ClassesStats, Constraint, Demand,
+    RejectReason, Rejection, Stats,
+};
+use loom::sync::atomic::AtomicBool;
+use loom::sync::Arc;
+use loom::thread;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[global_allocator]
+static ALLOC: Checking = Checking;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// A class with a concurrency floor only.
+fn floor(protected_concurrent: u32) -> ClassLimits {
+    ClassLimits {
+        protected_concurrent,
+        ..ClassLimits::default()
+    }
+}
+
+/// A class with a token floor only.
+fn token_floor(protected_tokens: u64) -> ClassLimits {
+    ClassLimits {
+        protected_tokens,
+        ..ClassLimits::default()
+    }
+}
+
+/// A bulkhead with the given classes (the first is the default) and their ids.
+fn build<const N: usize>(
+    max_concurrent: u32,
+    budget: Option<u64>,
+    classes: [(&str, ClassLimits); N],
+) -> (Bulkhead, [ClassId; N]) {
+    let mut builder = Bulkhead::builder()
+        .max_concurrent(max_concurrent)
+        .default_class(classes[0].0);
+    if let Some(budget) = budget {
+        builder = builder.token_budget(budget);
+    }
+    for (name, limits) in classes {
+        builder = builder.class(name, limits);
+    }
+    let b = builder.build().unwrap();
+    let ids = classes.map(|(name, _)| b.class_id(name).unwrap());
+    (b, ids)
+}
+
+fn slot(k: ClassId) -> Demand {
+    Demand::slot().in_class(k)
+}
+
+fn classed_tokens(k: ClassId, input: u64, max_output: u64) -> Demand {
+    tokens(input, max_output).in_class(k)
+}
+
+fn classes(s: &Stats) -> &ClassesStats {
+    s.classes.as_ref().expect("the bulkhead has classes")
+}
+
+fn class(s: &Stats, k: ClassId) -> &ClassStats {
+    &classes(s).classes[k.index()]
+}
+
+/// Every class and the shared remainder are back to zero, and every class's admissions are
+/// released.
+fn assert_classes_quiescent(b: &Bulkhead) {
+    let s = b.stats();
+    let cs = classes(&s);
+    for c in &cs.classes {
+        assert_eq!((c.in_flight, c.in_flight_tokens), (0, 0), "{s:?}");
+        assert_eq!(c.admitted, c.released, "{s:?}");
+    }
+    assert_eq!(cs.shared.in_flight, 0, "{s:?}");
+    if let Some(t) = cs.shared.token_budget {
+        assert_eq!(t.in_flight_tokens, 0, "{s:?}");
+    }
+}
+
+/// Outcome counts over every iteration of one model. Plain std atomics: they live outside the
+/// model (loom runs all iterations on the test's OS thread) and are read after `model` returns.
+struct Tally {
+    iterations: AtomicUsize,
+    one_won: AtomicUsize,
+    both_refused: AtomicUsize,
+    loser_protection: AtomicUsize,
+    loser_global: AtomicUsize,
+    detail_shows_room: AtomicUsize,
+}
+
+impl Tally {
+    const fn new() -> Tally {
+        Tally {
+            iterations: AtomicUsize::new(0),
+            one_won: AtomicUsize::new(0),
+            both_refused: AtomicUsize::new(0),
+            loser_protection: AtomicUsize::new(0),
+            loser_global: AtomicUsize::new(0),
+            detail_shows_room: AtomicUsize::new(0),
+        }
+    }
+
+    fn bump(c: &AtomicUsize) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn report(&self, name: &str) {
+        let g = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        eprintln!(
+            "[classes] {name}: {} interleavings; one winner in {}, both refused (spurious, \
+             CONTRACT.md §10) in {}; losers' constraint: admission_class_protection {}, global \
+             {}; refusals whose class detail shows shared room for the request: {}",
+            g(&self.iterations),
+            g(&self.one_won),
+            g(&self.both_refused),
+            g(&self.loser_protection),
+            g(&self.loser_global),
+            g(&self.detail_shows_room),
+        );
+        assert!(g(&self.iterations) > 0);
+        assert!(g(&self.one_won) > 0, "no interleaving admitted a racer");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Two classes race for the last shared capacity
+// ---------------------------------------------------------------------------------------------
+
+/// What one racer saw, with its class.
+type Outcome = (ClassId, Result<Admission, Rejection>);
+
+/// Runs a borrower of class `k` for `demand` on its own thread; a winner checks the state it
+/// knows (`check_won`, given the stats and the admission) before handing its result back.
+fn racer(
+    b: &Bulkhead,
+    k: ClassId,
+    demand: Demand,
+    check_won: fn(&Stats, ClassId, &Admission),
+) -> thread::JoinHandle<Outcome> {
+    let b = b.clone();
+    thread::spawn(move || {
+        let res = b.try_acquire(demand);
+        if let Ok(a) = &res {
+            assert_eq!(a.class(), Some(k));
+            check_won(&b.stats(), k, a);
+        }
+        (k, res)
+    })
+}
+
+/// Splits racer outcomes into admissions and rejections, tallying the loser constraints.
+fn split(tally: &Tally, outcomes: Vec<Outcome>) -> (Vec<Outcome>, Vec<(ClassId, Rejection)>) {
+    let mut won = Vec::new();
+    let mut lost = Vec::new();
+    for (k, res) in outcomes {
+        match res {
+            Ok(a) => won.push((k, Ok(a))),
+            Err(r) => {
+                match r.constraint {
+                    Some(Constraint::AdmissionClassProtection) => {
+                        Tally::bump(&tally.loser_protection)
+                    }
+                    Some(Constraint::Global) => Tally::bump(&tally.loser_global),
+                    other => panic!("a racer refused with constraint {other:?}: {r:?}"),
+                }
+                lost.push((k, r));
+            }
+        }
+    }
+    Tally::bump(&tally.iterations);
+    match won.len() {
+        0 => Tally::bump(&tally.both_refused),
+        1 => Tally::bump(&tally.one_won),
+        n => panic!("{n} racers won capacity for one"),
+    }
+    (won, lost)
+}
+
+/// Max 4 slots, floors a:1, b:1, c:1: the shared remainder is 1 slot. `a` and `b` each hold
+/// their floor; `c`'s floor is idle, so the global word (2 of 4 used) would admit both racers:
+/// only row 4 can stop the second. `a` and `b` each try one more (borrowed) slot.
+#[test]
+fn two_classes_race_for_the_last_shared_slot() {
+    static TALLY: Tally = Tally::new();
+    model(|| {
+        let (b, [ca, cb, cc]) = build(4, None, [("a", floor(1)), ("b", floor(1)), ("c", floor(1))]);
+        let a0 = b.try_acquire(slot(ca)).unwrap();
+        let b0 = b.try_acquire(slot(cb)).unwrap();
+        assert!(!a0.resources().borrowed_concurrency && !b0.resources().borrowed_concurrency);
+
+        let check_won: fn(&Stats, ClassId, &Admission) = |s, k, a| {
+            // The winner holds the only shared slot: two floors and itself are in, and the
+            // other racer can never commit (nobody releases during the race).
+            assert!(a.resources().borrowed_concurrency);
+            let cs = classes(s);
+            assert_eq!(s.in_flight, 3, "{s:?}");
+            assert_eq!(cs.shared.in_flight, 1, "{s:?}");
+            assert!(cs.shared.in_flight <= cs.shared.max_concurrent, "{s:?}");
+            assert_eq!(cs.classes[k.index()].in_flight, 2, "{s:?}");
+            // The other racer's class: its floor admission, perhaps plus a tentative step.
+            let other = 1 - k.index();
+            assert!(matches!(cs.classes[other].in_flight, 1 | 2), "{s:?}");
+            assert_eq!(cs.classes[2].in_flight, 0, "{s:?}");
+        };
+        let ta = racer(&b, ca, slot(ca), check_won);
+        let tb = racer(&b, cb, slot(cb), check_won);
+        let outcomes = vec![ta.join().unwrap(), tb.join().unwrap()];
+        let (won, lost) = split(&TALLY, outcomes);
+        let w = won.len() as u64;
+
+        for (k, r) in &lost {
+            assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
+            assert_eq!(r.revision, 0);
+            let d = r
+                .detail
+                .classes
+                .as_ref()
+                .expect("a class refusal has class detail");
+            assert_eq!(d.class.id, b.class_names()[k.index()]);
+            // Its own tentative slot is undone before the detail is collected: only its floor
+            // admission is left in its class.
+            assert_eq!(
+                (d.class.in_flight, d.class.borrowed_concurrent),
+                (1, 0),
+                "{r:?}"
+            );
+            assert_eq!(d.shared.concurrency.capacity, 1, "{r:?}");
+            assert_eq!(d.shared.concurrency.requested_borrowed, 1, "{r:?}");
+            if w == 1 && d.shared.concurrency.available >= 1 {
+                // The winner holds the shared slot, yet the detail shows it free (its global
+                // part is the word loaded before the winner committed). Counted, not asserted.
+                Tally::bump(&TALLY.detail_shows_room);
+            }
+        }
+
+        // Committed state after the race, from the stats.
+        let s = b.stats();
+        let cs = classes(&s);
+        assert_eq!(s.in_flight, 2 + w, "{s:?}");
+        assert_eq!(cs.shared.in_flight, w, "{s:?}");
+        assert!(cs.shared.in_flight <= cs.shared.max_concurrent, "{s:?}");
+        for k in [ca, cb] {
+            let won_k = won.iter().filter(|(j, _)| *j == k).count() as u64;
+            let lost_k = lost.iter().filter(|(j, _)| *j == k).count() as u64;
+            let c = &cs.classes[k.index()];
+            assert_eq!(c.in_flight, 1 + won_k, "{s:?}");
+            assert_eq!(
+                (c.admitted, c.total_borrowed_admissions),
+                (1 + won_k, won_k)
+            );
+            assert_eq!(c.rejected_by_reason.concurrency_limit, lost_k, "{s:?}");
+        }
+        assert_eq!(cs.classes[cc.index()].in_flight, 0, "{s:?}");
+
+        // The idle floor was never lent: class c still gets its protected slot.
+        let c0 = b
+            .try_acquire(slot(cc))
+            .expect("c's floor must survive the race");
+        assert!(!c0.resources().borrowed_concurrency);
+        // After a double refusal the shared slot is free: alone, a borrower fits.
+        let retry = (w == 0).then(|| {
+            let a = b
+                .try_acquire(slot(ca))
+                .expect("the shared slot is free after a double refusal");
+            assert!(a.resources().borrowed_concurrency);
+            a
+        });
+        let admitted = 3 + w + u64::from(retry.is_some());
+        drop((won, retry, c0, a0, b0));
+        assert_quiescent(&b, admitted, lost.len() as u64);
+        assert_classes_quiescent(&b);
+    });
+    TALLY.report("two_classes_race_for_the_last_shared_slot");
+}
+
+/// The token twin of the previous model (row 5). Budget 12, token floors a:3, b:3, c:4: the
+/// shared remainder is 2 tokens. `a` and `b` each hold 3 tokens (their floors); `c`'s floor is
+/// idle, so the global word (6 of 12 held) would admit both racers; each asks 2 borrowed
+/// tokens. No concurrency floor exists, so only `V` can refuse.
+#[test]
+fn two_classes_race_for_the_last_shared_tokens() {
+    static TALLY: Tally = Tally::new();
+    model(|| {
+        let (b, [ca, cb, cc]) = build(
+            4,
+            Some(12),
+            [
+                ("a", token_floor(3)),
+                ("b", token_floor(3)),
+                ("c", token_floor(4)),
+            ],
+        );
+        let a0 = b.try_acquire(classed_tokens(ca, 2, 1)).unwrap();
+        let b0 = b.try_acquire(classed_tokens(cb, 2, 1)).unwrap();
+        assert_eq!(a0.resources().borrowed_tokens, 0);
+        assert_eq!(b0.resources().borrowed_tokens, 0);
+
+        let check_won: fn(&Stats, ClassId, &Admission) = |s, k, a| {
+            assert_eq!(a.resources().borrowed_tokens, 2);
+            let cs = classes(s);
+            let shared = cs.shared.token_budget.unwrap();
+            assert_eq!(token_stats(s).in_flight_tokens, 8, "{s:?}");
+            assert_eq!((shared.budget, shared.in_flight_tokens), (2, 2), "{s:?}");
+            assert_eq!(cs.classes[k.index()].in_flight_tokens, 5, "{s:?}");
+            let other = 1 - k.index();
+            assert!(matches!(cs.classes[other].in_flight_tokens, 3 | 5), "{s:?}");
+            assert_eq!(cs.classes[2].in_flight_tokens, 0, "{s:?}");
+        };
+        let ta = racer(&b, ca, classed_tokens(ca, 1, 1), check_won);
+        let tb = racer(&b, cb, classed_tokens(cb, 1, 1), check_won);
+        let outcomes = vec![ta.join().unwrap(), tb.join().unwrap()];
+        let (won, lost) = split(&TALLY, outcomes);
+        let w = won.len() as u64;
+
+        for (k, r) in &lost {
+            assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
+            let d = r
+                .detail
+                .classes
+                .as_ref()
+                .expect("a class refusal has class detail");
+            assert_eq!(d.class.id, b.class_names()[k.index()]);
+            let ct = d.class.token_budget.unwrap();
+            assert_eq!((ct.in_flight_tokens, ct.requested), (3, 2), "{r:?}");
+            let st = d.shared.token_budget.unwrap();
+            assert_eq!((st.capacity, st.requested_borrowed), (2, 2), "{r:?}");
+            if w == 1 && st.available >= st.requested_borrowed {
+                Tally::bump(&TALLY.detail_shows_room);
+            }
+        }
+
+        let s = b.stats();
+        let cs = classes(&s);
+        let shared = cs.shared.token_budget.unwrap();
+        assert_eq!(token_stats(&s).in_flight_tokens, 6 + 2 * w, "{s:?}");
+        assert_eq!(shared.in_flight_tokens, 2 * w, "{s:?}");
+        assert!(shared.in_flight_tokens <= shared.budget, "{s:?}");
+        for k in [ca, cb] {
+            let won_k = won.iter().filter(|(j, _)| *j == k).count() as u64;
+            let lost_k = lost.iter().filter(|(j, _)| *j == k).count() as u64;
+            let c = &cs.classes[k.index()];
+            assert_eq!(c.in_flight_tokens, 3 + 2 * won_k, "{s:?}");
+            assert_eq!(c.total_borrowed_tokens_reserved, 2 * won_k, "{s:?}");
+            assert_eq!(c.rejected_by_reason.budget_limit, lost_k, "{s:?}");
+        }
+
+        // c's token floor was never lent.
+        let c0 = b
+            .try_acquire(classed_tokens(cc, 2, 2))
+            .expect("c's token floor must survive the race");
+        assert_eq!(c0.resources().borrowed_tokens, 0);
+        let retry = (w == 0).then(|| {
+            b.try_acquire(classed_tokens(ca, 1, 1))
+                .expect("the shared tokens are free after a double refusal")
+        });
+        let admitted = 3 + w + u64::from(retry.is_some());
+        drop((won, retry, c0, a0, b0));
+        assert_quiescent(&b, admitted, lost.len() as u64);
+        assert_classes_quiescent(&b);
+    });
+    TALLY.report("two_classes_race_for_the_last_shared_tokens");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A protected admission against a borrower at the boundary
+// ---------------------------------------------------------------------------------------------
+
+/// Max 2, class p has floor 1, class b none: the shared remainder is 1 slot. One thread
+/// admits into p's floor; the other borrows the shared slot, then tries a second borrow. The
+/// second borrow is at the boundary: before p commits, the global word has a free slot for it,
+/// and only p's (idle or tentative) floor refuses it.
+#[test]
+fn protected_admission_against_a_borrower_at_the_boundary() {
+    model(|| {
+        let (b, [cp, cb]) = build(2, None, [("p", floor(1)), ("b", floor(0))]);
+        let protected = {
+            let b = b.clone();
+            thread::spawn(move || {
+                let a = b
+                    .try_acquire(slot(cp))
+                    .expect("inside its floor with a global slot free: never refused");
+                assert!(!a.resources().borrowed_concurrency);
+                a
+            })
+        };
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || {
+                let first = b
+                    .try_acquire(slot(cb))
+                    .expect("the shared slot is free for the first borrow");
+                assert!(first.resources().borrowed_concurrency);
+                let r = b
+                    .try_acquire(slot(cb))
+                    .expect_err("a second borrow would take p's floor");
+                assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
+                assert_eq!(
+                    r.constraint,
+                    Some(Constraint::AdmissionClassProtection),
+                    "{r:?}"
+                );
+                let d = r.detail.classes.as_ref().unwrap();
+                assert_eq!((d.class.id.as_str(), d.class.in_flight), ("b", 1), "{r:?}");
+                assert_eq!(d.shared.concurrency.capacity, 1, "{r:?}");
+                first
+            })
+        };
+        let p = protected.join().unwrap();
+        let first = borrower.join().unwrap();
+
+        let s = b.stats();
+        let cs = classes(&s);
+        assert_eq!(s.in_flight, 2, "{s:?}");
+        assert_eq!(
+            (class(&s, cp).in_flight, class(&s, cb).in_flight),
+            (1, 1),
+            "{s:?}"
+        );
+        assert_eq!(cs.shared.in_flight, 1, "{s:?}");
+        assert_eq!(class(&s, cb).rejected_by_reason.concurrency_limit, 1);
+        drop((p, first));
+        assert_quiescent(&b, 2, 1);
+        assert_classes_quiescent(&b);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A release in one class against a borrow in another
+// ---------------------------------------------------------------------------------------------
+
+/// Max 2, budget 10, class p has floor 1, class b none. `p0` holds p's floor and `b0` holds
+/// the shared slot (2 tokens each). One thread releases `b0`; the other borrows for p (p is at
+/// its floor), which fits only once the release is seen in both words.
+#[test]
+fn release_in_one_class_against_a_borrow_in_another() {
+    model(|| {
+        let (b, [cp, cb]) = build(2, Some(10), [("p", floor(1)), ("b", floor(0))]);
+        let p0 = b.try_acquire(classed_tokens(cp, 1, 1)).unwrap();
+        let b0 = b.try_acquire(classed_tokens(cb, 1, 1)).unwrap();
+        let releaser = thread::spawn(move || {
+            let rel = b0.release(None).unwrap();
+            assert_eq!(rel.held, 2);
+        });
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || match b.try_acquire(classed_tokens(cp, 1, 1)) {
+                Ok(a) => {
+                    assert!(a.resources().borrowed_concurrency);
+                    // b0 is gone from both words (the global word had no slot otherwise), and
+                    // p0 and this admission are all that is left.
+                    let s = b.stats();
+                    let cs = classes(&s);
+                    assert_eq!(s.in_flight, 2, "{s:?}");
+                    assert_eq!(token_stats(&s).in_flight_tokens, 4, "{s:?}");
+                    assert_eq!(cs.classes[cp.index()].in_flight, 2, "{s:?}");
+                    assert_eq!(cs.classes[cb.index()].in_flight, 0, "{s:?}");
+                    assert_eq!(cs.shared.in_flight, 1, "{s:?}");
+                    Ok(a)
+                }
+                Err(r) => {
+                    assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
+                    assert!(
+                        matches!(
+                            r.constraint,
+                            Some(Constraint::AdmissionClassProtection | Constraint::Global)
+                        ),
+                        "{r:?}"
+                    );
+                    Err(r)
+                }
+            })
+        };
+        releaser.join().unwrap();
+        let res = borrower.join().unwrap();
+        let w = u64::from(res.is_ok());
+
+        let s = b.stats();
+        let cs = classes(&s);
+        assert_eq!(s.in_flight, 1 + w, "{s:?}");
+        assert_eq!(token_stats(&s).in_flight_tokens, 2 + 2 * w, "{s:?}");
+        assert_eq!(
+            (class(&s, cp).in_flight, class(&s, cp).in_flight_tokens),
+            (1 + w, 2 + 2 * w),
+            "{s:?}"
+        );
+        assert_eq!(
+            (class(&s, cb).in_flight, class(&s, cb).in_flight_tokens),
+            (0, 0),
+            "{s:?}"
+        );
+        assert_eq!(cs.shared.in_flight, w, "{s:?}");
+        assert_eq!(class(&s, cb).released, 1, "{s:?}");
+        drop(res);
+        drop(p0);
+        assert_quiescent(&b, 2 + w, 1 - w);
+        assert_classes_quiescent(&b);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Abandonment
+// ---------------------------------------------------------------------------------------------
+
+/// Max 2, budget 10, class p has floor 1, class b none. `p0` holds p's floor (2 tokens) and `a`
+/// the shared slot (4 tokens). One thread abandons `a`'s borrowed slot, checks that its tokens
+/// are still held, then releases it; the other borrows for b, which fits only once the
+/// abandoned slot is back in both words.
+#[test]
+fn abandonment_against_an_acquire_that_needs_the_slot() {
+    model(|| {
+        let (b, [cp, cb]) = build(2, Some(10), [("p", floor(1)), ("b", floor(0))]);
+        let p0 = b.try_acquire(classed_tokens(cp, 1, 1)).unwrap();
+        let mut a = b.try_acquire(classed_tokens(cb, 2, 2)).unwrap();
+        assert!(a.resources().borrowed_concurrency);
+
+        let abandoner = {
+            let b = b.clone();
+            thread::spawn(move || {
+                assert!(a.abandon_borrowed_concurrency());
+                assert!(!a.abandon_borrowed_concurrency(), "idempotent");
+                assert_eq!(a.held(), 4, "the hold stays until release");
+                let s = b.stats();
+                // p0 and a's tokens are held whatever the acquirer did; a is still an
+                // admission in flight although its slot is back.
+                assert!(token_stats(&s).in_flight_tokens >= 6, "{s:?}");
+                assert!(s.admissions_in_flight >= 2, "{s:?}");
+                assert_eq!(s.borrowed_concurrency_abandoned, 1, "{s:?}");
+                assert_eq!(class(&s, cb).borrowed_concurrency_abandoned, 1, "{s:?}");
+                let rel = a.release(None).unwrap();
+                assert_eq!(rel.held, 4);
+            })
+        };
+        let acquirer = {
+            let b = b.clone();
+            thread::spawn(move || match b.try_acquire(classed_tokens(cb, 1, 1)) {
+                Ok(x) => {
+                    assert!(x.resources().borrowed_concurrency);
+                    Some(x)
+                }
+                Err(r) => {
+                    // Before the abandonment (or between its two words).
+                    assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
+                    assert!(
+                        matches!(
+                            r.constraint,
+                            Some(Constraint::AdmissionClassProtection | Constraint::Global)
+                        ),
+                        "{r:?}"
+                    );
+                    None
+                }
+            })
+        };
+        abandoner.join().unwrap();
+        let x = acquirer.join().unwrap();
+        let w = u64::from(x.is_some());
+
+        // a is released; p0 and maybe x remain. The slot went back exactly once: a second
+        // return would show up as a missing slot here (or an underflow of the word).
+        let s = b.stats();
+        assert_eq!(s.in_flight, 1 + w, "{s:?}");
+        assert_eq!(s.admissions_in_flight, 1 + w, "{s:?}");
+        assert_eq!(s.admitted, 2 + w, "{s:?}");
+        assert_eq!(s.borrowed_concurrency_abandoned, 1, "{s:?}");
+        assert_eq!(token_stats(&s).in_flight_tokens, 2 + 2 * w, "{s:?}");
+        assert_eq!(
+            (class(&s, cb).in_flight, class(&s, cb).in_flight_tokens),
+            (w, 2 * w),
+            "{s:?}"
+        );
+        assert_eq!(
+            (
+                class(&s, cb).released,
+                class(&s, cb).borrowed_concurrency_abandoned
+            ),
+            (1, 1),
+            "{s:?}"
+        );
+        assert_eq!(class(&s, cp).in_flight, 1, "{s:?}");
+        drop((x, p0));
+        assert_quiescent(&b, 2 + w, 1 - w);
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// The abandoning admission runs on another thread while the last `Bulkhead` handle is
+/// dropped: either the pin is taken first (the slot goes back, the pin keeps the state alive
+/// until release) or the handle count is already zero (the slot is kept until release). Run
+/// under the checking allocator: the shared block and the class-word slice are each freed
+/// exactly once, after every use.
+#[test]
+fn abandonment_while_the_last_handle_drops() {
+    model(|| {
+        checked(2, || {
+            let (b, [cb]) = build(1, Some(10), [("b", floor(0))]);
+            let mut a = b.try_acquire(classed_tokens(cb, 2, 2)).unwrap();
+            let t = thread::spawn(move || {
+                assert!(a.abandon_borrowed_concurrency());
+                assert_eq!(a.held(), 4);
+                let rel = a.release(None).unwrap();
+                assert_eq!(rel.held, 4);
+            });
+            drop(b);
+            t.join().unwrap();
+        });
+    });
+}
+
+/// As above, with a second admission settled by the main thread after the last handle is
+/// gone: the free must wait for whichever of the pin, the abandoned admission's kept slot and
+/// the other admission's slot goes last.
+#[test]
+fn abandonment_while_the_last_handle_and_another_admission_go() {
+    model(|| {
+        checked(2, || {
+            let (b, [cb]) = build(2, Some(10), [("b", floor(0))]);
+            let mut a = b.try_acquire(classed_tokens(cb, 2, 2)).unwrap();
+            let other = b.try_acquire(classed_tokens(cb, 1, 1)).unwrap();
+            let t = thread::spawn(move || {
+                assert!(a.abandon_borrowed_concurrency());
+                drop(a);
+            });
+            drop(b);
+            drop(other);
+            t.join().unwrap();
+        });
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. apply_limits raising a floor
+// ---------------------------------------------------------------------------------------------
+
+/// Max 4, budget 20, class a has no floor, class b floor 1. `a0` and `a1` borrow two shared
+/// slots, `b1` holds b's floor (2 tokens each): `U = 3`. Concurrently: revision 1 raises b's
+/// floor to 3, a borrower for a tries a third slot, and the main thread releases `a1`.
+/// Under revision 0 the borrow always fits (`U + 1 ≤ 4`); under revision 1 it never does
+/// (`U ≥ 1 + 3` before it counts itself).
+#[test]
+fn apply_limits_raising_a_floor_against_a_borrow_and_a_release() {
+    model(|| {
+        let (b, [ca, cb]) = build(4, Some(20), [("a", floor(0)), ("b", floor(1))]);
+        let a0 = b.try_acquire(classed_tokens(ca, 1, 1)).unwrap();
+        let a1 = b.try_acquire(classed_tokens(ca, 1, 1)).unwrap();
+        let b1 = b.try_acquire(classed_tokens(cb, 1, 1)).unwrap();
+        let raised = b.limits().with_revision(1).with_class(cb, floor(3));
+        let installed = Arc::new(AtomicBool::new(false));
+
+        let applier = {
+            let b = b.clone();
+            let installed = installed.clone();
+            thread::spawn(move || {
+                let change = b.apply_limits(raised).unwrap();
+                assert_eq!(change.previous.revision, 0);
+                installed.store(true, loom::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let borrower = {
+            let b = b.clone();
+            let installed = installed.clone();
+            thread::spawn(move || {
+                let after_install = installed.load(loom::sync::atomic::Ordering::SeqCst);
+                match b.try_acquire(classed_tokens(ca, 1, 1)) {
+                    Ok(a2) => {
+                        assert_eq!(a2.revision(), 0, "revision 1 never admits this borrow");
+                        assert!(!after_install, "admitted under a replaced snapshot");
+                        assert!(a2.resources().borrowed_concurrency);
+                        Some(a2)
+                    }
+                    Err(r) => {
+                        assert_eq!(r.revision, 1, "revision 0 never refuses this: {r:?}");
+                        assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
+                        assert_eq!(
+                            r.constraint,
+                            Some(Constraint::AdmissionClassProtection),
+                            "{r:?}"
+                        );
+                        None
+                    }
+                }
+            })
+        };
+        drop(a1);
+        applier.join().unwrap();
+        let a2 = borrower.join().unwrap();
+        let w = u64::from(a2.is_some());
+
+        // Per class, exactly what the threads hold: a0 (+ a2) in a, b1 in b.
+        let s = b.stats();
+        assert_eq!(s.limits.revision, 1);
+        assert_eq!(s.limits.classes.get(cb), Some(&floor(3)));
+        assert_eq!(s.in_flight, 2 + w, "{s:?}");
+        assert_eq!(token_stats(&s).in_flight_tokens, 4 + 2 * w, "{s:?}");
+        assert_eq!(
+            (class(&s, ca).in_flight, class(&s, ca).in_flight_tokens),
+            (1 + w, 2 + 2 * w),
+            "{s:?}"
+        );
+        assert_eq!(
+            (class(&s, cb).in_flight, class(&s, cb).in_flight_tokens),
+            (1, 2),
+            "{s:?}"
+        );
+        assert_eq!(classes(&s).shared.max_concurrent, 1, "{s:?}");
+
+        // U = (1 + w) + 3 ≥ 4: no more borrowing under revision 1 (with w = 1, U = 5 exceeds the
+        // limit: raising a floor revoked nothing).
+        let r = b
+            .try_acquire(classed_tokens(ca, 1, 1))
+            .expect_err("U + 1 > max_concurrent");
+        assert_eq!(
+            (r.reason, r.constraint, r.revision),
+            (
+                RejectReason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection),
+                1
+            ),
+            "{r:?}"
+        );
+        // The raised floor is usable at once, whatever U is.
+        let b2 = b
+            .try_acquire(classed_tokens(cb, 1, 1))
+            .expect("b is inside its raised floor and a global slot is free");
+        assert!(!b2.resources().borrowed_concurrency);
+        drop(b2);
+        // Borrowing resumes once completions bring U back: with a empty, U = 3.
+        drop((a2, a0));
+        let a3 = b
+            .try_acquire(classed_tokens(ca, 1, 1))
+            .expect("U + 1 = 4 fits again");
+        assert_eq!(a3.revision(), 1);
+        drop((a3, b1));
+        assert_quiescent(&b, 5 + w, 2 - w);
+        assert_classes_quiescent(&b);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Found and fixed: a floor lent while a return of capacity is between its two words
+// ---------------------------------------------------------------------------------------------
+//
+// A release (likewise an abandonment, or a usage report that shrinks a hold) decrements the
+// class word, then the global word. Between the two steps the class words no longer count what
+// is being returned while the global word still does. A borrower that collects in that window
+// computes `U` (or `V`) without it and commits on the global word, where the returning
+// admission still holds its slot (tokens); a protected admission of another class then finds no
+// global slot (no tokens, row 1) and is refused with its floor idle. No linearisation explains
+// the outcome: if the return came before the borrow, the protected admission had room; if
+// after, the borrow had no shared capacity (`U` one too high). The rejection's own detail shows
+// it: shared concurrency `in_use` 2 > `capacity` 1 while the refused class's floor is unused.
+//
+// Interleaving found by loom for the first model (`LOOM_LOG=trace`, iteration 1735 of a
+// `loom::model` copy; main = protected `p`, T1 = `drop(b0)`, T2 = borrower for `b`):
+//   main: load global word (G = 1, b0); CAS class p 0 -> 1 (inside the floor: no collect)
+//   T1:   class b fetch_sub (in_b 1 -> 0)                     <- preempted before the global step
+//   T2:   load global word (G = 1); CAS class b 0 -> 1 (borrowed); collect: in_p = 1, in_b = 1,
+//         U = max(1, 1) + max(1, 0) = 2 <= 2; CAS global word G 1 -> 2: admitted
+//   main: global CAS fails, G = 2 >= max_concurrent: refused (concurrency_limit, global); undo p
+//   T1:   global fetch_sub (G 2 -> 1): the release completes
+// `p`'s own tentative step plays no part (with `in_p = 0` the collect gives the same `U`).
+//
+// The fix (src/admission.rs, `settle` and `report_usage`; src/state.rs): every return of
+// capacity reaches the global word no later than the class word. A release whose class is within
+// its floors (its slot and tokens do not count in `U`/`V`) may still go class-word first, by a
+// CAS that checks exactly that; otherwise it pins the handle count so that the global word can
+// go first without the last `fetch_sub` freeing the state under the class-word step. Growth goes
+// class word first. The four models below failed before the fix and pass after it.
+
+/// Max 2, class p has floor 1, class b none; `b0` holds the one shared slot. One thread
+/// releases `b0`, another borrows for b, the main thread admits into p's idle floor.
+/// Sequentially p always gets in (its floor is idle and `U ≤ 2` leaves it a global slot).
+#[test]
+fn protected_admission_against_a_release_and_a_borrow() {
+    model(|| {
+        let (b, [cp, cb]) = build(2, None, [("p", floor(1)), ("b", floor(0))]);
+        let b0 = b.try_acquire(slot(cb)).unwrap();
+        let releaser = thread::spawn(move || drop(b0));
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(slot(cb)).ok())
+        };
+        let p = b.try_acquire(slot(cp));
+        releaser.join().unwrap();
+        let x = borrower.join().unwrap();
+        let p = p.unwrap_or_else(|r| {
+            panic!(
+                "protected admission refused with its floor idle (borrower admitted: {}): {r:?}",
+                x.is_some()
+            )
+        });
+        assert!(!p.resources().borrowed_concurrency);
+        drop((p, x));
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// The abandonment twin: `b0` abandons its borrowed slot (class word, then global word) while
+/// a borrower for b and a protected admission for p race.
+#[test]
+fn protected_admission_against_an_abandonment_and_a_borrow() {
+    model(|| {
+        let (b, [cp, cb]) = build(2, None, [("p", floor(1)), ("b", floor(0))]);
+        let mut b0 = b.try_acquire(slot(cb)).unwrap();
+        let abandoner = thread::spawn(move || {
+            assert!(b0.abandon_borrowed_concurrency());
+            b0
+        });
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(slot(cb)).ok())
+        };
+        let p = b.try_acquire(slot(cp));
+        let b0 = abandoner.join().unwrap();
+        let x = borrower.join().unwrap();
+        let p = p.unwrap_or_else(|r| {
+            panic!(
+                "protected admission refused with its floor idle (borrower admitted: {}): {r:?}",
+                x.is_some()
+            )
+        });
+        drop((p, x, b0));
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// The token twin: budget 4, class p has token floor 2, class b none; `b0` holds the 2 shared
+/// tokens. Its release returns class tokens, then global tokens; a borrower for b computes
+/// `V = 2 + 2 ≤ 4` in between and commits (`T = 4`), and p's 2 tokens inside its floor are
+/// refused by row 1 (`T + 2 > 4`, constraint `global`).
+#[test]
+fn protected_tokens_against_a_release_and_a_borrow() {
+    model(|| {
+        let (b, [cp, cb]) = build(3, Some(4), [("p", token_floor(2)), ("b", token_floor(0))]);
+        let b0 = b.try_acquire(classed_tokens(cb, 1, 1)).unwrap();
+        let releaser = thread::spawn(move || drop(b0));
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(classed_tokens(cb, 1, 1)).ok())
+        };
+        let p = b.try_acquire(classed_tokens(cp, 1, 1));
+        releaser.join().unwrap();
+        let x = borrower.join().unwrap();
+        let p = p.unwrap_or_else(|r| {
+            panic!(
+                "tokens inside an idle token floor refused (borrower admitted: {}): {r:?}",
+                x.is_some()
+            )
+        });
+        assert_eq!(p.resources().borrowed_tokens, 0);
+        drop((p, x));
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// The usage-report twin: a shrinking report returns class tokens, then global tokens. Budget
+/// 6, class p has token floor 2, class b none; `b0` holds 4 shared tokens and reports usage that
+/// shrinks its hold to 2, while a borrower for b asks 2 and p asks 2 inside its floor.
+/// Sequentially p always fits (`T ≤ 4` before it whatever the order).
+#[test]
+fn protected_tokens_against_a_shrinking_report_and_a_borrow() {
+    model(|| {
+        let (b, [cp, cb]) = build(3, Some(6), [("p", token_floor(2)), ("b", token_floor(0))]);
+        let mut b0 = b.try_acquire(classed_tokens(cb, 2, 2)).unwrap();
+        let reporter = thread::spawn(move || {
+            let rep = b0
+                .report_usage(llm_bulkhead::Usage::new(0, 0), None)
+                .unwrap();
+            assert_eq!(rep.held, 2);
+            b0
+        });
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(classed_tokens(cb, 1, 1)).ok())
+        };
+        let p = b.try_acquire(classed_tokens(cp, 1, 1));
+        let b0 = reporter.join().unwrap();
+        let x = borrower.join().unwrap();
+        let p = p.unwrap_or_else(|r| {
+            panic!(
+                "tokens inside an idle token floor refused (borrower admitted: {}): {r:?}",
+                x.is_some()
+            )
+        });
+        drop((p, x, b0));
+        assert_classes_quiescent(&b);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shared word's lifetime and reconfiguration steps (`src/classed.rs`)
+// ---------------------------------------------------------------------------------------------
+
+/// A borrowed release has a decrease for the shared word after its class step, so it marks a
+/// pending return in the class word until it is done. Here it races the drop of the last
+/// handle and a protected release of another class: the state is freed exactly once, after
+/// both releases finished with it (checked allocator).
+#[test]
+fn borrowed_release_while_the_last_handle_drops() {
+    model(|| {
+        checked(2, || {
+            let (b, [ca, cb]) = build(3, Some(10), [("a", floor(1)), ("b", floor(0))]);
+            let borrowed = b.try_acquire(classed_tokens(cb, 2, 2)).unwrap();
+            let protected = b.try_acquire(classed_tokens(ca, 1, 1)).unwrap();
+            assert!(borrowed.resources().borrowed_concurrency);
+            assert!(!protected.resources().borrowed_concurrency);
+            let t = thread::spawn(move || {
+                let rel = borrowed.release(None).unwrap();
+                assert_eq!(rel.held, 4);
+            });
+            drop(b);
+            drop(protected);
+            t.join().unwrap();
+        });
+    });
+}
+
+/// `apply_limits` lowers class a's floor (2 → 1) while a protected admission of a and a
+/// borrower of b decide. Max 3; `b0` already borrows. Under revision 0 the shared remainder is
+/// 1 and taken (`U = 2 + 1`), so the borrower is refused; under revision 1 it is 2 and the
+/// borrower fits (`U = max(n_a, 1) + 1 ≤ 2` before it). The protected admission fits under
+/// both. Afterwards the stored `U` must be exact: with everything released, exactly two
+/// borrowers of b fit, and a third is refused for protection.
+///
+/// One outcome is a documented imprecision (CONTRACT.md §10): while `apply_limits` is still
+/// running, between a class's migration CAS and the decrease that follows it, the stored `U`
+/// is one too high, and a borrower deciding under revision 1 in that window is refused. Once
+/// `apply_limits` has returned that cannot happen; the model asserts exactly that and counts
+/// the windowed refusals.
+#[test]
+fn apply_limits_lowering_a_floor_against_a_protected_admission_and_a_borrow() {
+    static WINDOWED: AtomicUsize = AtomicUsize::new(0);
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+    model(|| {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        let (b, [ca, cb]) = build(3, None, [("a", floor(2)), ("b", floor(0))]);
+        let b0 = b.try_acquire(slot(cb)).unwrap();
+        let lowered = b.limits().with_revision(1).with_class(ca, floor(1));
+        let installed = Arc::new(AtomicBool::new(false));
+        let applier = {
+            let b = b.clone();
+            let installed = installed.clone();
+            thread::spawn(move || {
+                b.apply_limits(lowered).unwrap();
+                installed.store(true, loom::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let borrower = {
+            let b = b.clone();
+            let installed = installed.clone();
+            thread::spawn(move || {
+                let after_install = installed.load(loom::sync::atomic::Ordering::SeqCst);
+                match b.try_acquire(slot(cb)) {
+                    Ok(x) => {
+                        assert_eq!(x.revision(), 1, "revision 0 has no shared slot left");
+                        assert!(x.resources().borrowed_concurrency);
+                        Some(x)
+                    }
+                    Err(r) => {
+                        assert_eq!(
+                            (r.reason, r.constraint),
+                            (
+                                RejectReason::ConcurrencyLimit,
+                                Some(Constraint::AdmissionClassProtection)
+                            ),
+                            "{r:?}"
+                        );
+                        if r.revision == 1 {
+                            assert!(!after_install, "refused after apply_limits returned: {r:?}");
+                            WINDOWED.fetch_add(1, Ordering::Relaxed);
+                        }
+                        None
+                    }
+                }
+            })
+        };
+        let a0 = b
+            .try_acquire(slot(ca))
+            .expect("a's floor is idle under both revisions");
+        assert!(!a0.resources().borrowed_concurrency);
+        applier.join().unwrap();
+        let x = borrower.join().unwrap();
+        let w = u64::from(x.is_some());
+        let s = b.stats();
+        assert_eq!(s.in_flight, 2 + w, "{s:?}");
+        assert_eq!(class(&s, cb).in_flight, 1 + w, "{s:?}");
+        drop((a0, b0, x));
+        // Exactness of the stored U after the migration: shared remainder 3 − 1 = 2.
+        let y0 = b.try_acquire(slot(cb)).expect("first shared slot");
+        let y1 = b.try_acquire(slot(cb)).expect("second shared slot");
+        let r = b
+            .try_acquire(slot(cb))
+            .expect_err("the shared remainder is 2");
+        assert_eq!(
+            (r.reason, r.constraint),
+            (
+                RejectReason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "{r:?}"
+        );
+        drop((y0, y1));
+        assert_quiescent(&b, 4 + w, 2 - w);
+        assert_classes_quiescent(&b);
+    });
+    println!(
+        "[classes] lowering a floor: {} interleavings; borrower refused under revision 1 while apply_limits was still migrating (CONTRACT.md §10): {}",
+        RUNS.load(Ordering::Relaxed),
+        WINDOWED.load(Ordering::Relaxed)
+    );
+}

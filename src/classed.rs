@@ -1,0 +1,947 @@
+//! The lock-free protocol of a bulkhead **with admission classes**: its word layouts, the
+//! decision, the returns of capacity, reconfiguration and the lifetime of the shared state.
+//!
+//! A bulkhead without classes never runs any of this (it uses the single word of
+//! [`crate::state`]); the choice is made once, at construction.
+//!
+//! # The words
+//!
+//! * One **class word** per class, each on its own cache line:
+//!   `[tokens t_k:32][in flight n_k:14 @32][pending returns:14 @46][ctag:2 @60][DETACHED @62]`.
+//!   `t_k` and `n_k` are the class's held tokens and slots; `ctag` is the limits tag (mod 4)
+//!   whose floors the class is accounted under; "pending returns" and `DETACHED` belong to the
+//!   lifetime protocol (below).
+//! * The **shared word**, the bulkhead's state word in class mode:
+//!   `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED @63]`, with
+//!   `U = Σ_k max(n_k, protected_concurrent_k)` and `V = Σ_k max(t_k, protected_tokens_k)`
+//!   (CONTRACT.md §4), the limits tag and the flags of the no-class word at the same places.
+//!
+//! The global totals `G = Σ n_k` and `T = Σ t_k` are not stored anywhere: a decision that stays
+//! inside its class's floors never needs them (below), and statistics add up the class words.
+//! Field widths bound the limits of a classed bulkhead: `max_concurrent ≤ 16,383` and a token
+//! budget `≤ 2^30 − 1`; validation names both bounds.
+//!
+//! # Why `U` and `V` are enough
+//!
+//! For class `k` with floors `pc`, `pt`, a demand of `r` tokens changes `U` by
+//! `du = [n_k ≥ pc]` (the slot is borrowed) and `V` by `dv = max(t_k + r, pt) − max(t_k, pt)`
+//! (the borrowed tokens). Since `G ≤ U` and `T ≤ V` at all times:
+//!
+//! * a **protected** demand (`du = 0`, `dv = 0`) needs only its class word, provided `U ≤ MC`
+//!   and `V ≤ eff(priority)`: then `G + 1 ≤ U ≤ MC` (row 6) and `T + r ≤ V ≤ eff` (row 1) hold
+//!   with it admitted, because its slot and tokens sit inside its class's idle floors, which `U`
+//!   and `V` already count;
+//! * a **borrowing** demand needs `U + du ≤ MC` (row 4; it implies row 6) and `V + dv ≤ eff`
+//!   (row 5; it implies row 1), which are checks on the shared word alone.
+//!
+//! So the protected path is a CAS on the class word plus two plain loads of the shared word,
+//! and the borrowing path one CAS on each word; neither reads another class's word, and two
+//! classes within their floors never write a common cache line.
+//!
+//! # The invariant: stored `U`, `V` never below the truth
+//!
+//! Every change of a class word changes the true `U`/`V` by an amount computed from the class
+//! word it replaced (and the floors of that word's `ctag`). The shared word receives that
+//! amount in a separate step, ordered so that the stored values are never below the true ones
+//! (with tentative class increments counted as true):
+//!
+//! * **increases go to the shared word first**: a borrower adds `du`, `dv` by a CAS that checks
+//!   rows 4 and 5, then CASes its class word against exactly the class state it classified
+//!   (if that changed, it takes its increase back and decides again);
+//! * **decreases go to the class word first**: a release (or abandonment, or undo) CASes the
+//!   class word and then subtracts the amount it computed from the state it replaced;
+//! * usage growth adds its whole growth to `V` first and corrects after the class word moved.
+//!
+//! Quantities add up per class (the amounts telescope along the class word's modification
+//! order), so once every step has landed the stored values are exact; in between, they can only
+//! be too high. Too high is safe: a check that passes against the stored values passes against
+//! the true ones, so no admission ever takes `U` past `max_concurrent` or `V` past the budget,
+//! at any instant. Sequentially the stored values are exact, and the decisions are those of the
+//! sequential model (`src/model.rs`), which the property tests check.
+//!
+//! # Protected path, step by step
+//!
+//! 1. load the shared word `g` (tag, flags, `U`, `V`), the limits of its tag, and the class word;
+//! 2. rows 2 and 3 (the class ceilings) on the class word; classify (`du`, `dv`);
+//! 3. CAS the class word, taking one slot and `r` tokens (expected value includes its `ctag`,
+//!    which must equal `g`'s tag);
+//! 4. load the shared word again: if its tag is unchanged, it is not closed, `U ≤ MC` and
+//!    `V ≤ eff`, the admission stands, decided at that load, where every condition above held
+//!    with its slot and tokens already in its class word. Otherwise the class step is undone
+//!    (a decrease, so class word first) and the decision starts again.
+//!
+//! A newcomer never needs another class's word, so nothing here can be refused because of
+//! another class's tentative step. A same-class decider can see this tentative step (it is in
+//! the class word) and may be refused or classified as borrowing because of it; the step is
+//! undone only when the limits changed or the bulkhead closed under it, or on the rare paths
+//! below, so such refusals are rare (measured in `tests/stress_classes.rs`).
+//!
+//! # Rare paths, checked with a collect
+//!
+//! Two conditions are not implied by the shared word: row 6 for a protected slot when `U > MC`
+//! (after a floor was raised, or `max_concurrent` lowered, while capacity was in use), and
+//! row 1 for tokens inside the floors when `V > eff` (the high-priority reserve is in use, or
+//! the budget was lowered). Then the demand takes its class step tentatively, reads every class
+//! word (`SeqCst`, after its own `SeqCst` CAS) and checks `G` and `T` exactly. Of two such
+//! deciders, the later CAS in the `SeqCst` order sees the earlier one's step, so they cannot
+//! both overshoot; fast-path deciders never overshoot because `G ≤ U`, `T ≤ V`. These paths
+//! can refuse because of another tentative step that is later undone.
+//!
+//! A refusal is always re-explained from one collect of every word: the reason, constraint and
+//! capacity detail come from that collect; if the collect says the demand fits (a transient
+//! step of another decider caused the refusal) the decision is retried, at most twice.
+//!
+//! # Reconfiguration
+//!
+//! `apply_limits` (serialised by its mutex) writes the new limits into the ring and, in one
+//! CAS, bumps the shared word's tag **and adds to `U`/`V` every raise of a floor**
+//! (`Σ max(0, pc' − pc)`, the most a raise can add). It then migrates each class: a CAS that
+//! sets the class word's `ctag` (so the class's `n_k`, `t_k` are fixed at that instant), after
+//! which the exact change `max(n, pc') − max(n, pc)` replaces the advance (a decrease). Any
+//! decider that finds its class word on the previous tag helps by migrating it first, so no
+//! one waits for the reconfigurer. A lowered floor takes effect at the tag bump; a raised floor
+//! revokes nothing (`U` may exceed `max_concurrent`, and borrowing pauses until completions
+//! bring it back). Class amounts always use the floors of the class word's own `ctag`, so
+//! the per-class sums still telescope across a migration. Every class CAS compares the `ctag`,
+//! so a decision classified under the old floors cannot land after its class migrated; a
+//! protected admission's final load sees any tag bump and starts again, so after
+//! `apply_limits` returns no decision under the older revision can still succeed.
+//!
+//! # Lifetime
+//!
+//! Class slots are the admissions' references to the shared state (as the global slot is
+//! without classes, see `src/shared.rs`). A release's **last** step must therefore be on its
+//! class word. A release that also has a decrease for the shared word marks itself in the
+//! class word's "pending returns" field in the same CAS that returns its slot, updates the
+//! shared word, then clears the mark with a `fetch_sub`: the class word counts the release as
+//! a reference until it is done. When the last handle goes, it sets `alive = classes + 1`,
+//! sets `DETACHED` on every class word (counting down `alive` for each word that held nothing),
+//! and counts itself down; any release whose last step leaves a detached class word with no
+//! slot and no pending return counts down `alive`. Whoever reaches zero frees. After the last
+//! handle no admission can start and no abandonment can pin, so each class word empties at most
+//! once after being detached.
+//!
+//! # Memory ordering
+//!
+//! Class-word and shared-word operations of the decision are `SeqCst` (on x86-64 this costs
+//! nothing over `AcqRel` for RMWs and nothing for loads), which the collect argument needs; the
+//! lifetime RMWs are at least `AcqRel`, so the freeing thread synchronises with every other
+//! owner's last access.
+
+use crate::classes::{ClassView, Resources};
+use crate::limits::{Hot, HotClass};
+use crate::rejection::{Constraint, RejectReason};
+use crate::shared::Shared;
+use crate::sync::Ordering::{self, SeqCst};
+use crate::Priority;
+
+// ---- class word ----
+
+const CT_MASK: u64 = 0xffff_ffff;
+const CN_SHIFT: u32 = 32;
+const CN_MASK: u64 = ((1 << 14) - 1) << CN_SHIFT;
+const CP_SHIFT: u32 = 46;
+const CP_MASK: u64 = ((1 << 14) - 1) << CP_SHIFT;
+const CTAG_SHIFT: u32 = 60;
+const CTAG_MASK: u64 = 3 << CTAG_SHIFT;
+/// Set on every class word once the last handle is gone.
+pub(crate) const C_DETACHED: u64 = 1 << 62;
+/// One class slot.
+pub(crate) const C_ONE: u64 = 1 << CN_SHIFT;
+/// One pending return.
+const C_PEND: u64 = 1 << CP_SHIFT;
+
+/// A decoded class word.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct CWord(pub(crate) u64);
+
+impl CWord {
+    #[inline]
+    pub(crate) fn tokens(self) -> u64 {
+        self.0 & CT_MASK
+    }
+    #[inline]
+    pub(crate) fn in_flight(self) -> u64 {
+        (self.0 & CN_MASK) >> CN_SHIFT
+    }
+    #[inline]
+    fn pending(self) -> u64 {
+        (self.0 & CP_MASK) >> CP_SHIFT
+    }
+    /// The limits tag (mod 4) whose floors this class is accounted under.
+    #[inline]
+    fn ctag(self) -> usize {
+        ((self.0 & CTAG_MASK) >> CTAG_SHIFT) as usize
+    }
+    #[inline]
+    fn detached(self) -> bool {
+        self.0 & C_DETACHED != 0
+    }
+    #[inline]
+    fn with_ctag(self, tag: usize) -> CWord {
+        CWord((self.0 & !CTAG_MASK) | (((tag & 3) as u64) << CTAG_SHIFT))
+    }
+    /// Whether this word, after a return, leaves a detached class holding nothing.
+    #[inline]
+    fn emptied_detached(self) -> bool {
+        self.detached() && self.in_flight() == 0 && self.pending() == 0
+    }
+}
+
+/// The class word a class starts with under limits tag `tag`.
+pub(crate) fn initial_class_word(tag: usize) -> u64 {
+    CWord(0).with_ctag(tag).0
+}
+
+// ---- shared word ----
+
+const V_MASK: u64 = 0xffff_ffff;
+const U_SHIFT: u32 = 32;
+const U_MASK: u64 = 0xffff << U_SHIFT;
+/// One unit of `U`.
+const G_ONE: u64 = 1 << U_SHIFT;
+
+/// A decoded shared word (class mode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GWord(pub(crate) u64);
+
+impl GWord {
+    /// `V`, as stored (never below the true value).
+    #[inline]
+    pub(crate) fn v(self) -> u64 {
+        self.0 & V_MASK
+    }
+    /// `U`, as stored (never below the true value).
+    #[inline]
+    pub(crate) fn u(self) -> u64 {
+        (self.0 & U_MASK) >> U_SHIFT
+    }
+    #[inline]
+    pub(crate) fn tag(self) -> usize {
+        crate::state::Word(self.0).tag()
+    }
+    #[inline]
+    pub(crate) fn closed(self) -> bool {
+        crate::state::Word(self.0).closed()
+    }
+    #[inline]
+    fn waiters(self) -> bool {
+        crate::state::Word(self.0).waiters()
+    }
+}
+
+impl std::fmt::Debug for GWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWord")
+            .field("U", &self.u())
+            .field("V", &self.v())
+            .field("tag", &self.tag())
+            .field("closed", &self.closed())
+            .finish()
+    }
+}
+
+/// The largest `max_concurrent` (and class concurrency limit) of a bulkhead with classes.
+pub const MAX_CLASSED_SLOTS: u32 = (1 << 14) - 1;
+/// The largest token budget (and class token limit) of a bulkhead with classes.
+pub const MAX_CLASSED_TOKENS: u64 = (1 << 30) - 1;
+/// Usage growth (`report_usage`) of a bulkhead with classes is refused once
+/// `Σ_k max(tokens_k, protected_tokens_k)` would pass this; the rest of the 32-bit field is
+/// room for a reconfiguration's advance on raised token floors (at most
+/// [`MAX_CLASSED_TOKENS`]).
+pub const MAX_CLASSED_HOLD: u64 = V_MASK - MAX_CLASSED_TOKENS;
+const V_GROWTH_CAP: u64 = MAX_CLASSED_HOLD;
+
+/// `(U, V)` change of class `k` going from `(n, t)` to `(n2, t2)` under floors `l`, as
+/// `(increase?, |du|, increase?, |dv|)` is awkward; signed values are used instead.
+#[inline]
+fn delta(l: &HotClass, n: u64, t: u64, n2: u64, t2: u64) -> (i64, i64) {
+    (
+        n2.max(l.pc) as i64 - n.max(l.pc) as i64,
+        t2.max(l.pt) as i64 - t.max(l.pt) as i64,
+    )
+}
+
+/// Applies a decrease `(du, dv)` (both ≤ 0) to the shared word.
+#[inline]
+fn shared_decrease(shared: &Shared, du: i64, dv: i64) {
+    debug_assert!(du <= 0 && dv <= 0);
+    let amount = (du.unsigned_abs() << U_SHIFT) + dv.unsigned_abs();
+    if amount != 0 {
+        shared.word.fetch_sub(amount, SeqCst);
+    }
+}
+
+/// The class limits a class word is accounted under (its `ctag` names the ring slot).
+#[inline]
+fn floors_of(shared: &Shared, c: CWord, k: usize) -> HotClass {
+    shared.ring.read_class(c.ctag(), k)
+}
+
+/// What a classed decision produced.
+pub(crate) struct Admitted {
+    pub(crate) revision: u64,
+    pub(crate) resources: Resources,
+}
+
+/// A classed refusal, with the collect that explains it.
+pub(crate) struct Refused {
+    pub(crate) reason: RejectReason,
+    pub(crate) constraint: Option<Constraint>,
+    pub(crate) lim: Hot,
+    /// `G`, `T` of the collect.
+    pub(crate) g: u64,
+    pub(crate) t: u64,
+    pub(crate) classes: Vec<(u64, u64)>,
+    pub(crate) limits: Vec<HotClass>,
+    /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
+    /// collect, explains the refusal (steps of other deciders were in progress).
+    pub(crate) stored_shared: Option<(u64, u64)>,
+}
+
+/// One request, as the protocol sees it.
+#[derive(Clone, Copy)]
+struct Req {
+    k: usize,
+    r: u64,
+    priority: Priority,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    Admitted(Admitted),
+    /// Refused (reason found by the attempt; the collect decides the final one).
+    Refused(RejectReason),
+    /// Needs the collect-checked path.
+    Slow,
+    /// The limits or the class's accounting changed: start again.
+    Retry,
+}
+
+/// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.
+pub(crate) fn acquire(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+) -> Result<Admitted, Refused> {
+    if let Some(a) = first_try(shared, k, r, priority) {
+        return Ok(a);
+    }
+    acquire_contended(shared, Req { k, r, priority })
+}
+
+/// The common case in a few instructions: every state read once, one CAS per word, no retry.
+/// `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again
+/// from fresh reads; anything this did was undone.
+#[inline(always)]
+fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
+    let word = &*shared.word;
+    let cw = &*shared.class_words[k];
+    let g = GWord(word.load(SeqCst));
+    let tag = g.tag();
+    let lim = shared.ring.read(tag);
+    let l = shared.ring.read_class(tag, k);
+    let eff = lim.effective(priority);
+    let mc = lim.max_concurrent;
+    let c = CWord(cw.load(SeqCst));
+    if g.closed()
+        || g.waiters()
+        || c.ctag() != tag & 3
+        || eff.is_some_and(|e| r > e)
+        || l.mt.is_some_and(|mt| c.tokens() + r > mt)
+        || l.mc.is_some_and(|m| c.in_flight() >= m)
+        || g.u() > mc
+    {
+        return None;
+    }
+    let (n, t) = (c.in_flight(), c.tokens());
+    let borrow_c = n >= l.pc;
+    let dv = (t + r).max(l.pt) - t.max(l.pt);
+    let next = c.0 + C_ONE + r;
+    if !borrow_c && dv == 0 {
+        if eff.is_some_and(|e| g.v() > e) {
+            return None;
+        }
+        cw.compare_exchange(c.0, next, SeqCst, SeqCst).ok()?;
+        let g2 = GWord(word.load(SeqCst));
+        if g2.tag() == tag
+            && !g2.closed()
+            && !g2.waiters()
+            && g2.u() <= mc
+            && eff.is_none_or(|e| g2.v() <= e)
+        {
+            return Some(Admitted {
+                revision: lim.revision,
+                resources: Resources::default(),
+            });
+        }
+        undo(shared, k, r);
+        return None;
+    }
+    // Borrowing: rows 4 and 5 on the shared word, then the class word.
+    let du = u64::from(borrow_c);
+    if (borrow_c && g.u() + 1 > mc)
+        || eff.is_some_and(|e| if dv > 0 { g.v() + dv > e } else { g.v() > e })
+    {
+        return None;
+    }
+    word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
+        .ok()?;
+    if cw.compare_exchange(c.0, next, SeqCst, SeqCst).is_err() {
+        shared_decrease(shared, -(du as i64), -(dv as i64));
+        return None;
+    }
+    Some(Admitted {
+        revision: lim.revision,
+        resources: Resources {
+            borrowed_concurrency: borrow_c,
+            borrowed_tokens: dv,
+        },
+    })
+}
+
+/// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
+#[inline(never)]
+fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
+    let backoff = crossbeam_utils::Backoff::new();
+    let mut retries_after_refusal = 0;
+    loop {
+        let outcome = match attempt(shared, req) {
+            Attempt::Slow => slow(shared, req),
+            other => other,
+        };
+        match outcome {
+            Attempt::Admitted(a) => return Ok(a),
+            Attempt::Retry | Attempt::Slow => backoff.spin(),
+            Attempt::Refused(reason) => match explain(shared, req, reason) {
+                Explained::Refused(rej) => return Err(rej),
+                Explained::Fits if retries_after_refusal < 2 => {
+                    retries_after_refusal += 1;
+                    backoff.snooze();
+                }
+                Explained::Fits => return Err(explain_final(shared, req, reason)),
+                Explained::TagMoved => {}
+            },
+        }
+    }
+}
+
+/// One attempt on the fast paths.
+#[inline]
+fn attempt(shared: &Shared, req: Req) -> Attempt {
+    let Req { k, r, priority } = req;
+    let word = &*shared.word;
+    let cw = &*shared.class_words[k];
+    let g = GWord(word.load(SeqCst));
+    if g.closed() {
+        return Attempt::Refused(RejectReason::Shutdown);
+    }
+    let lim = shared.ring.read(g.tag());
+    let l = shared.ring.read_class(g.tag(), k);
+    let eff = lim.effective(priority);
+    if eff.is_some_and(|e| r > e) {
+        // Row 1 fails whatever the state (and r is now small enough for the word arithmetic).
+        return Attempt::Refused(RejectReason::BudgetLimit);
+    }
+    let mc = lim.max_concurrent;
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        if c.ctag() != g.tag() & 3 {
+            help_migrate(shared, k, c);
+            return Attempt::Retry;
+        }
+        let (n, t) = (c.in_flight(), c.tokens());
+        // Row 1 is not decidable here (T is not stored); when a ceiling fails the collect in
+        // `explain` puts row 1 first.
+        if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
+            return Attempt::Refused(RejectReason::BudgetLimit);
+        }
+        if l.mc.is_some_and(|m| n >= m) {
+            return Attempt::Refused(RejectReason::ConcurrencyLimit);
+        }
+        let borrow_c = n >= l.pc;
+        let (_, dv) = delta(&l, n, t, n, t.saturating_add(r));
+        let dv = dv as u64;
+        let mut next = CWord(c.0 + C_ONE + r);
+        if !borrow_c && dv == 0 {
+            // Protected: class word only, then validate on the shared word.
+            if g.u() > mc || eff.is_some_and(|e| g.v() > e) {
+                return Attempt::Slow;
+            }
+            match cw.compare_exchange_weak(c.0, next.0, SeqCst, SeqCst) {
+                Ok(_) => {}
+                Err(actual) => {
+                    c = CWord(actual);
+                    continue;
+                }
+            }
+            let g2 = GWord(word.load(SeqCst));
+            if g2.tag() == g.tag()
+                && !g2.closed()
+                && !g2.waiters()
+                && g2.u() <= mc
+                && eff.is_none_or(|e| g2.v() <= e)
+            {
+                return Attempt::Admitted(Admitted {
+                    revision: lim.revision,
+                    resources: Resources::default(),
+                });
+            }
+            undo(shared, k, r);
+            return if g2.closed() {
+                Attempt::Refused(RejectReason::Shutdown)
+            } else if g2.tag() != g.tag() {
+                Attempt::Retry
+            } else {
+                Attempt::Slow
+            };
+        }
+        // Borrowing: the shared word first (rows 4 and 5), then the class word.
+        let du = u64::from(borrow_c);
+        let mut s = g;
+        loop {
+            if s.tag() != g.tag() {
+                return Attempt::Retry;
+            }
+            if s.closed() {
+                return Attempt::Refused(RejectReason::Shutdown);
+            }
+            if s.waiters() {
+                return Attempt::Refused(RejectReason::ConcurrencyLimit);
+            }
+            if borrow_c {
+                if s.u() + 1 > mc {
+                    return Attempt::Refused(RejectReason::ConcurrencyLimit);
+                }
+            } else if s.u() > mc {
+                return Attempt::Slow;
+            }
+            if let Some(e) = eff {
+                if dv > 0 {
+                    if s.v() + dv > e {
+                        return Attempt::Refused(RejectReason::BudgetLimit);
+                    }
+                } else if s.v() > e {
+                    return Attempt::Slow;
+                }
+            }
+            match word.compare_exchange_weak(s.0, s.0 + du * G_ONE + dv, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(actual) => s = GWord(actual),
+            }
+        }
+        // The class word must still be the state that was classified.
+        loop {
+            match cw.compare_exchange_weak(c.0, next.0, SeqCst, SeqCst) {
+                Ok(_) => {
+                    return Attempt::Admitted(Admitted {
+                        revision: lim.revision,
+                        resources: Resources {
+                            borrowed_concurrency: borrow_c,
+                            borrowed_tokens: dv,
+                        },
+                    })
+                }
+                Err(actual) => {
+                    let a = CWord(actual);
+                    let (n2, t2) = (a.in_flight(), a.tokens());
+                    let same = a.ctag() == c.ctag()
+                        && (n2 >= l.pc) == borrow_c
+                        && delta(&l, n2, t2, n2, t2.saturating_add(r)).1 as u64 == dv
+                        && !l.mt.is_some_and(|mt| t2.saturating_add(r) > mt)
+                        && !l.mc.is_some_and(|m| n2 >= m);
+                    if same {
+                        // The same classification on the new state: the amount already in the
+                        // shared word is still exact.
+                        c = a;
+                        next = CWord(a.0 + C_ONE + r);
+                        continue;
+                    }
+                    // Take the increase back (no class step happened) and decide again.
+                    shared_decrease(shared, -(du as i64), -(dv as i64));
+                    c = a;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The collect-checked path (module docs, "Rare paths").
+fn slow(shared: &Shared, req: Req) -> Attempt {
+    let Req { k, r, priority } = req;
+    let word = &*shared.word;
+    let cw = &*shared.class_words[k];
+    let g = GWord(word.load(SeqCst));
+    if g.closed() {
+        return Attempt::Refused(RejectReason::Shutdown);
+    }
+    let lim = shared.ring.read(g.tag());
+    let l = shared.ring.read_class(g.tag(), k);
+    let eff = lim.effective(priority);
+    if eff.is_some_and(|e| r > e) {
+        return Attempt::Refused(RejectReason::BudgetLimit);
+    }
+    let mc = lim.max_concurrent;
+    let c = CWord(cw.load(SeqCst));
+    if c.ctag() != g.tag() & 3 {
+        help_migrate(shared, k, c);
+        return Attempt::Retry;
+    }
+    let (n, t) = (c.in_flight(), c.tokens());
+    if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
+        return Attempt::Refused(RejectReason::BudgetLimit);
+    }
+    if l.mc.is_some_and(|m| n >= m) {
+        return Attempt::Refused(RejectReason::ConcurrencyLimit);
+    }
+    let borrow_c = n >= l.pc;
+    let (_, dv) = delta(&l, n, t, n, t.saturating_add(r));
+    let (du, dv) = (u64::from(borrow_c), dv as u64);
+    if du + dv > 0 {
+        let mut s = g;
+        loop {
+            if s.tag() != g.tag() {
+                return Attempt::Retry;
+            }
+            if s.closed() {
+                return Attempt::Refused(RejectReason::Shutdown);
+            }
+            if borrow_c && s.u() + 1 > mc {
+                return Attempt::Refused(RejectReason::ConcurrencyLimit);
+            }
+            if dv > 0 && eff.is_some_and(|e| s.v() + dv > e) {
+                return Attempt::Refused(RejectReason::BudgetLimit);
+            }
+            match word.compare_exchange_weak(s.0, s.0 + du * G_ONE + dv, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(actual) => s = GWord(actual),
+            }
+        }
+    }
+    if cw
+        .compare_exchange(c.0, c.0 + C_ONE + r, SeqCst, SeqCst)
+        .is_err()
+    {
+        shared_decrease(shared, -(du as i64), -(dv as i64));
+        return Attempt::Retry;
+    }
+    // Every class word, after our own SeqCst CAS.
+    let (g_all, t_all) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
+        let w = CWord(w.load(SeqCst));
+        (a + w.in_flight(), b + w.tokens())
+    });
+    let g3 = GWord(word.load(SeqCst));
+    let fits_tokens = eff.is_none_or(|e| t_all <= e);
+    if g3.tag() == g.tag() && !g3.closed() && !g3.waiters() && fits_tokens && g_all <= mc {
+        return Attempt::Admitted(Admitted {
+            revision: lim.revision,
+            resources: Resources {
+                borrowed_concurrency: borrow_c,
+                borrowed_tokens: dv,
+            },
+        });
+    }
+    undo(shared, k, r);
+    if g3.closed() {
+        Attempt::Refused(RejectReason::Shutdown)
+    } else if g3.tag() != g.tag() {
+        Attempt::Retry
+    } else if !fits_tokens {
+        Attempt::Refused(RejectReason::BudgetLimit)
+    } else {
+        Attempt::Refused(RejectReason::ConcurrencyLimit)
+    }
+}
+
+/// Takes back a class step of one slot and `r` tokens. The step's own amount is already in the
+/// shared word (a borrower adds it first; a protected step's amount is zero), so this is an
+/// ordinary decrease: class word first, then the amount it computes.
+fn undo(shared: &Shared, k: usize, r: u64) {
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let (n, t) = (c.in_flight(), c.tokens());
+        let (du, dv) = delta(&l, n, t, n - 1, t - r);
+        match cw.compare_exchange_weak(c.0, c.0 - C_ONE - r, SeqCst, SeqCst) {
+            Ok(_) => return shared_decrease(shared, du, dv),
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// Migrates class `k` (found at `seen`) to the current tag, if the shared word's tag is one
+/// ahead of it; otherwise does nothing (the caller starts again with fresh reads).
+fn help_migrate(shared: &Shared, k: usize, seen: CWord) {
+    let g = GWord(shared.word.load(SeqCst));
+    if seen.ctag() == (g.tag().wrapping_sub(1)) & 3 {
+        migrate(shared, k, g.tag());
+    }
+}
+
+/// Moves class `k`'s accounting to the floors of `tag` (module docs, "Reconfiguration"):
+/// one CAS on the class word, then the exact change replaces the reconfigurer's advance.
+pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) {
+    let cw = &*shared.class_words[k];
+    let new = shared.ring.read_class(tag, k);
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        if c.ctag() != tag.wrapping_sub(1) & 3 {
+            return; // already migrated (or not ours to do)
+        }
+        let old = floors_of(shared, c, k);
+        let (n, t) = (c.in_flight(), c.tokens());
+        match cw.compare_exchange_weak(c.0, c.with_ctag(tag).0, SeqCst, SeqCst) {
+            Ok(_) => {
+                let du = n.max(new.pc) as i64 - n.max(old.pc) as i64;
+                let dv = t.max(new.pt) as i64 - t.max(old.pt) as i64;
+                let adv_u = new.pc.saturating_sub(old.pc) as i64;
+                let adv_v = new.pt.saturating_sub(old.pt) as i64;
+                shared_decrease(shared, du - adv_u, dv - adv_v);
+                return;
+            }
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// The shared word of a new bulkhead with limits `first`: `U = Σ pc`, `V = Σ pt`, tag 0.
+pub(crate) fn initial_shared_word(first: &crate::LimitsSnapshot) -> u64 {
+    let (u, v) = first.classes.floor_sums();
+    (u << U_SHIFT) + v
+}
+
+/// The advance a reconfiguration adds to the shared word with its tag bump.
+pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnapshot) -> u64 {
+    let (mut u, mut v) = (0u64, 0u64);
+    for (a, b) in old.classes.iter().zip(new.classes.iter()) {
+        u += u64::from(
+            b.protected_concurrent
+                .saturating_sub(a.protected_concurrent),
+        );
+        v += b.protected_tokens.saturating_sub(a.protected_tokens);
+    }
+    (u << U_SHIFT) + v
+}
+
+/// Returns one class slot and `held` tokens of class `k` (a release). The last step is on the
+/// class word; frees the shared state if this was its last owner.
+///
+/// The caller holds the slot being returned (it keeps `shared` alive until this returns) and
+/// must not touch `shared` afterwards; when this returns true, the caller must free it.
+pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let (n, t) = (c.in_flight(), c.tokens());
+        let (du, dv) = delta(&l, n, t, n - 1, t - held);
+        if du == 0 && dv == 0 {
+            match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
+                Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),
+                Err(actual) => c = CWord(actual),
+            }
+        } else {
+            match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
+                Ok(_) => {
+                    shared_decrease(shared, du, dv);
+                    let p = CWord(cw.fetch_sub(C_PEND, SeqCst));
+                    return CWord(p.0 - C_PEND).emptied_detached();
+                }
+                Err(actual) => c = CWord(actual),
+            }
+        }
+    }
+}
+
+/// Returns one class slot of class `k` but keeps its tokens (abandonment). The caller holds a
+/// handle, so ordering is free of lifetime concerns.
+pub(crate) fn return_slot_only(shared: &Shared, k: usize) {
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let n = c.in_flight();
+        let (du, _) = delta(&l, n, 0, n - 1, 0);
+        match cw.compare_exchange_weak(c.0, c.0 - C_ONE, SeqCst, SeqCst) {
+            Ok(_) => return shared_decrease(shared, du, 0),
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// Returns `amount` tokens of class `k` (usage shrinkage, or the release of an abandoned
+/// admission, whose handle keeps the state alive).
+pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let t = c.tokens();
+        let (_, dv) = delta(&l, 0, t, 0, t - amount);
+        match cw.compare_exchange_weak(c.0, c.0 - amount, SeqCst, SeqCst) {
+            Ok(_) => return shared_decrease(shared, 0, dv),
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// Adds `amount` tokens to class `k`'s hold with no admission check (usage growth): `V` first
+/// by the whole amount, then the class word, then the exact correction.
+///
+/// # Errors
+/// `Err(())` when the stored `V` would pass its field's room; nothing changed.
+pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), ()> {
+    let word = &*shared.word;
+    let mut s = GWord(word.load(SeqCst));
+    loop {
+        if s.v().checked_add(amount).is_none_or(|v| v > V_GROWTH_CAP) {
+            return Err(());
+        }
+        match word.compare_exchange_weak(s.0, s.0 + amount, SeqCst, SeqCst) {
+            Ok(_) => break,
+            Err(actual) => s = GWord(actual),
+        }
+    }
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let t = c.tokens();
+        let (_, dv) = delta(&l, 0, t, 0, t + amount);
+        match cw.compare_exchange_weak(c.0, c.0 + amount, SeqCst, SeqCst) {
+            Ok(_) => return Ok(shared_decrease(shared, 0, dv - amount as i64)),
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// The last handle is gone: detach every class word (module docs, "Lifetime"). Returns
+/// whether the caller must free the state now.
+pub(crate) fn detach(shared: &Shared) -> bool {
+    let classes = shared.class_words.len();
+    shared.alive.store(classes + 1, Ordering::Release);
+    for cw in shared.class_words.iter() {
+        let p = CWord(cw.fetch_or(C_DETACHED, Ordering::AcqRel));
+        if p.in_flight() == 0 && p.pending() == 0 {
+            // Cannot reach zero: this thread's own count is still in `alive`.
+            let last = count_down(shared);
+            debug_assert!(!last);
+        }
+    }
+    count_down(shared)
+}
+
+/// Counts down `alive`; true for the thread that must free.
+pub(crate) fn count_down(shared: &Shared) -> bool {
+    shared.alive.fetch_sub(1, Ordering::AcqRel) == 1
+}
+
+/// Every class word's `(in flight, tokens)`, and `(G, T)`.
+pub(crate) fn collect(shared: &Shared) -> (Vec<(u64, u64)>, u64, u64) {
+    let v: Vec<(u64, u64)> = shared
+        .class_words
+        .iter()
+        .map(|w| {
+            let w = CWord(w.load(SeqCst));
+            (w.in_flight(), w.tokens())
+        })
+        .collect();
+    let g = v.iter().map(|x| x.0).sum();
+    let t = v.iter().map(|x| x.1).sum();
+    (v, g, t)
+}
+
+enum Explained {
+    Refused(Refused),
+    /// The collect says the demand fits: a transient step of another decider refused it.
+    Fits,
+    TagMoved,
+}
+
+/// Explains a refusal from one collect of every word, the way the sequential model decides
+/// (`src/model.rs`): shutdown, row 1, rows 2–3, rows 4–5, row 6.
+fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
+    let g = GWord(shared.word.load(SeqCst));
+    // A reconfiguration in progress keeps the stored U/V conservative until every class has
+    // migrated: finish it (helping) before refusing because of it.
+    let mut helped = false;
+    for (k, w) in shared.class_words.iter().enumerate() {
+        let c = CWord(w.load(SeqCst));
+        if c.ctag() != g.tag() & 3 {
+            help_migrate(shared, k, c);
+            helped = true;
+        }
+    }
+    if helped {
+        return Explained::TagMoved;
+    }
+    let (classes, gsum, tsum) = collect(shared);
+    if GWord(shared.word.load(SeqCst)).tag() != g.tag() {
+        return Explained::TagMoved;
+    }
+    let lim = shared.ring.read(g.tag());
+    let limits: Vec<HotClass> = (0..classes.len())
+        .map(|j| shared.ring.read_class(g.tag(), j))
+        .collect();
+    let refused = |reason, constraint| {
+        Explained::Refused(Refused {
+            reason,
+            constraint,
+            lim,
+            g: gsum,
+            t: tsum,
+            classes: classes.clone(),
+            limits: limits.clone(),
+            stored_shared: None,
+        })
+    };
+    if g.closed() || hint == RejectReason::Shutdown {
+        return refused(RejectReason::Shutdown, None);
+    }
+    let view = ClassView {
+        g: gsum,
+        t: tsum,
+        classes: &classes,
+        limits: &limits,
+        max_concurrent: lim.max_concurrent,
+        eff: lim.effective(req.priority),
+    };
+    match view.decide(req.k, req.r) {
+        Some((reason, constraint)) => refused(reason, Some(constraint)),
+        None if g.waiters() => refused(RejectReason::ConcurrencyLimit, Some(Constraint::Global)),
+        None => Explained::Fits,
+    }
+}
+
+/// A refusal whose collects kept saying the demand fits: reported with the reason the attempt
+/// found and the detail of a last collect (a documented imprecision, CONTRACT.md §10).
+#[cold]
+fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
+    let g = GWord(shared.word.load(SeqCst));
+    let (classes, gsum, tsum) = collect(shared);
+    let lim = shared.ring.read(g.tag());
+    let limits: Vec<HotClass> = (0..classes.len())
+        .map(|j| shared.ring.read_class(g.tag(), j))
+        .collect();
+    let (sum_pc, sum_pt) = shared.ring.read_sums(g.tag());
+    let constraint = match hint {
+        RejectReason::Shutdown => None,
+        RejectReason::BudgetLimit if sum_pt > 0 => Some(Constraint::AdmissionClassProtection),
+        RejectReason::ConcurrencyLimit if sum_pc > 0 => Some(Constraint::AdmissionClassProtection),
+        _ => Some(Constraint::Global),
+    };
+    let _ = req;
+    Refused {
+        reason: hint,
+        constraint,
+        lim,
+        g: gsum,
+        t: tsum,
+        classes,
+        limits,
+        stored_shared: Some((g.u().saturating_sub(sum_pc), g.v().saturating_sub(sum_pt))),
+    }
+}

@@ -1,0 +1,357 @@
+//! Admission classes: a fixed table of policy buckets with protected floors and hard ceilings
+//! (CONTRACT.md §4), enforced lock-free by the protocol in [`crate::state`] ("Admission
+//! classes").
+//!
+//! A class uses its floor first, then borrows from the shared remainder
+//! (`max_concurrent − Σ floors`, and for tokens `eff(priority) − Σ token floors`). Floors are
+//! strict: idle protected capacity is never lent.
+
+/// The most classes a bulkhead can have.
+pub const MAX_CLASSES: usize = 8;
+
+/// One class's floors and ceilings. Every field may be 0; an absent ceiling means only the
+/// global limits apply.
+///
+/// ```
+/// use llm_bulkhead::ClassLimits;
+/// let premium = ClassLimits { protected_concurrent: 6, max_concurrent: Some(10), protected_tokens: 12_000, max_tokens: Some(20_000) };
+/// assert_eq!(ClassLimits::default().max_concurrent, None);
+/// # let _ = premium;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ClassLimits {
+    /// Slots reserved for this class (its concurrency floor).
+    pub protected_concurrent: u32,
+    /// The class's concurrency ceiling.
+    pub max_concurrent: Option<u32>,
+    /// Tokens reserved for this class (its token floor); needs a token budget.
+    pub protected_tokens: u64,
+    /// The class's token ceiling; needs a token budget.
+    pub max_tokens: Option<u64>,
+}
+
+/// A class of a bulkhead, by position in its construction-time table. Obtained from
+/// [`Bulkhead::class_id`](crate::Bulkhead::class_id).
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, ClassLimits};
+/// let b = Bulkhead::builder().max_concurrent(4)
+///     .class("premium", ClassLimits::default()).class("standard", ClassLimits::default())
+///     .default_class("standard").build().unwrap();
+/// assert_eq!(b.class_id("standard").unwrap().index(), 1);
+/// assert!(b.class_id("raw-tenant-id").is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ClassId(pub(crate) u8);
+
+impl ClassId {
+    /// The position in the class table.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// # let b = Bulkhead::builder().class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// assert_eq!(b.class_id("a").unwrap().index(), 0);
+    /// ```
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+/// The per-class limits of a snapshot, in construction order.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, ClassLimits};
+/// let b = Bulkhead::builder().max_concurrent(4).class("a", ClassLimits::default())
+///     .default_class("a").build().unwrap();
+/// let t = b.limits().classes;
+/// assert_eq!((t.len(), t.get(b.class_id("a").unwrap())), (1, Some(&ClassLimits::default())));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ClassTable {
+    len: u8,
+    entries: [ClassLimits; MAX_CLASSES],
+}
+
+impl ClassTable {
+    /// Number of classes (0 when the bulkhead has none).
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::ClassTable::default().len(), 0);
+    /// ```
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether the bulkhead has no classes.
+    ///
+    /// ```
+    /// assert!(llm_bulkhead::ClassTable::default().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A class's limits.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// # let b = Bulkhead::builder().class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// assert!(b.limits().classes.get(b.class_id("a").unwrap()).is_some());
+    /// ```
+    pub fn get(&self, id: ClassId) -> Option<&ClassLimits> {
+        self.entries[..self.len()].get(id.index())
+    }
+
+    /// Every class's limits, in construction order.
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::ClassTable::default().iter().count(), 0);
+    /// ```
+    pub fn iter(&self) -> impl Iterator<Item = &ClassLimits> {
+        self.entries[..self.len()].iter()
+    }
+
+    pub(crate) fn push(&mut self, limits: ClassLimits) -> bool {
+        if self.len() == MAX_CLASSES {
+            return false;
+        }
+        self.entries[self.len()] = limits;
+        self.len += 1;
+        true
+    }
+
+    pub(crate) fn set(&mut self, id: ClassId, limits: ClassLimits) -> bool {
+        let len = self.len();
+        match self.entries[..len].get_mut(id.index()) {
+            Some(e) => {
+                *e = limits;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `Σ protected_concurrent`, `Σ protected_tokens`.
+    pub(crate) fn floor_sums(&self) -> (u64, u64) {
+        self.iter().fold((0, 0), |(c, t), l| {
+            (
+                c + u64::from(l.protected_concurrent),
+                t.saturating_add(l.protected_tokens),
+            )
+        })
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for ClassTable {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for ClassTable {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v: Vec<ClassLimits> = serde::Deserialize::deserialize(d)?;
+        let mut t = ClassTable::default();
+        for l in v {
+            if !t.push(l) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "at most {MAX_CLASSES} admission classes"
+                )));
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// How an admission's capacity was attributed at its decision (immutable afterwards).
+///
+/// ```
+/// use llm_bulkhead::Resources;
+/// assert_eq!(Resources::default(), Resources { borrowed_concurrency: false, borrowed_tokens: 0 });
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Resources {
+    /// The slot came from the shared remainder (always true for a class without a floor).
+    pub borrowed_concurrency: bool,
+    /// Reservation tokens placed in the shared remainder.
+    pub borrowed_tokens: u64,
+}
+
+/// A class name that the bulkhead's table does not contain.
+///
+/// ```
+/// use llm_bulkhead::Bulkhead;
+/// let e = Bulkhead::new(1).unwrap().class_id("x").unwrap_err();
+/// assert_eq!(e.to_string(), "unknown admission class \"x\"");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownClass(pub String);
+
+impl std::fmt::Display for UnknownClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown admission class {:?}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownClass {}
+
+/// The state that explains a class decision.
+pub(crate) struct ClassView<'a> {
+    /// Global slots in use and tokens held.
+    pub(crate) g: u64,
+    pub(crate) t: u64,
+    /// `(in flight, tokens)` per class.
+    pub(crate) classes: &'a [(u64, u64)],
+    /// Limits per class.
+    pub(crate) limits: &'a [crate::limits::HotClass],
+    pub(crate) max_concurrent: u64,
+    /// The demand's effective budget (`None` without a budget).
+    pub(crate) eff: Option<u64>,
+}
+
+impl ClassView<'_> {
+    /// What class `k` would borrow for a demand of `r` tokens: `(slot?, tokens)`.
+    pub(crate) fn borrow(&self, k: usize, r: u64) -> (bool, u64) {
+        let (i, t) = self.classes[k];
+        let l = &self.limits[k];
+        let tokens = if r == 0 {
+            0
+        } else {
+            r - r.min(l.pt.saturating_sub(t))
+        };
+        (i >= l.pc, tokens)
+    }
+
+    /// The sequential decision for class `k` and a demand of `r` tokens in this state, rows 1–6
+    /// (shutdown is the caller's): `None` when it fits. The same formulas as the model's
+    /// (`src/model.rs`, the reference's §4.3).
+    pub(crate) fn decide(
+        &self,
+        k: usize,
+        r: u64,
+    ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
+        use crate::rejection::{Constraint, RejectReason};
+        if self.eff.is_some_and(|e| self.t.saturating_add(r) > e) {
+            return Some((RejectReason::BudgetLimit, Constraint::Global));
+        }
+        let (i, t) = self.classes[k];
+        let l = &self.limits[k];
+        if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
+            return Some((RejectReason::BudgetLimit, Constraint::AdmissionClass));
+        }
+        if l.mc.is_some_and(|mc| i >= mc) {
+            return Some((RejectReason::ConcurrencyLimit, Constraint::AdmissionClass));
+        }
+        let (sum_pc, sum_pt) = self
+            .limits
+            .iter()
+            .fold((0u64, 0u64), |(c, t), l| (c + l.pc, t.saturating_add(l.pt)));
+        let (borrow_c, borrow_t) = self.borrow(k, r);
+        let prot_c: u64 = self
+            .classes
+            .iter()
+            .zip(self.limits)
+            .map(|(&(i, _), l)| i.min(l.pc))
+            .sum();
+        let sc = self.max_concurrent.saturating_sub(sum_pc);
+        if sum_pc > 0 && borrow_c && self.g.saturating_sub(prot_c) + 1 > sc {
+            return Some((
+                RejectReason::ConcurrencyLimit,
+                Constraint::AdmissionClassProtection,
+            ));
+        }
+        if let Some(e) = self.eff {
+            let prot_t: u64 = self
+                .classes
+                .iter()
+                .zip(self.limits)
+                .map(|(&(_, t), l)| t.min(l.pt))
+                .sum();
+            let st = e.saturating_sub(sum_pt);
+            let used = self.t.saturating_sub(prot_t);
+            if sum_pt > 0 && borrow_t > 0 && used.saturating_add(borrow_t) > st {
+                return Some((
+                    RejectReason::BudgetLimit,
+                    Constraint::AdmissionClassProtection,
+                ));
+            }
+        }
+        if self.g >= self.max_concurrent {
+            return Some((RejectReason::ConcurrencyLimit, Constraint::Global));
+        }
+        None
+    }
+
+    /// The refusal detail for class `k` (named `name`) and a demand of `r` tokens.
+    pub(crate) fn detail(&self, k: usize, name: &str, r: u64) -> crate::rejection::ClassDetail {
+        use crate::rejection::{
+            ClassCapacity, ClassDetail, ClassTokenCapacity, SharedAmount, SharedCapacity,
+        };
+        let (sum_pc, sum_pt) = self
+            .limits
+            .iter()
+            .fold((0u64, 0u64), |(c, t), l| (c + l.pc, t.saturating_add(l.pt)));
+        let prot_c: u64 = self
+            .classes
+            .iter()
+            .zip(self.limits)
+            .map(|(&(i, _), l)| i.min(l.pc))
+            .sum();
+        let prot_t: u64 = self
+            .classes
+            .iter()
+            .zip(self.limits)
+            .map(|(&(_, t), l)| t.min(l.pt))
+            .sum();
+        let (borrow_c, borrow_t) = self.borrow(k, r);
+        let amount = |capacity: u64, in_use: u64, requested_borrowed: u64| SharedAmount {
+            capacity,
+            in_use,
+            available: capacity.saturating_sub(in_use),
+            requested_borrowed,
+        };
+        let (i, t) = self.classes[k];
+        let l = &self.limits[k];
+        ClassDetail {
+            shared: SharedCapacity {
+                concurrency: amount(
+                    self.max_concurrent.saturating_sub(sum_pc),
+                    self.g.saturating_sub(prot_c),
+                    u64::from(borrow_c),
+                ),
+                token_budget: self.eff.map(|eff| {
+                    amount(
+                        eff.saturating_sub(sum_pt),
+                        self.t.saturating_sub(prot_t),
+                        borrow_t,
+                    )
+                }),
+            },
+            class: ClassCapacity {
+                id: name.to_owned(),
+                in_flight: i,
+                protected_concurrent: l.pc,
+                protected_concurrent_in_use: i.min(l.pc),
+                borrowed_concurrent: i - i.min(l.pc),
+                available_protected_concurrent: l.pc.saturating_sub(i),
+                max_concurrent: l.mc,
+                available_concurrent: l.mc.map(|m| m.saturating_sub(i)),
+                token_budget: self.eff.map(|_| ClassTokenCapacity {
+                    in_flight_tokens: t,
+                    protected_tokens: l.pt,
+                    protected_tokens_in_use: t.min(l.pt),
+                    borrowed_tokens: t - t.min(l.pt),
+                    available_protected_tokens: l.pt.saturating_sub(t),
+                    max_tokens: l.mt,
+                    available: l.mt.map(|m| m.saturating_sub(t)),
+                    requested: r,
+                }),
+            },
+        }
+    }
+}
