@@ -355,10 +355,7 @@ impl Bulkhead {
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler
         // move the admission through memory in a way that stalled on store forwarding.
         let g = if shared.classed {
-            match self.try_acquire_classed(demand, r, priority) {
-                Ok(g) => g,
-                Err(rejection) => return Err(rejection),
-            }
+            self.try_acquire_classed(demand, r, priority)?
         } else {
             let word = &*shared.word;
             let mut w = Word(word.load(Ordering::Acquire));
@@ -523,7 +520,10 @@ impl Bulkhead {
     /// assert!(b.stats().closed);
     /// ```
     pub fn close(&self) {
-        self.shared.word.fetch_or(CLOSED, Ordering::AcqRel);
+        self.shared.word.fetch_or(CLOSED, Ordering::SeqCst);
+        // With classes, a protected decision's class CAS and its final load of this word are
+        // ordered against this RMW by the `SeqCst` total order (`crate::classed`).
+        crate::sync::loom_sc_fence();
     }
 
     /// Whether `close()` was called.
@@ -718,7 +718,7 @@ impl Bulkhead {
                     class: Some((k, a.resources)),
                 })
             }
-            Err(f) => Err(self.class_refusal(k, f, r, priority)),
+            Err(f) => Err(self.class_refusal(k, *f, r, priority)),
         }
     }
 

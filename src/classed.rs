@@ -299,6 +299,14 @@ pub(crate) struct Refused {
     pub(crate) stored_shared: Option<(u64, u64)>,
 }
 
+/// What a borrower decided: its class, its tokens and the class limits it classified with.
+#[derive(Clone, Copy)]
+struct Decision {
+    k: usize,
+    r: u64,
+    l: HotClass,
+}
+
 /// One request, as the protocol sees it.
 #[derive(Clone, Copy)]
 struct Req {
@@ -324,7 +332,7 @@ pub(crate) fn acquire(
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Refused> {
+) -> Result<Admitted, Box<Refused>> {
     if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
@@ -364,6 +372,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
             return None;
         }
         cw.compare_exchange(c.0, next, SeqCst, SeqCst).ok()?;
+        crate::sync::loom_sc_fence();
         let g2 = GWord(word.load(SeqCst));
         if g2.tag() == tag
             && !g2.closed()
@@ -388,22 +397,17 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     }
     word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
         .ok()?;
-    if cw.compare_exchange(c.0, next, SeqCst, SeqCst).is_err() {
-        shared_decrease(shared, -(du as i64), -(dv as i64));
-        return None;
-    }
+    let d = Decision { k, r, l };
+    let resources = class_step_after_reserve(shared, &d, c, du, dv)?;
     Some(Admitted {
         revision: lim.revision,
-        resources: Resources {
-            borrowed_concurrency: borrow_c,
-            borrowed_tokens: dv,
-        },
+        resources,
     })
 }
 
 /// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
 #[inline(never)]
-fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
+fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Box<Refused>> {
     let backoff = crossbeam_utils::Backoff::new();
     let mut retries_after_refusal = 0;
     loop {
@@ -415,12 +419,12 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
             Attempt::Admitted(a) => return Ok(a),
             Attempt::Retry | Attempt::Slow => backoff.spin(),
             Attempt::Refused(reason) => match explain(shared, req, reason) {
-                Explained::Refused(rej) => return Err(rej),
+                Explained::Refused(rej) => return Err(Box::new(rej)),
                 Explained::Fits if retries_after_refusal < 2 => {
                     retries_after_refusal += 1;
                     backoff.snooze();
                 }
-                Explained::Fits => return Err(explain_final(shared, req, reason)),
+                Explained::Fits => return Err(Box::new(explain_final(shared, req, reason))),
                 Explained::TagMoved => {}
             },
         }
@@ -463,7 +467,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
         let borrow_c = n >= l.pc;
         let (_, dv) = delta(&l, n, t, n, t.saturating_add(r));
         let dv = dv as u64;
-        let mut next = CWord(c.0 + C_ONE + r);
+        let next = CWord(c.0 + C_ONE + r);
         if !borrow_c && dv == 0 {
             // Protected: class word only, then validate on the shared word.
             if g.u() > mc || eff.is_some_and(|e| g.v() > e) {
@@ -476,6 +480,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                     continue;
                 }
             }
+            crate::sync::loom_sc_fence();
             let g2 = GWord(word.load(SeqCst));
             if g2.tag() == g.tag()
                 && !g2.closed()
@@ -531,38 +536,60 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                 Err(actual) => s = GWord(actual),
             }
         }
-        // The class word must still be the state that was classified.
-        loop {
-            match cw.compare_exchange_weak(c.0, next.0, SeqCst, SeqCst) {
-                Ok(_) => {
-                    return Attempt::Admitted(Admitted {
-                        revision: lim.revision,
-                        resources: Resources {
-                            borrowed_concurrency: borrow_c,
-                            borrowed_tokens: dv,
-                        },
-                    })
-                }
-                Err(actual) => {
-                    let a = CWord(actual);
-                    let (n2, t2) = (a.in_flight(), a.tokens());
-                    let same = a.ctag() == c.ctag()
-                        && (n2 >= l.pc) == borrow_c
-                        && delta(&l, n2, t2, n2, t2.saturating_add(r)).1 as u64 == dv
-                        && !l.mt.is_some_and(|mt| t2.saturating_add(r) > mt)
-                        && !l.mc.is_some_and(|m| n2 >= m);
-                    if same {
-                        // The same classification on the new state: the amount already in the
-                        // shared word is still exact.
-                        c = a;
-                        next = CWord(a.0 + C_ONE + r);
-                        continue;
-                    }
-                    // Take the increase back (no class step happened) and decide again.
+        // Then the class word.
+        let d = Decision { k, r, l };
+        return match class_step_after_reserve(shared, &d, c, du, dv) {
+            Some(resources) => Attempt::Admitted(Admitted {
+                revision: lim.revision,
+                resources,
+            }),
+            None => Attempt::Retry,
+        };
+    }
+}
+
+/// A borrower's class step, after it reserved `du` (0 or 1) and `dv` in the shared word for
+/// class state `c`. If the class word moved meanwhile, the step is taken on the new state as
+/// long as its own amounts are no larger than the reservation (the excess is given back after
+/// the class step, a decrease), so a reservation is taken back only when the class now needs
+/// more than was reserved, hit a ceiling, or migrated. `None`: the reservation was taken back.
+/// (Reserving the difference instead was measured: no better on `tests/stress_classes.rs`.)
+fn class_step_after_reserve(
+    shared: &Shared,
+    d: &Decision,
+    mut c: CWord,
+    du: u64,
+    dv: u64,
+) -> Option<Resources> {
+    let Decision { k, r, l, .. } = *d;
+    let l = &l;
+    let cw = &*shared.class_words[k];
+    let (mut du2, mut dv2) = (du, dv);
+    loop {
+        match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
+            Ok(_) => {
+                shared_decrease(shared, du2 as i64 - du as i64, dv2 as i64 - dv as i64);
+                return Some(Resources {
+                    borrowed_concurrency: du2 == 1,
+                    borrowed_tokens: dv2,
+                });
+            }
+            Err(actual) => {
+                let a = CWord(actual);
+                let (n, t) = (a.in_flight(), a.tokens());
+                du2 = u64::from(n >= l.pc);
+                dv2 = (t + r).max(l.pt) - t.max(l.pt);
+                let ok = a.ctag() == c.ctag()
+                    && l.mt.is_none_or(|mt| t + r <= mt)
+                    && l.mc.is_none_or(|m| n < m)
+                    && du2 <= du
+                    && dv2 <= dv;
+                if !ok {
+                    // No class step happened: take the whole reservation back.
                     shared_decrease(shared, -(du as i64), -(dv as i64));
-                    c = a;
-                    break;
+                    return None;
                 }
+                c = a;
             }
         }
     }
@@ -628,6 +655,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         return Attempt::Retry;
     }
     // Every class word, after our own SeqCst CAS.
+    crate::sync::loom_sc_fence();
     let (g_all, t_all) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
         let w = CWord(w.load(SeqCst));
         (a + w.in_flight(), b + w.tokens())
@@ -812,7 +840,10 @@ pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), 
         let t = c.tokens();
         let (_, dv) = delta(&l, 0, t, 0, t + amount);
         match cw.compare_exchange_weak(c.0, c.0 + amount, SeqCst, SeqCst) {
-            Ok(_) => return Ok(shared_decrease(shared, 0, dv - amount as i64)),
+            Ok(_) => {
+                shared_decrease(shared, 0, dv - amount as i64);
+                return Ok(());
+            }
             Err(actual) => c = CWord(actual),
         }
     }

@@ -69,54 +69,12 @@
 //!
 //! # Admission classes
 //!
-//! Classes add one 64-bit word per class, `[class in flight:15][class tokens:48]`
-//! (`src/classes.rs`), and no other shared word. This word stays as it is (it still carries `G`,
-//! `T`, the tag and the flags), so the no-class fast path never pays for classes, and the class
-//! limits (floors, ceilings, `Σ floors`) live in the same ring slots as the global limits, so one
-//! tag names one coherent snapshot of everything.
-//!
-//! `U = Σ max(in_flight_k, protected_concurrent_k)` and `V = Σ max(tokens_k, protected_tokens_k)`
-//! (CONTRACT.md §4) are **not stored**: they depend on the floors, and a stored copy would have
-//! to be recomputed, consistently with concurrent admissions and releases, whenever a snapshot
-//! changes a floor. A decision for class `k` (`Bulkhead::try_acquire_classed`) instead runs:
-//!
-//! 1. load this word (tag `t`, closed, `T`): the early refusals of rows 0 and 1;
-//! 2. CAS the class word (rows 2 and 3, the ceilings), tentatively taking one class slot and
-//!    `r` class tokens; the class state it replaced says exactly whether the slot is borrowed
-//!    (`in_flight_k ≥ protected_concurrent_k`) and how many tokens are borrowed;
-//! 3. only when something is borrowed and a floor exists: load every class word (`SeqCst`, like
-//!    the CAS in step 2) and check `U ≤ max_concurrent` and `V ≤ eff(priority)` with the floors
-//!    of snapshot `t` (rows 4 and 5; our own tentative increment is included);
-//! 4. CAS this word expecting tag `t` (rows 0, 1 and 6 again, atomically with the commit).
-//!
-//! A failure after step 2 undoes the class CAS with an unconditional `fetch_sub` and retries (a
-//! moved tag) or refuses. Safety of the floors follows the store-then-load (Dekker) argument: of
-//! any two concurrent borrowers, the one whose class CAS comes later in the `SeqCst` order sees
-//! the other's increment in step 3; so the last successful borrower saw every other successful
-//! borrower, and `U ≤ max_concurrent` held with all of them counted. A floor change needs no
-//! recount at all: step 4 fails when the tag moved, and the retry uses the new floors.
-//! Increases reach the class word first (admissions, usage growth) and decreases reach this
-//! word first (abandonment, usage shrinkage, releases), so a borrower's collect never counts
-//! less class usage than this word is about to hold; otherwise a borrower could commit into
-//! capacity that a release has returned to its class word but not yet to this word, and lend
-//! another class's idle floor (loom found exactly that). A release has a constraint of its own:
-//! its `fetch_sub` on this word may free the state (`src/shared.rs`), so it must be its last
-//! step. A release whose class is within its floors (its slot and tokens are not part of `U`
-//! or `V`) therefore goes class word first, by a CAS that checks exactly that; any other release
-//! pins the handle count (`SlotRef::try_pin`) so that this word can go first, and drops the pin
-//! last. The pin costs two RMWs on the handle count, paid only by releases of borrowed capacity.
-//!
-//! The price is precision under races: two borrowers that see each other's tentative increments
-//! may both refuse although one of them fitting was possible (CONTRACT.md §10 allows this if it
-//! is documented and measured; `tests/stress_classes.rs` measures the rate). Sequentially the
-//! decisions are exactly the reference's (the property tests compare them with `model.rs`,
-//! which uses the reference's own formulas for rules 4 and 5).
-//!
-//! `abandon_borrowed_concurrency` returns the class slot and the global slot but keeps the token
-//! hold, so the abandoned admission no longer holds the slot that keeps the shared state alive:
-//! it first takes a pin on the handle count (only while that count is non-zero, which is when
-//! anyone could use the returned slot; at zero it keeps its slot instead), and drops the pin at
-//! release.
+//! A bulkhead with classes does not use this layout: its state word holds `U` and `V`
+//! (CONTRACT.md §4) in place of `G` and `T`, beside one word per class, and runs the protocol
+//! written down in [`crate::classed`]. The tag and the waiters and closed flags sit at the same
+//! places in both layouts, so the limits ring, `close` and `apply_limits`' tag bump are shared.
+//! The choice is made at construction; the no-class fast path tests one flag and never pays for
+//! classes.
 //!
 //! # Plan for waiting (the waiting issue builds this; nothing here changes)
 //!

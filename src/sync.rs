@@ -26,6 +26,21 @@ pub(crate) use std::sync::Mutex;
 
 pub(crate) use std::sync::atomic::Ordering;
 
+/// A `SeqCst` fence in the loom build only.
+///
+/// Some steps of the class protocol (`crate::classed`) are store→load patterns across two
+/// words (a CAS of a class word, then a load of the shared word) that are correct because all
+/// of them are `SeqCst`: the language's single total order of `SeqCst` operations orders them.
+/// loom models `SeqCst` loads and RMWs as `AcqRel` and only `SeqCst` *fences* faithfully
+/// (tokio-rs/loom#180), so the loom build puts a fence exactly where the argument needs the
+/// total order, which makes loom check the same guarantee. Normal builds need no fence (and on
+/// x86-64 a locked RMW is a full barrier anyway).
+#[inline(always)]
+pub(crate) fn loom_sc_fence() {
+    #[cfg(loom)]
+    fence(Ordering::SeqCst);
+}
+
 /// Locks a facade mutex, ignoring poisoning: every critical section in this crate leaves the
 /// protected data consistent before it can panic, so a poisoned lock carries no broken state.
 #[cfg(not(loom))]

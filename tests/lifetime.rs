@@ -140,8 +140,10 @@ fn counters_from_many_threads_sum_exactly() {
 
 #[test]
 fn class_admissions_pin_and_settle_after_every_handle_is_gone() {
-    // Borrowed releases pin the handle count while the global word goes first; abandonment
-    // pins until release. Here handles disappear while such admissions are live.
+    // With classes the class slots keep the shared state alive (`src/classed.rs`,
+    // "Lifetime"): a borrowed release marks a pending return in its class word while it updates
+    // the shared word; abandonment pins a handle until release. Here handles disappear while
+    // such admissions are live, on two threads.
     use llm_bulkhead::ClassLimits;
     for _ in 0..N {
         let b = Bulkhead::builder()
@@ -170,12 +172,12 @@ fn class_admissions_pin_and_settle_after_every_handle_is_gone() {
         assert!(borrowed.abandon_borrowed_concurrency());
         let b2 = b.clone();
         let t = std::thread::spawn(move || {
-            drop(other); // a borrowed release: pins while handles exist
+            drop(other); // a borrowed release: pending return, then the shared word
             drop(b2);
         });
         drop(b);
         t.join().unwrap();
-        drop(protected); // within its floors: class word first
+        drop(protected); // within its floors: one CAS on its class word
         borrowed.release(None).unwrap(); // the pin taken at abandonment goes last
     }
 }

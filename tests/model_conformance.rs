@@ -149,3 +149,68 @@ fn exact_fills_and_zero_token_demands() {
     ];
     run(&setup, &ops).unwrap();
 }
+
+/// Floor changes while capacity is in use (CONTRACT.md §4 and §6): every raise and lowering of
+/// a class's concurrency and token floors, with 0–4 admissions held in that class (inside,
+/// at and above the old and new floors), followed by borrowers of another class until one is
+/// refused, then releases and more borrowers. Engine and model must agree at every step: the
+/// engine keeps `U` and `V` stored and migrates them at a floor change (`src/classed.rs`), and
+/// an advance for a raise that is not given back exactly would show here as a borrower refused
+/// too early.
+#[test]
+fn floor_changes_with_capacity_in_use_match_the_model() {
+    let borrow = |class: u8| Op::Acquire {
+        input: 50,
+        max_output: 50,
+        high: false,
+        class,
+    };
+    let mut cases = 0;
+    for (p0, p1) in (0..=3).flat_map(|a| (0..=3).map(move |b| (a, b))) {
+        for (t0, t1) in [
+            (0, 0),
+            (0, 300),
+            (300, 0),
+            (100, 300),
+            (300, 100),
+            (200, 200),
+        ] {
+            for held in 0..=4 {
+                let a = |p: u32, t: u64| ClassLimits {
+                    protected_concurrent: p,
+                    protected_tokens: t,
+                    ..ClassLimits::default()
+                };
+                let setup = Setup {
+                    max_concurrent: 6,
+                    max_queue: 0,
+                    budget: Some((900, 0)),
+                    initial_revision: 0,
+                    classes: vec![a(p0, t0), ClassLimits::default(), a(1, 100)],
+                    default_class: 0,
+                };
+                let mut ops: Vec<Op> = (0..held).map(|_| borrow(0)).collect();
+                ops.push(Op::Apply {
+                    step: 1,
+                    max_concurrent: 6,
+                    max_queue: 0,
+                    budget: Some((900, 0)),
+                    classes: Some([a(p1, t1), ClassLimits::default(), a(1, 100)]),
+                });
+                ops.extend((0..7).map(|_| borrow(1)));
+                ops.extend((0..3).map(|_| Op::Release {
+                    pick: 0,
+                    usage: None,
+                }));
+                ops.extend((0..4).map(|_| borrow(1)));
+                ops.push(borrow(2));
+                ops.push(borrow(0));
+                if let Err(d) = run(&setup, &ops) {
+                    panic!("{d}\nfloors {p0}->{p1}, tokens {t0}->{t1}, {held} held");
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 16 * 6 * 5);
+}

@@ -22,10 +22,11 @@
 //!
 //! # Precision
 //!
-//! The class protocol takes a tentative class slot before it checks the floors, so two
-//! borrowers can see each other's tentative step and both refuse (see `src/state.rs`). The
-//! tests estimate how often a refusal with constraint `admission_class_protection` is
-//! spurious: the sequential model, in the committed state at the decision, would have admitted
+//! The class protocol (`src/classed.rs`) has steps that others can see before they are final: a
+//! protected admission's class CAS before its validating load, a borrower's increase of the
+//! shared `U`/`V` before its class CAS, a release's class step before its decrease of `U`/`V`.
+//! Only a step that is later undone can cause a refusal no serial order explains. The tests
+//! estimate how often a refusal with constraint `admission_class_protection` is spurious: the sequential model, in the committed state at the decision, would have admitted
 //! it. No observer can read that state, so it is bracketed. Each thread publishes a status word
 //! (idle; attempting class `k` with `r` tokens, attempt number `n`; releasing class `k`, `r`
 //! tokens), and a refusing thread reads the tally together with every status, once just before

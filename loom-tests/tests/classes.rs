@@ -1,14 +1,13 @@
-//! Models the admission-class protocol (`src/state.rs`, "Admission classes"; CONTRACT.md §2
-//! rows 2–5, §4, §5 and §10). A decision for class `k` CASes the class word
-//! `[class in flight][class tokens]` (the ceilings, rows 2 and 3), tentatively taking a class
-//! slot and `r` class tokens; only when that made it borrow, it collects every class word
-//! (`SeqCst`) and checks `U = Σ max(in_flight_j, floor_j) ≤ max_concurrent` and
-//! `V = Σ max(tokens_j, token_floor_j) ≤ eff` with the floors of the snapshot its tag names
-//! (rows 4 and 5); then it commits with a CAS of the global word that expects that tag (rows 0,
-//! 1 and 6). Any failure after the class CAS undoes it with a `fetch_sub`. Releases and
-//! abandonment decrement the class word, then the global word; abandonment first pins a
-//! `Bulkhead` handle (`SlotRef::try_pin`, `src/shared.rs`) because the returned slot was what
-//! kept the shared state alive.
+//! Models the admission-class protocol (`src/classed.rs`; CONTRACT.md §2 rows 2–5, §4, §5 and
+//! §10). Each class has a word `[tokens][in flight][pending returns][ctag][DETACHED]`; the
+//! shared word stores `U = Σ max(in_flight_j, floor_j)` and `V = Σ max(tokens_j, token_floor_j)`
+//! beside the limits tag and the flags, and is kept never below the truth: increases reach it
+//! before the class word, decreases after. A protected admission CASes its class word and
+//! validates on a second load of the shared word; a borrower CASes the shared word (rows 4, 5)
+//! and then its class word, expecting exactly the class state it classified. Releases go class
+//! word first; one with a decrease for the shared word marks a pending return so that its
+//! class slot keeps the state alive until it is done. A floor change bumps the tag with an
+//! advance for every raise, then migrates each class word (deciders help).
 //!
 //! Models, each small (two or three threads) and each asserting its invariants in every
 //! interleaving:
@@ -781,35 +780,19 @@ fn apply_limits_raising_a_floor_against_a_borrow_and_a_release() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Found and fixed: a floor lent while a return of capacity is between its two words
+// Found and fixed (under the earlier, collect-based protocol): a floor lent while a return of
+// capacity is between its two words
 // ---------------------------------------------------------------------------------------------
 //
-// A release (likewise an abandonment, or a usage report that shrinks a hold) decrements the
-// class word, then the global word. Between the two steps the class words no longer count what
-// is being returned while the global word still does. A borrower that collects in that window
-// computes `U` (or `V`) without it and commits on the global word, where the returning
-// admission still holds its slot (tokens); a protected admission of another class then finds no
-// global slot (no tokens, row 1) and is refused with its floor idle. No linearisation explains
-// the outcome: if the return came before the borrow, the protected admission had room; if
-// after, the borrow had no shared capacity (`U` one too high). The rejection's own detail shows
-// it: shared concurrency `in_use` 2 > `capacity` 1 while the refused class's floor is unused.
-//
-// Interleaving found by loom for the first model (`LOOM_LOG=trace`, iteration 1735 of a
-// `loom::model` copy; main = protected `p`, T1 = `drop(b0)`, T2 = borrower for `b`):
-//   main: load global word (G = 1, b0); CAS class p 0 -> 1 (inside the floor: no collect)
-//   T1:   class b fetch_sub (in_b 1 -> 0)                     <- preempted before the global step
-//   T2:   load global word (G = 1); CAS class b 0 -> 1 (borrowed); collect: in_p = 1, in_b = 1,
-//         U = max(1, 1) + max(1, 0) = 2 <= 2; CAS global word G 1 -> 2: admitted
-//   main: global CAS fails, G = 2 >= max_concurrent: refused (concurrency_limit, global); undo p
-//   T1:   global fetch_sub (G 2 -> 1): the release completes
-// `p`'s own tentative step plays no part (with `in_p = 0` the collect gives the same `U`).
-//
-// The fix (src/admission.rs, `settle` and `report_usage`; src/state.rs): every return of
-// capacity reaches the global word no later than the class word. A release whose class is within
-// its floors (its slot and tokens do not count in `U`/`V`) may still go class-word first, by a
-// CAS that checks exactly that; otherwise it pins the handle count so that the global word can
-// go first without the last `fetch_sub` freeing the state under the class-word step. Growth goes
-// class word first. The four models below failed before the fix and pass after it.
+// The first class protocol stored no U/V: a borrower collected every class word. A release
+// decremented the class word, then the global word; a borrower collecting in between computed
+// `U` without the returning slot and committed while the global word still counted it, and a
+// protected admission of another class was then refused with its floor idle. loom found it
+// (`LOOM_LOG=trace`). In the current protocol a release's decrease reaches the stored `U`/`V`
+// after its class word, so a borrower in that window sees the slot still counted and is
+// refused instead (the release has not happened yet in the linear order), while a protected
+// admission needs no global slot count at all (`G ≤ U`). The four models below failed under
+// the first protocol and guard against the hazard coming back.
 
 /// Max 2, class p has floor 1, class b none; `b0` holds the one shared slot. One thread
 /// releases `b0`, another borrows for b, the main thread admits into p's idle floor.
@@ -1052,4 +1035,153 @@ fn apply_limits_lowering_a_floor_against_a_protected_admission_and_a_borrow() {
         RUNS.load(Ordering::Relaxed),
         WINDOWED.load(Ordering::Relaxed)
     );
+}
+
+/// A protected admission (inside its class's idle floor) against `close()`: its class CAS can
+/// land after the close, so its final load of the shared word must see the flag. Whatever the
+/// interleaving, an admission that started after `close()` returned is refused with
+/// `shutdown`, and one admitted is admitted under an open bulkhead (its slot is counted, and
+/// everything returns to zero).
+#[test]
+fn protected_admission_against_close() {
+    model(|| {
+        let (b, [cp, _cq]) = build(2, None, [("p", floor(1)), ("q", floor(0))]);
+        let closed = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let b = b.clone();
+            let closed = closed.clone();
+            thread::spawn(move || {
+                b.close();
+                closed.store(true, loom::sync::atomic::Ordering::SeqCst);
+                // An admission decided before close took effect is visible by now.
+                b.stats().in_flight
+            })
+        };
+        let after_close = closed.load(loom::sync::atomic::Ordering::SeqCst);
+        let outcome = b.try_acquire(slot(cp));
+        match &outcome {
+            Ok(a) => {
+                assert!(!after_close, "admitted after close() returned");
+                assert!(!a.resources().borrowed_concurrency);
+            }
+            Err(r) => assert_eq!(r.reason, RejectReason::Shutdown, "{r:?}"),
+        }
+        let seen_after_close = closer.join().unwrap();
+        if outcome.is_ok() {
+            assert_eq!(
+                seen_after_close, 1,
+                "admitted by a step after close() returned"
+            );
+        }
+        assert!(b.try_acquire(slot(cp)).is_err());
+        let admitted = u64::from(outcome.is_ok());
+        drop(outcome);
+        assert_quiescent(&b, admitted, 2 - admitted);
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// A protected admission against `apply_limits` installing the kill switch
+/// (`max_concurrent = 0`, floors 0). Its class CAS can land after the tag bump, so its final
+/// load must see the new tag and start again. An admission carries revision 0 and started
+/// before `apply_limits` returned; under revision 1 it is refused.
+#[test]
+fn protected_admission_against_the_kill_switch() {
+    model(|| {
+        let (b, [cp, cq]) = build(2, None, [("p", floor(1)), ("q", floor(0))]);
+        let kill = b
+            .limits()
+            .with_revision(1)
+            .with_max_concurrent(0)
+            .with_class(cp, floor(0))
+            .with_class(cq, floor(0));
+        let installed = Arc::new(AtomicBool::new(false));
+        let applier = {
+            let b = b.clone();
+            let installed = installed.clone();
+            thread::spawn(move || {
+                b.apply_limits(kill).unwrap();
+                installed.store(true, loom::sync::atomic::Ordering::SeqCst);
+                // An admission decided under revision 0 is visible by now.
+                b.stats().in_flight
+            })
+        };
+        let after_install = installed.load(loom::sync::atomic::Ordering::SeqCst);
+        let outcome = b.try_acquire(slot(cp));
+        match &outcome {
+            Ok(a) => {
+                assert_eq!(a.revision(), 0);
+                assert!(!after_install, "admitted under a replaced snapshot");
+            }
+            Err(r) => {
+                assert_eq!(r.revision, 1, "revision 0 admits this: {r:?}");
+                assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
+            }
+        }
+        let seen_after_install = applier.join().unwrap();
+        if outcome.is_ok() {
+            assert_eq!(
+                seen_after_install, 1,
+                "decided under revision 0 after apply_limits returned"
+            );
+        }
+        let admitted = u64::from(outcome.is_ok());
+        drop(outcome);
+        assert_quiescent(&b, admitted, 1 - admitted);
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// Two admissions of the same class race at its floor boundary, each with tokens beyond the
+/// token floor (so each reserves its borrowed tokens in the shared word before its class
+/// CAS). Both read an idle floor; the loser's class CAS finds the floor taken, so its slot is
+/// now borrowed: it must reserve that slot too (or start again), never commit it unreserved.
+/// Afterwards the one shared slot is taken, so a borrower of another class is refused, and
+/// nothing ever exceeds `max_concurrent`.
+#[test]
+fn same_class_admissions_race_at_the_floor_boundary() {
+    model(|| {
+        let limits = ClassLimits {
+            protected_concurrent: 1,
+            protected_tokens: 100,
+            ..ClassLimits::default()
+        };
+        let (b, [cp, cq]) = build(2, Some(1_000), [("p", limits), ("q", floor(0))]);
+        let racers: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || b.try_acquire(classed_tokens(cp, 100, 50)).ok())
+            })
+            .collect();
+        let won: Vec<_> = racers
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(
+            won.len(),
+            2,
+            "both fit: one inside the floor, one in the shared slot"
+        );
+        let borrowed: Vec<bool> = won
+            .iter()
+            .map(|a| a.resources().borrowed_concurrency)
+            .collect();
+        assert_eq!(borrowed.iter().filter(|x| **x).count(), 1, "{borrowed:?}");
+        let s = b.stats();
+        assert_eq!(s.in_flight, 2, "{s:?}");
+        let r = b
+            .try_acquire(slot(cq))
+            .expect_err("the shared slot is taken");
+        assert_eq!(
+            (r.reason, r.constraint),
+            (
+                RejectReason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "{r:?}"
+        );
+        drop(won);
+        assert_quiescent(&b, 2, 1);
+        assert_classes_quiescent(&b);
+    });
 }
