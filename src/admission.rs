@@ -146,6 +146,12 @@ pub struct Admission {
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct ClassBits(u64);
 
+/// The class part of [`ClassBits`] as one plain word (0 without classes), which is how a
+/// decision hands it over: a word written and read whole (a multi-field value written by one
+/// function and read by its caller made the reads stall on store forwarding).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ClassCode(u64);
+
 impl ClassBits {
     const HAS: u64 = 1;
     const BORROWED_SLOT: u64 = 1 << 4;
@@ -153,25 +159,27 @@ impl ClassBits {
     const PINNED: u64 = 1 << 6;
     const HIGH: u64 = 1 << 7;
 
-    fn new(class: Option<(usize, Resources)>, priority: Priority) -> ClassBits {
+    /// The class bits of an admission of class `k` with `r` (priority not set).
+    fn of_class(k: usize, r: Resources) -> ClassBits {
+        ClassBits(
+            Self::HAS
+                | ((k as u64) << 1)
+                | if r.borrowed_concurrency {
+                    Self::BORROWED_SLOT
+                } else {
+                    0
+                }
+                | (r.borrowed_tokens << 8),
+        )
+    }
+    /// From a [`ClassCode`] (class bits without the priority) and the priority.
+    #[inline]
+    fn new(class: ClassCode, priority: Priority) -> ClassBits {
         let high = match priority {
             Priority::High => Self::HIGH,
             Priority::Normal => 0,
         };
-        let bits = match class {
-            None => ClassBits(0),
-            Some((k, r)) => ClassBits(
-                Self::HAS
-                    | ((k as u64) << 1)
-                    | if r.borrowed_concurrency {
-                        Self::BORROWED_SLOT
-                    } else {
-                        0
-                    }
-                    | (r.borrowed_tokens << 8),
-            ),
-        };
-        ClassBits(bits.0 | high)
+        ClassBits(class.0 | high)
     }
     #[inline]
     fn priority(self) -> Priority {
@@ -213,7 +221,7 @@ impl Admission {
         revision: u64,
         priority: Priority,
         reservation: Option<Reservation>,
-        class: Option<(usize, Resources)>,
+        class: ClassCode,
     ) -> Admission {
         Admission {
             slot: Some(slot),
@@ -225,6 +233,12 @@ impl Admission {
             sequence: 0,
             class: ClassBits::new(class, priority),
         }
+    }
+
+    /// The packed class part of an admission of class `k` with `resources` (see
+    /// [`ClassCode`]).
+    pub(crate) fn class_code(k: usize, resources: Resources) -> ClassCode {
+        ClassCode(ClassBits::of_class(k, resources).0)
     }
 
     /// The admission class (`None` on a bulkhead without classes).
@@ -517,47 +531,35 @@ impl Admission {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
         let usage = usage.or(self.reported);
-        if usage.is_none() && self.class.0 & ClassBits::ABANDONED == 0 {
+        let consumed = usage.and_then(|u| u.total());
+        let refunded = match (self.reservation, consumed) {
+            (Some(_), Some(consumed)) => held.saturating_sub(consumed),
+            _ => 0,
+        };
+        if consumed.is_none() && self.class.0 & ClassBits::ABANDONED == 0 {
             // The common release: nothing to book, one RMW (on the class word, with classes).
-            // Kept this small so that dropping an admission inlines.
             match self.class.index() {
                 None => slot.return_slot(held),
                 Some(k) => slot.return_class_slot(k, held),
             }
-            return Some(Settled {
-                held,
-                consumed: None,
-                refunded: 0,
-                usage: None,
-            });
+        } else {
+            // Scalars only, so the admission can stay in registers on the common path.
+            settle_booked(slot, self.class, held, consumed, refunded);
         }
-        Some(settle_booked(
-            slot,
-            self.class,
+        Some(Settled {
             held,
+            consumed,
+            refunded,
             usage,
-            self.reservation.is_some(),
-        ))
+        })
     }
 }
 
-/// The rest of `Admission::settle`: consumption and refunds are booked, class statistics too
-/// (class mode), then the slot (class mode: the class slot, or after abandonment the tokens and
-/// the pin) goes back. Out of line: scalars only, so the admission stays in registers on the
-/// common path.
+/// The rest of `Admission::settle` when something is booked: consumption and refunds, class
+/// statistics (class mode), then the slot (class mode: the class slot, or after abandonment
+/// the tokens and the pin) goes back. Out of line.
 #[inline(never)]
-fn settle_booked(
-    slot: SlotRef,
-    class: ClassBits,
-    held: u64,
-    usage: Option<Usage>,
-    has_reservation: bool,
-) -> Settled {
-    let consumed = usage.and_then(|u| u.total());
-    let refunded = match consumed {
-        Some(consumed) if has_reservation => held.saturating_sub(consumed),
-        _ => 0,
-    };
+fn settle_booked(slot: SlotRef, class: ClassBits, held: u64, consumed: Option<u64>, refunded: u64) {
     let shared = slot.get();
     let c = shared.counters.local(Counters::new);
     if let Some(consumed) = consumed {
@@ -591,12 +593,6 @@ fn settle_booked(
                 slot.return_class_slot(k, held);
             }
         }
-    }
-    Settled {
-        held,
-        consumed,
-        refunded,
-        usage,
     }
 }
 

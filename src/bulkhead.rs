@@ -355,7 +355,7 @@ impl Bulkhead {
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler
         // move the admission through memory in a way that stalled on store forwarding.
         let g = if shared.classed {
-            self.try_acquire_classed(demand, r, priority)?
+            self.try_acquire_classed(demand.class(), r, priority)?
         } else {
             let word = &*shared.word;
             let mut w = Word(word.load(Ordering::Acquire));
@@ -380,7 +380,7 @@ impl Bulkhead {
                                     revision: lim.revision,
                                     key: c.key,
                                     n,
-                                    class: None,
+                                    class: Default::default(),
                                 };
                             }
                             Err(actual) => {
@@ -677,7 +677,7 @@ struct Granted {
     revision: u64,
     key: u64,
     n: u64,
-    class: Option<(usize, crate::classes::Resources)>,
+    class: crate::admission::ClassCode,
 }
 
 impl Bulkhead {
@@ -686,12 +686,12 @@ impl Bulkhead {
     #[inline(never)]
     fn try_acquire_classed(
         &self,
-        demand: Demand,
+        class: Option<ClassId>,
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
-        let k = match demand.class() {
+        let k = match class {
             Some(c) if c.index() < shared.class_words.len() => c.index(),
             _ => shared.default_class,
         };
@@ -715,7 +715,7 @@ impl Bulkhead {
                     revision: a.revision,
                     key: c.key,
                     n,
-                    class: Some((k, a.resources)),
+                    class: Admission::class_code(k, a.resources),
                 })
             }
             Err(f) => Err(self.class_refusal(k, *f, r, priority)),
