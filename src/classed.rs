@@ -327,6 +327,7 @@ enum Attempt {
 }
 
 /// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.
+#[inline]
 pub(crate) fn acquire(
     shared: &Shared,
     k: usize,
@@ -759,6 +760,7 @@ pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnap
 ///
 /// The caller holds the slot being returned (it keeps `shared` alive until this returns) and
 /// must not touch `shared` afterwards; when this returns true, the caller must free it.
+#[inline(always)]
 pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
