@@ -432,42 +432,76 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Box<Refused>
     }
 }
 
+/// What a decision reads first: the shared word and the limits its tag names.
+struct Read {
+    g: GWord,
+    lim: Hot,
+    l: HotClass,
+    eff: Option<u64>,
+}
+
+/// Reads the shared word and its limits; refuses at once when closed, or when `r` alone
+/// exceeds the effective budget (row 1 fails whatever the state, and `r` is then small enough
+/// for the word arithmetic).
+#[inline]
+fn read(shared: &Shared, req: Req) -> Result<Read, Attempt> {
+    let g = GWord(shared.word.load(SeqCst));
+    if g.closed() {
+        return Err(Attempt::Refused(RejectReason::Shutdown));
+    }
+    let lim = shared.ring.read(g.tag());
+    let l = shared.ring.read_class(g.tag(), req.k);
+    let eff = lim.effective(req.priority);
+    if eff.is_some_and(|e| req.r > e) {
+        return Err(Attempt::Refused(RejectReason::BudgetLimit));
+    }
+    Ok(Read { g, lim, l, eff })
+}
+
+/// Rows 2 and 3 on class word `c`, and the classification `(borrowed slot?, borrowed
+/// tokens)`. A class word still on the previous tag is migrated first (helping), and the
+/// decision starts again. Row 1 is not decidable here (`T` is not stored): when a ceiling
+/// fails, the collect in `explain` puts row 1 first.
+#[inline]
+fn classify(
+    shared: &Shared,
+    req: Req,
+    g: GWord,
+    l: &HotClass,
+    c: CWord,
+) -> Result<(bool, u64), Attempt> {
+    if c.ctag() != g.tag() & 3 {
+        help_migrate(shared, req.k, c);
+        return Err(Attempt::Retry);
+    }
+    let (n, t) = (c.in_flight(), c.tokens());
+    if l.mt.is_some_and(|mt| t.saturating_add(req.r) > mt) {
+        return Err(Attempt::Refused(RejectReason::BudgetLimit));
+    }
+    if l.mc.is_some_and(|m| n >= m) {
+        return Err(Attempt::Refused(RejectReason::ConcurrencyLimit));
+    }
+    let (_, dv) = delta(l, n, t, n, t.saturating_add(req.r));
+    Ok((n >= l.pc, dv as u64))
+}
+
 /// One attempt on the fast paths.
 #[inline]
 fn attempt(shared: &Shared, req: Req) -> Attempt {
-    let Req { k, r, priority } = req;
+    let Req { k, r, .. } = req;
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
-    let g = GWord(word.load(SeqCst));
-    if g.closed() {
-        return Attempt::Refused(RejectReason::Shutdown);
-    }
-    let lim = shared.ring.read(g.tag());
-    let l = shared.ring.read_class(g.tag(), k);
-    let eff = lim.effective(priority);
-    if eff.is_some_and(|e| r > e) {
-        // Row 1 fails whatever the state (and r is now small enough for the word arithmetic).
-        return Attempt::Refused(RejectReason::BudgetLimit);
-    }
+    let Read { g, lim, l, eff } = match read(shared, req) {
+        Ok(x) => x,
+        Err(a) => return a,
+    };
     let mc = lim.max_concurrent;
     let mut c = CWord(cw.load(SeqCst));
     loop {
-        if c.ctag() != g.tag() & 3 {
-            help_migrate(shared, k, c);
-            return Attempt::Retry;
-        }
-        let (n, t) = (c.in_flight(), c.tokens());
-        // Row 1 is not decidable here (T is not stored); when a ceiling fails the collect in
-        // `explain` puts row 1 first.
-        if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
-            return Attempt::Refused(RejectReason::BudgetLimit);
-        }
-        if l.mc.is_some_and(|m| n >= m) {
-            return Attempt::Refused(RejectReason::ConcurrencyLimit);
-        }
-        let borrow_c = n >= l.pc;
-        let (_, dv) = delta(&l, n, t, n, t.saturating_add(r));
-        let dv = dv as u64;
+        let (borrow_c, dv) = match classify(shared, req, g, &l, c) {
+            Ok(x) => x,
+            Err(a) => return a,
+        };
         let next = CWord(c.0 + C_ONE + r);
         if !borrow_c && dv == 0 {
             // Protected: class word only, then validate on the shared word.
@@ -598,35 +632,20 @@ fn class_step_after_reserve(
 
 /// The collect-checked path (module docs, "Rare paths").
 fn slow(shared: &Shared, req: Req) -> Attempt {
-    let Req { k, r, priority } = req;
+    let Req { k, r, .. } = req;
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
-    let g = GWord(word.load(SeqCst));
-    if g.closed() {
-        return Attempt::Refused(RejectReason::Shutdown);
-    }
-    let lim = shared.ring.read(g.tag());
-    let l = shared.ring.read_class(g.tag(), k);
-    let eff = lim.effective(priority);
-    if eff.is_some_and(|e| r > e) {
-        return Attempt::Refused(RejectReason::BudgetLimit);
-    }
+    let Read { g, lim, l, eff } = match read(shared, req) {
+        Ok(x) => x,
+        Err(a) => return a,
+    };
     let mc = lim.max_concurrent;
     let c = CWord(cw.load(SeqCst));
-    if c.ctag() != g.tag() & 3 {
-        help_migrate(shared, k, c);
-        return Attempt::Retry;
-    }
-    let (n, t) = (c.in_flight(), c.tokens());
-    if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
-        return Attempt::Refused(RejectReason::BudgetLimit);
-    }
-    if l.mc.is_some_and(|m| n >= m) {
-        return Attempt::Refused(RejectReason::ConcurrencyLimit);
-    }
-    let borrow_c = n >= l.pc;
-    let (_, dv) = delta(&l, n, t, n, t.saturating_add(r));
-    let (du, dv) = (u64::from(borrow_c), dv as u64);
+    let (borrow_c, dv) = match classify(shared, req, g, &l, c) {
+        Ok(x) => x,
+        Err(a) => return a,
+    };
+    let du = u64::from(borrow_c);
     if du + dv > 0 {
         let mut s = g;
         loop {
