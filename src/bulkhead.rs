@@ -268,7 +268,7 @@ pub struct LimitsChange {
 /// succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
 #[derive(Clone)]
 pub struct Bulkhead {
-    shared: Handle,
+    pub(crate) shared: Handle,
 }
 
 enum Decision {
@@ -357,55 +357,129 @@ impl Bulkhead {
         let g = if shared.classed {
             self.try_acquire_classed(demand.class(), r, priority)?
         } else {
-            let word = &*shared.word;
-            let mut w = Word(word.load(Ordering::Acquire));
-            let backoff = crossbeam_utils::Backoff::new();
             loop {
-                let lim = shared.ring.read(w.tag());
-                match decide(w, &lim, r, priority) {
-                    Decision::Admit(next) => {
-                        match word.compare_exchange_weak(
-                            w.0,
-                            next.0,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(_) => {
-                                let c = shared.counters.local(Counters::new);
-                                let n = c.admitted.add(1);
-                                if shared.has_budget {
-                                    c.total_reserved.add(r);
-                                }
-                                break Granted {
-                                    revision: lim.revision,
-                                    key: c.key,
-                                    n,
-                                    class: Default::default(),
-                                };
-                            }
-                            Err(actual) => {
-                                backoff.spin();
-                                w = Word(actual);
-                            }
-                        }
-                    }
-                    Decision::Refuse(reason) => {
-                        match refuse(shared, w, &lim, reason, r, priority) {
-                            Ok(rejection) => return Err(rejection),
-                            Err(now) => w = now,
+                match self.try_decide(r, priority) {
+                    Ok(g) => break g,
+                    Err((w, lim, reason)) => {
+                        if let Some(rejection) = self.refusal(w, &lim, reason, r, priority) {
+                            return Err(rejection);
                         }
                     }
                 }
             }
         };
-        Ok(Admission::new(
+        Ok(self.admission_from(g, priority, reservation))
+    }
+
+    /// Builds the admission of a successful decision.
+    #[inline(always)]
+    pub(crate) fn admission_from(
+        &self,
+        g: Granted,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Admission {
+        Admission::new(
             self.shared.slot_ref(),
-            AdmissionId::new(shared.id_prefix, g.key, g.n),
+            AdmissionId::new(self.shared.id_prefix, g.key, g.n),
             g.revision,
             priority,
             reservation,
             g.class,
-        ))
+        )
+    }
+
+    /// The no-class fast decision: rows 0, 1 and 6 in one CAS. `Err` carries the word and the
+    /// limits that refused, for [`Bulkhead::refusal`] (which re-checks the tag).
+    #[inline(always)]
+    pub(crate) fn try_decide(
+        &self,
+        r: u64,
+        priority: Priority,
+    ) -> Result<Granted, (Word, Hot, RejectReason)> {
+        let shared = &*self.shared;
+        let word = &*shared.word;
+        let mut w = Word(word.load(Ordering::Acquire));
+        let backoff = crossbeam_utils::Backoff::new();
+        loop {
+            let lim = shared.ring.read(w.tag());
+            match decide(w, &lim, r, priority) {
+                Decision::Admit(next) => {
+                    match word.compare_exchange_weak(
+                        w.0,
+                        next.0,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return Ok(self.count_admission(lim.revision, r)),
+                        Err(actual) => {
+                            backoff.spin();
+                            w = Word(actual);
+                        }
+                    }
+                }
+                Decision::Refuse(reason) => return Err((w, lim, reason)),
+            }
+        }
+    }
+
+    /// Counts an admission (no class) and returns what builds it.
+    #[inline(always)]
+    pub(crate) fn count_admission(&self, revision: u64, r: u64) -> Granted {
+        let shared = &*self.shared;
+        let c = shared.counters.local(Counters::new);
+        let n = c.admitted.add(1);
+        if shared.has_budget {
+            c.total_reserved.add(r);
+        }
+        Granted {
+            revision,
+            key: c.key,
+            n,
+            class: Default::default(),
+        }
+    }
+
+    /// Counts and explains a no-class refusal decided on `w`; `None` if the tag moved since
+    /// (the limits may have been torn: decide again).
+    #[inline(always)]
+    pub(crate) fn refusal(
+        &self,
+        w: Word,
+        lim: &Hot,
+        reason: RejectReason,
+        r: u64,
+        priority: Priority,
+    ) -> Option<Rejection> {
+        refuse(&self.shared, w, lim, reason, r, priority).ok()
+    }
+
+    /// Counts and explains the refusal of a waiter (or of a request refused before it could
+    /// wait: `aborted`), with the state as it is now.
+    #[cold]
+    pub(crate) fn waiter_refusal(&self, reason: RejectReason, demand: &Demand) -> Rejection {
+        let shared = &*self.shared;
+        let r = if shared.has_budget {
+            demand.reservation().unwrap_or(Reservation::ZERO).total()
+        } else {
+            0
+        };
+        let w = Word(shared.word.load(Ordering::Acquire));
+        let lim = shared.ring.read(w.tag());
+        let c = shared.counters.local(Counters::new);
+        c.rejected[reason.index()].add(1);
+        let (slots, tokens) = if shared.classed {
+            let (_, g, t) = crate::classed::collect(shared);
+            (g, t)
+        } else {
+            (w.slots(), w.tokens())
+        };
+        let mut rej = rejection(slots, tokens, &lim, reason, r, demand.priority());
+        rej.detail.pending = crate::waiting::pending(shared) as u64;
+        if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
+            rej.constraint = Some(crate::rejection::Constraint::Global);
+        }
+        rej
     }
 
     /// Installs a newer limits snapshot atomically (CONTRACT.md §6).
@@ -465,6 +539,11 @@ impl Bulkhead {
             crate::classed::migrate(shared, k, tag);
         }
         let previous = std::mem::replace(&mut canon.current, next);
+        drop(canon);
+        // A raised limit admits queued waiters at once (CONTRACT.md §6).
+        if Word(shared.word.load(Ordering::Acquire)).waiters() && !shared.classed {
+            crate::waiting::pump(shared);
+        }
         Ok(LimitsChange {
             previous,
             current: next,
@@ -524,6 +603,7 @@ impl Bulkhead {
         // With classes, a protected decision's class CAS and its final load of this word are
         // ordered against this RMW by the `SeqCst` total order (`crate::classed`).
         crate::sync::loom_sc_fence();
+        crate::waiting::close_queue(&self.shared);
     }
 
     /// Whether `close()` was called.
@@ -593,7 +673,7 @@ impl Bulkhead {
             closed: w.closed(),
             in_flight: slots,
             admissions_in_flight: slots + abandoned_open,
-            pending: 0,
+            pending: crate::waiting::pending(shared) as u64,
             available_slots: u64::from(limits.max_concurrent).saturating_sub(slots),
             admitted: t.admitted,
             released: t.admitted.saturating_sub(slots + abandoned_open),
@@ -673,7 +753,7 @@ fn rejection(
 }
 
 /// What a successful decision hands back, to build the admission from (see `try_acquire`).
-struct Granted {
+pub(crate) struct Granted {
     revision: u64,
     key: u64,
     n: u64,

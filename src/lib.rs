@@ -70,11 +70,13 @@ pub mod limits;
 #[cfg(feature = "serde")]
 pub mod llm;
 pub mod model;
+mod queue;
 mod rejection;
 mod shared;
 pub mod state;
 pub mod stats;
 mod sync;
+mod waiting;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
 pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange};
@@ -93,6 +95,7 @@ pub use stats::{
     AbandonCauses, ClassStats, ClassesStats, RejectCounts, SharedStats, SharedTokenStats, Stats,
     TokenStats,
 };
+pub use waiting::{Acquire, CancelToken, WaitOptions};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) ring: Ring,
     pub(crate) counters: Stripes<Counters>,
     pub(crate) reconfig: Mutex<Canonical>,
+    /// The wait queue (`crate::queue`); touched only on the slow path.
+    pub(crate) queue: Mutex<crate::queue::Queue>,
     pub(crate) has_budget: bool,
     /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
     pub(crate) id_prefix: u128,
@@ -115,6 +117,7 @@ impl Handle {
             ring,
             counters: Stripes::new(),
             reconfig: Mutex::new(canonical),
+            queue: Mutex::new(crate::queue::Queue::default()),
             has_budget,
             id_prefix: crate::id::prefix(),
             class_words,
@@ -216,6 +219,17 @@ impl SlotRef {
         }
     }
 
+    /// Frees the shared state after the caller returned the last slot of a detached state
+    /// (see [`SlotRef::return_slot`]).
+    ///
+    /// # Safety
+    /// The caller's own atomic step returned the last slot while `DETACHED` was set, and
+    /// nothing touches the state afterwards.
+    pub(crate) unsafe fn free_last(self) {
+        // SAFETY: the caller's contract is `free`'s.
+        unsafe { free(self.0) }
+    }
+
     /// The handle that a successful [`SlotRef::try_pin`] counted for this admission and that
     /// was forgotten at abandonment.
     ///
@@ -242,11 +256,25 @@ impl SlotRef {
 
     #[inline]
     pub(crate) fn return_slot(self, tokens: u64) {
-        let prev = Word(
-            self.get()
-                .word
-                .fetch_sub(ONE_SLOT + tokens, Ordering::AcqRel),
-        );
+        // A CAS, not a `fetch_sub`: while waiters are queued the slot must not go back to the
+        // word but to the head waiter (`crate::waiting::hand_off`), and the word this CAS
+        // replaces is what says whether they are.
+        let word = &self.get().word;
+        let mut prev = Word(word.load(Ordering::Relaxed));
+        loop {
+            if prev.waiters() {
+                return crate::waiting::hand_off(self, tokens);
+            }
+            match word.compare_exchange_weak(
+                prev.0,
+                prev.0 - ONE_SLOT - tokens,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => prev = Word(actual),
+            }
+        }
         if prev.detached() && prev.slots() == 1 {
             // SAFETY: no handle is left (DETACHED is set only once the handle count reached
             // zero, and it never climbs back) and ours was the last slot. We are the unique

@@ -15,16 +15,35 @@
 //! [loom]: https://docs.rs/loom
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicUsize};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(loom)]
 pub(crate) use loom::sync::Mutex;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Mutex;
 
 pub(crate) use std::sync::atomic::Ordering;
+
+/// Thread parking for blocked waiters (loom's model-checked version under loom).
+pub(crate) mod thread {
+    #[cfg(loom)]
+    pub(crate) use loom::thread::{current, park, Thread};
+    #[cfg(not(loom))]
+    pub(crate) use std::thread::{current, park, Thread};
+
+    /// Parks for at most `d` (under loom, a yield: models use zero deadlines).
+    pub(crate) fn park_timeout(d: std::time::Duration) {
+        #[cfg(not(loom))]
+        std::thread::park_timeout(d);
+        #[cfg(loom)]
+        {
+            let _ = d;
+            loom::thread::yield_now();
+        }
+    }
+}
 
 /// A `SeqCst` fence in the loom build only.
 ///

@@ -1,0 +1,276 @@
+//! The wait queue: an intrusive, bounded, strictly FIFO list of waiters, used only on the slow
+//! path (CONTRACT.md §2 rows 6–7 and §3).
+//!
+//! # Layout and ownership
+//!
+//! A [`Waiter`] node lives inside the waiting future, or on the stack of the blocked thread;
+//! the queue links nodes by raw pointers and allocates nothing. Every field a node shares with
+//! other threads is touched only under the bulkhead's queue mutex, except `state`, which the
+//! granter stores (`Release`) as its **last** access to the node and the owner loads
+//! (`Acquire`) to learn that its outcome is written. A granter therefore takes the node's
+//! waker (a `Waker`, or the blocked `Thread`) out of the node *before* that store and wakes it
+//! after unlocking: once `state` says done, the owner may return and free the node at once.
+//!
+//! # The waiters flag
+//!
+//! The state word's `WAITERS` bit is set (by an enqueuer, with the CAS that proves there is no
+//! free slot) and cleared (by whoever empties the queue) only under the queue mutex, so under
+//! the mutex `WAITERS` is set exactly when the queue is non-empty. The fast path sees it in the
+//! word it already loads and refuses to barge; a release sees it in the word its CAS replaces and
+//! then hands its slot to the queue instead of returning it (`crate::waiting`).
+
+use crate::demand::Priority;
+use crate::rejection::RejectReason;
+use crate::sync::thread::Thread;
+use crate::sync::{AtomicU32, Ordering};
+use std::cell::UnsafeCell;
+use std::marker::PhantomPinned;
+use std::ptr;
+use std::task::Waker;
+
+/// Still queued.
+const WAITING: u32 = 0;
+/// Answered: `outcome` is written and the node is no longer linked.
+const DONE: u32 = 1;
+
+/// How a waiter was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Not answered yet.
+    Pending,
+    /// A slot (and the tokens) were taken on its behalf under the limits of `revision`.
+    Granted { revision: u64 },
+    /// Refused with this reason (a hand-off whose checks failed, or `shutdown`).
+    Refused(RejectReason),
+}
+
+/// How to wake a waiter's owner.
+pub(crate) enum Notify {
+    None,
+    Thread(Thread),
+    Waker(Waker),
+}
+
+impl Notify {
+    /// Wakes the owner. Owns what it wakes, so it needs no access to the node.
+    pub(crate) fn wake(self) {
+        match self {
+            Notify::None => {}
+            Notify::Thread(t) => t.unpark(),
+            Notify::Waker(w) => w.wake(),
+        }
+    }
+}
+
+/// Wake-ups collected under the queue mutex and delivered after it is released, without a
+/// heap allocation (the queue path allocates nothing). If more than its capacity pile up in
+/// one critical section, the excess is woken at once, under the mutex: correct, just rarer.
+pub(crate) struct WakeList {
+    items: [Option<Notify>; 8],
+    len: usize,
+}
+
+impl WakeList {
+    pub(crate) fn new() -> WakeList {
+        WakeList {
+            items: Default::default(),
+            len: 0,
+        }
+    }
+
+    pub(crate) fn push(&mut self, n: Notify) {
+        if self.len == self.items.len() {
+            n.wake();
+            return;
+        }
+        self.items[self.len] = Some(n);
+        self.len += 1;
+    }
+
+    /// Wakes everything collected (call after unlocking).
+    pub(crate) fn wake_all(self) {
+        for n in self.items.into_iter().flatten() {
+            n.wake();
+        }
+    }
+}
+
+/// Queue links, under the queue mutex.
+struct Links {
+    prev: *const Waiter,
+    next: *const Waiter,
+    linked: bool,
+}
+
+/// One waiter. Pinned while linked (it is `!Unpin`).
+pub(crate) struct Waiter {
+    /// Reservation tokens of the demand.
+    pub(crate) r: u64,
+    /// Priority of the demand.
+    pub(crate) priority: Priority,
+    links: UnsafeCell<Links>,
+    outcome: UnsafeCell<Outcome>,
+    notify: UnsafeCell<Notify>,
+    state: AtomicU32,
+    _pinned: PhantomPinned,
+}
+
+// SAFETY: a `Waiter` is shared between its owner and the threads that hold the queue mutex.
+// `links`, `outcome` and `notify` are accessed only under that mutex, or by the owner after it
+// observed `state == DONE` with `Acquire` (the granter's last access is its `Release` store of
+// `state`, after which nobody else touches the node). `Waker` and `Thread` are `Send + Sync`.
+unsafe impl Sync for Waiter {}
+// SAFETY: as above; the raw pointers in `links` are only dereferenced under the mutex.
+unsafe impl Send for Waiter {}
+
+impl Waiter {
+    pub(crate) fn new(r: u64, priority: Priority) -> Waiter {
+        Waiter {
+            r,
+            priority,
+            links: UnsafeCell::new(Links {
+                prev: ptr::null(),
+                next: ptr::null(),
+                linked: false,
+            }),
+            outcome: UnsafeCell::new(Outcome::Pending),
+            notify: UnsafeCell::new(Notify::None),
+            state: AtomicU32::new(WAITING),
+            _pinned: PhantomPinned,
+        }
+    }
+
+    /// Whether the waiter was answered (`Acquire`: its outcome is then readable).
+    #[inline]
+    pub(crate) fn is_done(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DONE
+    }
+
+    /// The outcome, once [`is_done`](Self::is_done) returned true (or under the queue mutex).
+    pub(crate) fn outcome(&self) -> Outcome {
+        // SAFETY: written only under the queue mutex before the `Release` store of `DONE`;
+        // the caller observed `DONE` with `Acquire` or holds the mutex.
+        unsafe { *self.outcome.get() }
+    }
+
+    /// Sets how to wake the owner. Caller holds the queue mutex.
+    pub(crate) fn set_notify(&self, _q: &Queue, n: Notify) {
+        // SAFETY: `notify` is accessed only under the queue mutex, which `_q` proves is held.
+        unsafe { *self.notify.get() = n }
+    }
+
+    /// Whether a new waker would have to replace the stored one. Caller holds the mutex.
+    pub(crate) fn needs_waker(&self, _q: &Queue, w: &Waker) -> bool {
+        // SAFETY: as in `set_notify`.
+        match unsafe { &*self.notify.get() } {
+            Notify::Waker(old) => !old.will_wake(w),
+            _ => true,
+        }
+    }
+}
+
+/// The queue itself (inside the bulkhead's queue mutex).
+pub(crate) struct Queue {
+    head: *const Waiter,
+    tail: *const Waiter,
+    len: usize,
+    /// Waiters ever queued.
+    pub(crate) queued_total: u64,
+}
+
+// SAFETY: the pointers name nodes that are pinned and outlive their link (a node unlinks itself,
+// under the mutex, before it can be freed); the queue is only used under its mutex.
+unsafe impl Send for Queue {}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            head: ptr::null(),
+            tail: ptr::null(),
+            len: 0,
+            queued_total: 0,
+        }
+    }
+}
+
+impl Queue {
+    /// Live waiters.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `w`.
+    ///
+    /// # Safety
+    /// `w` is pinned, not linked, and stays alive until it is unlinked (by `pop_front`,
+    /// `remove` or `answer_front`), all under this queue's mutex.
+    pub(crate) unsafe fn push_back(&mut self, w: &Waiter) {
+        let p: *const Waiter = w;
+        // SAFETY: caller holds the mutex (we have `&mut self`), so the links are ours.
+        let l = unsafe { &mut *w.links.get() };
+        debug_assert!(!l.linked);
+        l.prev = self.tail;
+        l.next = ptr::null();
+        l.linked = true;
+        if self.tail.is_null() {
+            self.head = p;
+        } else {
+            // SAFETY: `tail` is a linked, live node (push_back's contract).
+            unsafe { (*(*self.tail).links.get()).next = p };
+        }
+        self.tail = p;
+        self.len += 1;
+        self.queued_total += 1;
+    }
+
+    /// The head waiter.
+    pub(crate) fn front(&self) -> Option<&Waiter> {
+        // SAFETY: a linked node is alive until unlinked under the mutex we hold.
+        unsafe { self.head.as_ref() }
+    }
+
+    /// Unlinks `w` if it is linked; returns whether it was.
+    pub(crate) fn remove(&mut self, w: &Waiter) -> bool {
+        // SAFETY: links are accessed under the mutex (`&mut self`).
+        let l = unsafe { &mut *w.links.get() };
+        if !l.linked {
+            return false;
+        }
+        // SAFETY: neighbours are linked, live nodes.
+        unsafe {
+            if l.prev.is_null() {
+                self.head = l.next;
+            } else {
+                (*(*l.prev).links.get()).next = l.next;
+            }
+            if l.next.is_null() {
+                self.tail = l.prev;
+            } else {
+                (*(*l.next).links.get()).prev = l.prev;
+            }
+        }
+        l.prev = ptr::null();
+        l.next = ptr::null();
+        l.linked = false;
+        self.len -= 1;
+        true
+    }
+
+    /// Unlinks the head and answers it with `outcome`; returns how to wake its owner, which
+    /// the caller does after unlocking. The node is not touched after this returns.
+    pub(crate) fn answer_front(&mut self, outcome: Outcome) -> Notify {
+        let w = self.head;
+        assert!(!w.is_null(), "answer_front on an empty queue");
+        // SAFETY: `w` is the linked head, alive until unlinked; we hold the mutex.
+        let w = unsafe { &*w };
+        self.remove(w);
+        // SAFETY: under the mutex; the owner reads these only after seeing `DONE`.
+        let notify = unsafe {
+            *w.outcome.get() = outcome;
+            std::mem::replace(&mut *w.notify.get(), Notify::None)
+        };
+        // Last access to the node: the owner may free it as soon as it sees this.
+        w.state.store(DONE, Ordering::Release);
+        notify
+    }
+}

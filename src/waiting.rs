@@ -1,0 +1,636 @@
+//! Waiting for a slot: blocking and async acquire, hand-off, cancellation and timeouts
+//! (CONTRACT.md §2 rows 6–7, §3 and §7).
+//!
+//! # Protocol
+//!
+//! * **Enter.** A demand first makes the ordinary fast decision. Only when that says "no free
+//!   slot" and queueing is possible (`max_concurrent > 0`, `max_queue > 0`) does it take the
+//!   queue mutex and decide again under it: a slot freed meanwhile is taken; budget refusals
+//!   stay fail-fast (a request that does not fit is never queued); a full queue gives
+//!   `queue_limit`; otherwise one CAS on the state word sets `WAITERS` (or re-validates it)
+//!   while the word still shows every slot taken, and the node joins the tail.
+//! * **Hand-off.** A release whose CAS finds `WAITERS` set keeps its slot (which keeps the
+//!   shared state alive), takes the mutex and performs the head waiter's whole decision with
+//!   that slot against the limits current at that moment: the budget check with the waiter's
+//!   reservation in place of the leaver's hold, in the same CAS that moves the tokens. A head
+//!   that no longer fits is answered with its reason and the next waiter is considered
+//!   (CONTRACT.md §3, §9.4). If `max_concurrent` was lowered below the slots in use, the slot is
+//!   returned instead (shrink by attrition) and the waiters keep waiting. Whoever empties the
+//!   queue clears `WAITERS` in the same CAS.
+//! * **No lost wake-up.** `WAITERS` changes only under the mutex. Either the release's CAS comes
+//!   first in the word's modification order (then the enqueuer's CAS sees the free slot and
+//!   takes it) or the enqueuer's comes first (then the release's CAS fails, it sees the flag and
+//!   hands off).
+//! * **Leaving.** A waiter that times out or is cancelled takes the mutex: if it was answered
+//!   meanwhile it takes the answer (a granted slot is then its admission, or, for a dropped
+//!   future, released at once, which hands it to the next waiter); otherwise it unlinks itself.
+//!   Nothing leaks: a waiter holds nothing while it waits.
+//! * **Close** answers every waiter with `shutdown` under the mutex and clears `WAITERS`.
+//! * **A raised limit** (`apply_limits`) pumps: under the mutex, new slots go to head waiters
+//!   while `slots < max_concurrent`.
+//!
+//! Blocked threads park (`std::thread::park`, a futex wait on Linux) and are unparked with an
+//! owned `Thread` handle, so a granter never touches a node after answering it (see
+//! [`crate::queue`]). Timeouts of blocking waiters are timed parks against a deadline; async
+//! waiters are woken through their `Waker`.
+//!
+//! Admission classes do not queue yet: with classes, `acquire` and `acquire_blocking` decide
+//! like `try_acquire` (a documented limitation of this stage).
+
+use crate::admission::Admission;
+use crate::bulkhead::{Bulkhead, Granted};
+use crate::demand::{Demand, Priority, Reservation};
+use crate::queue::{Notify, Outcome, Queue, Waiter, WakeList};
+use crate::rejection::{RejectReason, Rejection};
+use crate::shared::{Shared, SlotRef};
+use crate::state::{Word, ONE_SLOT, WAITERS};
+use crate::sync::{lock, AtomicBool, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// Options of a waiting acquire.
+///
+/// ```
+/// use llm_bulkhead::{CancelToken, WaitOptions};
+/// use std::time::Duration;
+/// let o = WaitOptions { timeout: Some(Duration::from_millis(250)), cancel: Some(CancelToken::new()) };
+/// assert!(WaitOptions::default().timeout.is_none());
+/// # let _ = o;
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct WaitOptions {
+    /// Give up with `timeout` after this long in the queue (blocking waiters; async waiters
+    /// are cancelled by dropping their future).
+    pub timeout: Option<Duration>,
+    /// Cancels the wait (`aborted`); a token already cancelled refuses at once.
+    pub cancel: Option<CancelToken>,
+}
+
+/// Cancels waiting acquires from any thread. Cloning shares the token.
+///
+/// ```
+/// use llm_bulkhead::CancelToken;
+/// let t = CancelToken::new();
+/// assert!(!t.is_cancelled());
+/// t.clone().cancel();
+/// assert!(t.is_cancelled());
+/// ```
+///
+/// # Memory ordering
+/// `cancel` stores the flag with `Release` before waking the waiters registered with the token;
+/// a waiter registers, then re-reads the flag with `Acquire` before it sleeps, so a cancel is
+/// never missed.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<CancelInner>);
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    cancelled: AtomicBool,
+    sleepers: std::sync::Mutex<Vec<crate::sync::thread::Thread>>,
+}
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    ///
+    /// ```
+    /// assert!(!llm_bulkhead::CancelToken::new().is_cancelled());
+    /// ```
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// Cancels: every acquire waiting with this token leaves with `aborted`.
+    ///
+    /// ```
+    /// let t = llm_bulkhead::CancelToken::new();
+    /// t.cancel();
+    /// t.cancel(); // idempotent
+    /// assert!(t.is_cancelled());
+    /// ```
+    pub fn cancel(&self) {
+        self.0.cancelled.store(true, Ordering::Release);
+        let sleepers = std::mem::take(
+            &mut *self
+                .0
+                .sleepers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for t in sleepers {
+            t.unpark();
+        }
+    }
+
+    /// Whether [`cancel`](Self::cancel) was called.
+    ///
+    /// ```
+    /// assert!(!llm_bulkhead::CancelToken::new().is_cancelled());
+    /// ```
+    pub fn is_cancelled(&self) -> bool {
+        self.0.cancelled.load(Ordering::Acquire)
+    }
+
+    fn register(&self, t: crate::sync::thread::Thread) {
+        self.0
+            .sleepers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(t);
+    }
+}
+
+/// How entering the queue ended.
+pub(crate) enum Enter {
+    Granted(Granted),
+    Refused(Rejection),
+    Queued,
+}
+
+impl Bulkhead {
+    /// Admits `demand`, waiting in the FIFO queue (on this thread) if no slot is free and the
+    /// queue has room. Budget and class refusals are fail-fast: a demand that does not fit is
+    /// never queued.
+    ///
+    /// # Errors
+    /// A [`Rejection`]: `shutdown`, `budget_limit`, `concurrency_limit` (no queue, or
+    /// `max_concurrent` 0), `queue_limit`, `timeout` (after `options.timeout` in the queue),
+    /// `aborted` (the token was or became cancelled), or the reason a hand-off's checks failed.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, RejectReason, WaitOptions};
+    /// use std::time::Duration;
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).build().unwrap();
+    /// let held = b.acquire_blocking(Demand::slot(), WaitOptions::default()).unwrap();
+    /// let b2 = b.clone();
+    /// let waiter = std::thread::spawn(move || b2.acquire_blocking(Demand::slot(), WaitOptions::default()).map(|a| a.revision()));
+    /// while b.stats().pending == 0 { std::thread::yield_now() } // the waiter is queued
+    /// drop(held); // hands the slot to the waiter
+    /// assert_eq!(waiter.join().unwrap(), Ok(0));
+    /// let zero = WaitOptions { timeout: Some(Duration::ZERO), ..Default::default() };
+    /// let _again = b.acquire_blocking(Demand::slot(), WaitOptions::default()).unwrap();
+    /// assert_eq!(b.acquire_blocking(Demand::slot(), zero).unwrap_err().reason, RejectReason::Timeout);
+    /// ```
+    pub fn acquire_blocking(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+    ) -> Result<Admission, Rejection> {
+        let shared = &*self.shared;
+        if options
+            .cancel
+            .as_ref()
+            .is_some_and(CancelToken::is_cancelled)
+        {
+            return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
+        }
+        if shared.classed {
+            return self.try_acquire(demand);
+        }
+        let (r, priority, reservation) = self.demand_parts(&demand);
+        let node = Waiter::new(r, priority);
+        // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
+        // unlinked itself (every path below ends in one of the two before returning).
+        let node = unsafe { Pin::new_unchecked(&node) };
+        let notify = || Notify::Thread(crate::sync::thread::current());
+        match self.enter(r, priority, node, notify) {
+            Enter::Granted(g) => return Ok(self.admission_from(g, priority, reservation)),
+            Enter::Refused(rej) => return Err(rej),
+            Enter::Queued => {}
+        }
+        let deadline = options.timeout.map(|t| Instant::now() + t);
+        if let Some(token) = &options.cancel {
+            token.register(crate::sync::thread::current());
+        }
+        let outcome = loop {
+            if node.is_done() {
+                break node.outcome();
+            }
+            if options
+                .cancel
+                .as_ref()
+                .is_some_and(CancelToken::is_cancelled)
+            {
+                break self.leave(node, RejectReason::Aborted);
+            }
+            match deadline {
+                None => crate::sync::thread::park(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break self.leave(node, RejectReason::Timeout);
+                    }
+                    crate::sync::thread::park_timeout(d - now);
+                }
+            }
+        };
+        self.finish(outcome, &demand, priority, reservation)
+    }
+
+    /// Admits `demand`, waiting in the FIFO queue if no slot is free: the async counterpart of
+    /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes its waiter from the queue; if it was dropped after being
+    /// handed a slot, that slot passes on to the next waiter. Nothing leaks either way.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Self::acquire_blocking); `options.timeout` is not applied to
+    /// async waits (wrap the future in your runtime's timeout, which drops it).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(1).build().unwrap();
+    /// let a = futures_lite::future::block_on(b.acquire(Demand::slot(), WaitOptions::default())).unwrap();
+    /// assert_eq!(a.revision(), 0);
+    /// ```
+    pub fn acquire(&self, demand: Demand, options: WaitOptions) -> Acquire<'_> {
+        let (r, priority, reservation) = self.demand_parts(&demand);
+        Acquire {
+            bulkhead: self,
+            demand,
+            options,
+            reservation,
+            node: Waiter::new(r, priority),
+            queued: false,
+            finished: false,
+        }
+    }
+
+    fn demand_parts(&self, demand: &Demand) -> (u64, Priority, Option<Reservation>) {
+        let reservation = self
+            .shared
+            .has_budget
+            .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+        (
+            reservation.map_or(0, |x| x.total()),
+            demand.priority(),
+            reservation,
+        )
+    }
+
+    /// The fast decision, then (if it found no free slot and queueing is possible) the decision
+    /// under the queue mutex, which takes a slot, refuses, or queues `node`.
+    fn enter(
+        &self,
+        r: u64,
+        priority: Priority,
+        node: Pin<&Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
+        let shared = &*self.shared;
+        let (w, lim, reason) = match self.try_decide(r, priority) {
+            Ok(g) => return Enter::Granted(g),
+            Err(e) => e,
+        };
+        if reason != RejectReason::ConcurrencyLimit || lim.max_concurrent == 0 || lim.max_queue == 0
+        {
+            return match self.refusal(w, &lim, reason, r, priority) {
+                Some(rej) => Enter::Refused(rej),
+                None => self.enter(r, priority, node, notify),
+            };
+        }
+        let mut q = lock(&shared.queue);
+        let word = &*shared.word;
+        let mut w = Word(word.load(Ordering::Acquire));
+        loop {
+            let lim = shared.ring.read(w.tag());
+            let reason = if w.closed() {
+                Some(RejectReason::Shutdown)
+            } else if lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e)
+            {
+                Some(RejectReason::BudgetLimit)
+            } else if !w.waiters() && w.slots() < lim.max_concurrent {
+                // A slot freed meanwhile, and nobody is queued: take it.
+                match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        drop(q);
+                        return Enter::Granted(self.count_admission(lim.revision, r));
+                    }
+                    Err(actual) => {
+                        w = Word(actual);
+                        continue;
+                    }
+                }
+            } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
+                Some(RejectReason::ConcurrencyLimit)
+            } else if q.len() as u64 >= lim.max_queue {
+                Some(RejectReason::QueueLimit)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                let pending = q.len();
+                drop(q);
+                return match self.refusal(w, &lim, reason, r, priority) {
+                    Some(mut rej) => {
+                        rej.detail.pending = pending as u64;
+                        Enter::Refused(rej)
+                    }
+                    None => self.enter(r, priority, node, notify),
+                };
+            }
+            // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
+            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    node.set_notify(&q, notify());
+                    // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
+                    // it is dropped; we hold the mutex.
+                    unsafe { q.push_back(&node) };
+                    return Enter::Queued;
+                }
+                Err(actual) => w = Word(actual),
+            }
+        }
+    }
+
+    /// Leaves the queue (timeout or cancellation): the answer if one came meanwhile, otherwise
+    /// `Refused(reason)` after unlinking.
+    fn leave(&self, node: Pin<&Waiter>, reason: RejectReason) -> Outcome {
+        let shared = &*self.shared;
+        let mut q = lock(&shared.queue);
+        if node.is_done() {
+            return node.outcome();
+        }
+        q.remove(&node);
+        if q.len() == 0 {
+            clear_waiters(shared, &q);
+        }
+        Outcome::Refused(reason)
+    }
+
+    /// Turns a waiter's outcome into its result.
+    fn finish(
+        &self,
+        outcome: Outcome,
+        demand: &Demand,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Result<Admission, Rejection> {
+        match outcome {
+            Outcome::Granted { revision } => {
+                let r = reservation.map_or(0, |x| x.total());
+                let g = self.count_admission(revision, r);
+                Ok(self.admission_from(g, priority, reservation))
+            }
+            Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
+            Outcome::Pending => unreachable!("a finished waiter has an outcome"),
+        }
+    }
+}
+
+/// Clears `WAITERS` once the queue is empty (caller holds the mutex, `_q` proves it).
+fn clear_waiters(shared: &Shared, _q: &Queue) {
+    shared.word.fetch_and(!WAITERS, Ordering::AcqRel);
+}
+
+/// A release that found `WAITERS` set: hand the slot (with `held` tokens to give back) to the
+/// head waiter whose checks pass, or return it if none does or the limit shrank below the
+/// slots in use. The slot keeps the shared state alive until the final step.
+#[cold]
+#[inline(never)]
+pub(crate) fn hand_off(slot: SlotRef, held: u64) {
+    let shared = slot.get();
+    let mut wake = WakeList::new();
+    let mut q = lock(&shared.queue);
+    let word = &*shared.word;
+    let mut w = Word(word.load(Ordering::Acquire));
+    let last = loop {
+        let lim = shared.ring.read(w.tag());
+        let head = q.front().map(|h| (h.r, h.priority));
+        match head {
+            Some((r, priority)) if !w.closed() && w.slots() <= lim.max_concurrent => {
+                let t = w.tokens() - held;
+                if lim
+                    .effective(priority)
+                    .is_some_and(|e| t.saturating_add(r) > e)
+                {
+                    // The head no longer fits: answered, not re-queued; next waiter.
+                    // (With the queue now empty, the next turn returns the slot and clears
+                    // the flag in one CAS.)
+                    wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
+                    continue;
+                }
+                // The slot passes on: its tokens become the waiter's reservation.
+                let mut next = w.0 - held + r;
+                let emptied = q.len() == 1;
+                if emptied {
+                    next &= !WAITERS;
+                }
+                match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        wake.push(q.answer_front(Outcome::Granted {
+                            revision: lim.revision,
+                        }));
+                        break None;
+                    }
+                    Err(actual) => w = Word(actual),
+                }
+            }
+            _ => {
+                // Nobody to hand to (or shrunk, or closed): return the slot; clear the flag if
+                // the queue is empty.
+                let mut next = w.0 - ONE_SLOT - held;
+                if q.len() == 0 {
+                    next &= !WAITERS;
+                }
+                match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break Some(w),
+                    Err(actual) => w = Word(actual),
+                }
+            }
+        }
+    };
+    drop(q);
+    wake.wake_all();
+    if let Some(prev) = last {
+        if prev.detached() && prev.slots() == 1 {
+            // SAFETY: our CAS returned the last slot of a detached state (no handle, hence no
+            // waiter, is left), after which nothing touches it.
+            unsafe { slot.free_last() }
+        }
+    }
+    // Otherwise the slot now belongs to the waiter it was handed to, or is back in the word;
+    // a `SlotRef` owns nothing else.
+}
+
+/// Pumps after `apply_limits` raised the limit: new slots for head waiters while
+/// `slots < max_concurrent`. Caller holds a handle.
+pub(crate) fn pump(shared: &Shared) {
+    let mut wake = WakeList::new();
+    let mut q = lock(&shared.queue);
+    let word = &*shared.word;
+    let mut w = Word(word.load(Ordering::Acquire));
+    while let Some((r, priority)) = q.front().map(|h| (h.r, h.priority)) {
+        let lim = shared.ring.read(w.tag());
+        if w.closed() || w.slots() >= lim.max_concurrent {
+            break;
+        }
+        if lim
+            .effective(priority)
+            .is_some_and(|e| w.tokens().saturating_add(r) > e)
+        {
+            wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
+            continue;
+        }
+        let mut next = w.plus(r).0;
+        if q.len() == 1 {
+            next &= !WAITERS;
+        }
+        match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                wake.push(q.answer_front(Outcome::Granted {
+                    revision: lim.revision,
+                }));
+                w = Word(next);
+            }
+            Err(actual) => w = Word(actual),
+        }
+    }
+    if q.len() == 0 {
+        clear_waiters(shared, &q);
+    }
+    drop(q);
+    wake.wake_all();
+}
+
+/// `close()`'s part: answers every waiter with `shutdown` and clears `WAITERS`.
+pub(crate) fn close_queue(shared: &Shared) {
+    let mut wake = WakeList::new();
+    let mut q = lock(&shared.queue);
+    while q.front().is_some() {
+        wake.push(q.answer_front(Outcome::Refused(RejectReason::Shutdown)));
+    }
+    clear_waiters(shared, &q);
+    drop(q);
+    wake.wake_all();
+}
+
+/// Live waiters (for statistics).
+pub(crate) fn pending(shared: &Shared) -> usize {
+    lock(&shared.queue).len()
+}
+
+/// The future of [`Bulkhead::acquire`].
+///
+/// # Cancel safety
+/// Dropping it removes its waiter from the queue; if it had already been handed a slot, the
+/// slot is released at once and passes to the next waiter.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+/// let b = Bulkhead::builder().max_concurrent(1).max_queue(2).build().unwrap();
+/// let held = b.try_acquire(Demand::slot()).unwrap();
+/// let fut = b.acquire(Demand::slot(), WaitOptions::default());
+/// drop(fut); // never polled: nothing was queued
+/// drop(held);
+/// assert_eq!(b.stats().pending, 0);
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct Acquire<'a> {
+    bulkhead: &'a Bulkhead,
+    demand: Demand,
+    options: WaitOptions,
+    reservation: Option<Reservation>,
+    node: Waiter,
+    queued: bool,
+    finished: bool,
+}
+
+impl std::fmt::Debug for Acquire<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acquire")
+            .field("queued", &self.queued)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for Acquire<'_> {
+    type Output = Result<Admission, Rejection>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `node` is never moved out of the pinned future; the other fields are plain
+        // data that are not structurally pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        assert!(!this.finished, "Acquire polled after completion");
+        let b = this.bulkhead;
+        // SAFETY: `this` is pinned, so `node` is too.
+        let node = unsafe { Pin::new_unchecked(&this.node) };
+        let priority = node.priority;
+        if !this.queued {
+            if this
+                .options
+                .cancel
+                .as_ref()
+                .is_some_and(CancelToken::is_cancelled)
+            {
+                this.finished = true;
+                return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
+            }
+            if b.shared.classed {
+                this.finished = true;
+                return Poll::Ready(b.try_acquire(this.demand));
+            }
+            let waker = cx.waker().clone();
+            match b.enter(node.r, priority, node, || Notify::Waker(waker)) {
+                Enter::Granted(g) => {
+                    this.finished = true;
+                    return Poll::Ready(Ok(b.admission_from(g, priority, this.reservation)));
+                }
+                Enter::Refused(rej) => {
+                    this.finished = true;
+                    return Poll::Ready(Err(rej));
+                }
+                Enter::Queued => {
+                    this.queued = true;
+                    return Poll::Pending;
+                }
+            }
+        }
+        if !node.is_done() {
+            if this
+                .options
+                .cancel
+                .as_ref()
+                .is_some_and(CancelToken::is_cancelled)
+            {
+                let outcome = b.leave(node, RejectReason::Aborted);
+                this.finished = true;
+                return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
+            }
+            let q = lock(&b.shared.queue);
+            if !node.is_done() {
+                if node.needs_waker(&q, cx.waker()) {
+                    node.set_notify(&q, Notify::Waker(cx.waker().clone()));
+                }
+                return Poll::Pending;
+            }
+        }
+        this.finished = true;
+        Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
+    }
+}
+
+impl Drop for Acquire<'_> {
+    fn drop(&mut self) {
+        if !self.queued || self.finished {
+            return;
+        }
+        let b = self.bulkhead;
+        // SAFETY: the future is being dropped in place: `node` has not moved since it was
+        // pinned and is still alive here.
+        let node = unsafe { Pin::new_unchecked(&self.node) };
+        let outcome = b.leave(node, RejectReason::Aborted);
+        if let Outcome::Granted { .. } = outcome {
+            // Handed a slot after it stopped waiting: take it and release it at once, which
+            // passes it to the next waiter.
+            let priority = node.priority;
+            drop(b.finish(outcome, &self.demand, priority, self.reservation));
+        }
+    }
+}
