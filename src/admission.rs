@@ -531,27 +531,58 @@ impl Admission {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
         let usage = usage.or(self.reported);
-        let consumed = usage.and_then(|u| u.total());
-        let refunded = match (self.reservation, consumed) {
-            (Some(_), Some(consumed)) => held.saturating_sub(consumed),
-            _ => 0,
-        };
-        if consumed.is_none() && self.class.0 & ClassBits::ABANDONED == 0 {
-            // The common release: nothing to book, one RMW (on the class word, with classes).
-            match self.class.index() {
-                None => slot.return_slot(held),
-                Some(k) => slot.return_class_slot(k, held),
-            }
-        } else {
-            // Scalars only, so the admission can stay in registers on the common path.
-            settle_booked(slot, self.class, held, consumed, refunded);
+        if usage.is_none() && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED) == 0 {
+            // The plain release: nothing to book, one RMW. Kept this small so that dropping
+            // an admission inlines.
+            slot.return_slot(held);
+            return Some(Settled {
+                held,
+                consumed: None,
+                refunded: 0,
+                usage: None,
+            });
         }
-        Some(Settled {
+        Some(settle_other(
+            slot,
+            self.class,
             held,
-            consumed,
-            refunded,
             usage,
-        })
+            self.reservation.is_some(),
+        ))
+    }
+}
+
+/// Every other end of `Admission::settle`: with usage to book, or with a class. Out of line.
+#[inline(never)]
+fn settle_other(
+    slot: SlotRef,
+    class: ClassBits,
+    held: u64,
+    usage: Option<Usage>,
+    has_reservation: bool,
+) -> Settled {
+    let consumed = usage.and_then(|u| u.total());
+    let refunded = match consumed {
+        Some(consumed) if has_reservation => held.saturating_sub(consumed),
+        _ => 0,
+    };
+    if consumed.is_none() && !class.has(ClassBits::ABANDONED) {
+        if let Some(k) = class.index() {
+            slot.return_class_slot(k, held);
+            return Settled {
+                held,
+                consumed,
+                refunded,
+                usage,
+            };
+        }
+    }
+    settle_booked(slot, class, held, consumed, refunded);
+    Settled {
+        held,
+        consumed,
+        refunded,
+        usage,
     }
 }
 

@@ -225,6 +225,8 @@ impl SlotRef {
     /// # Safety
     /// The caller's own atomic step returned the last slot while `DETACHED` was set, and
     /// nothing touches the state afterwards.
+    #[cold]
+    #[inline(never)]
     pub(crate) unsafe fn free_last(self) {
         // SAFETY: the caller's contract is `free`'s.
         unsafe { free(self.0) }
@@ -243,7 +245,7 @@ impl SlotRef {
     /// this was the last owner. Nothing may touch the state after this.
     /// Returns a class slot of class `k` and `tokens` held tokens (class mode), and frees the
     /// state if this was the last owner. Nothing may touch the state after this.
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
         if crate::classed::release(self.get(), k, tokens) && crate::classed::count_down(self.get())
         {
@@ -254,11 +256,37 @@ impl SlotRef {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn return_slot(self, tokens: u64) {
         // A CAS, not a `fetch_sub`: while waiters are queued the slot must not go back to the
         // word but to the head waiter (`crate::waiting::hand_off`), and the word this CAS
-        // replaces is what says whether they are.
+        // replaces is what says whether they are. One try inline; the rest out of line.
+        let word = &self.get().word;
+        let prev = Word(word.load(Ordering::Relaxed));
+        if !prev.waiters()
+            && word
+                .compare_exchange(
+                    prev.0,
+                    prev.0 - ONE_SLOT - tokens,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            if prev.detached() && prev.slots() == 1 {
+                // SAFETY: our CAS returned the last slot of a detached state.
+                unsafe { self.free_last() }
+            }
+            return;
+        }
+        self.return_slot_contended(tokens);
+    }
+
+    /// [`SlotRef::return_slot`] after its first try failed: retries, or hands the slot to the
+    /// queue.
+    #[cold]
+    #[inline(never)]
+    fn return_slot_contended(self, tokens: u64) {
         let word = &self.get().word;
         let mut prev = Word(word.load(Ordering::Relaxed));
         loop {
@@ -279,7 +307,7 @@ impl SlotRef {
             // SAFETY: no handle is left (DETACHED is set only once the handle count reached
             // zero, and it never climbs back) and ours was the last slot. We are the unique
             // freer (module docs).
-            unsafe { free(self.0) }
+            unsafe { self.free_last() }
         }
     }
 }
