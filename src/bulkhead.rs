@@ -13,6 +13,7 @@ use crate::stats::{Counters, Stats, TokenStats, Totals};
 use crate::sync::{lock, Ordering};
 use crate::Priority;
 use std::fmt;
+use std::time::Duration;
 
 /// Builds a [`Bulkhead`] from validated settings.
 ///
@@ -31,7 +32,9 @@ use std::fmt;
 #[must_use]
 pub struct BulkheadBuilder {
     max_concurrent: u32,
-    max_queue: u32,
+    max_queue: Option<u32>,
+    timeout: Option<Duration>,
+    profile: Option<Profile>,
     budget: Option<u64>,
     reserve: Option<u64>,
     initial_revision: u64,
@@ -59,7 +62,7 @@ impl BulkheadBuilder {
     /// assert_eq!(Bulkhead::builder().max_queue(8).build().unwrap().limits().max_queue, 8);
     /// ```
     pub fn max_queue(mut self, n: u32) -> Self {
-        self.max_queue = n;
+        self.max_queue = Some(n);
         self
     }
 
@@ -95,6 +98,37 @@ impl BulkheadBuilder {
     /// ```
     pub fn initial_revision(mut self, revision: u64) -> Self {
         self.initial_revision = revision;
+        self
+    }
+
+    /// The default time a waiter stays queued before it gets `timeout` (reference §11's
+    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins.
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// use std::time::Duration;
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).timeout(Duration::from_secs(5)).build().unwrap();
+    /// assert_eq!(b.default_timeout(), Some(Duration::from_secs(5)));
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Applies a profile (reference §11): [`Profile::Interactive`] is fail-fast (no queue),
+    /// [`Profile::Batch`] queues 20 with a 30 s timeout. Explicit `max_queue` and `timeout`
+    /// win, whatever the order of the calls.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Profile};
+    /// use std::time::Duration;
+    /// let b = Bulkhead::builder().max_concurrent(4).profile(Profile::Batch).build().unwrap();
+    /// assert_eq!((b.limits().max_queue, b.default_timeout()), (20, Some(Duration::from_secs(30))));
+    /// let b = Bulkhead::builder().max_queue(3).max_concurrent(4).profile(Profile::Batch).build().unwrap();
+    /// assert_eq!(b.limits().max_queue, 3);
+    /// ```
+    pub fn profile(mut self, profile: Profile) -> Self {
+        self.profile = Some(profile);
         self
     }
 
@@ -193,7 +227,9 @@ impl BulkheadBuilder {
         let first = LimitsSnapshot {
             revision: self.initial_revision,
             max_concurrent: self.max_concurrent,
-            max_queue: self.max_queue,
+            max_queue: self
+                .max_queue
+                .unwrap_or(self.profile.map_or(0, |p| p.max_queue())),
             token_budget,
             classes: table,
         };
@@ -219,7 +255,53 @@ impl BulkheadBuilder {
             names,
             default_class,
         );
+        let default_timeout = self.timeout.or(self.profile.and_then(Profile::timeout));
+        shared.set_default_timeout(default_timeout);
         Ok(Bulkhead { shared })
+    }
+}
+
+/// A preset of queueing behaviour (reference §11).
+///
+/// ```
+/// use llm_bulkhead::Profile;
+/// assert_eq!(Profile::Batch.max_queue(), 20);
+/// assert_eq!(Profile::Interactive.max_queue(), 0);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum Profile {
+    /// Fail fast: no queue, no timeout.
+    Interactive,
+    /// Queue up to 20 waiters, each for at most 30 s.
+    Batch,
+}
+
+impl Profile {
+    /// The queue bound of the profile.
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::Profile::Batch.max_queue(), 20);
+    /// ```
+    pub fn max_queue(self) -> u32 {
+        match self {
+            Profile::Interactive => 0,
+            Profile::Batch => 20,
+        }
+    }
+
+    /// The waiter timeout of the profile.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(llm_bulkhead::Profile::Batch.timeout(), Some(Duration::from_secs(30)));
+    /// ```
+    pub fn timeout(self) -> Option<Duration> {
+        match self {
+            Profile::Interactive => None,
+            Profile::Batch => Some(Duration::from_secs(30)),
+        }
     }
 }
 
@@ -361,6 +443,17 @@ impl Bulkhead {
                 match self.try_decide(r, priority) {
                     Ok(g) => break g,
                     Err((w, lim, reason)) => {
+                        if reason == RejectReason::ConcurrencyLimit
+                            && w.waiters()
+                            && w.slots() < lim.max_concurrent
+                        {
+                            // The flag may be up only for `drain` callers.
+                            if let Some(g) =
+                                crate::waiting::admit_if_nobody_waits(self, r, priority)
+                            {
+                                break g;
+                            }
+                        }
                         if let Some(rejection) = self.refusal(w, &lim, reason, r, priority) {
                             return Err(rejection);
                         }
@@ -862,6 +955,15 @@ impl Bulkhead {
             .position(|n| n == key)
             .map(|i| ClassId(i as u8))
             .ok_or_else(|| UnknownClass(name.to_owned()))
+    }
+
+    /// The default waiter timeout (from the builder's `timeout` or profile).
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_timeout(), None);
+    /// ```
+    pub fn default_timeout(&self) -> Option<Duration> {
+        self.shared.default_timeout()
     }
 
     /// The class names, in construction order (empty without classes).

@@ -76,10 +76,11 @@ mod shared;
 pub mod state;
 pub mod stats;
 mod sync;
+mod timer;
 mod waiting;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
-pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange};
+pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange, Profile};
 pub use classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
 pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
@@ -95,7 +96,7 @@ pub use stats::{
     AbandonCauses, ClassStats, ClassesStats, RejectCounts, SharedStats, SharedTokenStats, Stats,
     TokenStats,
 };
-pub use waiting::{Acquire, CancelToken, WaitOptions};
+pub use waiting::{Acquire, CancelToken, Drain, DrainReport, WaitOptions};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

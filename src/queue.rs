@@ -45,6 +45,7 @@ pub(crate) enum Outcome {
 }
 
 /// How to wake a waiter's owner.
+#[derive(Clone)]
 pub(crate) enum Notify {
     None,
     Thread(Thread),
@@ -176,6 +177,11 @@ pub(crate) struct Queue {
     len: usize,
     /// Waiters ever queued.
     pub(crate) queued_total: u64,
+    /// Callers of `drain` waiting for the bulkhead to become idle, by registration id. While
+    /// any is registered `WAITERS` stays set, so every release and admission takes the slow
+    /// path, which wakes them when the state becomes idle (the fast path pays nothing).
+    drainers: Vec<(u64, Notify)>,
+    next_drainer: u64,
 }
 
 // SAFETY: the pointers name nodes that are pinned and outlive their link (a node unlinks itself,
@@ -189,6 +195,8 @@ impl Default for Queue {
             tail: ptr::null(),
             len: 0,
             queued_total: 0,
+            drainers: Vec::new(),
+            next_drainer: 0,
         }
     }
 }
@@ -197,6 +205,42 @@ impl Queue {
     /// Live waiters.
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the state word's `WAITERS` flag must be set: waiters queued or drainers
+    /// registered.
+    pub(crate) fn flag_needed(&self) -> bool {
+        self.len > 0 || !self.drainers.is_empty()
+    }
+
+    /// Whether a drainer is registered.
+    pub(crate) fn has_drainers(&self) -> bool {
+        !self.drainers.is_empty()
+    }
+
+    /// Registers a drainer; returns its id.
+    pub(crate) fn add_drainer(&mut self, n: Notify) -> u64 {
+        let id = self.next_drainer;
+        self.next_drainer += 1;
+        self.drainers.push((id, n));
+        id
+    }
+
+    /// Replaces a drainer's waker.
+    pub(crate) fn update_drainer(&mut self, id: u64, n: Notify) {
+        if let Some(d) = self.drainers.iter_mut().find(|d| d.0 == id) {
+            d.1 = n;
+        }
+    }
+
+    /// Unregisters a drainer.
+    pub(crate) fn remove_drainer(&mut self, id: u64) {
+        self.drainers.retain(|d| d.0 != id);
+    }
+
+    /// Wakers of every registered drainer (they re-check the state themselves).
+    pub(crate) fn drainers(&self) -> impl Iterator<Item = Notify> + '_ {
+        self.drainers.iter().map(|d| d.1.clone())
     }
 
     /// Appends `w`.

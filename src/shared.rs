@@ -64,6 +64,24 @@ pub(crate) struct Shared {
     pub(crate) classed: bool,
     /// Owners left once detached (class mode only, see `crate::classed`, "Lifetime").
     pub(crate) alive: AtomicUsize,
+    /// The default waiter timeout in nanoseconds (`u64::MAX`: none); set once at build.
+    default_timeout_ns: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn set_default_timeout(&self, t: Option<std::time::Duration>) {
+        let ns = t.map_or(u64::MAX, |d| {
+            d.as_nanos().min(u128::from(u64::MAX - 1)) as u64
+        });
+        self.default_timeout_ns.store(ns, Ordering::Relaxed);
+    }
+
+    pub(crate) fn default_timeout(&self) -> Option<std::time::Duration> {
+        match self.default_timeout_ns.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            ns => Some(std::time::Duration::from_nanos(ns)),
+        }
+    }
 }
 
 const _: () = {
@@ -125,6 +143,7 @@ impl Handle {
             default_class,
             classed,
             alive: AtomicUsize::new(0),
+            default_timeout_ns: AtomicU64::new(u64::MAX),
         };
         Handle(NonNull::from(Box::leak(Box::new(shared))))
     }

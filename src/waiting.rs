@@ -62,8 +62,8 @@ use std::time::{Duration, Instant};
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct WaitOptions {
-    /// Give up with `timeout` after this long in the queue (blocking waiters; async waiters
-    /// are cancelled by dropping their future).
+    /// Give up with `timeout` after this long in the queue (the bulkhead's default timeout
+    /// when `None`).
     pub timeout: Option<Duration>,
     /// Cancels the wait (`aborted`); a token already cancelled refuses at once.
     pub cancel: Option<CancelToken>,
@@ -200,7 +200,10 @@ impl Bulkhead {
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
         }
-        let deadline = options.timeout.map(|t| Instant::now() + t);
+        let deadline = options
+            .timeout
+            .or(shared.default_timeout())
+            .map(|t| Instant::now() + t);
         if let Some(token) = &options.cancel {
             token.register(crate::sync::thread::current());
         }
@@ -230,15 +233,16 @@ impl Bulkhead {
     }
 
     /// Admits `demand`, waiting in the FIFO queue if no slot is free: the async counterpart of
-    /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor.
+    /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor; its
+    /// timeout runs on the crate's own timer thread (started on first use, see
+    /// `src/timer.rs`), so it needs no runtime either.
     ///
     /// # Cancel safety
     /// Dropping the future removes its waiter from the queue; if it was dropped after being
     /// handed a slot, that slot passes on to the next waiter. Nothing leaks either way.
     ///
     /// # Errors
-    /// As [`acquire_blocking`](Self::acquire_blocking); `options.timeout` is not applied to
-    /// async waits (wrap the future in your runtime's timeout, which drops it).
+    /// As [`acquire_blocking`](Self::acquire_blocking).
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
@@ -256,6 +260,8 @@ impl Bulkhead {
             node: Waiter::new(r, priority),
             queued: false,
             finished: false,
+            deadline: None,
+            timer: None,
         }
     }
 
@@ -304,8 +310,9 @@ impl Bulkhead {
                 .is_some_and(|e| w.tokens().saturating_add(r) > e)
             {
                 Some(RejectReason::BudgetLimit)
-            } else if !w.waiters() && w.slots() < lim.max_concurrent {
-                // A slot freed meanwhile, and nobody is queued: take it.
+            } else if q.len() == 0 && w.slots() < lim.max_concurrent {
+                // A slot freed meanwhile (or the flag is up only for drainers), and nobody is
+                // queued: take it.
                 match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
                         drop(q);
@@ -357,9 +364,11 @@ impl Bulkhead {
             return node.outcome();
         }
         q.remove(&node);
-        if q.len() == 0 {
-            clear_waiters(shared, &q);
-        }
+        clear_waiters(shared, &q);
+        let mut wake = WakeList::new();
+        wake_drainers_if_idle(Word(shared.word.load(Ordering::Acquire)), &q, &mut wake);
+        drop(q);
+        wake.wake_all();
         Outcome::Refused(reason)
     }
 
@@ -383,9 +392,21 @@ impl Bulkhead {
     }
 }
 
-/// Clears `WAITERS` once the queue is empty (caller holds the mutex, `_q` proves it).
-fn clear_waiters(shared: &Shared, _q: &Queue) {
-    shared.word.fetch_and(!WAITERS, Ordering::AcqRel);
+/// Clears `WAITERS` unless waiters or drainers still need it (caller holds the mutex, `q`
+/// proves it).
+fn clear_waiters(shared: &Shared, q: &Queue) {
+    if !q.flag_needed() {
+        shared.word.fetch_and(!WAITERS, Ordering::AcqRel);
+    }
+}
+
+/// Wakes the drainers if the state `w` (no-class word) is idle and nobody is queued.
+fn wake_drainers_if_idle(w: Word, q: &Queue, wake: &mut WakeList) {
+    if q.has_drainers() && q.len() == 0 && w.slots() == 0 && w.tokens() == 0 {
+        for n in q.drainers() {
+            wake.push(n);
+        }
+    }
 }
 
 /// A release that found `WAITERS` set: hand the slot (with `held` tokens to give back) to the
@@ -417,8 +438,7 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
                 }
                 // The slot passes on: its tokens become the waiter's reservation.
                 let mut next = w.0 - held + r;
-                let emptied = q.len() == 1;
-                if emptied {
+                if q.len() == 1 && !q.has_drainers() {
                     next &= !WAITERS;
                 }
                 match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
@@ -435,11 +455,14 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
                 // Nobody to hand to (or shrunk, or closed): return the slot; clear the flag if
                 // the queue is empty.
                 let mut next = w.0 - ONE_SLOT - held;
-                if q.len() == 0 {
+                if !q.flag_needed() {
                     next &= !WAITERS;
                 }
                 match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => break Some(w),
+                    Ok(_) => {
+                        wake_drainers_if_idle(Word(next), &q, &mut wake);
+                        break Some(w);
+                    }
                     Err(actual) => w = Word(actual),
                 }
             }
@@ -478,7 +501,7 @@ pub(crate) fn pump(shared: &Shared) {
             continue;
         }
         let mut next = w.plus(r).0;
-        if q.len() == 1 {
+        if q.len() == 1 && !q.has_drainers() {
             next &= !WAITERS;
         }
         match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
@@ -491,9 +514,7 @@ pub(crate) fn pump(shared: &Shared) {
             Err(actual) => w = Word(actual),
         }
     }
-    if q.len() == 0 {
-        clear_waiters(shared, &q);
-    }
+    clear_waiters(shared, &q);
     drop(q);
     wake.wake_all();
 }
@@ -508,6 +529,39 @@ pub(crate) fn close_queue(shared: &Shared) {
     clear_waiters(shared, &q);
     drop(q);
     wake.wake_all();
+}
+
+/// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
+/// drainers. Under the mutex, admit if nobody is queued (`None`: someone is, or the state
+/// changed; the caller refuses).
+#[cold]
+#[inline(never)]
+pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) -> Option<Granted> {
+    let shared = &*b.shared;
+    let q = lock(&shared.queue);
+    if q.len() > 0 {
+        return None;
+    }
+    let word = &*shared.word;
+    let mut w = Word(word.load(Ordering::Acquire));
+    loop {
+        let lim = shared.ring.read(w.tag());
+        if w.closed()
+            || w.slots() >= lim.max_concurrent
+            || lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e)
+        {
+            return None;
+        }
+        match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                drop(q);
+                return Some(b.count_admission(lim.revision, r));
+            }
+            Err(actual) => w = Word(actual),
+        }
+    }
 }
 
 /// Live waiters (for statistics).
@@ -539,6 +593,10 @@ pub struct Acquire<'a> {
     node: Waiter,
     queued: bool,
     finished: bool,
+    /// When the wait times out (`options.timeout` from the first poll).
+    deadline: Option<Instant>,
+    /// The timer entry that wakes this future at its deadline.
+    timer: Option<u64>,
 }
 
 impl std::fmt::Debug for Acquire<'_> {
@@ -588,20 +646,40 @@ impl Future for Acquire<'_> {
                 }
                 Enter::Queued => {
                     this.queued = true;
+                    this.deadline = this
+                        .options
+                        .timeout
+                        .or(b.shared.default_timeout())
+                        .map(|t| Instant::now() + t);
+                    if let Some(at) = this.deadline {
+                        this.timer = Some(crate::timer::register(at, cx.waker().clone()));
+                    }
                     return Poll::Pending;
                 }
             }
         }
         if !node.is_done() {
-            if this
+            let cancelled = this
                 .options
                 .cancel
                 .as_ref()
-                .is_some_and(CancelToken::is_cancelled)
-            {
-                let outcome = b.leave(node, RejectReason::Aborted);
+                .is_some_and(CancelToken::is_cancelled);
+            let timed_out = this.deadline.is_some_and(|d| Instant::now() >= d);
+            if cancelled || timed_out {
+                let reason = if cancelled {
+                    RejectReason::Aborted
+                } else {
+                    RejectReason::Timeout
+                };
+                let outcome = b.leave(node, reason);
                 this.finished = true;
+                if let Some(t) = this.timer.take() {
+                    crate::timer::cancel(t);
+                }
                 return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
+            }
+            if let Some(t) = this.timer {
+                crate::timer::update(t, cx.waker());
             }
             let q = lock(&b.shared.queue);
             if !node.is_done() {
@@ -612,12 +690,18 @@ impl Future for Acquire<'_> {
             }
         }
         this.finished = true;
+        if let Some(t) = this.timer.take() {
+            crate::timer::cancel(t);
+        }
         Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
     }
 }
 
 impl Drop for Acquire<'_> {
     fn drop(&mut self) {
+        if let Some(t) = self.timer.take() {
+            crate::timer::cancel(t);
+        }
         if !self.queued || self.finished {
             return;
         }
@@ -632,5 +716,200 @@ impl Drop for Acquire<'_> {
             let priority = node.priority;
             drop(b.finish(outcome, &self.demand, priority, self.reservation));
         }
+    }
+}
+
+/// What [`Bulkhead::drain_blocking`] and [`Bulkhead::drain`] found.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, DrainReport};
+/// let r = Bulkhead::new(1).unwrap().drain_blocking(None);
+/// assert_eq!(r, DrainReport { drained: true, in_flight: 0, pending: 0 });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DrainReport {
+    /// Nothing in flight, nobody queued, no token hold left.
+    pub drained: bool,
+    /// Admissions not yet released (abandoned ones count until released).
+    pub in_flight: u64,
+    /// Waiters queued.
+    pub pending: u64,
+}
+
+/// How often a drain of a bulkhead *with classes* re-checks (class releases do not look at
+/// the waiters flag, so they cannot wake a drainer; a short poll stands in).
+const CLASSED_DRAIN_POLL: Duration = Duration::from_millis(1);
+
+impl Bulkhead {
+    /// Waits until nothing is in flight, nobody is queued and no token hold is left
+    /// (CONTRACT.md §7), or until `deadline` passes; cancels nothing and does not close. A zero
+    /// deadline is a snapshot. It never hangs once the state is idle, however the last waiter
+    /// left.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// use std::time::Duration;
+    /// let b = Bulkhead::builder().max_concurrent(1).build().unwrap();
+    /// let a = b.try_acquire(Demand::slot()).unwrap();
+    /// let r = b.drain_blocking(Some(Duration::ZERO));
+    /// assert_eq!((r.drained, r.in_flight, r.pending), (false, 1, 0));
+    /// let t = std::thread::spawn(move || drop(a));
+    /// assert!(b.drain_blocking(None).drained);
+    /// t.join().unwrap();
+    /// ```
+    pub fn drain_blocking(&self, deadline: Option<Duration>) -> DrainReport {
+        let until = deadline.map(|d| Instant::now() + d);
+        let report = self.drain_report();
+        if report.drained || deadline == Some(Duration::ZERO) {
+            return report;
+        }
+        let id = self.register_drainer(Notify::Thread(crate::sync::thread::current()));
+        let report = loop {
+            let report = self.drain_report();
+            if report.drained {
+                break report;
+            }
+            let nap = self.shared.classed.then_some(CLASSED_DRAIN_POLL);
+            let now = Instant::now();
+            match (until, nap) {
+                (Some(u), _) if now >= u => break report,
+                (Some(u), Some(n)) => crate::sync::thread::park_timeout((u - now).min(n)),
+                (Some(u), None) => crate::sync::thread::park_timeout(u - now),
+                (None, Some(n)) => crate::sync::thread::park_timeout(n),
+                (None, None) => crate::sync::thread::park(),
+            }
+        };
+        self.unregister_drainer(id);
+        report
+    }
+
+    /// The async counterpart of [`drain_blocking`](Self::drain_blocking); its deadline runs on
+    /// the crate's timer thread, so it works on any executor.
+    ///
+    /// # Cancel safety
+    /// Dropping the future unregisters it; nothing else changes.
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// let b = Bulkhead::new(1).unwrap();
+    /// assert!(futures_lite::future::block_on(b.drain(None)).drained);
+    /// ```
+    pub fn drain(&self, deadline: Option<Duration>) -> Drain<'_> {
+        Drain {
+            bulkhead: self,
+            zero: deadline == Some(Duration::ZERO),
+            until: deadline.map(|d| Instant::now() + d),
+            drainer: None,
+            timer: None,
+        }
+    }
+
+    fn drain_report(&self) -> DrainReport {
+        let s = self.stats();
+        let tokens = s.token_budget.map_or(0, |t| t.in_flight_tokens);
+        DrainReport {
+            drained: s.admissions_in_flight == 0 && s.pending == 0 && tokens == 0,
+            in_flight: s.admissions_in_flight,
+            pending: s.pending,
+        }
+    }
+
+    /// Registers a drainer and raises `WAITERS`, so releases take the slow path that wakes it.
+    fn register_drainer(&self, n: Notify) -> u64 {
+        let shared = &*self.shared;
+        let mut q = lock(&shared.queue);
+        let id = q.add_drainer(n);
+        // (With classes the flag would refuse every class decision, and class releases would
+        // not look at it anyway: a classed drain polls instead.)
+        if !shared.classed {
+            shared.word.fetch_or(WAITERS, Ordering::AcqRel);
+        }
+        id
+    }
+
+    fn unregister_drainer(&self, id: u64) {
+        let shared = &*self.shared;
+        let mut q = lock(&shared.queue);
+        q.remove_drainer(id);
+        clear_waiters(shared, &q);
+    }
+}
+
+/// The future of [`Bulkhead::drain`].
+///
+/// # Cancel safety
+/// Dropping it unregisters it; nothing else changes.
+///
+/// ```
+/// let b = llm_bulkhead::Bulkhead::new(1).unwrap();
+/// let f = b.drain(None);
+/// drop(f);
+/// ```
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct Drain<'a> {
+    bulkhead: &'a Bulkhead,
+    zero: bool,
+    until: Option<Instant>,
+    drainer: Option<u64>,
+    timer: Option<u64>,
+}
+
+impl Future for Drain<'_> {
+    type Output = DrainReport;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<DrainReport> {
+        let this = &mut *self;
+        let b = this.bulkhead;
+        let report = b.drain_report();
+        let expired = this.until.is_some_and(|u| Instant::now() >= u);
+        if report.drained || this.zero || expired {
+            this.release();
+            return Poll::Ready(report);
+        }
+        match this.drainer {
+            None => {
+                this.drainer = Some(b.register_drainer(Notify::Waker(cx.waker().clone())));
+                // The state may have become idle before the registration: look again.
+                let report = b.drain_report();
+                if report.drained {
+                    this.release();
+                    return Poll::Ready(report);
+                }
+            }
+            Some(id) => lock(&b.shared.queue).update_drainer(id, Notify::Waker(cx.waker().clone())),
+        }
+        // The deadline, and with classes a short poll, run on the timer thread.
+        let wake_at = match (this.until, b.shared.classed) {
+            (Some(u), true) => Some(u.min(Instant::now() + CLASSED_DRAIN_POLL)),
+            (Some(u), false) => Some(u),
+            (None, true) => Some(Instant::now() + CLASSED_DRAIN_POLL),
+            (None, false) => None,
+        };
+        if let Some(at) = wake_at {
+            if let Some(t) = this.timer.take() {
+                crate::timer::cancel(t);
+            }
+            this.timer = Some(crate::timer::register(at, cx.waker().clone()));
+        }
+        Poll::Pending
+    }
+}
+
+impl Drain<'_> {
+    fn release(&mut self) {
+        if let Some(id) = self.drainer.take() {
+            self.bulkhead.unregister_drainer(id);
+        }
+        if let Some(t) = self.timer.take() {
+            crate::timer::cancel(t);
+        }
+    }
+}
+
+impl Drop for Drain<'_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }

@@ -519,3 +519,159 @@ fn a_saturated_bulkhead_with_a_queue_settles_everything() {
     assert_eq!((s.in_flight, s.pending), (0, 0));
     assert_eq!((s.admitted, s.released, s.rejected), (ok, ok, refused));
 }
+
+mod drain_and_profiles {
+    use super::*;
+    use llm_bulkhead::{ClassLimits, DrainReport, Profile};
+
+    #[test]
+    fn drain_waits_for_in_flight_work_and_never_blocks_admissions() {
+        let b = Bulkhead::builder().max_concurrent(2).build().unwrap();
+        let a = b.try_acquire(Demand::slot()).unwrap();
+        // Reference §8: a zero deadline on a busy bulkhead is a snapshot.
+        assert_eq!(
+            b.drain_blocking(Some(Duration::ZERO)),
+            DrainReport {
+                drained: false,
+                in_flight: 1,
+                pending: 0
+            }
+        );
+        let b2 = b.clone();
+        let (tx, rx) = mpsc::channel();
+        let drainer = thread::spawn(move || {
+            tx.send(()).unwrap();
+            b2.drain_blocking(None)
+        });
+        rx.recv().unwrap();
+        // drain does not close: new work is admitted (and released) meanwhile.
+        drop(
+            b.try_acquire(Demand::slot())
+                .expect("drain does not block admissions"),
+        );
+        drop(a);
+        assert_eq!(
+            drainer.join().unwrap(),
+            DrainReport {
+                drained: true,
+                in_flight: 0,
+                pending: 0
+            }
+        );
+        // The flag went with the drainer: the fast path admits again.
+        assert!(b.try_acquire(Demand::slot()).is_ok());
+    }
+
+    #[test]
+    fn drain_does_not_hang_when_the_last_waiter_times_out() {
+        // CONTRACT.md §9.5 (the reference's BUG B8): after a kill switch the only outstanding
+        // item is a waiter that leaves (here by cancellation); drain must complete.
+        let b = Bulkhead::builder()
+            .max_concurrent(1)
+            .max_queue(2)
+            .build()
+            .unwrap();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let token = CancelToken::new();
+        let w = waiter(
+            &b,
+            Demand::slot(),
+            WaitOptions {
+                cancel: Some(token.clone()),
+                ..wait()
+            },
+            tx,
+            0,
+        );
+        until_pending(&b, 1);
+        b.apply_limits(b.limits().with_revision(1).with_max_concurrent(0))
+            .unwrap();
+        drop(held); // returned, not handed: max_concurrent is 0
+        let b2 = b.clone();
+        let drainer = thread::spawn(move || b2.drain_blocking(None));
+        token.cancel();
+        assert_eq!(rx.recv().unwrap(), (0, Err(RejectReason::Aborted)));
+        w.0.join().unwrap();
+        assert!(drainer.join().unwrap().drained);
+    }
+
+    #[test]
+    fn async_drain_with_a_deadline_reports_and_cancels_nothing() {
+        let b = Bulkhead::builder().max_concurrent(1).build().unwrap();
+        let a = b.try_acquire(Demand::slot()).unwrap();
+        let r = futures_lite::future::block_on(b.drain(Some(Duration::from_millis(1))));
+        assert_eq!((r.drained, r.in_flight), (false, 1));
+        assert_eq!(b.stats().in_flight, 1, "drain cancels nothing");
+        let b2 = b.clone();
+        let t = thread::spawn(move || futures_lite::future::block_on(b2.drain(None)));
+        drop(a);
+        assert!(t.join().unwrap().drained);
+    }
+
+    #[test]
+    fn a_classed_drain_completes() {
+        let b = Bulkhead::builder()
+            .max_concurrent(2)
+            .class("a", ClassLimits::default())
+            .default_class("a")
+            .build()
+            .unwrap();
+        let a = b.try_acquire(Demand::slot()).unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || b2.drain_blocking(None));
+        drop(a);
+        assert!(t.join().unwrap().drained);
+        assert!(b.try_acquire(Demand::slot()).is_ok());
+    }
+
+    #[test]
+    fn async_timeouts_work_without_a_runtime() {
+        let b = Bulkhead::builder()
+            .max_concurrent(1)
+            .max_queue(2)
+            .timeout(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        let _held = b.try_acquire(Demand::slot()).unwrap();
+        // The bulkhead's default timeout applies; the crate's timer thread wakes the future.
+        let r = futures_lite::future::block_on(b.acquire(Demand::slot(), wait())).unwrap_err();
+        assert_eq!(r.reason, RejectReason::Timeout);
+        assert_eq!(b.stats().pending, 0);
+    }
+
+    #[test]
+    fn profiles_set_the_queue_and_timeout_and_explicit_options_win() {
+        let batch = Bulkhead::builder()
+            .max_concurrent(1)
+            .profile(Profile::Batch)
+            .build()
+            .unwrap();
+        assert_eq!(batch.limits().max_queue, 20);
+        assert_eq!(batch.default_timeout(), Some(Duration::from_secs(30)));
+        let interactive = Bulkhead::builder()
+            .max_concurrent(1)
+            .profile(Profile::Interactive)
+            .build()
+            .unwrap();
+        let _h = interactive.try_acquire(Demand::slot()).unwrap();
+        assert_eq!(
+            interactive
+                .acquire_blocking(Demand::slot(), wait())
+                .unwrap_err()
+                .reason,
+            RejectReason::ConcurrencyLimit
+        );
+        let custom = Bulkhead::builder()
+            .timeout(Duration::from_secs(2))
+            .profile(Profile::Batch)
+            .max_queue(5)
+            .max_concurrent(1)
+            .build()
+            .unwrap();
+        assert_eq!(
+            (custom.limits().max_queue, custom.default_timeout()),
+            (5, Some(Duration::from_secs(2)))
+        );
+    }
+}
