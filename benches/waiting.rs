@@ -1,0 +1,181 @@
+//! Criterion benchmarks of the wait queue beside tokio's semaphore, in the same run:
+//!
+//! * `handoff_blocking`: two OS threads share one slot and take turns through the queue: each
+//!   release hands the slot to the other thread, which is parked. One iteration is one
+//!   hand-off (release → the waiter runs). Ours (`acquire_blocking`) beside tokio's
+//!   `Semaphore::acquire` driven by `futures_lite::future::block_on` (which also parks).
+//! * `handoff_async`: the same with two tasks on a two-worker tokio runtime, ours
+//!   (`acquire().await`) beside tokio's `acquire().await`.
+//! * `saturated_queue`: four threads, two slots, a queue of four; one iteration is one
+//!   admission + release on each thread (aggregate throughput).
+//!
+//! `benches/ratios.py` does not read these; the README quotes them.
+
+use criterion::{criterion_main, Criterion, Throughput};
+use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+}
+
+/// Runs `per_thread` turns on each of `threads` threads and returns the wall time.
+fn run_threads(threads: usize, per_thread: u64, turn: impl Fn() + Sync) -> Duration {
+    let barrier = Barrier::new(threads);
+    let (barrier, turn) = (&barrier, &turn);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    for _ in 0..per_thread {
+                        turn();
+                    }
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        let spans: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let start = spans.iter().map(|s| s.0).min().unwrap();
+        let end = spans.iter().map(|s| s.1).max().unwrap();
+        end - start
+    })
+}
+
+fn handoff_blocking(c: &mut Criterion) {
+    let mut g = c.benchmark_group("handoff_blocking");
+    g.throughput(Throughput::Elements(1));
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(2)
+        .build()
+        .unwrap();
+    g.bench_function("ours", |bench| {
+        bench.iter_custom(|iters| {
+            run_threads(2, iters.div_ceil(2), || {
+                drop(
+                    b.acquire_blocking(Demand::slot(), WaitOptions::default())
+                        .unwrap(),
+                )
+            })
+        })
+    });
+    let sem = Semaphore::new(1);
+    g.bench_function("tokio_semaphore", |bench| {
+        bench.iter_custom(|iters| {
+            run_threads(2, iters.div_ceil(2), || {
+                drop(futures_lite::future::block_on(sem.acquire()).unwrap())
+            })
+        })
+    });
+    g.finish();
+    assert_eq!(b.stats().in_flight, 0);
+}
+
+fn handoff_async(c: &mut Criterion) {
+    let mut g = c.benchmark_group("handoff_async");
+    g.throughput(Throughput::Elements(1));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(2)
+        .build()
+        .unwrap();
+    g.bench_function("ours", |bench| {
+        bench.iter_custom(|iters| {
+            let per = iters.div_ceil(2);
+            rt.block_on(async {
+                let start = Instant::now();
+                let tasks: Vec<_> = (0..2)
+                    .map(|_| {
+                        let b = b.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..per {
+                                drop(b.acquire(Demand::slot(), WaitOptions::default()).await);
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+    let sem = Arc::new(Semaphore::new(1));
+    g.bench_function("tokio_semaphore", |bench| {
+        bench.iter_custom(|iters| {
+            let per = iters.div_ceil(2);
+            rt.block_on(async {
+                let start = Instant::now();
+                let tasks: Vec<_> = (0..2)
+                    .map(|_| {
+                        let sem = sem.clone();
+                        tokio::spawn(async move {
+                            for _ in 0..per {
+                                drop(sem.acquire().await.unwrap());
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.finish();
+}
+
+fn saturated_queue(c: &mut Criterion) {
+    let mut g = c.benchmark_group("saturated_queue");
+    g.throughput(Throughput::Elements(4));
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .max_queue(4)
+        .build()
+        .unwrap();
+    g.bench_function("ours_4_threads_2_slots", |bench| {
+        bench.iter_custom(|iters| {
+            run_threads(4, iters, || {
+                drop(
+                    b.acquire_blocking(Demand::slot(), WaitOptions::default())
+                        .unwrap(),
+                )
+            })
+        })
+    });
+    let sem = Semaphore::new(2);
+    g.bench_function("tokio_4_threads_2_permits", |bench| {
+        bench.iter_custom(|iters| {
+            run_threads(4, iters, || {
+                drop(futures_lite::future::block_on(sem.acquire()).unwrap())
+            })
+        })
+    });
+    g.finish();
+    eprintln!(
+        "size of the acquire future: {} bytes (its waiter node is inside it)",
+        std::mem::size_of::<llm_bulkhead::Acquire<'static>>()
+    );
+}
+
+fn benches() {
+    let mut c = config().configure_from_args();
+    handoff_blocking(&mut c);
+    handoff_async(&mut c);
+    saturated_queue(&mut c);
+}
+
+criterion_main!(benches);
