@@ -19,12 +19,15 @@
 //! run(&setup, &ops).unwrap();
 //! ```
 
-use crate::model::{Handle, Model, ModelError};
+use crate::model::{Handle, Model, ModelError, WaitId, Waited};
 use crate::{
     Admission, BudgetLimits, Bulkhead, ClassLimits, Demand, LimitsSnapshot, Priority, Reconcile,
     Reservation, Usage,
 };
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 /// Initial configuration of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +111,21 @@ pub enum Op {
     },
     /// `close`.
     Close,
+    /// An async `acquire` (no classes: with classes it decides like `try_acquire`), polled once;
+    /// if it queues, it is polled again after every later operation.
+    Wait {
+        /// Input tokens of the reservation.
+        input: u64,
+        /// Output cap of the reservation.
+        max_output: u64,
+        /// High priority.
+        high: bool,
+    },
+    /// Drop a queued `acquire` future.
+    CancelWait {
+        /// Which waiter.
+        pick: usize,
+    },
 }
 
 /// Where engine and model disagreed.
@@ -203,11 +221,58 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
         }
     };
     let mut live: Vec<(Admission, Handle)> = Vec::new();
+    let mut waiting: Vec<Waiting<'_>> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
-        apply_op(step, *op, &engine, &mut model, &mut live)?;
+        match *op {
+            Op::Wait {
+                input,
+                max_output,
+                high,
+            } => {
+                let Ok(r) = Reservation::new(input, max_output) else {
+                    continue;
+                };
+                let d = Demand::tokens(r).with_priority(if high {
+                    Priority::High
+                } else {
+                    Priority::Normal
+                });
+                let mut f = Box::pin(engine.acquire(d, crate::WaitOptions::default()));
+                match (poll_once(f.as_mut()), model.acquire_wait(d)) {
+                    (Poll::Ready(Ok(a)), Ok(Waited::Admitted(h))) => {
+                        same(
+                            step,
+                            Some((a.revision(), a.reservation())),
+                            model.admission(h),
+                        )?;
+                        live.push((a, h));
+                    }
+                    (Poll::Ready(Err(e)), Err(m)) => same(step, e, m)?,
+                    (Poll::Pending, Ok(Waited::Queued(id))) => waiting.push((f, id)),
+                    (e, m) => same(
+                        step,
+                        format!("{:?}", e.map(|r| r.map(|a| a.revision()))),
+                        format!("{m:?}"),
+                    )?,
+                }
+            }
+            Op::CancelWait { pick: p } => {
+                if !waiting.is_empty() {
+                    let (f, id) = waiting.swap_remove(p % waiting.len());
+                    drop(f);
+                    model.cancel_wait(id);
+                }
+            }
+            op => apply_op(step, op, &engine, &mut model, &mut live)?,
+        }
+        poll_waiting(step, &mut model, &mut live, &mut waiting)?;
         same(step, engine.stats(), model.stats())?;
     }
     let end = ops.len();
+    for (f, id) in waiting.drain(..) {
+        drop(f);
+        model.cancel_wait(id);
+    }
     for (a, h) in live.drain(..) {
         let e = a.release(None).map_err(|e| e.error);
         let m = model.release(h, None);
@@ -227,6 +292,54 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
     same(end, s.clone(), model.stats())?;
     same(end, (s.in_flight, s.admissions_in_flight), (0, 0))?;
     same(end, s.token_budget.map_or(0, |t| t.in_flight_tokens), 0)
+}
+
+/// A queued `acquire` future of the engine and its waiter in the model.
+type Waiting<'a> = (Pin<Box<crate::Acquire<'a>>>, WaitId);
+
+fn poll_once<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {
+    f.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Polls every queued future; those that finished must match the model's answers, the others
+/// must have none yet.
+fn poll_waiting(
+    step: usize,
+    model: &mut Model,
+    live: &mut Vec<(Admission, Handle)>,
+    waiting: &mut Vec<Waiting<'_>>,
+) -> Result<(), Divergence> {
+    let mut i = 0;
+    while i < waiting.len() {
+        let id = waiting[i].1;
+        match poll_once(waiting[i].0.as_mut()) {
+            Poll::Pending => {
+                same(step, false, model.answered(id))?;
+                i += 1;
+            }
+            Poll::Ready(e) => {
+                let m = model.take_answer(id);
+                drop(waiting.remove(i));
+                match (e, m) {
+                    (Ok(a), Some(Ok(h))) => {
+                        same(
+                            step,
+                            Some((a.revision(), a.reservation())),
+                            model.admission(h),
+                        )?;
+                        live.push((a, h));
+                    }
+                    (Err(e), Some(Err(m))) => same(step, e, m)?,
+                    (e, m) => same(
+                        step,
+                        format!("{:?}", e.map(|a| a.revision())),
+                        format!("{:?}", m.map(|r| r.map(|_| ()))),
+                    )?,
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn pick(live: &[(Admission, Handle)], i: usize) -> Option<usize> {
@@ -398,6 +511,8 @@ fn apply_op(
             engine.close();
             model.close();
         }
+        // Handled by `run`, which owns the queued futures.
+        Op::Wait { .. } | Op::CancelWait { .. } => {}
     }
     Ok(())
 }
@@ -477,6 +592,14 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
                     }),
                 }
             }
+            _ if tag & 0xc0 == 0x40 => Op::Wait {
+                input: cur.tokens(),
+                max_output: cur.tokens(),
+                high: tag & 0x10 != 0,
+            },
+            _ if tag & 0xc0 == 0xc0 => Op::CancelWait {
+                pick: cur.byte().into(),
+            },
             _ if tag & 0x20 != 0 => Op::Abandon {
                 pick: cur.byte().into(),
             },

@@ -26,7 +26,7 @@ use crate::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
 use crate::{
     ClassId, Demand, LimitsChange, LimitsSnapshot, Priority, ReleaseReport, UsageReport, MAX_TOKENS,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// A handle to an admission held by the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -110,6 +110,38 @@ pub struct Model {
     consumed: u64,
     refunded: u64,
     overrun: u64,
+    /// Queued waiters, oldest first (no classes: classes do not queue yet).
+    queue: VecDeque<Queued>,
+    /// Answers not yet taken by their waiters.
+    answers: BTreeMap<u64, Answer>,
+    next_wait: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    id: u64,
+    r: u64,
+    priority: Priority,
+    reservation: Option<Reservation>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    Admitted(Handle),
+    Refused(RejectReason, u64, Priority),
+}
+
+/// A queued waiter of the model (see [`Model::acquire_wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WaitId(pub u64);
+
+/// What [`Model::acquire_wait`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// Admitted at once.
+    Admitted(Handle),
+    /// Queued; its answer comes from [`Model::take_answer`].
+    Queued(WaitId),
 }
 
 impl Model {
@@ -176,6 +208,9 @@ impl Model {
             consumed: 0,
             refunded: 0,
             overrun: 0,
+            queue: VecDeque::new(),
+            answers: BTreeMap::new(),
+            next_wait: 0,
         })
     }
 
@@ -280,7 +315,8 @@ impl Model {
                     }
                 }
             }
-            if self.in_flight >= u64::from(self.limits.max_concurrent) {
+            // Row 6, and no barging while waiters are queued.
+            if self.in_flight >= u64::from(self.limits.max_concurrent) || !self.queue.is_empty() {
                 break 'decide Some((
                     RejectReason::ConcurrencyLimit,
                     constraint(Constraint::Global),
@@ -606,6 +642,7 @@ impl Model {
             c.totals.consumed = c.totals.consumed.wrapping_add(consumed.unwrap_or(0));
             c.totals.refunded = c.totals.refunded.wrapping_add(refunded);
         }
+        self.pump();
         Ok(ReleaseReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
@@ -639,6 +676,7 @@ impl Model {
         }
         next.validate(self.has_budget, &self.names)?;
         let previous = std::mem::replace(&mut self.limits, next);
+        self.pump();
         Ok(LimitsChange {
             previous,
             current: next,
@@ -655,6 +693,178 @@ impl Model {
     /// ```
     pub fn close(&mut self) {
         self.closed = true;
+        while let Some(w) = self.queue.pop_front() {
+            self.answers.insert(
+                w.id,
+                Answer::Refused(RejectReason::Shutdown, w.r, w.priority),
+            );
+        }
+    }
+
+    /// A waiting acquire (CONTRACT.md §2 rows 6–7, §3): admitted at once, refused fail-fast
+    /// (including `queue_limit`), or queued. Without classes (classes do not queue yet, and a
+    /// classed model decides like [`try_acquire`](Self::try_acquire)).
+    ///
+    /// # Errors
+    /// The [`Rejection`] the engine gives in the same state.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, Demand};
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// let Waited::Admitted(h) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
+    /// let Waited::Queued(w) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
+    /// m.release(h, None).unwrap();
+    /// assert!(m.take_answer(w).unwrap().is_ok());
+    /// ```
+    pub fn acquire_wait(&mut self, d: Demand) -> Result<Waited, Rejection> {
+        if !self.names.is_empty() {
+            return self.try_acquire(d).map(Waited::Admitted);
+        }
+        let reservation = self
+            .has_budget
+            .then(|| d.reservation().unwrap_or(Reservation::ZERO));
+        let r = reservation.map_or(0, |x| x.total());
+        let p = d.priority();
+        let fits_budget = self
+            .eff(p)
+            .is_none_or(|e| self.tokens.saturating_add(r) <= e);
+        let free = self.in_flight < u64::from(self.limits.max_concurrent);
+        if self.closed || !fits_budget || (free && self.queue.is_empty()) {
+            return self.try_acquire(d).map(Waited::Admitted);
+        }
+        if self.limits.max_concurrent == 0 || self.limits.max_queue == 0 {
+            return Err(self.refuse_now(RejectReason::ConcurrencyLimit, r, p, 0));
+        }
+        if self.queue.len() as u64 >= u64::from(self.limits.max_queue) {
+            let pending = self.queue.len() as u64;
+            return Err(self.refuse_now(RejectReason::QueueLimit, r, p, pending));
+        }
+        let id = self.next_wait;
+        self.next_wait += 1;
+        self.queue.push_back(Queued {
+            id,
+            r,
+            priority: p,
+            reservation,
+        });
+        Ok(Waited::Queued(WaitId(id)))
+    }
+
+    /// The answer to a queued waiter, once it has one (taken once); a refusal is counted and
+    /// explained when taken, as the engine does when the waiter wakes.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::{Model, Waited, WaitId}, LimitsSnapshot};
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// assert!(m.take_answer(WaitId(7)).is_none());
+    /// ```
+    pub fn take_answer(&mut self, id: WaitId) -> Option<Result<Handle, Rejection>> {
+        match self.answers.remove(&id.0)? {
+            Answer::Admitted(h) => Some(Ok(h)),
+            Answer::Refused(reason, r, p) => {
+                let pending = self.queue.len() as u64;
+                Some(Err(self.refuse_now(reason, r, p, pending)))
+            }
+        }
+    }
+
+    /// Whether queued waiter `id` has an answer waiting to be taken.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::{Model, WaitId}, LimitsSnapshot};
+    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// assert!(!m.answered(WaitId(0)));
+    /// ```
+    pub fn answered(&self, id: WaitId) -> bool {
+        self.answers.contains_key(&id.0)
+    }
+
+    /// A waiter gives up (its future is dropped): it leaves the queue; if it had already been
+    /// admitted, that admission is released at once (which hands its slot on).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, Demand};
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// let Waited::Admitted(h) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
+    /// let Waited::Queued(w) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
+    /// m.cancel_wait(w);
+    /// assert_eq!(m.stats().pending, 0);
+    /// # let _ = h;
+    /// ```
+    pub fn cancel_wait(&mut self, id: WaitId) {
+        self.queue.retain(|w| w.id != id.0);
+        if let Some(Answer::Admitted(h)) = self.answers.remove(&id.0) {
+            let _ = self.release(h, None);
+        }
+    }
+
+    /// Hands free slots to head waiters whose budget check passes (a head that no longer fits
+    /// is answered `budget_limit` and the next is considered), as the engine's hand-off and
+    /// pump do.
+    fn pump(&mut self) {
+        while !self.closed && self.in_flight < u64::from(self.limits.max_concurrent) {
+            let Some(w) = self.queue.pop_front() else {
+                break;
+            };
+            if self
+                .eff(w.priority)
+                .is_some_and(|e| self.tokens.saturating_add(w.r) > e)
+            {
+                self.answers.insert(
+                    w.id,
+                    Answer::Refused(RejectReason::BudgetLimit, w.r, w.priority),
+                );
+                continue;
+            }
+            self.in_flight += 1;
+            self.tokens += w.r;
+            self.admitted += 1;
+            if self.has_budget {
+                self.reserved = self.reserved.wrapping_add(w.r);
+            }
+            let h = Handle(self.next);
+            self.next += 1;
+            self.live.insert(
+                h,
+                Held {
+                    revision: self.limits.revision,
+                    reservation: w.reservation,
+                    held: w.r,
+                    reported: None,
+                    sequence: 0,
+                    class: None,
+                    abandoned: false,
+                },
+            );
+            self.answers.insert(w.id, Answer::Admitted(h));
+        }
+    }
+
+    /// Counts and explains a refusal (no classes) in the current state.
+    fn refuse_now(&mut self, reason: RejectReason, r: u64, p: Priority, pending: u64) -> Rejection {
+        self.rejected = add_reason(self.rejected, reason);
+        Rejection {
+            reason,
+            constraint: None,
+            revision: self.limits.revision,
+            detail: CapacityDetail {
+                in_flight: self.in_flight,
+                pending,
+                max_concurrent: self.limits.max_concurrent.into(),
+                max_queue: self.limits.max_queue.into(),
+                token_budget: self.limits.token_budget.map(|b| {
+                    let eff = b.effective(p);
+                    TokenCapacity {
+                        budget: b.budget,
+                        in_flight_tokens: self.tokens,
+                        effective_budget: eff,
+                        available: eff.saturating_sub(self.tokens),
+                        requested: r,
+                    }
+                }),
+                classes: None,
+            },
+        }
     }
 
     /// Statistics, field for field what [`Bulkhead::stats`](crate::Bulkhead::stats) must show.
@@ -676,7 +886,7 @@ impl Model {
             closed: self.closed,
             in_flight: self.in_flight,
             admissions_in_flight: self.live.len() as u64,
-            pending: 0,
+            pending: self.queue.len() as u64,
             available_slots: u64::from(self.limits.max_concurrent).saturating_sub(self.in_flight),
             admitted: self.admitted,
             released: self.released,
