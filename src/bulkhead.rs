@@ -767,6 +767,8 @@ impl Bulkhead {
             in_flight: slots,
             admissions_in_flight: slots + abandoned_open,
             pending: crate::waiting::pending(shared) as u64,
+            queued_total: crate::waiting::queued_total(shared),
+            queue_waits: t.waits,
             available_slots: u64::from(limits.max_concurrent).saturating_sub(slots),
             admitted: t.admitted,
             released: t.admitted.saturating_sub(slots + abandoned_open),

@@ -93,8 +93,8 @@ pub use rejection::{
 };
 pub use state::{MAX_SLOTS, MAX_TOKENS};
 pub use stats::{
-    AbandonCauses, ClassStats, ClassesStats, RejectCounts, SharedStats, SharedTokenStats, Stats,
-    TokenStats,
+    AbandonCauses, ClassStats, ClassesStats, QueueWaits, RejectCounts, SharedStats,
+    SharedTokenStats, Stats, TokenStats,
 };
 pub use waiting::{Acquire, CancelToken, Drain, DrainReport, WaitOptions};
 

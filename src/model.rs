@@ -887,6 +887,9 @@ impl Model {
             in_flight: self.in_flight,
             admissions_in_flight: self.live.len() as u64,
             pending: self.queue.len() as u64,
+            queued_total: self.next_wait,
+            // Durations are not modelled; the conformance driver compares the rest.
+            queue_waits: Default::default(),
             available_slots: u64::from(self.limits.max_concurrent).saturating_sub(self.in_flight),
             admitted: self.admitted,
             released: self.released,

@@ -35,6 +35,10 @@ pub(crate) struct Counters {
     pub(crate) abandoned: Stripe,
     /// Releases of abandoned admissions.
     pub(crate) abandoned_settled: Stripe,
+    /// Queue waits that ended, their total and this thread's longest (ns).
+    pub(crate) waits: Stripe,
+    pub(crate) wait_ns: Stripe,
+    pub(crate) wait_max_ns: Stripe,
     pub(crate) classes: [ClassCounters; crate::classes::MAX_CLASSES],
 }
 
@@ -184,6 +188,12 @@ pub struct Stats {
     pub admissions_in_flight: u64,
     /// Waiters queued.
     pub pending: u64,
+    /// Waiters ever queued.
+    pub queued_total: u64,
+    /// Waits that ended (admitted, refused, timed out or cancelled), their total and their
+    /// longest duration in nanoseconds. Measured only on the slow path, where a waiter reads the
+    /// clock when it joins the queue and when it leaves.
+    pub queue_waits: QueueWaits,
     /// `max(0, max_concurrent − in_flight)`.
     pub available_slots: u64,
     /// Successful admissions.
@@ -304,6 +314,22 @@ pub struct ClassStats {
     pub total_borrowed_tokens_reserved: u64,
 }
 
+/// Queue wait figures (see [`Stats::queue_waits`]).
+///
+/// ```
+/// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().stats().queue_waits.ended, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct QueueWaits {
+    /// Waits that ended.
+    pub ended: u64,
+    /// Their total duration, in nanoseconds.
+    pub total_ns: u64,
+    /// The longest one, in nanoseconds.
+    pub max_ns: u64,
+}
+
 /// Per-class event totals, summed over threads (or kept by the model).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ClassTotals {
@@ -398,6 +424,7 @@ pub(crate) fn classes_stats(
 pub(crate) struct Totals {
     pub(crate) abandoned: u64,
     pub(crate) abandoned_settled: u64,
+    pub(crate) waits: QueueWaits,
     pub(crate) classes: [ClassTotals; crate::classes::MAX_CLASSES],
     pub(crate) admitted: u64,
     pub(crate) rejected: RejectCounts,
@@ -423,6 +450,9 @@ impl Totals {
         acc(&mut self.total_overrun, &c.total_overrun);
         acc(&mut self.abandoned, &c.abandoned);
         acc(&mut self.abandoned_settled, &c.abandoned_settled);
+        acc(&mut self.waits.ended, &c.waits);
+        acc(&mut self.waits.total_ns, &c.wait_ns);
+        self.waits.max_ns = self.waits.max_ns.max(c.wait_max_ns.get());
         for (t, cc) in self.classes.iter_mut().zip(&c.classes).take(classes) {
             acc(&mut t.admitted, &cc.admitted);
             acc(&mut t.abandoned_settled, &cc.abandoned_settled);

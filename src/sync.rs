@@ -98,6 +98,20 @@ impl Stripe {
         }
     }
 
+    /// Raises the value to at least `v` (single writer; a CAS loop under loom).
+    pub(crate) fn raise(&self, v: u64) {
+        #[cfg(not(loom))]
+        {
+            if self.0.load(Ordering::Relaxed) < v {
+                self.0.store(v, Ordering::Relaxed);
+            }
+        }
+        #[cfg(loom)]
+        {
+            self.0.fetch_max(v, Ordering::Relaxed);
+        }
+    }
+
     #[inline]
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)

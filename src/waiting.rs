@@ -200,6 +200,7 @@ impl Bulkhead {
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
         }
+        let since = Instant::now();
         let deadline = options
             .timeout
             .or(shared.default_timeout())
@@ -229,6 +230,7 @@ impl Bulkhead {
                 }
             }
         };
+        book_wait(self, since);
         self.finish(outcome, &demand, priority, reservation)
     }
 
@@ -262,6 +264,7 @@ impl Bulkhead {
             finished: false,
             deadline: None,
             timer: None,
+            since: None,
         }
     }
 
@@ -564,6 +567,20 @@ pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) ->
     }
 }
 
+/// Waiters ever queued (for statistics).
+pub(crate) fn queued_total(shared: &Shared) -> u64 {
+    lock(&shared.queue).queued_total
+}
+
+/// Books one ended wait that began at `since`.
+fn book_wait(b: &Bulkhead, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let c = b.shared.counters.local(crate::stats::Counters::new);
+    c.waits.add(1);
+    c.wait_ns.add(ns);
+    c.wait_max_ns.raise(ns);
+}
+
 /// Live waiters (for statistics).
 pub(crate) fn pending(shared: &Shared) -> usize {
     lock(&shared.queue).len()
@@ -597,6 +614,8 @@ pub struct Acquire<'a> {
     deadline: Option<Instant>,
     /// The timer entry that wakes this future at its deadline.
     timer: Option<u64>,
+    /// When it joined the queue.
+    since: Option<Instant>,
 }
 
 impl std::fmt::Debug for Acquire<'_> {
@@ -646,6 +665,7 @@ impl Future for Acquire<'_> {
                 }
                 Enter::Queued => {
                     this.queued = true;
+                    this.since = Some(Instant::now());
                     this.deadline = this
                         .options
                         .timeout
@@ -676,6 +696,9 @@ impl Future for Acquire<'_> {
                 if let Some(t) = this.timer.take() {
                     crate::timer::cancel(t);
                 }
+                if let Some(since) = this.since {
+                    book_wait(b, since);
+                }
                 return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
             }
             if let Some(t) = this.timer {
@@ -692,6 +715,9 @@ impl Future for Acquire<'_> {
         this.finished = true;
         if let Some(t) = this.timer.take() {
             crate::timer::cancel(t);
+        }
+        if let Some(since) = this.since {
+            book_wait(b, since);
         }
         Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
     }
@@ -710,6 +736,9 @@ impl Drop for Acquire<'_> {
         // pinned and is still alive here.
         let node = unsafe { Pin::new_unchecked(&self.node) };
         let outcome = b.leave(node, RejectReason::Aborted);
+        if let Some(since) = self.since {
+            book_wait(b, since);
+        }
         if let Outcome::Granted { .. } = outcome {
             // Handed a slot after it stopped waiting: take it and release it at once, which
             // passes it to the next waiter.
