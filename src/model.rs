@@ -355,16 +355,7 @@ impl Model {
                     pending: 0,
                     max_concurrent: self.limits.max_concurrent.into(),
                     max_queue: self.limits.max_queue.into(),
-                    token_budget: self.limits.token_budget.map(|b| {
-                        let eff = b.effective(d.priority());
-                        TokenCapacity {
-                            budget: b.budget,
-                            in_flight_tokens: self.tokens,
-                            effective_budget: eff,
-                            available: eff.saturating_sub(self.tokens),
-                            requested: r,
-                        }
-                    }),
+                    token_budget: self.token_capacity(d.priority(), r),
                     classes,
                 },
             });
@@ -840,6 +831,20 @@ impl Model {
         }
     }
 
+    /// The budget part of a rejection's detail in the current state.
+    fn token_capacity(&self, p: Priority, r: u64) -> Option<TokenCapacity> {
+        self.limits.token_budget.map(|b| {
+            let eff = b.effective(p);
+            TokenCapacity {
+                budget: b.budget,
+                in_flight_tokens: self.tokens,
+                effective_budget: eff,
+                available: eff.saturating_sub(self.tokens),
+                requested: r,
+            }
+        })
+    }
+
     /// Counts and explains a refusal (no classes) in the current state.
     fn refuse_now(&mut self, reason: RejectReason, r: u64, p: Priority, pending: u64) -> Rejection {
         self.rejected = add_reason(self.rejected, reason);
@@ -852,16 +857,7 @@ impl Model {
                 pending,
                 max_concurrent: self.limits.max_concurrent.into(),
                 max_queue: self.limits.max_queue.into(),
-                token_budget: self.limits.token_budget.map(|b| {
-                    let eff = b.effective(p);
-                    TokenCapacity {
-                        budget: b.budget,
-                        in_flight_tokens: self.tokens,
-                        effective_budget: eff,
-                        available: eff.saturating_sub(self.tokens),
-                        requested: r,
-                    }
-                }),
+                token_budget: self.token_capacity(p, r),
                 classes: None,
             },
         }

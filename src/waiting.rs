@@ -440,18 +440,9 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
                     continue;
                 }
                 // The slot passes on: its tokens become the waiter's reservation.
-                let mut next = w.0 - held + r;
-                if q.len() == 1 && !q.has_drainers() {
-                    next &= !WAITERS;
-                }
-                match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        wake.push(q.answer_front(Outcome::Granted {
-                            revision: lim.revision,
-                        }));
-                        break None;
-                    }
-                    Err(actual) => w = Word(actual),
+                match grant_head(word, &mut q, w, w.0 - held + r, lim.revision, &mut wake) {
+                    Ok(_) => break None,
+                    Err(actual) => w = actual,
                 }
             }
             _ => {
@@ -484,6 +475,28 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
     // a `SlotRef` owns nothing else.
 }
 
+/// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
+/// `WAITERS` if it was the last waiter and no drainer needs the flag. `Err`: the word moved.
+fn grant_head(
+    word: &crate::sync::AtomicU64,
+    q: &mut Queue,
+    w: Word,
+    mut next: u64,
+    revision: u64,
+    wake: &mut WakeList,
+) -> Result<u64, Word> {
+    if q.len() == 1 && !q.has_drainers() {
+        next &= !WAITERS;
+    }
+    match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            wake.push(q.answer_front(Outcome::Granted { revision }));
+            Ok(next)
+        }
+        Err(actual) => Err(Word(actual)),
+    }
+}
+
 /// Pumps after `apply_limits` raised the limit: new slots for head waiters while
 /// `slots < max_concurrent`. Caller holds a handle.
 pub(crate) fn pump(shared: &Shared) {
@@ -503,18 +516,9 @@ pub(crate) fn pump(shared: &Shared) {
             wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
             continue;
         }
-        let mut next = w.plus(r).0;
-        if q.len() == 1 && !q.has_drainers() {
-            next &= !WAITERS;
-        }
-        match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                wake.push(q.answer_front(Outcome::Granted {
-                    revision: lim.revision,
-                }));
-                w = Word(next);
-            }
-            Err(actual) => w = Word(actual),
+        match grant_head(word, &mut q, w, w.plus(r).0, lim.revision, &mut wake) {
+            Ok(next) => w = Word(next),
+            Err(actual) => w = actual,
         }
     }
     clear_waiters(shared, &q);
