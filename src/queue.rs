@@ -67,7 +67,7 @@ impl Notify {
 /// heap allocation (the queue path allocates nothing). If more than its capacity pile up in
 /// one critical section, the excess is woken at once, under the mutex: correct, just rarer.
 pub(crate) struct WakeList {
-    items: [Option<Notify>; 8],
+    items: [Option<Notify>; 4],
     len: usize,
 }
 
@@ -89,9 +89,11 @@ impl WakeList {
     }
 
     /// Wakes everything collected (call after unlocking).
-    pub(crate) fn wake_all(self) {
-        for n in self.items.into_iter().flatten() {
-            n.wake();
+    pub(crate) fn wake_all(mut self) {
+        for n in &mut self.items[..self.len] {
+            if let Some(n) = n.take() {
+                n.wake();
+            }
         }
     }
 }

@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) alive: AtomicUsize,
     /// The default waiter timeout in nanoseconds (`u64::MAX`: none); set once at build.
     default_timeout_ns: AtomicU64,
+    /// Whether queue waits are timed (`BulkheadBuilder::measure_queue_waits`).
+    pub(crate) measure_waits: bool,
 }
 
 impl Shared {
@@ -117,6 +119,7 @@ impl Handle {
         has_budget: bool,
         class_names: Vec<String>,
         default_class: usize,
+        measure_waits: bool,
     ) -> Handle {
         let class_words = class_names
             .iter()
@@ -144,6 +147,7 @@ impl Handle {
             classed,
             alive: AtomicUsize::new(0),
             default_timeout_ns: AtomicU64::new(u64::MAX),
+            measure_waits,
         };
         Handle(NonNull::from(Box::leak(Box::new(shared))))
     }

@@ -190,9 +190,10 @@ pub struct Stats {
     pub pending: u64,
     /// Waiters ever queued.
     pub queued_total: u64,
-    /// Waits that ended (admitted, refused, timed out or cancelled), their total and their
-    /// longest duration in nanoseconds. Measured only on the slow path, where a waiter reads the
-    /// clock when it joins the queue and when it leaves.
+    /// Waits that ended (admitted, refused, timed out or cancelled) and, with
+    /// [`measure_queue_waits`](crate::BulkheadBuilder::measure_queue_waits), their total and
+    /// longest duration in nanoseconds (the waiter reads the clock when it joins the queue and
+    /// when it leaves; never on the fast path).
     pub queue_waits: QueueWaits,
     /// `max(0, max_concurrent − in_flight)`.
     pub available_slots: u64,

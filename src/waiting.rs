@@ -200,7 +200,7 @@ impl Bulkhead {
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
         }
-        let since = Instant::now();
+        let since = wait_started(self);
         let deadline = options
             .timeout
             .or(shared.default_timeout())
@@ -576,13 +576,21 @@ pub(crate) fn queued_total(shared: &Shared) -> u64 {
     lock(&shared.queue).queued_total
 }
 
-/// Books one ended wait that began at `since`.
-fn book_wait(b: &Bulkhead, since: Instant) {
-    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+/// When a wait begins: `Some(now)` only if the bulkhead measures queue waits (a clock read
+/// costs about a tenth of an async hand-off, so it is opt-in).
+fn wait_started(b: &Bulkhead) -> Option<Instant> {
+    b.shared.measure_waits.then(Instant::now)
+}
+
+/// Books one ended wait (and its duration, if it was measured).
+fn book_wait(b: &Bulkhead, since: Option<Instant>) {
     let c = b.shared.counters.local(crate::stats::Counters::new);
     c.waits.add(1);
-    c.wait_ns.add(ns);
-    c.wait_max_ns.raise(ns);
+    if let Some(since) = since {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        c.wait_ns.add(ns);
+        c.wait_max_ns.raise(ns);
+    }
 }
 
 /// Live waiters (for statistics).
@@ -669,7 +677,7 @@ impl Future for Acquire<'_> {
                 }
                 Enter::Queued => {
                     this.queued = true;
-                    this.since = Some(Instant::now());
+                    this.since = wait_started(b);
                     this.deadline = this
                         .options
                         .timeout
@@ -700,9 +708,7 @@ impl Future for Acquire<'_> {
                 if let Some(t) = this.timer.take() {
                     crate::timer::cancel(t);
                 }
-                if let Some(since) = this.since {
-                    book_wait(b, since);
-                }
+                book_wait(b, this.since);
                 return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
             }
             if let Some(t) = this.timer {
@@ -720,9 +726,7 @@ impl Future for Acquire<'_> {
         if let Some(t) = this.timer.take() {
             crate::timer::cancel(t);
         }
-        if let Some(since) = this.since {
-            book_wait(b, since);
-        }
+        book_wait(b, this.since);
         Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
     }
 }
@@ -740,9 +744,7 @@ impl Drop for Acquire<'_> {
         // pinned and is still alive here.
         let node = unsafe { Pin::new_unchecked(&self.node) };
         let outcome = b.leave(node, RejectReason::Aborted);
-        if let Some(since) = self.since {
-            book_wait(b, since);
-        }
+        book_wait(b, self.since);
         if let Outcome::Granted { .. } = outcome {
             // Handed a slot after it stopped waiting: take it and release it at once, which
             // passes it to the next waiter.
