@@ -140,6 +140,17 @@ impl CancelToken {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(t);
     }
+
+    /// Forgets the calling thread's registration (its wait ended), so a token reused for many
+    /// waits keeps no stale entries.
+    fn unregister_current(&self) {
+        let me = crate::sync::thread::current().id();
+        self.0
+            .sleepers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|t| t.id() != me);
+    }
 }
 
 /// How entering the queue ended.
@@ -230,6 +241,9 @@ impl Bulkhead {
                 }
             }
         };
+        if let Some(token) = &options.cancel {
+            token.unregister_current();
+        }
         book_wait(self, since);
         self.finish(outcome, &demand, priority, reservation)
     }

@@ -241,6 +241,44 @@ fn cancellation_before_and_during_the_wait() {
 }
 
 #[test]
+fn a_token_reused_for_many_waits_still_cancels_the_current_one() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(4)
+        .build()
+        .unwrap();
+    let token = CancelToken::new();
+    let holder = b.try_acquire(Demand::slot()).unwrap();
+    for _ in 0..3 {
+        let zero = WaitOptions {
+            timeout: Some(Duration::ZERO),
+            cancel: Some(token.clone()),
+        };
+        assert_eq!(
+            b.acquire_blocking(Demand::slot(), zero).unwrap_err().reason,
+            RejectReason::Timeout
+        );
+    }
+    let (tx, rx) = mpsc::channel();
+    let w = waiter(
+        &b,
+        Demand::slot(),
+        WaitOptions {
+            cancel: Some(token.clone()),
+            ..wait()
+        },
+        tx,
+        0,
+    );
+    until_pending(&b, 1);
+    token.cancel();
+    assert_eq!(rx.recv().unwrap(), (0, Err(RejectReason::Aborted)));
+    w.0.join().unwrap();
+    drop(holder);
+    assert_eq!(b.stats().pending, 0);
+}
+
+#[test]
 fn close_answers_every_waiter_with_shutdown() {
     let b = Bulkhead::builder()
         .max_concurrent(1)
