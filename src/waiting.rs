@@ -51,6 +51,41 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+/// A result with the timing of the decision that produced it (see
+/// [`Bulkhead::acquire_blocking_timed`]).
+///
+/// ```
+/// use llm_bulkhead::{Timed, Timing};
+/// let t = Timed { value: 1, timing: Timing::default() };
+/// assert_eq!((t.value, t.timing.queue_wait_ns), (1, 0));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timed<T> {
+    /// The admission or the rejection.
+    pub value: T,
+    /// How long the decision took.
+    pub timing: Timing,
+}
+
+/// How long a decision took, in nanoseconds: deciding (without the queue), and waiting in the
+/// queue (0 if it never queued).
+///
+/// ```
+/// assert_eq!(llm_bulkhead::Timing::default().decision_ns, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Timing {
+    /// Time spent deciding, outside the queue.
+    pub decision_ns: u64,
+    /// Time spent queued.
+    pub queue_wait_ns: u64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// Options of a waiting acquire.
 ///
 /// ```
@@ -189,6 +224,49 @@ impl Bulkhead {
         demand: Demand,
         options: WaitOptions,
     ) -> Result<Admission, Rejection> {
+        self.acquire_blocking_inner(demand, options, None)
+    }
+
+    /// [`acquire_blocking`](Self::acquire_blocking), also reporting how long the decision
+    /// took and how long of that was spent in the queue. The clocks are read only for this
+    /// call; `acquire_blocking` reads none on its fast path.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Self::acquire_blocking), inside [`Timed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(1).build().unwrap();
+    /// let t = b.acquire_blocking_timed(Demand::slot(), WaitOptions::default());
+    /// assert!(t.value.is_ok());
+    /// assert_eq!(t.timing.queue_wait_ns, 0); // a free slot: no queue
+    /// ```
+    pub fn acquire_blocking_timed(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+    ) -> Timed<Result<Admission, Rejection>> {
+        let start = Instant::now();
+        let mut queued = None;
+        let value = self.acquire_blocking_inner(demand, options, Some(&mut queued));
+        let total = start.elapsed();
+        let wait = queued.unwrap_or_default();
+        Timed {
+            value,
+            timing: Timing {
+                decision_ns: nanos(total.saturating_sub(wait)),
+                queue_wait_ns: nanos(wait),
+            },
+        }
+    }
+
+    /// The body of `acquire_blocking`; with `timing`, the time spent queued is written there.
+    fn acquire_blocking_inner(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+        timing: Option<&mut Option<Duration>>,
+    ) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
         if options
             .cancel
@@ -211,7 +289,11 @@ impl Bulkhead {
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
         }
-        let since = wait_started(self);
+        let since = if timing.is_some() {
+            Some(Instant::now())
+        } else {
+            wait_started(self)
+        };
         let deadline = options
             .timeout
             .or(shared.default_timeout())
@@ -243,6 +325,9 @@ impl Bulkhead {
         };
         if let Some(token) = &options.cancel {
             token.unregister_current();
+        }
+        if let (Some(t), Some(since)) = (timing, since) {
+            *t = Some(since.elapsed());
         }
         book_wait(self, since);
         self.finish(outcome, &demand, priority, reservation)

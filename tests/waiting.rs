@@ -279,6 +279,25 @@ fn a_token_reused_for_many_waits_still_cancels_the_current_one() {
 }
 
 #[test]
+fn timed_acquire_reports_the_queue_wait_only_when_it_queued() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(2)
+        .build()
+        .unwrap();
+    let first = b.acquire_blocking_timed(Demand::slot(), wait());
+    assert_eq!(first.timing.queue_wait_ns, 0);
+    let held = first.value.unwrap();
+    let b2 = b.clone();
+    let t = thread::spawn(move || b2.acquire_blocking_timed(Demand::slot(), wait()));
+    until_pending(&b, 1);
+    drop(held);
+    let second = t.join().unwrap();
+    assert!(second.value.is_ok());
+    assert!(second.timing.queue_wait_ns > 0, "it waited in the queue");
+}
+
+#[test]
 fn close_answers_every_waiter_with_shutdown() {
     let b = Bulkhead::builder()
         .max_concurrent(1)
