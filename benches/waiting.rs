@@ -78,6 +78,33 @@ fn handoff_blocking(c: &mut Criterion) {
     assert_eq!(b.stats().in_flight, 0);
 }
 
+/// Two tasks on `rt` take `iters / 2` turns each, a turn being one future from `turn`;
+/// returns the wall time.
+fn async_turns<F, Fut>(rt: &tokio::runtime::Runtime, iters: u64, turn: F) -> Duration
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let per = iters.div_ceil(2);
+    rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let turn = turn.clone();
+                tokio::spawn(async move {
+                    for _ in 0..per {
+                        turn().await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        start.elapsed()
+    })
+}
+
 fn handoff_async(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff_async");
     g.throughput(Throughput::Elements(1));
@@ -92,46 +119,20 @@ fn handoff_async(c: &mut Criterion) {
         .unwrap();
     g.bench_function("ours", |bench| {
         bench.iter_custom(|iters| {
-            let per = iters.div_ceil(2);
-            rt.block_on(async {
-                let start = Instant::now();
-                let tasks: Vec<_> = (0..2)
-                    .map(|_| {
-                        let b = b.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..per {
-                                drop(b.acquire(Demand::slot(), WaitOptions::default()).await);
-                            }
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    t.await.unwrap();
-                }
-                start.elapsed()
+            let b = b.clone();
+            async_turns(&rt, iters, move || {
+                let b = b.clone();
+                async move { drop(b.acquire(Demand::slot(), WaitOptions::default()).await) }
             })
         })
     });
     let sem = Arc::new(Semaphore::new(1));
     g.bench_function("tokio_semaphore", |bench| {
         bench.iter_custom(|iters| {
-            let per = iters.div_ceil(2);
-            rt.block_on(async {
-                let start = Instant::now();
-                let tasks: Vec<_> = (0..2)
-                    .map(|_| {
-                        let sem = sem.clone();
-                        tokio::spawn(async move {
-                            for _ in 0..per {
-                                drop(sem.acquire().await.unwrap());
-                            }
-                        })
-                    })
-                    .collect();
-                for t in tasks {
-                    t.await.unwrap();
-                }
-                start.elapsed()
+            let sem = sem.clone();
+            async_turns(&rt, iters, move || {
+                let sem = sem.clone();
+                async move { drop(sem.acquire().await.unwrap()) }
             })
         })
     });

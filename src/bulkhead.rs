@@ -269,10 +269,11 @@ impl BulkheadBuilder {
             token_budget.is_some(),
             names,
             default_class,
-            self.measure_waits,
+            crate::shared::WaitSettings {
+                default_timeout: self.timeout.or(self.profile.and_then(Profile::timeout)),
+                measure_waits: self.measure_waits,
+            },
         );
-        let default_timeout = self.timeout.or(self.profile.and_then(Profile::timeout));
-        shared.set_default_timeout(default_timeout);
         Ok(Bulkhead { shared })
     }
 }
@@ -981,7 +982,7 @@ impl Bulkhead {
     /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_timeout(), None);
     /// ```
     pub fn default_timeout(&self) -> Option<Duration> {
-        self.shared.default_timeout()
+        self.shared.default_timeout
     }
 
     /// The class names, in construction order (empty without classes).

@@ -200,6 +200,15 @@ impl std::fmt::Display for UnknownClass {
 
 impl std::error::Error for UnknownClass {}
 
+/// Σ floors and protected capacity in use, of one [`ClassView`].
+#[derive(Default)]
+struct ShareSums {
+    sum_pc: u64,
+    sum_pt: u64,
+    prot_c: u64,
+    prot_t: u64,
+}
+
 /// The state that explains a class decision.
 pub(crate) struct ClassView<'a> {
     /// Global slots in use and tokens held.
@@ -227,6 +236,18 @@ impl ClassView<'_> {
         (i >= l.pc, tokens)
     }
 
+    /// Σ floors and the protected capacity in use (`Σ min(in_flight, floor)`, and for tokens).
+    fn share_sums(&self) -> ShareSums {
+        let mut s = ShareSums::default();
+        for (&(i, t), l) in self.classes.iter().zip(self.limits) {
+            s.sum_pc += l.pc;
+            s.sum_pt = s.sum_pt.saturating_add(l.pt);
+            s.prot_c += i.min(l.pc);
+            s.prot_t += t.min(l.pt);
+        }
+        s
+    }
+
     /// The sequential decision for class `k` and a demand of `r` tokens in this state, rows 1–6
     /// (shutdown is the caller's): `None` when it fits. The same formulas as the model's
     /// (`src/model.rs`, the reference's §4.3).
@@ -247,17 +268,13 @@ impl ClassView<'_> {
         if l.mc.is_some_and(|mc| i >= mc) {
             return Some((RejectReason::ConcurrencyLimit, Constraint::AdmissionClass));
         }
-        let (sum_pc, sum_pt) = self
-            .limits
-            .iter()
-            .fold((0u64, 0u64), |(c, t), l| (c + l.pc, t.saturating_add(l.pt)));
+        let ShareSums {
+            sum_pc,
+            sum_pt,
+            prot_c,
+            prot_t,
+        } = self.share_sums();
         let (borrow_c, borrow_t) = self.borrow(k, r);
-        let prot_c: u64 = self
-            .classes
-            .iter()
-            .zip(self.limits)
-            .map(|(&(i, _), l)| i.min(l.pc))
-            .sum();
         let sc = self.max_concurrent.saturating_sub(sum_pc);
         if sum_pc > 0 && borrow_c && self.g.saturating_sub(prot_c) + 1 > sc {
             return Some((
@@ -266,12 +283,6 @@ impl ClassView<'_> {
             ));
         }
         if let Some(e) = self.eff {
-            let prot_t: u64 = self
-                .classes
-                .iter()
-                .zip(self.limits)
-                .map(|(&(_, t), l)| t.min(l.pt))
-                .sum();
             let st = e.saturating_sub(sum_pt);
             let used = self.t.saturating_sub(prot_t);
             if sum_pt > 0 && borrow_t > 0 && used.saturating_add(borrow_t) > st {
@@ -292,22 +303,12 @@ impl ClassView<'_> {
         use crate::rejection::{
             ClassCapacity, ClassDetail, ClassTokenCapacity, SharedAmount, SharedCapacity,
         };
-        let (sum_pc, sum_pt) = self
-            .limits
-            .iter()
-            .fold((0u64, 0u64), |(c, t), l| (c + l.pc, t.saturating_add(l.pt)));
-        let prot_c: u64 = self
-            .classes
-            .iter()
-            .zip(self.limits)
-            .map(|(&(i, _), l)| i.min(l.pc))
-            .sum();
-        let prot_t: u64 = self
-            .classes
-            .iter()
-            .zip(self.limits)
-            .map(|(&(_, t), l)| t.min(l.pt))
-            .sum();
+        let ShareSums {
+            sum_pc,
+            sum_pt,
+            prot_c,
+            prot_t,
+        } = self.share_sums();
         let (borrow_c, borrow_t) = self.borrow(k, r);
         let amount = |capacity: u64, in_use: u64, requested_borrowed: u64| SharedAmount {
             capacity,

@@ -240,12 +240,7 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
                 let mut f = Box::pin(engine.acquire(d, crate::WaitOptions::default()));
                 match (poll_once(f.as_mut()), model.acquire_wait(d)) {
                     (Poll::Ready(Ok(a)), Ok(Waited::Admitted(h))) => {
-                        same(
-                            step,
-                            Some((a.revision(), a.reservation())),
-                            model.admission(h),
-                        )?;
-                        live.push((a, h));
+                        admitted(step, a, h, &model, &mut live)?
                     }
                     (Poll::Ready(Err(e)), Err(m)) => same(step, e, m)?,
                     (Poll::Pending, Ok(Waited::Queued(id))) => waiting.push((f, id)),
@@ -301,6 +296,24 @@ fn comparable(mut s: crate::Stats) -> crate::Stats {
     s
 }
 
+/// An engine admission and its model handle from a wait: same revision and reservation; both
+/// join the live set.
+fn admitted(
+    step: usize,
+    a: Admission,
+    h: Handle,
+    model: &Model,
+    live: &mut Vec<(Admission, Handle)>,
+) -> Result<(), Divergence> {
+    same(
+        step,
+        Some((a.revision(), a.reservation())),
+        model.admission(h),
+    )?;
+    live.push((a, h));
+    Ok(())
+}
+
 /// A queued `acquire` future of the engine and its waiter in the model.
 type Waiting<'a> = (Pin<Box<crate::Acquire<'a>>>, WaitId);
 
@@ -328,14 +341,7 @@ fn poll_waiting(
                 let m = model.take_answer(id);
                 drop(waiting.remove(i));
                 match (e, m) {
-                    (Ok(a), Some(Ok(h))) => {
-                        same(
-                            step,
-                            Some((a.revision(), a.reservation())),
-                            model.admission(h),
-                        )?;
-                        live.push((a, h));
-                    }
+                    (Ok(a), Some(Ok(h))) => admitted(step, a, h, model, live)?,
                     (Err(e), Some(Err(m))) => same(step, e, m)?,
                     (e, m) => same(
                         step,

@@ -64,26 +64,10 @@ pub(crate) struct Shared {
     pub(crate) classed: bool,
     /// Owners left once detached (class mode only, see `crate::classed`, "Lifetime").
     pub(crate) alive: AtomicUsize,
-    /// The default waiter timeout in nanoseconds (`u64::MAX`: none); set once at build.
-    default_timeout_ns: AtomicU64,
+    /// The default waiter timeout (builder `timeout` or profile).
+    pub(crate) default_timeout: Option<std::time::Duration>,
     /// Whether queue waits are timed (`BulkheadBuilder::measure_queue_waits`).
     pub(crate) measure_waits: bool,
-}
-
-impl Shared {
-    pub(crate) fn set_default_timeout(&self, t: Option<std::time::Duration>) {
-        let ns = t.map_or(u64::MAX, |d| {
-            d.as_nanos().min(u128::from(u64::MAX - 1)) as u64
-        });
-        self.default_timeout_ns.store(ns, Ordering::Relaxed);
-    }
-
-    pub(crate) fn default_timeout(&self) -> Option<std::time::Duration> {
-        match self.default_timeout_ns.load(Ordering::Relaxed) {
-            u64::MAX => None,
-            ns => Some(std::time::Duration::from_nanos(ns)),
-        }
-    }
 }
 
 const _: () = {
@@ -100,6 +84,13 @@ unsafe fn free(ptr: NonNull<Shared>) {
     // SAFETY: allocated by `Box::new` in `Handle::new`, leaked exactly once, and by the
     // caller's contract freed exactly once, after every other use.
     drop(unsafe { Box::from_raw(ptr.as_ptr()) });
+}
+
+/// Waiting settings fixed at construction.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct WaitSettings {
+    pub(crate) default_timeout: Option<std::time::Duration>,
+    pub(crate) measure_waits: bool,
 }
 
 /// A counted handle: what a `Bulkhead` holds.
@@ -119,7 +110,7 @@ impl Handle {
         has_budget: bool,
         class_names: Vec<String>,
         default_class: usize,
-        measure_waits: bool,
+        settings: WaitSettings,
     ) -> Handle {
         let class_words = class_names
             .iter()
@@ -146,8 +137,8 @@ impl Handle {
             default_class,
             classed,
             alive: AtomicUsize::new(0),
-            default_timeout_ns: AtomicU64::new(u64::MAX),
-            measure_waits,
+            default_timeout: settings.default_timeout,
+            measure_waits: settings.measure_waits,
         };
         Handle(NonNull::from(Box::leak(Box::new(shared))))
     }

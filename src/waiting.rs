@@ -296,7 +296,7 @@ impl Bulkhead {
         };
         let deadline = options
             .timeout
-            .or(shared.default_timeout())
+            .or(shared.default_timeout)
             .map(|t| Instant::now() + t);
         if let Some(token) = &options.cancel {
             token.register(crate::sync::thread::current());
@@ -780,7 +780,7 @@ impl Future for Acquire<'_> {
                     this.deadline = this
                         .options
                         .timeout
-                        .or(b.shared.default_timeout())
+                        .or(b.shared.default_timeout)
                         .map(|t| Instant::now() + t);
                     if let Some(at) = this.deadline {
                         this.timer = Some(crate::timer::register(at, cx.waker().clone()));

@@ -8,11 +8,8 @@
 //!
 //! loom's atomics keep their values outside the allocation, so a use after free or a double
 //! free of the shared block would not by itself fail a loom model. This binary therefore
-//! installs a checking global allocator for the one allocation that is aligned like the
-//! `CachePadded` shared block: while a model iteration runs, a free of that block is recorded,
-//! the block is poisoned and quarantined instead of being returned (a later access through a
-//! dangling pointer reads garbage loom object ids and panics), and a second free of the same
-//! block, or a free of a block not allocated in this iteration, is recorded as an error.
+//! installs the checking global allocator of `common::checked_alloc` (poisoned, quarantined
+//! frees; double or foreign frees recorded as errors).
 //!
 //! Asserted in every interleaving: exactly one shared block is allocated and it is freed
 //! exactly once, by whichever owner is last, after every other owner is done (no leak, no
@@ -23,161 +20,18 @@
 
 mod common;
 
+use common::checked_alloc::Checking;
 use common::{model, token_stats, tokens};
 use llm_bulkhead::{Bulkhead, Usage};
 use loom::thread;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-/// Allocations at least this aligned are tracked: the shared block is `CachePadded`
-/// (128-byte aligned on x86_64 and aarch64); nothing else in a model iteration is.
-const TRACKED_ALIGN: usize = 128;
-const SLOTS: usize = 8;
-const POISON: u8 = 0xA5;
-
-/// Error bits.
-const UNKNOWN_OR_DOUBLE_FREE: u32 = 1;
-const TABLE_FULL: u32 = 2;
-
-/// Per-OS-thread tracking state. loom runs every thread of a model as a coroutine on the test's
-/// own OS thread, so one thread-local table sees all of a model's allocations, and tests running
-/// in parallel (on other OS threads) do not disturb each other.
-struct Track {
-    armed: Cell<bool>,
-    live: Cell<[usize; SLOTS]>,
-    quarantine: Cell<[(usize, usize, usize); SLOTS]>,
-    allocs: Cell<usize>,
-    frees: Cell<usize>,
-    errors: Cell<u32>,
-}
-
-thread_local! {
-    static TRACK: Track = const {
-        Track {
-            armed: Cell::new(false),
-            live: Cell::new([0; SLOTS]),
-            quarantine: Cell::new([(0, 0, 0); SLOTS]),
-            allocs: Cell::new(0),
-            frees: Cell::new(0),
-            errors: Cell::new(0),
-        }
-    };
-}
-
-struct Checking;
-
-// SAFETY: every request is served by `System`; tracked blocks are handed back to `System` with
-// their original layout, exactly once (from quarantine, in `disarm`), and never while in use.
-unsafe impl GlobalAlloc for Checking {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded with the caller's layout.
-        let p = unsafe { System.alloc(layout) };
-        if layout.align() >= TRACKED_ALIGN && !p.is_null() {
-            let _ = TRACK.try_with(|t| {
-                if !t.armed.get() {
-                    return;
-                }
-                let mut live = t.live.get();
-                match live.iter_mut().find(|s| **s == 0) {
-                    Some(s) => *s = p as usize,
-                    None => t.errors.set(t.errors.get() | TABLE_FULL),
-                }
-                t.live.set(live);
-                t.allocs.set(t.allocs.get() + 1);
-            });
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        if layout.align() >= TRACKED_ALIGN {
-            let kept = TRACK
-                .try_with(|t| {
-                    if !t.armed.get() {
-                        return false;
-                    }
-                    let mut live = t.live.get();
-                    let Some(s) = live.iter_mut().find(|s| **s == p as usize) else {
-                        // Freed twice, or never allocated in this iteration: keep it away from
-                        // the real allocator and report it.
-                        t.errors.set(t.errors.get() | UNKNOWN_OR_DOUBLE_FREE);
-                        return true;
-                    };
-                    *s = 0;
-                    t.live.set(live);
-                    let mut q = t.quarantine.get();
-                    match q.iter_mut().find(|e| e.0 == 0) {
-                        Some(e) => *e = (p as usize, layout.size(), layout.align()),
-                        None => {
-                            t.errors.set(t.errors.get() | TABLE_FULL);
-                            return false;
-                        }
-                    }
-                    t.quarantine.set(q);
-                    // SAFETY: the block is `layout.size()` bytes, owned by the freeing caller.
-                    unsafe { std::ptr::write_bytes(p, POISON, layout.size()) };
-                    t.frees.set(t.frees.get() + 1);
-                    true
-                })
-                .unwrap_or(false);
-            if kept {
-                return;
-            }
-        }
-        // SAFETY: forwarded with the caller's pointer and layout.
-        unsafe { System.dealloc(p, layout) }
-    }
-}
 
 #[global_allocator]
 static ALLOC: Checking = Checking;
 
-fn arm() {
-    TRACK.with(|t| {
-        t.live.set([0; SLOTS]);
-        t.allocs.set(0);
-        t.frees.set(0);
-        t.errors.set(0);
-        t.armed.set(true);
-    });
-}
-
-/// Stops tracking, returns quarantined blocks to the system, and reports
-/// `(allocations, frees, errors)` of the iteration.
-fn disarm() -> (usize, usize, u32) {
-    TRACK.with(|t| {
-        t.armed.set(false);
-        for (p, size, align) in t.quarantine.replace([(0, 0, 0); SLOTS]) {
-            if p != 0 {
-                // SAFETY: quarantined blocks came from `System.alloc` with this layout and were
-                // freed by their owner exactly once; nothing can reach them any more (every
-                // thread of the iteration has been joined).
-                unsafe {
-                    System.dealloc(p as *mut u8, Layout::from_size_align_unchecked(size, align))
-                };
-            }
-        }
-        (t.allocs.get(), t.frees.get(), t.errors.get())
-    })
-}
-
-/// Runs one model iteration under the checking allocator and asserts that exactly one shared
-/// block was allocated and freed exactly once.
+/// Runs one model iteration under the shared checking allocator (`common::checked_alloc`):
+/// exactly one shared block is allocated, and it is freed exactly once.
 fn checked(f: impl FnOnce()) {
-    arm();
-    f();
-    let (allocs, frees, errors) = disarm();
-    assert_eq!(
-        errors & UNKNOWN_OR_DOUBLE_FREE,
-        0,
-        "double free (or free of a foreign block)"
-    );
-    assert_eq!(errors & TABLE_FULL, 0, "tracking table overflow");
-    assert_eq!(
-        allocs, 1,
-        "expected exactly one tracked (shared-state) allocation"
-    );
-    assert_eq!(frees, 1, "the shared state was leaked");
+    common::checked_alloc::checked(1, f);
 }
 
 #[test]

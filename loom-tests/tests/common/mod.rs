@@ -53,7 +53,7 @@ pub fn assert_quiescent(b: &Bulkhead, admitted: u64, rejected: u64) {
     }
 }
 
-/// A checking global allocator for lifetime models (the approach of `refcount.rs`, shared).
+/// A checking global allocator for lifetime models (`refcount.rs`, `classes.rs`).
 ///
 /// loom's atomics keep their values outside the allocation, so a use after free or a double
 /// free of the shared block would not by itself fail a loom model. A binary that wants these
