@@ -574,6 +574,16 @@ impl Bulkhead {
         } else {
             0
         };
+        if shared.classed {
+            let constraint = match reason {
+                RejectReason::Shutdown | RejectReason::Aborted => None,
+                _ => Some(crate::rejection::Constraint::Global),
+            };
+            let k = self.class_index(demand.class());
+            let mut rej = self.class_answer_refusal(k, reason, constraint, r, demand.priority());
+            rej.detail.pending = crate::waiting::pending(shared) as u64;
+            return rej;
+        }
         let w = Word(shared.word.load(Ordering::Acquire));
         let lim = shared.ring.read(w.tag());
         let c = shared.counters.local(Counters::new);
@@ -645,13 +655,19 @@ impl Bulkhead {
             }
         }
         canon.tag = tag;
+        let mut visit = false;
         for k in 0..shared.class_words.len() {
-            crate::classed::migrate(shared, k, tag);
+            visit |= crate::classed::migrate(shared, k, tag);
         }
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
         // A raised limit admits queued waiters at once (CONTRACT.md §6).
-        if Word(shared.word.load(Ordering::Acquire)).waiters() && !shared.classed {
+        let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
+        if shared.classed {
+            if waiters || visit {
+                crate::waiting::pump_classed(shared);
+            }
+        } else if waiters {
             crate::waiting::pump(shared);
         }
         Ok(LimitsChange {
@@ -883,41 +899,75 @@ impl Bulkhead {
         priority: Priority,
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
-        let k = match class {
-            Some(c) if c.index() < shared.class_words.len() => c.index(),
-            _ => shared.default_class,
-        };
+        let k = self.class_index(class);
         match crate::classed::acquire(shared, k, r, priority) {
-            Ok(a) => {
-                let c = shared.counters.local(Counters::new);
-                let n = c.admitted.add(1);
-                let cc = &c.classes[k];
-                cc.admitted.add(1);
-                if a.resources.borrowed_concurrency {
-                    cc.borrowed_admissions.add(1);
-                }
-                if shared.has_budget {
-                    c.total_reserved.add(r);
-                    cc.reserved.add(r);
-                    if a.resources.borrowed_tokens > 0 {
-                        cc.borrowed_tokens.add(a.resources.borrowed_tokens);
-                    }
-                }
-                Ok(Granted {
-                    revision: a.revision,
-                    key: c.key,
-                    n,
-                    class: Admission::class_code(k, a.resources),
-                })
-            }
+            Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             Err(f) => Err(self.class_refusal(k, *f, r, priority)),
         }
+    }
+
+    /// The class index a demand's class resolves to (the default class when it names none;
+    /// 0 without classes).
+    #[inline]
+    pub(crate) fn class_index(&self, class: Option<ClassId>) -> usize {
+        let shared = &*self.shared;
+        match class {
+            Some(c) if c.index() < shared.class_words.len() => c.index(),
+            _ => shared.default_class,
+        }
+    }
+
+    /// Counts a class admission of `r` tokens in class `k` (its attribution `resources`).
+    pub(crate) fn count_class_admission(
+        &self,
+        k: usize,
+        r: u64,
+        revision: u64,
+        resources: crate::classes::Resources,
+    ) -> Granted {
+        let shared = &*self.shared;
+        let c = shared.counters.local(Counters::new);
+        let n = c.admitted.add(1);
+        let cc = &c.classes[k];
+        cc.admitted.add(1);
+        if resources.borrowed_concurrency {
+            cc.borrowed_admissions.add(1);
+        }
+        if shared.has_budget {
+            c.total_reserved.add(r);
+            cc.reserved.add(r);
+            if resources.borrowed_tokens > 0 {
+                cc.borrowed_tokens.add(resources.borrowed_tokens);
+            }
+        }
+        Granted {
+            revision,
+            key: c.key,
+            n,
+            class: Admission::class_code(k, resources),
+        }
+    }
+
+    /// Counts and explains the refusal of a class waiter (or of a class request refused while
+    /// entering the queue) with `reason` and `constraint`, from a collect of the state now.
+    /// `detail.pending` is left for the caller.
+    #[cold]
+    pub(crate) fn class_answer_refusal(
+        &self,
+        k: usize,
+        reason: RejectReason,
+        constraint: Option<crate::rejection::Constraint>,
+        r: u64,
+        priority: Priority,
+    ) -> Rejection {
+        let f = crate::classed::describe(&self.shared, reason, constraint);
+        self.class_refusal(k, f, r, priority)
     }
 
     /// Counts and explains a class refusal from the collect that decided its reason.
     #[cold]
     #[inline(never)]
-    fn class_refusal(
+    pub(crate) fn class_refusal(
         &self,
         k: usize,
         f: crate::classed::Refused,

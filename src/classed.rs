@@ -150,6 +150,9 @@ pub(crate) const C_DETACHED: u64 = 1 << 62;
 pub(crate) const C_ONE: u64 = 1 << CN_SHIFT;
 /// One pending return.
 const C_PEND: u64 = 1 << CP_SHIFT;
+/// Set on every class word while waiters are queued or drainers wait (under the queue mutex):
+/// a decrease that replaces a word carrying it must visit the queue (`crate::waiting`).
+pub(crate) const C_QUEUE: u64 = 1 << 63;
 
 /// A decoded class word.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -180,6 +183,11 @@ impl CWord {
     #[inline]
     fn with_ctag(self, tag: usize) -> CWord {
         CWord((self.0 & !CTAG_MASK) | (((tag & 3) as u64) << CTAG_SHIFT))
+    }
+    /// Whether a decrease replacing this word must visit the queue.
+    #[inline]
+    fn queue(self) -> bool {
+        self.0 & C_QUEUE != 0
     }
     /// Whether this word, after a return, leaves a detached class holding nothing.
     #[inline]
@@ -262,13 +270,24 @@ fn delta(l: &HotClass, n: u64, t: u64, n2: u64, t2: u64) -> (i64, i64) {
     )
 }
 
-/// Applies a decrease `(du, dv)` (both ≤ 0) to the shared word.
+/// Applies a decrease `(du, dv)` (both ≤ 0) to the shared word. Returns whether the word it
+/// replaced had `WAITERS` set (the caller must then visit the queue: the decrease may be what
+/// a waiter's decision, refused meanwhile, was missing).
 #[inline]
-fn shared_decrease(shared: &Shared, du: i64, dv: i64) {
+#[must_use]
+fn shared_decrease(shared: &Shared, du: i64, dv: i64) -> bool {
     debug_assert!(du <= 0 && dv <= 0);
     let amount = (du.unsigned_abs() << U_SHIFT) + dv.unsigned_abs();
-    if amount != 0 {
-        shared.word.fetch_sub(amount, SeqCst);
+    amount != 0 && GWord(shared.word.fetch_sub(amount, SeqCst)).waiters()
+}
+
+/// After a decrease that found the queue flagged (`visit`): pumps the queue, unless the
+/// decrease was made by the pump itself (`in_queue`: the caller holds the queue mutex and
+/// decides the head again afterwards).
+#[inline]
+fn visit_queue(shared: &Shared, visit: bool, in_queue: bool) {
+    if visit && !in_queue {
+        crate::waiting::pump_classed(shared);
     }
 }
 
@@ -305,6 +324,7 @@ struct Decision {
     k: usize,
     r: u64,
     l: HotClass,
+    in_queue: bool,
 }
 
 /// One request, as the protocol sees it.
@@ -313,6 +333,9 @@ struct Req {
     k: usize,
     r: u64,
     priority: Priority,
+    /// Decided under the queue mutex for a queued head (or a newcomer to an empty queue):
+    /// `WAITERS` does not refuse it, and its own undos do not visit the queue.
+    in_queue: bool,
 }
 
 /// How one attempt ended.
@@ -337,7 +360,35 @@ pub(crate) fn acquire(
     if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
-    acquire_contended(shared, Req { k, r, priority })
+    acquire_contended(
+        shared,
+        Req {
+            k,
+            r,
+            priority,
+            in_queue: false,
+        },
+    )
+}
+
+/// The decision for a queued head (or a newcomer to an empty queue), made under the queue
+/// mutex: as [`acquire`], except that `WAITERS` (raised for this very queue) does not refuse
+/// it. A refusal whose collects never confirmed it comes back with `stored_shared` set.
+pub(crate) fn acquire_in_queue(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+) -> Result<Admitted, Box<Refused>> {
+    acquire_contended(
+        shared,
+        Req {
+            k,
+            r,
+            priority,
+            in_queue: true,
+        },
+    )
 }
 
 /// The common case in a few instructions: every state read once, one CAS per word, no retry.
@@ -386,7 +437,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
                 resources: Resources::default(),
             });
         }
-        undo(shared, k, r);
+        undo(shared, k, r, false);
         return None;
     }
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
@@ -398,7 +449,12 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     }
     word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
         .ok()?;
-    let d = Decision { k, r, l };
+    let d = Decision {
+        k,
+        r,
+        l,
+        in_queue: false,
+    };
     let resources = class_step_after_reserve(shared, &d, c, du, dv)?;
     Some(Admitted {
         revision: lim.revision,
@@ -449,6 +505,10 @@ fn read(shared: &Shared, req: Req) -> Result<Read, Attempt> {
     if g.closed() {
         return Err(Attempt::Refused(RejectReason::Shutdown));
     }
+    if g.waiters() && !req.in_queue {
+        // No barging: the collect in `explain` says whether rows 1–5 refuse first.
+        return Err(Attempt::Refused(RejectReason::ConcurrencyLimit));
+    }
     let lim = shared.ring.read(g.tag());
     let l = shared.ring.read_class(g.tag(), req.k);
     let eff = lim.effective(req.priority);
@@ -471,7 +531,7 @@ fn classify(
     c: CWord,
 ) -> Result<(bool, u64), Attempt> {
     if c.ctag() != g.tag() & 3 {
-        help_migrate(shared, req.k, c);
+        help_migrate(shared, req.k, c, req.in_queue);
         return Err(Attempt::Retry);
     }
     let (n, t) = (c.in_flight(), c.tokens());
@@ -519,7 +579,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             let g2 = GWord(word.load(SeqCst));
             if g2.tag() == g.tag()
                 && !g2.closed()
-                && !g2.waiters()
+                && (req.in_queue || !g2.waiters())
                 && g2.u() <= mc
                 && eff.is_none_or(|e| g2.v() <= e)
             {
@@ -528,7 +588,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                     resources: Resources::default(),
                 });
             }
-            undo(shared, k, r);
+            undo(shared, k, r, req.in_queue);
             return if g2.closed() {
                 Attempt::Refused(RejectReason::Shutdown)
             } else if g2.tag() != g.tag() {
@@ -547,7 +607,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             if s.closed() {
                 return Attempt::Refused(RejectReason::Shutdown);
             }
-            if s.waiters() {
+            if s.waiters() && !req.in_queue {
                 return Attempt::Refused(RejectReason::ConcurrencyLimit);
             }
             if borrow_c {
@@ -572,7 +632,12 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             }
         }
         // Then the class word.
-        let d = Decision { k, r, l };
+        let d = Decision {
+            k,
+            r,
+            l,
+            in_queue: req.in_queue,
+        };
         return match class_step_after_reserve(shared, &d, c, du, dv) {
             Some(resources) => Attempt::Admitted(Admitted {
                 revision: lim.revision,
@@ -596,14 +661,15 @@ fn class_step_after_reserve(
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
-    let Decision { k, r, l, .. } = *d;
+    let Decision { k, r, l, in_queue } = *d;
     let l = &l;
     let cw = &*shared.class_words[k];
     let (mut du2, mut dv2) = (du, dv);
     loop {
         match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
             Ok(_) => {
-                shared_decrease(shared, du2 as i64 - du as i64, dv2 as i64 - dv as i64);
+                let visit = shared_decrease(shared, du2 as i64 - du as i64, dv2 as i64 - dv as i64);
+                visit_queue(shared, visit, in_queue);
                 return Some(Resources {
                     borrowed_concurrency: du2 == 1,
                     borrowed_tokens: dv2,
@@ -621,7 +687,8 @@ fn class_step_after_reserve(
                     && dv2 <= dv;
                 if !ok {
                     // No class step happened: take the whole reservation back.
-                    shared_decrease(shared, -(du as i64), -(dv as i64));
+                    let visit = shared_decrease(shared, -(du as i64), -(dv as i64));
+                    visit_queue(shared, visit, in_queue);
                     return None;
                 }
                 c = a;
@@ -671,7 +738,8 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         .compare_exchange(c.0, c.0 + C_ONE + r, SeqCst, SeqCst)
         .is_err()
     {
-        shared_decrease(shared, -(du as i64), -(dv as i64));
+        let visit = shared_decrease(shared, -(du as i64), -(dv as i64));
+        visit_queue(shared, visit, req.in_queue);
         return Attempt::Retry;
     }
     // Every class word, after our own SeqCst CAS.
@@ -682,7 +750,12 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     });
     let g3 = GWord(word.load(SeqCst));
     let fits_tokens = eff.is_none_or(|e| t_all <= e);
-    if g3.tag() == g.tag() && !g3.closed() && !g3.waiters() && fits_tokens && g_all <= mc {
+    if g3.tag() == g.tag()
+        && !g3.closed()
+        && (req.in_queue || !g3.waiters())
+        && fits_tokens
+        && g_all <= mc
+    {
         return Attempt::Admitted(Admitted {
             revision: lim.revision,
             resources: Resources {
@@ -691,7 +764,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
             },
         });
     }
-    undo(shared, k, r);
+    undo(shared, k, r, req.in_queue);
     if g3.closed() {
         Attempt::Refused(RejectReason::Shutdown)
     } else if g3.tag() != g.tag() {
@@ -706,7 +779,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
 /// Takes back a class step of one slot and `r` tokens. The step's own amount is already in the
 /// shared word (a borrower adds it first; a protected step's amount is zero), so this is an
 /// ordinary decrease: class word first, then the amount it computes.
-fn undo(shared: &Shared, k: usize, r: u64) {
+fn undo(shared: &Shared, k: usize, r: u64, in_queue: bool) {
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
@@ -714,7 +787,10 @@ fn undo(shared: &Shared, k: usize, r: u64) {
         let (n, t) = (c.in_flight(), c.tokens());
         let (du, dv) = delta(&l, n, t, n - 1, t - r);
         match cw.compare_exchange_weak(c.0, c.0 - C_ONE - r, SeqCst, SeqCst) {
-            Ok(_) => return shared_decrease(shared, du, dv),
+            Ok(_) => {
+                let visit = shared_decrease(shared, du, dv) | c.queue();
+                return visit_queue(shared, visit, in_queue);
+            }
             Err(actual) => c = CWord(actual),
         }
     }
@@ -722,22 +798,25 @@ fn undo(shared: &Shared, k: usize, r: u64) {
 
 /// Migrates class `k` (found at `seen`) to the current tag, if the shared word's tag is one
 /// ahead of it; otherwise does nothing (the caller starts again with fresh reads).
-fn help_migrate(shared: &Shared, k: usize, seen: CWord) {
+fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: bool) {
     let g = GWord(shared.word.load(SeqCst));
     if seen.ctag() == (g.tag().wrapping_sub(1)) & 3 {
-        migrate(shared, k, g.tag());
+        let visit = migrate(shared, k, g.tag());
+        visit_queue(shared, visit, in_queue);
     }
 }
 
 /// Moves class `k`'s accounting to the floors of `tag` (module docs, "Reconfiguration"):
 /// one CAS on the class word, then the exact change replaces the reconfigurer's advance.
-pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) {
+/// Returns whether that decrease found `WAITERS` set (the caller visits the queue).
+#[must_use]
+pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
     let cw = &*shared.class_words[k];
     let new = shared.ring.read_class(tag, k);
     let mut c = CWord(cw.load(SeqCst));
     loop {
         if c.ctag() != tag.wrapping_sub(1) & 3 {
-            return; // already migrated (or not ours to do)
+            return false; // already migrated (or not ours to do)
         }
         let old = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
@@ -747,8 +826,7 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) {
                 let dv = t.max(new.pt) as i64 - t.max(old.pt) as i64;
                 let adv_u = new.pc.saturating_sub(old.pc) as i64;
                 let adv_v = new.pt.saturating_sub(old.pt) as i64;
-                shared_decrease(shared, du - adv_u, dv - adv_v);
-                return;
+                return shared_decrease(shared, du - adv_u, dv - adv_v);
             }
             Err(actual) => c = CWord(actual),
         }
@@ -779,6 +857,10 @@ pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnap
 ///
 /// The caller holds the slot being returned (it keeps `shared` alive until this returns) and
 /// must not touch `shared` afterwards; when this returns true, the caller must free it.
+///
+/// A release that has a decrease for the shared word, or finds the queue flag on its class
+/// word, marks a pending return in the same CAS: the mark keeps the state alive while it
+/// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::waiting`).
 #[inline(always)]
 pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
     let cw = &*shared.class_words[k];
@@ -787,22 +869,28 @@ pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
         let l = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
         let (du, dv) = delta(&l, n, t, n - 1, t - held);
-        if du == 0 && dv == 0 {
+        if du == 0 && dv == 0 && !c.queue() {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
                 Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),
                 Err(actual) => c = CWord(actual),
             }
         } else {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
-                Ok(_) => {
-                    shared_decrease(shared, du, dv);
-                    let p = CWord(cw.fetch_sub(C_PEND, SeqCst));
-                    return CWord(p.0 - C_PEND).emptied_detached();
-                }
+                Ok(_) => return release_pending(shared, k, du, dv, c.queue()),
                 Err(actual) => c = CWord(actual),
             }
         }
     }
+}
+
+/// The rest of a release that marked a pending return: the shared decrease, the queue visit,
+/// then the mark's removal (the release's last step).
+#[inline(never)]
+fn release_pending(shared: &Shared, k: usize, du: i64, dv: i64, queue: bool) -> bool {
+    let visit = shared_decrease(shared, du, dv) | queue;
+    visit_queue(shared, visit, false);
+    let p = CWord(shared.class_words[k].fetch_sub(C_PEND, SeqCst));
+    CWord(p.0 - C_PEND).emptied_detached()
 }
 
 /// Returns one class slot of class `k` but keeps its tokens (abandonment). The caller holds a
@@ -815,7 +903,10 @@ pub(crate) fn return_slot_only(shared: &Shared, k: usize) {
         let n = c.in_flight();
         let (du, _) = delta(&l, n, 0, n - 1, 0);
         match cw.compare_exchange_weak(c.0, c.0 - C_ONE, SeqCst, SeqCst) {
-            Ok(_) => return shared_decrease(shared, du, 0),
+            Ok(_) => {
+                let visit = shared_decrease(shared, du, 0) | c.queue();
+                return visit_queue(shared, visit, false);
+            }
             Err(actual) => c = CWord(actual),
         }
     }
@@ -831,7 +922,10 @@ pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
         let t = c.tokens();
         let (_, dv) = delta(&l, 0, t, 0, t - amount);
         match cw.compare_exchange_weak(c.0, c.0 - amount, SeqCst, SeqCst) {
-            Ok(_) => return shared_decrease(shared, 0, dv),
+            Ok(_) => {
+                let visit = shared_decrease(shared, 0, dv) | c.queue();
+                return visit_queue(shared, visit, false);
+            }
             Err(actual) => c = CWord(actual),
         }
     }
@@ -862,7 +956,8 @@ pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), 
         let (_, dv) = delta(&l, 0, t, 0, t + amount);
         match cw.compare_exchange_weak(c.0, c.0 + amount, SeqCst, SeqCst) {
             Ok(_) => {
-                shared_decrease(shared, 0, dv - amount as i64);
+                let visit = shared_decrease(shared, 0, dv - amount as i64);
+                visit_queue(shared, visit, false);
                 return Ok(());
             }
             Err(actual) => c = CWord(actual),
@@ -923,7 +1018,7 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     for (k, w) in shared.class_words.iter().enumerate() {
         let c = CWord(w.load(SeqCst));
         if c.ctag() != g.tag() & 3 {
-            help_migrate(shared, k, c);
+            help_migrate(shared, k, c, req.in_queue);
             helped = true;
         }
     }
@@ -963,8 +1058,35 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     };
     match view.decide(req.k, req.r) {
         Some((reason, constraint)) => refused(reason, Some(constraint)),
-        None if g.waiters() => refused(RejectReason::ConcurrencyLimit, Some(Constraint::Global)),
+        None if g.waiters() && !req.in_queue => {
+            refused(RejectReason::ConcurrencyLimit, Some(Constraint::Global))
+        }
         None => Explained::Fits,
+    }
+}
+
+/// A refusal with `reason` and `constraint` given by the caller (a queued waiter's answer),
+/// with the detail of a collect of the state now.
+pub(crate) fn describe(
+    shared: &Shared,
+    reason: RejectReason,
+    constraint: Option<Constraint>,
+) -> Refused {
+    let g = GWord(shared.word.load(SeqCst));
+    let (classes, gsum, tsum) = collect(shared);
+    let lim = shared.ring.read(g.tag());
+    let limits: Vec<HotClass> = (0..classes.len())
+        .map(|j| shared.ring.read_class(g.tag(), j))
+        .collect();
+    Refused {
+        reason,
+        constraint,
+        lim,
+        g: gsum,
+        t: tsum,
+        classes,
+        limits,
+        stored_shared: None,
     }
 }
 

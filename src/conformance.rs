@@ -111,8 +111,8 @@ pub enum Op {
     },
     /// `close`.
     Close,
-    /// An async `acquire` (no classes: with classes it decides like `try_acquire`), polled once;
-    /// if it queues, it is polled again after every later operation.
+    /// An async `acquire`, polled once; if it queues, it is polled again after every later
+    /// operation.
     Wait {
         /// Input tokens of the reservation.
         input: u64,
@@ -120,6 +120,8 @@ pub enum Op {
         max_output: u64,
         /// High priority.
         high: bool,
+        /// The class (modulo the number of classes; ignored without classes).
+        class: u8,
     },
     /// Drop a queued `acquire` future.
     CancelWait {
@@ -228,15 +230,20 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
                 input,
                 max_output,
                 high,
+                class,
             } => {
                 let Ok(r) = Reservation::new(input, max_output) else {
                     continue;
                 };
-                let d = Demand::tokens(r).with_priority(if high {
-                    Priority::High
-                } else {
-                    Priority::Normal
-                });
+                let d = in_class(
+                    &engine,
+                    Demand::tokens(r).with_priority(if high {
+                        Priority::High
+                    } else {
+                        Priority::Normal
+                    }),
+                    class,
+                );
                 let mut f = Box::pin(engine.acquire(d, crate::WaitOptions::default()));
                 match (poll_once(f.as_mut()), model.acquire_wait(d)) {
                     (Poll::Ready(Ok(a)), Ok(Waited::Admitted(h))) => {
@@ -287,6 +294,16 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
     same(end, s.clone(), model.stats())?;
     same(end, (s.in_flight, s.admissions_in_flight), (0, 0))?;
     same(end, s.token_budget.map_or(0, |t| t.in_flight_tokens), 0)
+}
+
+/// `d` in class `class` (modulo the number of classes; unchanged without classes).
+fn in_class(engine: &Bulkhead, d: Demand, class: u8) -> Demand {
+    let n = engine.class_names().len();
+    if n == 0 {
+        d
+    } else {
+        d.in_class(crate::ClassId((usize::from(class) % n) as u8))
+    }
 }
 
 /// The engine's statistics without the measured wait durations (the model does not model
@@ -381,12 +398,7 @@ fn apply_op(
                         } else {
                             Priority::Normal
                         });
-                        let n = engine.class_names().len();
-                        if n == 0 {
-                            d
-                        } else {
-                            d.in_class(crate::ClassId((usize::from(class) % n) as u8))
-                        }
+                        in_class(engine, d, class)
                     }
                     Err(_) => return Ok(()),
                 },
@@ -609,6 +621,7 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
                 input: cur.tokens(),
                 max_output: cur.tokens(),
                 high: tag & 0x10 != 0,
+                class: tag >> 5 & 1,
             },
             _ if tag & 0xc0 == 0xc0 => Op::CancelWait {
                 pick: cur.byte().into(),

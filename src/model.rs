@@ -110,7 +110,7 @@ pub struct Model {
     consumed: u64,
     refunded: u64,
     overrun: u64,
-    /// Queued waiters, oldest first (no classes: classes do not queue yet).
+    /// Queued waiters, oldest first (one FIFO for every class).
     queue: VecDeque<Queued>,
     /// Answers not yet taken by their waiters.
     answers: BTreeMap<u64, Answer>,
@@ -120,6 +120,7 @@ pub struct Model {
 #[derive(Clone, Copy, Debug)]
 struct Queued {
     id: u64,
+    k: usize,
     r: u64,
     priority: Priority,
     reservation: Option<Reservation>,
@@ -128,7 +129,8 @@ struct Queued {
 #[derive(Clone, Copy, Debug)]
 enum Answer {
     Admitted(Handle),
-    Refused(RejectReason, u64, Priority),
+    /// Refused: reason, constraint, class, tokens, priority.
+    Refused(RejectReason, Option<Constraint>, usize, u64, Priority),
 }
 
 /// A queued waiter of the model (see [`Model::acquire_wait`]).
@@ -242,124 +244,167 @@ impl Model {
             .has_budget
             .then(|| d.reservation().unwrap_or(Reservation::ZERO));
         let r = reservation.map_or(0, |x| x.total());
-        let eff = self.eff(d.priority());
-        let classed = !self.names.is_empty();
-        let k = match d.class() {
+        let k = self.class_of(&d);
+        let p = d.priority();
+        match self.check(k, r, p, true) {
+            Ok(borrow) => Ok(self.admit(k, r, reservation, borrow)),
+            Err((reason, constraint)) => Err(self.refuse(k, reason, constraint, r, p, 0)),
+        }
+    }
+
+    /// The class index `d` is decided in (the default class when it names none).
+    fn class_of(&self, d: &Demand) -> usize {
+        match d.class() {
             Some(c) if c.index() < self.names.len() => c.index(),
             _ => self.default_class,
-        };
-        let lims = self.class_limits();
+        }
+    }
+
+    /// Rows 0–5 of CONTRACT.md §2 for class `k` (ignored without classes) and `r` tokens, then,
+    /// with `slot`, row 6 and the no-barging rule. `Ok`: the attribution
+    /// `(borrowed slot, borrowed tokens)` the admission would get.
+    #[allow(clippy::type_complexity)]
+    fn check(
+        &self,
+        k: usize,
+        r: u64,
+        p: Priority,
+        slot: bool,
+    ) -> Result<(bool, u64), (RejectReason, Option<Constraint>)> {
+        let eff = self.eff(p);
+        let classed = !self.names.is_empty();
         let constraint = |c: Constraint| classed.then_some(c);
         let mut borrow = (false, 0);
-        let refusal: Option<(RejectReason, Option<Constraint>)> = 'decide: {
-            if self.closed {
-                break 'decide Some((RejectReason::Shutdown, None));
+        if self.closed {
+            return Err((RejectReason::Shutdown, None));
+        }
+        if eff.is_some_and(|e| self.tokens.saturating_add(r) > e) {
+            return Err((RejectReason::BudgetLimit, constraint(Constraint::Global)));
+        }
+        if classed {
+            let lims = self.class_limits();
+            let c = self.classes[k];
+            let l = lims[k];
+            if l.mt.is_some_and(|mt| c.tokens.saturating_add(r) > mt) {
+                return Err((RejectReason::BudgetLimit, Some(Constraint::AdmissionClass)));
             }
-            if eff.is_some_and(|e| self.tokens.saturating_add(r) > e) {
-                break 'decide Some((RejectReason::BudgetLimit, constraint(Constraint::Global)));
+            if l.mc.is_some_and(|mc| c.in_flight >= mc) {
+                return Err((
+                    RejectReason::ConcurrencyLimit,
+                    Some(Constraint::AdmissionClass),
+                ));
             }
-            if classed {
-                let c = self.classes[k];
-                let l = lims[k];
-                if l.mt.is_some_and(|mt| c.tokens.saturating_add(r) > mt) {
-                    break 'decide Some((
-                        RejectReason::BudgetLimit,
-                        Some(Constraint::AdmissionClass),
-                    ));
-                }
-                if l.mc.is_some_and(|mc| c.in_flight >= mc) {
-                    break 'decide Some((
-                        RejectReason::ConcurrencyLimit,
-                        Some(Constraint::AdmissionClass),
-                    ));
-                }
-                let sum_pc: u64 = lims.iter().map(|l| l.pc).sum();
-                let sum_pt: u64 = lims.iter().map(|l| l.pt).sum();
-                let borrow_c = c.in_flight >= l.pc;
-                let borrow_t = if r == 0 {
-                    0
-                } else {
-                    r.saturating_sub(l.pt.saturating_sub(c.tokens))
-                };
-                borrow = (borrow_c, borrow_t);
-                // Behaviour §4.3, rule 4.
-                let sc = u64::from(self.limits.max_concurrent).saturating_sub(sum_pc);
-                let prot: u64 = self
+            let sum_pc: u64 = lims.iter().map(|l| l.pc).sum();
+            let sum_pt: u64 = lims.iter().map(|l| l.pt).sum();
+            let borrow_c = c.in_flight >= l.pc;
+            let borrow_t = if r == 0 {
+                0
+            } else {
+                r.saturating_sub(l.pt.saturating_sub(c.tokens))
+            };
+            borrow = (borrow_c, borrow_t);
+            // Behaviour §4.3, rule 4.
+            let sc = u64::from(self.limits.max_concurrent).saturating_sub(sum_pc);
+            let prot: u64 = self
+                .classes
+                .iter()
+                .zip(&lims)
+                .map(|(s, l)| s.in_flight.min(l.pc))
+                .sum();
+            let shared_before = self.in_flight.saturating_sub(prot);
+            if sum_pc > 0 && borrow_c && shared_before + 1 > sc {
+                return Err((
+                    RejectReason::ConcurrencyLimit,
+                    Some(Constraint::AdmissionClassProtection),
+                ));
+            }
+            // Rule 5.
+            if let Some(e) = eff {
+                let st = e.saturating_sub(sum_pt);
+                let prot_t: u64 = self
                     .classes
                     .iter()
                     .zip(&lims)
-                    .map(|(s, l)| s.in_flight.min(l.pc))
+                    .map(|(s, l)| s.tokens.min(l.pt))
                     .sum();
-                let shared_before = self.in_flight.saturating_sub(prot);
-                if sum_pc > 0 && borrow_c && shared_before + 1 > sc {
-                    break 'decide Some((
-                        RejectReason::ConcurrencyLimit,
+                let stu = self.tokens.saturating_sub(prot_t);
+                if sum_pt > 0 && borrow_t > 0 && stu.saturating_add(borrow_t) > st {
+                    return Err((
+                        RejectReason::BudgetLimit,
                         Some(Constraint::AdmissionClassProtection),
                     ));
                 }
-                // Rule 5.
-                if let Some(e) = eff {
-                    let st = e.saturating_sub(sum_pt);
-                    let prot_t: u64 = self
-                        .classes
-                        .iter()
-                        .zip(&lims)
-                        .map(|(s, l)| s.tokens.min(l.pt))
-                        .sum();
-                    let stu = self.tokens.saturating_sub(prot_t);
-                    if sum_pt > 0 && borrow_t > 0 && stu.saturating_add(borrow_t) > st {
-                        break 'decide Some((
-                            RejectReason::BudgetLimit,
-                            Some(Constraint::AdmissionClassProtection),
-                        ));
-                    }
-                }
             }
-            // Row 6, and no barging while waiters are queued.
-            if self.in_flight >= u64::from(self.limits.max_concurrent) || !self.queue.is_empty() {
-                break 'decide Some((
-                    RejectReason::ConcurrencyLimit,
-                    constraint(Constraint::Global),
-                ));
-            }
-            None
-        };
-        if let Some((reason, constraint)) = refusal {
-            self.rejected = add_reason(self.rejected, reason);
-            if classed {
-                let t = &mut self.classes[k].totals;
-                t.rejected = add_reason(t.rejected, reason);
-            }
-            let classes = (classed && reason != RejectReason::Shutdown).then(|| {
-                let state: Vec<(u64, u64)> = self
-                    .classes
-                    .iter()
-                    .map(|c| (c.in_flight, c.tokens))
-                    .collect();
-                let view = ClassView {
-                    g: self.in_flight,
-                    t: self.tokens,
-                    classes: &state,
-                    limits: &lims,
-                    max_concurrent: self.limits.max_concurrent.into(),
-                    eff,
-                };
-                Box::new(view.detail(k, &self.names[k], r))
-            });
-            return Err(Rejection {
-                reason,
-                constraint,
-                revision: self.limits.revision,
-                detail: CapacityDetail {
-                    in_flight: self.in_flight,
-                    pending: 0,
-                    max_concurrent: self.limits.max_concurrent.into(),
-                    max_queue: self.limits.max_queue.into(),
-                    token_budget: self.token_capacity(d.priority(), r),
-                    classes,
-                },
-            });
         }
+        // Row 6, and no barging while waiters are queued.
+        if slot
+            && (self.in_flight >= u64::from(self.limits.max_concurrent) || !self.queue.is_empty())
+        {
+            return Err((
+                RejectReason::ConcurrencyLimit,
+                constraint(Constraint::Global),
+            ));
+        }
+        Ok(borrow)
+    }
+
+    /// Counts and explains a refusal of `r` tokens in class `k` in the current state.
+    fn refuse(
+        &mut self,
+        k: usize,
+        reason: RejectReason,
+        constraint: Option<Constraint>,
+        r: u64,
+        p: Priority,
+        pending: u64,
+    ) -> Rejection {
+        let classed = !self.names.is_empty();
+        self.rejected = add_reason(self.rejected, reason);
+        if classed {
+            let t = &mut self.classes[k].totals;
+            t.rejected = add_reason(t.rejected, reason);
+        }
+        let classes = (classed && reason != RejectReason::Shutdown).then(|| {
+            let state: Vec<(u64, u64)> = self
+                .classes
+                .iter()
+                .map(|c| (c.in_flight, c.tokens))
+                .collect();
+            let lims = self.class_limits();
+            let view = ClassView {
+                g: self.in_flight,
+                t: self.tokens,
+                classes: &state,
+                limits: &lims,
+                max_concurrent: self.limits.max_concurrent.into(),
+                eff: self.eff(p),
+            };
+            Box::new(view.detail(k, &self.names[k], r))
+        });
+        Rejection {
+            reason,
+            constraint,
+            revision: self.limits.revision,
+            detail: CapacityDetail {
+                in_flight: self.in_flight,
+                pending,
+                max_concurrent: self.limits.max_concurrent.into(),
+                max_queue: self.limits.max_queue.into(),
+                token_budget: self.token_capacity(p, r),
+                classes,
+            },
+        }
+    }
+
+    /// Admits `r` tokens in class `k` with attribution `borrow`.
+    fn admit(
+        &mut self,
+        k: usize,
+        r: u64,
+        reservation: Option<Reservation>,
+        borrow: (bool, u64),
+    ) -> Handle {
+        let classed = !self.names.is_empty();
         self.in_flight += 1;
         self.tokens += r;
         self.admitted += 1;
@@ -398,7 +443,7 @@ impl Model {
                 abandoned: false,
             },
         );
-        Ok(h)
+        h
     }
 
     /// The revision and reservation of a live admission.
@@ -465,6 +510,7 @@ impl Model {
         let c = &mut self.classes[k];
         c.in_flight -= 1;
         c.totals.abandoned += 1;
+        self.pump();
         true
     }
 
@@ -687,14 +733,14 @@ impl Model {
         while let Some(w) = self.queue.pop_front() {
             self.answers.insert(
                 w.id,
-                Answer::Refused(RejectReason::Shutdown, w.r, w.priority),
+                Answer::Refused(RejectReason::Shutdown, None, w.k, w.r, w.priority),
             );
         }
     }
 
     /// A waiting acquire (CONTRACT.md §2 rows 6–7, §3): admitted at once, refused fail-fast
-    /// (including `queue_limit`), or queued. Without classes (classes do not queue yet, and a
-    /// classed model decides like [`try_acquire`](Self::try_acquire)).
+    /// (including `queue_limit`), or queued: a demand that passes rows 0–5 waits when no slot
+    /// is free or others wait (one FIFO for every class).
     ///
     /// # Errors
     /// The [`Rejection`] the engine gives in the same state.
@@ -708,32 +754,29 @@ impl Model {
     /// assert!(m.take_answer(w).unwrap().is_ok());
     /// ```
     pub fn acquire_wait(&mut self, d: Demand) -> Result<Waited, Rejection> {
-        if !self.names.is_empty() {
-            return self.try_acquire(d).map(Waited::Admitted);
-        }
         let reservation = self
             .has_budget
             .then(|| d.reservation().unwrap_or(Reservation::ZERO));
         let r = reservation.map_or(0, |x| x.total());
         let p = d.priority();
-        let fits_budget = self
-            .eff(p)
-            .is_none_or(|e| self.tokens.saturating_add(r) <= e);
+        let k = self.class_of(&d);
         let free = self.in_flight < u64::from(self.limits.max_concurrent);
-        if self.closed || !fits_budget || (free && self.queue.is_empty()) {
+        if self.check(k, r, p, false).is_err() || (free && self.queue.is_empty()) {
             return self.try_acquire(d).map(Waited::Admitted);
         }
+        let global = (!self.names.is_empty()).then_some(Constraint::Global);
         if self.limits.max_concurrent == 0 || self.limits.max_queue == 0 {
-            return Err(self.refuse_now(RejectReason::ConcurrencyLimit, r, p, 0));
+            return Err(self.refuse(k, RejectReason::ConcurrencyLimit, global, r, p, 0));
         }
         if self.queue.len() as u64 >= u64::from(self.limits.max_queue) {
             let pending = self.queue.len() as u64;
-            return Err(self.refuse_now(RejectReason::QueueLimit, r, p, pending));
+            return Err(self.refuse(k, RejectReason::QueueLimit, global, r, p, pending));
         }
         let id = self.next_wait;
         self.next_wait += 1;
         self.queue.push_back(Queued {
             id,
+            k,
             r,
             priority: p,
             reservation,
@@ -752,9 +795,9 @@ impl Model {
     pub fn take_answer(&mut self, id: WaitId) -> Option<Result<Handle, Rejection>> {
         match self.answers.remove(&id.0)? {
             Answer::Admitted(h) => Some(Ok(h)),
-            Answer::Refused(reason, r, p) => {
+            Answer::Refused(reason, constraint, k, r, p) => {
                 let pending = self.queue.len() as u64;
-                Some(Err(self.refuse_now(reason, r, p, pending)))
+                Some(Err(self.refuse(k, reason, constraint, r, p, pending)))
             }
         }
     }
@@ -789,45 +832,26 @@ impl Model {
         }
     }
 
-    /// Hands free slots to head waiters whose budget check passes (a head that no longer fits
-    /// is answered `budget_limit` and the next is considered), as the engine's hand-off and
-    /// pump do.
+    /// Hands free slots to head waiters, performing each one's whole decision (rows 1–5): a
+    /// head that fails it is answered with its reason and the next is considered, as the
+    /// engine's hand-off and pump do.
     fn pump(&mut self) {
         while !self.closed && self.in_flight < u64::from(self.limits.max_concurrent) {
             let Some(w) = self.queue.pop_front() else {
                 break;
             };
-            if self
-                .eff(w.priority)
-                .is_some_and(|e| self.tokens.saturating_add(w.r) > e)
-            {
-                self.answers.insert(
-                    w.id,
-                    Answer::Refused(RejectReason::BudgetLimit, w.r, w.priority),
-                );
-                continue;
+            match self.check(w.k, w.r, w.priority, false) {
+                Ok(borrow) => {
+                    let h = self.admit(w.k, w.r, w.reservation, borrow);
+                    self.answers.insert(w.id, Answer::Admitted(h));
+                }
+                Err((reason, constraint)) => {
+                    self.answers.insert(
+                        w.id,
+                        Answer::Refused(reason, constraint, w.k, w.r, w.priority),
+                    );
+                }
             }
-            self.in_flight += 1;
-            self.tokens += w.r;
-            self.admitted += 1;
-            if self.has_budget {
-                self.reserved = self.reserved.wrapping_add(w.r);
-            }
-            let h = Handle(self.next);
-            self.next += 1;
-            self.live.insert(
-                h,
-                Held {
-                    revision: self.limits.revision,
-                    reservation: w.reservation,
-                    held: w.r,
-                    reported: None,
-                    sequence: 0,
-                    class: None,
-                    abandoned: false,
-                },
-            );
-            self.answers.insert(w.id, Answer::Admitted(h));
         }
     }
 
@@ -843,24 +867,6 @@ impl Model {
                 requested: r,
             }
         })
-    }
-
-    /// Counts and explains a refusal (no classes) in the current state.
-    fn refuse_now(&mut self, reason: RejectReason, r: u64, p: Priority, pending: u64) -> Rejection {
-        self.rejected = add_reason(self.rejected, reason);
-        Rejection {
-            reason,
-            constraint: None,
-            revision: self.limits.revision,
-            detail: CapacityDetail {
-                in_flight: self.in_flight,
-                pending,
-                max_concurrent: self.limits.max_concurrent.into(),
-                max_queue: self.limits.max_queue.into(),
-                token_budget: self.token_capacity(p, r),
-                classes: None,
-            },
-        }
     }
 
     /// Statistics, field for field what [`Bulkhead::stats`](crate::Bulkhead::stats) must show.

@@ -19,8 +19,9 @@
 //! word it already loads and refuses to barge; a release sees it in the word its CAS replaces and
 //! then hands its slot to the queue instead of returning it (`crate::waiting`).
 
+use crate::classes::Resources;
 use crate::demand::Priority;
-use crate::rejection::RejectReason;
+use crate::rejection::{Constraint, RejectReason};
 use crate::sync::thread::Thread;
 use crate::sync::{AtomicU32, Ordering};
 use std::cell::UnsafeCell;
@@ -38,10 +39,13 @@ const DONE: u32 = 1;
 pub(crate) enum Outcome {
     /// Not answered yet.
     Pending,
-    /// A slot (and the tokens) were taken on its behalf under the limits of `revision`.
-    Granted { revision: u64 },
+    /// A slot (and the tokens) were taken on its behalf under the limits of `revision`, with
+    /// this attribution (classes only; default without classes).
+    Granted { revision: u64, resources: Resources },
     /// Refused with this reason (a hand-off whose checks failed, or `shutdown`).
     Refused(RejectReason),
+    /// Refused by a class hand-off whose checks failed, with the constraint that failed.
+    RefusedAs(RejectReason, Option<Constraint>),
 }
 
 /// How to wake a waiter's owner.
@@ -109,6 +113,8 @@ struct Links {
 pub(crate) struct Waiter {
     /// Reservation tokens of the demand.
     pub(crate) r: u64,
+    /// Class index of the demand (classes only).
+    pub(crate) k: usize,
     /// Priority of the demand.
     pub(crate) priority: Priority,
     links: UnsafeCell<Links>,
@@ -127,9 +133,10 @@ unsafe impl Sync for Waiter {}
 unsafe impl Send for Waiter {}
 
 impl Waiter {
-    pub(crate) fn new(r: u64, priority: Priority) -> Waiter {
+    pub(crate) fn new(r: u64, k: usize, priority: Priority) -> Waiter {
         Waiter {
             r,
+            k,
             priority,
             links: UnsafeCell::new(Links {
                 prev: ptr::null(),
@@ -184,6 +191,8 @@ pub(crate) struct Queue {
     /// path, which wakes them when the state becomes idle (the fast path pays nothing).
     drainers: Vec<(u64, Notify)>,
     next_drainer: u64,
+    /// Class mode: whether `C_QUEUE` is up on every class word (`crate::classed`).
+    pub(crate) class_flags: bool,
 }
 
 // SAFETY: the pointers name nodes that are pinned and outlive their link (a node unlinks itself,
@@ -199,6 +208,7 @@ impl Default for Queue {
             queued_total: 0,
             drainers: Vec::new(),
             next_drainer: 0,
+            class_flags: false,
         }
     }
 }

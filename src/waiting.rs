@@ -34,8 +34,32 @@
 //! [`crate::queue`]). Timeouts of blocking waiters are timed parks against a deadline; async
 //! waiters are woken through their `Waker`.
 //!
-//! Admission classes do not queue yet: with classes, `acquire` and `acquire_blocking` decide
-//! like `try_acquire` (a documented limitation of this stage).
+//! # With admission classes
+//!
+//! The queue is the same single FIFO (CONTRACT.md §3: no per-class queues); only the word
+//! protocol differs, because a class release changes its class word, not the shared word
+//! (`crate::classed`).
+//!
+//! * **Flags.** While waiters are queued, `WAITERS` is up on the shared word (newcomers see it
+//!   and do not barge), and `C_QUEUE` is up on **every class word**; while only drainers wait,
+//!   only `C_QUEUE`. Both change only under the queue mutex, `C_QUEUE` first when raised.
+//! * **Visiting the queue.** Every decrease (release, abandonment, token return, a decider's
+//!   undo, a borrower's returned reservation, a migration) whose class-word CAS replaced a word
+//!   carrying `C_QUEUE`, or whose shared-word `fetch_sub` replaced a word carrying `WAITERS`,
+//!   pumps the queue afterwards. A release keeps the state alive meanwhile with a pending-return
+//!   mark taken in the same CAS (`crate::classed`, "Lifetime"), so a protected release pays the
+//!   mark only while the queue is flagged.
+//! * **The pump** decides the head under the mutex with the full class protocol, `WAITERS`
+//!   excepted: admitted → granted (with its attribution); no free global slot → it stays;
+//!   checks 1–5 fail while a slot is free → answered with that reason and constraint, and the
+//!   next is considered. A refusal the collects never confirmed (another decider's step in
+//!   flight) leaves the head queued: that step's own undo or completion visits the queue again.
+//! * **No lost wake-up.** An enqueuer raises the flags (RMWs on every class word and the
+//!   shared word) and then decides; a decrease is an RMW on one of those words. Whichever comes
+//!   first in that word's modification order, either the enqueuer's decision sees the decrease
+//!   or the decrease sees the flag and pumps after the enqueuer has released the mutex.
+//! * **Drain** raises only `C_QUEUE`, so class releases visit the queue and wake drainers once
+//!   nothing is held, with no polling and nothing paid on the fast path when nobody drains.
 
 use crate::admission::Admission;
 use crate::bulkhead::{Bulkhead, Granted};
@@ -275,16 +299,13 @@ impl Bulkhead {
         {
             return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
         }
-        if shared.classed {
-            return self.try_acquire(demand);
-        }
-        let (r, priority, reservation) = self.demand_parts(&demand);
-        let node = Waiter::new(r, priority);
+        let (r, k, priority, reservation) = self.demand_parts(&demand);
+        let node = Waiter::new(r, k, priority);
         // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
         // unlinked itself (every path below ends in one of the two before returning).
         let node = unsafe { Pin::new_unchecked(&node) };
         let notify = || Notify::Thread(crate::sync::thread::current());
-        match self.enter(r, priority, node, notify) {
+        match self.enter(node, notify) {
             Enter::Granted(g) => return Ok(self.admission_from(g, priority, reservation)),
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
@@ -352,13 +373,13 @@ impl Bulkhead {
     /// assert_eq!(a.revision(), 0);
     /// ```
     pub fn acquire(&self, demand: Demand, options: WaitOptions) -> Acquire<'_> {
-        let (r, priority, reservation) = self.demand_parts(&demand);
+        let (r, k, priority, reservation) = self.demand_parts(&demand);
         Acquire {
             bulkhead: self,
             demand,
             options,
             reservation,
-            node: Waiter::new(r, priority),
+            node: Waiter::new(r, k, priority),
             queued: false,
             finished: false,
             deadline: None,
@@ -367,13 +388,15 @@ impl Bulkhead {
         }
     }
 
-    fn demand_parts(&self, demand: &Demand) -> (u64, Priority, Option<Reservation>) {
+    /// Tokens, class index (0 without classes), priority and reservation of `demand`.
+    fn demand_parts(&self, demand: &Demand) -> (u64, usize, Priority, Option<Reservation>) {
         let reservation = self
             .shared
             .has_budget
             .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
         (
             reservation.map_or(0, |x| x.total()),
+            self.class_index(demand.class()),
             demand.priority(),
             reservation,
         )
@@ -381,14 +404,12 @@ impl Bulkhead {
 
     /// The fast decision, then (if it found no free slot and queueing is possible) the decision
     /// under the queue mutex, which takes a slot, refuses, or queues `node`.
-    fn enter(
-        &self,
-        r: u64,
-        priority: Priority,
-        node: Pin<&Waiter>,
-        notify: impl FnOnce() -> Notify,
-    ) -> Enter {
+    fn enter(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
         let shared = &*self.shared;
+        if shared.classed {
+            return self.enter_classed(node, notify);
+        }
+        let (r, priority) = (node.r, node.priority);
         let (w, lim, reason) = match self.try_decide(r, priority) {
             Ok(g) => return Enter::Granted(g),
             Err(e) => e,
@@ -397,7 +418,7 @@ impl Bulkhead {
         {
             return match self.refusal(w, &lim, reason, r, priority) {
                 Some(rej) => Enter::Refused(rej),
-                None => self.enter(r, priority, node, notify),
+                None => self.enter(node, notify),
             };
         }
         let mut q = lock(&shared.queue);
@@ -440,7 +461,7 @@ impl Bulkhead {
                         rej.detail.pending = pending as u64;
                         Enter::Refused(rej)
                     }
-                    None => self.enter(r, priority, node, notify),
+                    None => self.enter(node, notify),
                 };
             }
             // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
@@ -466,9 +487,14 @@ impl Bulkhead {
             return node.outcome();
         }
         q.remove(&node);
-        clear_waiters(shared, &q);
         let mut wake = WakeList::new();
-        wake_drainers_if_idle(Word(shared.word.load(Ordering::Acquire)), &q, &mut wake);
+        if shared.classed {
+            sync_class_flags(shared, &mut q);
+            wake_class_drainers_if_idle(shared, &q, &mut wake);
+        } else {
+            clear_waiters(shared, &q);
+            wake_drainers_if_idle(Word(shared.word.load(Ordering::Acquire)), &q, &mut wake);
+        }
         drop(q);
         wake.wake_all();
         Outcome::Refused(reason)
@@ -482,13 +508,25 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Result<Admission, Rejection> {
+        let r = reservation.map_or(0, |x| x.total());
         match outcome {
-            Outcome::Granted { revision } => {
-                let r = reservation.map_or(0, |x| x.total());
-                let g = self.count_admission(revision, r);
+            Outcome::Granted {
+                revision,
+                resources,
+            } => {
+                let g = if self.shared.classed {
+                    let k = self.class_index(demand.class());
+                    self.count_class_admission(k, r, revision, resources)
+                } else {
+                    self.count_admission(revision, r)
+                };
                 Ok(self.admission_from(g, priority, reservation))
             }
             Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
+            Outcome::RefusedAs(reason, constraint) => {
+                let k = self.class_index(demand.class());
+                Err(self.class_answer_refusal(k, reason, constraint, r, priority))
+            }
             Outcome::Pending => unreachable!("a finished waiter has an outcome"),
         }
     }
@@ -589,7 +627,10 @@ fn grant_head(
     }
     match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
-            wake.push(q.answer_front(Outcome::Granted { revision }));
+            wake.push(q.answer_front(Outcome::Granted {
+                revision,
+                resources: Default::default(),
+            }));
             Ok(next)
         }
         Err(actual) => Err(Word(actual)),
@@ -632,7 +673,11 @@ pub(crate) fn close_queue(shared: &Shared) {
     while q.front().is_some() {
         wake.push(q.answer_front(Outcome::Refused(RejectReason::Shutdown)));
     }
-    clear_waiters(shared, &q);
+    if shared.classed {
+        sync_class_flags(shared, &mut q);
+    } else {
+        clear_waiters(shared, &q);
+    }
     drop(q);
     wake.wake_all();
 }
@@ -760,12 +805,8 @@ impl Future for Acquire<'_> {
                 this.finished = true;
                 return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
             }
-            if b.shared.classed {
-                this.finished = true;
-                return Poll::Ready(b.try_acquire(this.demand));
-            }
             let waker = cx.waker().clone();
-            match b.enter(node.r, priority, node, || Notify::Waker(waker)) {
+            match b.enter(node, || Notify::Waker(waker)) {
                 Enter::Granted(g) => {
                     this.finished = true;
                     return Poll::Ready(Ok(b.admission_from(g, priority, this.reservation)));
@@ -871,10 +912,6 @@ pub struct DrainReport {
     pub pending: u64,
 }
 
-/// How often a drain of a bulkhead *with classes* re-checks (class releases do not look at
-/// the waiters flag, so they cannot wake a drainer; a short poll stands in).
-const CLASSED_DRAIN_POLL: Duration = Duration::from_millis(1);
-
 impl Bulkhead {
     /// Waits until nothing is in flight, nobody is queued and no token hold is left
     /// (CONTRACT.md §7), or until `deadline` passes; cancels nothing and does not close. A zero
@@ -904,14 +941,15 @@ impl Bulkhead {
             if report.drained {
                 break report;
             }
-            let nap = self.shared.classed.then_some(CLASSED_DRAIN_POLL);
-            let now = Instant::now();
-            match (until, nap) {
-                (Some(u), _) if now >= u => break report,
-                (Some(u), Some(n)) => crate::sync::thread::park_timeout((u - now).min(n)),
-                (Some(u), None) => crate::sync::thread::park_timeout(u - now),
-                (None, Some(n)) => crate::sync::thread::park_timeout(n),
-                (None, None) => crate::sync::thread::park(),
+            match until {
+                Some(u) => {
+                    let now = Instant::now();
+                    if now >= u {
+                        break report;
+                    }
+                    crate::sync::thread::park_timeout(u - now);
+                }
+                None => crate::sync::thread::park(),
             }
         };
         self.unregister_drainer(id);
@@ -949,14 +987,15 @@ impl Bulkhead {
         }
     }
 
-    /// Registers a drainer and raises `WAITERS`, so releases take the slow path that wakes it.
+    /// Registers a drainer and raises `WAITERS` (with classes: `C_QUEUE` on the class words),
+    /// so releases take the slow path that wakes it.
     fn register_drainer(&self, n: Notify) -> u64 {
         let shared = &*self.shared;
         let mut q = lock(&shared.queue);
         let id = q.add_drainer(n);
-        // (With classes the flag would refuse every class decision, and class releases would
-        // not look at it anyway: a classed drain polls instead.)
-        if !shared.classed {
+        if shared.classed {
+            sync_class_flags(shared, &mut q);
+        } else {
             shared.word.fetch_or(WAITERS, Ordering::AcqRel);
         }
         id
@@ -966,7 +1005,11 @@ impl Bulkhead {
         let shared = &*self.shared;
         let mut q = lock(&shared.queue);
         q.remove_drainer(id);
-        clear_waiters(shared, &q);
+        if shared.classed {
+            sync_class_flags(shared, &mut q);
+        } else {
+            clear_waiters(shared, &q);
+        }
     }
 }
 
@@ -1014,14 +1057,8 @@ impl Future for Drain<'_> {
             }
             Some(id) => lock(&b.shared.queue).update_drainer(id, Notify::Waker(cx.waker().clone())),
         }
-        // The deadline, and with classes a short poll, run on the timer thread.
-        let wake_at = match (this.until, b.shared.classed) {
-            (Some(u), true) => Some(u.min(Instant::now() + CLASSED_DRAIN_POLL)),
-            (Some(u), false) => Some(u),
-            (None, true) => Some(Instant::now() + CLASSED_DRAIN_POLL),
-            (None, false) => None,
-        };
-        if let Some(at) = wake_at {
+        // The deadline runs on the timer thread.
+        if let Some(at) = this.until {
             if let Some(t) = this.timer.take() {
                 crate::timer::cancel(t);
             }
@@ -1046,4 +1083,166 @@ impl Drop for Drain<'_> {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+// ---- class mode (module docs, "With admission classes") ----
+
+/// Whether a class refusal means "no free global slot" (row 6), the one refusal that waits.
+fn waits_for_slot(f: &crate::classed::Refused) -> bool {
+    f.reason == RejectReason::ConcurrencyLimit
+        && f.constraint == Some(crate::rejection::Constraint::Global)
+}
+
+impl Bulkhead {
+    /// Class mode of `enter`: the fast class decision, then under the mutex (raising the flags
+    /// first when the queue is empty) a decision for the would-be head, or a place at the tail.
+    #[inline(never)]
+    fn enter_classed(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
+        let shared = &*self.shared;
+        let (k, r, priority) = (node.k, node.r, node.priority);
+        match crate::classed::acquire(shared, k, r, priority) {
+            Ok(a) => {
+                return Enter::Granted(self.count_class_admission(k, r, a.revision, a.resources))
+            }
+            // No free slot, or a refusal no collect confirmed (another decider's step was in
+            // flight): decide again under the mutex, and wait if need be.
+            Err(f)
+                if (waits_for_slot(&f) || f.stored_shared.is_some())
+                    && f.lim.max_concurrent > 0
+                    && f.lim.max_queue > 0 => {}
+            Err(f) => return Enter::Refused(self.class_refusal(k, *f, r, priority)),
+        }
+        let mut q = lock(&shared.queue);
+        if q.len() == 0 {
+            // Become the head: flags up first, then decide (no lost wake-up).
+            set_class_flags(shared, &mut q, true, true);
+            match crate::classed::acquire_in_queue(shared, k, r, priority) {
+                Ok(a) => {
+                    sync_class_flags(shared, &mut q);
+                    drop(q);
+                    return Enter::Granted(self.count_class_admission(
+                        k,
+                        r,
+                        a.revision,
+                        a.resources,
+                    ));
+                }
+                // An unconfirmed refusal waits too: the step that caused it visits the queue
+                // when it lands or is taken back, and the flags are already up.
+                Err(f) if waits_for_slot(&f) || f.stored_shared.is_some() => {}
+                Err(f) => {
+                    sync_class_flags(shared, &mut q);
+                    drop(q);
+                    return Enter::Refused(self.class_refusal(k, *f, r, priority));
+                }
+            }
+        }
+        let w = Word(shared.word.load(Ordering::SeqCst));
+        let lim = shared.ring.read(w.tag());
+        let refuse = if w.closed() {
+            Some((RejectReason::Shutdown, None))
+        } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
+            Some((
+                RejectReason::ConcurrencyLimit,
+                Some(crate::rejection::Constraint::Global),
+            ))
+        } else if q.len() as u64 >= lim.max_queue {
+            Some((
+                RejectReason::QueueLimit,
+                Some(crate::rejection::Constraint::Global),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, constraint)) = refuse {
+            let pending = q.len() as u64;
+            sync_class_flags(shared, &mut q);
+            drop(q);
+            let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
+            rej.detail.pending = pending;
+            return Enter::Refused(rej);
+        }
+        node.set_notify(&q, notify());
+        // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before it is
+        // dropped; we hold the mutex.
+        unsafe { q.push_back(&node) };
+        sync_class_flags(shared, &mut q);
+        Enter::Queued
+    }
+}
+
+/// Raises or lowers `C_QUEUE` on every class word (`queue_flag`) and `WAITERS` on the shared
+/// word (`waiters`). Caller holds the mutex (`q`); `C_QUEUE` goes up before `WAITERS`.
+fn set_class_flags(shared: &Shared, q: &mut Queue, queue_flag: bool, waiters: bool) {
+    use crate::classed::C_QUEUE;
+    if queue_flag && !q.class_flags {
+        for cw in shared.class_words.iter() {
+            cw.fetch_or(C_QUEUE, Ordering::SeqCst);
+        }
+        q.class_flags = true;
+    }
+    let up = Word(shared.word.load(Ordering::SeqCst)).waiters();
+    if waiters && !up {
+        shared.word.fetch_or(WAITERS, Ordering::SeqCst);
+    } else if !waiters && up {
+        shared.word.fetch_and(!WAITERS, Ordering::SeqCst);
+    }
+    if !queue_flag && q.class_flags {
+        for cw in shared.class_words.iter() {
+            cw.fetch_and(!C_QUEUE, Ordering::SeqCst);
+        }
+        q.class_flags = false;
+    }
+}
+
+/// The flags the queue needs now: both while waiters are queued, `C_QUEUE` alone while only
+/// drainers wait, neither otherwise.
+fn sync_class_flags(shared: &Shared, q: &mut Queue) {
+    let waiters = q.len() > 0;
+    set_class_flags(shared, q, waiters || q.has_drainers(), waiters);
+}
+
+/// Wakes the drainers if nobody is queued and the class words hold nothing.
+fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut WakeList) {
+    if q.has_drainers() && q.len() == 0 {
+        let (_, g, t) = crate::classed::collect(shared);
+        if g == 0 && t == 0 {
+            for n in q.drainers() {
+                wake.push(n);
+            }
+        }
+    }
+}
+
+/// Class mode's hand-off: a decrease found the queue flagged. Decides head waiters under the
+/// mutex until one has to keep waiting (module docs, "With admission classes"), then wakes
+/// drainers if the bulkhead is idle. The caller keeps the shared state alive (a handle, or a
+/// release's pending-return mark).
+#[cold]
+#[inline(never)]
+pub(crate) fn pump_classed(shared: &Shared) {
+    let mut wake = WakeList::new();
+    let mut q = lock(&shared.queue);
+    while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
+        match crate::classed::acquire_in_queue(shared, k, r, priority) {
+            Ok(a) => wake.push(q.answer_front(Outcome::Granted {
+                revision: a.revision,
+                resources: a.resources,
+            })),
+            Err(f) => {
+                let stays = f.reason != RejectReason::Shutdown
+                    && (waits_for_slot(&f)
+                        || f.stored_shared.is_some()
+                        || f.g >= f.lim.max_concurrent);
+                if stays {
+                    break;
+                }
+                wake.push(q.answer_front(Outcome::RefusedAs(f.reason, f.constraint)));
+            }
+        }
+    }
+    sync_class_flags(shared, &mut q);
+    wake_class_drainers_if_idle(shared, &q, &mut wake);
+    drop(q);
+    wake.wake_all();
 }

@@ -84,7 +84,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(step, max_concurrent, max_queue, budget, classes)| Op::Apply { step, max_concurrent, max_queue, budget, classes }),
         1 => tokens().prop_map(|budget| Op::SetBudget { budget }),
         1 => Just(Op::Close),
-        3 => (tokens(), tokens(), any::<bool>()).prop_map(|(input, max_output, high)| Op::Wait { input, max_output, high }),
+        3 => (tokens(), tokens(), any::<bool>(), 0u8..3).prop_map(|(input, max_output, high, class)| Op::Wait { input, max_output, high, class }),
         1 => any::<usize>().prop_map(|pick| Op::CancelWait { pick }),
     ]
 }

@@ -1,0 +1,148 @@
+//! Models of the wait queue **with admission classes** (`src/waiting.rs`, "With admission
+//! classes"; `src/classed.rs`): the queue flag on the class words and `WAITERS` on the shared
+//! word against every kind of class decrease.
+//!
+//! 1. enqueue against a **borrowed** release (its shared-word decrease sees `WAITERS`): no
+//!    lost wake-up (loom reports a deadlock if the waiter is left parked with a free slot);
+//! 2. enqueue against a **protected** release (no shared-word change at all; only the class
+//!    word's `C_QUEUE` tells it to visit the queue): no lost wake-up;
+//! 3. a queued async class waiter dropped against the hand-off: the slot passes on or comes
+//!    back, nothing leaks, and the flags come down;
+//! 4. a drain against the last class release: the drainer is woken (no polling), drained;
+//! 5. close against a class enqueue: `shutdown`, no hang, nothing held.
+#![cfg(loom)]
+
+mod common;
+
+use common::{assert_quiescent, model};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, RejectReason, WaitOptions};
+use loom::thread;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Waker};
+
+/// One class without floors (every release is borrowed), one slot, a queue.
+fn one_class() -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(2)
+        .class("x", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn enqueue_against_a_borrowed_release_loses_no_wake_up() {
+    model(|| {
+        let b = one_class();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || {
+            let a = b2
+                .acquire_blocking(Demand::slot(), WaitOptions::default())
+                .expect("the slot comes back");
+            drop(a);
+        });
+        drop(held);
+        t.join().unwrap();
+        assert_quiescent(&b, 2, 0);
+        assert_eq!(b.stats().pending, 0);
+    });
+}
+
+#[test]
+fn enqueue_against_a_protected_release_loses_no_wake_up() {
+    model(|| {
+        let floor = ClassLimits {
+            protected_concurrent: 1,
+            ..ClassLimits::default()
+        };
+        let b = Bulkhead::builder()
+            .max_concurrent(2)
+            .max_queue(2)
+            .class("a", floor)
+            .class("b", ClassLimits::default())
+            .class("c", ClassLimits::default())
+            .default_class("c")
+            .build()
+            .unwrap();
+        let [a, bb, c] = ["a", "b", "c"].map(|n| b.class_id(n).unwrap());
+        let held = b.try_acquire(Demand::slot().in_class(a)).unwrap(); // inside a's floor
+        let borrowed = b.try_acquire(Demand::slot().in_class(c)).unwrap();
+        // Raise b's floor while both slots are in use: U = 3 > 2, G = 2.
+        b.apply_limits(b.limits().with_revision(1).with_class(bb, floor))
+            .unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || {
+            // Inside b's idle floor: waits for a global slot (or finds `held` gone).
+            let w = b2
+                .acquire_blocking(Demand::slot().in_class(bb), WaitOptions::default())
+                .expect("a's slot comes to it");
+            assert!(!w.resources().borrowed_concurrency);
+            drop(w);
+        });
+        // a stays inside its floor: a protected release, with no shared-word change.
+        drop(held);
+        t.join().unwrap();
+        drop(borrowed);
+        let s = b.stats();
+        assert_eq!((s.in_flight, s.pending, s.admitted), (0, 0, 3), "{s:?}");
+    });
+}
+
+#[test]
+fn a_dropped_class_waiter_against_the_hand_off_passes_the_slot_on() {
+    model(|| {
+        let b = one_class();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || {
+            let mut f = pin!(b2.acquire(Demand::slot(), WaitOptions::default()));
+            let _ = f
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .map(|r| r.map(drop));
+            // Dropped here, queued or already granted.
+        });
+        drop(held);
+        t.join().unwrap();
+        let s = b.stats();
+        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
+        // The flags are down: the fast path admits.
+        drop(b.try_acquire(Demand::slot()).expect("free"));
+    });
+}
+
+#[test]
+fn a_drain_against_the_last_class_release_is_woken() {
+    model(|| {
+        let b = one_class();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || b2.drain_blocking(None));
+        drop(held);
+        let r = t.join().unwrap();
+        assert!(r.drained, "{r:?}");
+        assert_quiescent(&b, 1, 0);
+    });
+}
+
+#[test]
+fn close_against_a_class_enqueue() {
+    model(|| {
+        let b = one_class();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || {
+            b2.acquire_blocking(Demand::slot(), WaitOptions::default())
+                .map(drop)
+                .map_err(|r| r.reason)
+        });
+        b.close();
+        assert_eq!(t.join().unwrap(), Err(RejectReason::Shutdown));
+        drop(held);
+        let s = b.stats();
+        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
+    });
+}

@@ -1,0 +1,341 @@
+//! The wait queue with admission classes (CONTRACT.md §2 rows 6–7, §3, §4, §7): one FIFO for
+//! every class, hand-off by protected and borrowed releases, the hand-off's class checks,
+//! bounds, timeouts, close, raised limits and drain. Futures are polled by hand with a no-op
+//! waker, so every step is deterministic: no sleeps, no clocks.
+
+use llm_bulkhead::{
+    Admission, Bulkhead, ClassId, ClassLimits, Constraint, Demand, RejectReason, Rejection,
+    Reservation, WaitOptions,
+};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+fn poll_once<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {
+    f.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+fn wait() -> WaitOptions {
+    WaitOptions::default()
+}
+
+fn floor(n: u32) -> ClassLimits {
+    ClassLimits {
+        protected_concurrent: n,
+        ..ClassLimits::default()
+    }
+}
+
+fn ready<T>(p: Poll<T>) -> T {
+    match p {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("still pending"),
+    }
+}
+
+fn refused(p: Poll<Result<Admission, Rejection>>) -> Rejection {
+    match ready(p) {
+        Ok(a) => panic!("admitted: {a:?}"),
+        Err(e) => e,
+    }
+}
+
+/// A raised floor leaves `U > max_concurrent`; a request inside an idle floor then waits for a
+/// global slot, and a **protected** release (which has no shared-word change to make) must
+/// still hand it over.
+#[test]
+fn a_protected_release_hands_its_slot_to_a_protected_waiter() {
+    let b = Bulkhead::builder()
+        .max_concurrent(3)
+        .max_queue(4)
+        .class("a", floor(1))
+        .class("b", floor(0))
+        .class("c", floor(0))
+        .default_class("c")
+        .build()
+        .unwrap();
+    let [a, bb, c] = ["a", "b", "c"].map(|n| b.class_id(n).unwrap());
+    let held_a = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+    let c1 = b.try_acquire(Demand::slot().in_class(c)).unwrap();
+    let c2 = b.try_acquire(Demand::slot().in_class(c)).unwrap();
+    assert!(!held_a.resources().borrowed_concurrency);
+    // Raise b's floor while every slot is in use.
+    b.apply_limits(b.limits().with_revision(1).with_class(bb, floor(1)))
+        .unwrap();
+    let mut w = Box::pin(b.acquire(Demand::slot().in_class(bb), wait()));
+    assert!(poll_once(w.as_mut()).is_pending());
+    assert_eq!(b.stats().pending, 1);
+    // A newcomer inside its own idle floor does not barge past the waiter.
+    let late = b.try_acquire(Demand::slot().in_class(bb)).unwrap_err();
+    assert_eq!(
+        (late.reason, late.constraint),
+        (RejectReason::ConcurrencyLimit, Some(Constraint::Global))
+    );
+    drop(held_a); // protected: a's in-flight stays inside its floor
+    let got = ready(poll_once(w.as_mut())).unwrap();
+    assert_eq!(got.class(), Some(bb));
+    assert_eq!(got.revision(), 1);
+    assert!(!got.resources().borrowed_concurrency);
+    let s = b.stats();
+    assert_eq!((s.pending, s.in_flight), (0, 3));
+    drop((got, c1, c2));
+    assert_eq!(b.stats().in_flight, 0);
+}
+
+/// Without floors every class borrows; waiters of different classes are served strictly in
+/// arrival order, whichever class frees the slot.
+#[test]
+fn waiters_of_every_class_share_one_fifo() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(8)
+        .class("x", ClassLimits::default())
+        .class("y", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap();
+    let [x, y] = ["x", "y"].map(|n| b.class_id(n).unwrap());
+    let holder = b.try_acquire(Demand::slot().in_class(y)).unwrap();
+    let order = [y, x, y, x];
+    let mut ws: Vec<_> = order
+        .iter()
+        .map(|&k| Box::pin(b.acquire(Demand::slot().in_class(k), wait())))
+        .collect();
+    for w in &mut ws {
+        assert!(poll_once(w.as_mut()).is_pending());
+    }
+    assert_eq!(b.stats().pending, 4);
+    drop(holder);
+    for (i, &k) in order.iter().enumerate() {
+        let a = ready(poll_once(ws[i].as_mut())).unwrap();
+        assert_eq!(a.class(), Some(k));
+        for (j, w) in ws.iter_mut().enumerate().skip(i + 1) {
+            assert!(
+                poll_once(w.as_mut()).is_pending(),
+                "waiter {j} overtook {i}"
+            );
+        }
+        drop(a); // hands off to the next waiter
+    }
+    let s = b.stats();
+    assert_eq!((s.in_flight, s.pending, s.admitted), (0, 0, 5));
+    let cs = s.classes.unwrap();
+    assert_eq!(cs.classes[0].admitted + cs.classes[1].admitted, 5);
+}
+
+/// The hand-off performs the head's whole decision: a head that no longer fits the budget
+/// when a slot frees is answered `budget_limit` (not re-queued) and the next waiter, which
+/// fits, gets the slot (CONTRACT.md §3).
+#[test]
+fn a_class_head_that_no_longer_fits_is_answered_and_the_next_is_served() {
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .max_queue(4)
+        .token_budget(1_000)
+        .class("p", ClassLimits::default())
+        .class("q", ClassLimits::default())
+        .default_class("p")
+        .build()
+        .unwrap();
+    let [p, q] = ["p", "q"].map(|n| b.class_id(n).unwrap());
+    let res = |i, o| Demand::tokens(Reservation::new(i, o).unwrap());
+    let mut grower = b.try_acquire(res(50, 50).in_class(p)).unwrap();
+    let other = b.try_acquire(res(0, 0).in_class(p)).unwrap();
+    let mut big = Box::pin(b.acquire(res(200, 200).in_class(q), wait()));
+    let mut small = Box::pin(b.acquire(res(50, 50).in_class(q), wait()));
+    assert!(poll_once(big.as_mut()).is_pending());
+    assert!(poll_once(small.as_mut()).is_pending());
+    // Usage growth is booked without a check: the budget now has 300 tokens left.
+    grower
+        .report_usage(llm_bulkhead::Usage::new(50, 650), None)
+        .unwrap();
+    drop(other);
+    let e = refused(poll_once(big.as_mut()));
+    assert_eq!(
+        (e.reason, e.constraint),
+        (RejectReason::BudgetLimit, Some(Constraint::Global))
+    );
+    // The same hand-off went on to admit `small` (100 tokens) before `big` looked.
+    assert_eq!(e.detail.token_budget.unwrap().in_flight_tokens, 800);
+    let s = ready(poll_once(small.as_mut())).unwrap();
+    assert_eq!((s.class(), s.held()), (Some(q), 100));
+    let st = b.stats();
+    assert_eq!(st.classes.as_ref().unwrap().classes[1].rejected, 1);
+    assert_eq!(st.rejected_by_reason.budget_limit, 1);
+    drop((s, grower));
+    assert_eq!(b.stats().in_flight, 0);
+}
+
+/// Fail-fast rows stay fail-fast with classes; a full queue answers `queue_limit` with the
+/// class detail; a zero timeout leaves with `timeout`; close answers every waiter `shutdown`.
+#[test]
+fn bounds_timeouts_and_close_with_classes() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(1)
+        .class("x", ClassLimits::default())
+        .class(
+            "capped",
+            ClassLimits {
+                max_concurrent: Some(1),
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("x")
+        .build()
+        .unwrap();
+    let capped = b.class_id("capped").unwrap();
+    let holder = b.try_acquire(Demand::slot().in_class(capped)).unwrap();
+    // Row 3 (the class ceiling) is fail-fast: never queued.
+    let e = refused(poll_once(
+        Box::pin(b.acquire(Demand::slot().in_class(capped), wait())).as_mut(),
+    ));
+    assert_eq!(
+        (e.reason, e.constraint),
+        (
+            RejectReason::ConcurrencyLimit,
+            Some(Constraint::AdmissionClass)
+        )
+    );
+    let mut first = Box::pin(b.acquire(Demand::slot(), wait()));
+    assert!(poll_once(first.as_mut()).is_pending());
+    let full = refused(poll_once(
+        Box::pin(b.acquire(Demand::slot(), wait())).as_mut(),
+    ));
+    assert_eq!(
+        (full.reason, full.constraint, full.detail.pending),
+        (RejectReason::QueueLimit, Some(Constraint::Global), 1)
+    );
+    assert!(full.detail.classes.is_some());
+    // A zero timeout: queued on the first poll, timed out on the next.
+    let zero = WaitOptions {
+        timeout: Some(Duration::ZERO),
+        ..WaitOptions::default()
+    };
+    drop(first);
+    let mut t = Box::pin(b.acquire(Demand::slot(), zero));
+    assert!(poll_once(t.as_mut()).is_pending());
+    let e = refused(poll_once(t.as_mut()));
+    assert_eq!(
+        (e.reason, e.constraint),
+        (RejectReason::Timeout, Some(Constraint::Global))
+    );
+    let mut last = Box::pin(b.acquire(Demand::slot(), wait()));
+    assert!(poll_once(last.as_mut()).is_pending());
+    b.close();
+    let e = refused(poll_once(last.as_mut()));
+    assert_eq!((e.reason, e.constraint), (RejectReason::Shutdown, None));
+    let s = b.stats();
+    assert_eq!(s.pending, 0);
+    let x = &s.classes.as_ref().unwrap().classes[0];
+    assert_eq!(
+        (
+            x.rejected_by_reason.queue_limit,
+            x.rejected_by_reason.timeout,
+            x.rejected_by_reason.shutdown
+        ),
+        (1, 1, 1)
+    );
+    drop(holder);
+    assert_eq!(b.stats().in_flight, 0);
+}
+
+/// A raised `max_concurrent` admits class waiters at once, with their attribution.
+#[test]
+fn raising_the_limit_admits_class_waiters() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(4)
+        .class("x", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap();
+    let holder = b.try_acquire(Demand::slot()).unwrap();
+    let mut w1 = Box::pin(b.acquire(Demand::slot(), wait()));
+    let mut w2 = Box::pin(b.acquire(Demand::slot(), wait()));
+    assert!(poll_once(w1.as_mut()).is_pending());
+    assert!(poll_once(w2.as_mut()).is_pending());
+    b.apply_limits(b.limits().with_revision(1).with_max_concurrent(3))
+        .unwrap();
+    let a1 = ready(poll_once(w1.as_mut())).unwrap();
+    let a2 = ready(poll_once(w2.as_mut())).unwrap();
+    assert_eq!((a1.revision(), a2.revision()), (1, 1));
+    assert!(a1.resources().borrowed_concurrency);
+    assert_eq!(b.stats().in_flight, 3);
+    drop((a1, a2, holder));
+}
+
+/// Drain with classes is woken by the release that empties the bulkhead (no polling): an
+/// abandoned admission keeps it waiting until its tokens are released (CONTRACT.md §7).
+#[test]
+fn a_classed_drain_completes_when_the_last_hold_is_released() {
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .token_budget(1_000)
+        .class("x", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap();
+    let mut a = b
+        .try_acquire(Demand::tokens(Reservation::new(100, 100).unwrap()))
+        .unwrap();
+    let other = b.try_acquire(Demand::slot()).unwrap();
+    let mut d = Box::pin(b.drain(None));
+    assert!(poll_once(d.as_mut()).is_pending());
+    assert!(a.abandon_borrowed_concurrency());
+    drop(other);
+    assert!(
+        poll_once(d.as_mut()).is_pending(),
+        "the abandoned hold remains"
+    );
+    drop(a);
+    let r = ready(poll_once(d.as_mut()));
+    assert!(r.drained);
+    // With the drainer gone, the class words carry no queue flag: a release is plain again.
+    drop(d);
+    let x = b.try_acquire(Demand::slot()).unwrap();
+    drop(x);
+    assert_eq!(b.stats().in_flight, 0);
+}
+
+/// Blocking waiters on real threads, many classes, a small limit: every admission settles, the
+/// limit is never exceeded, nothing is left queued or held.
+#[test]
+fn blocking_class_waiters_settle_everything() {
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .max_queue(64)
+        .class("a", floor(1))
+        .class("b", ClassLimits::default())
+        .default_class("b")
+        .build()
+        .unwrap();
+    let ids: Vec<ClassId> = ["a", "b"].iter().map(|n| b.class_id(n).unwrap()).collect();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let b = b.clone();
+            let k = ids[i % 2];
+            let peak = peak.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0u32;
+                for _ in 0..300 {
+                    if let Ok(a) = b.acquire_blocking(Demand::slot().in_class(k), wait()) {
+                        let s = b.stats().in_flight;
+                        peak.fetch_max(s, std::sync::atomic::Ordering::Relaxed);
+                        drop(a);
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let admitted: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let s = b.stats();
+    assert!(peak.load(std::sync::atomic::Ordering::Relaxed) <= 2);
+    assert_eq!((s.in_flight, s.pending, s.admissions_in_flight), (0, 0, 0));
+    assert_eq!(s.admitted, u64::from(admitted));
+    assert!(admitted > 0);
+}
