@@ -96,7 +96,9 @@ pub use stats::{
     AbandonCauses, ClassStats, ClassesStats, QueueWaits, RejectCounts, SharedStats,
     SharedTokenStats, Stats, TokenStats,
 };
-pub use waiting::{Acquire, CancelToken, Drain, DrainReport, Timed, Timing, WaitOptions};
+pub use waiting::{
+    Acquire, AcquireTimed, CancelToken, Drain, DrainReport, Timed, Timing, WaitOptions,
+};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -18,6 +18,11 @@
 //! the mutex `WAITERS` is set exactly when the queue is non-empty. The fast path sees it in the
 //! word it already loads and refuses to barge; a release sees it in the word its CAS replaces and
 //! then hands its slot to the queue instead of returning it (`crate::waiting`).
+//!
+//! With admission classes a release changes its class word, not the state word, so the queue
+//! also raises `C_QUEUE` on every class word (before `WAITERS`, under the same mutex, and while
+//! drainers wait); a class decrease that replaces a flagged word visits the queue
+//! (`crate::waiting`, "With admission classes"). [`Queue::class_flags`] records whether it is up.
 
 use crate::classes::Resources;
 use crate::demand::Priority;

@@ -284,6 +284,55 @@ impl Bulkhead {
         }
     }
 
+    /// [`try_acquire`](Self::try_acquire), also reporting how long the decision took (the
+    /// clock is read only for this call; `try_acquire` reads none).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire), inside [`Timed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let t = b.try_acquire_timed(Demand::slot());
+    /// assert!(t.value.is_ok());
+    /// assert_eq!(t.timing.queue_wait_ns, 0); // try_acquire never queues
+    /// ```
+    pub fn try_acquire_timed(&self, demand: Demand) -> Timed<Result<Admission, Rejection>> {
+        let start = Instant::now();
+        let value = self.try_acquire(demand);
+        Timed {
+            value,
+            timing: Timing {
+                decision_ns: nanos(start.elapsed()),
+                queue_wait_ns: 0,
+            },
+        }
+    }
+
+    /// [`acquire`](Self::acquire), also reporting how long the decision took and how long of
+    /// that was spent in the queue (clocks read only for this call). The decision starts at
+    /// the first poll.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire): dropping the future removes its waiter; a slot granted
+    /// meanwhile passes on.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), inside [`Timed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(1).build().unwrap();
+    /// let t = futures_lite::future::block_on(b.acquire_timed(Demand::slot(), WaitOptions::default()));
+    /// assert!(t.value.is_ok());
+    /// assert_eq!(t.timing.queue_wait_ns, 0); // a free slot: no queue
+    /// ```
+    pub fn acquire_timed(&self, demand: Demand, options: WaitOptions) -> AcquireTimed<'_> {
+        let mut inner = self.acquire(demand, options);
+        inner.timed = true;
+        AcquireTimed { inner, start: None }
+    }
+
     /// The body of `acquire_blocking`; with `timing`, the time spent queued is written there.
     fn acquire_blocking_inner(
         &self,
@@ -385,6 +434,8 @@ impl Bulkhead {
             deadline: None,
             timer: None,
             since: None,
+            timed: false,
+            queue_wait: None,
         }
     }
 
@@ -772,6 +823,11 @@ pub struct Acquire<'a> {
     timer: Option<u64>,
     /// When it joined the queue.
     since: Option<Instant>,
+    /// Timing requested ([`Bulkhead::acquire_timed`]): the queue wait is measured.
+    timed: bool,
+    /// How long it was queued, once it finished (measured only if `timed` or the bulkhead
+    /// measures queue waits).
+    queue_wait: Option<Duration>,
 }
 
 impl std::fmt::Debug for Acquire<'_> {
@@ -817,7 +873,11 @@ impl Future for Acquire<'_> {
                 }
                 Enter::Queued => {
                     this.queued = true;
-                    this.since = wait_started(b);
+                    this.since = if this.timed {
+                        Some(Instant::now())
+                    } else {
+                        wait_started(b)
+                    };
                     this.deadline = this
                         .options
                         .timeout
@@ -848,6 +908,7 @@ impl Future for Acquire<'_> {
                 if let Some(t) = this.timer.take() {
                     crate::timer::cancel(t);
                 }
+                this.queue_wait = this.since.map(|s| s.elapsed());
                 book_wait(b, this.since);
                 return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
             }
@@ -866,6 +927,7 @@ impl Future for Acquire<'_> {
         if let Some(t) = this.timer.take() {
             crate::timer::cancel(t);
         }
+        this.queue_wait = this.since.map(|s| s.elapsed());
         book_wait(b, this.since);
         Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
     }
@@ -890,6 +952,53 @@ impl Drop for Acquire<'_> {
             // passes it to the next waiter.
             let priority = node.priority;
             drop(b.finish(outcome, &self.demand, priority, self.reservation));
+        }
+    }
+}
+
+/// The future of [`Bulkhead::acquire_timed`]: an [`Acquire`] that also reports its timing.
+///
+/// # Cancel safety
+/// As [`Acquire`]: dropping it removes its waiter; a slot granted meanwhile passes on.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+/// let b = Bulkhead::new(1).unwrap();
+/// let f = b.acquire_timed(Demand::slot(), WaitOptions::default());
+/// let t = futures_lite::future::block_on(f);
+/// assert!(t.value.is_ok());
+/// ```
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct AcquireTimed<'a> {
+    inner: Acquire<'a>,
+    /// The first poll (the decision's start).
+    start: Option<Instant>,
+}
+
+impl Future for AcquireTimed<'_> {
+    type Output = Timed<Result<Admission, Rejection>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `inner` is structurally pinned (never moved out of the pinned future);
+        // `start` is plain data.
+        let this = unsafe { self.get_unchecked_mut() };
+        let start = *this.start.get_or_insert_with(Instant::now);
+        // SAFETY: `this` is pinned, so `inner` is too.
+        let inner = unsafe { Pin::new_unchecked(&mut this.inner) };
+        match inner.poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(value) => {
+                let total = start.elapsed();
+                let wait = this.inner.queue_wait.unwrap_or_default();
+                Poll::Ready(Timed {
+                    value,
+                    timing: Timing {
+                        decision_ns: nanos(total.saturating_sub(wait)),
+                        queue_wait_ns: nanos(wait),
+                    },
+                })
+            }
         }
     }
 }

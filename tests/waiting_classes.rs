@@ -339,3 +339,30 @@ fn blocking_class_waiters_settle_everything() {
     assert_eq!(s.admitted, u64::from(admitted));
     assert!(admitted > 0);
 }
+
+/// Timing is reported only by the `_timed` calls: zero queue wait when the decision did not
+/// queue, a non-zero one when it did (the clock is read only for those calls).
+#[test]
+fn timed_calls_report_decision_and_queue_wait() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(2)
+        .class("x", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap();
+    let t = b.try_acquire_timed(Demand::slot());
+    assert_eq!(t.timing.queue_wait_ns, 0);
+    let held = t.value.unwrap();
+    let refused = b.try_acquire_timed(Demand::slot());
+    assert_eq!(
+        refused.value.unwrap_err().reason,
+        RejectReason::ConcurrencyLimit
+    );
+    let mut w = Box::pin(b.acquire_timed(Demand::slot(), wait()));
+    assert!(poll_once(w.as_mut()).is_pending());
+    drop(held);
+    let got = ready(poll_once(w.as_mut()));
+    assert!(got.value.is_ok());
+    assert!(got.timing.queue_wait_ns > 0, "it waited in the queue");
+}
