@@ -8,11 +8,13 @@
 //!   (`acquire().await`) beside tokio's `acquire().await`.
 //! * `saturated_queue`: four threads, two slots, a queue of four; one iteration is one
 //!   admission + release on each thread (aggregate throughput).
+//! * `classes`: the async hand-off and the saturated queue on a bulkhead with two admission
+//!   classes (one with a floor), beside the same no-class runs: the cost of class queueing.
 //!
 //! `benches/ratios.py` does not read these; the README quotes them.
 
 use criterion::{criterion_main, Criterion, Throughput};
-use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, WaitOptions};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -172,11 +174,96 @@ fn saturated_queue(c: &mut Criterion) {
     );
 }
 
+/// Two classes, `a` with a floor of one slot, `b` without.
+fn classed(max_concurrent: u32, max_queue: u32) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(max_concurrent)
+        .max_queue(max_queue)
+        .class(
+            "a",
+            ClassLimits {
+                protected_concurrent: 1,
+                ..ClassLimits::default()
+            },
+        )
+        .class("b", ClassLimits::default())
+        .default_class("b")
+        .build()
+        .unwrap()
+}
+
+fn classes(c: &mut Criterion) {
+    let mut g = c.benchmark_group("classes_waiting");
+    g.throughput(Throughput::Elements(1));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    for (name, b) in [
+        ("handoff_async_no_class", queued_plain(1, 2)),
+        ("handoff_async_class_b", classed(1, 2)),
+    ] {
+        g.bench_function(name, |bench| {
+            bench.iter_custom(|iters| {
+                let b = b.clone();
+                async_turns(&rt, iters, move || {
+                    let b = b.clone();
+                    async move { drop(b.acquire(Demand::slot(), WaitOptions::default()).await) }
+                })
+            })
+        });
+    }
+    g.throughput(Throughput::Elements(4));
+    for (name, b) in [
+        ("saturated_4_threads_no_class", queued_plain(2, 4)),
+        ("saturated_4_threads_classes", two_plain_classes(2, 4)),
+    ] {
+        let ids = [b.class_id("a").ok(), b.class_id("b").ok()];
+        g.bench_function(name, |bench| {
+            bench.iter_custom(|iters| {
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                run_threads(4, iters, || {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let d = match ids[i % 2] {
+                        Some(k) => Demand::slot().in_class(k),
+                        None => Demand::slot(),
+                    };
+                    drop(b.acquire_blocking(d, WaitOptions::default()).unwrap())
+                })
+            })
+        });
+        assert_eq!(b.stats().in_flight, 0);
+    }
+    g.finish();
+}
+
+/// Two classes without floors: every request may wait (with a floor, a borrower is refused
+/// for protection instead, CONTRACT.md §2 row 4, and would not measure the queue).
+fn two_plain_classes(max_concurrent: u32, max_queue: u32) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(max_concurrent)
+        .max_queue(max_queue)
+        .class("a", ClassLimits::default())
+        .class("b", ClassLimits::default())
+        .default_class("b")
+        .build()
+        .unwrap()
+}
+
+fn queued_plain(max_concurrent: u32, max_queue: u32) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(max_concurrent)
+        .max_queue(max_queue)
+        .build()
+        .unwrap()
+}
+
 fn benches() {
     let mut c = config().configure_from_args();
     handoff_blocking(&mut c);
     handoff_async(&mut c);
     saturated_queue(&mut c);
+    classes(&mut c);
 }
 
 criterion_main!(benches);

@@ -1065,6 +1065,50 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     }
 }
 
+/// Whether a demand of `r` tokens in class `k` passes rows 1–5 in one collect of the words
+/// (without allocating): a newcomer that finds waiters queued and passes them joins the tail
+/// without a decision of its own. `false` also when the collect was torn by a tag change
+/// (the caller then takes the full path, which explains any refusal).
+pub(crate) fn passes_class_checks(shared: &Shared, k: usize, r: u64, priority: Priority) -> bool {
+    const ROOM: usize = 16;
+    let n = shared.class_words.len();
+    if n > ROOM {
+        return false;
+    }
+    let g = GWord(shared.word.load(SeqCst));
+    let mut classes = [(0u64, 0u64); ROOM];
+    let mut limits = [HotClass {
+        pc: 0,
+        mc: None,
+        pt: 0,
+        mt: None,
+    }; ROOM];
+    let (mut gsum, mut tsum) = (0, 0);
+    for j in 0..n {
+        let c = CWord(shared.class_words[j].load(SeqCst));
+        classes[j] = (c.in_flight(), c.tokens());
+        gsum += c.in_flight();
+        tsum += c.tokens();
+        limits[j] = shared.ring.read_class(g.tag(), j);
+    }
+    if GWord(shared.word.load(SeqCst)).tag() != g.tag() {
+        return false;
+    }
+    let lim = shared.ring.read(g.tag());
+    let view = ClassView {
+        g: gsum,
+        t: tsum,
+        classes: &classes[..n],
+        limits: &limits[..n],
+        max_concurrent: lim.max_concurrent,
+        eff: lim.effective(priority),
+    };
+    matches!(
+        view.decide(k, r),
+        None | Some((RejectReason::ConcurrencyLimit, Constraint::Global))
+    )
+}
+
 /// A refusal with `reason` and `constraint` given by the caller (a queued waiter's answer),
 /// with the detail of a collect of the state now.
 pub(crate) fn describe(

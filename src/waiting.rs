@@ -1209,17 +1209,28 @@ impl Bulkhead {
     fn enter_classed(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
         let shared = &*self.shared;
         let (k, r, priority) = (node.k, node.r, node.priority);
-        match crate::classed::acquire(shared, k, r, priority) {
-            Ok(a) => {
-                return Enter::Granted(self.count_class_admission(k, r, a.revision, a.resources))
+        // Waiters are queued and rows 1–5 pass: straight to the tail (no decision of our own,
+        // which would only be refused for barging, and explained at a cost).
+        let behind_waiters = Word(shared.word.load(Ordering::SeqCst)).waiters()
+            && crate::classed::passes_class_checks(shared, k, r, priority);
+        if !behind_waiters {
+            match crate::classed::acquire(shared, k, r, priority) {
+                Ok(a) => {
+                    return Enter::Granted(self.count_class_admission(
+                        k,
+                        r,
+                        a.revision,
+                        a.resources,
+                    ))
+                }
+                // No free slot, or a refusal no collect confirmed (another decider's step was
+                // in flight): decide again under the mutex, and wait if need be.
+                Err(f)
+                    if (waits_for_slot(&f) || f.stored_shared.is_some())
+                        && f.lim.max_concurrent > 0
+                        && f.lim.max_queue > 0 => {}
+                Err(f) => return Enter::Refused(self.class_refusal(k, *f, r, priority)),
             }
-            // No free slot, or a refusal no collect confirmed (another decider's step was in
-            // flight): decide again under the mutex, and wait if need be.
-            Err(f)
-                if (waits_for_slot(&f) || f.stored_shared.is_some())
-                    && f.lim.max_concurrent > 0
-                    && f.lim.max_queue > 0 => {}
-            Err(f) => return Enter::Refused(self.class_refusal(k, *f, r, priority)),
         }
         let mut q = lock(&shared.queue);
         if q.len() == 0 {
