@@ -7,7 +7,8 @@
 //! 3. a queued async waiter dropped against the hand-off: if the slot reached it, the slot
 //!    passes to the next waiter; nothing leaks;
 //! 4. close against enqueue: the waiter ends with `shutdown` (or never queues), no hang;
-//! 5. `apply_limits` raising the limit with a waiter queued: it is admitted, no hang.
+//! 5. `apply_limits` raising the limit with a waiter queued: it is admitted, no hang;
+//! 6. the last release against a drain waiter: the drainer is woken and reports drained.
 #![cfg(loom)]
 
 mod common;
@@ -138,6 +139,22 @@ fn raising_the_limit_admits_a_queued_waiter() {
         assert!(matches!(got, Ok(0) | Ok(1)), "{got:?}");
         drop(held);
         assert_quiescent(&b, 2, 0);
+    });
+}
+
+#[test]
+fn the_last_release_against_a_drain_waiter() {
+    model(|| {
+        let b = queued(1);
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let b2 = b.clone();
+        let t = thread::spawn(move || b2.drain_blocking(None));
+        drop(held);
+        let r = t.join().unwrap();
+        assert!(r.drained, "{r:?}");
+        assert_quiescent(&b, 1, 0);
+        // The drainer's flag is gone: the fast path admits.
+        drop(b.try_acquire(Demand::slot()).expect("free"));
     });
 }
 
