@@ -885,7 +885,7 @@ pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
 
 /// The rest of a release that marked a pending return: the shared decrease, the queue visit,
 /// then the mark's removal (the release's last step).
-#[inline(never)]
+#[inline(always)]
 fn release_pending(shared: &Shared, k: usize, du: i64, dv: i64, queue: bool) -> bool {
     let visit = shared_decrease(shared, du, dv) | queue;
     visit_queue(shared, visit, false);
