@@ -25,10 +25,12 @@
 //! ```
 
 mod adaptive;
+mod dedup;
 mod estimate;
 mod request;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
+pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
 pub use estimate::{
     EstimateError, ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator,
     OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,

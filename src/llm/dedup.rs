@@ -1,0 +1,897 @@
+//! In-flight de-duplication: identical requests share one upstream call (reference §9.2).
+//!
+//! A [`Dedup`] holds the calls in flight, keyed by a 128-bit [`DedupKey`]: by default a
+//! stable hash of the **whole** request (field order is irrelevant, every field counts),
+//! partitioned by a caller-given scope (a tenant) and by admission class. The map stores keys
+//! only, never prompt text, and holds at most `max_in_flight` keys (a call that finds it full
+//! runs on its own, counted in [`DedupStats::full`]).
+//!
+//! [`Dedup::run`] registers synchronously: the first caller of a key becomes the **leader**
+//! and its work (typically an [`LlmBulkhead`](crate::llm::LlmBulkhead) `run`) starts; every
+//! identical call while it is in flight becomes a **follower** and runs nothing. The work is
+//! owned by the flight, not by the leader's caller: every participant drives it, so dropping
+//! the leader's future (its caller was cancelled) does not cancel the call its followers wait
+//! on; only when every participant is gone is the work dropped.
+//!
+//! Sharing needs a shareable result: `T: Clone` ([`Dedup::new`]) or a caller-given share
+//! function ([`Dedup::with_share`]) for results that are not, such as a single-consumer
+//! stream, so one stream is never handed to two callers. The leader always gets its own
+//! result untouched; followers get shares made when the call completes. A leader's failure is
+//! part of `T` (typically a `Result`) and reaches its followers the same way.
+//!
+//! Followers wait with their own cancellation (drop the future) and an explicit per-call
+//! timeout only (a bulkhead's default timeout does not apply to them).
+//!
+//! ```
+//! use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions, LlmRequest};
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//!
+//! let dedup: Dedup<String> = Dedup::new(1_000);
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let request = LlmRequest::new("gpt-4o", &["What is a bulkhead?"]);
+//! let key = DedupKey::of_request(&request).partition("tenant-a", None);
+//! let call = |calls: Arc<AtomicU32>| move || async move {
+//!     calls.fetch_add(1, Ordering::SeqCst);
+//!     "an answer".to_string()
+//! };
+//! let leader = dedup.run(Some(key), FollowerOptions::default(), call(calls.clone()));
+//! let follower = dedup.run(Some(key), FollowerOptions::default(), call(calls.clone()));
+//! let (a, b) = futures_lite::future::block_on(async { (leader.await, follower.await) });
+//! assert_eq!((a.unwrap(), b.unwrap()), ("an answer".to_string(), "an answer".to_string()));
+//! assert_eq!(calls.load(Ordering::SeqCst), 1); // one upstream call
+//! assert_eq!(dedup.stats().hits, 1);
+//! ```
+
+use super::request::{Content, LlmRequest, Message};
+use crate::classes::ClassId;
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::Xxh3;
+
+/// The identity of a call for de-duplication: a 128-bit hash (XXH3-128) of a canonical
+/// encoding of the request, optionally partitioned by scope and class. Holds no text.
+///
+/// ```
+/// use llm_bulkhead::llm::{DedupKey, LlmRequest};
+/// let a: LlmRequest = serde_json::from_str(r#"{"model":"m","temperature":0,"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+/// let b: LlmRequest = serde_json::from_str(r#"{"messages":[{"content":"hi","role":"user"}],"temperature":0,"model":"m"}"#).unwrap();
+/// let c: LlmRequest = serde_json::from_str(r#"{"model":"m","temperature":1,"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+/// assert_eq!(DedupKey::of_request(&a), DedupKey::of_request(&b)); // field order is irrelevant
+/// assert_ne!(DedupKey::of_request(&a), DedupKey::of_request(&c)); // every field counts
+/// assert_ne!(DedupKey::of_request(&a).partition("t1", None), DedupKey::of_request(&a).partition("t2", None));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DedupKey(u128);
+
+impl DedupKey {
+    /// The default key: the whole request (model, messages with their roles, content and
+    /// every other field, system prompt, `max_tokens`, `extra_input_tokens`, and every
+    /// unknown top-level field), with object keys in sorted order.
+    pub fn of_request(request: &LlmRequest) -> DedupKey {
+        let mut h = Canon::new();
+        h.tag(7);
+        h.opt_str(request.model.as_deref());
+        h.len(request.messages.len());
+        for m in &request.messages {
+            h.message(m);
+        }
+        match &request.system {
+            None => h.tag(0),
+            Some(c) => {
+                h.tag(1);
+                h.content(c);
+            }
+        }
+        h.opt_u64(request.max_tokens);
+        h.opt_u64(request.extra_input_tokens);
+        h.object(&request.extra);
+        DedupKey(h.finish())
+    }
+
+    /// A key from caller-chosen bytes (a custom key function's output). Empty bytes opt out
+    /// of de-duplication (`None`), as an empty key does in the reference.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::DedupKey;
+    /// assert!(DedupKey::of_bytes(b"").is_none());
+    /// assert_eq!(DedupKey::of_bytes(b"same"), DedupKey::of_bytes(b"same"));
+    /// ```
+    pub fn of_bytes(raw: &[u8]) -> Option<DedupKey> {
+        if raw.is_empty() {
+            return None;
+        }
+        let mut h = Canon::new();
+        h.tag(8);
+        h.bytes(raw);
+        Some(DedupKey(h.finish()))
+    }
+
+    /// This key inside partition `scope` (a tenant; `""` for none) and `class` (with
+    /// admission classes, equal requests of different classes never share a call).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::DedupKey;
+    /// let k = DedupKey::of_bytes(b"x").unwrap();
+    /// assert_ne!(k.partition("", None), k);
+    /// assert_eq!(k.partition("a", None), k.partition("a", None));
+    /// ```
+    pub fn partition(self, scope: &str, class: Option<ClassId>) -> DedupKey {
+        let mut h = Canon::new();
+        h.tag(9);
+        h.str(scope);
+        match class {
+            None => h.tag(0),
+            Some(c) => {
+                h.tag(1);
+                h.len(c.index());
+            }
+        }
+        h.bytes(&self.0.to_le_bytes());
+        DedupKey(h.finish())
+    }
+
+    /// The key's value.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::DedupKey;
+    /// assert_ne!(DedupKey::of_bytes(b"x").unwrap().as_u128(), 0);
+    /// ```
+    pub fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+/// An injective encoding of JSON-like values into XXH3, buffered so that the many small
+/// writes (tags, lengths) cost a copy, not a hasher update each.
+struct Canon {
+    h: Xxh3,
+    buf: [u8; 256],
+    n: usize,
+}
+
+impl Canon {
+    fn new() -> Canon {
+        Canon {
+            h: Xxh3::new(),
+            buf: [0; 256],
+            n: 0,
+        }
+    }
+
+    fn flush(&mut self) {
+        self.h.update(&self.buf[..self.n]);
+        self.n = 0;
+    }
+
+    fn raw(&mut self, b: &[u8]) {
+        if self.n + b.len() > self.buf.len() {
+            self.flush();
+            if b.len() > self.buf.len() {
+                self.h.update(b);
+                return;
+            }
+        }
+        self.buf[self.n..self.n + b.len()].copy_from_slice(b);
+        self.n += b.len();
+    }
+
+    fn tag(&mut self, t: u8) {
+        self.raw(&[t]);
+    }
+
+    fn len(&mut self, n: usize) {
+        self.raw(&(n as u64).to_le_bytes());
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.raw(b);
+    }
+
+    fn str(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+    }
+
+    fn opt_str(&mut self, s: Option<&str>) {
+        match s {
+            None => self.tag(0),
+            Some(s) => {
+                self.tag(1);
+                self.str(s);
+            }
+        }
+    }
+
+    fn opt_u64(&mut self, v: Option<u64>) {
+        match v {
+            None => self.tag(0),
+            Some(v) => {
+                self.tag(1);
+                self.raw(&v.to_le_bytes());
+            }
+        }
+    }
+
+    fn value(&mut self, v: &Value) {
+        match v {
+            Value::Null => self.tag(0),
+            Value::Bool(b) => self.raw(&[1, u8::from(*b)]),
+            Value::Number(n) => {
+                self.tag(2);
+                // serde_json's own canonical text of the number (1 and 1.0 differ, as in JSON).
+                let mut s = itoa_buf::Buf::new();
+                self.str(s.number(n));
+            }
+            Value::String(s) => {
+                self.tag(3);
+                self.str(s);
+            }
+            Value::Array(a) => {
+                self.tag(4);
+                self.len(a.len());
+                for x in a {
+                    self.value(x);
+                }
+            }
+            Value::Object(o) => self.object(o),
+        }
+    }
+
+    /// An object, keys in sorted order (`serde_json::Map` is ordered by key).
+    fn object(&mut self, o: &Map<String, Value>) {
+        self.tag(5);
+        self.len(o.len());
+        for (k, v) in o {
+            self.str(k);
+            self.value(v);
+        }
+    }
+
+    fn content(&mut self, c: &Content) {
+        match c {
+            // The same encoding as the JSON it came from.
+            Content::Text(s) => {
+                self.tag(3);
+                self.str(s);
+            }
+            Content::Blocks(blocks) => {
+                self.tag(4);
+                self.len(blocks.len());
+                for b in blocks {
+                    self.value(b.json());
+                }
+            }
+            Content::Other(v) => self.value(v),
+        }
+    }
+
+    fn message(&mut self, m: &Message) {
+        self.tag(6);
+        self.str(&m.role);
+        self.content(&m.content);
+        self.object(&m.extra);
+    }
+
+    fn finish(mut self) -> u128 {
+        self.flush();
+        self.h.digest128()
+    }
+}
+
+/// A number's text without a heap allocation in the common cases.
+mod itoa_buf {
+    use std::fmt::Write;
+
+    pub(super) struct Buf {
+        s: String,
+    }
+
+    impl Buf {
+        pub(super) fn new() -> Buf {
+            Buf { s: String::new() }
+        }
+
+        pub(super) fn number(&mut self, n: &serde_json::Number) -> &str {
+            if let Some(i) = n.as_i64() {
+                let _ = write!(self.s, "{i}");
+            } else if let Some(u) = n.as_u64() {
+                let _ = write!(self.s, "{u}");
+            } else {
+                let _ = write!(self.s, "{n}");
+            }
+            &self.s
+        }
+    }
+}
+
+/// A follower's wait options: only an explicit timeout caps it (cancellation: drop the
+/// future).
+///
+/// ```
+/// use llm_bulkhead::llm::FollowerOptions;
+/// use std::time::Duration;
+/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)) };
+/// assert!(FollowerOptions::default().timeout.is_none());
+/// # let _ = o;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FollowerOptions {
+    /// Give up waiting on the leader's call after this long (`timeout`); the call goes on.
+    pub timeout: Option<Duration>,
+}
+
+/// Why a follower got no result.
+///
+/// ```
+/// use llm_bulkhead::llm::DedupError;
+/// assert_eq!(DedupError::Timeout.to_string(), "timed out waiting for the shared call");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DedupError {
+    /// The follower's own timeout passed first; the shared call was not cancelled.
+    Timeout,
+    /// The share function panicked for this follower (the leader's result is untouched).
+    Unshareable,
+}
+
+impl std::fmt::Display for DedupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DedupError::Timeout => f.write_str("timed out waiting for the shared call"),
+            DedupError::Unshareable => f.write_str("the shared result could not be shared"),
+        }
+    }
+}
+
+impl std::error::Error for DedupError {}
+
+/// De-duplication counters.
+///
+/// ```
+/// let d: llm_bulkhead::llm::Dedup<u8> = llm_bulkhead::llm::Dedup::new(8);
+/// assert_eq!(d.stats(), llm_bulkhead::llm::DedupStats::default());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct DedupStats {
+    /// Keys in flight now.
+    pub active: usize,
+    /// Followers that joined a call in flight (counted even if they then fail).
+    pub hits: u64,
+    /// Calls that led a flight.
+    pub leaders: u64,
+    /// Calls that ran on their own because the map was full.
+    pub full: u64,
+}
+
+type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
+
+/// The calls in flight of one result type (see the module docs). Cloning shares the map.
+///
+/// # Memory ordering
+/// Registration, completion and departure happen under the map's and the flight's mutexes
+/// (map before flight when both are held; completion takes them one after the other), so a
+/// follower either joins a flight before its completion (and is given a share) or finds the
+/// key free and leads a new one. Counters are relaxed statistics.
+pub struct Dedup<T> {
+    inner: Arc<Inner<T>>,
+}
+
+impl<T> Clone for Dedup<T> {
+    fn clone(&self) -> Self {
+        Dedup {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Dedup<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dedup")
+            .field("max_in_flight", &self.inner.max_in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<T> {
+    flights: Mutex<HashMap<u128, Arc<Flight<T>>>>,
+    max_in_flight: usize,
+    share: ShareFn<T>,
+    hits: AtomicU64,
+    leaders: AtomicU64,
+    full: AtomicU64,
+}
+
+impl<T: Clone + Send + 'static> Dedup<T> {
+    /// De-duplication of a `Clone` result, holding at most `max_in_flight` keys.
+    ///
+    /// ```
+    /// let d: llm_bulkhead::llm::Dedup<String> = llm_bulkhead::llm::Dedup::new(10_000);
+    /// assert_eq!(d.stats().active, 0);
+    /// ```
+    pub fn new(max_in_flight: usize) -> Dedup<T> {
+        Dedup::with_share(max_in_flight, T::clone)
+    }
+}
+
+impl<T: Send + 'static> Dedup<T> {
+    /// De-duplication whose followers get `share(&result)`, for results that are not `Clone`
+    /// or must not be handed out twice (a stream: `share` opens a fresh one). The leader gets
+    /// the original.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::Dedup;
+    /// // A result that must not be cloned as is: followers get their own copy, marked.
+    /// let d: Dedup<(String, bool)> = Dedup::with_share(100, |r: &(String, bool)| (r.0.clone(), true));
+    /// # let _ = d;
+    /// ```
+    pub fn with_share(
+        max_in_flight: usize,
+        share: impl Fn(&T) -> T + Send + Sync + 'static,
+    ) -> Dedup<T> {
+        Dedup {
+            inner: Arc::new(Inner {
+                flights: Mutex::new(HashMap::new()),
+                max_in_flight,
+                share: Box::new(share),
+                hits: AtomicU64::new(0),
+                leaders: AtomicU64::new(0),
+                full: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Runs `work` for `key`, or joins the call already in flight for it. Registration
+    /// happens here, synchronously; `key: None` opts out (the work runs on its own). `work`
+    /// is called only by a leader (or a solo call).
+    ///
+    /// # Cancel safety
+    /// Dropping a follower's future leaves the flight; dropping the leader's does not cancel
+    /// the call while followers wait (they drive it). The work is dropped only when no
+    /// participant is left.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions};
+    /// let d: Dedup<u32> = Dedup::new(8);
+    /// let r = futures_lite::future::block_on(d.run(DedupKey::of_bytes(b"k"), FollowerOptions::default(), || async { 7 }));
+    /// assert_eq!(r, Ok(7));
+    /// assert_eq!(d.stats().active, 0); // settled: the key is free again
+    /// ```
+    pub fn run<F, Fut>(
+        &self,
+        key: Option<DedupKey>,
+        options: FollowerOptions,
+        work: F,
+    ) -> DedupRun<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let Some(key) = key else {
+            return DedupRun::solo(inner, Box::pin(work()));
+        };
+        let mut map = lock(&inner.flights);
+        if let Some(f) = map.get(&key.0).cloned() {
+            let mut st = lock(&f.st);
+            if !st.done {
+                let id = st.next_follower;
+                st.next_follower += 1;
+                st.followers.insert(id, None);
+                st.participants += 1;
+                drop(st);
+                drop(map);
+                inner.hits.fetch_add(1, Ordering::Relaxed);
+                return DedupRun {
+                    inner,
+                    role: Role::Follower {
+                        key: key.0,
+                        flight: f,
+                        id,
+                    },
+                    timeout: options.timeout,
+                    deadline: None,
+                    timer: None,
+                };
+            }
+            // Settled, its entry not yet removed: this call starts a new flight.
+            drop(st);
+            map.remove(&key.0);
+        }
+        if map.len() >= inner.max_in_flight {
+            drop(map);
+            inner.full.fetch_add(1, Ordering::Relaxed);
+            return DedupRun::solo(inner, Box::pin(work()));
+        }
+        let f = Arc::new(Flight {
+            st: Mutex::new(FlightState {
+                work: Some(Box::pin(work())),
+                polling: false,
+                done: false,
+                leader_present: true,
+                leader_result: None,
+                followers: HashMap::new(),
+                next_follower: 0,
+                participants: 1,
+            }),
+            notifier: Arc::new(Notifier {
+                wakers: Mutex::new(Vec::new()),
+            }),
+        });
+        map.insert(key.0, f.clone());
+        drop(map);
+        inner.leaders.fetch_add(1, Ordering::Relaxed);
+        DedupRun {
+            inner,
+            role: Role::Leader {
+                key: key.0,
+                flight: f,
+            },
+            timeout: None,
+            deadline: None,
+            timer: None,
+        }
+    }
+
+    /// The counters and the number of keys in flight.
+    ///
+    /// ```
+    /// let d: llm_bulkhead::llm::Dedup<u8> = llm_bulkhead::llm::Dedup::new(8);
+    /// assert_eq!((d.stats().active, d.stats().hits), (0, 0));
+    /// ```
+    pub fn stats(&self) -> DedupStats {
+        DedupStats {
+            active: lock(&self.inner.flights).len(),
+            hits: self.inner.hits.load(Ordering::Relaxed),
+            leaders: self.inner.leaders.load(Ordering::Relaxed),
+            full: self.inner.full.load(Ordering::Relaxed),
+        }
+    }
+}
+
+struct Flight<T> {
+    st: Mutex<FlightState<T>>,
+    /// Wakes every participant: the waker the work is polled with, whoever polls it.
+    notifier: Arc<Notifier>,
+}
+
+struct FlightState<T> {
+    /// The shared call; `None` while a participant polls it, and once it is done.
+    work: Option<Work<T>>,
+    polling: bool,
+    done: bool,
+    leader_present: bool,
+    /// The original result, for the leader.
+    leader_result: Option<T>,
+    /// Each follower's share (`None` until done; `Err` if sharing panicked).
+    followers: HashMap<u64, Option<Result<T, DedupError>>>,
+    next_follower: u64,
+    participants: usize,
+}
+
+struct Notifier {
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Notifier {
+    fn register(&self, w: &Waker) {
+        let mut ws = lock(&self.wakers);
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
+    }
+}
+
+impl Wake for Notifier {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let ws = std::mem::take(&mut *lock(&self.wakers));
+        for w in ws {
+            w.wake();
+        }
+    }
+}
+
+enum Role<T> {
+    Solo(Option<Work<T>>),
+    Leader {
+        key: u128,
+        flight: Arc<Flight<T>>,
+    },
+    Follower {
+        key: u128,
+        flight: Arc<Flight<T>>,
+        id: u64,
+    },
+    Finished,
+}
+
+/// The future of [`Dedup::run`]: the caller's result, or (followers only) why it has none.
+///
+/// # Cancel safety
+/// Dropping it leaves the flight; the shared call goes on while any participant remains.
+///
+/// ```
+/// use llm_bulkhead::llm::{Dedup, FollowerOptions};
+/// let d: Dedup<u8> = Dedup::new(8);
+/// let f = d.run(None, FollowerOptions::default(), || async { 1 });
+/// assert_eq!(futures_lite::future::block_on(f), Ok(1));
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct DedupRun<T> {
+    inner: Arc<Inner<T>>,
+    role: Role<T>,
+    timeout: Option<Duration>,
+    deadline: Option<Instant>,
+    timer: Option<u64>,
+}
+
+impl<T> std::fmt::Debug for DedupRun<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let role = match self.role {
+            Role::Solo(_) => "solo",
+            Role::Leader { .. } => "leader",
+            Role::Follower { .. } => "follower",
+            Role::Finished => "finished",
+        };
+        f.debug_struct("DedupRun")
+            .field("role", &role)
+            .finish_non_exhaustive()
+    }
+}
+
+// The state is only touched through `&mut self` or under the flight's mutex; nothing is
+// structurally pinned (the work is boxed), so the future may move.
+impl<T> Unpin for DedupRun<T> {}
+
+impl<T> DedupRun<T> {
+    fn solo(inner: Arc<Inner<T>>, work: Work<T>) -> DedupRun<T> {
+        DedupRun {
+            inner,
+            role: Role::Solo(Some(work)),
+            timeout: None,
+            deadline: None,
+            timer: None,
+        }
+    }
+
+    /// Whether this call leads a flight (it runs the work), follows one, or runs on its own.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions};
+    /// let d: Dedup<u8> = Dedup::new(8);
+    /// let k = DedupKey::of_bytes(b"k");
+    /// let a = d.run(k, FollowerOptions::default(), || async { 1 });
+    /// let b = d.run(k, FollowerOptions::default(), || async { 2 });
+    /// assert!(a.is_leader() && b.is_follower());
+    /// ```
+    pub fn is_leader(&self) -> bool {
+        matches!(self.role, Role::Leader { .. })
+    }
+
+    /// Whether this call joined a flight in progress.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{Dedup, FollowerOptions};
+    /// let d: Dedup<u8> = Dedup::new(8);
+    /// assert!(!d.run(None, FollowerOptions::default(), || async { 1 }).is_follower());
+    /// ```
+    pub fn is_follower(&self) -> bool {
+        matches!(self.role, Role::Follower { .. })
+    }
+}
+
+impl<T: Send + 'static> Future for DedupRun<T> {
+    type Output = Result<T, DedupError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &mut this.role {
+            Role::Solo(work) => {
+                let w = work.as_mut().expect("DedupRun polled after completion");
+                let out = w.as_mut().poll(cx);
+                if out.is_ready() {
+                    this.role = Role::Finished;
+                }
+                out.map(Ok)
+            }
+            Role::Leader { .. } | Role::Follower { .. } => this.poll_flight(cx),
+            Role::Finished => panic!("DedupRun polled after completion"),
+        }
+    }
+}
+
+impl<T: Send + 'static> DedupRun<T> {
+    fn poll_flight(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, DedupError>> {
+        let (flight, key, follower) = match &self.role {
+            Role::Leader { flight, key } => (flight.clone(), *key, None),
+            Role::Follower { flight, key, id } => (flight.clone(), *key, Some(*id)),
+            _ => unreachable!(),
+        };
+        loop {
+            let mut st = lock(&flight.st);
+            if st.done {
+                let out = match follower {
+                    None => Ok(st.leader_result.take().expect("the leader's result")),
+                    Some(id) => st
+                        .followers
+                        .remove(&id)
+                        .flatten()
+                        .expect("a share for every follower"),
+                };
+                st.participants -= 1;
+                drop(st);
+                self.finish();
+                return Poll::Ready(out);
+            }
+            if let Some(id) = follower {
+                // A follower's own deadline, from its first poll.
+                if let Some(t) = self.timeout {
+                    let at = *self.deadline.get_or_insert_with(|| Instant::now() + t);
+                    if Instant::now() >= at {
+                        st.followers.remove(&id);
+                        drop(st);
+                        self.leave(&flight, key);
+                        self.finish();
+                        return Poll::Ready(Err(DedupError::Timeout));
+                    }
+                    match self.timer {
+                        Some(tm) => crate::timer::update(tm, cx.waker()),
+                        None => self.timer = Some(crate::timer::register(at, cx.waker().clone())),
+                    }
+                }
+            }
+            flight.notifier.register(cx.waker());
+            if st.polling {
+                // Another participant drives the call; it wakes everyone when it stops.
+                return Poll::Pending;
+            }
+            let Some(mut work) = st.work.take() else {
+                return Poll::Pending;
+            };
+            st.polling = true;
+            drop(st);
+            let waker = Waker::from(flight.notifier.clone());
+            let polled = catch_unwind(AssertUnwindSafe(|| {
+                work.as_mut().poll(&mut Context::from_waker(&waker))
+            }));
+            let mut st = lock(&flight.st);
+            st.polling = false;
+            match polled {
+                Ok(Poll::Pending) => {
+                    st.work = Some(work);
+                    return Poll::Pending;
+                }
+                Ok(Poll::Ready(result)) => {
+                    drop(work);
+                    self.complete(&mut st, result);
+                    drop(st);
+                    self.remove_key(&flight, key);
+                    flight.notifier.wake_by_ref();
+                    // Loop: take this participant's own result.
+                }
+                Err(panic) => {
+                    // The shared call panicked: nobody gets a result; the panic goes on in
+                    // this participant, the others are woken and find the flight gone.
+                    st.done = true;
+                    st.followers.clear();
+                    st.participants -= 1;
+                    drop(st);
+                    self.remove_key(&flight, key);
+                    flight.notifier.wake_by_ref();
+                    self.finish();
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+
+    /// The call completed with `result`: shares for the followers, the original for the
+    /// leader (or dropped if the leader left).
+    fn complete(&self, st: &mut FlightState<T>, result: T) {
+        st.done = true;
+        let share = &self.inner.share;
+        for slot in st.followers.values_mut() {
+            *slot = Some(
+                catch_unwind(AssertUnwindSafe(|| share(&result)))
+                    .map_err(|_| DedupError::Unshareable),
+            );
+        }
+        if st.leader_present {
+            st.leader_result = Some(result);
+        }
+    }
+
+    /// Removes `key` from the map if it still names `flight`.
+    fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
+        let mut map = lock(&self.inner.flights);
+        if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            map.remove(&key);
+        }
+    }
+
+    /// A participant leaves before completion: the last one drops the work and frees the key;
+    /// otherwise the others are woken in case this one was driving.
+    fn leave(&self, flight: &Arc<Flight<T>>, key: u128) {
+        let mut st = lock(&flight.st);
+        if st.done {
+            st.participants -= 1;
+            return;
+        }
+        st.participants -= 1;
+        if matches!(self.role, Role::Leader { .. }) {
+            st.leader_present = false;
+        }
+        let last = st.participants == 0;
+        let work = if last { st.work.take() } else { None };
+        if last {
+            st.done = true;
+        }
+        drop(st);
+        drop(work);
+        if last {
+            self.remove_key(flight, key);
+        } else {
+            flight.notifier.wake_by_ref();
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(t) = self.timer.take() {
+            crate::timer::cancel(t);
+        }
+        self.role = Role::Finished;
+    }
+}
+
+impl<T> Drop for DedupRun<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.timer.take() {
+            crate::timer::cancel(t);
+        }
+        let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
+            Role::Leader { flight, key } => (flight, key, None),
+            Role::Follower { flight, key, id } => (flight, key, Some(id)),
+            _ => return,
+        };
+        let mut st = lock(&flight.st);
+        if let Some(id) = follower {
+            st.followers.remove(&id);
+        } else {
+            st.leader_present = false;
+            st.leader_result = None;
+        }
+        st.participants -= 1;
+        let last = st.participants == 0 && !st.done;
+        let work = if last {
+            st.done = true;
+            st.work.take()
+        } else {
+            None
+        };
+        let done = st.done;
+        drop(st);
+        drop(work);
+        if last {
+            let mut map = lock(&self.inner.flights);
+            if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                map.remove(&key);
+            }
+        } else if !done {
+            // This participant may have been the one driving the call: let another take over.
+            flight.notifier.wake_by_ref();
+        }
+    }
+}
