@@ -3,6 +3,7 @@
 use crate::classes::{ClassId, Resources};
 use crate::demand::{Reconcile, Reservation, Usage};
 use crate::error::UsageError;
+use crate::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
 use crate::id::AdmissionId;
 use crate::shared::{Shared, SlotRef};
 use crate::state::{Word, MAX_TOKENS};
@@ -282,6 +283,12 @@ impl Admission {
     /// # drop((a, other));
     /// ```
     pub fn abandon_borrowed_concurrency(&mut self) -> bool {
+        self.abandon_with_cause(AbandonCause::Manual)
+    }
+
+    /// [`abandon_borrowed_concurrency`](Self::abandon_borrowed_concurrency) with its cause
+    /// (`deadline` is what `run`'s borrowed-concurrency deadline uses).
+    pub(crate) fn abandon_with_cause(&mut self, cause: AbandonCause) -> bool {
         let Some(k) = self.class.index() else {
             return false;
         };
@@ -295,6 +302,9 @@ impl Admission {
         let shared = slot.get();
         let c = shared.counters.local(Counters::new);
         c.abandoned.add(1);
+        if cause == AbandonCause::Deadline {
+            c.abandoned_deadline.add(1);
+        }
         c.classes[k].abandoned.add(1);
         // Take a handle first, while the slot still keeps the state alive; then return the
         // slot. With no handle left nobody can use the slot, so it is kept until release.
@@ -304,6 +314,18 @@ impl Admission {
             std::mem::forget(pin);
             self.class.0 |= ClassBits::PINNED;
         }
+        // The state is still alive: kept by the forgotten pin, or by the slot not returned.
+        crate::events::emit(shared, || {
+            crate::events::Event::BorrowedConcurrencyAbandon(crate::events::AbandonEvent {
+                admission_id: self.id,
+                revision: self.revision,
+                priority: self.priority(),
+                class: crate::events::class_name(shared, Some(k)),
+                resources: self.resources(),
+                cause,
+                held_tokens: self.held,
+            })
+        });
         true
     }
 
@@ -458,13 +480,15 @@ impl Admission {
                 c.total_refunded.add(delta);
             }
         }
-        if !released && (self.reported != Some(clamped) || new_hold != self.held) {
+        let bumped = !released && (self.reported != Some(clamped) || new_hold != self.held);
+        if bumped {
             self.sequence += 1;
         }
+        let previous = self.held;
         self.held = new_hold;
         self.reported = Some(clamped);
         let reserved = self.reservation.map_or(0, |r| r.total());
-        Ok(UsageReport {
+        let report = UsageReport {
             admission_id: self.id,
             revision: self.revision,
             sequence: self.sequence,
@@ -476,7 +500,30 @@ impl Admission {
                 .reservation
                 .map(|r| r.max_output().saturating_sub(clamped.output)),
             over_reservation: self.reservation.is_some() && consumed > reserved,
-        })
+        };
+        if bumped {
+            if let Some(shared) = self.shared() {
+                crate::events::emit(shared, || {
+                    Event::Usage(UsageEvent {
+                        admission_id: self.id,
+                        revision: self.revision,
+                        priority: self.priority(),
+                        class: crate::events::class_name(shared, class),
+                        sequence: report.sequence,
+                        reserved_tokens: reserved,
+                        previous_held_tokens: previous,
+                        held_tokens: new_hold,
+                        delta_tokens: signed_delta(previous, new_hold),
+                        usage: clamped,
+                        output_cap: report.output_cap,
+                        output_remaining: report.output_remaining,
+                        over_reservation: report.over_reservation,
+                        progressive: reconcile,
+                    })
+                });
+            }
+        }
+        Ok(report)
     }
 
     /// Releases the admission: the slot and the whole current hold go back at once.
@@ -531,6 +578,10 @@ impl Admission {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
         let usage = usage.or(self.reported);
+        // One relaxed load when nobody subscribes (`crate::events`).
+        if slot.get().events.on() {
+            return Some(self.settle_observed(slot, held, usage));
+        }
         if usage.is_none() && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED) == 0 {
             // The plain release: nothing to book, one RMW. Kept this small so that dropping
             // an admission inlines.
@@ -549,6 +600,43 @@ impl Admission {
             usage,
             self.reservation.is_some(),
         ))
+    }
+}
+
+impl Admission {
+    /// `settle` while someone subscribes to events: settles, then reports the release with a
+    /// handle pinned first (the return may otherwise free the state). Out of line.
+    #[cold]
+    #[inline(never)]
+    fn settle_observed(&self, slot: SlotRef, held: u64, usage: Option<Usage>) -> Settled {
+        let pin = slot.try_pin();
+        let s = settle_other(slot, self.class, held, usage, self.reservation.is_some());
+        if let Some(shared) = pin {
+            crate::events::emit(&shared, || {
+                Event::Release(ReleaseEvent {
+                    admission_id: self.id,
+                    revision: self.revision,
+                    priority: self.priority(),
+                    class: crate::events::class_name(&shared, self.class.index()),
+                    reserved_tokens: self.reservation.map_or(0, |r| r.total()),
+                    resources: self.resources(),
+                    held_tokens: s.held,
+                    refunded_tokens: s.refunded,
+                    usage_sequence: self.sequence,
+                    usage: s.usage,
+                })
+            });
+        }
+        s
+    }
+}
+
+/// `to − from` as a signed token delta (saturating; token counts stay far below `i64::MAX`).
+fn signed_delta(from: u64, to: u64) -> i64 {
+    if to >= from {
+        i64::try_from(to - from).unwrap_or(i64::MAX)
+    } else {
+        i64::try_from(from - to).map_or(i64::MIN, |d| -d)
     }
 }
 

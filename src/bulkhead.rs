@@ -489,14 +489,19 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Admission {
-        Admission::new(
+        let a = Admission::new(
             self.shared.slot_ref(),
             AdmissionId::new(self.shared.id_prefix, g.key, g.n),
             g.revision,
             priority,
             reservation,
             g.class,
-        )
+        );
+        // One relaxed load when nobody subscribes (`crate::events`).
+        if self.shared.events.on() {
+            crate::events::admitted(&self.shared, &a);
+        }
+        a
     }
 
     /// The no-class fast decision: rows 0, 1 and 6 in one CAS. `Err` carries the word and the
@@ -589,6 +594,10 @@ impl Bulkhead {
         if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
             rej.constraint = Some(crate::rejection::Constraint::Global);
         }
+        let class = shared
+            .classed
+            .then(|| demand.class().map_or(shared.default_class, |c| c.index()));
+        crate::events::rejected(shared, class, &rej);
         rej
     }
 
@@ -654,10 +663,14 @@ impl Bulkhead {
         if Word(shared.word.load(Ordering::Acquire)).waiters() && !shared.classed {
             crate::waiting::pump(shared);
         }
-        Ok(LimitsChange {
+        let change = LimitsChange {
             previous,
             current: next,
-        })
+        };
+        crate::events::emit(shared, || {
+            crate::events::Event::Reconfigure(Box::new(change))
+        });
+        Ok(change)
     }
 
     /// Replaces the token budget, keeping every other limit (a new snapshot with revision + 1).
@@ -803,10 +816,11 @@ impl Bulkhead {
             }),
             borrowed_concurrency_abandoned: t.abandoned,
             borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
-                manual: t.abandoned,
-                deadline: 0,
+                manual: t.abandoned.saturating_sub(t.abandoned_deadline),
+                deadline: t.abandoned_deadline,
             },
             classes,
+            subscriber_panics: shared.events.panics(),
         }
     }
 }
@@ -829,7 +843,9 @@ fn refuse(
         return Err(now);
     }
     shared.counters.local(Counters::new).rejected[reason.index()].add(1);
-    Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority))
+    let rej = rejection(w.slots(), w.tokens(), lim, reason, r, priority);
+    crate::events::rejected(shared, None, &rej);
+    Ok(rej)
 }
 
 fn rejection(
@@ -951,6 +967,7 @@ impl Bulkhead {
             }
             rej.detail.classes = Some(Box::new(detail));
         }
+        crate::events::rejected(shared, Some(k), &rej);
         rej
     }
 

@@ -65,6 +65,7 @@ pub mod classes;
 pub mod conformance;
 mod demand;
 mod error;
+pub mod events;
 mod id;
 pub mod limits;
 #[cfg(feature = "serde")]
@@ -85,6 +86,10 @@ pub use classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
 pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
+pub use events::{
+    AbandonCause, AbandonEvent, AdmitEvent, Event, RejectEvent, ReleaseEvent, Subscription,
+    UsageEvent,
+};
 pub use id::AdmissionId;
 pub use limits::{BudgetLimits, LimitsSnapshot};
 pub use rejection::{
