@@ -848,7 +848,7 @@ fn refuse(
     Ok(rej)
 }
 
-fn rejection(
+pub(crate) fn rejection(
     slots: u64,
     tokens: u64,
     lim: &Hot,

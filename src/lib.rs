@@ -59,6 +59,7 @@
 #![warn(missing_docs)]
 
 mod admission;
+mod advice;
 mod bulkhead;
 pub mod classed;
 pub mod classes;
@@ -81,6 +82,7 @@ mod timer;
 mod waiting;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
+pub use advice::Advice;
 pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange, Profile};
 pub use classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
