@@ -153,6 +153,14 @@ struct ClassBits(u64);
 #[derive(Clone, Copy, Default)]
 pub(crate) struct ClassCode(u64);
 
+impl ClassCode {
+    /// The class index and the resources this code records.
+    pub(crate) fn parts(self) -> (Option<usize>, Resources) {
+        let bits = ClassBits(self.0);
+        (bits.index(), bits.resources())
+    }
+}
+
 impl ClassBits {
     const HAS: u64 = 1;
     const BORROWED_SLOT: u64 = 1 << 4;
@@ -580,7 +588,20 @@ impl Admission {
         let usage = usage.or(self.reported);
         // One relaxed load when nobody subscribes (`crate::events`).
         if slot.get().events.on() {
-            return Some(self.settle_observed(slot, held, usage));
+            // Copies, not `&self`: taking the admission's address would keep it in memory
+            // on the fast path.
+            return Some(settle_observed(
+                slot,
+                held,
+                usage,
+                Described {
+                    id: self.id,
+                    revision: self.revision,
+                    class: self.class,
+                    reservation: self.reservation,
+                    sequence: self.sequence,
+                },
+            ));
         }
         if usage.is_none() && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED) == 0 {
             // The plain release: nothing to book, one RMW. Kept this small so that dropping
@@ -603,32 +624,40 @@ impl Admission {
     }
 }
 
-impl Admission {
-    /// `settle` while someone subscribes to events: settles, then reports the release with a
-    /// handle pinned first (the return may otherwise free the state). Out of line.
-    #[cold]
-    #[inline(never)]
-    fn settle_observed(&self, slot: SlotRef, held: u64, usage: Option<Usage>) -> Settled {
-        let pin = slot.try_pin();
-        let s = settle_other(slot, self.class, held, usage, self.reservation.is_some());
-        if let Some(shared) = pin {
-            crate::events::emit(&shared, || {
-                Event::Release(ReleaseEvent {
-                    admission_id: self.id,
-                    revision: self.revision,
-                    priority: self.priority(),
-                    class: crate::events::class_name(&shared, self.class.index()),
-                    reserved_tokens: self.reservation.map_or(0, |r| r.total()),
-                    resources: self.resources(),
-                    held_tokens: s.held,
-                    refunded_tokens: s.refunded,
-                    usage_sequence: self.sequence,
-                    usage: s.usage,
-                })
-            });
-        }
-        s
+/// What a release event says about its admission.
+#[derive(Clone, Copy)]
+struct Described {
+    id: AdmissionId,
+    revision: u64,
+    class: ClassBits,
+    reservation: Option<Reservation>,
+    sequence: u64,
+}
+
+/// `settle` while someone subscribes to events: settles, then reports the release with a
+/// handle pinned first (the return may otherwise free the state). Out of line.
+#[cold]
+#[inline(never)]
+fn settle_observed(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
+    let pin = slot.try_pin();
+    let s = settle_other(slot, d.class, held, usage, d.reservation.is_some());
+    if let Some(shared) = pin {
+        crate::events::emit(&shared, || {
+            Event::Release(ReleaseEvent {
+                admission_id: d.id,
+                revision: d.revision,
+                priority: d.class.priority(),
+                class: crate::events::class_name(&shared, d.class.index()),
+                reserved_tokens: d.reservation.map_or(0, |r| r.total()),
+                resources: d.class.resources(),
+                held_tokens: s.held,
+                refunded_tokens: s.refunded,
+                usage_sequence: d.sequence,
+                usage: s.usage,
+            })
+        });
     }
+    s
 }
 
 /// `to − from` as a signed token delta (saturating; token counts stay far below `i64::MAX`).

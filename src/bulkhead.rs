@@ -489,19 +489,20 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Admission {
-        let a = Admission::new(
+        let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
+        // One relaxed load when nobody subscribes (`crate::events`). The hook gets copies, not
+        // the admission: taking its address would keep it in memory on the fast path.
+        if self.shared.events.on() {
+            crate::events::admitted(&self.shared, id, g.revision, priority, reservation, g.class);
+        }
+        Admission::new(
             self.shared.slot_ref(),
-            AdmissionId::new(self.shared.id_prefix, g.key, g.n),
+            id,
             g.revision,
             priority,
             reservation,
             g.class,
-        );
-        // One relaxed load when nobody subscribes (`crate::events`).
-        if self.shared.events.on() {
-            crate::events::admitted(&self.shared, &a);
-        }
-        a
+        )
     }
 
     /// The no-class fast decision: rows 0, 1 and 6 in one CAS. `Err` carries the word and the

@@ -396,15 +396,23 @@ pub(crate) fn emit(shared: &Shared, make: impl FnOnce() -> Event) {
 /// The `admit` hook (the caller checked the flag).
 #[cold]
 #[inline(never)]
-pub(crate) fn admitted(shared: &Shared, a: &crate::Admission) {
+pub(crate) fn admitted(
+    shared: &Shared,
+    id: AdmissionId,
+    revision: u64,
+    priority: Priority,
+    reservation: Option<crate::Reservation>,
+    class: crate::admission::ClassCode,
+) {
     shared.events.emit(|| {
+        let (k, resources) = class.parts();
         Event::Admit(AdmitEvent {
-            admission_id: a.id(),
-            revision: a.revision(),
-            priority: a.priority(),
-            class: class_name(shared, a.class().map(|c| c.index())),
-            reserved_tokens: a.reservation().map_or(0, |r| r.total()),
-            resources: a.resources(),
+            admission_id: id,
+            revision,
+            priority,
+            class: class_name(shared, k),
+            reserved_tokens: reservation.map_or(0, |r| r.total()),
+            resources,
         })
     });
 }
@@ -413,9 +421,15 @@ pub(crate) fn admitted(shared: &Shared, a: &crate::Admission) {
 #[inline]
 pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
     emit(shared, || {
+        let mut rejection = rejection.clone();
+        if !shared.classed {
+            // A refusal at queue entry gets its queue length from the caller after it is
+            // built; report the queue as it is now (no caller holds the queue lock here).
+            rejection.detail.pending = crate::waiting::pending(shared) as u64;
+        }
         Event::Reject(RejectEvent {
             class: class_name(shared, class),
-            rejection: rejection.clone(),
+            rejection,
         })
     });
 }

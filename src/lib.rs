@@ -38,10 +38,13 @@
 //! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
 //! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
 //! * [`Admission`]: the guard of one admission; usage reports, release, abandonment.
+//! * [`events`]: admit, reject, usage, release, reconfigure and abandonment events for
+//!   subscribers ([`Bulkhead::subscribe`]); [`Bulkhead::would_admit`]: the advisory decision.
 //! * [`classes`]: admission classes (floors, ceilings, borrowing from the shared remainder).
 //! * [`model`]: the sequential reference model the engine is tested against.
 //! * `llm` (default `serde` feature): chat requests as gateways receive them, and token
-//!   estimation (naive, model-aware, custom) that turns them into reservations.
+//!   estimation (naive, model-aware, custom) that turns them into reservations, and
+//!   `LlmBulkhead` (`estimate`, `would_admit`, `run_blocking`, async `run`).
 //!
 //! ## Guarantees (CONTRACT.md §10)
 //!

@@ -55,6 +55,13 @@ use std::time::{Duration, Instant};
 /// ```
 pub trait UsageFrom<R> {
     /// The usage of `result`, or `None` (the last report is used then).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::UsageFrom;
+    /// use llm_bulkhead::Usage;
+    /// let from_pair = |r: &(u64, u64)| Some(Usage::new(r.0, r.1));
+    /// assert_eq!(from_pair.usage_from(&(3, 4)), Some(Usage::new(3, 4)));
+    /// ```
     fn usage_from(&self, result: &R) -> Option<Usage>;
 }
 
