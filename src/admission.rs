@@ -167,6 +167,9 @@ impl ClassBits {
     const ABANDONED: u64 = 1 << 5;
     const PINNED: u64 = 1 << 6;
     const HIGH: u64 = 1 << 7;
+    /// Someone subscribed to events when it was admitted: its release goes through the
+    /// observed path (`crate::events`), so the plain release reads no flag.
+    const OBSERVED: u64 = 1 << 63;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
     fn of_class(k: usize, r: Resources) -> ClassBits {
@@ -183,12 +186,13 @@ impl ClassBits {
     }
     /// From a [`ClassCode`] (class bits without the priority) and the priority.
     #[inline]
-    fn new(class: ClassCode, priority: Priority) -> ClassBits {
+    fn new(class: ClassCode, priority: Priority, observed: bool) -> ClassBits {
         let high = match priority {
             Priority::High => Self::HIGH,
             Priority::Normal => 0,
         };
-        ClassBits(class.0 | high)
+        let observed = if observed { Self::OBSERVED } else { 0 };
+        ClassBits(class.0 | high | observed)
     }
     #[inline]
     fn priority(self) -> Priority {
@@ -206,7 +210,7 @@ impl ClassBits {
     fn resources(self) -> Resources {
         Resources {
             borrowed_concurrency: self.0 & Self::BORROWED_SLOT != 0,
-            borrowed_tokens: self.0 >> 8,
+            borrowed_tokens: (self.0 & !Self::OBSERVED) >> 8,
         }
     }
     fn has(self, flag: u64) -> bool {
@@ -231,6 +235,7 @@ impl Admission {
         priority: Priority,
         reservation: Option<Reservation>,
         class: ClassCode,
+        observed: bool,
     ) -> Admission {
         Admission {
             slot: Some(slot),
@@ -240,7 +245,7 @@ impl Admission {
             held: reservation.map_or(0, |r| r.total()),
             reported: None,
             sequence: 0,
-            class: ClassBits::new(class, priority),
+            class: ClassBits::new(class, priority, observed),
         }
     }
 
@@ -586,24 +591,9 @@ impl Admission {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
         let usage = usage.or(self.reported);
-        // One relaxed load when nobody subscribes (`crate::events`).
-        if slot.get().events.on() {
-            // Copies, not `&self`: taking the admission's address would keep it in memory
-            // on the fast path.
-            return Some(settle_observed(
-                slot,
-                held,
-                usage,
-                Described {
-                    id: self.id,
-                    revision: self.revision,
-                    class: self.class,
-                    reservation: self.reservation,
-                    sequence: self.sequence,
-                },
-            ));
-        }
-        if usage.is_none() && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED) == 0 {
+        if usage.is_none()
+            && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED) == 0
+        {
             // The plain release: nothing to book, one RMW. Kept this small so that dropping
             // an admission inlines.
             slot.return_slot(held);
@@ -614,12 +604,18 @@ impl Admission {
                 usage: None,
             });
         }
+        // Copies, not `&self`: taking the admission's address would keep it in memory.
         Some(settle_other(
             slot,
-            self.class,
             held,
             usage,
-            self.reservation.is_some(),
+            Described {
+                id: self.id,
+                revision: self.revision,
+                class: self.class,
+                reservation: self.reservation,
+                sequence: self.sequence,
+            },
         ))
     }
 }
@@ -634,13 +630,13 @@ struct Described {
     sequence: u64,
 }
 
-/// `settle` while someone subscribes to events: settles, then reports the release with a
-/// handle pinned first (the return may otherwise free the state). Out of line.
+/// `settle_other` for an admission made while someone subscribed: settles, then reports
+/// the release with a handle pinned first (the return may otherwise free the state).
 #[cold]
 #[inline(never)]
 fn settle_observed(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
     let pin = slot.try_pin();
-    let s = settle_other(slot, d.class, held, usage, d.reservation.is_some());
+    let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
     if let Some(shared) = pin {
         crate::events::emit(&shared, || {
             Event::Release(ReleaseEvent {
@@ -671,7 +667,16 @@ fn signed_delta(from: u64, to: u64) -> i64 {
 
 /// Every other end of `Admission::settle`: with usage to book, or with a class. Out of line.
 #[inline(never)]
-fn settle_other(
+fn settle_other(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
+    if d.class.has(ClassBits::OBSERVED) {
+        return settle_observed(slot, held, usage, d);
+    }
+    settle_unobserved(slot, d.class, held, usage, d.reservation.is_some())
+}
+
+/// `settle_other` without an event.
+#[inline(always)]
+fn settle_unobserved(
     slot: SlotRef,
     class: ClassBits,
     held: u64,

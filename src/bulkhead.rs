@@ -490,9 +490,11 @@ impl Bulkhead {
         reservation: Option<Reservation>,
     ) -> Admission {
         let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
-        // One relaxed load when nobody subscribes (`crate::events`). The hook gets copies, not
-        // the admission: taking its address would keep it in memory on the fast path.
-        if self.shared.events.on() {
+        // The only event cost on the fast path: one relaxed load (`crate::events`). The hook
+        // gets copies, not the admission: taking its address would keep it in memory. The
+        // admission remembers the answer, so its release reads no flag.
+        let observed = self.shared.events.on();
+        if observed {
             crate::events::admitted(&self.shared, id, g.revision, priority, reservation, g.class);
         }
         Admission::new(
@@ -502,6 +504,7 @@ impl Bulkhead {
             priority,
             reservation,
             g.class,
+            observed,
         )
     }
 

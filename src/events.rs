@@ -18,11 +18,18 @@
 //!
 //! # Cost when nobody subscribes
 //!
-//! Each hook (in `try_acquire`/`acquire`, release, `report_usage`, abandonment,
-//! `apply_limits` and the refusal paths) is one `Relaxed` load of a read-mostly flag that
-//! lives in the shared state next to the other construction-time settings, never on the cache
-//! line of the contended state word, followed by a branch to an out-of-line `#[cold]` function.
-//! Nothing else is paid until someone subscribes.
+//! An admission (`try_acquire`, `acquire`, `acquire_blocking`) pays one `Relaxed` load of a
+//! read-mostly flag that lives in the shared state next to the other construction-time
+//! settings, never on the cache line of the contended state word, and a branch to an
+//! out-of-line `#[cold]` function. The admission remembers the answer in a bit it already
+//! carries, so its release reads no flag at all: the plain release tests the same bit mask as
+//! before. The other hooks (`report_usage`, abandonment, `apply_limits`, the refusal paths)
+//! are one flag load each, off the pair's path.
+//!
+//! A consequence: a release is reported when its admission was made while someone
+//! subscribed. A subscriber therefore sees the release of every admission it saw admitted
+//! (while it stays subscribed), and not the releases of admissions made before anyone
+//! subscribed.
 //!
 //! # Delivery
 //!
