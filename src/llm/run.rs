@@ -663,9 +663,14 @@ impl RunContext {
 
     /// Releases with `usage` (invalid usage falls back to the last report).
     fn finish(&mut self, usage: Option<Usage>) {
-        if let Some(a) = self.take() {
-            if let Err(e) = a.release(usage) {
-                let _ = e.admission.release(None);
+        let Some(a) = self.take() else { return };
+        match usage {
+            // Dropping releases with the last report, as `release(None)` does.
+            None => drop(a),
+            Some(u) => {
+                if let Err(e) = a.release(Some(u)) {
+                    drop(e.admission);
+                }
             }
         }
     }
@@ -921,10 +926,13 @@ impl LlmBulkhead {
             usage,
             ..
         } = options;
-        let admission = self
-            .bulkhead
-            .acquire_blocking(demand, wait)
-            .map_err(RunError::Rejected)?;
+        let admission = match admit_now(&self.bulkhead, &demand, &wait) {
+            Some(a) => a,
+            None => self
+                .bulkhead
+                .acquire_blocking(demand, wait)
+                .map_err(RunError::Rejected)?,
+        };
         let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
         let out = work(&mut ctx);
         settle(&mut ctx, out, &usage)
@@ -979,16 +987,38 @@ impl LlmBulkhead {
                 usage,
                 ..
             } = options;
-            let admission = self
-                .bulkhead
-                .acquire(demand, wait)
-                .await
-                .map_err(RunError::Rejected)?;
+            let admission = match admit_now(&self.bulkhead, &demand, &wait) {
+                Some(a) => a,
+                // Boxed: the queue node is large, and the future of every run would carry it.
+                None => Box::pin(self.bulkhead.acquire(demand, wait))
+                    .await
+                    .map_err(RunError::Rejected)?,
+            };
             let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
             let out = work(&mut ctx).await;
             settle(&mut ctx, out, &usage)
         }
     }
+}
+
+/// The fast decision alone (no class, no cancellation token): the admission if a slot is
+/// free and nobody waits, else `None`, having changed and counted nothing, so that the
+/// waiting acquire decides again (and counts its refusal) exactly as without this step. It
+/// saves building a queue node when none is needed.
+#[inline]
+fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
+    let shared = &*b.shared;
+    if shared.classed || wait.cancel.is_some() {
+        return None;
+    }
+    let reservation = shared
+        .has_budget
+        .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+    let priority = demand.priority();
+    let g = b
+        .try_decide(reservation.map_or(0, |r| r.total()), priority)
+        .ok()?;
+    Some(b.admission_from(g, priority, reservation))
 }
 
 /// Releases the admission of a finished work and builds the answer.
