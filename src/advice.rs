@@ -87,9 +87,10 @@ impl Bulkhead {
     /// admit (it would wait); else `queue_limit`.
     ///
     /// # Precision
-    /// The answer is evaluated from one read of the state under the reconfiguration lock (so
-    /// against one limits snapshot), but decisions of other threads are not stopped: by the
-    /// time it returns, a concurrent admission or release may have changed the answer. With
+    /// The answer is evaluated from one read of the state word under the reconfiguration lock
+    /// (so against one limits snapshot) and a read of the queue length just after, but
+    /// decisions of other threads are not stopped: by the time it returns, a concurrent
+    /// admission or release may have changed the answer. With
     /// classes, the class words are read one after another (as `stats()` does), so under
     /// concurrent traffic the figures are not one atomic cut; at rest the answer is exact.
     ///
@@ -113,11 +114,13 @@ impl Bulkhead {
             0
         };
         let priority = demand.priority();
+        // The limits and the word are read under the reconfiguration lock (so the word's
+        // figures belong to that snapshot); the queue lock is taken after, never nested.
         let canon = lock(&shared.reconfig);
         let snap = canon.current;
-        let pending = crate::waiting::pending(shared) as u64;
         let w = Word(shared.word.load(Ordering::Acquire));
         drop(canon);
+        let pending = crate::waiting::pending(shared) as u64;
         let hot = Hot {
             revision: snap.revision,
             max_concurrent: u64::from(snap.max_concurrent),

@@ -525,3 +525,45 @@ proptest! {
         prop_assert_eq!(llm.bulkhead().stats().in_flight, 0);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Single-threaded, `would_admit` predicts `try_acquire` exactly: the same answer, and for
+    /// a refusal the same rejection (reason, revision and capacity detail); and it changes
+    /// nothing (the counters move only with the real decisions).
+    #[test]
+    fn would_admit_predicts_try_acquire(
+        ops in prop::collection::vec((0u64..600, any::<bool>(), any::<bool>()), 1..40),
+        mc in 0u32..4,
+        reserve in 0u64..500,
+    ) {
+        let b = Bulkhead::builder()
+            .max_concurrent(mc)
+            .token_budget(1_000)
+            .high_priority_reserve(reserve)
+            .build()
+            .unwrap();
+        let mut held = Vec::new();
+        for (tokens, high, release_first) in ops {
+            if release_first && !held.is_empty() {
+                held.remove(0);
+            }
+            let d = llm_bulkhead::Demand::tokens(Reservation::new(tokens, 1).unwrap())
+                .with_priority(if high { llm_bulkhead::Priority::High } else { llm_bulkhead::Priority::Normal });
+            let before = b.stats();
+            let advice = b.would_admit(&d);
+            prop_assert_eq!(b.stats(), before);
+            match (advice, b.try_acquire(d)) {
+                (llm_bulkhead::Advice::Admit { would_queue, .. }, Ok(a)) => {
+                    prop_assert!(!would_queue);
+                    held.push(a);
+                }
+                (llm_bulkhead::Advice::Refuse(expected), Err(actual)) => {
+                    prop_assert_eq!(expected, actual);
+                }
+                (advice, actual) => prop_assert!(false, "{:?} vs {:?}", advice, actual),
+            }
+        }
+    }
+}
