@@ -352,6 +352,19 @@ struct Lease {
     expired: AtomicBool,
     /// Wakes a work future waiting in [`RunContext::stopped`].
     waker: Mutex<Option<Waker>>,
+    /// The admission's identity and figures, readable without the lock.
+    about: About,
+}
+
+/// What the context tells about a leased admission (an owned one answers itself).
+struct About {
+    deadline: Option<Duration>,
+    id: crate::AdmissionId,
+    revision: u64,
+    priority: Priority,
+    class: Option<ClassId>,
+    reservation: Option<Reservation>,
+    resources: Resources,
 }
 
 impl Lease {
@@ -424,40 +437,41 @@ impl Drop for LeaseGuard {
 /// report and the expiry are ordered by that mutex; the stop flag is stored with `Release`
 /// after the abandonment and read with `Acquire`.
 pub struct RunContext {
-    /// The admission, when no deadline is armed.
-    admission: Option<Admission>,
-    lease: Option<LeaseGuard>,
-    deadline: Option<Duration>,
-    id: crate::AdmissionId,
-    revision: u64,
-    priority: Priority,
-    class: Option<ClassId>,
-    reservation: Option<Reservation>,
-    resources: Resources,
+    inner: Inner,
+}
+
+/// The admission: owned, or (with an armed deadline) shared with the deadline.
+enum Inner {
+    Owned(Admission),
+    Leased(LeaseGuard),
 }
 
 impl RunContext {
     fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
-        let mut ctx = RunContext {
+        let deadline = deadline.filter(|_| admission.resources().borrowed_concurrency);
+        let Some(deadline) = deadline else {
+            return RunContext {
+                inner: Inner::Owned(admission),
+            };
+        };
+        let after = match &deadline {
+            Deadline::After(d) => Some(*d),
+            Deadline::Manual(_) => None,
+        };
+        let about = About {
+            deadline: after,
             id: admission.id(),
             revision: admission.revision(),
             priority: admission.priority(),
             class: admission.class(),
             reservation: admission.reservation(),
             resources: admission.resources(),
-            admission: None,
-            lease: None,
-            deadline: None,
-        };
-        let deadline = deadline.filter(|_| ctx.resources.borrowed_concurrency);
-        let Some(deadline) = deadline else {
-            ctx.admission = Some(admission);
-            return ctx;
         };
         let lease = Arc::new(Lease {
             admission: Mutex::new(Some(admission)),
             expired: AtomicBool::new(false),
             waker: Mutex::new(None),
+            about,
         });
         let mut guard = LeaseGuard {
             lease: Arc::clone(&lease),
@@ -465,24 +479,31 @@ impl RunContext {
         };
         match deadline {
             Deadline::After(d) => {
-                ctx.deadline = Some(d);
                 // Validated before admission: the sum does not overflow.
                 let at = Instant::now().checked_add(d).unwrap_or_else(Instant::now);
                 guard.timer = Some(crate::timer::register(at, Waker::from(lease)));
             }
             Deadline::Manual(trigger) => trigger.arm(&lease),
         }
-        ctx.lease = Some(guard);
-        ctx
+        RunContext {
+            inner: Inner::Leased(guard),
+        }
     }
 
-    fn with<T>(&mut self, f: impl FnOnce(&mut Admission) -> T) -> Option<T> {
-        if let Some(a) = self.admission.as_mut() {
-            return Some(f(a));
+    /// Reads the owned admission, or the leased one's description.
+    fn read<T>(&self, owned: impl FnOnce(&Admission) -> T, leased: impl FnOnce(&About) -> T) -> T {
+        match &self.inner {
+            Inner::Owned(a) => owned(a),
+            Inner::Leased(g) => leased(&g.lease.about),
         }
-        let guard = self.lease.as_ref()?;
-        let mut a = lock(&guard.lease.admission);
-        a.as_mut().map(f)
+    }
+
+    /// Runs `f` on the admission (under the lease's lock when leased); `None` once settled.
+    fn with<T>(&mut self, f: impl FnOnce(&mut Admission) -> T) -> Option<T> {
+        match &mut self.inner {
+            Inner::Owned(a) => Some(f(a)),
+            Inner::Leased(g) => lock(&g.lease.admission).as_mut().map(f),
+        }
     }
 
     /// The admission's id.
@@ -494,7 +515,7 @@ impl RunContext {
     ///     assert_eq!(ctx.admission_id().to_string().len(), 36); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn admission_id(&self) -> crate::AdmissionId {
-        self.id
+        self.read(Admission::id, |x| x.id)
     }
 
     /// The revision of the limits that authorised the admission.
@@ -506,7 +527,7 @@ impl RunContext {
     ///     assert_eq!(ctx.revision(), 7); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn revision(&self) -> u64 {
-        self.revision
+        self.read(Admission::revision, |x| x.revision)
     }
 
     /// The priority.
@@ -518,7 +539,7 @@ impl RunContext {
     ///     assert_eq!(ctx.priority(), Priority::Normal); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn priority(&self) -> Priority {
-        self.priority
+        self.read(Admission::priority, |x| x.priority)
     }
 
     /// The admission class (`None` without classes).
@@ -530,7 +551,7 @@ impl RunContext {
     ///     assert_eq!(ctx.class(), None); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn class(&self) -> Option<ClassId> {
-        self.class
+        self.read(Admission::class, |x| x.class)
     }
 
     /// The reservation taken (`None` without a budget): what `estimate` previewed.
@@ -542,7 +563,7 @@ impl RunContext {
     ///     assert_eq!(ctx.reservation(), None); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn reservation(&self) -> Option<Reservation> {
-        self.reservation
+        self.read(Admission::reservation, |x| x.reservation)
     }
 
     /// What the admission borrowed from the shared remainder.
@@ -554,7 +575,7 @@ impl RunContext {
     ///     assert!(!ctx.resources().borrowed_concurrency); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn resources(&self) -> Resources {
-        self.resources
+        self.read(Admission::resources, |x| x.resources)
     }
 
     /// Tokens currently held.
@@ -619,9 +640,10 @@ impl RunContext {
     ///     assert!(!ctx.stop_requested()); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn stop_requested(&self) -> bool {
-        self.lease
-            .as_ref()
-            .is_some_and(|g| g.lease.expired.load(Ordering::Acquire))
+        match &self.inner {
+            Inner::Owned(_) => false,
+            Inner::Leased(g) => g.lease.expired.load(Ordering::Acquire),
+        }
     }
 
     /// A future that completes when the deadline expires (never, without an armed deadline):
@@ -644,33 +666,42 @@ impl RunContext {
         Stopped { ctx: self }
     }
 
-    /// Takes the admission out (disarming the deadline).
-    fn take(&mut self) -> Option<Admission> {
-        self.admission
-            .take()
-            .or_else(|| self.lease.as_mut().and_then(LeaseGuard::take))
-    }
-
-    fn expired(&self) -> Option<DeadlineExpired> {
-        self.stop_requested().then_some(DeadlineExpired {
-            deadline: self.deadline,
-            admission_id: self.id,
-            revision: self.revision,
-            class: self.class,
-            resources: self.resources,
-        })
-    }
-
-    /// Releases with `usage` (invalid usage falls back to the last report).
-    fn finish(&mut self, usage: Option<Usage>) {
-        let Some(a) = self.take() else { return };
-        match usage {
-            // Dropping releases with the last report, as `release(None)` does.
-            None => drop(a),
-            Some(u) => {
-                if let Err(e) = a.release(Some(u)) {
-                    drop(e.admission);
+    /// Settles the admission with `usage` (invalid usage falls back to the last report) and
+    /// says whether the deadline expired. Consumes the context: nothing can read it after.
+    fn finish(self, usage: Option<Usage>) -> Option<DeadlineExpired> {
+        match self.inner {
+            Inner::Owned(a) => {
+                release(a, usage);
+                None
+            }
+            Inner::Leased(mut g) => {
+                if let Some(a) = g.take() {
+                    release(a, usage);
                 }
+                let x = &g.lease.about;
+                g.lease
+                    .expired
+                    .load(Ordering::Acquire)
+                    .then_some(DeadlineExpired {
+                        deadline: x.deadline,
+                        admission_id: x.id,
+                        revision: x.revision,
+                        class: x.class,
+                        resources: x.resources,
+                    })
+            }
+        }
+    }
+}
+
+/// Releases `a` with `usage`; invalid usage falls back to the last report.
+fn release(a: Admission, usage: Option<Usage>) {
+    match usage {
+        // Dropping releases with the last report, as `release(None)` does.
+        None => drop(a),
+        Some(u) => {
+            if let Err(e) = a.release(Some(u)) {
+                drop(e.admission);
             }
         }
     }
@@ -679,10 +710,10 @@ impl RunContext {
 impl fmt::Debug for RunContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunContext")
-            .field("admission_id", &self.id)
-            .field("revision", &self.revision)
-            .field("reservation", &self.reservation)
-            .field("resources", &self.resources)
+            .field("admission_id", &self.admission_id())
+            .field("revision", &self.revision())
+            .field("reservation", &self.reservation())
+            .field("resources", &self.resources())
             .field("stop_requested", &self.stop_requested())
             .finish_non_exhaustive()
     }
@@ -708,7 +739,7 @@ impl Future for Stopped<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(g) = self.ctx.lease.as_ref() else {
+        let Inner::Leased(g) = &self.ctx.inner else {
             return Poll::Pending;
         };
         if g.lease.expired.load(Ordering::Acquire) {
@@ -935,7 +966,7 @@ impl LlmBulkhead {
         };
         let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
         let out = work(&mut ctx);
-        settle(&mut ctx, out, &usage)
+        settle(ctx, out, &usage)
     }
 
     /// The async [`run_blocking`](Self::run_blocking): waits for a slot with the async
@@ -996,7 +1027,7 @@ impl LlmBulkhead {
             };
             let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
             let out = work(&mut ctx).await;
-            settle(&mut ctx, out, &usage)
+            settle(ctx, out, &usage)
         }
     }
 }
@@ -1023,24 +1054,18 @@ fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admiss
 
 /// Releases the admission of a finished work and builds the answer.
 fn settle<R, E, U: UsageFrom<R>>(
-    ctx: &mut RunContext,
+    ctx: RunContext,
     out: Result<R, E>,
     usage: &U,
 ) -> Result<R, RunError<E>> {
     match out {
-        Ok(r) => {
-            ctx.finish(usage.usage_from(&r));
-            match ctx.expired() {
-                Some(d) => Err(RunError::Deadline(d)),
-                None => Ok(r),
-            }
-        }
-        Err(e) => {
-            ctx.finish(None);
-            Err(match ctx.expired() {
-                Some(d) => RunError::Deadline(d),
-                None => RunError::Work(e),
-            })
-        }
+        Ok(r) => match ctx.finish(usage.usage_from(&r)) {
+            Some(d) => Err(RunError::Deadline(d)),
+            None => Ok(r),
+        },
+        Err(e) => Err(match ctx.finish(None) {
+            Some(d) => RunError::Deadline(d),
+            None => RunError::Work(e),
+        }),
     }
 }
