@@ -567,3 +567,71 @@ proptest! {
         }
     }
 }
+
+/// Deadlines fired from another thread race with the works' own completion: whichever wins,
+/// a run answers `Deadline` exactly when its slot was abandoned with cause `deadline`, and
+/// nothing leaks.
+#[test]
+fn deadlines_racing_completion_stay_consistent() {
+    let llm = classed();
+    let (tx, rx) = std::sync::mpsc::channel::<DeadlineTrigger>();
+    let deadline_errors = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let firer = s.spawn(move || {
+            for t in rx {
+                t.fire();
+            }
+        });
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                let (llm, tx, errors) = (&llm, tx.clone(), &deadline_errors);
+                s.spawn(move || {
+                    for i in 0..300u64 {
+                        let trigger = DeadlineTrigger::new();
+                        let options = manual(&trigger).with_usage(|u: &Usage| Some(*u));
+                        let fired_inside = std::cell::Cell::new(false);
+                        let r = llm.run_blocking(&req(), options, |ctx| {
+                            match (i + w) % 3 {
+                                0 => {
+                                    trigger.fire();
+                                    fired_inside.set(true);
+                                }
+                                1 => tx.send(trigger.clone()).unwrap(),
+                                _ => {}
+                            }
+                            ctx.report_usage(Usage::new(10, i % 50), None).unwrap();
+                            Ok::<_, ()>(Usage::new(10, i % 70))
+                        });
+                        if fired_inside.get() {
+                            assert!(matches!(r, Err(RunError::Deadline(_))), "{r:?}");
+                        }
+                        match r {
+                            Ok(_) => {}
+                            Err(RunError::Deadline(_)) => {
+                                errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Err(RunError::Rejected(rej)) => {
+                                // "batch" has one shared slot (the other is
+                                // "interactive"'s floor): the workers compete for it.
+                                assert_eq!(rej.reason, RejectReason::ConcurrencyLimit);
+                            }
+                            Err(other) => panic!("{other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        drop(tx);
+        firer.join().unwrap();
+    });
+    assert_idle(&llm);
+    let s = llm.bulkhead().stats();
+    assert_eq!(
+        s.borrowed_concurrency_abandoned_by_cause.deadline,
+        deadline_errors.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(s.borrowed_concurrency_abandoned_by_cause.deadline > 0);
+}

@@ -371,11 +371,17 @@ impl Lease {
     /// Abandons the slot with cause `deadline`, if the admission is still live and its slot
     /// not yet abandoned; then signals the work.
     fn expire(&self) {
-        let abandoned = lock(&self.admission)
+        let mut admission = lock(&self.admission);
+        let abandoned = admission
             .as_mut()
             .is_some_and(|a| a.abandon_with_cause(AbandonCause::Deadline));
         if abandoned {
+            // Under the lock: a run that settles after this abandonment (it takes the
+            // admission under the same lock) must see the flag and answer `Deadline`.
             self.expired.store(true, Ordering::Release);
+        }
+        drop(admission);
+        if abandoned {
             if let Some(w) = lock(&self.waker).take() {
                 w.wake();
             }
