@@ -3,6 +3,7 @@
 use crate::classes::{ClassId, Resources};
 use crate::demand::{Reconcile, Reservation, Usage};
 use crate::error::UsageError;
+use crate::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
 use crate::id::AdmissionId;
 use crate::shared::{Shared, SlotRef};
 use crate::state::{Word, MAX_TOKENS};
@@ -152,12 +153,23 @@ struct ClassBits(u64);
 #[derive(Clone, Copy, Default)]
 pub(crate) struct ClassCode(u64);
 
+impl ClassCode {
+    /// The class index and the resources this code records.
+    pub(crate) fn parts(self) -> (Option<usize>, Resources) {
+        let bits = ClassBits(self.0);
+        (bits.index(), bits.resources())
+    }
+}
+
 impl ClassBits {
     const HAS: u64 = 1;
     const BORROWED_SLOT: u64 = 1 << 4;
     const ABANDONED: u64 = 1 << 5;
     const PINNED: u64 = 1 << 6;
     const HIGH: u64 = 1 << 7;
+    /// Someone subscribed to events when it was admitted: its release goes through the
+    /// observed path (`crate::events`), so the plain release reads no flag.
+    const OBSERVED: u64 = 1 << 63;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
     fn of_class(k: usize, r: Resources) -> ClassBits {
@@ -174,12 +186,13 @@ impl ClassBits {
     }
     /// From a [`ClassCode`] (class bits without the priority) and the priority.
     #[inline]
-    fn new(class: ClassCode, priority: Priority) -> ClassBits {
+    fn new(class: ClassCode, priority: Priority, observed: bool) -> ClassBits {
         let high = match priority {
             Priority::High => Self::HIGH,
             Priority::Normal => 0,
         };
-        ClassBits(class.0 | high)
+        let observed = if observed { Self::OBSERVED } else { 0 };
+        ClassBits(class.0 | high | observed)
     }
     #[inline]
     fn priority(self) -> Priority {
@@ -197,7 +210,7 @@ impl ClassBits {
     fn resources(self) -> Resources {
         Resources {
             borrowed_concurrency: self.0 & Self::BORROWED_SLOT != 0,
-            borrowed_tokens: self.0 >> 8,
+            borrowed_tokens: (self.0 & !Self::OBSERVED) >> 8,
         }
     }
     fn has(self, flag: u64) -> bool {
@@ -222,6 +235,7 @@ impl Admission {
         priority: Priority,
         reservation: Option<Reservation>,
         class: ClassCode,
+        observed: bool,
     ) -> Admission {
         Admission {
             slot: Some(slot),
@@ -231,7 +245,7 @@ impl Admission {
             held: reservation.map_or(0, |r| r.total()),
             reported: None,
             sequence: 0,
-            class: ClassBits::new(class, priority),
+            class: ClassBits::new(class, priority, observed),
         }
     }
 
@@ -282,6 +296,12 @@ impl Admission {
     /// # drop((a, other));
     /// ```
     pub fn abandon_borrowed_concurrency(&mut self) -> bool {
+        self.abandon_with_cause(AbandonCause::Manual)
+    }
+
+    /// [`abandon_borrowed_concurrency`](Self::abandon_borrowed_concurrency) with its cause
+    /// (`deadline` is what `run`'s borrowed-concurrency deadline uses).
+    pub(crate) fn abandon_with_cause(&mut self, cause: AbandonCause) -> bool {
         let Some(k) = self.class.index() else {
             return false;
         };
@@ -295,6 +315,9 @@ impl Admission {
         let shared = slot.get();
         let c = shared.counters.local(Counters::new);
         c.abandoned.add(1);
+        if cause == AbandonCause::Deadline {
+            c.abandoned_deadline.add(1);
+        }
         c.classes[k].abandoned.add(1);
         // Take a handle first, while the slot still keeps the state alive; then return the
         // slot. With no handle left nobody can use the slot, so it is kept until release.
@@ -304,6 +327,18 @@ impl Admission {
             std::mem::forget(pin);
             self.class.0 |= ClassBits::PINNED;
         }
+        // The state is still alive: kept by the forgotten pin, or by the slot not returned.
+        crate::events::emit(shared, || {
+            crate::events::Event::BorrowedConcurrencyAbandon(crate::events::AbandonEvent {
+                admission_id: self.id,
+                revision: self.revision,
+                priority: self.priority(),
+                class: crate::events::class_name(shared, Some(k)),
+                resources: self.resources(),
+                cause,
+                held_tokens: self.held,
+            })
+        });
         true
     }
 
@@ -458,13 +493,15 @@ impl Admission {
                 c.total_refunded.add(delta);
             }
         }
-        if !released && (self.reported != Some(clamped) || new_hold != self.held) {
+        let bumped = !released && (self.reported != Some(clamped) || new_hold != self.held);
+        if bumped {
             self.sequence += 1;
         }
+        let previous = self.held;
         self.held = new_hold;
         self.reported = Some(clamped);
         let reserved = self.reservation.map_or(0, |r| r.total());
-        Ok(UsageReport {
+        let report = UsageReport {
             admission_id: self.id,
             revision: self.revision,
             sequence: self.sequence,
@@ -476,7 +513,30 @@ impl Admission {
                 .reservation
                 .map(|r| r.max_output().saturating_sub(clamped.output)),
             over_reservation: self.reservation.is_some() && consumed > reserved,
-        })
+        };
+        if bumped {
+            if let Some(shared) = self.shared() {
+                crate::events::emit(shared, || {
+                    Event::Usage(UsageEvent {
+                        admission_id: self.id,
+                        revision: self.revision,
+                        priority: self.priority(),
+                        class: crate::events::class_name(shared, class),
+                        sequence: report.sequence,
+                        reserved_tokens: reserved,
+                        previous_held_tokens: previous,
+                        held_tokens: new_hold,
+                        delta_tokens: signed_delta(previous, new_hold),
+                        usage: clamped,
+                        output_cap: report.output_cap,
+                        output_remaining: report.output_remaining,
+                        over_reservation: report.over_reservation,
+                        progressive: reconcile,
+                    })
+                });
+            }
+        }
+        Ok(report)
     }
 
     /// Releases the admission: the slot and the whole current hold go back at once.
@@ -531,7 +591,9 @@ impl Admission {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
         let usage = usage.or(self.reported);
-        if usage.is_none() && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED) == 0 {
+        if usage.is_none()
+            && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED) == 0
+        {
             // The plain release: nothing to book, one RMW. Kept this small so that dropping
             // an admission inlines.
             slot.return_slot(held);
@@ -542,19 +604,79 @@ impl Admission {
                 usage: None,
             });
         }
+        // Copies, not `&self`: taking the admission's address would keep it in memory.
         Some(settle_other(
             slot,
-            self.class,
             held,
             usage,
-            self.reservation.is_some(),
+            Described {
+                id: self.id,
+                revision: self.revision,
+                class: self.class,
+                reservation: self.reservation,
+                sequence: self.sequence,
+            },
         ))
+    }
+}
+
+/// What a release event says about its admission.
+#[derive(Clone, Copy)]
+struct Described {
+    id: AdmissionId,
+    revision: u64,
+    class: ClassBits,
+    reservation: Option<Reservation>,
+    sequence: u64,
+}
+
+/// `settle_other` for an admission made while someone subscribed: settles, then reports
+/// the release with a handle pinned first (the return may otherwise free the state).
+#[cold]
+#[inline(never)]
+fn settle_observed(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
+    let pin = slot.try_pin();
+    let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
+    if let Some(shared) = pin {
+        crate::events::emit(&shared, || {
+            Event::Release(ReleaseEvent {
+                admission_id: d.id,
+                revision: d.revision,
+                priority: d.class.priority(),
+                class: crate::events::class_name(&shared, d.class.index()),
+                reserved_tokens: d.reservation.map_or(0, |r| r.total()),
+                resources: d.class.resources(),
+                held_tokens: s.held,
+                refunded_tokens: s.refunded,
+                usage_sequence: d.sequence,
+                usage: s.usage,
+            })
+        });
+    }
+    s
+}
+
+/// `to − from` as a signed token delta (saturating; token counts stay far below `i64::MAX`).
+fn signed_delta(from: u64, to: u64) -> i64 {
+    if to >= from {
+        i64::try_from(to - from).unwrap_or(i64::MAX)
+    } else {
+        i64::try_from(from - to).map_or(i64::MIN, |d| -d)
     }
 }
 
 /// Every other end of `Admission::settle`: with usage to book, or with a class. Out of line.
 #[inline(never)]
-fn settle_other(
+fn settle_other(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
+    if d.class.has(ClassBits::OBSERVED) {
+        return settle_observed(slot, held, usage, d);
+    }
+    settle_unobserved(slot, d.class, held, usage, d.reservation.is_some())
+}
+
+/// `settle_other` without an event.
+#[inline(always)]
+fn settle_unobserved(
     slot: SlotRef,
     class: ClassBits,
     held: u64,

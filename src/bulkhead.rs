@@ -489,13 +489,22 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Admission {
+        let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
+        // The only event cost on the fast path: one relaxed load (`crate::events`). The hook
+        // gets copies, not the admission: taking its address would keep it in memory. The
+        // admission remembers the answer, so its release reads no flag.
+        let observed = self.shared.events.on();
+        if observed {
+            crate::events::admitted(&self.shared, id, g.revision, priority, reservation, g.class);
+        }
         Admission::new(
             self.shared.slot_ref(),
-            AdmissionId::new(self.shared.id_prefix, g.key, g.n),
+            id,
             g.revision,
             priority,
             reservation,
             g.class,
+            observed,
         )
     }
 
@@ -599,6 +608,10 @@ impl Bulkhead {
         if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
             rej.constraint = Some(crate::rejection::Constraint::Global);
         }
+        let class = shared
+            .classed
+            .then(|| demand.class().map_or(shared.default_class, |c| c.index()));
+        crate::events::rejected(shared, class, &rej);
         rej
     }
 
@@ -670,10 +683,14 @@ impl Bulkhead {
         } else if waiters {
             crate::waiting::pump(shared);
         }
-        Ok(LimitsChange {
+        let change = LimitsChange {
             previous,
             current: next,
-        })
+        };
+        crate::events::emit(shared, || {
+            crate::events::Event::Reconfigure(Box::new(change))
+        });
+        Ok(change)
     }
 
     /// Replaces the token budget, keeping every other limit (a new snapshot with revision + 1).
@@ -819,10 +836,11 @@ impl Bulkhead {
             }),
             borrowed_concurrency_abandoned: t.abandoned,
             borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
-                manual: t.abandoned,
-                deadline: 0,
+                manual: t.abandoned.saturating_sub(t.abandoned_deadline),
+                deadline: t.abandoned_deadline,
             },
             classes,
+            subscriber_panics: shared.events.panics(),
         }
     }
 }
@@ -845,10 +863,12 @@ fn refuse(
         return Err(now);
     }
     shared.counters.local(Counters::new).rejected[reason.index()].add(1);
-    Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority))
+    let rej = rejection(w.slots(), w.tokens(), lim, reason, r, priority);
+    crate::events::rejected(shared, None, &rej);
+    Ok(rej)
 }
 
-fn rejection(
+pub(crate) fn rejection(
     slots: u64,
     tokens: u64,
     lim: &Hot,
@@ -1001,6 +1021,7 @@ impl Bulkhead {
             }
             rej.detail.classes = Some(Box::new(detail));
         }
+        crate::events::rejected(shared, Some(k), &rej);
         rej
     }
 

@@ -38,10 +38,13 @@
 //! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
 //! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
 //! * [`Admission`]: the guard of one admission; usage reports, release, abandonment.
+//! * [`events`]: admit, reject, usage, release, reconfigure and abandonment events for
+//!   subscribers ([`Bulkhead::subscribe`]); [`Bulkhead::would_admit`]: the advisory decision.
 //! * [`classes`]: admission classes (floors, ceilings, borrowing from the shared remainder).
 //! * [`model`]: the sequential reference model the engine is tested against.
 //! * `llm` (default `serde` feature): chat requests as gateways receive them, and token
-//!   estimation (naive, model-aware, custom) that turns them into reservations.
+//!   estimation (naive, model-aware, custom) that turns them into reservations, and
+//!   `LlmBulkhead` (`estimate`, `would_admit`, `run_blocking`, async `run`).
 //!
 //! ## Guarantees (CONTRACT.md §10)
 //!
@@ -59,12 +62,14 @@
 #![warn(missing_docs)]
 
 mod admission;
+mod advice;
 mod bulkhead;
 pub mod classed;
 pub mod classes;
 pub mod conformance;
 mod demand;
 mod error;
+pub mod events;
 mod id;
 pub mod limits;
 #[cfg(feature = "serde")]
@@ -80,11 +85,16 @@ mod timer;
 mod waiting;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
+pub use advice::Advice;
 pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange, Profile};
 pub use classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
 pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
+pub use events::{
+    AbandonCause, AbandonEvent, AdmitEvent, Event, RejectEvent, ReleaseEvent, Subscription,
+    UsageEvent,
+};
 pub use id::AdmissionId;
 pub use limits::{BudgetLimits, LimitsSnapshot};
 pub use rejection::{

@@ -912,6 +912,8 @@ impl Model {
                 manual: self.abandoned,
                 deadline: 0,
             },
+            // Events are not modelled.
+            subscriber_panics: 0,
             classes: crate::stats::classes_stats(
                 &self.limits,
                 &self.names,

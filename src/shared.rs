@@ -68,6 +68,9 @@ pub(crate) struct Shared {
     pub(crate) default_timeout: Option<std::time::Duration>,
     /// Whether queue waits are timed (`BulkheadBuilder::measure_queue_waits`).
     pub(crate) measure_waits: bool,
+    /// Event subscribers (`crate::events`). Read-mostly: the hooks read only its flag, which
+    /// is never on the state word's cache line (`word` is padded to a line of its own).
+    pub(crate) events: crate::events::Subscribers,
 }
 
 const _: () = {
@@ -139,6 +142,7 @@ impl Handle {
             alive: AtomicUsize::new(0),
             default_timeout: settings.default_timeout,
             measure_waits: settings.measure_waits,
+            events: crate::events::Subscribers::new(),
         };
         Handle(NonNull::from(Box::leak(Box::new(shared))))
     }

@@ -31,8 +31,10 @@ pub(crate) struct Counters {
     pub(crate) total_consumed: Stripe,
     pub(crate) total_refunded: Stripe,
     pub(crate) total_overrun: Stripe,
-    /// Borrowed slots abandoned (cause `manual`).
+    /// Borrowed slots abandoned (all causes).
     pub(crate) abandoned: Stripe,
+    /// Of which by an expired deadline (cause `deadline`).
+    pub(crate) abandoned_deadline: Stripe,
     /// Releases of abandoned admissions.
     pub(crate) abandoned_settled: Stripe,
     /// Queue waits that ended, their total and this thread's longest (ns).
@@ -213,11 +215,14 @@ pub struct Stats {
     pub borrowed_concurrency_abandoned_by_cause: AbandonCauses,
     /// Class statistics, when classes are configured.
     pub classes: Option<ClassesStats>,
+    /// Event subscribers that panicked (each panic caught and counted; see
+    /// [`crate::events`]).
+    pub subscriber_panics: u64,
 }
 
 /// Abandoned borrowed slots by cause: `manual` (the application called
-/// `abandon_borrowed_concurrency`) or `deadline` (a lease set by `run` expired; `run` comes with
-/// the LLM layer, so this count is 0 for now).
+/// `abandon_borrowed_concurrency`) or `deadline` (a borrowed-concurrency deadline set by
+/// `LlmBulkhead::run` expired).
 ///
 /// ```
 /// use llm_bulkhead::AbandonCauses;
@@ -424,6 +429,7 @@ pub(crate) fn classes_stats(
 #[derive(Default)]
 pub(crate) struct Totals {
     pub(crate) abandoned: u64,
+    pub(crate) abandoned_deadline: u64,
     pub(crate) abandoned_settled: u64,
     pub(crate) waits: QueueWaits,
     pub(crate) classes: [ClassTotals; crate::classes::MAX_CLASSES],
@@ -450,6 +456,7 @@ impl Totals {
         acc(&mut self.total_refunded, &c.total_refunded);
         acc(&mut self.total_overrun, &c.total_overrun);
         acc(&mut self.abandoned, &c.abandoned);
+        acc(&mut self.abandoned_deadline, &c.abandoned_deadline);
         acc(&mut self.abandoned_settled, &c.abandoned_settled);
         acc(&mut self.waits.ended, &c.waits);
         acc(&mut self.waits.total_ns, &c.wait_ns);

@@ -28,6 +28,7 @@ mod adaptive;
 mod dedup;
 mod estimate;
 mod request;
+mod run;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
@@ -36,3 +37,7 @@ pub use estimate::{
     OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,
 };
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
+pub use run::{
+    Deadline, DeadlineExpired, DeadlineTrigger, LlmBulkhead, NoUsage, RunContext, RunError,
+    RunOptions, Stopped, UsageFrom,
+};

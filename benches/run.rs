@@ -1,0 +1,186 @@
+//! The cost of events and of `run`, each beside the bare pair it wraps, in one group per
+//! question so that one run gives comparable numbers.
+//!
+//! * `events`: `try_acquire` + drop (budget and reservation, as `core`'s `ours_slots_tokens`)
+//!   with nobody subscribed (the fast path, one relaxed flag load per hook), after a
+//!   subscription was dropped again (the flag back to false), and with one no-op subscriber
+//!   (each admission and release builds its event and calls the subscriber). The no-events
+//!   baseline (the code before events) is `core`'s `uncontended_pair/ours_slots_tokens`, run
+//!   from the parent commit; `bare_atomic_floor` is here for scale.
+//! * `run`: the `run` overhead without estimation: `run_blocking` of a trivial closure and the
+//!   async `run` of a trivial future (polled once with a no-op waker; it completes in that
+//!   poll), on a bulkhead without a budget (no estimate) and on one with a budget and a
+//!   per-call reservation override (no estimator call), each beside the bare
+//!   `try_acquire` + `release` pair of the same demand.
+//!
+//! Estimation cost (a 200-character message) is in `benches/estimate.rs`.
+
+use criterion::{black_box, criterion_main, Criterion};
+use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, ReservationOverride, RunOptions};
+use llm_bulkhead::{Bulkhead, Demand, Event, Reservation};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+const MAX_CONCURRENT: u32 = 1024;
+const BUDGET: u64 = 1 << 30;
+
+fn tokens_bulkhead() -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(MAX_CONCURRENT)
+        .token_budget(BUDGET)
+        .build()
+        .expect("valid limits")
+}
+
+fn token_demand() -> Demand {
+    Demand::tokens(Reservation::new(1_200, 800).expect("no overflow"))
+}
+
+#[inline(always)]
+fn pair(b: &Bulkhead, demand: Demand) -> bool {
+    match b.try_acquire(black_box(demand)) {
+        Ok(a) => {
+            drop(a);
+            true
+        }
+        Err(r) => {
+            drop(r);
+            false
+        }
+    }
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(40)
+}
+
+fn events(c: &mut Criterion) {
+    let mut g = c.benchmark_group("events");
+    let floor = AtomicU64::new(0);
+    g.bench_function("bare_atomic_floor", |b| {
+        b.iter(|| {
+            let f = black_box(&floor);
+            let cur = f.load(Ordering::Acquire);
+            let ok = cur < 1024
+                && f.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+            if ok {
+                f.fetch_sub(1, Ordering::Release);
+            }
+            black_box(ok)
+        })
+    });
+    let plain = tokens_bulkhead();
+    g.bench_function("no_subscriber", |b| b.iter(|| pair(&plain, token_demand())));
+    let unsubscribed = tokens_bulkhead();
+    drop(unsubscribed.subscribe(|_: &Event| {}));
+    g.bench_function("unsubscribed", |b| {
+        b.iter(|| pair(&unsubscribed, token_demand()))
+    });
+    let observed = tokens_bulkhead();
+    let seen = std::sync::Arc::new(AtomicU64::new(0));
+    let s = seen.clone();
+    let _sub = observed.subscribe(move |e: &Event| {
+        black_box(e);
+        s.fetch_add(1, Ordering::Relaxed);
+    });
+    g.bench_function("one_subscriber", |b| {
+        b.iter(|| pair(&observed, token_demand()))
+    });
+    g.finish();
+    // (`seen` stays 0 when a filter skipped `one_subscriber`.)
+    black_box(seen.load(Ordering::Relaxed));
+}
+
+fn poll_ready<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("a trivial run completes in one poll"),
+    }
+}
+
+fn run(c: &mut Criterion) {
+    let mut g = c.benchmark_group("run");
+    let request = LlmRequest::new("m", &["x"]);
+
+    let slots = Bulkhead::new(MAX_CONCURRENT).expect("valid limits");
+    g.bench_function("pair_slot", |b| {
+        b.iter(|| {
+            let a = slots.try_acquire(black_box(Demand::slot())).unwrap();
+            black_box(a.release(None).is_ok())
+        })
+    });
+    let llm_slots = LlmBulkhead::new(slots.clone(), NaiveEstimator);
+    g.bench_function("run_blocking_slot", |b| {
+        b.iter(|| {
+            llm_slots
+                .run_blocking(black_box(&request), RunOptions::default(), |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                })
+                .unwrap()
+        })
+    });
+    g.bench_function("run_async_slot", |b| {
+        b.iter(|| {
+            poll_ready(
+                llm_slots.run(black_box(&request), RunOptions::default(), async |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                }),
+            )
+            .unwrap()
+        })
+    });
+
+    let tokens = tokens_bulkhead();
+    g.bench_function("pair_tokens", |b| {
+        b.iter(|| {
+            let a = tokens.try_acquire(black_box(token_demand())).unwrap();
+            black_box(a.release(None).is_ok())
+        })
+    });
+    let llm_tokens = LlmBulkhead::new(tokens.clone(), NaiveEstimator);
+    let over = || RunOptions {
+        reservation: Some(ReservationOverride {
+            input: 1_200,
+            max_output: 800,
+            reserved: None,
+        }),
+        ..RunOptions::default()
+    };
+    g.bench_function("run_blocking_tokens_override", |b| {
+        b.iter(|| {
+            llm_tokens
+                .run_blocking(black_box(&request), black_box(over()), |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                })
+                .unwrap()
+        })
+    });
+    g.bench_function("run_async_tokens_override", |b| {
+        b.iter(|| {
+            poll_ready(
+                llm_tokens.run(black_box(&request), black_box(over()), async |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                }),
+            )
+            .unwrap()
+        })
+    });
+    g.finish();
+}
+
+/// The criterion groups of this target (in a module: the macro's function has no doc comment).
+mod group {
+    criterion::criterion_group! {
+        name = benches;
+        config = super::config();
+        targets = super::events, super::run
+    }
+}
+criterion_main!(group::benches);

@@ -1,0 +1,502 @@
+//! Events (reference §10.2): admissions, refusals, usage reports, releases, reconfigurations
+//! and borrowed-concurrency abandonments, delivered synchronously to subscribers.
+//!
+//! ```
+//! use llm_bulkhead::{Bulkhead, Demand, Event};
+//! use std::sync::{Arc, Mutex};
+//!
+//! let b = Bulkhead::new(1).unwrap();
+//! let seen = Arc::new(Mutex::new(Vec::new()));
+//! let log = seen.clone();
+//! let sub = b.subscribe(move |e: &Event| log.lock().unwrap().push(e.name()));
+//! drop(b.try_acquire(Demand::slot()).unwrap());
+//! let _ = b.try_acquire(Demand::slot()).map(|a| { let _ = b.try_acquire(Demand::slot()); a });
+//! drop(sub); // unsubscribes
+//! drop(b.try_acquire(Demand::slot()).unwrap());
+//! assert_eq!(*seen.lock().unwrap(), ["admit", "release", "admit", "reject", "release"]);
+//! ```
+//!
+//! # Cost when nobody subscribes
+//!
+//! An admission (`try_acquire`, `acquire`, `acquire_blocking`) pays one `Relaxed` load of a
+//! read-mostly flag that lives in the shared state next to the other construction-time
+//! settings, never on the cache line of the contended state word, and a branch to an
+//! out-of-line `#[cold]` function. The admission remembers the answer in a bit it already
+//! carries, so its release reads no flag at all: the plain release tests the same bit mask as
+//! before. The other hooks (`report_usage`, abandonment, `apply_limits`, the refusal paths)
+//! are one flag load each, off the pair's path.
+//!
+//! A consequence: a release is reported when its admission was made while someone
+//! subscribed. A subscriber therefore sees the release of every admission it saw admitted
+//! (while it stays subscribed), and not the releases of admissions made before anyone
+//! subscribed.
+//!
+//! # Delivery
+//!
+//! Subscribers run synchronously on the thread that caused the event, in subscription order.
+//! A release (and an abandonment) is reported after the capacity went back, so a subscriber
+//! sees the state the event left. Subscribers may re-enter the bulkhead (acquire, release,
+//! `apply_limits`, even subscribe or unsubscribe): the list is copied out of its lock before
+//! any subscriber runs. A subscriber that panics is caught, counted in
+//! [`Stats::subscriber_panics`](crate::Stats::subscriber_panics), and the others still run;
+//! accounting is never affected, because every hook runs after its state change is complete.
+//!
+//! Events carry what the core knows: ids, revision, priority, class, token figures. Unlike the
+//! reference they do not carry the request (the core never sees it); correlate by
+//! `admission_id`. The reference's timing fields (`decisionDurationNs`, `queueWaitNs`) are not
+//! carried either: reading a clock on every admission is not free (use
+//! [`Bulkhead::acquire_blocking_timed`](crate::Bulkhead::acquire_blocking_timed)).
+//!
+//! # Memory ordering
+//!
+//! The flag is written only under the subscriber lock and read `Relaxed`: a subscription made
+//! concurrently with an operation may or may not see that operation's event; one that
+//! happens-before an operation (for example, made earlier on the same thread) always does,
+//! because the flag store happens-before the load by program order or by whatever
+//! synchronisation ordered the two threads. The subscriber list itself is read under its lock.
+
+use crate::classes::Resources;
+use crate::demand::{Priority, Reconcile, Usage};
+use crate::id::AdmissionId;
+use crate::rejection::Rejection;
+use crate::shared::Shared;
+use crate::sync::{lock, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::{Bulkhead, LimitsChange};
+use std::fmt;
+use std::sync::Arc;
+
+/// Why a borrowed slot was abandoned.
+///
+/// ```
+/// use llm_bulkhead::AbandonCause;
+/// assert_eq!(AbandonCause::Deadline.as_str(), "deadline");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+pub enum AbandonCause {
+    /// The application called `abandon_borrowed_concurrency`.
+    Manual,
+    /// A borrowed-concurrency deadline of `run` expired.
+    Deadline,
+}
+
+impl AbandonCause {
+    /// The snake_case name.
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::AbandonCause::Manual.as_str(), "manual");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbandonCause::Manual => "manual",
+            AbandonCause::Deadline => "deadline",
+        }
+    }
+}
+
+/// A successful admission.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Event};
+/// let b = Bulkhead::new(1).unwrap();
+/// let sub = b.subscribe(|e: &Event| if let Event::Admit(a) = e { assert_eq!(a.revision, 0) });
+/// drop(b.try_acquire(Demand::slot()));
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AdmitEvent {
+    /// The admission.
+    pub admission_id: AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name (with classes).
+    pub class: Option<String>,
+    /// The reservation `r` (0 without a budget).
+    pub reserved_tokens: u64,
+    /// What it borrowed from the shared remainder.
+    pub resources: Resources,
+}
+
+/// A refusal: the rejection the caller received, and the class it was for.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Event, RejectReason};
+/// let b = Bulkhead::new(0).unwrap();
+/// let sub = b.subscribe(|e: &Event| if let Event::Reject(r) = e {
+///     assert_eq!(r.rejection.reason, RejectReason::ConcurrencyLimit)
+/// });
+/// assert!(b.try_acquire(Demand::slot()).is_err());
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct RejectEvent {
+    /// The class the demand was for (with classes).
+    pub class: Option<String>,
+    /// Reason, constraint, revision and capacity detail.
+    #[cfg_attr(feature = "serde", serde(flatten))]
+    pub rejection: Rejection,
+}
+
+/// A usage report that changed the usage or the hold (its sequence incremented).
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Event, Reservation, Usage};
+/// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
+/// let sub = b.subscribe(|e: &Event| if let Event::Usage(u) = e { assert_eq!(u.delta_tokens, -80) });
+/// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
+/// a.report_usage(Usage::new(20, 5), None).unwrap();
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct UsageEvent {
+    /// The admission.
+    pub admission_id: AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name (with classes).
+    pub class: Option<String>,
+    /// The new sequence number.
+    pub sequence: u64,
+    /// The reservation `r` (0 without a budget).
+    pub reserved_tokens: u64,
+    /// The hold before the report.
+    pub previous_held_tokens: u64,
+    /// The hold after it.
+    pub held_tokens: u64,
+    /// `held − previous` (negative: refund; positive: overrun).
+    pub delta_tokens: i64,
+    /// The clamped cumulative usage.
+    pub usage: Usage,
+    /// The reservation's `max_output` (`None` without a budget).
+    pub output_cap: Option<u64>,
+    /// `max(0, max_output − output)` (`None` without a budget).
+    pub output_remaining: Option<u64>,
+    /// `consumed > reserved` (false without a budget).
+    pub over_reservation: bool,
+    /// The progressive reconciliation, when the report had one.
+    pub progressive: Option<Reconcile>,
+}
+
+/// A release: the whole hold went back.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Event, Reservation, Usage};
+/// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap();
+/// let sub = b.subscribe(|e: &Event| if let Event::Release(r) = e { assert_eq!(r.refunded_tokens, 380) });
+/// let a = b.try_acquire(Demand::tokens(Reservation::new(250, 250).unwrap())).unwrap();
+/// a.release(Some(Usage::new(80, 40))).unwrap();
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct ReleaseEvent {
+    /// The admission.
+    pub admission_id: AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name (with classes).
+    pub class: Option<String>,
+    /// The reservation `r` (0 without a budget).
+    pub reserved_tokens: u64,
+    /// What it borrowed at its decision.
+    pub resources: Resources,
+    /// The hold just before release.
+    pub held_tokens: u64,
+    /// `max(0, held − consumed)` at release (early refunds not included).
+    pub refunded_tokens: u64,
+    /// The usage sequence at release.
+    pub usage_sequence: u64,
+    /// The usage the release used (explicit, else the last report).
+    pub usage: Option<Usage>,
+}
+
+/// A borrowed slot returned early; the token hold stays until release.
+///
+/// ```
+/// use llm_bulkhead::{AbandonCause, Bulkhead, ClassLimits, Demand, Event};
+/// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default())
+///     .default_class("batch").build().unwrap();
+/// let sub = b.subscribe(|e: &Event| if let Event::BorrowedConcurrencyAbandon(x) = e {
+///     assert_eq!(x.cause, AbandonCause::Manual)
+/// });
+/// let mut a = b.try_acquire(Demand::slot()).unwrap();
+/// assert!(a.abandon_borrowed_concurrency());
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AbandonEvent {
+    /// The admission.
+    pub admission_id: AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name.
+    pub class: Option<String>,
+    /// What it borrowed at its decision.
+    pub resources: Resources,
+    /// Why.
+    pub cause: AbandonCause,
+    /// The hold it keeps until release.
+    pub held_tokens: u64,
+}
+
+/// One event (reference §10.2). Serialises (feature `serde`) as an object whose `event` field
+/// names the kind in snake_case, beside the kind's own fields.
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use llm_bulkhead::{Bulkhead, Event};
+/// let b = Bulkhead::new(1).unwrap();
+/// let sub = b.subscribe(|e: &Event| {
+///     let json = serde_json::to_value(e).unwrap();
+///     assert_eq!(json["event"], "reconfigure");
+///     assert_eq!(json["current"]["max_concurrent"], 2);
+/// });
+/// b.apply_limits(b.limits().with_revision(1).with_max_concurrent(2)).unwrap();
+/// # drop(sub);
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(tag = "event", rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum Event {
+    /// A successful admission.
+    Admit(AdmitEvent),
+    /// A refusal.
+    Reject(RejectEvent),
+    /// A usage report that changed something.
+    Usage(UsageEvent),
+    /// A release.
+    Release(ReleaseEvent),
+    /// A limits snapshot was installed (boxed: two snapshots are large).
+    Reconfigure(Box<LimitsChange>),
+    /// A borrowed slot was abandoned.
+    BorrowedConcurrencyAbandon(AbandonEvent),
+}
+
+impl Event {
+    /// The snake_case name of the kind.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{Event, LimitsSnapshot, LimitsChange};
+    /// # let l = llm_bulkhead::Bulkhead::new(1).unwrap().limits();
+    /// assert_eq!(Event::Reconfigure(Box::new(LimitsChange { previous: l, current: l })).name(), "reconfigure");
+    /// ```
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Admit(_) => "admit",
+            Event::Reject(_) => "reject",
+            Event::Usage(_) => "usage",
+            Event::Release(_) => "release",
+            Event::Reconfigure(_) => "reconfigure",
+            Event::BorrowedConcurrencyAbandon(_) => "borrowed_concurrency_abandon",
+        }
+    }
+}
+
+type Listener = Arc<dyn Fn(&Event) + Send + Sync>;
+
+struct List {
+    next_id: u64,
+    entries: Arc<[(u64, Listener)]>,
+}
+
+/// The subscribers of one bulkhead (in its shared state).
+pub(crate) struct Subscribers {
+    /// Whether anyone subscribes: the only thing the fast path reads.
+    on: AtomicBool,
+    list: Mutex<List>,
+    panics: AtomicU64,
+}
+
+impl Subscribers {
+    pub(crate) fn new() -> Subscribers {
+        Subscribers {
+            on: AtomicBool::new(false),
+            list: Mutex::new(List {
+                next_id: 0,
+                entries: Arc::from(Vec::new()),
+            }),
+            panics: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether anyone subscribes (one `Relaxed` load).
+    #[inline(always)]
+    pub(crate) fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Subscriber panics caught so far.
+    pub(crate) fn panics(&self) -> u64 {
+        self.panics.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, f: Listener) -> u64 {
+        let mut l = lock(&self.list);
+        let id = l.next_id;
+        l.next_id += 1;
+        let mut v: Vec<(u64, Listener)> = l.entries.iter().cloned().collect();
+        v.push((id, f));
+        l.entries = Arc::from(v);
+        self.on.store(true, Ordering::Relaxed);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        let mut l = lock(&self.list);
+        let v: Vec<(u64, Listener)> = l
+            .entries
+            .iter()
+            .filter(|(i, _)| *i != id)
+            .cloned()
+            .collect();
+        self.on.store(!v.is_empty(), Ordering::Relaxed);
+        l.entries = Arc::from(v);
+    }
+
+    /// Delivers the event `make` builds to every subscriber (nothing if none).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn emit(&self, make: impl FnOnce() -> Event) {
+        let entries = Arc::clone(&lock(&self.list).entries);
+        if entries.is_empty() {
+            return;
+        }
+        let event = make();
+        for (_, f) in entries.iter() {
+            let f = std::panic::AssertUnwindSafe(|| f(&event));
+            if std::panic::catch_unwind(f).is_err() {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Emits to the subscribers of `shared` if there are any (the hook every core path uses).
+#[inline(always)]
+pub(crate) fn emit(shared: &Shared, make: impl FnOnce() -> Event) {
+    if shared.events.on() {
+        shared.events.emit(make);
+    }
+}
+
+/// The `admit` hook (the caller checked the flag).
+#[cold]
+#[inline(never)]
+pub(crate) fn admitted(
+    shared: &Shared,
+    id: AdmissionId,
+    revision: u64,
+    priority: Priority,
+    reservation: Option<crate::Reservation>,
+    class: crate::admission::ClassCode,
+) {
+    shared.events.emit(|| {
+        let (k, resources) = class.parts();
+        Event::Admit(AdmitEvent {
+            admission_id: id,
+            revision,
+            priority,
+            class: class_name(shared, k),
+            reserved_tokens: reservation.map_or(0, |r| r.total()),
+            resources,
+        })
+    });
+}
+
+/// The `reject` hook.
+#[inline]
+pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
+    emit(shared, || {
+        let mut rejection = rejection.clone();
+        if !shared.classed {
+            // A refusal at queue entry gets its queue length from the caller after it is
+            // built; report the queue as it is now (no caller holds the queue lock here).
+            rejection.detail.pending = crate::waiting::pending(shared) as u64;
+        }
+        Event::Reject(RejectEvent {
+            class: class_name(shared, class),
+            rejection,
+        })
+    });
+}
+
+/// The name of class `k` of `shared`, for an event.
+pub(crate) fn class_name(shared: &Shared, k: Option<usize>) -> Option<String> {
+    k.and_then(|k| shared.class_names.get(k).cloned())
+}
+
+/// A subscription: dropping it unsubscribes. It holds a handle to the bulkhead.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Event};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// let b = Bulkhead::new(1).unwrap();
+/// let n = Arc::new(AtomicU64::new(0));
+/// let m = n.clone();
+/// let sub = b.subscribe(move |_: &Event| { m.fetch_add(1, Ordering::Relaxed); });
+/// drop(b.try_acquire(Demand::slot()));
+/// drop(sub);
+/// drop(b.try_acquire(Demand::slot()));
+/// assert_eq!(n.load(Ordering::Relaxed), 2); // admit + release, then nothing
+/// ```
+#[must_use = "dropping a Subscription unsubscribes at once"]
+pub struct Subscription {
+    bulkhead: Bulkhead,
+    id: u64,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.bulkhead.shared.events.remove(self.id);
+    }
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bulkhead {
+    /// Subscribes `listener` to every event of this bulkhead until the returned
+    /// [`Subscription`] is dropped (see [`crate::events`] for delivery and cost).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Event};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let sub = b.subscribe(|e: &Event| println!("{}", e.name()));
+    /// drop(b.try_acquire(Demand::slot()));
+    /// drop(sub);
+    /// ```
+    pub fn subscribe(&self, listener: impl Fn(&Event) + Send + Sync + 'static) -> Subscription {
+        let id = self.shared.events.add(Arc::new(listener));
+        Subscription {
+            bulkhead: self.clone(),
+            id,
+        }
+    }
+}

@@ -1,0 +1,1077 @@
+//! `run`: admission, work and release in one call, for synchronous closures and async work
+//! (reference §9.2), with a reservation preview (`estimate`), an advisory check
+//! (`would_admit`) and the borrowed-concurrency deadline (reference §6.2).
+//!
+//! ```
+//! use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions};
+//! use llm_bulkhead::{Bulkhead, Usage};
+//!
+//! let bulkhead = Bulkhead::builder().max_concurrent(4).token_budget(10_000).build()?;
+//! let llm = LlmBulkhead::new(bulkhead, NaiveEstimator);
+//! let request = LlmRequest::new("any-model", &["hello there"]);
+//!
+//! // Sync work; the usage is taken from the result.
+//! let options = RunOptions::default().with_usage(|r: &(String, Usage)| Some(r.1));
+//! let (text, _) = llm.run_blocking(&request, options, |ctx| {
+//!     assert_eq!(ctx.reservation().unwrap().total(), 3 + 2_048);
+//!     Ok::<_, std::io::Error>(("hi".to_owned(), Usage::new(3, 1)))
+//! })?;
+//! assert_eq!(text, "hi");
+//!
+//! // Async work, on any executor.
+//! let n = futures_lite::future::block_on(llm.run(&request, RunOptions::default(), async |ctx| {
+//!     ctx.report_usage(Usage::new(3, 0), None).unwrap();
+//!     Ok::<_, std::io::Error>(42)
+//! }))?;
+//! assert_eq!(n, 42);
+//! assert_eq!(llm.bulkhead().stats().in_flight, 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use super::estimate::{EstimateError, ReservationOverride, TokenEstimator};
+use super::request::LlmRequest;
+use crate::events::AbandonCause;
+use crate::sync::{lock, AtomicBool, Mutex, Ordering};
+use crate::{
+    Admission, Advice, Bulkhead, ClassId, Demand, Priority, Reconcile, Rejection, Reservation,
+    Resources, Usage, UsageError, UsageReport, WaitOptions,
+};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+/// Takes the usage from a successful result (the reference's `getUsage`). Any
+/// `Fn(&R) -> Option<Usage>` is one; [`NoUsage`] takes none.
+///
+/// ```
+/// use llm_bulkhead::llm::{NoUsage, UsageFrom};
+/// use llm_bulkhead::Usage;
+/// assert_eq!(NoUsage.usage_from(&5), None);
+/// let f = |r: &u64| Some(Usage::new(*r, 1));
+/// assert_eq!(f.usage_from(&5), Some(Usage::new(5, 1)));
+/// ```
+pub trait UsageFrom<R> {
+    /// The usage of `result`, or `None` (the last report is used then).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::UsageFrom;
+    /// use llm_bulkhead::Usage;
+    /// let from_pair = |r: &(u64, u64)| Some(Usage::new(r.0, r.1));
+    /// assert_eq!(from_pair.usage_from(&(3, 4)), Some(Usage::new(3, 4)));
+    /// ```
+    fn usage_from(&self, result: &R) -> Option<Usage>;
+}
+
+/// Takes no usage from results (the default of [`RunOptions`]).
+///
+/// ```
+/// use llm_bulkhead::llm::{NoUsage, UsageFrom};
+/// assert_eq!(NoUsage.usage_from(&"anything"), None);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoUsage;
+
+impl<R> UsageFrom<R> for NoUsage {
+    fn usage_from(&self, _: &R) -> Option<Usage> {
+        None
+    }
+}
+
+impl<R, F: Fn(&R) -> Option<Usage>> UsageFrom<R> for F {
+    fn usage_from(&self, result: &R) -> Option<Usage> {
+        self(result)
+    }
+}
+
+/// Fires [`Deadline::Manual`] deadlines: a deadline driven by the application (or a test)
+/// rather than by a clock. Cloning shares the trigger; one trigger may drive many runs.
+///
+/// ```
+/// use llm_bulkhead::llm::DeadlineTrigger;
+/// let t = DeadlineTrigger::new();
+/// assert!(!t.is_fired());
+/// t.fire();
+/// assert!(t.is_fired());
+/// ```
+///
+/// # Memory ordering
+/// The fired flag and the list of armed runs share one mutex, so a run armed concurrently with
+/// `fire` is either in the list `fire` takes or sees the flag when it arms, and expires at once.
+#[derive(Clone, Default)]
+pub struct DeadlineTrigger(Arc<Mutex<TriggerState>>);
+
+#[derive(Default)]
+struct TriggerState {
+    fired: bool,
+    armed: Vec<Weak<Lease>>,
+}
+
+impl DeadlineTrigger {
+    /// A trigger not fired yet.
+    ///
+    /// ```
+    /// assert!(!llm_bulkhead::llm::DeadlineTrigger::new().is_fired());
+    /// ```
+    pub fn new() -> DeadlineTrigger {
+        DeadlineTrigger::default()
+    }
+
+    /// Expires every run armed with this trigger, and every run armed later.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::DeadlineTrigger;
+    /// let t = DeadlineTrigger::new();
+    /// t.fire();
+    /// t.fire(); // idempotent
+    /// ```
+    pub fn fire(&self) {
+        let armed = {
+            let mut st = lock(&self.0);
+            st.fired = true;
+            std::mem::take(&mut st.armed)
+        };
+        for lease in armed.iter().filter_map(Weak::upgrade) {
+            lease.expire();
+        }
+    }
+
+    /// Whether [`fire`](Self::fire) was called.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::DeadlineTrigger;
+    /// assert!(!DeadlineTrigger::new().is_fired());
+    /// ```
+    pub fn is_fired(&self) -> bool {
+        lock(&self.0).fired
+    }
+
+    fn arm(&self, lease: &Arc<Lease>) {
+        let fired = {
+            let mut st = lock(&self.0);
+            if !st.fired {
+                st.armed.retain(|w| w.strong_count() > 0);
+                st.armed.push(Arc::downgrade(lease));
+            }
+            st.fired
+        };
+        if fired {
+            lease.expire();
+        }
+    }
+}
+
+impl fmt::Debug for DeadlineTrigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadlineTrigger")
+            .field("fired", &self.is_fired())
+            .finish()
+    }
+}
+
+/// A borrowed-concurrency deadline (reference §6.2): a clock duration, or a trigger.
+///
+/// ```
+/// use llm_bulkhead::llm::{Deadline, DeadlineTrigger};
+/// use std::time::Duration;
+/// let real = Deadline::After(Duration::from_secs(30));
+/// let manual = Deadline::Manual(DeadlineTrigger::new());
+/// # let _ = (real, manual);
+/// ```
+#[derive(Clone, Debug)]
+pub enum Deadline {
+    /// Expires this long after admission (the crate's timer thread fires it). Must be above
+    /// zero.
+    After(Duration),
+    /// Expires when the trigger fires (before admission: at admission).
+    Manual(DeadlineTrigger),
+}
+
+/// Options of one `run` (and of `estimate` and `would_admit`, which read the admission part).
+///
+/// ```
+/// use llm_bulkhead::llm::{Deadline, RunOptions};
+/// use llm_bulkhead::{Priority, Usage};
+/// use std::time::Duration;
+/// let o = RunOptions {
+///     priority: Priority::High,
+///     borrowed_concurrency_deadline: Some(Deadline::After(Duration::from_secs(5))),
+///     ..RunOptions::default()
+/// }
+/// .with_usage(|r: &Usage| Some(*r));
+/// # let _ = o;
+/// ```
+#[derive(Clone)]
+pub struct RunOptions<U = NoUsage> {
+    /// The demand's priority.
+    pub priority: Priority,
+    /// The admission class (`None`: the default class).
+    pub class: Option<ClassId>,
+    /// An explicit reservation used instead of the estimator (only with a budget), checked
+    /// for consistency.
+    pub reservation: Option<ReservationOverride>,
+    /// Timeout and cancellation of the wait for a slot (when the bulkhead queues).
+    pub wait: WaitOptions,
+    /// Abandon a borrowed slot when this expires (ignored for slots that are not borrowed).
+    pub borrowed_concurrency_deadline: Option<Deadline>,
+    /// Takes the usage from a successful result.
+    pub usage: U,
+}
+
+impl Default for RunOptions<NoUsage> {
+    fn default() -> Self {
+        RunOptions {
+            priority: Priority::Normal,
+            class: None,
+            reservation: None,
+            wait: WaitOptions::default(),
+            borrowed_concurrency_deadline: None,
+            usage: NoUsage,
+        }
+    }
+}
+
+impl<U> RunOptions<U> {
+    /// The same options, taking the usage from results with `usage`.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::RunOptions;
+    /// use llm_bulkhead::Usage;
+    /// let o = RunOptions::default().with_usage(|r: &(u64, u64)| Some(Usage::new(r.0, r.1)));
+    /// # let _ = o;
+    /// ```
+    pub fn with_usage<V>(self, usage: V) -> RunOptions<V> {
+        RunOptions {
+            priority: self.priority,
+            class: self.class,
+            reservation: self.reservation,
+            wait: self.wait,
+            borrowed_concurrency_deadline: self.borrowed_concurrency_deadline,
+            usage,
+        }
+    }
+}
+
+impl<U> fmt::Debug for RunOptions<U> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("priority", &self.priority)
+            .field("class", &self.class)
+            .field("reservation", &self.reservation)
+            .field("wait", &self.wait)
+            .field(
+                "borrowed_concurrency_deadline",
+                &self.borrowed_concurrency_deadline,
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The borrowed-concurrency deadline expired: the slot was abandoned (cause `deadline`) and
+/// the work was asked to stop; its tokens were settled when it finished.
+///
+/// ```
+/// use llm_bulkhead::llm::DeadlineExpired;
+/// fn log(e: &DeadlineExpired) -> String { e.to_string() }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct DeadlineExpired {
+    /// The configured duration (`None` for a manual deadline).
+    pub deadline: Option<Duration>,
+    /// The admission.
+    pub admission_id: crate::AdmissionId,
+    /// The revision that authorised it.
+    pub revision: u64,
+    /// Its class.
+    pub class: Option<ClassId>,
+    /// What it borrowed.
+    pub resources: Resources,
+}
+
+impl fmt::Display for DeadlineExpired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.deadline {
+            Some(d) => write!(f, "borrowed LLM concurrency deadline expired after {d:?}"),
+            None => f.write_str("borrowed LLM concurrency deadline fired"),
+        }
+    }
+}
+
+impl std::error::Error for DeadlineExpired {}
+
+/// Why a `run` did not return the work's result.
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions};
+/// use llm_bulkhead::{Bulkhead, RejectReason};
+/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+/// let r = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |_| Ok::<_, ()>(()));
+/// assert!(matches!(r, Err(RunError::Rejected(ref x)) if x.reason == RejectReason::ConcurrencyLimit));
+/// ```
+#[derive(Debug)]
+pub enum RunError<E> {
+    /// Refused (the rejection carries the reason and the capacity detail).
+    Rejected(Rejection),
+    /// The request or an option is invalid (the error names the field); nothing changed.
+    Invalid(EstimateError),
+    /// The borrowed-concurrency deadline expired.
+    Deadline(DeadlineExpired),
+    /// The work's own error.
+    Work(E),
+}
+
+impl<E: fmt::Display> fmt::Display for RunError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Rejected(r) => write!(f, "LLM bulkhead rejected: {r}"),
+            RunError::Invalid(e) => write!(f, "invalid run: {e}"),
+            RunError::Deadline(d) => d.fmt(f),
+            RunError::Work(e) => e.fmt(f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Rejected(r) => Some(r),
+            RunError::Invalid(e) => Some(e),
+            RunError::Deadline(d) => Some(d),
+            RunError::Work(e) => Some(e),
+        }
+    }
+}
+
+/// The state shared by a run with a borrowed-concurrency deadline and what fires it.
+struct Lease {
+    admission: Mutex<Option<Admission>>,
+    /// The deadline abandoned the slot (the run answers with `Deadline`).
+    expired: AtomicBool,
+    /// Wakes a work future waiting in [`RunContext::stopped`].
+    waker: Mutex<Option<Waker>>,
+    /// The admission's identity and figures, readable without the lock.
+    about: About,
+}
+
+/// What the context tells about a leased admission (an owned one answers itself).
+struct About {
+    deadline: Option<Duration>,
+    id: crate::AdmissionId,
+    revision: u64,
+    priority: Priority,
+    class: Option<ClassId>,
+    reservation: Option<Reservation>,
+    resources: Resources,
+}
+
+impl Lease {
+    /// Abandons the slot with cause `deadline`, if the admission is still live and its slot
+    /// not yet abandoned; then signals the work.
+    fn expire(&self) {
+        let mut admission = lock(&self.admission);
+        let abandoned = admission
+            .as_mut()
+            .is_some_and(|a| a.abandon_with_cause(AbandonCause::Deadline));
+        if abandoned {
+            // Under the lock: a run that settles after this abandonment (it takes the
+            // admission under the same lock) must see the flag and answer `Deadline`.
+            self.expired.store(true, Ordering::Release);
+        }
+        drop(admission);
+        if abandoned {
+            if let Some(w) = lock(&self.waker).take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// The timer thread fires `After` deadlines by waking this.
+impl Wake for Lease {
+    fn wake(self: Arc<Self>) {
+        self.expire();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.expire();
+    }
+}
+
+/// An armed lease: cancels the timer entry and settles the admission when dropped.
+struct LeaseGuard {
+    lease: Arc<Lease>,
+    timer: Option<u64>,
+}
+
+impl LeaseGuard {
+    fn take(&mut self) -> Option<Admission> {
+        if let Some(id) = self.timer.take() {
+            crate::timer::cancel(id);
+        }
+        lock(&self.lease.admission).take()
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        // Released here (the last report is used) when the work panicked or the future was
+        // dropped.
+        drop(self.take());
+    }
+}
+
+/// What the work of a `run` gets: the admission's identity and figures, usage reports,
+/// abandonment, and the stop signal of the borrowed-concurrency deadline.
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions};
+/// use llm_bulkhead::{Bulkhead, Usage};
+/// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(5_000).build().unwrap(), NaiveEstimator);
+/// llm.run_blocking(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), |ctx| {
+///     assert_eq!((ctx.revision(), ctx.held()), (0, 1 + 2_048));
+///     let r = ctx.report_usage(Usage::new(1, 10), None).unwrap();
+///     assert_eq!(r.held, 1 + 2_048);
+///     assert!(!ctx.stop_requested());
+///     Ok::<_, ()>(())
+/// }).unwrap();
+/// ```
+///
+/// # Memory ordering
+/// With a deadline the admission sits behind a mutex shared with the deadline, so a usage
+/// report and the expiry are ordered by that mutex; the stop flag is stored with `Release`
+/// after the abandonment and read with `Acquire`.
+pub struct RunContext {
+    inner: Inner,
+}
+
+/// The admission: owned, or (with an armed deadline) shared with the deadline.
+enum Inner {
+    Owned(Admission),
+    Leased(LeaseGuard),
+}
+
+impl RunContext {
+    fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
+        let deadline = deadline.filter(|_| admission.resources().borrowed_concurrency);
+        let Some(deadline) = deadline else {
+            return RunContext {
+                inner: Inner::Owned(admission),
+            };
+        };
+        let after = match &deadline {
+            Deadline::After(d) => Some(*d),
+            Deadline::Manual(_) => None,
+        };
+        let about = About {
+            deadline: after,
+            id: admission.id(),
+            revision: admission.revision(),
+            priority: admission.priority(),
+            class: admission.class(),
+            reservation: admission.reservation(),
+            resources: admission.resources(),
+        };
+        let lease = Arc::new(Lease {
+            admission: Mutex::new(Some(admission)),
+            expired: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            about,
+        });
+        let mut guard = LeaseGuard {
+            lease: Arc::clone(&lease),
+            timer: None,
+        };
+        match deadline {
+            Deadline::After(d) => {
+                // Validated before admission: the sum does not overflow.
+                let at = Instant::now().checked_add(d).unwrap_or_else(Instant::now);
+                guard.timer = Some(crate::timer::register(at, Waker::from(lease)));
+            }
+            Deadline::Manual(trigger) => trigger.arm(&lease),
+        }
+        RunContext {
+            inner: Inner::Leased(guard),
+        }
+    }
+
+    /// Reads the owned admission, or the leased one's description.
+    fn read<T>(&self, owned: impl FnOnce(&Admission) -> T, leased: impl FnOnce(&About) -> T) -> T {
+        match &self.inner {
+            Inner::Owned(a) => owned(a),
+            Inner::Leased(g) => leased(&g.lease.about),
+        }
+    }
+
+    /// Runs `f` on the admission (under the lease's lock when leased); `None` once settled.
+    fn with<T>(&mut self, f: impl FnOnce(&mut Admission) -> T) -> Option<T> {
+        match &mut self.inner {
+            Inner::Owned(a) => Some(f(a)),
+            Inner::Leased(g) => lock(&g.lease.admission).as_mut().map(f),
+        }
+    }
+
+    /// The admission's id.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.admission_id().to_string().len(), 36); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn admission_id(&self) -> crate::AdmissionId {
+        self.read(Admission::id, |x| x.id)
+    }
+
+    /// The revision of the limits that authorised the admission.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).initial_revision(7).build().unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.revision(), 7); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn revision(&self) -> u64 {
+        self.read(Admission::revision, |x| x.revision)
+    }
+
+    /// The priority.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::{Bulkhead, Priority};
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.priority(), Priority::Normal); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn priority(&self) -> Priority {
+        self.read(Admission::priority, |x| x.priority)
+    }
+
+    /// The admission class (`None` without classes).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.class(), None); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn class(&self) -> Option<ClassId> {
+        self.read(Admission::class, |x| x.class)
+    }
+
+    /// The reservation taken (`None` without a budget): what `estimate` previewed.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.reservation(), None); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn reservation(&self) -> Option<Reservation> {
+        self.read(Admission::reservation, |x| x.reservation)
+    }
+
+    /// What the admission borrowed from the shared remainder.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert!(!ctx.resources().borrowed_concurrency); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn resources(&self) -> Resources {
+        self.read(Admission::resources, |x| x.resources)
+    }
+
+    /// Tokens currently held.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.held(), 0); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn held(&mut self) -> u64 {
+        self.with(|a| a.held()).unwrap_or(0)
+    }
+
+    /// Reports cumulative usage ([`Admission::report_usage`]).
+    ///
+    /// # Errors
+    /// As [`Admission::report_usage`]; nothing changes.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::{Bulkhead, Usage};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(1_200).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(llm_bulkhead::Reservation::new(100, 1_000).unwrap()));
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.report_usage(Usage::new(20, 5), None).unwrap().held, 1_020);
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn report_usage(
+        &mut self,
+        usage: Usage,
+        reconcile: Option<Reconcile>,
+    ) -> Result<UsageReport, UsageError> {
+        match self.with(|a| a.report_usage(usage, reconcile)) {
+            Some(r) => r,
+            // Unreachable while the work runs: the admission is settled only after it.
+            None => Err(UsageError::Overflow { field: "admission" }),
+        }
+    }
+
+    /// Returns a borrowed slot early ([`Admission::abandon_borrowed_concurrency`], cause
+    /// `manual`). A deadline that fires later then does nothing (reference §6.2).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert!(!ctx.abandon_borrowed_concurrency()); // no classes: never borrowed
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn abandon_borrowed_concurrency(&mut self) -> bool {
+        self.with(Admission::abandon_borrowed_concurrency)
+            .unwrap_or(false)
+    }
+
+    /// Whether the borrowed-concurrency deadline expired: the slot is gone and the work should
+    /// stop (its tokens are settled when it returns).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert!(!ctx.stop_requested()); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn stop_requested(&self) -> bool {
+        match &self.inner {
+            Inner::Owned(_) => false,
+            Inner::Leased(g) => g.lease.expired.load(Ordering::Acquire),
+        }
+    }
+
+    /// A future that completes when the deadline expires (never, without an armed deadline):
+    /// race it against the provider call.
+    ///
+    /// # Cancel safety
+    /// Dropping it changes nothing.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// use futures_lite::future;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// let out = future::block_on(llm.run(&LlmRequest::default(), RunOptions::default(), async |ctx| {
+    ///     // No deadline: the work's own branch wins.
+    ///     Ok::<_, ()>(future::or(async { 1 }, async { ctx.stopped().await; 2 }).await)
+    /// }));
+    /// assert_eq!(out.unwrap(), 1);
+    /// ```
+    pub fn stopped(&self) -> Stopped<'_> {
+        Stopped { ctx: self }
+    }
+
+    /// Settles the admission with `usage` (invalid usage falls back to the last report) and
+    /// says whether the deadline expired. Consumes the context: nothing can read it after.
+    fn finish(self, usage: Option<Usage>) -> Option<DeadlineExpired> {
+        match self.inner {
+            Inner::Owned(a) => {
+                release(a, usage);
+                None
+            }
+            Inner::Leased(mut g) => {
+                if let Some(a) = g.take() {
+                    release(a, usage);
+                }
+                let x = &g.lease.about;
+                g.lease
+                    .expired
+                    .load(Ordering::Acquire)
+                    .then_some(DeadlineExpired {
+                        deadline: x.deadline,
+                        admission_id: x.id,
+                        revision: x.revision,
+                        class: x.class,
+                        resources: x.resources,
+                    })
+            }
+        }
+    }
+}
+
+/// Releases `a` with `usage`; invalid usage falls back to the last report.
+fn release(a: Admission, usage: Option<Usage>) {
+    match usage {
+        // Dropping releases with the last report, as `release(None)` does.
+        None => drop(a),
+        Some(u) => {
+            if let Err(e) = a.release(Some(u)) {
+                drop(e.admission);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunContext")
+            .field("admission_id", &self.admission_id())
+            .field("revision", &self.revision())
+            .field("reservation", &self.reservation())
+            .field("resources", &self.resources())
+            .field("stop_requested", &self.stop_requested())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of [`RunContext::stopped`].
+///
+/// # Cancel safety
+/// Dropping it changes nothing.
+///
+/// ```
+/// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+/// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+///     let _pending: Stopped<'_> = ctx.stopped(); Ok::<_, ()>(()) }).unwrap();
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct Stopped<'a> {
+    ctx: &'a RunContext,
+}
+
+impl Future for Stopped<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Inner::Leased(g) = &self.ctx.inner else {
+            return Poll::Pending;
+        };
+        if g.lease.expired.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        *lock(&g.lease.waker) = Some(cx.waker().clone());
+        // Re-check after registering: `expire` sets the flag before taking the waker.
+        if g.lease.expired.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+impl fmt::Debug for Stopped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Stopped(..)")
+    }
+}
+
+/// A bulkhead with a token estimator: turns requests into demands, previews them, and runs
+/// work under an admission (reference §9).
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ModelAwareEstimator, RunOptions};
+/// use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(
+///     Bulkhead::builder().max_concurrent(4).token_budget(10_000).build().unwrap(),
+///     ModelAwareEstimator::default(),
+/// );
+/// let request = LlmRequest::new("gpt-4o", &[&"x".repeat(37)]);
+/// assert_eq!(llm.estimate(&request, &RunOptions::default()).unwrap().unwrap().input(), 10);
+/// ```
+#[derive(Clone)]
+pub struct LlmBulkhead {
+    bulkhead: Bulkhead,
+    estimator: Arc<dyn TokenEstimator>,
+}
+
+impl fmt::Debug for LlmBulkhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmBulkhead")
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlmBulkhead {
+    /// A front end for `bulkhead` that estimates with `estimator`.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// # let _ = llm;
+    /// ```
+    pub fn new(bulkhead: Bulkhead, estimator: impl TokenEstimator + 'static) -> LlmBulkhead {
+        LlmBulkhead::with_shared_estimator(bulkhead, Arc::new(estimator))
+    }
+
+    /// A front end sharing `estimator` (an adaptive estimator the application also feeds,
+    /// for example).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead; use std::sync::Arc;
+    /// let shared: Arc<dyn TokenEstimator> = Arc::new(NaiveEstimator);
+    /// let llm = LlmBulkhead::with_shared_estimator(Bulkhead::new(1).unwrap(), shared.clone());
+    /// # let _ = llm;
+    /// ```
+    pub fn with_shared_estimator(
+        bulkhead: Bulkhead,
+        estimator: Arc<dyn TokenEstimator>,
+    ) -> LlmBulkhead {
+        LlmBulkhead {
+            bulkhead,
+            estimator,
+        }
+    }
+
+    /// The bulkhead.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(3).unwrap(), NaiveEstimator);
+    /// assert_eq!(llm.bulkhead().limits().max_concurrent, 3);
+    /// ```
+    pub fn bulkhead(&self) -> &Bulkhead {
+        &self.bulkhead
+    }
+
+    /// Exactly what admission will reserve for `request` with `options`: `None` without a
+    /// token budget; with one, the per-call override (checked for consistency) or else the
+    /// estimator's answer. Changes nothing.
+    ///
+    /// # Errors
+    /// [`EstimateError`] from the estimator or the override, naming the field.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ReservationOverride, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, Reservation};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(Reservation::new(5, 5).unwrap()));
+    /// let r = LlmRequest::default();
+    /// assert_eq!(llm.estimate(&r, &RunOptions::default()).unwrap().unwrap().total(), 10);
+    /// let o = RunOptions { reservation: Some(ReservationOverride { input: 300, max_output: 400, reserved: None }), ..Default::default() };
+    /// assert_eq!(llm.estimate(&r, &o).unwrap().unwrap().total(), 700);
+    /// ```
+    pub fn estimate<U>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Option<Reservation>, EstimateError> {
+        if !self.bulkhead.shared.has_budget {
+            return Ok(None);
+        }
+        match options.reservation {
+            Some(o) => o.resolve().map(Some),
+            None => self.estimator.estimate(request).map(Some),
+        }
+    }
+
+    /// The demand `run` would make for `request` with `options`.
+    fn demand<U>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Demand, EstimateError> {
+        let mut d = match self.estimate(request, options)? {
+            Some(r) => Demand::tokens(r),
+            None => Demand::slot(),
+        };
+        d = d.with_priority(options.priority);
+        if let Some(c) = options.class {
+            d = d.in_class(c);
+        }
+        Ok(d)
+    }
+
+    /// Would `run` admit `request` now? Advisory: it takes nothing, counts nothing and emits
+    /// no event ([`Bulkhead::would_admit`], including its note on precision).
+    ///
+    /// # Errors
+    /// As [`estimate`](Self::estimate): validation comes first, before the closed check.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, RejectReason, Reservation};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(100).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(Reservation::new(90, 20).unwrap()));
+    /// let advice = llm.would_admit(&LlmRequest::default(), &RunOptions::default()).unwrap();
+    /// assert_eq!(advice.reason(), Some(RejectReason::BudgetLimit));
+    /// assert_eq!(advice.detail().token_budget.unwrap().requested, 110);
+    /// ```
+    pub fn would_admit<U>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Advice, EstimateError> {
+        Ok(self.bulkhead.would_admit(&self.demand(request, options)?))
+    }
+
+    /// Validates the deadline option before anything changes.
+    fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
+        if let Some(Deadline::After(d)) = d {
+            if d.is_zero() || Instant::now().checked_add(*d).is_none() {
+                return Err(RunError::Invalid(EstimateError::InvalidSetting {
+                    field: "borrowed_concurrency_deadline",
+                    expected: "above zero and representable as an instant",
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Admits `request` (waiting in the queue if the bulkhead queues), runs `work` on this
+    /// thread with a [`RunContext`], and releases: on success with the usage
+    /// `options.usage` takes from the result (else the last report), on error and on panic
+    /// with the last report. Nothing leaks, whatever `work` does.
+    ///
+    /// With a borrowed-concurrency deadline (applies only when the admission's slot was
+    /// borrowed), expiry abandons the slot (cause `deadline`) and sets
+    /// [`RunContext::stop_requested`]; when `work` returns, its tokens are settled and the
+    /// answer is [`RunError::Deadline`] (the result is dropped). A deadline that finds the slot
+    /// already abandoned does nothing.
+    ///
+    /// # Errors
+    /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
+    /// [`RunError::Deadline`], or the work's own error as [`RunError::Work`].
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, Reservation, Usage};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(500).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(Reservation::new(250, 250).unwrap()));
+    /// let options = RunOptions::default().with_usage(|u: &Usage| Some(*u));
+    /// let u = llm.run_blocking(&LlmRequest::default(), options, |_| Ok::<_, ()>(Usage::new(80, 40))).unwrap();
+    /// let t = llm.bulkhead().stats().token_budget.unwrap();
+    /// assert_eq!((t.in_flight_tokens, t.total_consumed, t.total_refunded), (0, 120, 380));
+    /// # let _ = u;
+    /// ```
+    pub fn run_blocking<R, E, U, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+    ) -> Result<R, RunError<E>>
+    where
+        U: UsageFrom<R>,
+        F: FnOnce(&mut RunContext) -> Result<R, E>,
+    {
+        Self::check_deadline(&options.borrowed_concurrency_deadline)?;
+        let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
+        let RunOptions {
+            wait,
+            borrowed_concurrency_deadline,
+            usage,
+            ..
+        } = options;
+        let admission = match admit_now(&self.bulkhead, &demand, &wait) {
+            Some(a) => a,
+            None => self
+                .bulkhead
+                .acquire_blocking(demand, wait)
+                .map_err(RunError::Rejected)?,
+        };
+        let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
+        let out = work(&mut ctx);
+        settle(ctx, out, &usage)
+    }
+
+    /// The async [`run_blocking`](Self::run_blocking): waits for a slot with the async
+    /// [`acquire`](Bulkhead::acquire), then awaits `work(&mut ctx)`. Works on any executor
+    /// (deadlines run on the crate's timer thread). The request is validated and estimated
+    /// when `run` is called, so the future does not borrow it.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
+    /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
+    /// the work's future and the context, which releases the admission with the last usage
+    /// report and disarms the deadline.
+    ///
+    /// # Errors
+    /// As [`run_blocking`](Self::run_blocking).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, Usage};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(2).token_budget(10_000).build().unwrap(), NaiveEstimator);
+    /// let fut = llm.run(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), async |ctx| {
+    ///     ctx.report_usage(Usage::new(1, 5), None).unwrap();
+    ///     Ok::<_, ()>("done")
+    /// });
+    /// assert_eq!(futures_lite::future::block_on(fut).unwrap(), "done");
+    /// let t = llm.bulkhead().stats().token_budget.unwrap();
+    /// assert_eq!((t.in_flight_tokens, t.total_consumed), (0, 6));
+    /// ```
+    pub fn run<'a, R, E, U, F>(
+        &'a self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+    ) -> impl Future<Output = Result<R, RunError<E>>> + 'a
+    where
+        R: 'a,
+        E: 'a,
+        U: UsageFrom<R> + 'a,
+        F: AsyncFnOnce(&mut RunContext) -> Result<R, E> + 'a,
+    {
+        // Validation and estimation happen now, so the future does not borrow the request.
+        let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
+            .and_then(|()| self.demand(request, &options).map_err(RunError::Invalid));
+        async move {
+            let demand = prepared?;
+            let RunOptions {
+                wait,
+                borrowed_concurrency_deadline,
+                usage,
+                ..
+            } = options;
+            let admission = match admit_now(&self.bulkhead, &demand, &wait) {
+                Some(a) => a,
+                // Boxed: the queue node is large, and the future of every run would carry it.
+                None => Box::pin(self.bulkhead.acquire(demand, wait))
+                    .await
+                    .map_err(RunError::Rejected)?,
+            };
+            let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
+            let out = work(&mut ctx).await;
+            settle(ctx, out, &usage)
+        }
+    }
+}
+
+/// The fast decision alone (no class, no cancellation token): the admission if a slot is
+/// free and nobody waits, else `None`, having changed and counted nothing, so that the
+/// waiting acquire decides again (and counts its refusal) exactly as without this step. It
+/// saves building a queue node when none is needed.
+#[inline]
+fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
+    let shared = &*b.shared;
+    if shared.classed || wait.cancel.is_some() {
+        return None;
+    }
+    let reservation = shared
+        .has_budget
+        .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+    let priority = demand.priority();
+    let g = b
+        .try_decide(reservation.map_or(0, |r| r.total()), priority)
+        .ok()?;
+    Some(b.admission_from(g, priority, reservation))
+}
+
+/// Releases the admission of a finished work and builds the answer.
+fn settle<R, E, U: UsageFrom<R>>(
+    ctx: RunContext,
+    out: Result<R, E>,
+    usage: &U,
+) -> Result<R, RunError<E>> {
+    match out {
+        Ok(r) => match ctx.finish(usage.usage_from(&r)) {
+            Some(d) => Err(RunError::Deadline(d)),
+            None => Ok(r),
+        },
+        Err(e) => Err(match ctx.finish(None) {
+            Some(d) => RunError::Deadline(d),
+            None => RunError::Work(e),
+        }),
+    }
+}
