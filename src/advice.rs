@@ -147,16 +147,27 @@ impl Bulkhead {
                 max_concurrent: hot.max_concurrent,
                 eff,
             };
+            // Rows 1–5 fail fast; a demand that passes them but finds no free slot (or
+            // waiters queued: nobody barges) waits if the queue has room, as the decision does.
+            let global = Some(Constraint::Global);
+            let mut would_queue = false;
             let verdict = if closed {
                 Some((RejectReason::Shutdown, None))
             } else {
+                let no_slot = (RejectReason::ConcurrencyLimit, Constraint::Global);
                 match view.decide(k, r) {
-                    Some((reason, c)) => Some((reason, Some(c))),
-                    // As the decision: while the waiters flag is up nobody barges.
-                    None if w.waiters() => {
-                        Some((RejectReason::ConcurrencyLimit, Some(Constraint::Global)))
+                    Some(v) if v != no_slot => Some((v.0, Some(v.1))),
+                    d if d.is_some() || w.waiters() || pending > 0 => {
+                        if hot.max_concurrent == 0 || hot.max_queue == 0 {
+                            Some((RejectReason::ConcurrencyLimit, global))
+                        } else if pending < hot.max_queue {
+                            would_queue = true;
+                            None
+                        } else {
+                            Some((RejectReason::QueueLimit, global))
+                        }
                     }
-                    None => None,
+                    _ => None,
                 }
             };
             let mut detail = crate::bulkhead::rejection(
@@ -174,7 +185,7 @@ impl Bulkhead {
             }
             return match verdict {
                 None => Advice::Admit {
-                    would_queue: false,
+                    would_queue,
                     revision: hot.revision,
                     detail,
                 },

@@ -378,3 +378,52 @@ fn timed_calls_report_decision_and_queue_wait() {
     assert!(got.value.is_ok());
     assert!(got.timing.queue_wait_ns > 0, "it waited in the queue");
 }
+
+/// `would_admit` with classes follows the queue rule: no free slot and queue room → it would
+/// wait; a full queue → `queue_limit`; a class ceiling still refuses first.
+#[test]
+fn would_admit_with_classes_knows_the_queue() {
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(1)
+        .class("x", ClassLimits::default())
+        .class(
+            "capped",
+            ClassLimits {
+                max_concurrent: Some(0),
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("x")
+        .build()
+        .unwrap();
+    let capped = b.class_id("capped").unwrap();
+    assert!(matches!(
+        b.would_admit(&Demand::slot()),
+        llm_bulkhead::Advice::Admit {
+            would_queue: false,
+            ..
+        }
+    ));
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    assert!(matches!(
+        b.would_admit(&Demand::slot()),
+        llm_bulkhead::Advice::Admit {
+            would_queue: true,
+            ..
+        }
+    ));
+    assert_eq!(
+        b.would_admit(&Demand::slot().in_class(capped)).reason(),
+        Some(RejectReason::ConcurrencyLimit)
+    );
+    let mut w = Box::pin(b.acquire(Demand::slot(), wait()));
+    assert!(poll_once(w.as_mut()).is_pending());
+    assert_eq!(
+        b.would_admit(&Demand::slot()).reason(),
+        Some(RejectReason::QueueLimit)
+    );
+    drop(held);
+    drop(ready(poll_once(w.as_mut())).unwrap());
+    assert_eq!(b.stats().rejected, 0); // advice counts nothing
+}

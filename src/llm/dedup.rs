@@ -54,7 +54,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_128;
 
 /// The identity of a call for de-duplication: a 128-bit hash (XXH3-128) of a canonical
 /// encoding of the request, optionally partitioned by scope and class. Holds no text.
@@ -149,38 +149,26 @@ impl DedupKey {
     }
 }
 
-/// An injective encoding of JSON-like values into XXH3, buffered so that the many small
-/// writes (tags, lengths) cost a copy, not a hasher update each.
+/// An injective encoding of JSON-like values, written into a reused per-thread buffer and
+/// hashed in one pass with XXH3-128 (one-shot hashing of a contiguous buffer is several
+/// times faster than feeding a streaming hasher many small pieces).
 struct Canon {
-    h: Xxh3,
-    buf: [u8; 256],
-    n: usize,
+    buf: Vec<u8>,
+}
+
+thread_local! {
+    static CANON_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl Canon {
     fn new() -> Canon {
-        Canon {
-            h: Xxh3::new(),
-            buf: [0; 256],
-            n: 0,
-        }
-    }
-
-    fn flush(&mut self) {
-        self.h.update(&self.buf[..self.n]);
-        self.n = 0;
+        let mut buf = CANON_BUF.with(std::cell::Cell::take);
+        buf.clear();
+        Canon { buf }
     }
 
     fn raw(&mut self, b: &[u8]) {
-        if self.n + b.len() > self.buf.len() {
-            self.flush();
-            if b.len() > self.buf.len() {
-                self.h.update(b);
-                return;
-            }
-        }
-        self.buf[self.n..self.n + b.len()].copy_from_slice(b);
-        self.n += b.len();
+        self.buf.extend_from_slice(b);
     }
 
     fn tag(&mut self, t: u8) {
@@ -226,9 +214,14 @@ impl Canon {
             Value::Bool(b) => self.raw(&[1, u8::from(*b)]),
             Value::Number(n) => {
                 self.tag(2);
-                // serde_json's own canonical text of the number (1 and 1.0 differ, as in JSON).
-                let mut s = itoa_buf::Buf::new();
-                self.str(s.number(n));
+                // serde_json's own text of the number (1 and 1.0 differ, as in JSON), written
+                // in place after a length slot filled in afterwards.
+                use std::io::Write;
+                let at = self.buf.len();
+                self.raw(&[0; 8]);
+                let _ = write!(self.buf, "{n}");
+                let len = (self.buf.len() - at - 8) as u64;
+                self.buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
             }
             Value::String(s) => {
                 self.tag(3);
@@ -280,35 +273,13 @@ impl Canon {
         self.object(&m.extra);
     }
 
-    fn finish(mut self) -> u128 {
-        self.flush();
-        self.h.digest128()
-    }
-}
-
-/// A number's text without a heap allocation in the common cases.
-mod itoa_buf {
-    use std::fmt::Write;
-
-    pub(super) struct Buf {
-        s: String,
-    }
-
-    impl Buf {
-        pub(super) fn new() -> Buf {
-            Buf { s: String::new() }
+    fn finish(self) -> u128 {
+        let h = xxh3_128(&self.buf);
+        // Keep the buffer for the next key on this thread, unless it grew unusually large.
+        if self.buf.capacity() <= 1 << 16 {
+            CANON_BUF.with(|c| c.set(self.buf));
         }
-
-        pub(super) fn number(&mut self, n: &serde_json::Number) -> &str {
-            if let Some(i) = n.as_i64() {
-                let _ = write!(self.s, "{i}");
-            } else if let Some(u) = n.as_u64() {
-                let _ = write!(self.s, "{u}");
-            } else {
-                let _ = write!(self.s, "{n}");
-            }
-            &self.s
-        }
+        h
     }
 }
 
@@ -373,6 +344,26 @@ pub struct DedupStats {
 }
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The map's keys are already uniform 128-bit hashes: hash them by taking their low 64 bits.
+#[derive(Clone, Copy, Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type FlightMap<T> = HashMap<u128, Arc<Flight<T>>, std::hash::BuildHasherDefault<KeyHasher>>;
 type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 
 /// The calls in flight of one result type (see the module docs). Cloning shares the map.
@@ -403,7 +394,7 @@ impl<T> std::fmt::Debug for Dedup<T> {
 }
 
 struct Inner<T> {
-    flights: Mutex<HashMap<u128, Arc<Flight<T>>>>,
+    flights: Mutex<FlightMap<T>>,
     max_in_flight: usize,
     share: ShareFn<T>,
     hits: AtomicU64,
@@ -440,7 +431,7 @@ impl<T: Send + 'static> Dedup<T> {
     ) -> Dedup<T> {
         Dedup {
             inner: Arc::new(Inner {
-                flights: Mutex::new(HashMap::new()),
+                flights: Mutex::new(FlightMap::default()),
                 max_in_flight,
                 share: Box::new(share),
                 hits: AtomicU64::new(0),
@@ -523,9 +514,7 @@ impl<T: Send + 'static> Dedup<T> {
                 next_follower: 0,
                 participants: 1,
             }),
-            notifier: Arc::new(Notifier {
-                wakers: Mutex::new(Vec::new()),
-            }),
+            notifier: Notifier::new(),
         });
         map.insert(key.0, f.clone());
         drop(map);
@@ -558,10 +547,11 @@ impl<T: Send + 'static> Dedup<T> {
     }
 }
 
+/// One call in flight. As a `Waker` (the one the work is polled with, whoever polls it) it
+/// wakes every participant.
 struct Flight<T> {
     st: Mutex<FlightState<T>>,
-    /// Wakes every participant: the waker the work is polled with, whoever polls it.
-    notifier: Arc<Notifier>,
+    notifier: Notifier,
 }
 
 struct FlightState<T> {
@@ -578,29 +568,53 @@ struct FlightState<T> {
     participants: usize,
 }
 
+/// The participants' wakers (the first inline: a flight usually has one participant).
 struct Notifier {
-    wakers: Mutex<Vec<Waker>>,
+    wakers: Mutex<(Option<Waker>, Vec<Waker>)>,
 }
 
 impl Notifier {
+    fn new() -> Notifier {
+        Notifier {
+            wakers: Mutex::new((None, Vec::new())),
+        }
+    }
+
     fn register(&self, w: &Waker) {
         let mut ws = lock(&self.wakers);
-        if !ws.iter().any(|x| x.will_wake(w)) {
-            ws.push(w.clone());
+        let (first, rest) = &mut *ws;
+        match first {
+            Some(f) if f.will_wake(w) => {}
+            Some(_) => {
+                if !rest.iter().any(|x| x.will_wake(w)) {
+                    rest.push(w.clone());
+                }
+            }
+            None => *first = Some(w.clone()),
+        }
+    }
+
+    fn wake_all(&self) {
+        let (first, rest) = {
+            let mut ws = lock(&self.wakers);
+            (ws.0.take(), std::mem::take(&mut ws.1))
+        };
+        if let Some(w) = first {
+            w.wake();
+        }
+        for w in rest {
+            w.wake();
         }
     }
 }
 
-impl Wake for Notifier {
+impl<T: Send + 'static> Wake for Flight<T> {
     fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
+        self.notifier.wake_all();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let ws = std::mem::take(&mut *lock(&self.wakers));
-        for w in ws {
-            w.wake();
-        }
+        self.notifier.wake_all();
     }
 }
 
@@ -763,7 +777,7 @@ impl<T: Send + 'static> DedupRun<T> {
             };
             st.polling = true;
             drop(st);
-            let waker = Waker::from(flight.notifier.clone());
+            let waker = Waker::from(flight.clone());
             let polled = catch_unwind(AssertUnwindSafe(|| {
                 work.as_mut().poll(&mut Context::from_waker(&waker))
             }));
@@ -779,7 +793,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     self.complete(&mut st, result);
                     drop(st);
                     self.remove_key(&flight, key);
-                    flight.notifier.wake_by_ref();
+                    flight.notifier.wake_all();
                     // Loop: take this participant's own result.
                 }
                 Err(panic) => {
@@ -790,7 +804,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     st.participants -= 1;
                     drop(st);
                     self.remove_key(&flight, key);
-                    flight.notifier.wake_by_ref();
+                    flight.notifier.wake_all();
                     self.finish();
                     std::panic::resume_unwind(panic);
                 }
@@ -844,7 +858,7 @@ impl<T: Send + 'static> DedupRun<T> {
         if last {
             self.remove_key(flight, key);
         } else {
-            flight.notifier.wake_by_ref();
+            flight.notifier.wake_all();
         }
     }
 
@@ -891,7 +905,7 @@ impl<T> Drop for DedupRun<T> {
             }
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
-            flight.notifier.wake_by_ref();
+            flight.notifier.wake_all();
         }
     }
 }

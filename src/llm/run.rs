@@ -311,7 +311,7 @@ impl std::error::Error for DeadlineExpired {}
 /// let r = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |_| Ok::<_, ()>(()));
 /// assert!(matches!(r, Err(RunError::Rejected(ref x)) if x.reason == RejectReason::ConcurrencyLimit));
 /// ```
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum RunError<E> {
     /// Refused (the rejection carries the reason and the capacity detail).
     Rejected(Rejection),
