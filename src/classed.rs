@@ -1139,11 +1139,6 @@ pub(crate) fn describe(
 #[cold]
 fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     let g = GWord(shared.word.load(SeqCst));
-    let (classes, gsum, tsum) = collect(shared);
-    let lim = shared.ring.read(g.tag());
-    let limits: Vec<HotClass> = (0..classes.len())
-        .map(|j| shared.ring.read_class(g.tag(), j))
-        .collect();
     let (sum_pc, sum_pt) = shared.ring.read_sums(g.tag());
     let constraint = match hint {
         RejectReason::Shutdown => None,
@@ -1153,13 +1148,7 @@ fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     };
     let _ = req;
     Refused {
-        reason: hint,
-        constraint,
-        lim,
-        g: gsum,
-        t: tsum,
-        classes,
-        limits,
         stored_shared: Some((g.u().saturating_sub(sum_pc), g.v().saturating_sub(sum_pt))),
+        ..describe(shared, hint, constraint)
     }
 }

@@ -28,19 +28,20 @@ fn key(r: &LlmRequest) -> Option<DedupKey> {
     Some(DedupKey::of_request(r).partition("", None))
 }
 
-/// A call that counts itself and finishes when the test sends its result.
-fn gated(
+/// A call that counts itself and finishes when the test sends its result (the default value
+/// if the sender is dropped).
+fn gated<T: Default + Send + 'static>(
     calls: &Arc<AtomicU32>,
 ) -> (
-    oneshot::Sender<String>,
-    impl FnOnce() -> Pin<Box<dyn Future<Output = String> + Send>>,
+    oneshot::Sender<T>,
+    impl FnOnce() -> Pin<Box<dyn Future<Output = T> + Send>>,
 ) {
-    let (tx, rx) = oneshot::channel::<String>();
+    let (tx, rx) = oneshot::channel::<T>();
     let calls = calls.clone();
     (tx, move || {
         Box::pin(async move {
             calls.fetch_add(1, Ordering::SeqCst);
-            rx.await.unwrap_or_else(|_| "sender dropped".into())
+            rx.await.unwrap_or_default()
         })
     })
 }
@@ -55,7 +56,7 @@ fn identical_in_flight_requests_share_one_call() {
     let d: Dedup<String> = Dedup::new(100);
     let calls = Arc::new(AtomicU32::new(0));
     let r = LlmRequest::new("gpt-4o", &["hello"]);
-    let (tx, work) = gated(&calls);
+    let (tx, work) = gated::<String>(&calls);
     let mut leader = d.run(key(&r), FollowerOptions::default(), work);
     let mut follower = d.run(key(&r), FollowerOptions::default(), not_called());
     assert!(leader.is_leader() && follower.is_follower());
@@ -187,7 +188,7 @@ fn a_follower_leaves_by_drop_or_timeout_without_cancelling_the_call() {
     let d: Dedup<String> = Dedup::new(100);
     let calls = Arc::new(AtomicU32::new(0));
     let k = DedupKey::of_bytes(b"k");
-    let (tx, work) = gated(&calls);
+    let (tx, work) = gated::<String>(&calls);
     let mut leader = d.run(k, FollowerOptions::default(), work);
     assert!(poll(&mut leader).is_pending());
     let dropped = d.run(k, FollowerOptions::default(), not_called());
@@ -210,7 +211,7 @@ fn the_leaders_cancellation_leaves_the_call_to_its_followers() {
     let d: Dedup<String> = Dedup::new(100);
     let calls = Arc::new(AtomicU32::new(0));
     let k = DedupKey::of_bytes(b"k");
-    let (tx, work) = gated(&calls);
+    let (tx, work) = gated::<String>(&calls);
     let mut leader = d.run(k, FollowerOptions::default(), work);
     let mut follower = d.run(k, FollowerOptions::default(), not_called());
     assert!(poll(&mut leader).is_pending());
@@ -223,7 +224,7 @@ fn the_leaders_cancellation_leaves_the_call_to_its_followers() {
     );
     assert_eq!(d.stats().active, 0);
     // Everyone gone before completion: the work is dropped, the key freed.
-    let (tx2, work2) = gated(&calls);
+    let (tx2, work2) = gated::<String>(&calls);
     let mut l2 = d.run(k, FollowerOptions::default(), work2);
     let f2 = d.run(k, FollowerOptions::default(), not_called());
     assert!(poll(&mut l2).is_pending());
@@ -272,7 +273,7 @@ fn a_share_function_gives_each_follower_its_own_result() {
 fn a_full_map_runs_calls_on_their_own() {
     let d: Dedup<u8> = Dedup::new(1);
     let calls = Arc::new(AtomicU32::new(0));
-    let (_tx, work) = gated_u8(&calls);
+    let (_tx, work) = gated::<u8>(&calls);
     let mut first = d.run(DedupKey::of_bytes(b"a"), FollowerOptions::default(), work);
     assert!(poll(&mut first).is_pending());
     let mut second = d.run(
@@ -284,22 +285,6 @@ fn a_full_map_runs_calls_on_their_own() {
     assert_eq!(poll(&mut second), Poll::Ready(Ok(2)));
     let s = d.stats();
     assert_eq!((s.active, s.full), (1, 1));
-}
-
-fn gated_u8(
-    calls: &Arc<AtomicU32>,
-) -> (
-    oneshot::Sender<u8>,
-    impl FnOnce() -> Pin<Box<dyn Future<Output = u8> + Send>>,
-) {
-    let (tx, rx) = oneshot::channel::<u8>();
-    let calls = calls.clone();
-    (tx, move || {
-        Box::pin(async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            rx.await.unwrap_or(0)
-        })
-    })
 }
 
 /// Composed with `LlmBulkhead::run`: the group holds one admission, makes one upstream call;
@@ -364,7 +349,7 @@ proptest! {
         let d: Dedup<u32> = Dedup::new(16);
         let calls = Arc::new(AtomicU32::new(0));
         let k = DedupKey::of_bytes(b"group");
-        let (tx, work) = gated_u32(&calls);
+        let (tx, work) = gated::<u32>(&calls);
         let mut all = vec![d.run(k, FollowerOptions::default(), work)];
         for _ in 0..followers {
             all.push(d.run(k, FollowerOptions::default(), || async { 0 }));
@@ -386,20 +371,4 @@ proptest! {
         prop_assert_eq!(calls.load(Ordering::SeqCst), 1);
         prop_assert_eq!(d.stats().active, 0);
     }
-}
-
-fn gated_u32(
-    calls: &Arc<AtomicU32>,
-) -> (
-    oneshot::Sender<u32>,
-    impl FnOnce() -> Pin<Box<dyn Future<Output = u32> + Send>>,
-) {
-    let (tx, rx) = oneshot::channel::<u32>();
-    let calls = calls.clone();
-    (tx, move || {
-        Box::pin(async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            rx.await.unwrap_or(0)
-        })
-    })
 }

@@ -27,6 +27,36 @@ fn floor(n: u32) -> ClassLimits {
     }
 }
 
+/// One slot, a queue of `max_queue`, one class `x` without floors.
+fn one_class(max_queue: u32) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(max_queue)
+        .class("x", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap()
+}
+
+/// One slot, a queue of one, class `x` (default) and class `capped` with a concurrency
+/// ceiling of `cap`.
+fn x_and_capped(cap: u32) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(1)
+        .class("x", ClassLimits::default())
+        .class(
+            "capped",
+            ClassLimits {
+                max_concurrent: Some(cap),
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("x")
+        .build()
+        .unwrap()
+}
+
 fn ready<T>(p: Poll<T>) -> T {
     match p {
         Poll::Ready(v) => v,
@@ -171,20 +201,7 @@ fn a_class_head_that_no_longer_fits_is_answered_and_the_next_is_served() {
 /// class detail; a zero timeout leaves with `timeout`; close answers every waiter `shutdown`.
 #[test]
 fn bounds_timeouts_and_close_with_classes() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(1)
-        .class("x", ClassLimits::default())
-        .class(
-            "capped",
-            ClassLimits {
-                max_concurrent: Some(1),
-                ..ClassLimits::default()
-            },
-        )
-        .default_class("x")
-        .build()
-        .unwrap();
+    let b = x_and_capped(1);
     let capped = b.class_id("capped").unwrap();
     let holder = b.try_acquire(Demand::slot().in_class(capped)).unwrap();
     // Row 3 (the class ceiling) is fail-fast: never queued.
@@ -244,13 +261,7 @@ fn bounds_timeouts_and_close_with_classes() {
 /// A raised `max_concurrent` admits class waiters at once, with their attribution.
 #[test]
 fn raising_the_limit_admits_class_waiters() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(4)
-        .class("x", ClassLimits::default())
-        .default_class("x")
-        .build()
-        .unwrap();
+    let b = one_class(4);
     let holder = b.try_acquire(Demand::slot()).unwrap();
     let mut w1 = Box::pin(b.acquire(Demand::slot(), wait()));
     let mut w2 = Box::pin(b.acquire(Demand::slot(), wait()));
@@ -356,13 +367,7 @@ fn settle_everything(a_floor: u32) {
 /// queue, a non-zero one when it did (the clock is read only for those calls).
 #[test]
 fn timed_calls_report_decision_and_queue_wait() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(2)
-        .class("x", ClassLimits::default())
-        .default_class("x")
-        .build()
-        .unwrap();
+    let b = one_class(2);
     let t = b.try_acquire_timed(Demand::slot());
     assert_eq!(t.timing.queue_wait_ns, 0);
     let held = t.value.unwrap();
@@ -383,20 +388,7 @@ fn timed_calls_report_decision_and_queue_wait() {
 /// wait; a full queue → `queue_limit`; a class ceiling still refuses first.
 #[test]
 fn would_admit_with_classes_knows_the_queue() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(1)
-        .class("x", ClassLimits::default())
-        .class(
-            "capped",
-            ClassLimits {
-                max_concurrent: Some(0),
-                ..ClassLimits::default()
-            },
-        )
-        .default_class("x")
-        .build()
-        .unwrap();
+    let b = x_and_capped(0);
     let capped = b.class_id("capped").unwrap();
     assert!(matches!(
         b.would_admit(&Demand::slot()),

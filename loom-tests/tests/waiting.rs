@@ -13,12 +13,10 @@
 
 mod common;
 
-use common::{assert_quiescent, model};
+use common::{assert_quiescent, model, scenarios};
 use llm_bulkhead::{Bulkhead, Demand, RejectReason, WaitOptions};
 use loom::thread;
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 fn queued(max_concurrent: u32) -> Bulkhead {
@@ -31,21 +29,7 @@ fn queued(max_concurrent: u32) -> Bulkhead {
 
 #[test]
 fn enqueue_against_release_loses_no_wake_up() {
-    model(|| {
-        let b = queued(1);
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || {
-            let a = b2
-                .acquire_blocking(Demand::slot(), WaitOptions::default())
-                .expect("the slot comes back");
-            drop(a);
-        });
-        drop(held);
-        t.join().unwrap();
-        assert_quiescent(&b, 2, 0);
-        assert_eq!(b.stats().pending, 0);
-    });
+    model(|| scenarios::enqueue_against_release(queued(1)));
 }
 
 #[test]
@@ -82,44 +66,12 @@ fn a_timing_out_waiter_against_the_hand_off() {
 
 #[test]
 fn a_dropped_async_waiter_against_the_hand_off_passes_the_slot_on() {
-    model(|| {
-        let b = queued(1);
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        // A second waiter (polled on the main thread) queues behind the first.
-        let b2 = b.clone();
-        let t = thread::spawn(move || {
-            let mut f = pin!(b2.acquire(Demand::slot(), WaitOptions::default()));
-            let _ = f
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-                .map(|r| r.map(drop));
-            // Dropped here, queued or already granted.
-        });
-        drop(held);
-        t.join().unwrap();
-        let s = b.stats();
-        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-        drop(b.try_acquire(Demand::slot()).expect("free"));
-    });
+    model(|| scenarios::dropped_waiter_against_hand_off(queued(1)));
 }
 
 #[test]
 fn close_against_enqueue() {
-    model(|| {
-        let b = queued(1);
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || {
-            b2.acquire_blocking(Demand::slot(), WaitOptions::default())
-                .map(drop)
-                .map_err(|r| r.reason)
-        });
-        b.close();
-        assert_eq!(t.join().unwrap(), Err(RejectReason::Shutdown));
-        drop(held);
-        let s = b.stats();
-        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-    });
+    model(|| scenarios::close_against_enqueue(queued(1)));
 }
 
 #[test]
@@ -144,18 +96,7 @@ fn raising_the_limit_admits_a_queued_waiter() {
 
 #[test]
 fn the_last_release_against_a_drain_waiter() {
-    model(|| {
-        let b = queued(1);
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || b2.drain_blocking(None));
-        drop(held);
-        let r = t.join().unwrap();
-        assert!(r.drained, "{r:?}");
-        assert_quiescent(&b, 1, 0);
-        // The drainer's flag is gone: the fast path admits.
-        drop(b.try_acquire(Demand::slot()).expect("free"));
-    });
+    model(|| scenarios::drain_against_last_release(queued(1)));
 }
 
 /// Keeps `Poll` in use for readers of the model above.

@@ -14,12 +14,9 @@
 
 mod common;
 
-use common::{assert_quiescent, model};
-use llm_bulkhead::{Bulkhead, ClassLimits, Demand, RejectReason, WaitOptions};
+use common::{model, scenarios};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, WaitOptions};
 use loom::thread;
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Waker};
 
 /// One class without floors (every release is borrowed), one slot, a queue.
 fn one_class() -> Bulkhead {
@@ -34,21 +31,7 @@ fn one_class() -> Bulkhead {
 
 #[test]
 fn enqueue_against_a_borrowed_release_loses_no_wake_up() {
-    model(|| {
-        let b = one_class();
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || {
-            let a = b2
-                .acquire_blocking(Demand::slot(), WaitOptions::default())
-                .expect("the slot comes back");
-            drop(a);
-        });
-        drop(held);
-        t.join().unwrap();
-        assert_quiescent(&b, 2, 0);
-        assert_eq!(b.stats().pending, 0);
-    });
+    model(|| scenarios::enqueue_against_release(one_class()));
 }
 
 #[test]
@@ -93,56 +76,15 @@ fn enqueue_against_a_protected_release_loses_no_wake_up() {
 
 #[test]
 fn a_dropped_class_waiter_against_the_hand_off_passes_the_slot_on() {
-    model(|| {
-        let b = one_class();
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || {
-            let mut f = pin!(b2.acquire(Demand::slot(), WaitOptions::default()));
-            let _ = f
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-                .map(|r| r.map(drop));
-            // Dropped here, queued or already granted.
-        });
-        drop(held);
-        t.join().unwrap();
-        let s = b.stats();
-        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-        // The flags are down: the fast path admits.
-        drop(b.try_acquire(Demand::slot()).expect("free"));
-    });
+    model(|| scenarios::dropped_waiter_against_hand_off(one_class()));
 }
 
 #[test]
 fn a_drain_against_the_last_class_release_is_woken() {
-    model(|| {
-        let b = one_class();
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || b2.drain_blocking(None));
-        drop(held);
-        let r = t.join().unwrap();
-        assert!(r.drained, "{r:?}");
-        assert_quiescent(&b, 1, 0);
-    });
+    model(|| scenarios::drain_against_last_release(one_class()));
 }
 
 #[test]
 fn close_against_a_class_enqueue() {
-    model(|| {
-        let b = one_class();
-        let held = b.try_acquire(Demand::slot()).unwrap();
-        let b2 = b.clone();
-        let t = thread::spawn(move || {
-            b2.acquire_blocking(Demand::slot(), WaitOptions::default())
-                .map(drop)
-                .map_err(|r| r.reason)
-        });
-        b.close();
-        assert_eq!(t.join().unwrap(), Err(RejectReason::Shutdown));
-        drop(held);
-        let s = b.stats();
-        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-    });
+    model(|| scenarios::close_against_enqueue(one_class()));
 }

@@ -3,6 +3,8 @@
 //! Not a model itself; every `tests/*.rs` file includes it with `mod common;`.
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use llm_bulkhead::{Bulkhead, Demand, Reservation, Stats, TokenStats};
 
 /// The preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set.
