@@ -59,9 +59,9 @@ enum Mode {
     /// `try_acquire`: a refusal goes straight back to the client (a 429).
     FailFast,
     /// `acquire_blocking` with this timeout. This bulkhead has no queue (`max_queue` 0, see
-    /// `build_bulkhead`), so the call decides like `try_acquire` whether or not classed
-    /// bulkheads can queue; a refusal of any reason (including `timeout` or `queue_limit`,
-    /// should a queue be configured) is retried after the class's backoff.
+    /// `build_bulkhead`), so the call decides like `try_acquire`; a refusal of any reason
+    /// (including `timeout` or `queue_limit`, should a queue be configured) is retried after
+    /// the class's backoff.
     Wait(Duration),
 }
 
@@ -173,9 +173,9 @@ fn build_bulkhead() -> Bulkhead {
     for spec in &SPECS {
         builder = builder.class(spec.name, spec.limits);
     }
-    // No queue: with one global FIFO queue no newcomer may pass a waiter (CONTRACT.md §2),
-    // not even an interactive request inside its floor, so a gateway that wants floors to hold
-    // fails fast and lets the batch tenant retry.
+    // No queue: the gateway fails fast and lets the batch tenant retry. (With floors, a
+    // borrower that finds no free slot is refused for protection, CONTRACT.md §2 row 4, rather
+    // than queued; only requests inside their floors would ever wait in the one FIFO.)
     builder
         .max_queue(0)
         .default_class(SPECS[STANDARD].name)
