@@ -46,7 +46,7 @@ fn dedup(c: &mut Criterion) {
     let json_len = serde_json::to_string(&r).unwrap().len();
     eprintln!("request: {json_len} bytes of JSON");
     g.bench_function("key_1kb", |b| {
-        b.iter(|| DedupKey::of_request(black_box(&r)).partition("tenant-a", None))
+        b.iter(|| DedupKey::for_request(black_box(&r), "tenant-a", None))
     });
     g.bench_function("bare_future", |b| {
         b.iter(|| ready(async { black_box(7u64) }))
@@ -54,7 +54,7 @@ fn dedup(c: &mut Criterion) {
     let d: Dedup<u64> = Dedup::new(10_000);
     g.bench_function("run_1kb_leader", |b| {
         b.iter(|| {
-            let k = DedupKey::of_request(black_box(&r)).partition("tenant-a", None);
+            let k = DedupKey::for_request(black_box(&r), "tenant-a", None);
             ready(d.run(Some(k), FollowerOptions::default(), || async {
                 black_box(7u64)
             }))

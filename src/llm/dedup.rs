@@ -77,25 +77,27 @@ impl DedupKey {
     /// unknown top-level field), with object keys in sorted order.
     pub fn of_request(request: &LlmRequest) -> DedupKey {
         let mut h = Canon::new();
-        h.tag(7);
-        h.opt_str(request.model.as_deref());
-        h.len(request.messages.len());
-        for m in &request.messages {
-            h.message(m);
-        }
-        match &request.system {
-            None => h.tag(0),
-            Some(c) => {
-                h.tag(1);
-                h.content(c);
-            }
-        }
-        h.opt_u64(request.max_tokens);
-        h.opt_u64(request.extra_input_tokens);
-        h.object(&request.extra);
+        h.request(request);
         DedupKey(h.finish())
     }
 
+    /// [`of_request`](Self::of_request) inside partition `scope` and `class`, in one pass
+    /// (the same key as `of_request(request).partition(scope, class)` would not be: this one
+    /// hashes the partition and the request together, and is cheaper).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::{DedupKey, LlmRequest};
+    /// let r = LlmRequest::new("m", &["hi"]);
+    /// assert_eq!(DedupKey::for_request(&r, "t", None), DedupKey::for_request(&r, "t", None));
+    /// assert_ne!(DedupKey::for_request(&r, "t", None), DedupKey::for_request(&r, "u", None));
+    /// ```
+    pub fn for_request(request: &LlmRequest, scope: &str, class: Option<ClassId>) -> DedupKey {
+        let mut h = Canon::new();
+        h.tag(10);
+        h.partition(scope, class);
+        h.request(request);
+        DedupKey(h.finish())
+    }
     /// A key from caller-chosen bytes (a custom key function's output). Empty bytes opt out
     /// of de-duplication (`None`), as an empty key does in the reference.
     ///
@@ -126,14 +128,7 @@ impl DedupKey {
     pub fn partition(self, scope: &str, class: Option<ClassId>) -> DedupKey {
         let mut h = Canon::new();
         h.tag(9);
-        h.str(scope);
-        match class {
-            None => h.tag(0),
-            Some(c) => {
-                h.tag(1);
-                h.len(c.index());
-            }
-        }
+        h.partition(scope, class);
         h.bytes(&self.0.to_le_bytes());
         DedupKey(h.finish())
     }
@@ -280,6 +275,39 @@ impl Canon {
             CANON_BUF.with(|c| c.set(self.buf));
         }
         h
+    }
+}
+
+impl Canon {
+    fn partition(&mut self, scope: &str, class: Option<ClassId>) {
+        self.str(scope);
+        match class {
+            None => self.tag(0),
+            Some(c) => {
+                self.tag(1);
+                self.len(c.index());
+            }
+        }
+    }
+
+    fn request(&mut self, request: &LlmRequest) {
+        let h = self;
+        h.tag(7);
+        h.opt_str(request.model.as_deref());
+        h.len(request.messages.len());
+        for m in &request.messages {
+            h.message(m);
+        }
+        match &request.system {
+            None => h.tag(0),
+            Some(c) => {
+                h.tag(1);
+                h.content(c);
+            }
+        }
+        h.opt_u64(request.max_tokens);
+        h.opt_u64(request.extra_input_tokens);
+        h.object(&request.extra);
     }
 }
 
@@ -727,6 +755,18 @@ impl<T: Send + 'static> Future for DedupRun<T> {
     }
 }
 
+/// A finished flight's result for the leader (`follower: None`) or a follower.
+fn take_result<T>(st: &mut FlightState<T>, follower: Option<u64>) -> Result<T, DedupError> {
+    match follower {
+        None => Ok(st.leader_result.take().expect("the leader's result")),
+        Some(id) => st
+            .followers
+            .remove(&id)
+            .flatten()
+            .expect("a share for every follower"),
+    }
+}
+
 impl<T: Send + 'static> DedupRun<T> {
     fn poll_flight(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, DedupError>> {
         let (flight, key, follower) = match &self.role {
@@ -737,14 +777,7 @@ impl<T: Send + 'static> DedupRun<T> {
         loop {
             let mut st = lock(&flight.st);
             if st.done {
-                let out = match follower {
-                    None => Ok(st.leader_result.take().expect("the leader's result")),
-                    Some(id) => st
-                        .followers
-                        .remove(&id)
-                        .flatten()
-                        .expect("a share for every follower"),
-                };
+                let out = take_result(&mut st, follower);
                 st.participants -= 1;
                 drop(st);
                 self.finish();
@@ -789,12 +822,18 @@ impl<T: Send + 'static> DedupRun<T> {
                     return Poll::Pending;
                 }
                 Ok(Poll::Ready(result)) => {
-                    drop(work);
                     self.complete(&mut st, result);
+                    let out = take_result(&mut st, follower);
+                    st.participants -= 1;
+                    let others = st.participants > 0;
                     drop(st);
+                    drop(work);
                     self.remove_key(&flight, key);
-                    flight.notifier.wake_all();
-                    // Loop: take this participant's own result.
+                    if others {
+                        flight.notifier.wake_all();
+                    }
+                    self.finish();
+                    return Poll::Ready(out);
                 }
                 Err(panic) => {
                     // The shared call panicked: nobody gets a result; the panic goes on in
