@@ -774,7 +774,7 @@ impl<T: Send + 'static> DedupRun<T> {
             Role::Follower { flight, key, id } => (flight.clone(), *key, Some(*id)),
             _ => unreachable!(),
         };
-        loop {
+        {
             let mut st = lock(&flight.st);
             if st.done {
                 let out = take_result(&mut st, follower);
