@@ -819,7 +819,7 @@ impl<T: Send + 'static> DedupRun<T> {
             match polled {
                 Ok(Poll::Pending) => {
                     st.work = Some(work);
-                    return Poll::Pending;
+                    Poll::Pending
                 }
                 Ok(Poll::Ready(result)) => {
                     self.complete(&mut st, result);
@@ -833,7 +833,7 @@ impl<T: Send + 'static> DedupRun<T> {
                         flight.notifier.wake_all();
                     }
                     self.finish();
-                    return Poll::Ready(out);
+                    Poll::Ready(out)
                 }
                 Err(panic) => {
                     // The shared call panicked: nobody gets a result; the panic goes on in
