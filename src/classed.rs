@@ -1065,15 +1065,25 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     }
 }
 
-/// Whether a demand of `r` tokens in class `k` passes rows 1–5 in one collect of the words
-/// (without allocating): a newcomer that finds waiters queued and passes them joins the tail
-/// without a decision of its own. `false` also when the collect was torn by a tag change
-/// (the caller then takes the full path, which explains any refusal).
-pub(crate) fn passes_class_checks(shared: &Shared, k: usize, r: u64, priority: Priority) -> bool {
+/// What one collect of the words (no allocation) says of a demand: the waiting path uses it
+/// to go to the queue without a decision of its own (which would be refused, and explained
+/// at the cost of an allocating collect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Precheck {
+    /// Rows 1–5 refuse it, or the collect was torn by a tag change: take the full path.
+    Refused,
+    /// Rows 1–5 pass and no global slot is free.
+    NoSlot,
+    /// It fits.
+    Fits,
+}
+
+/// [`Precheck`] of a demand of `r` tokens in class `k`.
+pub(crate) fn precheck(shared: &Shared, k: usize, r: u64, priority: Priority) -> Precheck {
     const ROOM: usize = 16;
     let n = shared.class_words.len();
     if n > ROOM {
-        return false;
+        return Precheck::Refused;
     }
     let g = GWord(shared.word.load(SeqCst));
     let mut classes = [(0u64, 0u64); ROOM];
@@ -1092,7 +1102,7 @@ pub(crate) fn passes_class_checks(shared: &Shared, k: usize, r: u64, priority: P
         limits[j] = shared.ring.read_class(g.tag(), j);
     }
     if GWord(shared.word.load(SeqCst)).tag() != g.tag() {
-        return false;
+        return Precheck::Refused;
     }
     let lim = shared.ring.read(g.tag());
     let view = ClassView {
@@ -1103,10 +1113,11 @@ pub(crate) fn passes_class_checks(shared: &Shared, k: usize, r: u64, priority: P
         max_concurrent: lim.max_concurrent,
         eff: lim.effective(priority),
     };
-    matches!(
-        view.decide(k, r),
-        None | Some((RejectReason::ConcurrencyLimit, Constraint::Global))
-    )
+    match view.decide(k, r) {
+        None => Precheck::Fits,
+        Some((RejectReason::ConcurrencyLimit, Constraint::Global)) => Precheck::NoSlot,
+        Some(_) => Precheck::Refused,
+    }
 }
 
 /// A refusal with `reason` and `constraint` given by the caller (a queued waiter's answer),

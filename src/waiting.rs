@@ -63,6 +63,7 @@
 
 use crate::admission::Admission;
 use crate::bulkhead::{Bulkhead, Granted};
+use crate::classed::Precheck;
 use crate::demand::{Demand, Priority, Reservation};
 use crate::queue::{Notify, Outcome, Queue, Waiter, WakeList};
 use crate::rejection::{RejectReason, Rejection};
@@ -1209,11 +1210,15 @@ impl Bulkhead {
     fn enter_classed(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
         let shared = &*self.shared;
         let (k, r, priority) = (node.k, node.r, node.priority);
-        // Waiters are queued and rows 1–5 pass: straight to the tail (no decision of our own,
-        // which would only be refused for barging, and explained at a cost).
-        let behind_waiters = Word(shared.word.load(Ordering::SeqCst)).waiters()
-            && crate::classed::passes_class_checks(shared, k, r, priority);
-        if !behind_waiters {
+        // Rows 1–5 pass and there is no free slot, or waiters are queued: straight to the
+        // queue (a decision of our own would only be refused, and explained at a cost).
+        let w = Word(shared.word.load(Ordering::SeqCst));
+        let lim = shared.ring.read(w.tag());
+        let pre = crate::classed::precheck(shared, k, r, priority);
+        let to_queue = lim.max_concurrent > 0
+            && lim.max_queue > 0
+            && (pre == Precheck::NoSlot || (pre == Precheck::Fits && w.waiters()));
+        if !to_queue {
             match crate::classed::acquire(shared, k, r, priority) {
                 Ok(a) => {
                     return Enter::Granted(self.count_class_admission(
@@ -1234,26 +1239,30 @@ impl Bulkhead {
         }
         let mut q = lock(&shared.queue);
         if q.len() == 0 {
-            // Become the head: flags up first, then decide (no lost wake-up).
+            // Become the head: flags up first, then decide (no lost wake-up). A collect after
+            // the flags that finds no free slot is that decision: any release it missed comes
+            // later in its word's order, sees the flags and pumps.
             set_class_flags(shared, &mut q, true, true);
-            match crate::classed::acquire_in_queue(shared, k, r, priority) {
-                Ok(a) => {
-                    sync_class_flags(shared, &mut q);
-                    drop(q);
-                    return Enter::Granted(self.count_class_admission(
-                        k,
-                        r,
-                        a.revision,
-                        a.resources,
-                    ));
-                }
-                // An unconfirmed refusal waits too: the step that caused it visits the queue
-                // when it lands or is taken back, and the flags are already up.
-                Err(f) if waits_for_slot(&f) || f.stored_shared.is_some() => {}
-                Err(f) => {
-                    sync_class_flags(shared, &mut q);
-                    drop(q);
-                    return Enter::Refused(self.class_refusal(k, *f, r, priority));
+            if crate::classed::precheck(shared, k, r, priority) != Precheck::NoSlot {
+                match crate::classed::acquire_in_queue(shared, k, r, priority) {
+                    Ok(a) => {
+                        sync_class_flags(shared, &mut q);
+                        drop(q);
+                        return Enter::Granted(self.count_class_admission(
+                            k,
+                            r,
+                            a.revision,
+                            a.resources,
+                        ));
+                    }
+                    // An unconfirmed refusal waits too: the step that caused it visits the
+                    // queue when it lands or is taken back, and the flags are already up.
+                    Err(f) if waits_for_slot(&f) || f.stored_shared.is_some() => {}
+                    Err(f) => {
+                        sync_class_flags(shared, &mut q);
+                        drop(q);
+                        return Enter::Refused(self.class_refusal(k, *f, r, priority));
+                    }
                 }
             }
         }
