@@ -335,3 +335,17 @@ impl Queue {
         notify
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The node lives inside every acquire future and on every blocked thread's stack: keep it
+    /// small (its size is reported in the issue notes and the README).
+    #[test]
+    fn a_waiter_node_stays_small() {
+        let size = std::mem::size_of::<Waiter>();
+        eprintln!("waiter node: {size} bytes");
+        assert!(size <= 112, "waiter node grew to {size} bytes");
+    }
+}
