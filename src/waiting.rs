@@ -862,8 +862,8 @@ impl Future for Acquire<'_> {
                 this.finished = true;
                 return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
             }
-            let waker = cx.waker().clone();
-            match b.enter(node, || Notify::Waker(waker)) {
+            // The waker is cloned only if the demand queues.
+            match b.enter(node, || Notify::Waker(cx.waker().clone())) {
                 Enter::Granted(g) => {
                     this.finished = true;
                     return Poll::Ready(Ok(b.admission_from(g, priority, this.reservation)));
