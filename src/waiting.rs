@@ -150,6 +150,8 @@ pub struct CancelToken(Arc<CancelInner>);
 struct CancelInner {
     cancelled: AtomicBool,
     sleepers: std::sync::Mutex<Vec<crate::sync::thread::Thread>>,
+    /// Async waiters' wakers, by registration id.
+    wakers: std::sync::Mutex<(u64, Vec<(u64, std::task::Waker)>)>,
 }
 
 impl CancelToken {
@@ -182,6 +184,17 @@ impl CancelToken {
         for t in sleepers {
             t.unpark();
         }
+        let wakers = std::mem::take(
+            &mut self
+                .0
+                .wakers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .1,
+        );
+        for (_, w) in wakers {
+            w.wake();
+        }
     }
 
     /// Whether [`cancel`](Self::cancel) was called.
@@ -199,6 +212,37 @@ impl CancelToken {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(t);
+    }
+
+    /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id.
+    fn register_waker(&self, id: Option<u64>, w: &std::task::Waker) -> u64 {
+        let mut g = self
+            .0
+            .wakers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(id) = id {
+            if let Some(e) = g.1.iter_mut().find(|e| e.0 == id) {
+                if !e.1.will_wake(w) {
+                    e.1 = w.clone();
+                }
+                return id;
+            }
+        }
+        let id = g.0;
+        g.0 += 1;
+        g.1.push((id, w.clone()));
+        id
+    }
+
+    /// Forgets an async waiter's waker (its wait ended).
+    fn unregister_waker(&self, id: u64) {
+        self.0
+            .wakers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            .retain(|e| e.0 != id);
     }
 
     /// Forgets the calling thread's registration (its wait ended), so a token reused for many
@@ -434,6 +478,7 @@ impl Bulkhead {
             finished: false,
             deadline: None,
             timer: None,
+            cancel_reg: None,
             since: None,
             timed: false,
             queue_wait: None,
@@ -822,6 +867,8 @@ pub struct Acquire<'a> {
     deadline: Option<Instant>,
     /// The timer entry that wakes this future at its deadline.
     timer: Option<u64>,
+    /// Its waker's registration with `options.cancel`, while queued.
+    cancel_reg: Option<u64>,
     /// When it joined the queue.
     since: Option<Instant>,
     /// Timing requested ([`Bulkhead::acquire_timed`]): the queue wait is measured.
@@ -887,6 +934,13 @@ impl Future for Acquire<'_> {
                     if let Some(at) = this.deadline {
                         this.timer = Some(crate::timer::register(at, cx.waker().clone()));
                     }
+                    if let Some(tok) = &this.options.cancel {
+                        this.cancel_reg = Some(tok.register_waker(None, cx.waker()));
+                        if tok.is_cancelled() {
+                            // Cancelled before the registration: look again at once.
+                            cx.waker().wake_by_ref();
+                        }
+                    }
                     return Poll::Pending;
                 }
             }
@@ -906,15 +960,20 @@ impl Future for Acquire<'_> {
                 };
                 let outcome = b.leave(node, reason);
                 this.finished = true;
-                if let Some(t) = this.timer.take() {
-                    crate::timer::cancel(t);
-                }
+                end_registrations(
+                    &mut this.timer,
+                    this.options.cancel.as_ref(),
+                    &mut this.cancel_reg,
+                );
                 this.queue_wait = this.since.map(|s| s.elapsed());
                 book_wait(b, this.since);
                 return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
             }
             if let Some(t) = this.timer {
                 crate::timer::update(t, cx.waker());
+            }
+            if let (Some(tok), Some(id)) = (&this.options.cancel, this.cancel_reg) {
+                tok.register_waker(Some(id), cx.waker());
             }
             let q = lock(&b.shared.queue);
             if !node.is_done() {
@@ -925,20 +984,34 @@ impl Future for Acquire<'_> {
             }
         }
         this.finished = true;
-        if let Some(t) = this.timer.take() {
-            crate::timer::cancel(t);
-        }
+        end_registrations(
+            &mut this.timer,
+            this.options.cancel.as_ref(),
+            &mut this.cancel_reg,
+        );
         this.queue_wait = this.since.map(|s| s.elapsed());
         book_wait(b, this.since);
         Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
     }
 }
 
+/// Ends a waiter's timer entry and its cancellation registration (the wait is over).
+fn end_registrations(timer: &mut Option<u64>, cancel: Option<&CancelToken>, reg: &mut Option<u64>) {
+    if let Some(t) = timer.take() {
+        crate::timer::cancel(t);
+    }
+    if let (Some(tok), Some(id)) = (cancel, reg.take()) {
+        tok.unregister_waker(id);
+    }
+}
+
 impl Drop for Acquire<'_> {
     fn drop(&mut self) {
-        if let Some(t) = self.timer.take() {
-            crate::timer::cancel(t);
-        }
+        end_registrations(
+            &mut self.timer,
+            self.options.cancel.as_ref(),
+            &mut self.cancel_reg,
+        );
         if !self.queued || self.finished {
             return;
         }

@@ -419,3 +419,45 @@ fn would_admit_with_classes_knows_the_queue() {
     drop(ready(poll_once(w.as_mut())).unwrap());
     assert_eq!(b.stats().rejected, 0); // advice counts nothing
 }
+
+/// A `CancelToken` wakes an async waiter (not only a blocked thread): the future is woken by
+/// `cancel` and answers `aborted` at its next poll; a token reused afterwards keeps no stale
+/// registration.
+#[test]
+fn cancel_wakes_an_async_waiter() {
+    use std::sync::atomic::AtomicUsize;
+    struct Count(AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    for classes in [false, true] {
+        let b = if classes {
+            one_class(2)
+        } else {
+            Bulkhead::builder()
+                .max_concurrent(1)
+                .max_queue(2)
+                .build()
+                .unwrap()
+        };
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let token = llm_bulkhead::CancelToken::new();
+        let count = std::sync::Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let options = WaitOptions {
+            cancel: Some(token.clone()),
+            ..WaitOptions::default()
+        };
+        let mut w = Box::pin(b.acquire(Demand::slot(), options));
+        assert!(w.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+        token.cancel();
+        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1, "cancel woke it");
+        let e = refused(w.as_mut().poll(&mut Context::from_waker(&waker)));
+        assert_eq!(e.reason, RejectReason::Aborted);
+        assert_eq!(b.stats().pending, 0);
+        drop(held);
+    }
+}
