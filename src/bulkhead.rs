@@ -863,9 +863,12 @@ fn refuse(
         return Err(now);
     }
     shared.counters.local(Counters::new).rejected[reason.index()].add(1);
-    let rej = rejection(w.slots(), w.tokens(), lim, reason, r, priority);
-    crate::events::rejected(shared, None, &rej);
-    Ok(rej)
+    // Built in the return value's place; the hook reads it there (only when subscribed).
+    let out = Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
+    if let Ok(rej) = &out {
+        crate::events::rejected(shared, None, rej);
+    }
+    out
 }
 
 pub(crate) fn rejection(
