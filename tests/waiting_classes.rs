@@ -451,10 +451,17 @@ fn cancel_wakes_an_async_waiter() {
             ..WaitOptions::default()
         };
         let mut w = Box::pin(b.acquire(Demand::slot(), options));
-        assert!(w.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+        assert!(w
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending());
         assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 0);
         token.cancel();
-        assert_eq!(count.0.load(std::sync::atomic::Ordering::SeqCst), 1, "cancel woke it");
+        assert_eq!(
+            count.0.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "cancel woke it"
+        );
         let e = refused(w.as_mut().poll(&mut Context::from_waker(&waker)));
         assert_eq!(e.reason, RejectReason::Aborted);
         assert_eq!(b.stats().pending, 0);
