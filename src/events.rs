@@ -1,5 +1,6 @@
-//! Events (reference §10.2): admissions, refusals, usage reports, releases, reconfigurations
-//! and borrowed-concurrency abandonments, delivered synchronously to subscribers.
+//! Events (reference §10.2): admissions, refusals, usage reports, releases, reconfigurations,
+//! borrowed-concurrency abandonments and observe-mode bypasses, delivered synchronously to
+//! subscribers.
 //!
 //! ```
 //! use llm_bulkhead::{Bulkhead, Demand, Event};

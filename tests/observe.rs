@@ -776,3 +776,66 @@ fn bypass_events_serialise_with_snake_case_fields() {
     assert_eq!(stats["observe"]["bypassed_by_reason"]["budget_limit"], 1);
     assert_eq!(stats["observe"]["race_bypassed"], 0);
 }
+
+// ---- real threads: observe mode never lets admitted work exceed the limits ----
+
+#[test]
+fn observe_mode_on_threads_keeps_capacity_within_limits_and_counts_every_run() {
+    // mc2, B25, 10-token runs: at most two admitted at a time; the rest bypass. Every run is
+    // either admitted or bypassed, capacity never exceeds the limits while work runs, and
+    // everything is at rest afterwards.
+    const THREADS: u64 = 4;
+    const RUNS: u64 = 300;
+    let llm = LlmBulkhead::new(
+        Bulkhead::builder()
+            .max_concurrent(2)
+            .token_budget(25)
+            .build()
+            .unwrap(),
+        |_: &LlmRequest| Ok(Reservation::new(5, 5).unwrap()),
+    );
+    let options = || observe().with_usage(|r: &(AdmissionKind, Usage)| Some(r.1));
+    let (admitted, bypassed) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (mut admitted, mut bypassed) = (0u64, 0u64);
+                    for _ in 0..RUNS {
+                        let (kind, _) = llm
+                            .run_blocking(&req(), options(), |ctx| {
+                                let s = llm.bulkhead().stats();
+                                assert!(s.in_flight <= 2, "{s:?}");
+                                assert!(s.token_budget.unwrap().in_flight_tokens <= 25, "{s:?}");
+                                if ctx.admission_kind() == AdmissionKind::Bypassed {
+                                    assert!(ctx.admission_id().is_shadow());
+                                    assert_eq!(ctx.held(), 0);
+                                }
+                                Ok::<_, ()>((ctx.admission_kind(), Usage::new(5, 5)))
+                            })
+                            .unwrap();
+                        match kind {
+                            AdmissionKind::Admitted => admitted += 1,
+                            AdmissionKind::Bypassed => bypassed += 1,
+                        }
+                    }
+                    (admitted, bypassed)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+    });
+    assert_eq!(admitted + bypassed, THREADS * RUNS);
+    let s = llm.bulkhead().stats();
+    assert_eq!((s.admitted, s.released), (admitted, admitted));
+    let o = s.observe.unwrap_or_default();
+    assert_eq!(o.bypassed, bypassed);
+    assert_eq!(o.bypassed, o.bypassed_by_reason.total());
+    assert_eq!(o.usage_reported, bypassed);
+    // Every run reported {5,5}: admitted ones are consumed, bypassed ones are observed.
+    assert_eq!(s.token_budget.unwrap().total_consumed, admitted * 10);
+    assert_eq!(o.total_input_tokens + o.total_output_tokens, bypassed * 10);
+    at_rest(&llm);
+}

@@ -682,7 +682,7 @@ impl RunContext {
         )
     }
 
-    /// Tokens currently held.
+    /// Tokens currently held (0 for bypassed work).
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -694,7 +694,9 @@ impl RunContext {
         self.with(|a| a.held()).unwrap_or(0)
     }
 
-    /// Reports cumulative usage ([`Admission::report_usage`]).
+    /// Reports cumulative usage ([`Admission::report_usage`]). Bypassed work (observe mode)
+    /// is validated and clamped the same way but holds nothing (`held` is 0, no overrun or
+    /// refund is booked); its sequence moves only when the clamped usage changes.
     ///
     /// # Errors
     /// As [`Admission::report_usage`]; nothing changes.
@@ -723,7 +725,8 @@ impl RunContext {
     }
 
     /// Returns a borrowed slot early ([`Admission::abandon_borrowed_concurrency`], cause
-    /// `manual`). A deadline that fires later then does nothing (reference §6.2).
+    /// `manual`). A deadline that fires later then does nothing (reference §6.2). Bypassed
+    /// work holds no slot: `false`.
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -1036,6 +1039,10 @@ impl LlmBulkhead {
     /// answer is [`RunError::Deadline`] (the result is dropped). A deadline that finds the slot
     /// already abandoned does nothing.
     ///
+    /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
+    /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
+    /// own events and `stats().observe`. `shutdown` and `aborted` are still answered.
+    ///
     /// # Errors
     /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
     /// [`RunError::Deadline`], or the work's own error as [`RunError::Work`].
@@ -1168,7 +1175,8 @@ impl LlmBulkhead {
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
     /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
     /// the work's future and the context, which releases the admission with the last usage
-    /// report and disarms the deadline.
+    /// report and disarms the deadline (observe mode: a bypassed run is settled with its
+    /// last report, and a `bypass_release` event says so).
     ///
     /// # Errors
     /// As [`run_blocking`](Self::run_blocking).
