@@ -839,3 +839,21 @@ fn observe_mode_on_threads_keeps_capacity_within_limits_and_counts_every_run() {
     assert_eq!(o.total_input_tokens + o.total_output_tokens, bypassed * 10);
     at_rest(&llm);
 }
+
+#[test]
+fn observe_mode_run_futures_and_contexts_can_move_across_threads() {
+    // A multi-threaded executor needs the future (and so the context) to be Send.
+    fn assert_send<T: Send>(_: &T) {}
+    let llm = budgeted(0);
+    let fut = llm.run(&req(), observe(), async |ctx| {
+        Ok::<_, ()>(ctx.admission_kind())
+    });
+    assert_send(&fut);
+    let kind = std::thread::scope(|s| {
+        s.spawn(move || futures_lite::future::block_on(fut))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(kind.unwrap(), AdmissionKind::Bypassed);
+    at_rest(&llm);
+}
