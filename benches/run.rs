@@ -13,10 +13,20 @@
 //!   per-call reservation override (no estimator call), each beside the bare
 //!   `try_acquire` + `release` pair of the same demand.
 //!
+//! * `observe`: what observe mode (`Mode::Observe`) costs. `enforce_run_blocking_slot` is
+//!   `run/run_blocking_slot` again (the enforce path observe mode must not slow down; compare
+//!   it with the same bench run from the parent commit with `--save-baseline`/`--baseline`),
+//!   `observe_admitted` is an observe-mode `run_blocking` that is admitted (a free slot),
+//!   `observe_bypassed` one that the advisory check refuses (`max_concurrent` 0) and that runs
+//!   bypassed, and `enforce_refused` the enforce-mode refusal of the same call, for scale.
+//!   `pair_slot` is the bare pair, the in-run reference for ratios.
+//!
 //! Estimation cost (a 200-character message) is in `benches/estimate.rs`.
 
 use criterion::{black_box, criterion_main, Criterion};
-use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, ReservationOverride, RunOptions};
+use llm_bulkhead::llm::{
+    LlmBulkhead, LlmRequest, Mode, NaiveEstimator, ReservationOverride, RunOptions,
+};
 use llm_bulkhead::{Bulkhead, Demand, Event, Reservation};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -175,12 +185,66 @@ fn run(c: &mut Criterion) {
     g.finish();
 }
 
+fn observe(c: &mut Criterion) {
+    let mut g = c.benchmark_group("observe");
+    let request = LlmRequest::new("m", &["x"]);
+    let observe = || RunOptions {
+        mode: Mode::observe(),
+        ..RunOptions::default()
+    };
+    let slots = Bulkhead::new(MAX_CONCURRENT).expect("valid limits");
+    g.bench_function("pair_slot", |b| {
+        b.iter(|| {
+            let a = slots.try_acquire(black_box(Demand::slot())).unwrap();
+            black_box(a.release(None).is_ok())
+        })
+    });
+    let llm = LlmBulkhead::new(slots.clone(), NaiveEstimator);
+    g.bench_function("enforce_run_blocking_slot", |b| {
+        b.iter(|| {
+            llm.run_blocking(black_box(&request), RunOptions::default(), |ctx| {
+                Ok::<_, ()>(ctx.revision())
+            })
+            .unwrap()
+        })
+    });
+    g.bench_function("observe_admitted", |b| {
+        b.iter(|| {
+            llm.run_blocking(black_box(&request), black_box(observe()), |ctx| {
+                Ok::<_, ()>(ctx.revision())
+            })
+            .unwrap()
+        })
+    });
+    let closed_door = LlmBulkhead::new(Bulkhead::new(0).expect("valid limits"), NaiveEstimator);
+    g.bench_function("observe_bypassed", |b| {
+        b.iter(|| {
+            closed_door
+                .run_blocking(black_box(&request), black_box(observe()), |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                })
+                .unwrap()
+        })
+    });
+    g.bench_function("enforce_refused", |b| {
+        b.iter(|| {
+            closed_door
+                .run_blocking(black_box(&request), RunOptions::default(), |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                })
+                .is_err()
+        })
+    });
+    g.finish();
+    assert_eq!(closed_door.bulkhead().stats().admitted, 0);
+}
+
 /// The criterion groups of this target (in a module: the macro's function has no doc comment).
 mod group {
     criterion::criterion_group! {
         name = benches;
         config = super::config();
-        targets = super::events, super::run
+        targets = super::events, super::run, super::observe
     }
 }
 criterion_main!(group::benches);

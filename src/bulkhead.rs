@@ -841,6 +841,7 @@ impl Bulkhead {
             },
             classes,
             subscriber_panics: shared.events.panics(),
+            observe: t.observe(),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Events (reference §10.2): admissions, refusals, usage reports, releases, reconfigurations
-//! and borrowed-concurrency abandonments, delivered synchronously to subscribers.
+//! Events (reference §10.2): admissions, refusals, usage reports, releases, reconfigurations,
+//! borrowed-concurrency abandonments and observe-mode bypasses, delivered synchronously to
+//! subscribers.
 //!
 //! ```
 //! use llm_bulkhead::{Bulkhead, Demand, Event};
@@ -255,6 +256,123 @@ pub struct AbandonEvent {
     pub held_tokens: u64,
 }
 
+/// Observe-mode work that runs without an admission: `LlmBulkhead::run` was refused for one of
+/// its shadow reasons and ran the work anyway, holding nothing (reference §9.4, `bypass`).
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+/// use llm_bulkhead::{Bulkhead, Event, RejectReason};
+/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+/// let sub = llm.bulkhead().subscribe(|e: &Event| if let Event::Bypass(b) = e {
+///     assert_eq!((b.reason, b.raced), (RejectReason::ConcurrencyLimit, false));
+///     assert!(b.admission_id.is_shadow());
+/// });
+/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+/// llm.run_blocking(&LlmRequest::default(), observe, |_| Ok::<_, ()>(())).unwrap();
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BypassEvent {
+    /// The bypass's shadow id ([`AdmissionId::is_shadow`]).
+    pub admission_id: AdmissionId,
+    /// The revision of the refusal it bypassed.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name (with classes).
+    pub class: Option<String>,
+    /// The refusal's reason.
+    pub reason: crate::RejectReason,
+    /// The refusal's constraint (with classes).
+    pub constraint: Option<crate::Constraint>,
+    /// The capacity the refusal saw.
+    pub detail: crate::CapacityDetail,
+    /// The reservation it would have taken (`None` without a budget); nothing is held.
+    pub reservation: Option<crate::Reservation>,
+    /// The advisory check said "admit" and the real decision refused (a queue timeout, or
+    /// capacity taken in between).
+    pub raced: bool,
+}
+
+/// A usage report of bypassed work that changed its usage (reference `bypassUsage`). Nothing
+/// is held, so there is no hold or delta.
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+/// use llm_bulkhead::{Bulkhead, Event, Usage};
+/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+/// let sub = llm.bulkhead().subscribe(|e: &Event| if let Event::BypassUsage(u) = e {
+///     assert_eq!((u.sequence, u.usage), (1, Usage::new(3, 2)));
+/// });
+/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+/// llm.run_blocking(&LlmRequest::default(), observe, |ctx| ctx.report_usage(Usage::new(3, 2), None)).unwrap();
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BypassUsageEvent {
+    /// The bypass's shadow id.
+    pub admission_id: AdmissionId,
+    /// The revision of the refusal it bypassed.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name (with classes).
+    pub class: Option<String>,
+    /// The bypassed refusal's reason.
+    pub reason: crate::RejectReason,
+    /// The new sequence number.
+    pub sequence: u64,
+    /// The reservation it would have taken (`None` without a budget).
+    pub reservation: Option<crate::Reservation>,
+    /// The clamped cumulative usage.
+    pub usage: Usage,
+    /// The reservation's `max_output` (`None` without a budget).
+    pub output_cap: Option<u64>,
+    /// `max(0, max_output − output)` (`None` without a budget).
+    pub output_remaining: Option<u64>,
+    /// `consumed > reserved` (false without a budget).
+    pub over_reservation: bool,
+    /// The progressive reconciliation, when the report had one (validated, not applied).
+    pub progressive: Option<Reconcile>,
+}
+
+/// Bypassed work finished (reference `bypassRelease`); nothing was held, nothing goes back.
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+/// use llm_bulkhead::{Bulkhead, Event, Usage};
+/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+/// let sub = llm.bulkhead().subscribe(|e: &Event| if let Event::BypassRelease(r) = e {
+///     assert_eq!((r.usage_sequence, r.usage), (0, Some(Usage::new(3, 2))));
+/// });
+/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() }
+///     .with_usage(|u: &Usage| Some(*u));
+/// llm.run_blocking(&LlmRequest::default(), observe, |_| Ok::<_, ()>(Usage::new(3, 2))).unwrap();
+/// # drop(sub);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BypassReleaseEvent {
+    /// The bypass's shadow id.
+    pub admission_id: AdmissionId,
+    /// The revision of the refusal it bypassed.
+    pub revision: u64,
+    /// Its priority.
+    pub priority: Priority,
+    /// Its class name (with classes).
+    pub class: Option<String>,
+    /// The bypassed refusal's reason.
+    pub reason: crate::RejectReason,
+    /// The reservation it would have taken (`None` without a budget).
+    pub reservation: Option<crate::Reservation>,
+    /// The usage sequence at the end.
+    pub usage_sequence: u64,
+    /// The final usage (from the result, else the last report).
+    pub usage: Option<Usage>,
+}
+
 /// One event (reference §10.2). Serialises (feature `serde`) as an object whose `event` field
 /// names the kind in snake_case, beside the kind's own fields.
 ///
@@ -291,6 +409,12 @@ pub enum Event {
     Reconfigure(Box<LimitsChange>),
     /// A borrowed slot was abandoned.
     BorrowedConcurrencyAbandon(AbandonEvent),
+    /// Observe mode ran refused work without an admission (boxed: it carries the detail).
+    Bypass(Box<BypassEvent>),
+    /// Bypassed work reported usage.
+    BypassUsage(BypassUsageEvent),
+    /// Bypassed work finished.
+    BypassRelease(BypassReleaseEvent),
 }
 
 impl Event {
@@ -309,6 +433,9 @@ impl Event {
             Event::Release(_) => "release",
             Event::Reconfigure(_) => "reconfigure",
             Event::BorrowedConcurrencyAbandon(_) => "borrowed_concurrency_abandon",
+            Event::Bypass(_) => "bypass",
+            Event::BypassUsage(_) => "bypass_usage",
+            Event::BypassRelease(_) => "bypass_release",
         }
     }
 }

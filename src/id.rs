@@ -13,6 +13,12 @@
 //! so keys stay below the peak number of threads). Ids are therefore unique within a process
 //! for 2^24 bulkheads, 2^20 concurrent threads per bulkhead and 2^62 admissions per entry, and
 //! the random salt separates processes. The result is a version-8 ("custom") RFC 9562 UUID.
+//!
+//! Observe-mode bypasses (work run without an admission, see `llm::Mode::Observe`) get
+//! *shadow* ids: the same layout numbered by the entry's bypass counter, with the two variant
+//! bits set to `11` instead of `10`. A shadow id therefore never equals an admission id, and
+//! it displays as `shadow-` followed by the UUID with the RFC variant restored (the
+//! reference's `"shadow-" + uuid`).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +47,32 @@ impl AdmissionId {
     /// ```
     pub fn as_u128(self) -> u128 {
         (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
+    }
+
+    /// Whether this is the id of an observe-mode bypass (displayed `shadow-…`) rather than of
+    /// an admission.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+    /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+    /// let id = llm.run_blocking(&LlmRequest::default(), observe, |ctx| Ok::<_, ()>(ctx.admission_id())).unwrap();
+    /// assert!(id.is_shadow());
+    /// assert!(id.to_string().starts_with("shadow-"));
+    /// assert_eq!(id.to_string().len(), 7 + 36);
+    /// ```
+    pub fn is_shadow(self) -> bool {
+        self.0[1] >> 62 == 0b11
+    }
+
+    /// The id of bypass number `counter` of entry `key` (see [`AdmissionId::new`]).
+    // Observe mode lives in the `llm` layer (feature `serde`).
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn new_shadow(prefix: u128, key: u64, counter: u64) -> AdmissionId {
+        let mut id = AdmissionId::new(prefix, key, counter);
+        id.0[1] |= 0b11 << 62;
+        id
     }
 
     /// Used by the sequential model, whose ids are its handle numbers.
@@ -88,6 +120,11 @@ pub(crate) fn next_key() -> u64 {
 
 impl fmt::Display for AdmissionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_shadow() {
+            // The UUID part keeps the RFC variant; the prefix says what it is.
+            let v = self.as_u128() & !(1 << 62);
+            return write!(f, "shadow-{}", uuid::Uuid::from_u128(v).hyphenated());
+        }
         fmt::Display::fmt(&uuid::Uuid::from_u128(self.as_u128()).hyphenated(), f)
     }
 }
@@ -121,9 +158,23 @@ mod tests {
                 }
             }
         }
+        let normal = all.len();
+        for prefix in [p, q] {
+            for key in [0, 1, 0xfff, 0x1000, 0xf_ffff] {
+                for counter in [0, 1, (1 << 62) - 1] {
+                    let id = AdmissionId::new_shadow(prefix, key, counter);
+                    assert!(id.is_shadow());
+                    let s = id.to_string();
+                    let u = uuid::Uuid::parse_str(s.strip_prefix("shadow-").unwrap()).unwrap();
+                    assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
+                    all.push(id);
+                }
+            }
+        }
+        assert!(all[..normal].iter().all(|id| !id.is_shadow()));
         let set: HashSet<_> = all.iter().copied().collect();
         assert_eq!(set.len(), all.len());
-        for id in &all {
+        for id in &all[..normal] {
             let u = uuid::Uuid::from_u128(id.as_u128());
             assert_eq!(u.get_version_num(), 8);
             assert_eq!(u.get_variant(), uuid::Variant::RFC4122);

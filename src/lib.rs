@@ -92,8 +92,8 @@ pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX
 pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
 pub use events::{
-    AbandonCause, AbandonEvent, AdmitEvent, Event, RejectEvent, ReleaseEvent, Subscription,
-    UsageEvent,
+    AbandonCause, AbandonEvent, AdmitEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
+    Event, RejectEvent, ReleaseEvent, Subscription, UsageEvent,
 };
 pub use id::AdmissionId;
 pub use limits::{BudgetLimits, LimitsSnapshot};
@@ -103,7 +103,7 @@ pub use rejection::{
 };
 pub use state::{MAX_SLOTS, MAX_TOKENS};
 pub use stats::{
-    AbandonCauses, ClassStats, ClassesStats, QueueWaits, RejectCounts, SharedStats,
+    AbandonCauses, ClassStats, ClassesStats, ObserveStats, QueueWaits, RejectCounts, SharedStats,
     SharedTokenStats, Stats, TokenStats,
 };
 pub use waiting::{

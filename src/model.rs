@@ -914,6 +914,8 @@ impl Model {
             },
             // Events are not modelled.
             subscriber_panics: 0,
+            // Observe mode is an `LlmBulkhead::run` feature the model does not drive.
+            observe: None,
             classes: crate::stats::classes_stats(
                 &self.limits,
                 &self.names,

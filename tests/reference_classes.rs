@@ -671,8 +671,9 @@ fn t08_class_capacity_is_checked_against_the_newest_snapshot() {
 
 #[test]
 fn t09_carries_the_class_on_the_admission() {
-    // Skipped parts: admission_classes.test.ts #9's events, run context and observe-mode
-    // bypass (none exists yet). Ported: the admission carries its class, named or default.
+    // The run context, events and observe-mode bypass of admission_classes.test.ts #9 are
+    // in tests/observe.rs (classes_t9_…). Ported here: the admission carries its class, named
+    // or default.
     let b = classed(4, 2_000);
     let p = b.try_acquire(into(&b, "premium", est())).unwrap();
     assert_eq!(p.class(), Some(b.class_id("premium").unwrap()));

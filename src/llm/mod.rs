@@ -27,6 +27,7 @@
 mod adaptive;
 mod dedup;
 mod estimate;
+mod observe;
 mod request;
 mod run;
 
@@ -36,6 +37,7 @@ pub use estimate::{
     EstimateError, ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator,
     OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,
 };
+pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{
     Deadline, DeadlineExpired, DeadlineTrigger, LlmBulkhead, NoUsage, RunContext, RunError,

@@ -29,6 +29,7 @@
 //! ```
 
 use super::estimate::{EstimateError, ReservationOverride, TokenEstimator};
+use super::observe::{hard_refusal, AdmissionKind, Bypassed, Mode, ShadowReasons};
 use super::request::LlmRequest;
 use crate::events::AbandonCause;
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
@@ -218,6 +219,9 @@ pub struct RunOptions<U = NoUsage> {
     pub borrowed_concurrency_deadline: Option<Deadline>,
     /// Takes the usage from a successful result.
     pub usage: U,
+    /// Enforce (the default) or observe: run refused work anyway, without an admission
+    /// (see [`Mode`]).
+    pub mode: Mode,
 }
 
 impl Default for RunOptions<NoUsage> {
@@ -229,6 +233,7 @@ impl Default for RunOptions<NoUsage> {
             wait: WaitOptions::default(),
             borrowed_concurrency_deadline: None,
             usage: NoUsage,
+            mode: Mode::Enforce,
         }
     }
 }
@@ -250,6 +255,7 @@ impl<U> RunOptions<U> {
             wait: self.wait,
             borrowed_concurrency_deadline: self.borrowed_concurrency_deadline,
             usage,
+            mode: self.mode,
         }
     }
 }
@@ -265,6 +271,7 @@ impl<U> fmt::Debug for RunOptions<U> {
                 "borrowed_concurrency_deadline",
                 &self.borrowed_concurrency_deadline,
             )
+            .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
 }
@@ -450,6 +457,8 @@ pub struct RunContext {
 enum Inner {
     Owned(Admission),
     Leased(LeaseGuard),
+    /// Observe mode ran the work without an admission (boxed: rare, and large).
+    Bypassed(Box<Bypassed>),
 }
 
 impl RunContext {
@@ -496,19 +505,104 @@ impl RunContext {
         }
     }
 
-    /// Reads the owned admission, or the leased one's description.
-    fn read<T>(&self, owned: impl FnOnce(&Admission) -> T, leased: impl FnOnce(&About) -> T) -> T {
-        match &self.inner {
-            Inner::Owned(a) => owned(a),
-            Inner::Leased(g) => leased(&g.lease.about),
+    fn bypassed(b: Bypassed) -> RunContext {
+        RunContext {
+            inner: Inner::Bypassed(Box::new(b)),
         }
     }
 
-    /// Runs `f` on the admission (under the lease's lock when leased); `None` once settled.
+    /// Reads the owned admission, the leased one's description, or the bypass.
+    fn read<T>(
+        &self,
+        owned: impl FnOnce(&Admission) -> T,
+        leased: impl FnOnce(&About) -> T,
+        bypassed: impl FnOnce(&Bypassed) -> T,
+    ) -> T {
+        match &self.inner {
+            Inner::Owned(a) => owned(a),
+            Inner::Leased(g) => leased(&g.lease.about),
+            Inner::Bypassed(b) => bypassed(b),
+        }
+    }
+
+    /// Runs `f` on the admission (under the lease's lock when leased); `None` once settled
+    /// or when bypassed.
     fn with<T>(&mut self, f: impl FnOnce(&mut Admission) -> T) -> Option<T> {
         match &mut self.inner {
             Inner::Owned(a) => Some(f(a)),
             Inner::Leased(g) => lock(&g.lease.admission).as_mut().map(f),
+            Inner::Bypassed(_) => None,
+        }
+    }
+
+    /// Whether the work holds an admission or was bypassed (observe mode, see [`Mode`]).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{AdmissionKind, LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+    /// llm.run_blocking(&LlmRequest::default(), observe, |ctx| {
+    ///     assert_eq!(ctx.admission_kind(), AdmissionKind::Admitted); // a slot was free
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn admission_kind(&self) -> AdmissionKind {
+        match &self.inner {
+            Inner::Bypassed(_) => AdmissionKind::Bypassed,
+            _ => AdmissionKind::Admitted,
+        }
+    }
+
+    /// The reason of the refusal observe mode bypassed (`None` when admitted).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, RejectReason};
+    /// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+    /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+    /// llm.run_blocking(&LlmRequest::default(), observe, |ctx| {
+    ///     assert_eq!(ctx.bypass_reason(), Some(RejectReason::ConcurrencyLimit));
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn bypass_reason(&self) -> Option<crate::RejectReason> {
+        self.bypass_detail().map(|r| r.reason)
+    }
+
+    /// The refusal observe mode bypassed, with its constraint, revision and capacity detail
+    /// (`None` when admitted).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+    /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+    /// llm.run_blocking(&LlmRequest::default(), observe, |ctx| {
+    ///     assert_eq!(ctx.bypass_detail().unwrap().detail.max_concurrent, 0);
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn bypass_detail(&self) -> Option<&crate::Rejection> {
+        match &self.inner {
+            Inner::Bypassed(b) => Some(&b.rejection),
+            _ => None,
+        }
+    }
+
+    /// Whether the bypass raced: the advisory check said "admit" and the real decision
+    /// refused (a queue timeout, typically). `None` when admitted.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
+    /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
+    /// llm.run_blocking(&LlmRequest::default(), observe, |ctx| {
+    ///     assert_eq!(ctx.bypass_raced(), Some(false)); // the advisory check refused
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn bypass_raced(&self) -> Option<bool> {
+        match &self.inner {
+            Inner::Bypassed(b) => Some(b.raced),
+            _ => None,
         }
     }
 
@@ -521,7 +615,7 @@ impl RunContext {
     ///     assert_eq!(ctx.admission_id().to_string().len(), 36); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn admission_id(&self) -> crate::AdmissionId {
-        self.read(Admission::id, |x| x.id)
+        self.read(Admission::id, |x| x.id, |b| b.id)
     }
 
     /// The revision of the limits that authorised the admission.
@@ -533,7 +627,7 @@ impl RunContext {
     ///     assert_eq!(ctx.revision(), 7); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn revision(&self) -> u64 {
-        self.read(Admission::revision, |x| x.revision)
+        self.read(Admission::revision, |x| x.revision, Bypassed::revision)
     }
 
     /// The priority.
@@ -545,7 +639,7 @@ impl RunContext {
     ///     assert_eq!(ctx.priority(), Priority::Normal); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn priority(&self) -> Priority {
-        self.read(Admission::priority, |x| x.priority)
+        self.read(Admission::priority, |x| x.priority, |b| b.priority)
     }
 
     /// The admission class (`None` without classes).
@@ -557,7 +651,7 @@ impl RunContext {
     ///     assert_eq!(ctx.class(), None); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn class(&self) -> Option<ClassId> {
-        self.read(Admission::class, |x| x.class)
+        self.read(Admission::class, |x| x.class, |b| b.class)
     }
 
     /// The reservation taken (`None` without a budget): what `estimate` previewed.
@@ -569,7 +663,7 @@ impl RunContext {
     ///     assert_eq!(ctx.reservation(), None); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn reservation(&self) -> Option<Reservation> {
-        self.read(Admission::reservation, |x| x.reservation)
+        self.read(Admission::reservation, |x| x.reservation, |b| b.reservation)
     }
 
     /// What the admission borrowed from the shared remainder.
@@ -581,10 +675,14 @@ impl RunContext {
     ///     assert!(!ctx.resources().borrowed_concurrency); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn resources(&self) -> Resources {
-        self.read(Admission::resources, |x| x.resources)
+        self.read(
+            Admission::resources,
+            |x| x.resources,
+            |_| Resources::default(),
+        )
     }
 
-    /// Tokens currently held.
+    /// Tokens currently held (0 for bypassed work).
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -596,7 +694,9 @@ impl RunContext {
         self.with(|a| a.held()).unwrap_or(0)
     }
 
-    /// Reports cumulative usage ([`Admission::report_usage`]).
+    /// Reports cumulative usage ([`Admission::report_usage`]). Bypassed work (observe mode)
+    /// is validated and clamped the same way but holds nothing (`held` is 0, no overrun or
+    /// refund is booked); its sequence moves only when the clamped usage changes.
     ///
     /// # Errors
     /// As [`Admission::report_usage`]; nothing changes.
@@ -614,6 +714,9 @@ impl RunContext {
         usage: Usage,
         reconcile: Option<Reconcile>,
     ) -> Result<UsageReport, UsageError> {
+        if let Inner::Bypassed(b) = &mut self.inner {
+            return b.report_usage(usage, reconcile);
+        }
         match self.with(|a| a.report_usage(usage, reconcile)) {
             Some(r) => r,
             // Unreachable while the work runs: the admission is settled only after it.
@@ -622,7 +725,8 @@ impl RunContext {
     }
 
     /// Returns a borrowed slot early ([`Admission::abandon_borrowed_concurrency`], cause
-    /// `manual`). A deadline that fires later then does nothing (reference §6.2).
+    /// `manual`). A deadline that fires later then does nothing (reference §6.2). Bypassed
+    /// work holds no slot: `false`.
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -647,7 +751,7 @@ impl RunContext {
     /// ```
     pub fn stop_requested(&self) -> bool {
         match &self.inner {
-            Inner::Owned(_) => false,
+            Inner::Owned(_) | Inner::Bypassed(_) => false,
             Inner::Leased(g) => g.lease.expired.load(Ordering::Acquire),
         }
     }
@@ -678,6 +782,10 @@ impl RunContext {
         match self.inner {
             Inner::Owned(a) => {
                 release(a, usage);
+                None
+            }
+            Inner::Bypassed(mut b) => {
+                b.finish(usage);
                 None
             }
             Inner::Leased(mut g) => {
@@ -716,6 +824,7 @@ fn release(a: Admission, usage: Option<Usage>) {
 impl fmt::Debug for RunContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunContext")
+            .field("admission", &self.admission_kind())
             .field("admission_id", &self.admission_id())
             .field("revision", &self.revision())
             .field("reservation", &self.reservation())
@@ -930,6 +1039,10 @@ impl LlmBulkhead {
     /// answer is [`RunError::Deadline`] (the result is dropped). A deadline that finds the slot
     /// already abandoned does nothing.
     ///
+    /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
+    /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
+    /// own events and `stats().observe`. `shutdown` and `aborted` are still answered.
+    ///
     /// # Errors
     /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
     /// [`RunError::Deadline`], or the work's own error as [`RunError::Work`].
@@ -961,18 +1074,96 @@ impl LlmBulkhead {
             wait,
             borrowed_concurrency_deadline,
             usage,
+            mode,
             ..
         } = options;
-        let admission = match admit_now(&self.bulkhead, &demand, &wait) {
-            Some(a) => a,
-            None => self
-                .bulkhead
-                .acquire_blocking(demand, wait)
-                .map_err(RunError::Rejected)?,
+        let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
+            Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
+            None => match mode {
+                Mode::Enforce => {
+                    let a = self
+                        .bulkhead
+                        .acquire_blocking(demand, wait)
+                        .map_err(RunError::Rejected)?;
+                    RunContext::new(a, borrowed_concurrency_deadline)
+                }
+                Mode::Observe(shadow) => self
+                    .observe_blocking(demand, wait, shadow, borrowed_concurrency_deadline)
+                    .map_err(RunError::Rejected)?,
+            },
         };
-        let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
         let out = work(&mut ctx);
         settle(ctx, out, &usage)
+    }
+
+    /// The observe-mode decision of `run_blocking` after the fast decision declined (see
+    /// [`Mode`]): the advisory check, the real acquire, and the bypass.
+    #[inline(never)]
+    fn observe_blocking(
+        &self,
+        demand: Demand,
+        wait: WaitOptions,
+        shadow: ShadowReasons,
+        deadline: Option<Deadline>,
+    ) -> Result<RunContext, Rejection> {
+        let advised = match self.advise(&demand, shadow) {
+            Ok(admits) => admits,
+            Err(rej) => return self.bypass(&demand, &wait, rej, false),
+        };
+        match self.bulkhead.acquire_blocking(demand, wait.clone()) {
+            Ok(a) => Ok(RunContext::new(a, deadline)),
+            Err(rej) if shadow.contains(rej.reason) => self.bypass(&demand, &wait, rej, advised),
+            Err(rej) => Err(rej),
+        }
+    }
+
+    /// The async [`observe_blocking`](Self::observe_blocking).
+    async fn observe_async(
+        &self,
+        demand: Demand,
+        wait: WaitOptions,
+        shadow: ShadowReasons,
+        deadline: Option<Deadline>,
+    ) -> Result<RunContext, Rejection> {
+        let advised = match self.advise(&demand, shadow) {
+            Ok(admits) => admits,
+            Err(rej) => return self.bypass(&demand, &wait, rej, false),
+        };
+        match self.bulkhead.acquire(demand, wait.clone()).await {
+            Ok(a) => Ok(RunContext::new(a, deadline)),
+            Err(rej) if shadow.contains(rej.reason) => self.bypass(&demand, &wait, rej, advised),
+            Err(rej) => Err(rej),
+        }
+    }
+
+    /// The advisory step of observe mode: `Err` with the refusal when it refuses for a shadow
+    /// reason (bypass at once), else whether it said "admit".
+    fn advise(&self, demand: &Demand, shadow: ShadowReasons) -> Result<bool, Rejection> {
+        match self.bulkhead.would_admit(demand) {
+            Advice::Refuse(rej) if shadow.contains(rej.reason) => Err(rej),
+            advice => Ok(advice.admits()),
+        }
+    }
+
+    /// Runs the work of `demand`, refused with `rejection`, as bypassed: after the hard check
+    /// (`aborted`, `shutdown`), which is never bypassed.
+    #[cold]
+    fn bypass(
+        &self,
+        demand: &Demand,
+        wait: &WaitOptions,
+        rejection: Rejection,
+        raced: bool,
+    ) -> Result<RunContext, Rejection> {
+        if let Some(hard) = hard_refusal(&self.bulkhead, demand, wait) {
+            return Err(hard);
+        }
+        Ok(RunContext::bypassed(Bypassed::begin(
+            &self.bulkhead,
+            demand,
+            rejection,
+            raced,
+        )))
     }
 
     /// The async [`run_blocking`](Self::run_blocking): waits for a slot with the async
@@ -984,7 +1175,8 @@ impl LlmBulkhead {
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
     /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
     /// the work's future and the context, which releases the admission with the last usage
-    /// report and disarms the deadline.
+    /// report and disarms the deadline (observe mode: a bypassed run is settled with its
+    /// last report, and a `bypass_release` event says so).
     ///
     /// # Errors
     /// As [`run_blocking`](Self::run_blocking).
@@ -1022,16 +1214,31 @@ impl LlmBulkhead {
                 wait,
                 borrowed_concurrency_deadline,
                 usage,
+                mode,
                 ..
             } = options;
-            let admission = match admit_now(&self.bulkhead, &demand, &wait) {
-                Some(a) => a,
-                // Boxed: the queue node is large, and the future of every run would carry it.
-                None => Box::pin(self.bulkhead.acquire(demand, wait))
+            let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
+                Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
+                None => match mode {
+                    Mode::Enforce => {
+                        // Boxed: the queue node is large, and the future of every run would
+                        // carry it.
+                        let a = Box::pin(self.bulkhead.acquire(demand, wait))
+                            .await
+                            .map_err(RunError::Rejected)?;
+                        RunContext::new(a, borrowed_concurrency_deadline)
+                    }
+                    // Boxed for the same reason.
+                    Mode::Observe(shadow) => Box::pin(self.observe_async(
+                        demand,
+                        wait,
+                        shadow,
+                        borrowed_concurrency_deadline,
+                    ))
                     .await
                     .map_err(RunError::Rejected)?,
+                },
             };
-            let mut ctx = RunContext::new(admission, borrowed_concurrency_deadline);
             let out = work(&mut ctx).await;
             settle(ctx, out, &usage)
         }
