@@ -439,21 +439,8 @@ impl Admission {
         usage: Usage,
         reconcile: Option<Reconcile>,
     ) -> Result<UsageReport, UsageError> {
-        usage
-            .total()
-            .ok_or(UsageError::Overflow { field: "usage" })?;
-        let clamped = usage.clamp_after(self.reported);
-        let consumed = clamped
-            .total()
-            .ok_or(UsageError::Overflow { field: "usage" })?;
-        if let (Some(res), Some(rc)) = (self.reservation, reconcile) {
-            if rc.remaining_output > res.max_output() {
-                return Err(UsageError::RemainingExceedsCap {
-                    remaining: rc.remaining_output,
-                    cap: res.max_output(),
-                });
-            }
-        }
+        let (clamped, consumed) =
+            checked_report(usage, self.reported, self.reservation, reconcile)?;
         let released = self.slot.is_none();
         let new_hold = match self.reservation {
             Some(res) if !released => {
@@ -747,6 +734,33 @@ fn settle_booked(slot: SlotRef, class: ClassBits, held: u64, consumed: Option<u6
             }
         }
     }
+}
+
+/// The checks every usage report makes before anything changes (an admission's, and a
+/// bypassed run's in observe mode): sums that fit, the report clamped so no field decreases,
+/// and a reconciliation within the output cap. Returns the clamped usage and its total.
+pub(crate) fn checked_report(
+    usage: Usage,
+    previous: Option<Usage>,
+    reservation: Option<Reservation>,
+    reconcile: Option<Reconcile>,
+) -> Result<(Usage, u64), UsageError> {
+    usage
+        .total()
+        .ok_or(UsageError::Overflow { field: "usage" })?;
+    let clamped = usage.clamp_after(previous);
+    let consumed = clamped
+        .total()
+        .ok_or(UsageError::Overflow { field: "usage" })?;
+    if let (Some(res), Some(rc)) = (reservation, reconcile) {
+        if rc.remaining_output > res.max_output() {
+            return Err(UsageError::RemainingExceedsCap {
+                remaining: rc.remaining_output,
+                cap: res.max_output(),
+            });
+        }
+    }
+    Ok((clamped, consumed))
 }
 
 /// Class mode of [`grow_hold`] (see `crate::classed::grow_tokens`).

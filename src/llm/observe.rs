@@ -435,21 +435,8 @@ impl Bypassed {
         usage: Usage,
         reconcile: Option<Reconcile>,
     ) -> Result<UsageReport, UsageError> {
-        usage
-            .total()
-            .ok_or(UsageError::Overflow { field: "usage" })?;
-        let clamped = usage.clamp_after(self.reported);
-        let consumed = clamped
-            .total()
-            .ok_or(UsageError::Overflow { field: "usage" })?;
-        if let (Some(res), Some(rc)) = (self.reservation, reconcile) {
-            if rc.remaining_output > res.max_output() {
-                return Err(UsageError::RemainingExceedsCap {
-                    remaining: rc.remaining_output,
-                    cap: res.max_output(),
-                });
-            }
-        }
+        let (clamped, consumed) =
+            crate::admission::checked_report(usage, self.reported, self.reservation, reconcile)?;
         let bumped = !self.settled && self.reported != Some(clamped);
         if bumped {
             self.sequence += 1;
