@@ -21,6 +21,12 @@ where
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(DEFAULT_PREEMPTIONS);
     }
+    // `stats()` reads every counter of every stripe (an atomic load each, a branch point for
+    // loom), and the statistics grew with events and observe mode: a model that checks its
+    // end state with `stats()` needs more than loom's default of 1,000 branches per execution.
+    if std::env::var_os("LOOM_MAX_BRANCHES").is_none() {
+        builder.max_branches = 10_000;
+    }
     builder.check(f);
 }
 
