@@ -208,15 +208,18 @@ impl Canon {
             Value::Null => self.tag(0),
             Value::Bool(b) => self.raw(&[1, u8::from(*b)]),
             Value::Number(n) => {
-                self.tag(2);
-                // serde_json's own text of the number (1 and 1.0 differ, as in JSON), written
-                // in place after a length slot filled in afterwards.
-                use std::io::Write;
-                let at = self.buf.len();
-                self.raw(&[0; 8]);
-                let _ = write!(self.buf, "{n}");
-                let len = (self.buf.len() - at - 8) as u64;
-                self.buf[at..at + 8].copy_from_slice(&len.to_le_bytes());
+                // The number's exact value, typed: an integer and a float never collide (as
+                // `1` and `1.0` differ in JSON), and no text is formatted.
+                if let Some(u) = n.as_u64() {
+                    self.tag(2);
+                    self.raw(&u.to_le_bytes());
+                } else if let Some(i) = n.as_i64() {
+                    self.tag(11);
+                    self.raw(&i.to_le_bytes());
+                } else {
+                    self.tag(12);
+                    self.raw(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
+                }
             }
             Value::String(s) => {
                 self.tag(3);
