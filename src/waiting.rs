@@ -622,7 +622,9 @@ impl Bulkhead {
             Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
             Outcome::RefusedAs(reason, constraint) => {
                 let k = self.class_index(demand.class());
-                Err(self.class_answer_refusal(k, reason, constraint, r, priority))
+                let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
+                rej.detail.pending = pending(&self.shared) as u64;
+                Err(rej)
             }
             Outcome::Pending => unreachable!("a finished waiter has an outcome"),
         }
