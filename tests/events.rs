@@ -10,6 +10,15 @@ use std::sync::{Arc, Mutex};
 
 type Log = Arc<Mutex<Vec<Event>>>;
 
+/// A bulkhead of `max_concurrent` slots and a token budget, nothing else.
+fn budgeted(max_concurrent: u32, budget: u64) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(max_concurrent)
+        .token_budget(budget)
+        .build()
+        .unwrap()
+}
+
 fn record(b: &Bulkhead) -> (Log, llm_bulkhead::Subscription) {
     let log: Log = Arc::default();
     let l = log.clone();
@@ -28,11 +37,7 @@ fn tokens(input: u64, output: u64) -> Demand {
 #[test]
 fn admit_and_release_carry_the_same_identity() {
     // gateway_coordination #4: mc4 B10000, 100/1000; release {80,20}.
-    let b = Bulkhead::builder()
-        .max_concurrent(4)
-        .token_budget(10_000)
-        .build()
-        .unwrap();
+    let b = budgeted(4, 10_000);
     let (log, _sub) = record(&b);
     let a = b.try_acquire(tokens(100, 1_000)).unwrap();
     let id = a.id();
@@ -61,11 +66,7 @@ fn admit_and_release_carry_the_same_identity() {
 #[test]
 fn usage_events_have_monotonic_sequences_and_skip_stale_reports() {
     // gateway_coordination #7.
-    let b = Bulkhead::builder()
-        .max_concurrent(4)
-        .token_budget(10_000)
-        .build()
-        .unwrap();
+    let b = budgeted(4, 10_000);
     let (log, _sub) = record(&b);
     let mut a = b
         .try_acquire(tokens(100, 1_000).with_priority(Priority::High))
@@ -171,11 +172,7 @@ fn usage_events_without_a_budget() {
 #[test]
 fn reject_events_carry_reason_and_detail() {
     // llm_bulkhead #97–#99, gateway_features #16.
-    let b = Bulkhead::builder()
-        .max_concurrent(10)
-        .token_budget(1_100)
-        .build()
-        .unwrap();
+    let b = budgeted(10, 1_100);
     let (log, _sub) = record(&b);
     let a = b.try_acquire(tokens(100, 1_000)).unwrap();
     assert_eq!(
@@ -216,11 +213,7 @@ fn reject_events_carry_reason_and_detail() {
 #[test]
 fn release_event_reports_usage_and_refund() {
     // llm_bulkhead #100: 500 reserved, release {80,40} → refunded 380.
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .token_budget(1_000)
-        .build()
-        .unwrap();
+    let b = budgeted(1, 1_000);
     let (log, _sub) = record(&b);
     b.try_acquire(tokens(250, 250))
         .unwrap()
@@ -251,11 +244,7 @@ fn unsubscribe_stops_delivery() {
 #[test]
 fn a_panicking_subscriber_is_caught_counted_and_harmless() {
     // llm_bulkhead #103, and the count in stats.
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .token_budget(1_000)
-        .build()
-        .unwrap();
+    let b = budgeted(2, 1_000);
     let _bad = b.subscribe(|e: &Event| {
         if matches!(e, Event::Admit(_) | Event::Release(_)) {
             panic!("subscriber bug")
@@ -440,11 +429,7 @@ fn abandonment_event_names_class_cause_and_hold() {
 #[test]
 fn events_from_many_threads_balance() {
     // Every admission has exactly one release event, whatever the interleaving.
-    let b = Bulkhead::builder()
-        .max_concurrent(4)
-        .token_budget(4_000)
-        .build()
-        .unwrap();
+    let b = budgeted(4, 4_000);
     let counts = Arc::new(Mutex::new((0u64, 0u64, 0u64)));
     let c = counts.clone();
     let _sub = b.subscribe(move |e: &Event| {
@@ -478,11 +463,7 @@ fn events_from_many_threads_balance() {
 #[cfg(feature = "serde")]
 #[test]
 fn events_serialise_in_snake_case() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .token_budget(100)
-        .build()
-        .unwrap();
+    let b = budgeted(1, 100);
     let (log, _sub) = record(&b);
     drop(b.try_acquire(tokens(10, 10)).unwrap());
     let _ = b.try_acquire(tokens(100, 10));
