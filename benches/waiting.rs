@@ -53,11 +53,7 @@ fn run_threads(threads: usize, per_thread: u64, turn: impl Fn() + Sync) -> Durat
 fn handoff_blocking(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff_blocking");
     g.throughput(Throughput::Elements(1));
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(2)
-        .build()
-        .unwrap();
+    let b = queued_plain(1, 2);
     g.bench_function("ours", |bench| {
         bench.iter_custom(|iters| {
             run_threads(2, iters.div_ceil(2), || {
@@ -107,6 +103,15 @@ where
     })
 }
 
+/// [`async_turns`] where a turn is one `acquire().await` of a slot of `b`, dropped at once.
+fn our_async_turns(rt: &tokio::runtime::Runtime, iters: u64, b: &Bulkhead) -> Duration {
+    let b = b.clone();
+    async_turns(rt, iters, move || {
+        let b = b.clone();
+        async move { drop(b.acquire(Demand::slot(), WaitOptions::default()).await) }
+    })
+}
+
 fn handoff_async(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff_async");
     g.throughput(Throughput::Elements(1));
@@ -114,19 +119,9 @@ fn handoff_async(c: &mut Criterion) {
         .worker_threads(2)
         .build()
         .unwrap();
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(2)
-        .build()
-        .unwrap();
+    let b = queued_plain(1, 2);
     g.bench_function("ours", |bench| {
-        bench.iter_custom(|iters| {
-            let b = b.clone();
-            async_turns(&rt, iters, move || {
-                let b = b.clone();
-                async move { drop(b.acquire(Demand::slot(), WaitOptions::default()).await) }
-            })
-        })
+        bench.iter_custom(|iters| our_async_turns(&rt, iters, &b))
     });
     let sem = Arc::new(Semaphore::new(1));
     g.bench_function("tokio_semaphore", |bench| {
@@ -144,11 +139,7 @@ fn handoff_async(c: &mut Criterion) {
 fn saturated_queue(c: &mut Criterion) {
     let mut g = c.benchmark_group("saturated_queue");
     g.throughput(Throughput::Elements(4));
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued_plain(2, 4);
     g.bench_function("ours_4_threads_2_slots", |bench| {
         bench.iter_custom(|iters| {
             run_threads(4, iters, || {
@@ -204,13 +195,7 @@ fn classes(c: &mut Criterion) {
         ("handoff_async_class_b", classed(1, 2)),
     ] {
         g.bench_function(name, |bench| {
-            bench.iter_custom(|iters| {
-                let b = b.clone();
-                async_turns(&rt, iters, move || {
-                    let b = b.clone();
-                    async move { drop(b.acquire(Demand::slot(), WaitOptions::default()).await) }
-                })
-            })
+            bench.iter_custom(|iters| our_async_turns(&rt, iters, &b))
         });
     }
     g.throughput(Throughput::Elements(4));

@@ -780,13 +780,21 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
 /// shared word (a borrower adds it first; a protected step's amount is zero), so this is an
 /// ordinary decrease: class word first, then the amount it computes.
 fn undo(shared: &Shared, k: usize, r: u64, in_queue: bool) {
+    class_decrease(shared, k, 1, r, in_queue);
+}
+
+/// A decrease of class `k` by `slots` (0 or 1) and `tokens` that is not a release (the caller
+/// keeps the state alive by other means: a handle, or a decision in progress): class word
+/// first, then the shared-word amount it computes from the word it replaced; visits the queue
+/// if either word was flagged (unless the caller holds the queue mutex, `in_queue`).
+fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64, in_queue: bool) {
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
         let l = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
-        let (du, dv) = delta(&l, n, t, n - 1, t - r);
-        match cw.compare_exchange_weak(c.0, c.0 - C_ONE - r, SeqCst, SeqCst) {
+        let (du, dv) = delta(&l, n, t, n - slots, t - tokens);
+        match cw.compare_exchange_weak(c.0, c.0 - slots * C_ONE - tokens, SeqCst, SeqCst) {
             Ok(_) => {
                 let visit = shared_decrease(shared, du, dv) | c.queue();
                 return visit_queue(shared, visit, in_queue);
@@ -896,39 +904,13 @@ fn release_pending(shared: &Shared, k: usize, du: i64, dv: i64, queue: bool) -> 
 /// Returns one class slot of class `k` but keeps its tokens (abandonment). The caller holds a
 /// handle, so ordering is free of lifetime concerns.
 pub(crate) fn return_slot_only(shared: &Shared, k: usize) {
-    let cw = &*shared.class_words[k];
-    let mut c = CWord(cw.load(SeqCst));
-    loop {
-        let l = floors_of(shared, c, k);
-        let n = c.in_flight();
-        let (du, _) = delta(&l, n, 0, n - 1, 0);
-        match cw.compare_exchange_weak(c.0, c.0 - C_ONE, SeqCst, SeqCst) {
-            Ok(_) => {
-                let visit = shared_decrease(shared, du, 0) | c.queue();
-                return visit_queue(shared, visit, false);
-            }
-            Err(actual) => c = CWord(actual),
-        }
-    }
+    class_decrease(shared, k, 1, 0, false);
 }
 
 /// Returns `amount` tokens of class `k` (usage shrinkage, or the release of an abandoned
 /// admission, whose handle keeps the state alive).
 pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
-    let cw = &*shared.class_words[k];
-    let mut c = CWord(cw.load(SeqCst));
-    loop {
-        let l = floors_of(shared, c, k);
-        let t = c.tokens();
-        let (_, dv) = delta(&l, 0, t, 0, t - amount);
-        match cw.compare_exchange_weak(c.0, c.0 - amount, SeqCst, SeqCst) {
-            Ok(_) => {
-                let visit = shared_decrease(shared, 0, dv) | c.queue();
-                return visit_queue(shared, visit, false);
-            }
-            Err(actual) => c = CWord(actual),
-        }
-    }
+    class_decrease(shared, k, 0, amount, false);
 }
 
 /// Adds `amount` tokens to class `k`'s hold with no admission check (usage growth): `V` first

@@ -1272,6 +1272,13 @@ impl Drop for Drain<'_> {
 
 // ---- class mode (module docs, "With admission classes") ----
 
+/// Whether a class refusal lets the demand wait: no free global slot, or a refusal no collect
+/// confirmed (another decider's step was in flight; it visits the queue when it lands or is
+/// taken back).
+fn may_wait(f: &crate::classed::Refused) -> bool {
+    waits_for_slot(f) || f.stored_shared.is_some()
+}
+
 /// Whether a class refusal means "no free global slot" (row 6), the one refusal that waits.
 fn waits_for_slot(f: &crate::classed::Refused) -> bool {
     f.reason == RejectReason::ConcurrencyLimit
@@ -1305,10 +1312,7 @@ impl Bulkhead {
                 }
                 // No free slot, or a refusal no collect confirmed (another decider's step was
                 // in flight): decide again under the mutex, and wait if need be.
-                Err(f)
-                    if (waits_for_slot(&f) || f.stored_shared.is_some())
-                        && f.lim.max_concurrent > 0
-                        && f.lim.max_queue > 0 => {}
+                Err(f) if may_wait(&f) && f.lim.max_concurrent > 0 && f.lim.max_queue > 0 => {}
                 Err(f) => return Enter::Refused(self.class_refusal(k, *f, r, priority)),
             }
         }
@@ -1332,7 +1336,7 @@ impl Bulkhead {
                     }
                     // An unconfirmed refusal waits too: the step that caused it visits the
                     // queue when it lands or is taken back, and the flags are already up.
-                    Err(f) if waits_for_slot(&f) || f.stored_shared.is_some() => {}
+                    Err(f) if may_wait(&f) => {}
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
@@ -1435,9 +1439,7 @@ pub(crate) fn pump_classed(shared: &Shared) {
             })),
             Err(f) => {
                 let stays = f.reason != RejectReason::Shutdown
-                    && (waits_for_slot(&f)
-                        || f.stored_shared.is_some()
-                        || f.g >= f.lim.max_concurrent);
+                    && (may_wait(&f) || f.g >= f.lim.max_concurrent);
                 if stays {
                     break;
                 }

@@ -13,10 +13,10 @@
 //! differs from the reference, the test says so and asserts the contract.
 
 use llm_bulkhead::{
-    ApplyLimitsError, BudgetLimits, Bulkhead, ClassCapacity, ClassDetail, ClassLimits, ClassStats,
-    ClassTokenCapacity, ConfigError, ConfigProblem, Constraint, Demand, LimitsSnapshot, Priority,
-    Reconcile, RejectReason, Rejection, Reservation, Resources, SharedAmount, SharedCapacity,
-    TokenCapacity, Usage, MAX_CLASSED_SLOTS, MAX_CLASSES,
+    Admission, ApplyLimitsError, BudgetLimits, Bulkhead, ClassCapacity, ClassDetail, ClassLimits,
+    ClassStats, ClassTokenCapacity, ConfigError, ConfigProblem, Constraint, Demand, LimitsSnapshot,
+    Priority, Reconcile, RejectReason, Rejection, Reservation, Resources, SharedAmount,
+    SharedCapacity, TokenCapacity, Usage, MAX_CLASSED_SLOTS, MAX_CLASSES,
 };
 
 fn res(input: u64, max_output: u64) -> Demand {
@@ -53,6 +53,11 @@ fn classed(max_concurrent: u32, budget: u64) -> Bulkhead {
 /// `demand` in the class named `name`.
 fn into(b: &Bulkhead, name: &str, demand: Demand) -> Demand {
     demand.in_class(b.class_id(name).unwrap())
+}
+
+/// `n` admissions of `demand`, each of which must be admitted.
+fn admit_n(b: &Bulkhead, n: usize, demand: Demand) -> Vec<Admission> {
+    (0..n).map(|_| b.try_acquire(demand).unwrap()).collect()
 }
 
 fn class_stats(b: &Bulkhead, name: &str) -> ClassStats {
@@ -855,9 +860,7 @@ fn t11_protects_class_concurrency_floors_and_accounts_shared_borrowing() {
         .default_class("standard")
         .build()
         .unwrap();
-    let premium: Vec<_> = (0..3)
-        .map(|_| b.try_acquire(into(&b, "premium", Demand::slot())).unwrap())
-        .collect();
+    let premium: Vec<_> = admit_n(&b, 3, into(&b, "premium", Demand::slot()));
     // Behaviour §4.4: #1 and #2 are protected, #3 borrows.
     let borrowed: Vec<bool> = premium
         .iter()
@@ -963,9 +966,7 @@ fn t12_protects_token_floors_and_reports_borrowed_token_reservations() {
         .default_class("standard")
         .build()
         .unwrap();
-    let premium: Vec<_> = (0..3)
-        .map(|_| b.try_acquire(into(&b, "premium", est())).unwrap())
-        .collect();
+    let premium: Vec<_> = admit_n(&b, 3, into(&b, "premium", est()));
     // Behaviour §4.4: borrowT 0, 400, 400; no concurrency floor, so every slot is borrowed.
     let attributed: Vec<Resources> = premium.iter().map(|a| a.resources()).collect();
     let borrowed = |t| Resources {
@@ -1028,7 +1029,7 @@ fn t12_protects_token_floors_and_reports_borrowed_token_reservations() {
         }
     );
 
-    let standard: Vec<_> = (0..2).map(|_| b.try_acquire(est()).unwrap()).collect();
+    let standard: Vec<_> = admit_n(&b, 2, est());
     for a in &standard {
         assert_eq!(a.resources(), borrowed(0)); // inside standard's token floor
     }
@@ -1078,9 +1079,7 @@ fn t13_restores_raised_floors_by_attrition_without_revoking_active_work() {
     let standard = b.class_id("standard").unwrap();
     // The reference issues these three in one tick (Promise.all); with no floors yet, the
     // same-tick protection race (CONTRACT.md §9.4) cannot bite, and here they are sequential.
-    let mut held: Vec<_> = (0..3)
-        .map(|_| b.try_acquire(Demand::slot().in_class(premium)).unwrap())
-        .collect();
+    let mut held: Vec<_> = admit_n(&b, 3, Demand::slot().in_class(premium));
 
     b.apply_limits(
         b.limits()
@@ -1632,12 +1631,7 @@ fn seed_worked_example_protected_and_shared_remainders() {
     assert_eq!((t.budget, t.available), (8_000, 8_000));
 
     // Premium uses its floor first (6 slots, 12,000 tokens), then borrows the remainder.
-    let premium: Vec<_> = (0..10)
-        .map(|_| {
-            b.try_acquire(into(&b, "premium", res(1_000, 1_000)))
-                .unwrap()
-        })
-        .collect();
+    let premium: Vec<_> = admit_n(&b, 10, into(&b, "premium", res(1_000, 1_000)));
     for (i, a) in premium.iter().enumerate() {
         let borrowed = i >= 6;
         assert_eq!(
@@ -1664,9 +1658,7 @@ fn seed_worked_example_protected_and_shared_remainders() {
     assert_eq!(b.stats().available_slots, 2);
 
     // Standard still has them, inside its floors.
-    let standard: Vec<_> = (0..2)
-        .map(|_| b.try_acquire(res(1_000, 1_000)).unwrap())
-        .collect();
+    let standard: Vec<_> = admit_n(&b, 2, res(1_000, 1_000));
     for a in &standard {
         assert_eq!(a.resources(), Resources::default());
     }
@@ -1711,12 +1703,7 @@ fn seed_worked_example_floors_alone_protect_standard() {
     // Slots: 10 premium of 2,000 tokens; the 11th would borrow a 5th shared slot.
     let b = seed();
     lifted(&b);
-    let premium: Vec<_> = (0..10)
-        .map(|_| {
-            b.try_acquire(into(&b, "premium", res(1_000, 1_000)))
-                .unwrap()
-        })
-        .collect();
+    let premium: Vec<_> = admit_n(&b, 10, into(&b, "premium", res(1_000, 1_000)));
     let r = b
         .try_acquire(into(&b, "premium", res(1_000, 1_000)))
         .unwrap_err();
@@ -1736,21 +1723,14 @@ fn seed_worked_example_floors_alone_protect_standard() {
             requested_borrowed: 1
         }
     );
-    let standard: Vec<_> = (0..2)
-        .map(|_| b.try_acquire(res(1_000, 1_000)).unwrap())
-        .collect();
+    let standard: Vec<_> = admit_n(&b, 2, res(1_000, 1_000));
     drop((premium, standard));
 
     // Tokens: premium of 4,000 each; 3 fill its 12,000 floor, 2 borrow the 8,000 remainder,
     // the 6th (inside its slot floor) would borrow 4,000 more.
     let b = seed();
     lifted(&b);
-    let premium: Vec<_> = (0..5)
-        .map(|_| {
-            b.try_acquire(into(&b, "premium", res(2_000, 2_000)))
-                .unwrap()
-        })
-        .collect();
+    let premium: Vec<_> = admit_n(&b, 5, into(&b, "premium", res(2_000, 2_000)));
     let r = b
         .try_acquire(into(&b, "premium", res(2_000, 2_000)))
         .unwrap_err();

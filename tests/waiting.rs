@@ -10,6 +10,25 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
+/// `max_concurrent` slots and a queue of `max_queue`, nothing else.
+fn queued(max_concurrent: u32, max_queue: u32) -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(max_concurrent)
+        .max_queue(max_queue)
+        .build()
+        .unwrap()
+}
+
+/// Nothing held or queued, and `admitted` admissions, all released.
+fn assert_settled(b: &Bulkhead, admitted: u64) {
+    let s = b.stats();
+    assert_eq!(
+        (s.in_flight, s.pending, s.admitted, s.released),
+        (0, 0, admitted, admitted),
+        "{s:?}"
+    );
+}
+
 fn wait() -> WaitOptions {
     WaitOptions::default()
 }
@@ -49,11 +68,7 @@ fn waiter(
 
 #[test]
 fn waiters_are_served_in_fifo_order() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(8)
-        .build()
-        .unwrap();
+    let b = queued(1, 8);
     let holder = b.try_acquire(Demand::slot()).unwrap();
     let (tx, rx) = mpsc::channel();
     let mut ws = Vec::new();
@@ -75,11 +90,7 @@ fn waiters_are_served_in_fifo_order() {
     for (h, _) in ws {
         h.join().unwrap();
     }
-    let s = b.stats();
-    assert_eq!(
-        (s.in_flight, s.pending, s.admitted, s.released),
-        (0, 0, 5, 5)
-    );
+    assert_settled(&b, 5);
 }
 
 /// Reference §2.4, worked example (ran e6 #24): `maxConcurrent 1`, budget 1000, holder 100,
@@ -175,11 +186,7 @@ fn queue_bounds_and_fail_fast_reasons() {
 
 #[test]
 fn a_zero_timeout_leaves_the_queue_with_timeout_and_nothing_leaks() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued(1, 4);
     let holder = b.try_acquire(Demand::slot()).unwrap();
     let zero = WaitOptions {
         timeout: Some(Duration::ZERO),
@@ -198,11 +205,7 @@ fn a_zero_timeout_leaves_the_queue_with_timeout_and_nothing_leaks() {
 
 #[test]
 fn cancellation_before_and_during_the_wait() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued(1, 4);
     // CONTRACT.md §9.2: an already-cancelled request is refused with `aborted`, even with a
     // free slot.
     let t = CancelToken::new();
@@ -242,11 +245,7 @@ fn cancellation_before_and_during_the_wait() {
 
 #[test]
 fn a_token_reused_for_many_waits_still_cancels_the_current_one() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued(1, 4);
     let token = CancelToken::new();
     let holder = b.try_acquire(Demand::slot()).unwrap();
     for _ in 0..3 {
@@ -280,11 +279,7 @@ fn a_token_reused_for_many_waits_still_cancels_the_current_one() {
 
 #[test]
 fn timed_acquire_reports_the_queue_wait_only_when_it_queued() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(2)
-        .build()
-        .unwrap();
+    let b = queued(1, 2);
     let first = b.acquire_blocking_timed(Demand::slot(), wait());
     assert_eq!(first.timing.queue_wait_ns, 0);
     let held = first.value.unwrap();
@@ -299,11 +294,7 @@ fn timed_acquire_reports_the_queue_wait_only_when_it_queued() {
 
 #[test]
 fn close_answers_every_waiter_with_shutdown() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued(1, 4);
     let holder = b.try_acquire(Demand::slot()).unwrap();
     let (tx, rx) = mpsc::channel();
     let ws: Vec<_> = (0..3)
@@ -339,11 +330,7 @@ fn close_answers_every_waiter_with_shutdown() {
 
 #[test]
 fn raising_max_concurrent_admits_waiters_at_once() {
-    let b = Bulkhead::builder()
-        .max_concurrent(1)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued(1, 4);
     let holder = b.try_acquire(Demand::slot()).unwrap();
     let (tx, rx) = mpsc::channel();
     let w1 = waiter(&b, Demand::slot(), wait(), tx.clone(), 1);
@@ -368,11 +355,7 @@ fn raising_max_concurrent_admits_waiters_at_once() {
 fn lowering_max_concurrent_keeps_waiters_and_shrinks_by_attrition() {
     // Reference §2.4: maxConcurrent → 0 keeps existing waiters; they get in when capacity
     // returns.
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .max_queue(4)
-        .build()
-        .unwrap();
+    let b = queued(2, 4);
     let h1 = b.try_acquire(Demand::slot()).unwrap();
     let h2 = b.try_acquire(Demand::slot()).unwrap();
     let (tx, rx) = mpsc::channel();
@@ -403,11 +386,7 @@ mod asynchronous {
 
     #[test]
     fn an_async_waiter_gets_the_slot_on_any_executor() {
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .max_queue(4)
-            .build()
-            .unwrap();
+        let b = queued(1, 4);
         // futures-lite, not tokio.
         let held = futures_lite::future::block_on(b.acquire(Demand::slot(), wait())).unwrap();
         let b2 = b.clone();
@@ -449,11 +428,7 @@ mod asynchronous {
 
     #[test]
     fn dropping_a_queued_future_removes_its_waiter() {
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .max_queue(4)
-            .build()
-            .unwrap();
+        let b = queued(1, 4);
         let held = b.try_acquire(Demand::slot()).unwrap();
         {
             let mut f = pin!(b.acquire(Demand::slot(), wait()));
@@ -471,11 +446,7 @@ mod asynchronous {
 
     #[test]
     fn a_future_dropped_after_its_grant_passes_the_slot_on() {
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .max_queue(4)
-            .build()
-            .unwrap();
+        let b = queued(1, 4);
         let held = b.try_acquire(Demand::slot()).unwrap();
         let mut first = Box::pin(b.acquire(Demand::slot(), wait()));
         assert!(poll_once(first.as_mut()).is_pending());
@@ -491,20 +462,12 @@ mod asynchronous {
                 other.map(|r| r.map(|a| a.id()))
             ),
         }
-        let s = b.stats();
-        assert_eq!(
-            (s.in_flight, s.pending, s.admitted, s.released),
-            (0, 0, 3, 3)
-        );
+        assert_settled(&b, 3);
     }
 
     #[test]
     fn a_pre_cancelled_token_refuses_an_async_acquire() {
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .max_queue(4)
-            .build()
-            .unwrap();
+        let b = queued(1, 4);
         let t = CancelToken::new();
         t.cancel();
         let r: Rejection = futures_lite::future::block_on(b.acquire(
@@ -524,11 +487,7 @@ mod asynchronous {
 #[test]
 fn a_saturated_bulkhead_with_a_queue_settles_everything() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .max_queue(3)
-        .build()
-        .unwrap();
+    let b = queued(2, 3);
     let tally = std::sync::Arc::new(AtomicU64::new(0));
     let threads: Vec<_> = (0..6)
         .map(|i| {
@@ -623,11 +582,7 @@ mod drain_and_profiles {
     fn drain_does_not_hang_when_the_last_waiter_times_out() {
         // CONTRACT.md §9.5 (the reference's BUG B8): after a kill switch the only outstanding
         // item is a waiter that leaves (here by cancellation); drain must complete.
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .max_queue(2)
-            .build()
-            .unwrap();
+        let b = queued(1, 2);
         let held = b.try_acquire(Demand::slot()).unwrap();
         let (tx, rx) = mpsc::channel();
         let token = CancelToken::new();

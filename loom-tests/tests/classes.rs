@@ -108,6 +108,12 @@ fn class(s: &Stats, k: ClassId) -> &ClassStats {
 
 /// Every class and the shared remainder are back to zero, and every class's admissions are
 /// released.
+/// Class `k`'s `(in flight, tokens in flight)`.
+fn held(s: &Stats, k: ClassId) -> (u64, u64) {
+    let c = class(s, k);
+    (c.in_flight, c.in_flight_tokens)
+}
+
 fn assert_classes_quiescent(b: &Bulkhead) {
     let s = b.stats();
     let cs = classes(&s);
@@ -522,16 +528,8 @@ fn release_in_one_class_against_a_borrow_in_another() {
         let cs = classes(&s);
         assert_eq!(s.in_flight, 1 + w, "{s:?}");
         assert_eq!(token_stats(&s).in_flight_tokens, 2 + 2 * w, "{s:?}");
-        assert_eq!(
-            (class(&s, cp).in_flight, class(&s, cp).in_flight_tokens),
-            (1 + w, 2 + 2 * w),
-            "{s:?}"
-        );
-        assert_eq!(
-            (class(&s, cb).in_flight, class(&s, cb).in_flight_tokens),
-            (0, 0),
-            "{s:?}"
-        );
+        assert_eq!(held(&s, cp), (1 + w, 2 + 2 * w), "{s:?}");
+        assert_eq!(held(&s, cb), (0, 0), "{s:?}");
         assert_eq!(cs.shared.in_flight, w, "{s:?}");
         assert_eq!(class(&s, cb).released, 1, "{s:?}");
         drop(res);
@@ -607,11 +605,7 @@ fn abandonment_against_an_acquire_that_needs_the_slot() {
         assert_eq!(s.admitted, 2 + w, "{s:?}");
         assert_eq!(s.borrowed_concurrency_abandoned, 1, "{s:?}");
         assert_eq!(token_stats(&s).in_flight_tokens, 2 + 2 * w, "{s:?}");
-        assert_eq!(
-            (class(&s, cb).in_flight, class(&s, cb).in_flight_tokens),
-            (w, 2 * w),
-            "{s:?}"
-        );
+        assert_eq!(held(&s, cb), (w, 2 * w), "{s:?}");
         assert_eq!(
             (
                 class(&s, cb).released,
@@ -735,16 +729,8 @@ fn apply_limits_raising_a_floor_against_a_borrow_and_a_release() {
         assert_eq!(s.limits.classes.get(cb), Some(&floor(3)));
         assert_eq!(s.in_flight, 2 + w, "{s:?}");
         assert_eq!(token_stats(&s).in_flight_tokens, 4 + 2 * w, "{s:?}");
-        assert_eq!(
-            (class(&s, ca).in_flight, class(&s, ca).in_flight_tokens),
-            (1 + w, 2 + 2 * w),
-            "{s:?}"
-        );
-        assert_eq!(
-            (class(&s, cb).in_flight, class(&s, cb).in_flight_tokens),
-            (1, 2),
-            "{s:?}"
-        );
+        assert_eq!(held(&s, ca), (1 + w, 2 + 2 * w), "{s:?}");
+        assert_eq!(held(&s, cb), (1, 2), "{s:?}");
         assert_eq!(classes(&s).shared.max_concurrent, 1, "{s:?}");
 
         // U = (1 + w) + 3 ≥ 4: no more borrowing under revision 1 (with w = 1, U = 5 exceeds the
