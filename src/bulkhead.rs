@@ -524,6 +524,7 @@ impl Bulkhead {
             let lim = shared.ring.read(w.tag());
             match decide(w, &lim, r, priority) {
                 Decision::Admit(next) => {
+                    crate::sync::pause(crate::sync::PausePoint::DecisionCas);
                     match word.compare_exchange_weak(
                         w.0,
                         next.0,

@@ -877,6 +877,7 @@ pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
         let l = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
         let (du, dv) = delta(&l, n, t, n - 1, t - held);
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
         if du == 0 && dv == 0 && !c.queue() {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
                 Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),

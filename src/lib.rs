@@ -110,6 +110,14 @@ pub use waiting::{
     Acquire, AcquireTimed, CancelToken, Drain, DrainReport, Timed, Timing, WaitOptions,
 };
 
+/// Test support (feature `testing`; not for production builds): per-thread pause hooks at the
+/// protocol steps named by [`PausePoint`](testing::PausePoint), for deterministic race tests.
+#[cfg(all(feature = "testing", not(loom)))]
+pub mod testing {
+    pub use crate::sync::hooks::{clear_pause_hook, set_pause_hook};
+    pub use crate::sync::PausePoint;
+}
+
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

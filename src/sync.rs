@@ -202,3 +202,84 @@ impl<T: Send + Sync + Default> Stripes<T> {
         f(&self.0)
     }
 }
+
+/// A place in a protocol where a test may stop the calling thread (feature `testing`).
+///
+/// Each point sits between a read that a decision depends on and the atomic step that commits
+/// it, or at a step of a slow path whose order matters; a deterministic race test installs a
+/// per-thread hook ([`set_pause_hook`]) that blocks at one point until the test lets it go.
+/// Without the `testing` feature the calls compile to nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PausePoint {
+    /// A no-class decision has read the word and its limits and is about to CAS it.
+    DecisionCas,
+    /// A class-word operation (decision, release, decrease, growth, migration) has read its
+    /// class word and the floors of its tag and is about to CAS it.
+    ClassCas,
+}
+
+/// Stops here if the calling thread installed a pause hook (feature `testing` only).
+#[inline(always)]
+pub(crate) fn pause(point: PausePoint) {
+    #[cfg(all(feature = "testing", not(loom)))]
+    hooks::fire(point);
+    #[cfg(not(all(feature = "testing", not(loom))))]
+    let _ = point;
+}
+
+#[cfg(all(feature = "testing", not(loom)))]
+pub(crate) mod hooks {
+    use super::PausePoint;
+    use std::cell::RefCell;
+
+    type Hook = Box<dyn FnMut(PausePoint)>;
+
+    std::thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub(crate) fn fire(point: PausePoint) {
+        // Taken out while it runs, so a hook that calls into the crate does not re-enter itself.
+        let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) else {
+            return;
+        };
+        hook(point);
+        HOOK.with(|h| {
+            let mut slot = h.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(hook);
+            }
+        });
+    }
+
+    /// Installs `hook` for the calling thread: every [`PausePoint`] this thread reaches calls
+    /// it (it may block, to hold the thread at that point). Replaces any earlier hook.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::{set_pause_hook, clear_pause_hook, PausePoint};
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// let seen = std::rc::Rc::new(std::cell::Cell::new(0));
+    /// let s = seen.clone();
+    /// set_pause_hook(move |p| if p == PausePoint::DecisionCas { s.set(s.get() + 1) });
+    /// let b = Bulkhead::new(1).unwrap();
+    /// drop(b.try_acquire(Demand::slot()).unwrap());
+    /// clear_pause_hook();
+    /// assert_eq!(seen.get(), 1);
+    /// # }
+    /// ```
+    pub fn set_pause_hook(hook: impl FnMut(PausePoint) + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    }
+
+    /// Removes the calling thread's pause hook.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")]
+    /// llm_bulkhead::testing::clear_pause_hook();
+    /// ```
+    pub fn clear_pause_hook() {
+        HOOK.with(|h| *h.borrow_mut() = None);
+    }
+}
