@@ -518,6 +518,9 @@ impl Bulkhead {
     ) -> Result<Granted, (Word, Hot, RejectReason)> {
         let shared = &*self.shared;
         let word = &*shared.word;
+        // Before the first read of the tag (`crate::grace`): no install can bring the tag
+        // back to `w`'s while this decision is in progress.
+        let _op = crate::grace::op();
         let mut w = Word(word.load(Ordering::Acquire));
         let backoff = crossbeam_utils::Backoff::new();
         loop {
@@ -673,6 +676,10 @@ impl Bulkhead {
         for k in 0..shared.class_words.len() {
             visit |= crate::classed::migrate(shared, k, tag);
         }
+        // No operation that read the previous tag is still in progress once this returns, so
+        // no tag value or ring slot is reused under anyone (`crate::grace`). Under the lock:
+        // the next install waits for this one's grace period.
+        crate::grace::grace_period();
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
         // A raised limit admits queued waiters at once (CONTRACT.md §6).

@@ -357,6 +357,9 @@ pub(crate) fn acquire(
     r: u64,
     priority: Priority,
 ) -> Result<Admitted, Box<Refused>> {
+    // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
+    // bring a tag it read back to the same value while it is in progress.
+    let _op = crate::grace::op();
     if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
@@ -380,6 +383,7 @@ pub(crate) fn acquire_in_queue(
     r: u64,
     priority: Priority,
 ) -> Result<Admitted, Box<Refused>> {
+    let _op = crate::grace::op();
     acquire_contended(
         shared,
         Req {
@@ -423,6 +427,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
         if eff.is_some_and(|e| g.v() > e) {
             return None;
         }
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
         cw.compare_exchange(c.0, next, SeqCst, SeqCst).ok()?;
         crate::sync::loom_sc_fence();
         let g2 = GWord(word.load(SeqCst));
@@ -788,12 +793,14 @@ fn undo(shared: &Shared, k: usize, r: u64, in_queue: bool) {
 /// first, then the shared-word amount it computes from the word it replaced; visits the queue
 /// if either word was flagged (unless the caller holds the queue mutex, `in_queue`).
 fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64, in_queue: bool) {
+    let _op = crate::grace::op();
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
         let l = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
         let (du, dv) = delta(&l, n, t, n - slots, t - tokens);
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
         match cw.compare_exchange_weak(c.0, c.0 - slots * C_ONE - tokens, SeqCst, SeqCst) {
             Ok(_) => {
                 let visit = shared_decrease(shared, du, dv) | c.queue();
@@ -819,6 +826,7 @@ fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: bool) {
 /// Returns whether that decrease found `WAITERS` set (the caller visits the queue).
 #[must_use]
 pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
+    let _op = crate::grace::op();
     let cw = &*shared.class_words[k];
     let new = shared.ring.read_class(tag, k);
     let mut c = CWord(cw.load(SeqCst));
@@ -871,6 +879,9 @@ pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnap
 /// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::waiting`).
 #[inline(always)]
 pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
+    // Left before the caller may free the state: `_op` borrows `shared`, and the marker lives in
+    // the thread's statistics entry, which the free drops.
+    let _op = crate::grace::op();
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
@@ -920,6 +931,7 @@ pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
 /// # Errors
 /// `Err(())` when the stored `V` would pass its field's room; nothing changed.
 pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), ()> {
+    let _op = crate::grace::op();
     let word = &*shared.word;
     let mut s = GWord(word.load(SeqCst));
     loop {
@@ -937,6 +949,7 @@ pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), 
         let l = floors_of(shared, c, k);
         let t = c.tokens();
         let (_, dv) = delta(&l, 0, t, 0, t + amount);
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
         match cw.compare_exchange_weak(c.0, c.0 + amount, SeqCst, SeqCst) {
             Ok(_) => {
                 let visit = shared_decrease(shared, 0, dv - amount as i64);
@@ -1068,6 +1081,7 @@ pub(crate) fn precheck(shared: &Shared, k: usize, r: u64, priority: Priority) ->
     if n > ROOM {
         return Precheck::Refused;
     }
+    let _op = crate::grace::op();
     let g = GWord(shared.word.load(SeqCst));
     let mut classes = [(0u64, 0u64); ROOM];
     let mut limits = [HotClass {
@@ -1110,6 +1124,7 @@ pub(crate) fn describe(
     reason: RejectReason,
     constraint: Option<Constraint>,
 ) -> Refused {
+    let _op = crate::grace::op();
     let g = GWord(shared.word.load(SeqCst));
     let (classes, gsum, tsum) = collect(shared);
     let lim = shared.ring.read(g.tag());

@@ -70,6 +70,7 @@ pub mod conformance;
 mod demand;
 mod error;
 pub mod events;
+mod grace;
 mod id;
 pub mod limits;
 #[cfg(feature = "serde")]

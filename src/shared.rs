@@ -144,6 +144,8 @@ impl Handle {
             measure_waits: settings.measure_waits,
             events: crate::events::Subscribers::new(),
         };
+        // Before the state is published: every thread that reaches it sees the barrier mode.
+        crate::grace::init();
         Handle(NonNull::from(Box::leak(Box::new(shared))))
     }
 

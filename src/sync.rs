@@ -15,12 +15,16 @@
 //! [loom]: https://docs.rs/loom
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+};
 #[cfg(loom)]
 pub(crate) use loom::sync::Mutex;
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Mutex;
 
@@ -29,9 +33,9 @@ pub(crate) use std::sync::atomic::Ordering;
 /// Thread parking for blocked waiters (loom's model-checked version under loom).
 pub(crate) mod thread {
     #[cfg(loom)]
-    pub(crate) use loom::thread::{current, park, Thread};
+    pub(crate) use loom::thread::{current, park, yield_now, Thread};
     #[cfg(not(loom))]
-    pub(crate) use std::thread::{current, park, Thread};
+    pub(crate) use std::thread::{current, park, yield_now, Thread};
 
     /// Parks for at most `d` (under loom, a yield: models use zero deadlines).
     pub(crate) fn park_timeout(d: std::time::Duration) {
@@ -217,6 +221,9 @@ pub enum PausePoint {
     /// A class-word operation (decision, release, decrease, growth, migration) has read its
     /// class word and the floors of its tag and is about to CAS it.
     ClassCas,
+    /// `apply_limits` has installed its snapshot and is about to wait for the operations that
+    /// may still hold the previous tag (the grace period).
+    GracePeriod,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

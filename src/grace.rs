@@ -1,0 +1,326 @@
+//! Grace periods: why no limits tag can come back to a value an operation still holds.
+//!
+//! # The problem
+//!
+//! Every decision reads a state word, the limits its tag names (a slot of the ring in
+//! [`crate::limits`]), and then commits with a CAS that expects the word it read. The tag
+//! is what makes a decision read before a reconfiguration fail its CAS after it (CONTRACT.md
+//! §6). But tags are narrow: 14 bits in the shared word, 2 bits (mod the ring of 4) in a class
+//! word. An operation preempted between its read and its CAS while a whole tag period of
+//! snapshots was installed would find the word bit-identical again and commit with limits (or
+//! class floors) that are no longer current: an over-admission, or a `U`/`V` decrease computed
+//! from the wrong floors, which leaves the stored totals below the truth for good (issue 11
+//! reproduced both; `tests/tag_wrap.rs` keeps them).
+//!
+//! # The rule
+//!
+//! **`apply_limits` does not return until every operation that may hold the previous tag has
+//! finished.** So at any instant the operations in flight hold the current tag or the one
+//! before it, never an older one: a tag value, a ring slot or a class tag is reused only after
+//! everybody who read its old meaning is gone, whatever the install rate and however long a
+//! thread is preempted. Two ring slots and one tag bit would be enough; the wider fields are
+//! margin. ABA is excluded by construction, not by a probability.
+//!
+//! # How an operation is seen: per-thread markers
+//!
+//! Every operation that reads a tag (or a class word's tag) and then commits on it runs inside
+//! an [`Op`]: it makes the calling thread's **reader marker** odd before its first read, and
+//! even again after its last step. There is one marker per thread for the whole process, on a
+//! cache line of its own that no other thread writes (a release may leave its operation after
+//! it gave away the last reference to the bulkhead, so the marker cannot live in the
+//! bulkhead). Entering costs a thread-local read, a plain store and a compiler fence; leaving,
+//! one plain store. Operations nest (a release that pumps the queue decides for a waiter): only
+//! the outermost one moves the marker. A reconfigurer waits for every thread's operation, on
+//! any bulkhead: they are all short.
+//!
+//! The reconfigurer, after installing (the tag bump and every class migration), issues a heavy
+//! barrier and then waits until each marker that was odd has moved. The argument is the
+//! classic store→load (Dekker) pattern: the operation stores its marker and then loads the
+//! word; the reconfigurer modifies the word and then loads the marker. With a full barrier
+//! between each pair, either the operation's load sees the new tag (it never held the old
+//! one), or the reconfigurer sees the odd marker and waits for it.
+//!
+//! # The barriers: asymmetric where the OS offers it
+//!
+//! A full fence on every decision costs a locked instruction (about as much as the CAS
+//! itself). On Linux the operation instead issues only a compiler fence, and the reconfigurer
+//! calls `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which makes every running thread of
+//! the process execute a full barrier before it returns (threads not running get one at their
+//! context switch): the fence is paid by the rare side. The process registers for it when the
+//! first bulkhead is built; if registration fails (an old kernel, a seccomp filter, another
+//! OS), under Miri and under loom, both sides use `fence(SeqCst)` instead: the same argument
+//! with the fence paid on every operation.
+//!
+//! # Progress
+//!
+//! Deciders never wait for anything here. `apply_limits` may wait for a thread that was
+//! preempted inside an operation, until it runs again (a few hundred nanoseconds of work once
+//! scheduled); it waits only for operations that started before its install. It never waits
+//! for its own thread (an event subscriber that reconfigures from inside an operation would
+//! otherwise wait for itself); such a nested install relies on the outer operation's CAS
+//! failing on the tag that moved by one.
+
+use crate::sync::{fence, AtomicU64, Ordering};
+
+/// One thread's reader marker for one bulkhead: even when the thread is in no operation.
+/// Written only by its thread; read by reconfigurers.
+#[derive(Default)]
+pub(crate) struct Reader(AtomicU64);
+
+/// An operation in progress (module docs). Leaving it (dropping it, on unwinding too) makes the
+/// marker even again, if this is the outermost operation of the thread.
+pub(crate) struct Op<'a> {
+    reader: &'a Reader,
+    /// The even value to store when leaving, or `None` for a nested operation.
+    leave: Option<u64>,
+}
+
+/// Enters an operation on `reader`, the calling thread's marker.
+#[inline(always)]
+pub(crate) fn enter(reader: &Reader) -> Op<'_> {
+    // Single writer: a plain load and store (no locked instruction).
+    let s = reader.0.load(Ordering::Relaxed);
+    if s & 1 == 1 {
+        return Op {
+            reader,
+            leave: None,
+        };
+    }
+    reader.0.store(s + 1, Ordering::Relaxed);
+    light_barrier();
+    Op {
+        reader,
+        leave: Some(s + 2),
+    }
+}
+
+impl Drop for Op<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(v) = self.leave {
+            // Release: everything the operation did happens-before a reconfigurer that sees
+            // the marker move.
+            self.reader.0.store(v, Ordering::Release);
+        }
+    }
+}
+
+/// Waits until every reader marker that `for_each` visits (except `own`, the caller's) has left
+/// the operation it was in, if any, when this was called. Call after the install is complete
+/// (tag bump and class migrations).
+pub(crate) fn wait_for_readers(own: &Reader, for_each: impl FnOnce(&mut dyn FnMut(&Reader))) {
+    crate::sync::pause(crate::sync::PausePoint::GracePeriod);
+    heavy_barrier();
+    for_each(&mut |r: &Reader| {
+        if std::ptr::eq(r, own) {
+            return;
+        }
+        let s = r.0.load(Ordering::Acquire);
+        if s & 1 == 0 || broken_for_loom() {
+            return;
+        }
+        let backoff = crossbeam_utils::Backoff::new();
+        while r.0.load(Ordering::Acquire) == s {
+            if backoff.is_completed() {
+                crate::sync::thread::yield_now();
+            } else {
+                backoff.snooze();
+            }
+        }
+    });
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_NO_GRACE=1` skips the wait: the deliberately broken variant
+/// the tag-wrap models are shown to fail on.
+#[inline]
+fn broken_for_loom() -> bool {
+    #[cfg(loom)]
+    {
+        std::env::var_os("LLM_BULKHEAD_LOOM_NO_GRACE").is_some()
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
+}
+
+/// 0: not yet known; 1: membarrier registered; 2: fences on both sides.
+static MODE: crate::sync::AtomicU8 = crate::sync::AtomicU8::new(0);
+const MEMBARRIER: u8 = 1;
+const FENCES: u8 = 2;
+
+/// Chooses the barrier mode, once per process; called before the first bulkhead's state is
+/// published, so every thread that can reach a bulkhead sees the mode chosen (it never changes
+/// afterwards).
+pub(crate) fn init() {
+    if MODE.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let mode = if membarrier::register() {
+        MEMBARRIER
+    } else {
+        FENCES
+    };
+    MODE.store(mode, Ordering::Release);
+}
+
+/// The operation side's barrier: a compiler fence when the reconfigurer's heavy barrier is a
+/// membarrier, a full fence otherwise.
+#[inline(always)]
+fn light_barrier() {
+    if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The reconfigurer side's barrier.
+fn heavy_barrier() {
+    // Our own full barrier first (membarrier implies one on the caller too, but the fallback
+    // needs it, and it is free at this rate).
+    fence(Ordering::SeqCst);
+    if MODE.load(Ordering::Relaxed) == MEMBARRIER && !membarrier::expedited() {
+        // Registered, so this cannot fail; if it ever did, the wait that follows would not be
+        // sound for operations that issued only a compiler fence. Refuse to go on.
+        panic!("membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after registration");
+    }
+}
+
+#[cfg(all(target_os = "linux", not(loom), not(miri)))]
+mod membarrier {
+    // From <linux/membarrier.h>.
+    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+    pub(super) fn register() -> bool {
+        // SAFETY: `membarrier` takes two integers and a flag and touches no memory of ours.
+        unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
+    }
+
+    pub(super) fn expedited() -> bool {
+        // SAFETY: as above.
+        unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
+mod membarrier {
+    pub(super) fn register() -> bool {
+        false
+    }
+    pub(super) fn expedited() -> bool {
+        false
+    }
+}
+
+/// Every thread's marker, for the whole process: markers must outlive every bulkhead, because
+/// a release leaves its operation after it may have given away the last reference to the state
+/// (`crate::classed::release`). A reconfigurer therefore waits for operations on any bulkhead;
+/// they are all short.
+#[cfg(not(loom))]
+static READERS: thread_local::ThreadLocal<crossbeam_utils::CachePadded<Reader>> =
+    thread_local::ThreadLocal::new();
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// This thread's entry of `READERS` (null until its first operation).
+    static MINE: std::cell::Cell<*const Reader> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// The calling thread's reader marker.
+#[cfg(not(loom))]
+#[inline(always)]
+pub(crate) fn reader() -> &'static Reader {
+    let p = MINE.with(std::cell::Cell::get);
+    if !p.is_null() {
+        // SAFETY: `p` was taken from this thread's entry of the static `READERS`, whose
+        // entries keep their address for the life of the process.
+        return unsafe { &*p };
+    }
+    reader_slow()
+}
+
+#[cfg(not(loom))]
+#[cold]
+#[inline(never)]
+fn reader_slow() -> &'static Reader {
+    // A thread's first operation: `ThreadLocal` takes its global thread-id lock here once.
+    let r: &'static Reader = READERS.get_or(Default::default);
+    MINE.with(|m| m.set(r as *const Reader));
+    r
+}
+
+/// Enters an operation that reads a tag (module docs).
+#[inline(always)]
+pub(crate) fn op() -> Op<'static> {
+    enter(reader())
+}
+
+/// The grace period of `apply_limits`: returns once no operation of another thread that
+/// started before the call is still in progress.
+pub(crate) fn grace_period() {
+    let own = reader();
+    wait_for_readers(own, |f| {
+        #[cfg(not(loom))]
+        for r in READERS.iter() {
+            f(r)
+        }
+        #[cfg(loom)]
+        LOOM_READERS.for_each(f);
+    });
+}
+
+/// The calling thread's reader marker (loom flavour).
+#[cfg(loom)]
+pub(crate) fn reader() -> &'static Reader {
+    LOOM_READERS.local()
+}
+
+#[cfg(loom)]
+loom::lazy_static! {
+    static ref LOOM_READERS: LoomReaders = LoomReaders::new();
+}
+
+/// Per-thread reader markers under loom (loom has no iterable per-thread storage): a few slots,
+/// claimed by each loom thread on first use, reset with every execution.
+#[cfg(loom)]
+pub(crate) struct LoomReaders {
+    slots: [Reader; 4],
+    next: crate::sync::AtomicUsize,
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    static SLOT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+#[cfg(loom)]
+impl LoomReaders {
+    fn new() -> Self {
+        LoomReaders {
+            slots: Default::default(),
+            next: crate::sync::AtomicUsize::new(0),
+        }
+    }
+
+    fn local(&'static self) -> &'static Reader {
+        let i = SLOT.with(|s| match s.get() {
+            Some(i) => i,
+            None => {
+                let i = self.next.fetch_add(1, Ordering::Relaxed);
+                assert!(i < self.slots.len(), "loom models use at most 4 threads");
+                s.set(Some(i));
+                i
+            }
+        });
+        &self.slots[i]
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(&Reader)) {
+        let n = self.next.load(Ordering::Acquire).min(self.slots.len());
+        for r in &self.slots[..n] {
+            f(r)
+        }
+    }
+}
