@@ -143,7 +143,10 @@ const CN_MASK: u64 = ((1 << 14) - 1) << CN_SHIFT;
 const CP_SHIFT: u32 = 46;
 const CP_MASK: u64 = ((1 << 14) - 1) << CP_SHIFT;
 const CTAG_SHIFT: u32 = 60;
-const CTAG_MASK: u64 = 3 << CTAG_SHIFT;
+/// The class tag is the limits tag modulo `CTAG_MOD` (one bit under loom, so that a model with
+/// two installs brings it back to the value an operation read: see `crate::grace`).
+const CTAG_MOD: usize = if cfg!(loom) { 2 } else { 4 };
+const CTAG_MASK: u64 = ((CTAG_MOD - 1) as u64) << CTAG_SHIFT;
 /// Set on every class word once the last handle is gone.
 pub(crate) const C_DETACHED: u64 = 1 << 62;
 /// One class slot.
@@ -182,7 +185,7 @@ impl CWord {
     }
     #[inline]
     fn with_ctag(self, tag: usize) -> CWord {
-        CWord((self.0 & !CTAG_MASK) | (((tag & 3) as u64) << CTAG_SHIFT))
+        CWord((self.0 & !CTAG_MASK) | (((tag % CTAG_MOD) as u64) << CTAG_SHIFT))
     }
     /// Whether a decrease replacing this word must visit the queue.
     #[inline]
@@ -411,7 +414,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     let c = CWord(cw.load(SeqCst));
     if g.closed()
         || g.waiters()
-        || c.ctag() != tag & 3
+        || c.ctag() != tag % CTAG_MOD
         || eff.is_some_and(|e| r > e)
         || l.mt.is_some_and(|mt| c.tokens() + r > mt)
         || l.mc.is_some_and(|m| c.in_flight() >= m)
@@ -535,7 +538,7 @@ fn classify(
     l: &HotClass,
     c: CWord,
 ) -> Result<(bool, u64), Attempt> {
-    if c.ctag() != g.tag() & 3 {
+    if c.ctag() != g.tag() % CTAG_MOD {
         help_migrate(shared, req.k, c, req.in_queue);
         return Err(Attempt::Retry);
     }
@@ -815,7 +818,7 @@ fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64, in_queue: 
 /// ahead of it; otherwise does nothing (the caller starts again with fresh reads).
 fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: bool) {
     let g = GWord(shared.word.load(SeqCst));
-    if seen.ctag() == (g.tag().wrapping_sub(1)) & 3 {
+    if seen.ctag() == g.tag().wrapping_sub(1) % CTAG_MOD {
         let visit = migrate(shared, k, g.tag());
         visit_queue(shared, visit, in_queue);
     }
@@ -831,7 +834,7 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
     let new = shared.ring.read_class(tag, k);
     let mut c = CWord(cw.load(SeqCst));
     loop {
-        if c.ctag() != tag.wrapping_sub(1) & 3 {
+        if c.ctag() != tag.wrapping_sub(1) % CTAG_MOD {
             return false; // already migrated (or not ours to do)
         }
         let old = floors_of(shared, c, k);
@@ -1013,7 +1016,7 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     let mut helped = false;
     for (k, w) in shared.class_words.iter().enumerate() {
         let c = CWord(w.load(SeqCst));
-        if c.ctag() != g.tag() & 3 {
+        if c.ctag() != g.tag() % CTAG_MOD {
             help_migrate(shared, k, c, req.in_queue);
             helped = true;
         }

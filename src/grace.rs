@@ -144,8 +144,11 @@ fn broken_for_loom() -> bool {
     }
 }
 
-/// 0: not yet known; 1: membarrier registered; 2: fences on both sides.
-static MODE: crate::sync::AtomicU8 = crate::sync::AtomicU8::new(0);
+/// 0: not yet known; 1: membarrier registered; 2: fences on both sides. A process-wide setting
+/// chosen before any bulkhead exists, not part of any protocol: a plain std atomic (under loom
+/// the mode is always fences, and this is never read).
+#[allow(clippy::disallowed_types)]
+static MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 const MEMBARRIER: u8 = 1;
 const FENCES: u8 = 2;
 
@@ -164,11 +167,17 @@ pub(crate) fn init() {
     MODE.store(mode, Ordering::Release);
 }
 
+/// Whether the heavy side is a membarrier (never under loom or Miri).
+#[inline(always)]
+fn asymmetric() -> bool {
+    !cfg!(loom) && MODE.load(Ordering::Relaxed) == MEMBARRIER
+}
+
 /// The operation side's barrier: a compiler fence when the reconfigurer's heavy barrier is a
 /// membarrier, a full fence otherwise.
 #[inline(always)]
 fn light_barrier() {
-    if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+    if asymmetric() {
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
     } else {
         fence(Ordering::SeqCst);
@@ -180,7 +189,7 @@ fn heavy_barrier() {
     // Our own full barrier first (membarrier implies one on the caller too, but the fallback
     // needs it, and it is free at this rate).
     fence(Ordering::SeqCst);
-    if MODE.load(Ordering::Relaxed) == MEMBARRIER && !membarrier::expedited() {
+    if asymmetric() && !membarrier::expedited() {
         // Registered, so this cannot fail; if it ever did, the wait that follows would not be
         // sound for operations that issued only a compiler fence. Refuse to go on.
         panic!("membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) failed after registration");
@@ -292,7 +301,7 @@ pub(crate) struct LoomReaders {
 
 #[cfg(loom)]
 loom::thread_local! {
-    static SLOT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static SLOT: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
 }
 
 #[cfg(loom)]

@@ -1,0 +1,171 @@
+//! Models of tag reuse (issue 11; `src/grace.rs`): under loom the shared word's limits tag and
+//! the class words' tag have one bit and the limits ring two slots, so two installs bring every
+//! tag back to the value an operation read before them and rewrite the ring slot it read.
+//!
+//! Each model races one operation (a no-class decision, a class release, a class decision, a
+//! usage growth, an undo through a token return) against two installs. Without the grace period
+//! (`LLM_BULKHEAD_LOOM_NO_GRACE=1`, the deliberately broken variant) loom finds the interleaving
+//! in which the operation reads, the two installs complete, and its CAS then succeeds against a
+//! bit-identical word with limits or floors that are no longer current; with it, `apply_limits`
+//! waits for the operation, whose CAS then fails on the tag that moved by one.
+//!
+//! Asserted in every interleaving:
+//! * **no-class:** an admission made under revision 0 was made before the first install's tag
+//!   bump (the installer, right after its first `apply_limits` returned, saw its slot);
+//! * **class release:** the stored `U` is exact afterwards: with class `a`'s floor raised to 2,
+//!   class `b` can borrow exactly 2 of the 4 slots and `a` take exactly its 2, no more;
+//! * **class decision:** the same exactness after a protected admission raced the installs, and
+//!   no admission beyond `max_concurrent`;
+//! * **usage growth:** the stored `V` is exact afterwards (the budget fills exactly).
+#![cfg(loom)]
+
+mod common;
+
+use common::model;
+use llm_bulkhead::{Admission, Bulkhead, ClassId, ClassLimits, Demand, Reservation, Usage};
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Admits as many `demand`s as the bulkhead lets through (sequentially, after the race).
+fn fill(b: &Bulkhead, demand: Demand) -> Vec<Admission> {
+    let mut held = Vec::new();
+    while let Ok(a) = b.try_acquire(demand) {
+        held.push(a);
+        assert!(held.len() <= 8, "no bulkhead here has 8 slots");
+    }
+    held
+}
+
+fn floor(protected_concurrent: u32) -> ClassLimits {
+    ClassLimits {
+        protected_concurrent,
+        ..ClassLimits::default()
+    }
+}
+
+/// Two classes, `a` and `b` (the default), 4 slots, no floors yet.
+fn classed(budget: Option<u64>) -> (Bulkhead, ClassId, ClassId) {
+    let mut builder = Bulkhead::builder()
+        .max_concurrent(4)
+        .class("a", ClassLimits::default())
+        .class("b", ClassLimits::default())
+        .default_class("b");
+    if let Some(t) = budget {
+        builder = builder.token_budget(t);
+    }
+    let b = builder.build().unwrap();
+    let (a, cb) = (b.class_id("a").unwrap(), b.class_id("b").unwrap());
+    (b, a, cb)
+}
+
+/// Installs revisions 1 and 2 with class `a`'s floor at `a_floor`.
+fn install_two(b: &Bulkhead, a: ClassId, a_floor: ClassLimits) {
+    for rev in 1..=2 {
+        b.apply_limits(b.limits().with_revision(rev).with_class(a, a_floor))
+            .unwrap();
+    }
+}
+
+/// `U` is exact: `b` borrows exactly the 2 slots outside `a`'s floor of 2, `a` takes its 2.
+fn assert_u_exact(b: &Bulkhead, a: ClassId, cb: ClassId) {
+    let in_b = fill(b, Demand::slot().in_class(cb));
+    let in_a = fill(b, Demand::slot().in_class(a));
+    assert_eq!(
+        (in_a.len(), in_b.len()),
+        (2, 2),
+        "U drifted: {:?}",
+        b.stats()
+    );
+}
+
+#[test]
+fn a_no_class_decision_never_lands_on_a_wrapped_tag() {
+    model(|| {
+        let b = Bulkhead::new(2).unwrap();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        // In flight as the installer saw it right after its first install returned.
+        let seen = Arc::new(AtomicU64::new(u64::MAX));
+        let installer = {
+            let (b, seen) = (b.clone(), seen.clone());
+            thread::spawn(move || {
+                b.apply_limits(b.limits().with_revision(1).with_max_concurrent(0))
+                    .unwrap();
+                seen.store(b.stats().in_flight, Ordering::SeqCst);
+                b.apply_limits(b.limits().with_revision(2).with_max_concurrent(0))
+                    .unwrap();
+            })
+        };
+        let got = b.try_acquire(Demand::slot());
+        installer.join().unwrap();
+        if let Ok(a) = &got {
+            assert_eq!(a.revision(), 0, "revisions 1 and 2 are kill switches");
+            assert_eq!(
+                seen.load(Ordering::SeqCst),
+                2,
+                "admitted under revision 0 after revision 1 was installed"
+            );
+        }
+        drop((got, held));
+        assert_eq!(b.stats().in_flight, 0);
+    });
+}
+
+#[test]
+fn a_class_release_never_lands_on_a_wrapped_class_tag() {
+    model(|| {
+        let (b, a, cb) = classed(None);
+        let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+        let installer = {
+            let b = b.clone();
+            thread::spawn(move || install_two(&b, a, floor(2)))
+        };
+        drop(held);
+        installer.join().unwrap();
+        assert_u_exact(&b, a, cb);
+    });
+}
+
+#[test]
+fn a_class_decision_never_lands_on_a_wrapped_class_tag() {
+    model(|| {
+        let (b, a, cb) = classed(None);
+        let installer = {
+            let b = b.clone();
+            thread::spawn(move || install_two(&b, a, floor(2)))
+        };
+        // Borrowed under the floors of revision 0 (none), or protected under revision 1 or 2.
+        let got = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+        installer.join().unwrap();
+        drop(got);
+        assert_u_exact(&b, a, cb);
+    });
+}
+
+#[test]
+fn a_usage_growth_never_lands_on_a_wrapped_class_tag() {
+    model(|| {
+        // A token floor of 4 for `a` from revision 1 on; `a` holds 2 tokens and grows to 4.
+        let (b, a, cb) = classed(Some(8));
+        let mut held = b
+            .try_acquire(Demand::tokens(Reservation::new(1, 1).unwrap()).in_class(a))
+            .unwrap();
+        let installer = {
+            let b = b.clone();
+            thread::spawn(move || {
+                let tf = ClassLimits {
+                    protected_tokens: 4,
+                    ..ClassLimits::default()
+                };
+                install_two(&b, a, tf)
+            })
+        };
+        held.report_usage(Usage::new(1, 3), None).unwrap();
+        installer.join().unwrap();
+        drop(held);
+        // V exact: with a's token floor of 4 idle, b can take exactly the other 4 tokens.
+        let one = Demand::tokens(Reservation::new(1, 0).unwrap()).in_class(cb);
+        let in_b = fill(&b, one);
+        assert_eq!(in_b.len(), 4, "V drifted: {:?}", b.stats());
+    });
+}
