@@ -470,7 +470,10 @@ impl Admission {
                 match class {
                     // Release, like any return of capacity.
                     None => {
-                        shared.word.fetch_sub(delta, Ordering::Release);
+                        let prev =
+                            crate::state::Word(shared.word.fetch_sub(delta, Ordering::Release));
+                        // This admission's hold is in T, so T ≥ delta: no borrow from the slots.
+                        debug_assert!(prev.tokens() >= delta, "token field underflow");
                     }
                     Some(k) => {
                         crate::classed::return_tokens(shared, k, delta);

@@ -59,6 +59,26 @@
 //! at any instant. Sequentially the stored values are exact, and the decisions are those of the
 //! sequential model (`src/model.rs`), which the property tests check.
 //!
+//! # No field underflows
+//!
+//! Every subtraction from a packed word is checked by a debug assertion on the value it replaced,
+//! and none can borrow from the neighbouring field, because each takes away only what is provably
+//! there:
+//!
+//! * a class word loses one slot and `held` tokens only in the release (or undo) of an admission
+//!   whose slot and hold it contains, and a pending-return mark only in the release that set it;
+//! * the shared word loses `|du|`, `|dv|` computed from the very class word the preceding CAS
+//!   replaced and from the floors of *that word's* tag. The stored `U`/`V` are never below the true
+//!   ones (the invariant above), and the true ones are sums of per-class terms of which this
+//!   decrease removes at most the part its class word held, so the stored values stay `≥ 0`.
+//!
+//! The second argument needs the floors the decrease reads to be the floors the class word is
+//! accounted under. A narrow `ctag` alone could not promise that: a release stopped between its
+//! read and its CAS while the class tag went round once would find a bit-identical word and
+//! subtract an amount computed from floors that were no longer current (`U` then drifted below
+//! the truth and could underflow into the tag, a livelock). The grace period of `crate::grace`
+//! rules this out: no tag comes back while an operation that read it is in progress.
+//!
 //! # Protected path, step by step
 //!
 //! 1. load the shared word `g` (tag, flags, `U`, `V`), the limits of its tag, and the class word;
@@ -280,8 +300,19 @@ fn delta(l: &HotClass, n: u64, t: u64, n2: u64, t2: u64) -> (i64, i64) {
 #[must_use]
 fn shared_decrease(shared: &Shared, du: i64, dv: i64) -> bool {
     debug_assert!(du <= 0 && dv <= 0);
-    let amount = (du.unsigned_abs() << U_SHIFT) + dv.unsigned_abs();
-    amount != 0 && GWord(shared.word.fetch_sub(amount, SeqCst)).waiters()
+    let (du, dv) = (du.unsigned_abs(), dv.unsigned_abs());
+    let amount = (du << U_SHIFT) + dv;
+    if amount == 0 {
+        return false;
+    }
+    let prev = GWord(shared.word.fetch_sub(amount, SeqCst));
+    // No borrow across a field (module docs, "No field underflows"): the stored U and V are
+    // never below the truth, and a decrease takes away exactly an amount the truth contains.
+    debug_assert!(
+        prev.u() >= du && prev.v() >= dv,
+        "shared word underflow: {prev:?} - (U {du}, V {dv})"
+    );
+    prev.waiters()
 }
 
 /// After a decrease that found the queue flagged (`visit`): pumps the queue, unless the
@@ -802,6 +833,7 @@ fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64, in_queue: 
     loop {
         let l = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
+        debug_assert!(n >= slots && t >= tokens, "class word underflow: {c:?}");
         let (du, dv) = delta(&l, n, t, n - slots, t - tokens);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         match cw.compare_exchange_weak(c.0, c.0 - slots * C_ONE - tokens, SeqCst, SeqCst) {
@@ -890,6 +922,10 @@ pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
     loop {
         let l = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
+        debug_assert!(
+            n >= 1 && t >= held,
+            "class word underflow: {c:?} - (1, {held})"
+        );
         let (du, dv) = delta(&l, n, t, n - 1, t - held);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         if du == 0 && dv == 0 && !c.queue() {
@@ -913,6 +949,7 @@ fn release_pending(shared: &Shared, k: usize, du: i64, dv: i64, queue: bool) -> 
     let visit = shared_decrease(shared, du, dv) | queue;
     visit_queue(shared, visit, false);
     let p = CWord(shared.class_words[k].fetch_sub(C_PEND, SeqCst));
+    debug_assert!(p.pending() >= 1, "pending-return underflow: {p:?}");
     CWord(p.0 - C_PEND).emptied_detached()
 }
 
@@ -1146,21 +1183,46 @@ pub(crate) fn describe(
     }
 }
 
-/// A refusal whose collects kept saying the demand fits: reported with the reason the attempt
-/// found and the detail of a last collect (a documented imprecision, CONTRACT.md §10).
+/// A refusal whose collects kept saying the demand fits: the attempt was refused by the stored
+/// shared word, which still counted steps of other deciders in progress. Reported with the
+/// reason the attempt found, the detail of a last collect and the stored shared amounts, and a
+/// constraint derived from that collect rather than guessed (CONTRACT.md §4):
+///
+/// * a demand inside its class's floors (its slot, or its tokens, not borrowed) is never
+///   refused for protection: `global`;
+/// * a borrower gets `admission_class_protection` only if other classes hold idle floors of the
+///   refused kind (slots for `concurrency_limit`, tokens for `budget_limit`), i.e. if those
+///   floors are part of what kept the shared remainder from it; otherwise `global`.
 #[cold]
 fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     let g = GWord(shared.word.load(SeqCst));
     let (sum_pc, sum_pt) = shared.ring.read_sums(g.tag());
+    let detail = describe(shared, hint, None);
+    let (n, t) = detail.classes[req.k];
+    let own = detail.limits[req.k];
+    let idle_other = |slots: bool| {
+        detail
+            .classes
+            .iter()
+            .zip(detail.limits.iter())
+            .enumerate()
+            .any(|(j, (&(nj, tj), lj))| j != req.k && if slots { nj < lj.pc } else { tj < lj.pt })
+    };
     let constraint = match hint {
         RejectReason::Shutdown => None,
-        RejectReason::BudgetLimit if sum_pt > 0 => Some(Constraint::AdmissionClassProtection),
-        RejectReason::ConcurrencyLimit if sum_pc > 0 => Some(Constraint::AdmissionClassProtection),
+        RejectReason::ConcurrencyLimit if n >= own.pc && idle_other(true) => {
+            Some(Constraint::AdmissionClassProtection)
+        }
+        RejectReason::BudgetLimit
+            if (t + req.r).max(own.pt) > t.max(own.pt) && idle_other(false) =>
+        {
+            Some(Constraint::AdmissionClassProtection)
+        }
         _ => Some(Constraint::Global),
     };
-    let _ = req;
     Refused {
+        constraint,
         stored_shared: Some((g.u().saturating_sub(sum_pc), g.v().saturating_sub(sum_pt))),
-        ..describe(shared, hint, constraint)
+        ..detail
     }
 }

@@ -117,6 +117,26 @@ pub use waiting::{
 pub mod testing {
     pub use crate::sync::hooks::{clear_pause_hook, set_pause_hook};
     pub use crate::sync::PausePoint;
+
+    /// The stored `(U, V)` of a bulkhead with classes (the shared word: `Σ max(in flight,
+    /// floor)` and `Σ max(tokens, token floor)` over the classes, CONTRACT.md §4), which
+    /// `stats()` cannot show because it sums the class words; `None` without classes. At rest
+    /// they must equal the floor sums of the current limits.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(4)
+    ///     .class("a", ClassLimits { protected_concurrent: 2, ..Default::default() })
+    ///     .default_class("a").build().unwrap();
+    /// assert_eq!(llm_bulkhead::testing::stored_shared(&b), Some((2, 0)));
+    /// ```
+    pub fn stored_shared(b: &crate::Bulkhead) -> Option<(u64, u64)> {
+        let shared = &*b.shared;
+        shared.classed.then(|| {
+            let g = crate::classed::GWord(shared.word.load(crate::sync::Ordering::SeqCst));
+            (g.u(), g.v())
+        })
+    }
 }
 
 /// The README's examples, compiled and run as doc tests.

@@ -283,6 +283,11 @@ impl SlotRef {
         // replaces is what says whether they are. One try inline; the rest out of line.
         let word = &self.get().word;
         let prev = Word(word.load(Ordering::Relaxed));
+        // This admission's slot and hold are in the word: no field can borrow.
+        debug_assert!(
+            prev.slots() >= 1 && prev.tokens() >= tokens,
+            "slot or token underflow"
+        );
         if !prev.waiters()
             && word
                 .compare_exchange(
