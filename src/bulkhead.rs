@@ -934,7 +934,7 @@ impl Bulkhead {
         let k = self.class_index(class);
         match crate::classed::acquire(shared, k, r, priority) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            Err(f) => Err(self.class_refusal(k, *f, r, priority)),
+            Err(f) => Err(self.class_refusal(k, f, r, priority)),
         }
     }
 
@@ -1016,8 +1016,8 @@ impl Bulkhead {
             let view = ClassView {
                 g: f.g,
                 t: f.t,
-                classes: &f.classes,
-                limits: &f.limits,
+                classes: &f.classes[..f.n],
+                limits: &f.limits[..f.n],
                 max_concurrent: f.lim.max_concurrent,
                 eff: f.lim.effective(priority),
             };

@@ -148,7 +148,7 @@
 //! lifetime RMWs are at least `AcqRel`, so the freeing thread synchronises with every other
 //! owner's last access.
 
-use crate::classes::{ClassView, Resources};
+use crate::classes::{ClassView, Resources, MAX_CLASSES};
 use crate::limits::{Hot, HotClass};
 use crate::rejection::{Constraint, RejectReason};
 use crate::shared::Shared;
@@ -345,8 +345,12 @@ pub(crate) struct Refused {
     /// `G`, `T` of the collect.
     pub(crate) g: u64,
     pub(crate) t: u64,
-    pub(crate) classes: Vec<(u64, u64)>,
-    pub(crate) limits: Vec<HotClass>,
+    /// Classes in use: the first `n` entries of `classes` and `limits`.
+    pub(crate) n: usize,
+    /// Every class's `(in flight, tokens)` in the collect (fixed room: a refusal allocates
+    /// nothing).
+    pub(crate) classes: [(u64, u64); MAX_CLASSES],
+    pub(crate) limits: [HotClass; MAX_CLASSES],
     /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
     /// collect, explains the refusal (steps of other deciders were in progress).
     pub(crate) stored_shared: Option<(u64, u64)>,
@@ -390,7 +394,7 @@ pub(crate) fn acquire(
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Box<Refused>> {
+) -> Result<Admitted, Refused> {
     // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
     // bring a tag it read back to the same value while it is in progress.
     let _op = crate::grace::op();
@@ -416,7 +420,7 @@ pub(crate) fn acquire_in_queue(
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Box<Refused>> {
+) -> Result<Admitted, Refused> {
     let _op = crate::grace::op();
     acquire_contended(
         shared,
@@ -503,7 +507,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
 
 /// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
 #[inline(never)]
-fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Box<Refused>> {
+fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
     let backoff = crossbeam_utils::Backoff::new();
     let mut retries_after_refusal = 0;
     loop {
@@ -515,12 +519,12 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Box<Refused>
             Attempt::Admitted(a) => return Ok(a),
             Attempt::Retry | Attempt::Slow => backoff.spin(),
             Attempt::Refused(reason) => match explain(shared, req, reason) {
-                Explained::Refused(rej) => return Err(Box::new(rej)),
+                Explained::Refused(rej) => return Err(rej),
                 Explained::Fits if retries_after_refusal < 2 => {
                     retries_after_refusal += 1;
                     backoff.snooze();
                 }
-                Explained::Fits => return Err(Box::new(explain_final(shared, req, reason))),
+                Explained::Fits => return Err(explain_final(shared, req, reason)),
                 Explained::TagMoved => {}
             },
         }
@@ -1022,6 +1026,38 @@ pub(crate) fn count_down(shared: &Shared) -> bool {
     shared.alive.fetch_sub(1, Ordering::AcqRel) == 1
 }
 
+/// [`collect`] into fixed room, with the class limits of tag `tag`: `(n, classes, limits, G, T)`.
+/// Allocates nothing.
+#[allow(clippy::type_complexity)]
+fn collect_fixed(
+    shared: &Shared,
+    tag: usize,
+) -> (
+    usize,
+    [(u64, u64); MAX_CLASSES],
+    [HotClass; MAX_CLASSES],
+    u64,
+    u64,
+) {
+    let mut classes = [(0u64, 0u64); MAX_CLASSES];
+    let mut limits = [HotClass {
+        pc: 0,
+        mc: None,
+        pt: 0,
+        mt: None,
+    }; MAX_CLASSES];
+    let (mut g, mut t) = (0, 0);
+    let n = shared.class_words.len().min(MAX_CLASSES);
+    for j in 0..n {
+        let w = CWord(shared.class_words[j].load(SeqCst));
+        classes[j] = (w.in_flight(), w.tokens());
+        g += w.in_flight();
+        t += w.tokens();
+        limits[j] = shared.ring.read_class(tag, j);
+    }
+    (n, classes, limits, g, t)
+}
+
 /// Every class word's `(in flight, tokens)`, and `(G, T)`.
 pub(crate) fn collect(shared: &Shared) -> (Vec<(u64, u64)>, u64, u64) {
     let v: Vec<(u64, u64)> = shared
@@ -1061,14 +1097,11 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     if helped {
         return Explained::TagMoved;
     }
-    let (classes, gsum, tsum) = collect(shared);
+    let (n, classes, limits, gsum, tsum) = collect_fixed(shared, g.tag());
     if GWord(shared.word.load(SeqCst)).tag() != g.tag() {
         return Explained::TagMoved;
     }
     let lim = shared.ring.read(g.tag());
-    let limits: Vec<HotClass> = (0..classes.len())
-        .map(|j| shared.ring.read_class(g.tag(), j))
-        .collect();
     let refused = |reason, constraint| {
         Explained::Refused(Refused {
             reason,
@@ -1076,8 +1109,9 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
             lim,
             g: gsum,
             t: tsum,
-            classes: classes.clone(),
-            limits: limits.clone(),
+            n,
+            classes,
+            limits,
             stored_shared: None,
         })
     };
@@ -1087,8 +1121,8 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     let view = ClassView {
         g: gsum,
         t: tsum,
-        classes: &classes,
-        limits: &limits,
+        classes: &classes[..n],
+        limits: &limits[..n],
         max_concurrent: lim.max_concurrent,
         eff: lim.effective(req.priority),
     };
@@ -1166,17 +1200,15 @@ pub(crate) fn describe(
 ) -> Refused {
     let _op = crate::grace::op();
     let g = GWord(shared.word.load(SeqCst));
-    let (classes, gsum, tsum) = collect(shared);
+    let (n, classes, limits, gsum, tsum) = collect_fixed(shared, g.tag());
     let lim = shared.ring.read(g.tag());
-    let limits: Vec<HotClass> = (0..classes.len())
-        .map(|j| shared.ring.read_class(g.tag(), j))
-        .collect();
     Refused {
         reason,
         constraint,
         lim,
         g: gsum,
         t: tsum,
+        n,
         classes,
         limits,
         stored_shared: None,
@@ -1201,10 +1233,9 @@ fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     let (n, t) = detail.classes[req.k];
     let own = detail.limits[req.k];
     let idle_other = |slots: bool| {
-        detail
-            .classes
+        detail.classes[..detail.n]
             .iter()
-            .zip(detail.limits.iter())
+            .zip(detail.limits[..detail.n].iter())
             .enumerate()
             .any(|(j, (&(nj, tj), lj))| j != req.k && if slots { nj < lj.pc } else { tj < lj.pt })
     };

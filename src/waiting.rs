@@ -1313,7 +1313,7 @@ impl Bulkhead {
                 // No free slot, or a refusal no collect confirmed (another decider's step was
                 // in flight): decide again under the mutex, and wait if need be.
                 Err(f) if may_wait(&f) && f.lim.max_concurrent > 0 && f.lim.max_queue > 0 => {}
-                Err(f) => return Enter::Refused(self.class_refusal(k, *f, r, priority)),
+                Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
             }
         }
         let mut q = lock(&shared.queue);
@@ -1340,7 +1340,7 @@ impl Bulkhead {
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
-                        return Enter::Refused(self.class_refusal(k, *f, r, priority));
+                        return Enter::Refused(self.class_refusal(k, f, r, priority));
                     }
                 }
             }
