@@ -396,6 +396,68 @@ fn refused(c: &mut Criterion) {
         b.iter(|| black_box(!ours_pair(black_box(&full), Demand::slot())))
     });
 
+    // With classes: a class at its ceiling (row 3, `admission_class`), and a borrower refused
+    // because the other class's idle floor holds the rest (row 4, protection). Neither holds
+    // anything during the measurement; the held admissions fill the state once.
+    let classed = Bulkhead::builder()
+        .max_concurrent(4)
+        .class(
+            "capped",
+            ClassLimits {
+                protected_concurrent: 0,
+                max_concurrent: Some(1),
+                ..ClassLimits::default()
+            },
+        )
+        .class(
+            "floored",
+            ClassLimits {
+                protected_concurrent: 2,
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("capped")
+        .build()
+        .expect("valid limits");
+    let capped = classed.class_id("capped").unwrap();
+    let held = classed
+        .try_acquire(Demand::slot().in_class(capped))
+        .unwrap();
+    let at_ceiling = Demand::slot().in_class(capped);
+    assert_eq!(
+        classed.try_acquire(at_ceiling).unwrap_err().constraint,
+        Some(llm_bulkhead::Constraint::AdmissionClass)
+    );
+    g.bench_function("ours_class_ceiling", |b| {
+        b.iter(|| black_box(!ours_pair(black_box(&classed), at_ceiling)))
+    });
+    drop(held);
+
+    let shared_full = Bulkhead::builder()
+        .max_concurrent(3)
+        .class("a", ClassLimits::default())
+        .class(
+            "b",
+            ClassLimits {
+                protected_concurrent: 2,
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("a")
+        .build()
+        .expect("valid limits");
+    let a = shared_full.class_id("a").unwrap();
+    let held = shared_full.try_acquire(Demand::slot().in_class(a)).unwrap();
+    let borrower = Demand::slot().in_class(a);
+    assert_eq!(
+        shared_full.try_acquire(borrower).unwrap_err().constraint,
+        Some(llm_bulkhead::Constraint::AdmissionClassProtection)
+    );
+    g.bench_function("ours_class_protection", |b| {
+        b.iter(|| black_box(!ours_pair(black_box(&shared_full), borrower)))
+    });
+    drop(held);
+
     g.finish();
     assert_eq!(budget.stats().admitted, 0);
     assert_eq!(full.stats().admitted, 0);

@@ -1217,14 +1217,11 @@ pub(crate) fn describe(
 
 /// A refusal whose collects kept saying the demand fits: the attempt was refused by the stored
 /// shared word, which still counted steps of other deciders in progress. Reported with the
-/// reason the attempt found, the detail of a last collect and the stored shared amounts, and a
-/// constraint derived from that collect rather than guessed (CONTRACT.md §4):
-///
-/// * a demand inside its class's floors (its slot, or its tokens, not borrowed) is never
-///   refused for protection: `global`;
-/// * a borrower gets `admission_class_protection` only if other classes hold idle floors of the
-///   refused kind (slots for `concurrency_limit`, tokens for `budget_limit`), i.e. if those
-///   floors are part of what kept the shared remainder from it; otherwise `global`.
+/// reason the attempt found, the detail of a last collect and the stored shared amounts, and the
+/// constraint the sequential rule (`ClassView::decide`, CONTRACT.md §2 rows 4–6) gives for the
+/// stored amounts: `admission_class_protection` only for a demand that borrows the refused kind
+/// (a slot for `concurrency_limit`, tokens for `budget_limit`) while floors exist; a demand
+/// inside its class's floors is never refused for protection, so it gets `global`.
 #[cold]
 fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     let g = GWord(shared.word.load(SeqCst));
@@ -1232,21 +1229,12 @@ fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     let detail = describe(shared, hint, None);
     let (n, t) = detail.classes[req.k];
     let own = detail.limits[req.k];
-    let idle_other = |slots: bool| {
-        detail.classes[..detail.n]
-            .iter()
-            .zip(detail.limits[..detail.n].iter())
-            .enumerate()
-            .any(|(j, (&(nj, tj), lj))| j != req.k && if slots { nj < lj.pc } else { tj < lj.pt })
-    };
     let constraint = match hint {
         RejectReason::Shutdown => None,
-        RejectReason::ConcurrencyLimit if n >= own.pc && idle_other(true) => {
+        RejectReason::ConcurrencyLimit if sum_pc > 0 && n >= own.pc => {
             Some(Constraint::AdmissionClassProtection)
         }
-        RejectReason::BudgetLimit
-            if (t + req.r).max(own.pt) > t.max(own.pt) && idle_other(false) =>
-        {
+        RejectReason::BudgetLimit if sum_pt > 0 && (t + req.r).max(own.pt) > t.max(own.pt) => {
             Some(Constraint::AdmissionClassProtection)
         }
         _ => Some(Constraint::Global),

@@ -121,7 +121,9 @@ pub(crate) fn wait_for_readers(own: &Reader, for_each: impl FnOnce(&mut dyn FnMu
         }
         let backoff = crossbeam_utils::Backoff::new();
         while r.0.load(Ordering::Acquire) == s {
-            if backoff.is_completed() {
+            // Under loom, hand the turn to loom at once (crossbeam's backoff spins on std
+            // primitives loom cannot see, and every spin would be a branch of the model).
+            if cfg!(loom) || backoff.is_completed() {
                 crate::sync::thread::yield_now();
             } else {
                 backoff.snooze();

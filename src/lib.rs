@@ -55,9 +55,17 @@
 //!   zero, whatever the interleaving, including panics (an admission releases on drop).
 //! * **Progress:** `try_acquire` is lock-free and release is wait-free; neither takes a lock.
 //! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
-//!   snapshot can succeed; every admission keeps the revision that authorised it.
-//! * **Precision:** a refusal is explained by one real state: no request is ever refused
-//!   because of another request's tentative step.
+//!   snapshot can succeed, and none is still in progress (a grace period waits for them, so no
+//!   limits tag is ever reused under a stopped decision); every admission keeps the revision
+//!   that authorised it.
+//! * **Precision:** without classes, a refusal is explained by one real state: no request is
+//!   refused because of another request's tentative step. With classes a decision takes steps
+//!   on two words, and a step that another decider sees before it is taken back (a borrower's
+//!   reservation whose class moved under it, a protected step undone by a reconfiguration) can
+//!   refuse a request that no serial order refuses. Such a refusal is retried from a fresh
+//!   collect before it is reported, and its constraint is derived from that collect (a demand
+//!   inside its floors is never labelled `admission_class_protection`), but it is not excluded:
+//!   `tests/stress_classes.rs` measures its rate (see the README's Performance section).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 

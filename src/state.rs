@@ -58,14 +58,17 @@
 //! * `close` is a `fetch_or` with `AcqRel`; a decision that loaded the word before it fails its
 //!   CAS afterwards.
 //!
-//! # ABA on the tag
+//! # ABA on the tag: excluded by a grace period
 //!
-//! The tag has 14 bits, so a decision could succeed under a stale snapshot only if
-//! exactly a multiple of 2^14 = 16,384 snapshots were installed between that thread's load of
-//! the word and its CAS, two adjacent instructions. Installs are serialised and each takes
-//! microseconds, so that needs a decider descheduled for tens of milliseconds *and* a control
-//! plane installing limits continuously at full speed during that window. The same bound is the
-//! classic argument for tagged words; it is stated here rather than hidden.
+//! The tag has 14 bits, so 2^14 = 16,384 installs bring it back to a value an old decision
+//! read. On its own that would let a decider stopped between its load and its CAS commit under
+//! a superseded snapshot (reproduced deterministically in `tests/tag_wrap.rs`). It cannot
+//! happen: `apply_limits` does not return before every operation that may hold the previous tag
+//! has finished (per-thread markers and an asymmetric barrier, [`crate::grace`]), so at any
+//! instant the decisions in flight hold the current tag or the one before it, whatever the
+//! install rate and however long a decider is descheduled. The width of the tag is margin, not
+//! the argument; under loom it is one bit and the models in `loom-tests/tests/tag_wrap.rs`
+//! cross a wrap with two installs.
 //!
 //! # Admission classes
 //!
