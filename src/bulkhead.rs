@@ -932,7 +932,22 @@ impl Bulkhead {
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
         let k = self.class_index(class);
-        match crate::classed::acquire(shared, k, r, priority) {
+        match crate::classed::try_fast(shared, k, r, priority) {
+            Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
+            None => self.try_acquire_classed_contended(k, r, priority),
+        }
+    }
+
+    /// The classed decision after the fast attempt gave up: the full protocol, and the
+    /// refusal if it refuses (out of line: its result carries the collect that explains it).
+    #[inline(never)]
+    fn try_acquire_classed_contended(
+        &self,
+        k: usize,
+        r: u64,
+        priority: Priority,
+    ) -> Result<Granted, Rejection> {
+        match crate::classed::acquire_after_fast(&self.shared, k, r, priority) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             Err(f) => Err(self.class_refusal(k, f, r, priority)),
         }

@@ -387,6 +387,15 @@ enum Attempt {
     Retry,
 }
 
+/// The common case of the classed `try_acquire` (see `first_try`), inside its own grace-period
+/// operation; `None`: decide with [`acquire`] (anything this did was undone). Kept apart so that
+/// the success path returns a small value, not the full refusal.
+#[inline(always)]
+pub(crate) fn try_fast(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
+    let _op = crate::grace::op();
+    first_try(shared, k, r, priority)
+}
+
 /// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.
 #[inline]
 pub(crate) fn acquire(
@@ -401,6 +410,25 @@ pub(crate) fn acquire(
     if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
+    acquire_contended(
+        shared,
+        Req {
+            k,
+            r,
+            priority,
+            in_queue: false,
+        },
+    )
+}
+
+/// [`acquire`] after [`try_fast`] returned `None`: the full protocol only.
+pub(crate) fn acquire_after_fast(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+) -> Result<Admitted, Refused> {
+    let _op = crate::grace::op();
     acquire_contended(
         shared,
         Req {

@@ -89,8 +89,32 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Reconfiguration that shrinks capacity under classes in use (issue 11, exact labels): many
+/// acquires to fill the classes near their limits, releases and abandonments, and snapshots with
+/// `max_concurrent` between 0 and 4 (often at or below what is held, and at exactly Σ floors)
+/// whose floors are raised as often as lowered. Every decision and its label (reason and
+/// constraint, e.g. no protection for a demand inside its floors) must match the model.
+fn shrinking_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (tokens(), tokens(), any::<bool>(), any::<u8>()).prop_map(|(input, max_output, high, class)| Op::Acquire { input, max_output, high, class }),
+        1 => any::<usize>().prop_map(|pick| Op::Abandon { pick }),
+        2 => (any::<usize>(), prop::option::of((tokens(), tokens()))).prop_map(|(pick, usage)| Op::Release { pick, usage }),
+        3 => (0u32..=4,
+              prop::option::weighted(0.9, ((4u64..=30).prop_map(|b| b * 100), (0u64..=4).prop_map(|h| h * 100))),
+              [class_limits(true), class_limits(true), class_limits(true)])
+            .prop_map(|(max_concurrent, budget, classes)| Op::Apply { step: 1, max_concurrent, max_queue: 0, budget, classes: Some(classes) }),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn shrinking_under_classes_matches_the_model(setup in classed_setup(), ops in prop::collection::vec(shrinking_op(), 0..60)) {
+        if let Err(d) = run(&setup, &ops) {
+            prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
+        }
+    }
 
     #[test]
     fn engine_matches_model(setup in setup(), ops in prop::collection::vec(op(), 0..60)) {
