@@ -705,7 +705,8 @@ impl Bulkhead {
     ///
     /// # Errors
     /// [`ConfigProblem::MustBeOmitted`] without a budget; a range error above
-    /// [`MAX_TOKENS`](crate::MAX_TOKENS); `StaleRevision` if the revision is already `u64::MAX`.
+    /// [`MAX_TOKENS`](crate::MAX_TOKENS); a range error on `revision` if the revision is already
+    /// [`MAX_REVISION`](crate::MAX_REVISION).
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;

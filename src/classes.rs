@@ -68,10 +68,21 @@ impl ClassId {
 /// let t = b.limits().classes;
 /// assert_eq!((t.len(), t.get(b.class_id("a").unwrap())), (1, Some(&ClassLimits::default())));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ClassTable {
     len: u8,
     entries: [ClassLimits; MAX_CLASSES],
+}
+
+/// Lists the classes in use only (none without classes), not the table's spare room.
+///
+/// ```
+/// assert_eq!(format!("{:?}", llm_bulkhead::ClassTable::default()), "[]");
+/// ```
+impl std::fmt::Debug for ClassTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
 }
 
 impl ClassTable {

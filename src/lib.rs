@@ -105,7 +105,7 @@ pub use events::{
     Event, RejectEvent, ReleaseEvent, Subscription, UsageEvent,
 };
 pub use id::AdmissionId;
-pub use limits::{BudgetLimits, LimitsSnapshot};
+pub use limits::{BudgetLimits, LimitsSnapshot, MAX_REVISION};
 pub use rejection::{
     CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,

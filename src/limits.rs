@@ -309,6 +309,15 @@ impl LimitsSnapshot {
 
     /// Validates field ranges (everything except revision staleness and budget shape).
     pub(crate) fn validate_ranges(&self) -> Result<(), ConfigError> {
+        if self.revision > MAX_REVISION {
+            return Err(ConfigError {
+                field: "revision",
+                problem: ConfigProblem::TooLarge {
+                    value: self.revision,
+                    max: MAX_REVISION,
+                },
+            });
+        }
         if self.max_concurrent > MAX_SLOTS {
             return Err(ConfigError {
                 field: "max_concurrent",
@@ -340,6 +349,19 @@ impl LimitsSnapshot {
         Ok(())
     }
 }
+
+/// The largest revision a snapshot may carry: 2^53 − 1, the largest integer a JSON control plane
+/// (an IEEE double) represents exactly. The reference refuses larger revisions; so do the
+/// builder's `initial_revision`, `apply_limits` and `set_budget`, with
+/// [`ConfigProblem::TooLarge`] on field `revision`.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, MAX_REVISION};
+/// assert!(Bulkhead::builder().max_concurrent(1).initial_revision(MAX_REVISION + 1).build().is_err());
+/// let b = Bulkhead::builder().max_concurrent(1).initial_revision(MAX_REVISION).build().unwrap();
+/// assert!(b.apply_limits(b.limits().with_revision(MAX_REVISION + 1)).is_err());
+/// ```
+pub const MAX_REVISION: u64 = (1 << 53) - 1;
 
 /// Number of ring slots. Under loom it is 2, so that two installs already reuse a slot and the
 /// models explore torn reads of a slot being rewritten.

@@ -264,6 +264,53 @@ impl fmt::Display for Rejection {
             write!(f, " [{}]", c.as_str())?;
         }
         let d = &self.detail;
+        // A class limit is explained with the class's numbers (or the shared remainder's), not
+        // the global ones.
+        if let Some(cd) = d.classes.as_deref() {
+            let (c, s) = (&cd.class, &cd.shared);
+            match (self.reason, self.constraint) {
+                (RejectReason::BudgetLimit, Some(Constraint::AdmissionClass)) => {
+                    if let Some(t) = c.token_budget {
+                        return write!(
+                            f,
+                            ": class {}: {} tokens requested, {} of its ceiling of {} available",
+                            c.id,
+                            t.requested,
+                            t.available.unwrap_or(0),
+                            t.max_tokens.unwrap_or(0)
+                        );
+                    }
+                }
+                (RejectReason::ConcurrencyLimit, Some(Constraint::AdmissionClass)) => {
+                    return write!(
+                        f,
+                        ": class {}: {} of its ceiling of {} slots in use",
+                        c.id,
+                        c.in_flight,
+                        c.max_concurrent.unwrap_or(0)
+                    );
+                }
+                (RejectReason::ConcurrencyLimit, Some(Constraint::AdmissionClassProtection)) => {
+                    return write!(
+                        f,
+                        ": class {} would borrow a slot; {} of the {} shared slots (outside \
+                         other classes' floors) in use",
+                        c.id, s.concurrency.in_use, s.concurrency.capacity
+                    );
+                }
+                (RejectReason::BudgetLimit, Some(Constraint::AdmissionClassProtection)) => {
+                    if let Some(t) = s.token_budget {
+                        return write!(
+                            f,
+                            ": class {} would borrow {} tokens; {} of the {} shared tokens \
+                             available",
+                            c.id, t.requested_borrowed, t.available, t.capacity
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
         match (self.reason, d.token_budget) {
             (RejectReason::BudgetLimit, Some(t)) => write!(
                 f,
