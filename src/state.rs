@@ -64,7 +64,7 @@
 //! read. On its own that would let a decider stopped between its load and its CAS commit under
 //! a superseded snapshot (reproduced deterministically in `tests/tag_wrap.rs`). It cannot
 //! happen: `apply_limits` does not return before every operation that may hold the previous tag
-//! has finished (per-thread markers and an asymmetric barrier, [`crate::grace`]), so at any
+//! has finished (per-thread markers and an asymmetric barrier, `src/grace.rs`), so at any
 //! instant the decisions in flight hold the current tag or the one before it, whatever the
 //! install rate and however long a decider is descheduled. The width of the tag is margin, not
 //! the argument; under loom it is one bit and the models in `loom-tests/tests/tag_wrap.rs`
