@@ -207,7 +207,7 @@ impl<T: Send + Sync + Default> Stripes<T> {
 ///
 /// Each point sits between a read that a decision depends on and the atomic step that commits
 /// it, or at a step of a slow path whose order matters; a deterministic race test installs a
-/// per-thread hook ([`set_pause_hook`]) that blocks at one point until the test lets it go.
+/// per-thread hook (`testing::set_pause_hook`) that blocks at one point until the test lets it go.
 /// Without the `testing` feature the calls compile to nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
