@@ -539,6 +539,11 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     })
 }
 
+/// How often a refusal that a collect contradicts is decided again before it is reported
+/// ([`explain_final`]). Each retry waits a little longer (`Backoff::snooze`, which ends in
+/// `yield_now`), so a decider stopped between two steps gets the chance to finish.
+const FITS_RETRIES: u32 = 16;
+
 /// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
 #[inline(never)]
 fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
@@ -554,7 +559,11 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
             Attempt::Retry | Attempt::Slow => backoff.spin(),
             Attempt::Refused(reason) => match explain(shared, req, reason) {
                 Explained::Refused(rej) => return Err(rej),
-                Explained::Fits if retries_after_refusal < 2 => {
+                // The collect says the demand fits: another decider's step was in progress (a
+                // release between its two words, a reservation about to be taken back, a
+                // migration). Decide again, a bounded number of times (lock-free: each retry
+                // follows some other operation's progress), before reporting the refusal.
+                Explained::Fits if retries_after_refusal < FITS_RETRIES => {
                     retries_after_refusal += 1;
                     backoff.snooze();
                 }

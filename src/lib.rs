@@ -69,6 +69,15 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+// The state words are 64-bit atomics, and a decision is one CAS on one of them: without native
+// 64-bit atomics there is no lock-free admission (a lock-based emulation would make every
+// decision a lock). Say so plainly rather than fail on an unresolved import.
+#[cfg(not(target_has_atomic = "64"))]
+compile_error!(
+    "llm-bulkhead needs native 64-bit atomics (target_has_atomic = \"64\"): its admission \
+     decision is one CAS on a packed 64-bit word"
+);
+
 mod admission;
 mod advice;
 mod bulkhead;
