@@ -138,7 +138,7 @@ pub(crate) fn wait_for_readers(own: &Reader, for_each: impl FnOnce(&mut dyn FnMu
 fn broken_for_loom() -> bool {
     #[cfg(loom)]
     {
-        std::env::var_os("LLM_BULKHEAD_LOOM_NO_GRACE").is_some()
+        std::env::var_os("LLM_BULKHEAD_LOOM_NO_GRACE").is_some_and(|v| v == "1")
     }
     #[cfg(not(loom))]
     {

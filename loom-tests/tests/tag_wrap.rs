@@ -16,7 +16,7 @@
 //!   class `b` can borrow exactly 2 of the 4 slots and `a` take exactly its 2, no more;
 //! * **class decision:** the same exactness after a protected admission raced the installs, and
 //!   no admission beyond `max_concurrent`;
-//! * **usage growth:** the stored `V` is exact afterwards (the budget fills exactly).
+//! * **usage growth, token return, abandonment:** the stored `V` (or `U`) is exact afterwards.
 #![cfg(loom)]
 
 mod common;
@@ -167,5 +167,62 @@ fn a_usage_growth_never_lands_on_a_wrapped_class_tag() {
         let one = Demand::tokens(Reservation::new(1, 0).unwrap()).in_class(cb);
         let in_b = fill(&b, one);
         assert_eq!(in_b.len(), 4, "V drifted: {:?}", b.stats());
+    });
+}
+
+#[test]
+fn an_abandonment_never_lands_on_a_wrapped_class_tag() {
+    model(|| {
+        // `a` (no floor yet) holds a borrowed slot and abandons it while the floor goes to 2:
+        // the class decrease must use the floors its class word is accounted under.
+        let (b, a, cb) = classed(None);
+        let mut held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+        assert!(held.resources().borrowed_concurrency);
+        let installer = {
+            let b = b.clone();
+            thread::spawn(move || install_two(&b, a, floor(2)))
+        };
+        assert!(held.abandon_borrowed_concurrency());
+        installer.join().unwrap();
+        drop(held);
+        assert_u_exact(&b, a, cb);
+    });
+}
+
+#[test]
+fn a_token_return_never_lands_on_a_wrapped_class_tag() {
+    model(|| {
+        // `a` holds 4 tokens and reconciles down to 2 (a token return) while its token floor
+        // goes to 4.
+        let (b, a, cb) = classed(Some(8));
+        let mut held = b
+            .try_acquire(Demand::tokens(Reservation::new(2, 2).unwrap()).in_class(a))
+            .unwrap();
+        let installer = {
+            let b = b.clone();
+            thread::spawn(move || {
+                let tf = ClassLimits {
+                    protected_tokens: 4,
+                    ..ClassLimits::default()
+                };
+                install_two(&b, a, tf)
+            })
+        };
+        let shrink = llm_bulkhead::Reconcile {
+            remaining_output: 0,
+            safety_margin: 0,
+        };
+        held.report_usage(Usage::new(2, 0), Some(shrink)).unwrap();
+        installer.join().unwrap();
+        drop(held);
+        // V exact: with a's token floor of 4 idle, b borrows exactly the other 4 tokens.
+        let tokens = |n| Demand::tokens(Reservation::new(n, 0).unwrap()).in_class(cb);
+        let four = b.try_acquire(tokens(4)).unwrap();
+        assert!(
+            b.try_acquire(tokens(1)).is_err(),
+            "V drifted: {:?}",
+            b.stats()
+        );
+        drop(four);
     });
 }
