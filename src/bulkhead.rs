@@ -1,7 +1,7 @@
 //! The [`Bulkhead`]: construction, the lock-free decision, reconfiguration, close and stats.
 
 use crate::admission::Admission;
-use crate::classes::{ClassId, ClassLimits, ClassTable, ClassView, UnknownClass, MAX_CLASSES};
+use crate::classes::{ClassId, ClassLimits, ClassTable, UnknownClass, MAX_CLASSES};
 use crate::demand::{Demand, Reservation};
 use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem};
 use crate::id::AdmissionId;
@@ -1008,7 +1008,7 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Rejection {
-        let f = crate::classed::describe(&self.shared, reason, constraint);
+        let f = crate::classed::describe(&self.shared, k, priority, reason, constraint);
         self.class_refusal(k, f, r, priority)
     }
 
@@ -1026,18 +1026,10 @@ impl Bulkhead {
         let c = shared.counters.local(Counters::new);
         c.rejected[f.reason.index()].add(1);
         c.classes[k].rejected[f.reason.index()].add(1);
-        let mut rej = rejection(f.g, f.t, &f.lim, f.reason, r, priority);
+        let mut rej = rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
         rej.constraint = f.constraint;
         if f.reason != RejectReason::Shutdown {
-            let view = ClassView {
-                g: f.g,
-                t: f.t,
-                classes: &f.classes[..f.n],
-                limits: &f.limits[..f.n],
-                max_concurrent: f.lim.max_concurrent,
-                eff: f.lim.effective(priority),
-            };
-            let mut detail = view.detail(k, &shared.class_names[k], r);
+            let mut detail = f.summary.detail(&shared.class_names[k], r);
             if let Some((slots, tokens)) = f.stored_shared {
                 let c = &mut detail.shared.concurrency;
                 c.in_use = c.in_use.max(slots);

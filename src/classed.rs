@@ -148,13 +148,7 @@
 //! lifetime RMWs are at least `AcqRel`, so the freeing thread synchronises with every other
 //! owner's last access.
 
-// A refusal carries the collect that explains it in fixed room (two arrays of `MAX_CLASSES`
-// entries), so that refusing, the hot path under overload, allocates nothing; the results that
-// carry it are large by design. The admission fast path returns `Option<Admitted>` (`try_fast`)
-// and never builds one.
-#![allow(clippy::result_large_err, clippy::large_enum_variant)]
-
-use crate::classes::{ClassView, Resources, MAX_CLASSES};
+use crate::classes::{ClassView, Resources, ShareSums, Summary};
 use crate::limits::{Hot, HotClass};
 use crate::rejection::{Constraint, RejectReason};
 use crate::shared::Shared;
@@ -343,20 +337,13 @@ pub(crate) struct Admitted {
     pub(crate) resources: Resources,
 }
 
-/// A classed refusal, with the collect that explains it.
+/// A classed refusal, with the collect that explains it (a few words: no allocation).
 pub(crate) struct Refused {
     pub(crate) reason: RejectReason,
     pub(crate) constraint: Option<Constraint>,
     pub(crate) lim: Hot,
-    /// `G`, `T` of the collect.
-    pub(crate) g: u64,
-    pub(crate) t: u64,
-    /// Classes in use: the first `n` entries of `classes` and `limits`.
-    pub(crate) n: usize,
-    /// Every class's `(in flight, tokens)` in the collect (fixed room: a refusal allocates
-    /// nothing).
-    pub(crate) classes: [(u64, u64); MAX_CLASSES],
-    pub(crate) limits: [HotClass; MAX_CLASSES],
+    /// The collect: global totals, sums over every class, the refused class's own numbers.
+    pub(crate) summary: Summary,
     /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
     /// collect, explains the refusal (steps of other deciders were in progress).
     pub(crate) stored_shared: Option<(u64, u64)>,
@@ -1069,36 +1056,32 @@ pub(crate) fn count_down(shared: &Shared) -> bool {
     shared.alive.fetch_sub(1, Ordering::AcqRel) == 1
 }
 
-/// [`collect`] into fixed room, with the class limits of tag `tag`: `(n, classes, limits, G, T)`.
-/// Allocates nothing.
-#[allow(clippy::type_complexity)]
-fn collect_fixed(
-    shared: &Shared,
-    tag: usize,
-) -> (
-    usize,
-    [(u64, u64); MAX_CLASSES],
-    [HotClass; MAX_CLASSES],
-    u64,
-    u64,
-) {
-    let mut classes = [(0u64, 0u64); MAX_CLASSES];
-    let mut limits = [HotClass {
-        pc: 0,
-        mc: None,
-        pt: 0,
-        mt: None,
-    }; MAX_CLASSES];
+/// One pass over every class word: the [`Summary`] of class `k` under the limits of tag `tag`
+/// (`lim`) for a demand of priority `priority`. Allocates nothing.
+fn summarize(shared: &Shared, tag: usize, lim: &Hot, k: usize, priority: Priority) -> Summary {
+    let mut sums = ShareSums::default();
     let (mut g, mut t) = (0, 0);
-    let n = shared.class_words.len().min(MAX_CLASSES);
-    for j in 0..n {
-        let w = CWord(shared.class_words[j].load(SeqCst));
-        classes[j] = (w.in_flight(), w.tokens());
-        g += w.in_flight();
-        t += w.tokens();
-        limits[j] = shared.ring.read_class(tag, j);
+    let mut own = ((0, 0), shared.ring.read_class(tag, k));
+    for (j, w) in shared.class_words.iter().enumerate() {
+        let w = CWord(w.load(SeqCst));
+        let c = (w.in_flight(), w.tokens());
+        let l = shared.ring.read_class(tag, j);
+        g += c.0;
+        t += c.1;
+        sums.add(c, &l);
+        if j == k {
+            own = (c, l);
+        }
     }
-    (n, classes, limits, g, t)
+    Summary {
+        g,
+        t,
+        sums,
+        own: own.0,
+        limits: own.1,
+        max_concurrent: lim.max_concurrent,
+        eff: lim.effective(priority),
+    }
 }
 
 /// Every class word's `(in flight, tokens)`, and `(G, T)`.
@@ -1140,36 +1123,24 @@ fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     if helped {
         return Explained::TagMoved;
     }
-    let (n, classes, limits, gsum, tsum) = collect_fixed(shared, g.tag());
+    let lim = shared.ring.read(g.tag());
+    let summary = summarize(shared, g.tag(), &lim, req.k, req.priority);
     if GWord(shared.word.load(SeqCst)).tag() != g.tag() {
         return Explained::TagMoved;
     }
-    let lim = shared.ring.read(g.tag());
     let refused = |reason, constraint| {
         Explained::Refused(Refused {
             reason,
             constraint,
             lim,
-            g: gsum,
-            t: tsum,
-            n,
-            classes,
-            limits,
+            summary,
             stored_shared: None,
         })
     };
     if g.closed() || hint == RejectReason::Shutdown {
         return refused(RejectReason::Shutdown, None);
     }
-    let view = ClassView {
-        g: gsum,
-        t: tsum,
-        classes: &classes[..n],
-        limits: &limits[..n],
-        max_concurrent: lim.max_concurrent,
-        eff: lim.effective(req.priority),
-    };
-    match view.decide(req.k, req.r) {
+    match summary.decide(req.r) {
         Some((reason, constraint)) => refused(reason, Some(constraint)),
         None if g.waiters() && !req.in_queue => {
             refused(RejectReason::ConcurrencyLimit, Some(Constraint::Global))
@@ -1234,26 +1205,23 @@ pub(crate) fn precheck(shared: &Shared, k: usize, r: u64, priority: Priority) ->
     }
 }
 
-/// A refusal with `reason` and `constraint` given by the caller (a queued waiter's answer),
-/// with the detail of a collect of the state now.
+/// A refusal of a demand in class `k` with `reason` and `constraint` given by the caller (a
+/// queued waiter's answer), with the detail of a collect of the state now.
 pub(crate) fn describe(
     shared: &Shared,
+    k: usize,
+    priority: Priority,
     reason: RejectReason,
     constraint: Option<Constraint>,
 ) -> Refused {
     let _op = crate::grace::op();
     let g = GWord(shared.word.load(SeqCst));
-    let (n, classes, limits, gsum, tsum) = collect_fixed(shared, g.tag());
     let lim = shared.ring.read(g.tag());
     Refused {
         reason,
         constraint,
         lim,
-        g: gsum,
-        t: tsum,
-        n,
-        classes,
-        limits,
+        summary: summarize(shared, g.tag(), &lim, k, priority),
         stored_shared: None,
     }
 }
@@ -1269,9 +1237,9 @@ pub(crate) fn describe(
 fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     let g = GWord(shared.word.load(SeqCst));
     let (sum_pc, sum_pt) = shared.ring.read_sums(g.tag());
-    let detail = describe(shared, hint, None);
-    let (n, t) = detail.classes[req.k];
-    let own = detail.limits[req.k];
+    let detail = describe(shared, req.k, req.priority, hint, None);
+    let (n, t) = detail.summary.own;
+    let own = detail.summary.limits;
     let constraint = match hint {
         RejectReason::Shutdown => None,
         RejectReason::ConcurrencyLimit if sum_pc > 0 && n >= own.pc => {

@@ -211,34 +211,48 @@ impl std::fmt::Display for UnknownClass {
 
 impl std::error::Error for UnknownClass {}
 
-/// Σ floors and protected capacity in use, of one [`ClassView`].
-#[derive(Default)]
-struct ShareSums {
-    sum_pc: u64,
-    sum_pt: u64,
-    prot_c: u64,
-    prot_t: u64,
+/// Σ floors and protected capacity in use, over every class.
+#[derive(Clone, Copy, Default, Debug)]
+pub(crate) struct ShareSums {
+    pub(crate) sum_pc: u64,
+    pub(crate) sum_pt: u64,
+    pub(crate) prot_c: u64,
+    pub(crate) prot_t: u64,
 }
 
-/// The state that explains a class decision.
-pub(crate) struct ClassView<'a> {
+impl ShareSums {
+    /// Adds class `(i, t)` under limits `l`.
+    #[inline]
+    pub(crate) fn add(&mut self, (i, t): (u64, u64), l: &crate::limits::HotClass) {
+        self.sum_pc += l.pc;
+        self.sum_pt = self.sum_pt.saturating_add(l.pt);
+        self.prot_c += i.min(l.pc);
+        self.prot_t += t.min(l.pt);
+    }
+}
+
+/// Everything a class decision (and its refusal detail) reads of the state, for one class: the
+/// global totals, the sums over every class, and the class's own numbers. A few words, so a
+/// refusal carries it by value and allocates nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Summary {
     /// Global slots in use and tokens held.
     pub(crate) g: u64,
     pub(crate) t: u64,
-    /// `(in flight, tokens)` per class.
-    pub(crate) classes: &'a [(u64, u64)],
-    /// Limits per class.
-    pub(crate) limits: &'a [crate::limits::HotClass],
+    pub(crate) sums: ShareSums,
+    /// The class's `(in flight, tokens)` and limits.
+    pub(crate) own: (u64, u64),
+    pub(crate) limits: crate::limits::HotClass,
     pub(crate) max_concurrent: u64,
     /// The demand's effective budget (`None` without a budget).
     pub(crate) eff: Option<u64>,
 }
 
-impl ClassView<'_> {
-    /// What class `k` would borrow for a demand of `r` tokens: `(slot?, tokens)`.
-    pub(crate) fn borrow(&self, k: usize, r: u64) -> (bool, u64) {
-        let (i, t) = self.classes[k];
-        let l = &self.limits[k];
+impl Summary {
+    /// What the class would borrow for a demand of `r` tokens: `(slot?, tokens)`.
+    pub(crate) fn borrow(&self, r: u64) -> (bool, u64) {
+        let (i, t) = self.own;
+        let l = &self.limits;
         let tokens = if r == 0 {
             0
         } else {
@@ -247,32 +261,19 @@ impl ClassView<'_> {
         (i >= l.pc, tokens)
     }
 
-    /// Σ floors and the protected capacity in use (`Σ min(in_flight, floor)`, and for tokens).
-    fn share_sums(&self) -> ShareSums {
-        let mut s = ShareSums::default();
-        for (&(i, t), l) in self.classes.iter().zip(self.limits) {
-            s.sum_pc += l.pc;
-            s.sum_pt = s.sum_pt.saturating_add(l.pt);
-            s.prot_c += i.min(l.pc);
-            s.prot_t += t.min(l.pt);
-        }
-        s
-    }
-
-    /// The sequential decision for class `k` and a demand of `r` tokens in this state, rows 1–6
-    /// (shutdown is the caller's): `None` when it fits. The same formulas as the model's
-    /// (`src/model.rs`, the reference's §4.3).
+    /// The sequential decision for a demand of `r` tokens in this state, rows 1–6 (shutdown is
+    /// the caller's): `None` when it fits. The same formulas as the model's (`src/model.rs`,
+    /// the reference's §4.3).
     pub(crate) fn decide(
         &self,
-        k: usize,
         r: u64,
     ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
         use crate::rejection::{Constraint, RejectReason};
         if self.eff.is_some_and(|e| self.t.saturating_add(r) > e) {
             return Some((RejectReason::BudgetLimit, Constraint::Global));
         }
-        let (i, t) = self.classes[k];
-        let l = &self.limits[k];
+        let (i, t) = self.own;
+        let l = &self.limits;
         if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
             return Some((RejectReason::BudgetLimit, Constraint::AdmissionClass));
         }
@@ -284,8 +285,8 @@ impl ClassView<'_> {
             sum_pt,
             prot_c,
             prot_t,
-        } = self.share_sums();
-        let (borrow_c, borrow_t) = self.borrow(k, r);
+        } = self.sums;
+        let (borrow_c, borrow_t) = self.borrow(r);
         let sc = self.max_concurrent.saturating_sub(sum_pc);
         if sum_pc > 0 && borrow_c && self.g.saturating_sub(prot_c) + 1 > sc {
             return Some((
@@ -309,8 +310,8 @@ impl ClassView<'_> {
         None
     }
 
-    /// The refusal detail for class `k` (named `name`) and a demand of `r` tokens.
-    pub(crate) fn detail(&self, k: usize, name: &str, r: u64) -> crate::rejection::ClassDetail {
+    /// The refusal detail for this class (named `name`) and a demand of `r` tokens.
+    pub(crate) fn detail(&self, name: &str, r: u64) -> crate::rejection::ClassDetail {
         use crate::rejection::{
             ClassCapacity, ClassDetail, ClassTokenCapacity, SharedAmount, SharedCapacity,
         };
@@ -319,16 +320,16 @@ impl ClassView<'_> {
             sum_pt,
             prot_c,
             prot_t,
-        } = self.share_sums();
-        let (borrow_c, borrow_t) = self.borrow(k, r);
+        } = self.sums;
+        let (borrow_c, borrow_t) = self.borrow(r);
         let amount = |capacity: u64, in_use: u64, requested_borrowed: u64| SharedAmount {
             capacity,
             in_use,
             available: capacity.saturating_sub(in_use),
             requested_borrowed,
         };
-        let (i, t) = self.classes[k];
-        let l = &self.limits[k];
+        let (i, t) = self.own;
+        let l = &self.limits;
         ClassDetail {
             shared: SharedCapacity {
                 concurrency: amount(
@@ -365,5 +366,52 @@ impl ClassView<'_> {
                 }),
             },
         }
+    }
+}
+
+/// The state that explains a class decision.
+pub(crate) struct ClassView<'a> {
+    /// Global slots in use and tokens held.
+    pub(crate) g: u64,
+    pub(crate) t: u64,
+    /// `(in flight, tokens)` per class.
+    pub(crate) classes: &'a [(u64, u64)],
+    /// Limits per class.
+    pub(crate) limits: &'a [crate::limits::HotClass],
+    pub(crate) max_concurrent: u64,
+    /// The demand's effective budget (`None` without a budget).
+    pub(crate) eff: Option<u64>,
+}
+
+impl ClassView<'_> {
+    /// The [`Summary`] of class `k`.
+    pub(crate) fn summary(&self, k: usize) -> Summary {
+        let mut sums = ShareSums::default();
+        for (&c, l) in self.classes.iter().zip(self.limits) {
+            sums.add(c, l);
+        }
+        Summary {
+            g: self.g,
+            t: self.t,
+            sums,
+            own: self.classes[k],
+            limits: self.limits[k],
+            max_concurrent: self.max_concurrent,
+            eff: self.eff,
+        }
+    }
+
+    /// [`Summary::decide`] for class `k`.
+    pub(crate) fn decide(
+        &self,
+        k: usize,
+        r: u64,
+    ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
+        self.summary(k).decide(r)
+    }
+
+    /// [`Summary::detail`] for class `k` (named `name`).
+    pub(crate) fn detail(&self, k: usize, name: &str, r: u64) -> crate::rejection::ClassDetail {
+        self.summary(k).detail(name, r)
     }
 }

@@ -1439,7 +1439,7 @@ pub(crate) fn pump_classed(shared: &Shared) {
             })),
             Err(f) => {
                 let stays = f.reason != RejectReason::Shutdown
-                    && (may_wait(&f) || f.g >= f.lim.max_concurrent);
+                    && (may_wait(&f) || f.summary.g >= f.lim.max_concurrent);
                 if stays {
                     break;
                 }

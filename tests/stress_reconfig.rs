@@ -34,6 +34,8 @@ use std::thread;
 const CLASSES: usize = 4;
 const MAX_SLOTS: u32 = 12;
 const MAX_BUDGET: u64 = 4_000;
+/// Installs the control thread makes at least, even if the workers are done first.
+const MIN_INSTALLS: u64 = 40;
 
 /// A small deterministic generator (xorshift), seeded per thread.
 struct Rng(u64);
@@ -232,7 +234,9 @@ fn storm(threads: usize, ops: usize, close_at: Option<u64>) -> (Bulkhead, Vec<Cl
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
             start.wait();
             let mut installs = 0u64;
-            while !stop.load(SeqCst) {
+            // At least `MIN_INSTALLS`, however fast the workers finish (the close of the
+            // second phase comes at install 20), and on until the workers are done.
+            while !stop.load(SeqCst) || installs < MIN_INSTALLS {
                 let cur = b.limits();
                 let next = random_snapshot(&mut rng, cur.revision + 1, &cur, &ids);
                 raise_largest(&largest, &next, &ids);
