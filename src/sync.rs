@@ -17,12 +17,12 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(loom)]
-pub(crate) use loom::sync::Mutex;
+pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(not(loom))]
-pub(crate) use std::sync::Mutex;
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 pub(crate) use std::sync::atomic::Ordering;
 
@@ -71,6 +71,84 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(loom)]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Deallocation, as loom sees it.
+///
+/// loom does not model frees: its atomics and locks keep their state outside the allocation,
+/// so a touch of a freed block looks like any other access. Under `cfg(loom)` each shared
+/// state therefore gets a **liveness cell** (a loom `UnsafeCell<bool>` in a side allocation,
+/// found by the state's address, so that reading it is never itself a use after free):
+/// [`born`](lifetime::born) makes it, every touch of the state ([`touch`](lifetime::touch): the
+/// derefs of its owning pointers and the unlock of its queue) *reads* it, and the free
+/// ([`freed`](lifetime::freed)) *writes* it. loom's causality checker then fails the model
+/// whenever a touch is not ordered before the free by happens-before (a use after free that
+/// some schedule reaches), and a touch that comes after the free finds the cell set. Normal
+/// builds compile all of this to nothing.
+pub(crate) mod lifetime {
+    #[cfg(loom)]
+    use std::cell::RefCell;
+
+    #[cfg(loom)]
+    type Cell = &'static loom::cell::UnsafeCell<bool>;
+
+    #[cfg(loom)]
+    std::thread_local! {
+        /// `(address, liveness cell)` of every state made on this OS thread (loom runs all of
+        /// a model's threads on one). A new state at a reused address replaces the entry.
+        static BLOCKS: RefCell<Vec<(usize, Cell)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    #[cfg(loom)]
+    fn cell(addr: usize) -> Option<Cell> {
+        BLOCKS.with(|b| b.borrow().iter().find(|e| e.0 == addr).map(|e| e.1))
+    }
+
+    /// A state was allocated at `addr`.
+    #[inline(always)]
+    pub(crate) fn born(addr: *const ()) {
+        #[cfg(loom)]
+        {
+            // Leaked on purpose: the cell must outlive the block it watches.
+            let c: Cell = Box::leak(Box::new(loom::cell::UnsafeCell::new(false)));
+            BLOCKS.with(|b| {
+                let mut b = b.borrow_mut();
+                b.retain(|e| e.0 != addr as usize);
+                b.push((addr as usize, c));
+            });
+        }
+        #[cfg(not(loom))]
+        let _ = addr;
+    }
+
+    /// The state at `addr` is about to be used: it must not have been freed, and (checked by
+    /// loom) this use must happen-before its free.
+    #[inline(always)]
+    #[track_caller]
+    pub(crate) fn touch(addr: *const ()) {
+        #[cfg(loom)]
+        if let Some(c) = cell(addr as usize) {
+            // SAFETY: a plain read of the leaked cell's flag; loom checks the access.
+            let dead = c.with(|p| unsafe { *p });
+            assert!(!dead, "use after free of the shared state at {addr:p}");
+        }
+        #[cfg(not(loom))]
+        let _ = addr;
+    }
+
+    /// The state at `addr` is being freed.
+    #[inline(always)]
+    #[track_caller]
+    pub(crate) fn freed(addr: *const ()) {
+        #[cfg(loom)]
+        if let Some(c) = cell(addr as usize) {
+            // SAFETY: a plain write of the leaked cell's flag; loom checks the access.
+            let twice = c.with_mut(|p| unsafe { std::mem::replace(&mut *p, true) });
+            assert!(!twice, "double free of the shared state at {addr:p}");
+        }
+        #[cfg(not(loom))]
+        let _ = addr;
+    }
 }
 
 /// A statistics counter.
@@ -217,6 +295,9 @@ pub enum PausePoint {
     /// A class-word operation (decision, release, decrease, growth, migration) has read its
     /// class word and the floors of its tag and is about to CAS it.
     ClassCas,
+    /// A no-class hand-off has given its slot away (granted it to the head waiter, or
+    /// returned it to the word) and still holds the queue lock.
+    HandOffGiven,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

@@ -67,9 +67,9 @@ use crate::classed::Precheck;
 use crate::demand::{Demand, Priority, Reservation};
 use crate::queue::{Notify, Outcome, Queue, Waiter, WakeList};
 use crate::rejection::{RejectReason, Rejection};
-use crate::shared::{Shared, SlotRef};
+use crate::shared::{Shared, SlotRef, SlowPathRef};
 use crate::state::{Word, ONE_SLOT, WAITERS};
-use crate::sync::{lock, AtomicBool, Ordering};
+use crate::sync::{AtomicBool, Ordering};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -123,7 +123,8 @@ fn nanos(d: Duration) -> u64 {
 #[derive(Clone, Debug, Default)]
 pub struct WaitOptions {
     /// Give up with `timeout` after this long in the queue (the bulkhead's default timeout
-    /// when `None`).
+    /// when `None`). A timeout too large to add to the current instant (`Duration::MAX`, say)
+    /// means no deadline: the demand waits until it is answered or cancelled.
     pub timeout: Option<Duration>,
     /// Cancels the wait (`aborted`); a token already cancelled refuses at once.
     pub cancel: Option<CancelToken>,
@@ -254,6 +255,38 @@ impl CancelToken {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .retain(|t| t.id() != me);
+    }
+}
+
+/// The deadline `timeout` from now: `None` (no deadline) without a timeout, or when the
+/// timeout is too large to add to the current instant (`Duration::MAX`, say). Never panics:
+/// every waiting call computes its deadline with this, so nothing a caller passes can unwind
+/// out of a frame whose node is queued.
+fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// A blocked waiter's node while it is linked: if the frame unwinds before the wait ends
+/// (`armed`), its drop leaves the queue, and releases at once a slot granted meanwhile, so the
+/// queue never keeps a pointer into a dead stack frame and no slot leaks.
+struct Linked<'a> {
+    bulkhead: &'a Bulkhead,
+    node: Pin<&'a Waiter>,
+    demand: &'a Demand,
+    reservation: Option<Reservation>,
+    armed: bool,
+}
+
+impl Drop for Linked<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let b = self.bulkhead;
+        let outcome = b.leave(self.node, RejectReason::Aborted);
+        if let Outcome::Granted { .. } = outcome {
+            drop(b.finish(outcome, self.demand, self.node.priority, self.reservation));
+        }
     }
 }
 
@@ -394,9 +427,11 @@ impl Bulkhead {
             return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
         }
         let (r, k, priority, reservation) = self.demand_parts(&demand);
+        let timeout = options.timeout.or(shared.default_timeout);
         let node = Waiter::new(r, k, priority);
         // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
-        // unlinked itself (every path below ends in one of the two before returning).
+        // unlinked itself: every path below ends in one of the two before returning, and an
+        // unwind does too (`linked` below is dropped before `node`).
         let node = unsafe { Pin::new_unchecked(&node) };
         let notify = || Notify::Thread(crate::sync::thread::current());
         match self.enter(node, notify) {
@@ -404,15 +439,20 @@ impl Bulkhead {
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
         }
+        // From here until the wait ends the node is linked: an unwind leaves the queue.
+        let mut linked = Linked {
+            bulkhead: self,
+            node,
+            demand: &demand,
+            reservation,
+            armed: true,
+        };
         let since = if timing.is_some() {
             Some(Instant::now())
         } else {
             wait_started(self)
         };
-        let deadline = options
-            .timeout
-            .or(shared.default_timeout)
-            .map(|t| Instant::now() + t);
+        let deadline = deadline_after(timeout);
         if let Some(token) = &options.cancel {
             token.register(crate::sync::thread::current());
         }
@@ -438,6 +478,7 @@ impl Bulkhead {
                 }
             }
         };
+        linked.armed = false;
         if let Some(token) = &options.cancel {
             token.unregister_current();
         }
@@ -518,7 +559,8 @@ impl Bulkhead {
                 None => self.enter(node, notify),
             };
         }
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
@@ -579,7 +621,8 @@ impl Bulkhead {
     /// `Refused(reason)` after unlinking.
     fn leave(&self, node: Pin<&Waiter>, reason: RejectReason) -> Outcome {
         let shared = &*self.shared;
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         if node.is_done() {
             return node.outcome();
         }
@@ -654,9 +697,12 @@ fn wake_drainers_if_idle(w: Word, q: &Queue, wake: &mut WakeList) {
 #[cold]
 #[inline(never)]
 pub(crate) fn hand_off(slot: SlotRef, held: u64) {
-    let shared = slot.get();
+    // Counted while the slot is still ours: the grant below gives the slot away, and the
+    // granted waiter may then free everything the words count before we unlock.
+    let guard = slot.into_slow_path();
+    let shared = &*guard;
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    let mut q = guard.lock_queue();
     let word = &*shared.word;
     let mut w = Word(word.load(Ordering::Acquire));
     let last = loop {
@@ -698,17 +744,20 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
             }
         }
     };
-    drop(q);
-    wake.wake_all();
+    // The slot is gone (to a waiter, or back to the word): from here only `guard` keeps the
+    // state alive, while we still hold its queue.
+    crate::sync::pause(crate::sync::PausePoint::HandOffGiven);
     if let Some(prev) = last {
         if prev.detached() && prev.slots() == 1 {
             // SAFETY: our CAS returned the last slot of a detached state (no handle, hence no
-            // waiter, is left), after which nothing touches it.
-            unsafe { slot.free_last() }
+            // waiter, is left): we are the unique thread that saw the last owner leave. The
+            // guard frees the state when it goes, after the unlock.
+            unsafe { guard.owners_gone() }
         }
     }
-    // Otherwise the slot now belongs to the waiter it was handed to, or is back in the word;
-    // a `SlotRef` owns nothing else.
+    drop(q);
+    wake.wake_all();
+    // `guard` goes last: the free, if this was the last reference.
 }
 
 /// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
@@ -740,7 +789,10 @@ fn grant_head(
 /// `slots < max_concurrent`. Caller holds a handle.
 pub(crate) fn pump(shared: &Shared) {
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
+    let guard = unsafe { SlowPathRef::counted(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
     let word = &*shared.word;
     let mut w = Word(word.load(Ordering::Acquire));
     while let Some((r, priority)) = q.front().map(|h| (h.r, h.priority)) {
@@ -768,7 +820,10 @@ pub(crate) fn pump(shared: &Shared) {
 /// `close()`'s part: answers every waiter with `shutdown` and clears `WAITERS`.
 pub(crate) fn close_queue(shared: &Shared) {
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    // SAFETY: the caller (`close`) holds a handle for the whole call.
+    let guard = unsafe { SlowPathRef::counted(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
     while q.front().is_some() {
         wake.push(q.answer_front(Outcome::Refused(RejectReason::Shutdown)));
     }
@@ -788,7 +843,8 @@ pub(crate) fn close_queue(shared: &Shared) {
 #[inline(never)]
 pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) -> Option<Granted> {
     let shared = &*b.shared;
-    let q = lock(&shared.queue);
+    let guard = b.shared.slow_path();
+    let q = guard.lock_queue();
     if q.len() > 0 {
         return None;
     }
@@ -816,7 +872,7 @@ pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) ->
 
 /// Waiters ever queued (for statistics).
 pub(crate) fn queued_total(shared: &Shared) -> u64 {
-    lock(&shared.queue).queued_total
+    shared.queued_total()
 }
 
 /// When a wait begins: `Some(now)` only if the bulkhead measures queue waits (a clock read
@@ -838,7 +894,7 @@ fn book_wait(b: &Bulkhead, since: Option<Instant>) {
 
 /// Live waiters (for statistics).
 pub(crate) fn pending(shared: &Shared) -> usize {
-    lock(&shared.queue).len()
+    shared.queue_len()
 }
 
 /// The future of [`Bulkhead::acquire`].
@@ -928,11 +984,8 @@ impl Future for Acquire<'_> {
                     } else {
                         wait_started(b)
                     };
-                    this.deadline = this
-                        .options
-                        .timeout
-                        .or(b.shared.default_timeout)
-                        .map(|t| Instant::now() + t);
+                    this.deadline =
+                        deadline_after(this.options.timeout.or(b.shared.default_timeout));
                     if let Some(at) = this.deadline {
                         this.timer = Some(crate::timer::register(at, cx.waker().clone()));
                     }
@@ -977,7 +1030,8 @@ impl Future for Acquire<'_> {
             if let (Some(tok), Some(id)) = (&this.options.cancel, this.cancel_reg) {
                 tok.register_waker(Some(id), cx.waker());
             }
-            let q = lock(&b.shared.queue);
+            let guard = b.shared.slow_path();
+            let q = guard.lock_queue();
             if !node.is_done() {
                 if node.needs_waker(&q, cx.waker()) {
                     node.set_notify(&q, Notify::Waker(cx.waker().clone()));
@@ -1100,7 +1154,8 @@ pub struct DrainReport {
 impl Bulkhead {
     /// Waits until nothing is in flight, nobody is queued and no token hold is left
     /// (CONTRACT.md §7), or until `deadline` passes; cancels nothing and does not close. A zero
-    /// deadline is a snapshot. It never hangs once the state is idle, however the last waiter
+    /// deadline is a snapshot; one too large to add to the current instant (`Duration::MAX`)
+    /// is no deadline. It never hangs once the state is idle, however the last waiter
     /// left.
     ///
     /// ```
@@ -1115,12 +1170,21 @@ impl Bulkhead {
     /// t.join().unwrap();
     /// ```
     pub fn drain_blocking(&self, deadline: Option<Duration>) -> DrainReport {
-        let until = deadline.map(|d| Instant::now() + d);
+        let until = deadline_after(deadline);
         let report = self.drain_report();
         if report.drained || deadline == Some(Duration::ZERO) {
             return report;
         }
         let id = self.register_drainer(Notify::Thread(crate::sync::thread::current()));
+        // Unregisters on every way out, an unwind included (a registration left behind would
+        // keep `WAITERS` up for good).
+        struct Registered<'a>(&'a Bulkhead, u64);
+        impl Drop for Registered<'_> {
+            fn drop(&mut self) {
+                self.0.unregister_drainer(self.1);
+            }
+        }
+        let registered = Registered(self, id);
         let report = loop {
             let report = self.drain_report();
             if report.drained {
@@ -1137,7 +1201,7 @@ impl Bulkhead {
                 None => crate::sync::thread::park(),
             }
         };
-        self.unregister_drainer(id);
+        drop(registered);
         report
     }
 
@@ -1156,7 +1220,7 @@ impl Bulkhead {
         Drain {
             bulkhead: self,
             zero: deadline == Some(Duration::ZERO),
-            until: deadline.map(|d| Instant::now() + d),
+            until: deadline_after(deadline),
             drainer: None,
             timer: None,
         }
@@ -1176,7 +1240,8 @@ impl Bulkhead {
     /// so releases take the slow path that wakes it.
     fn register_drainer(&self, n: Notify) -> u64 {
         let shared = &*self.shared;
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         let id = q.add_drainer(n);
         if shared.classed {
             sync_class_flags(shared, &mut q);
@@ -1188,7 +1253,8 @@ impl Bulkhead {
 
     fn unregister_drainer(&self, id: u64) {
         let shared = &*self.shared;
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         q.remove_drainer(id);
         if shared.classed {
             sync_class_flags(shared, &mut q);
@@ -1240,7 +1306,11 @@ impl Future for Drain<'_> {
                     return Poll::Ready(report);
                 }
             }
-            Some(id) => lock(&b.shared.queue).update_drainer(id, Notify::Waker(cx.waker().clone())),
+            Some(id) => b
+                .shared
+                .slow_path()
+                .lock_queue()
+                .update_drainer(id, Notify::Waker(cx.waker().clone())),
         }
         // The deadline runs on the timer thread.
         if let Some(at) = this.until {
@@ -1316,7 +1386,8 @@ impl Bulkhead {
                 Err(f) => return Enter::Refused(self.class_refusal(k, *f, r, priority)),
             }
         }
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         if q.len() == 0 {
             // Become the head: flags up first, then decide (no lost wake-up). A collect after
             // the flags that finds no free slot is that decision: any release it missed comes
@@ -1430,7 +1501,12 @@ fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut WakeList) 
 #[inline(never)]
 pub(crate) fn pump_classed(shared: &Shared) {
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
+    // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
+    // gives back only after this returns (`crate::classed::release_pending`).
+    let guard = unsafe { SlowPathRef::counted(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
     while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
         match crate::classed::acquire_in_queue(shared, k, r, priority) {
             Ok(a) => wake.push(q.answer_front(Outcome::Granted {
