@@ -103,7 +103,8 @@ impl BulkheadBuilder {
     }
 
     /// The default time a waiter stays queued before it gets `timeout` (reference §11's
-    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins.
+    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A timeout
+    /// too large to add to the current instant (`Duration::MAX`) means no deadline.
     ///
     /// ```
     /// use llm_bulkhead::Bulkhead;
