@@ -59,6 +59,8 @@
 //! * **Precision:** a refusal is explained by one real state: no request is ever refused
 //!   because of another request's tentative step.
 #![deny(unsafe_op_in_unsafe_fn)]
+// The facade rule (`src/sync.rs`, `clippy.toml`): for the library only.
+#![warn(clippy::disallowed_types, clippy::disallowed_methods)]
 #![warn(missing_docs)]
 
 mod admission;
@@ -80,6 +82,8 @@ mod rejection;
 mod shared;
 pub mod state;
 pub mod stats;
+// The facade itself names the std originals it wraps.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 mod sync;
 mod timer;
 mod waiting;

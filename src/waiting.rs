@@ -69,10 +69,9 @@ use crate::queue::{Notify, Outcome, Queue, Waiter, WakeList};
 use crate::rejection::{RejectReason, Rejection};
 use crate::shared::{Shared, SlotRef, SlowPathRef};
 use crate::state::{Word, ONE_SLOT, WAITERS};
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -150,9 +149,9 @@ pub struct CancelToken(Arc<CancelInner>);
 #[derive(Debug, Default)]
 struct CancelInner {
     cancelled: AtomicBool,
-    sleepers: std::sync::Mutex<Vec<crate::sync::thread::Thread>>,
+    sleepers: Mutex<Vec<crate::sync::thread::Thread>>,
     /// Async waiters' wakers, by registration id.
-    wakers: std::sync::Mutex<(u64, Vec<(u64, std::task::Waker)>)>,
+    wakers: Mutex<(u64, Vec<(u64, std::task::Waker)>)>,
 }
 
 impl CancelToken {
@@ -175,24 +174,11 @@ impl CancelToken {
     /// ```
     pub fn cancel(&self) {
         self.0.cancelled.store(true, Ordering::Release);
-        let sleepers = std::mem::take(
-            &mut *self
-                .0
-                .sleepers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let sleepers = std::mem::take(&mut *lock(&self.0.sleepers));
         for t in sleepers {
             t.unpark();
         }
-        let wakers = std::mem::take(
-            &mut self
-                .0
-                .wakers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .1,
-        );
+        let wakers = std::mem::take(&mut lock(&self.0.wakers).1);
         for (_, w) in wakers {
             w.wake();
         }
@@ -208,20 +194,12 @@ impl CancelToken {
     }
 
     fn register(&self, t: crate::sync::thread::Thread) {
-        self.0
-            .sleepers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(t);
+        lock(&self.0.sleepers).push(t);
     }
 
     /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id.
     fn register_waker(&self, id: Option<u64>, w: &std::task::Waker) -> u64 {
-        let mut g = self
-            .0
-            .wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut g = lock(&self.0.wakers);
         if let Some(id) = id {
             if let Some(e) = g.1.iter_mut().find(|e| e.0 == id) {
                 if !e.1.will_wake(w) {
@@ -238,23 +216,14 @@ impl CancelToken {
 
     /// Forgets an async waiter's waker (its wait ended).
     fn unregister_waker(&self, id: u64) {
-        self.0
-            .wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .1
-            .retain(|e| e.0 != id);
+        lock(&self.0.wakers).1.retain(|e| e.0 != id);
     }
 
     /// Forgets the calling thread's registration (its wait ended), so a token reused for many
     /// waits keeps no stale entries.
     fn unregister_current(&self) {
         let me = crate::sync::thread::current().id();
-        self.0
-            .sleepers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|t| t.id() != me);
+        lock(&self.0.sleepers).retain(|t| t.id() != me);
     }
 }
 
@@ -458,7 +427,8 @@ impl Bulkhead {
         }
         let outcome = loop {
             if node.is_done() {
-                break node.outcome();
+                // SAFETY: `is_done` returned true on this thread.
+                break unsafe { node.outcome() };
             }
             if options
                 .cancel
@@ -624,9 +594,12 @@ impl Bulkhead {
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
         if node.is_done() {
-            return node.outcome();
+            // SAFETY: `is_done` returned true on this thread.
+            return unsafe { node.outcome() };
         }
-        q.remove(&node);
+        // SAFETY: `node` is alive (pinned by the caller) and linked into this bulkhead's
+        // queue, whose lock `q` is, or into none.
+        unsafe { q.remove(&node) };
         let mut wake = WakeList::new();
         if shared.classed {
             sync_class_flags(shared, &mut q);
@@ -719,6 +692,14 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
                     // (With the queue now empty, the next turn returns the slot and clears
                     // the flag in one CAS.)
                     wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
+                    if wake.is_full() {
+                        // A batch: wake it outside the lock (the slot is still ours), then
+                        // look again.
+                        drop(q);
+                        wake.wake_all();
+                        q = guard.lock_queue();
+                        w = Word(word.load(Ordering::Acquire));
+                    }
                     continue;
                 }
                 // The slot passes on: its tokens become the waiter's reservation.
@@ -796,6 +777,14 @@ pub(crate) fn pump(shared: &Shared) {
     let word = &*shared.word;
     let mut w = Word(word.load(Ordering::Acquire));
     while let Some((r, priority)) = q.front().map(|h| (h.r, h.priority)) {
+        if wake.is_full() {
+            // A batch: wake it outside the lock, then look again.
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            w = Word(word.load(Ordering::Acquire));
+            continue;
+        }
         let lim = shared.ring.read(w.tag());
         if w.closed() || w.slots() >= lim.max_concurrent {
             break;
@@ -825,6 +814,13 @@ pub(crate) fn close_queue(shared: &Shared) {
     let shared = &*guard;
     let mut q = guard.lock_queue();
     while q.front().is_some() {
+        if wake.is_full() {
+            // A batch: wake it outside the lock (no newcomer queues: the word is closed).
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            continue;
+        }
         wake.push(q.answer_front(Outcome::Refused(RejectReason::Shutdown)));
     }
     if shared.classed {
@@ -1047,7 +1043,10 @@ impl Future for Acquire<'_> {
         );
         this.queue_wait = this.since.map(|s| s.elapsed());
         book_wait(b, this.since);
-        Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
+        // SAFETY: `is_done` returned true on this thread (the branch above, or the check
+        // under the lock).
+        let outcome = unsafe { node.outcome() };
+        Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation))
     }
 }
 
@@ -1508,6 +1507,13 @@ pub(crate) fn pump_classed(shared: &Shared) {
     let shared = &*guard;
     let mut q = guard.lock_queue();
     while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
+        if wake.is_full() {
+            // A batch: wake it outside the lock, then decide the head again.
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            continue;
+        }
         match crate::classed::acquire_in_queue(shared, k, r, priority) {
             Ok(a) => wake.push(q.answer_front(Outcome::Granted {
                 revision: a.revision,

@@ -249,3 +249,64 @@ fn an_estimator_that_panics_while_a_node_is_linked_leaves_nothing_behind() {
     assert!(waiter.join().unwrap());
     settled(&b);
 }
+
+/// A waker that reads the bulkhead's statistics when woken: that locks the wait queue, so a
+/// wake-up delivered under the queue lock would deadlock.
+struct StatsWaker(Bulkhead, std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for StatsWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let _ = self.0.stats().pending;
+        self.1.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn close_and_a_raise_wake_a_long_queue_outside_the_lock_in_batches() {
+    const N: usize = if cfg!(miri) { 40 } else { 100 };
+    for close in [true, false] {
+        let b = Bulkhead::builder()
+            .max_concurrent(1)
+            .max_queue(N as u32)
+            .build()
+            .unwrap();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        let w = Arc::new(StatsWaker(b.clone(), Default::default()));
+        let waker = Waker::from(w.clone());
+        let mut futs: Vec<_> = (0..N)
+            .map(|_| Box::pin(b.acquire(Demand::slot(), WaitOptions::default())))
+            .collect();
+        for f in &mut futs {
+            assert!(f
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending());
+        }
+        assert_eq!(b.stats().pending, N as u64);
+        if close {
+            b.close(); // answers all N with `shutdown`, waking them in batches of 32
+        } else {
+            // Room for everyone: the pump grants all N, in batches of 32.
+            b.apply_limits(
+                b.limits()
+                    .with_revision(1)
+                    .with_max_concurrent(N as u32 + 1),
+            )
+            .unwrap();
+        }
+        assert_eq!(w.1.load(Ordering::SeqCst), N, "every waiter woken once");
+        for f in &mut futs {
+            match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(r) => assert_eq!(r.is_ok(), !close),
+                Poll::Pending => panic!("woken, yet not answered"),
+            }
+        }
+        drop(futs);
+        drop(held);
+        let s = b.stats();
+        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
+    }
+}
