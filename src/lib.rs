@@ -115,10 +115,11 @@ pub use waiting::{
 };
 
 /// Test support (feature `testing`; not for production builds): per-thread pause hooks at the
-/// protocol steps named by [`PausePoint`](testing::PausePoint), for deterministic race tests.
+/// protocol steps named by [`PausePoint`](testing::PausePoint), for deterministic race tests,
+/// and a per-thread count of wait-queue lock acquisitions ([`queue_locks`](testing::queue_locks)).
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod testing {
-    pub use crate::sync::hooks::{clear_pause_hook, set_pause_hook};
+    pub use crate::sync::hooks::{clear_pause_hook, queue_locks, set_pause_hook};
     pub use crate::sync::PausePoint;
 }
 

@@ -54,6 +54,11 @@ pub(crate) struct Shared {
     pub(crate) reconfig: Mutex<Canonical>,
     /// The wait queue (`crate::queue`); touched only on the slow path.
     queue: Mutex<crate::queue::Queue>,
+    /// A mirror of the queue's length, written only under the queue mutex (at every unlock,
+    /// and by an enqueuer *before* its queueing CAS), read without it: while `WAITERS` is up
+    /// only for drainers, it lets a decider admit and a release return its slot without the
+    /// mutex (`crate::waiting`, "Drain").
+    pub(crate) queued: AtomicUsize,
     pub(crate) has_budget: bool,
     /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
     pub(crate) id_prefix: u128,
@@ -162,6 +167,7 @@ impl Handle {
             counters: Stripes::new(),
             reconfig: Mutex::new(canonical),
             queue: Mutex::new(crate::queue::Queue::default()),
+            queued: AtomicUsize::new(0),
             has_budget,
             id_prefix: crate::id::prefix(),
             class_words,
@@ -363,6 +369,12 @@ impl SlotRef {
         let mut prev = Word(word.load(Ordering::Relaxed));
         loop {
             if prev.waiters() {
+                // Read while the slot is still ours. Nobody queued: the flag is up for
+                // drainers only, and the slot goes back to the word without the mutex
+                // (`crate::waiting::release_while_draining`).
+                if self.get().queued.load(Ordering::SeqCst) == 0 {
+                    return crate::waiting::release_while_draining(self.into_slow_path(), tokens);
+                }
                 return crate::waiting::hand_off(self, tokens);
             }
             match word.compare_exchange_weak(
@@ -388,6 +400,8 @@ impl Shared {
     /// Locks the wait queue. Private: the slow paths lock it through a [`SlowPathRef`], whose
     /// borrow then outlives the unlock.
     fn lock_queue(&self) -> QueueGuard<'_> {
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::sync::hooks::count_queue_lock();
         QueueGuard {
             q: crate::sync::lock(&self.queue),
             shared: self,
@@ -520,5 +534,7 @@ impl Drop for QueueGuard<'_> {
     fn drop(&mut self) {
         // The unlock that follows writes the mutex inside the state.
         crate::sync::lifetime::touch((self.shared as *const Shared).cast());
+        // Still under the mutex: the mirror is exact at every unlock.
+        self.shared.queued.store(self.q.len(), Ordering::SeqCst);
     }
 }

@@ -420,6 +420,32 @@ pub(crate) mod hooks {
         static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
     }
 
+    std::thread_local! {
+        static QUEUE_LOCKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Counts one acquisition of a wait-queue lock by the calling thread.
+    pub(crate) fn count_queue_lock() {
+        QUEUE_LOCKS.with(|c| c.set(c.get() + 1));
+    }
+
+    /// How many times the calling thread has locked a wait queue (any bulkhead's), for tests
+    /// that prove a path lock-free.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::queue_locks;
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let before = queue_locks();
+    /// drop(b.try_acquire(Demand::slot()).unwrap());
+    /// assert_eq!(queue_locks(), before); // the fast path takes no lock
+    /// # }
+    /// ```
+    pub fn queue_locks() -> u64 {
+        QUEUE_LOCKS.with(std::cell::Cell::get)
+    }
+
     pub(crate) fn fire(point: PausePoint) {
         // Taken out while it runs, so a hook that calls into the crate does not re-enter itself.
         let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) else {

@@ -574,7 +574,11 @@ impl Bulkhead {
                 };
             }
             // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
-            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::AcqRel, Ordering::Acquire) {
+            // The length mirror counts us first: a decider or a release that reads the word
+            // after this CAS then sees us in the mirror (module docs, "Drain").
+            shared.queued.store(q.len() + 1, Ordering::SeqCst);
+            crate::sync::loom_sc_fence();
+            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::SeqCst, Ordering::Acquire) {
                 Ok(_) => {
                     node.set_notify(&q, notify());
                     // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
@@ -582,7 +586,10 @@ impl Bulkhead {
                     unsafe { q.push_back(&node) };
                     return Enter::Queued;
                 }
-                Err(actual) => w = Word(actual),
+                Err(actual) => {
+                    shared.queued.store(q.len(), Ordering::SeqCst);
+                    w = Word(actual);
+                }
             }
         }
     }
@@ -766,8 +773,10 @@ fn grant_head(
     }
 }
 
-/// Pumps after `apply_limits` raised the limit: new slots for head waiters while
-/// `slots < max_concurrent`. Caller holds a handle.
+/// Pumps: free slots for head waiters while `slots < max_concurrent`, then wakes the drainers
+/// if the bulkhead is idle. Called after `apply_limits` raised the limit (the caller holds a
+/// handle) and by a drain-time release that returned its slot to the word
+/// ([`release_while_draining`], which holds a counted guard).
 pub(crate) fn pump(shared: &Shared) {
     let mut wake = WakeList::new();
     // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
@@ -802,6 +811,7 @@ pub(crate) fn pump(shared: &Shared) {
         }
     }
     clear_waiters(shared, &q);
+    wake_drainers_if_idle(Word(word.load(Ordering::Acquire)), &q, &mut wake);
     drop(q);
     wake.wake_all();
 }
@@ -833,20 +843,22 @@ pub(crate) fn close_queue(shared: &Shared) {
 }
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
-/// drainers. Under the mutex, admit if nobody is queued (`None`: someone is, or the state
-/// changed; the caller refuses).
+/// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
+/// (`None`: someone is, or the state changed; the caller refuses). Lock-free, so a drain does
+/// not turn the decision path into a locked one (module docs, "Drain").
 #[cold]
 #[inline(never)]
 pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) -> Option<Granted> {
     let shared = &*b.shared;
-    let guard = b.shared.slow_path();
-    let q = guard.lock_queue();
-    if q.len() > 0 {
-        return None;
-    }
     let word = &*shared.word;
-    let mut w = Word(word.load(Ordering::Acquire));
+    let mut w = Word(word.load(Ordering::SeqCst));
     loop {
+        // After the word load: if `w` is from after an enqueuer's queueing CAS, its mirror
+        // store (sequenced before that CAS) is visible here.
+        crate::sync::loom_sc_fence();
+        if shared.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
         let lim = shared.ring.read(w.tag());
         if w.closed()
             || w.slots() >= lim.max_concurrent
@@ -856,13 +868,42 @@ pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) ->
         {
             return None;
         }
-        match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                drop(q);
-                return Some(b.count_admission(lim.revision, r));
-            }
+        match word.compare_exchange(w.0, w.plus(r).0, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return Some(b.count_admission(lim.revision, r)),
             Err(actual) => w = Word(actual),
         }
+    }
+}
+
+/// A release that found `WAITERS` set while the queue-length mirror said nobody is queued (the
+/// flag is up for drainers): returns the slot to the word with a CAS, without the mutex, then
+/// looks at the mirror again. Only if a waiter queued meanwhile, or this release left the
+/// bulkhead idle (the drainers must be woken), does it lock the queue: it pumps (grants the
+/// free slot to the head, wakes idle drainers). `guard` keeps the state alive throughout.
+#[cold]
+#[inline(never)]
+pub(crate) fn release_while_draining(guard: SlowPathRef<'static>, held: u64) {
+    let word = &*guard.word;
+    let mut prev = Word(word.load(Ordering::SeqCst));
+    loop {
+        let next = prev.0 - ONE_SLOT - held;
+        match word.compare_exchange(prev.0, next, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => {
+                crate::sync::loom_sc_fence();
+                let queued = guard.queued.load(Ordering::SeqCst);
+                let idle = Word(next).slots() == 0 && Word(next).tokens() == 0;
+                if prev.waiters() && (queued != 0 || idle) {
+                    pump(&guard);
+                }
+                break;
+            }
+            Err(actual) => prev = Word(actual),
+        }
+    }
+    if prev.detached() && prev.slots() == 1 {
+        // SAFETY: our CAS returned the last slot of a detached state: we are the unique thread
+        // that saw the last owner leave. `guard` frees the state when it goes.
+        unsafe { guard.owners_gone() }
     }
 }
 

@@ -215,3 +215,70 @@ fn a_drainer_against_the_last_release() {
 fn class_path_a_drainer_against_the_last_release() {
     model(|| drainer_against_the_last_release(one_class(1, 0)));
 }
+
+/// (f) drain-time releases without the mutex (`src/waiting.rs`, "Drain"): with a drainer
+/// registered (`WAITERS` up, nobody queued), a release that does not leave the bulkhead idle
+/// (no lock: the length mirror reads 0) against a waiter that queues behind it. Once the
+/// release is done, a queued waiter must not be left with a free slot (work conservation);
+/// then the last release, and the drain ends.
+#[test]
+fn a_drain_time_release_against_an_enqueue_strands_nobody() {
+    model(|| {
+        let b = queued(2);
+        let first = b.try_acquire(Demand::slot()).unwrap();
+        let second = b.try_acquire(Demand::slot()).unwrap();
+        let mut drain = pin!(b.drain(None));
+        assert!(drain
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        let b2 = b.clone();
+        let waiter = thread::spawn(move || {
+            b2.acquire_blocking(Demand::slot(), WaitOptions::default())
+                .map(drop)
+                .expect("a slot comes to it");
+        });
+        let releaser = thread::spawn(move || drop(first));
+        releaser.join().unwrap();
+        let s = b.stats();
+        assert!(
+            s.pending == 0 || s.in_flight == 2,
+            "a waiter queued beside a free slot: {s:?}"
+        );
+        drop(second);
+        waiter.join().unwrap();
+        let r = poll_until_ready(drain.as_mut());
+        assert!(r.drained, "{r:?}");
+    });
+}
+
+/// (f) a decider admitted without the mutex while a drainer is registered, against a waiter
+/// that queues: every demand ends admitted, nothing is left held or queued.
+#[test]
+fn a_drain_time_decision_against_an_enqueue() {
+    model(|| {
+        let b = queued(1);
+        let mut drain = pin!(b.drain(None));
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        assert!(drain
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        let b2 = b.clone();
+        let waiter = thread::spawn(move || {
+            b2.acquire_blocking(Demand::slot(), WaitOptions::default())
+                .map(drop)
+                .expect("a slot comes to it");
+        });
+        drop(held);
+        // A newcomer on the fast path: admitted (a free slot, nobody queued) or refused.
+        if let Ok(a) = b.try_acquire(Demand::slot()) {
+            drop(a);
+        }
+        waiter.join().unwrap();
+        let r = poll_until_ready(drain.as_mut());
+        assert!(r.drained, "{r:?}");
+        let s = b.stats();
+        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
+    });
+}
