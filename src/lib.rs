@@ -34,7 +34,7 @@
 //! ## Where things are
 //!
 //! * [`state`]: the packed atomic word and the protocol notes (which operation is wait-free,
-//!   lock-free or blocking, and the plans for classes and waiters).
+//!   lock-free or blocking, and why).
 //! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
 //! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
 //! * [`Admission`]: the guard of one admission; usage reports, release, abandonment.
@@ -53,7 +53,11 @@
 //!   tokens past the budget.
 //! * **No leaks:** once every admission is released or dropped, slots and tokens in flight are
 //!   zero, whatever the interleaving, including panics (an admission releases on drop).
-//! * **Progress:** `try_acquire` is lock-free and release is wait-free; neither takes a lock.
+//! * **Progress:** `try_acquire` and release are lock-free and take no lock, also while a
+//!   drain waits; a release takes the queue's lock only to hand its slot to a queued waiter (or,
+//!   during a drain, to wake the drainers once the bulkhead is idle). A thread's very first
+//!   decision may block briefly on the `thread_local` crate's global thread-id lock (once per
+//!   thread). The per-operation table is in [`state`].
 //! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
 //!   snapshot can succeed; every admission keeps the revision that authorised it.
 //! * **Precision:** a refusal is explained by one real state: no request is ever refused

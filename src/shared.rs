@@ -9,21 +9,46 @@
 //!
 //! * [`Handle`]s (one per `Bulkhead` clone) are counted in `handles`, off the hot line.
 //! * When the last handle goes, it sets the `DETACHED` bit of the state word with a
-//!   `fetch_or`; if the word it replaced held no slot, it frees the state.
-//! * An admission returns its slot with a `fetch_sub`; if the word it replaced had `DETACHED`
-//!   set and exactly its own slot, it frees the state.
+//!   `fetch_or`; if the word it replaced held no slot, the owners are all gone.
+//! * An admission returns its slot with a CAS of the word (a CAS, so that the word it replaces
+//!   can say whether waiters are queued); if that word had `DETACHED` set and exactly its own
+//!   slot, the owners are all gone. With classes the class words and `alive` decide the same
+//!   thing (`crate::classed`, "Lifetime").
 //!
 //! Both decisions read the same word, whose modifications are totally ordered, so exactly one
-//! thread frees, and only after every other owner is done: the handle count can never climb
-//! back from zero (a handle is only cloned from a live handle), and an admission touches the
-//! shared state only before its slot-returning `fetch_sub` (statistics are written first).
+//! thread sees the last owner leave, and only after every other owner is done: the handle
+//! count can never climb back from zero (a handle is only cloned from a live handle), and an
+//! admission touches the shared state only before its slot-returning CAS (statistics are
+//! written first), unless it holds a slow-path guard (below).
+//!
+//! # Slow paths
+//!
+//! A slow path can give its slot away *before* it is done with the state: a hand-off grants
+//! its slot to the head waiter (or returns it to the word) and still has to unlock the queue's
+//! mutex, which lives in the state; the granted waiter may meanwhile drop the last handle and
+//! its admission. So the block is not freed by the owners' decision directly. A lifetime count
+//! `refs` holds **one joint reference for all the owners** the words count, plus one per
+//! counted [`SlowPathRef`]:
+//!
+//! * the thread that sees the last owner leave drops the joint reference;
+//! * a slow path that may give its ownership away takes a counted `SlowPathRef` first, while
+//!   it is still an owner (`refs ≥ 1` then), and drops it after its last touch;
+//! * whoever takes `refs` to zero frees the block.
+//!
+//! The queue's lock is reachable only through a `SlowPathRef`, and the lock guard borrows it,
+//! so the unlock cannot be written after the reference is given back. The fast paths never
+//! touch `refs`: the no-class release pays one more `fetch_sub` only when it frees the state.
 //!
 //! # Memory ordering
 //!
-//! Every decrement (`handles.fetch_sub`, the slot-returning `fetch_sub`, the `DETACHED`
-//! `fetch_or`) is `AcqRel`. RMWs on one atomic extend each other's release sequences, so the
-//! freeing RMW synchronises with every earlier owner's last write: all uses of the state
-//! happen-before the free.
+//! Every decrement (`handles.fetch_sub`, the slot-returning CAS, the `DETACHED` `fetch_or`,
+//! the `refs.fetch_sub`s) is `AcqRel`. RMWs on one atomic extend each other's release
+//! sequences, so the thread that sees the last owner leave synchronises with every earlier
+//! owner's last write, and the thread that frees synchronises with every earlier `refs`
+//! decrement: all uses of the state happen-before the free.
+//!
+//! Under `cfg(loom)` each block also has a liveness cell (`crate::sync::lifetime`) that every
+//! touch reads and the free writes, so the loom models fail on any use after free.
 
 use crate::limits::{LimitsSnapshot, Ring};
 use crate::state::{Word, DETACHED, ONE_SLOT};
@@ -62,8 +87,8 @@ pub(crate) struct Shared {
     pub(crate) has_budget: bool,
     /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
     pub(crate) id_prefix: u128,
-    /// One word per admission class, `[class in flight:15][class tokens:48]` (see
-    /// [`crate::state`]); empty without classes.
+    /// One word per admission class (layout in `crate::classed`: queue flag, detached, class
+    /// tag, pending returns, class in flight, class tokens); empty without classes.
     pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
     /// Class names, in construction order.
     pub(crate) class_names: Box<[String]>,
@@ -319,10 +344,9 @@ impl SlotRef {
         Handle(self.0)
     }
 
-    /// Returns the slot and `tokens` held tokens in one `fetch_sub`, and frees the state if
-    /// this was the last owner. Nothing may touch the state after this.
-    /// Returns a class slot of class `k` and `tokens` held tokens (class mode), and frees the
-    /// state if this was the last owner. Nothing may touch the state after this.
+    /// Returns a class slot of class `k` and `tokens` held tokens (class mode); if this was the
+    /// last owner, drops the owners' lifetime reference (which frees the state unless a slow
+    /// path still holds it). Nothing may touch the state after this.
     #[inline(always)]
     pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
         if crate::classed::release(self.get(), k, tokens) && crate::classed::count_down(self.get())
@@ -334,6 +358,9 @@ impl SlotRef {
         }
     }
 
+    /// Returns the slot and `tokens` held tokens (no classes) with one CAS, or hands the slot
+    /// to the queue while waiters are queued; if this was the last owner, drops the owners'
+    /// lifetime reference. Nothing may touch the state after this.
     #[inline(always)]
     pub(crate) fn return_slot(self, tokens: u64) {
         // A CAS, not a `fetch_sub`: while waiters are queued the slot must not go back to the
@@ -406,11 +433,6 @@ impl Shared {
             q: crate::sync::lock(&self.queue),
             shared: self,
         }
-    }
-
-    /// Live waiters (for statistics and refusal details; gives no ownership away).
-    pub(crate) fn queue_len(&self) -> usize {
-        self.lock_queue().len()
     }
 
     /// Waiters ever queued (for statistics).

@@ -9,8 +9,11 @@
 //!   stay fail-fast (a request that does not fit is never queued); a full queue gives
 //!   `queue_limit`; otherwise one CAS on the state word sets `WAITERS` (or re-validates it)
 //!   while the word still shows every slot taken, and the node joins the tail.
-//! * **Hand-off.** A release whose CAS finds `WAITERS` set keeps its slot (which keeps the
-//!   shared state alive), takes the mutex and performs the head waiter's whole decision with
+//! * **Hand-off.** A release whose CAS finds `WAITERS` set (and the queue-length mirror
+//!   non-zero) keeps its slot, counts a `SlowPathRef` while the slot still makes it an owner
+//!   (the guard, not the slot, keeps the shared state alive until its unlock: the slot is given
+//!   away midway, see `crate::shared`, "Slow paths"), takes the mutex and performs the head
+//!   waiter's whole decision with
 //!   that slot against the limits current at that moment: the budget check with the waiter's
 //!   reservation in place of the leaver's hold, in the same CAS that moves the tokens. A head
 //!   that no longer fits is answered with its reason and the next waiter is considered
@@ -26,6 +29,22 @@
 //!   future, released at once, which hands it to the next waiter); otherwise it unlinks itself.
 //!   Nothing leaks: a waiter holds nothing while it waits.
 //! * **Close** answers every waiter with `shutdown` under the mutex and clears `WAITERS`.
+//!   Wake-ups are collected under the mutex and delivered after it, in batches of
+//!   [`WAKE_BATCH`](crate::queue::WAKE_BATCH) (32): a long loop unlocks, wakes and locks again.
+//! * **Drain.** A drainer raises `WAITERS` too, so that the release that leaves the bulkhead
+//!   idle wakes it. While only drainers wait, the flag must not make the decision path a
+//!   locked one: `Shared::queued` mirrors the queue's length (stored under the mutex at every
+//!   unlock, and by an enqueuer *before* its queueing CAS). A decider that sees the flag with a
+//!   free slot reads the mirror after the word and admits with a CAS if it is zero; a release
+//!   that sees the flag and a zero mirror returns its slot with a CAS and then reads the
+//!   mirror again (the enqueuer writes the mirror then CASes the word, the release CASes the
+//!   word then reads the mirror: `SeqCst` on both sides, so one of them sees the other), and
+//!   locks only if a waiter queued meanwhile (it pumps: the free slot goes to the head) or the
+//!   bulkhead is now idle (it wakes the drainers).
+//! * **Unwinding.** Every deadline is computed with checked arithmetic before anything can
+//!   unwind (a timeout too large to add to now is no deadline), and a blocked waiter's linked
+//!   node is guarded: an unwind leaves the queue (and releases a slot granted meanwhile)
+//!   before the frame goes.
 //! * **A raised limit** (`apply_limits`) pumps: under the mutex, new slots go to head waiters
 //!   while `slots < max_concurrent`.
 //!
@@ -929,9 +948,9 @@ fn book_wait(b: &Bulkhead, since: Option<Instant>) {
     }
 }
 
-/// Live waiters (for statistics).
+/// Live waiters (for statistics and refusal details): the queue-length mirror, a load.
 pub(crate) fn pending(shared: &Shared) -> usize {
-    shared.queue_len()
+    shared.queued.load(Ordering::Acquire)
 }
 
 /// The future of [`Bulkhead::acquire`].
