@@ -123,7 +123,7 @@ pub use waiting::{
 /// and a per-thread count of wait-queue lock acquisitions ([`queue_locks`](testing::queue_locks)).
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod testing {
-    pub use crate::sync::hooks::{clear_pause_hook, queue_locks, set_pause_hook};
+    pub use crate::sync::hooks::{clear_pause_hook, live_states, queue_locks, set_pause_hook};
     pub use crate::sync::PausePoint;
 }
 

@@ -121,6 +121,8 @@ const _: () = {
 #[track_caller]
 unsafe fn free(ptr: NonNull<Shared>) {
     crate::sync::lifetime::freed(ptr.as_ptr().cast());
+    #[cfg(all(feature = "testing", not(loom)))]
+    crate::sync::hooks::count_live_state(-1);
     // SAFETY: allocated by `Box::new` in `Handle::new`, leaked exactly once, and by the
     // caller's contract freed exactly once, after every other use.
     drop(unsafe { Box::from_raw(ptr.as_ptr()) });
@@ -206,6 +208,8 @@ impl Handle {
         };
         let ptr = NonNull::from(Box::leak(Box::new(shared)));
         crate::sync::lifetime::born(ptr.as_ptr().cast());
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::sync::hooks::count_live_state(1);
         Handle(ptr)
     }
 

@@ -424,6 +424,28 @@ pub(crate) mod hooks {
         static QUEUE_LOCKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     }
 
+    static LIVE_STATES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// A shared state was allocated (`+1`) or freed (`-1`).
+    pub(crate) fn count_live_state(delta: i64) {
+        LIVE_STATES.fetch_add(delta as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many bulkheads' shared states are allocated in this process right now (made and
+    /// not yet freed), for tests of the lifetime protocol.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::live_states;
+    /// let b = llm_bulkhead::Bulkhead::new(1).unwrap();
+    /// assert!(live_states() >= 1);
+    /// drop(b);
+    /// # }
+    /// ```
+    pub fn live_states() -> u64 {
+        LIVE_STATES.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Counts one acquisition of a wait-queue lock by the calling thread.
     pub(crate) fn count_queue_lock() {
         QUEUE_LOCKS.with(|c| c.set(c.get() + 1));
