@@ -123,6 +123,33 @@ impl std::error::Error for ReleaseError {
 /// }).join().unwrap();
 /// assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 0);
 /// ```
+///
+/// # Memory ordering
+///
+/// Releasing an admission (dropping it, or [`release`](Admission::release)) *happens-before*
+/// the admission that reuses its capacity, as with a semaphore: whatever the work did before
+/// the release is visible to the work admitted with that slot (or those tokens) afterwards.
+/// The release's CAS of the state word is `AcqRel` and so is the admission's CAS; when the slot
+/// is handed to a queued waiter instead, the hand-off's CAS (`AcqRel`, made by the releasing
+/// thread after the release) and the waiter's `Acquire` load of its answer carry the same
+/// edge. With classes, the class-word and shared-word RMWs are `SeqCst`. Statistics are
+/// `Relaxed` bookkeeping and order nothing.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// let b = Bulkhead::new(1).unwrap();
+/// let data = Arc::new(AtomicU64::new(0));
+/// let a = b.try_acquire(Demand::slot()).unwrap();
+/// let d = data.clone();
+/// std::thread::spawn(move || {
+///     d.store(42, Ordering::Relaxed); // work under the admission
+///     drop(a); // the release
+/// }).join().unwrap();
+/// let _next = b.try_acquire(Demand::slot()).unwrap(); // reuses the slot
+/// assert_eq!(data.load(Ordering::Relaxed), 42);
+/// ```
 pub struct Admission {
     /// The slot (and the pointer to the shared state it keeps alive); `None` once released.
     slot: Option<SlotRef>,

@@ -56,7 +56,8 @@ impl BulkheadBuilder {
         self
     }
 
-    /// Wait queue bound (default 0: fail-fast). Stored for the waiting layer.
+    /// Wait queue bound (default 0: fail-fast): how many demands `acquire_blocking` and
+    /// `acquire` may keep waiting for a slot at once.
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
@@ -103,7 +104,8 @@ impl BulkheadBuilder {
     }
 
     /// The default time a waiter stays queued before it gets `timeout` (reference §11's
-    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins.
+    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A timeout
+    /// too large to add to the current instant (`Duration::MAX`) means no deadline.
     ///
     /// ```
     /// use llm_bulkhead::Bulkhead;
@@ -363,8 +365,8 @@ pub struct LimitsChange {
 ///
 /// A successful admission synchronises with the release whose capacity it reuses and with the
 /// `apply_limits` that installed the limits it was decided under (the admission CAS is
-/// `AcqRel`, releases are `AcqRel` `fetch_sub`s). `close` is `AcqRel`: once it returns, no admission can
-/// succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
+/// `AcqRel`, and so are the release's CAS and a hand-off's). `close` is `SeqCst`: once it
+/// returns, no admission can succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
 #[derive(Clone)]
 pub struct Bulkhead {
     pub(crate) shared: Handle,
@@ -424,7 +426,7 @@ impl Bulkhead {
     /// concurrency ceilings (`admission_class`) and the other classes' floors
     /// (`admission_class_protection`); no free slot (or waiters queued) → `concurrency_limit`.
     /// Without classes the slot and the reservation are taken in one CAS; with classes the
-    /// decision is the multi-word protocol described in [`crate::state`].
+    /// decision is the multi-word protocol described in [`crate::classed`].
     ///
     /// # Errors
     /// A [`Rejection`] explained by the state the decision saw.

@@ -1,6 +1,5 @@
 //! Admission classes: a fixed table of policy buckets with protected floors and hard ceilings
-//! (CONTRACT.md §4), enforced lock-free by the protocol in [`crate::state`] ("Admission
-//! classes").
+//! (CONTRACT.md §4), enforced lock-free by the protocol in [`crate::classed`].
 //!
 //! A class uses its floor first, then borrows from the shared remainder
 //! (`max_concurrent − Σ floors`, and for tokens `eff(priority) − Σ token floors`). Floors are

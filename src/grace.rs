@@ -62,10 +62,9 @@
 
 use crate::sync::{fence, AtomicU64, Ordering};
 
-/// One thread's reader marker for one bulkhead: even when the thread is in no operation.
-/// Written only by its thread; read by reconfigurers.
-#[derive(Default)]
-pub(crate) struct Reader(AtomicU64);
+/// One thread's reader marker: even when the thread is in no operation. Written only by its
+/// thread; read by reconfigurers.
+pub(crate) type Reader = AtomicU64;
 
 /// An operation in progress (module docs). Leaving it (dropping it, on unwinding too) makes the
 /// marker even again, if this is the outermost operation of the thread.
@@ -79,14 +78,14 @@ pub(crate) struct Op<'a> {
 #[inline(always)]
 pub(crate) fn enter(reader: &Reader) -> Op<'_> {
     // Single writer: a plain load and store (no locked instruction).
-    let s = reader.0.load(Ordering::Relaxed);
+    let s = reader.load(Ordering::Relaxed);
     if s & 1 == 1 {
         return Op {
             reader,
             leave: None,
         };
     }
-    reader.0.store(s + 1, Ordering::Relaxed);
+    reader.store(s + 1, Ordering::Relaxed);
     light_barrier();
     Op {
         reader,
@@ -100,7 +99,7 @@ impl Drop for Op<'_> {
         if let Some(v) = self.leave {
             // Release: everything the operation did happens-before a reconfigurer that sees
             // the marker move.
-            self.reader.0.store(v, Ordering::Release);
+            self.reader.store(v, Ordering::Release);
         }
     }
 }
@@ -115,12 +114,12 @@ pub(crate) fn wait_for_readers(own: &Reader, for_each: impl FnOnce(&mut dyn FnMu
         if std::ptr::eq(r, own) {
             return;
         }
-        let s = r.0.load(Ordering::Acquire);
+        let s = r.load(Ordering::Acquire);
         if s & 1 == 0 || broken_for_loom() {
             return;
         }
         let backoff = crossbeam_utils::Backoff::new();
-        while r.0.load(Ordering::Acquire) == s {
+        while r.load(Ordering::Acquire) == s {
             // Under loom, hand the turn to loom at once (crossbeam's backoff spins on std
             // primitives loom cannot see, and every spin would be a branch of the model).
             if cfg!(loom) || backoff.is_completed() {
@@ -225,41 +224,14 @@ mod membarrier {
     }
 }
 
-/// Every thread's marker, for the whole process: markers must outlive every bulkhead, because
-/// a release leaves its operation after it may have given away the last reference to the state
+/// The calling thread's reader marker: a process-wide per-thread cell of the facade
+/// ([`crate::sync::per_thread`]). Markers must outlive every bulkhead, because a release leaves
+/// its operation after it may have given away the last reference to the state
 /// (`crate::classed::release`). A reconfigurer therefore waits for operations on any bulkhead;
 /// they are all short.
-#[cfg(not(loom))]
-static READERS: thread_local::ThreadLocal<crossbeam_utils::CachePadded<Reader>> =
-    thread_local::ThreadLocal::new();
-
-#[cfg(not(loom))]
-std::thread_local! {
-    /// This thread's entry of `READERS` (null until its first operation).
-    static MINE: std::cell::Cell<*const Reader> = const { std::cell::Cell::new(std::ptr::null()) };
-}
-
-/// The calling thread's reader marker.
-#[cfg(not(loom))]
 #[inline(always)]
 pub(crate) fn reader() -> &'static Reader {
-    let p = MINE.with(std::cell::Cell::get);
-    if !p.is_null() {
-        // SAFETY: `p` was taken from this thread's entry of the static `READERS`, whose
-        // entries keep their address for the life of the process.
-        return unsafe { &*p };
-    }
-    reader_slow()
-}
-
-#[cfg(not(loom))]
-#[cold]
-#[inline(never)]
-fn reader_slow() -> &'static Reader {
-    // A thread's first operation: `ThreadLocal` takes its global thread-id lock here once.
-    let r: &'static Reader = READERS.get_or(Default::default);
-    MINE.with(|m| m.set(r as *const Reader));
-    r
+    crate::sync::per_thread::local()
 }
 
 /// Enters an operation that reads a tag (module docs).
@@ -271,67 +243,5 @@ pub(crate) fn op() -> Op<'static> {
 /// The grace period of `apply_limits`: returns once no operation of another thread that
 /// started before the call is still in progress.
 pub(crate) fn grace_period() {
-    let own = reader();
-    wait_for_readers(own, |f| {
-        #[cfg(not(loom))]
-        for r in READERS.iter() {
-            f(r)
-        }
-        #[cfg(loom)]
-        LOOM_READERS.for_each(f);
-    });
-}
-
-/// The calling thread's reader marker (loom flavour).
-#[cfg(loom)]
-pub(crate) fn reader() -> &'static Reader {
-    LOOM_READERS.local()
-}
-
-#[cfg(loom)]
-loom::lazy_static! {
-    static ref LOOM_READERS: LoomReaders = LoomReaders::new();
-}
-
-/// Per-thread reader markers under loom (loom has no iterable per-thread storage): a few slots,
-/// claimed by each loom thread on first use, reset with every execution.
-#[cfg(loom)]
-pub(crate) struct LoomReaders {
-    slots: [Reader; 4],
-    next: crate::sync::AtomicUsize,
-}
-
-#[cfg(loom)]
-loom::thread_local! {
-    static SLOT: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
-}
-
-#[cfg(loom)]
-impl LoomReaders {
-    fn new() -> Self {
-        LoomReaders {
-            slots: Default::default(),
-            next: crate::sync::AtomicUsize::new(0),
-        }
-    }
-
-    fn local(&'static self) -> &'static Reader {
-        let i = SLOT.with(|s| match s.get() {
-            Some(i) => i,
-            None => {
-                let i = self.next.fetch_add(1, Ordering::Relaxed);
-                assert!(i < self.slots.len(), "loom models use at most 4 threads");
-                s.set(Some(i));
-                i
-            }
-        });
-        &self.slots[i]
-    }
-
-    fn for_each(&self, f: &mut dyn FnMut(&Reader)) {
-        let n = self.next.load(Ordering::Acquire).min(self.slots.len());
-        for r in &self.slots[..n] {
-            f(r)
-        }
-    }
+    wait_for_readers(reader(), crate::sync::per_thread::for_each);
 }

@@ -21,7 +21,6 @@
 //! reference's `"shadow-" + uuid`).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The identity of one admission.
 ///
@@ -97,7 +96,6 @@ impl AdmissionId {
 
 /// The bits every id of one bulkhead shares: salt, serial, version and variant.
 pub(crate) fn prefix() -> u128 {
-    static SERIAL: AtomicU64 = AtomicU64::new(0);
     static SALT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     let salt = *SALT.get_or_init(|| {
         use std::hash::{BuildHasher, Hasher};
@@ -105,7 +103,7 @@ pub(crate) fn prefix() -> u128 {
             .build_hasher()
             .finish()
     });
-    let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+    let serial = crate::sync::next_serial();
     (u128::from(salt & 0xffff) << 112)
         | (u128::from(serial & 0xff_ffff) << 88)
         | (0x8 << 76)
@@ -114,8 +112,7 @@ pub(crate) fn prefix() -> u128 {
 
 /// Numbers the per-thread counter entries of bulkheads (once per thread and bulkhead).
 pub(crate) fn next_key() -> u64 {
-    static KEYS: AtomicU64 = AtomicU64::new(0);
-    KEYS.fetch_add(1, Ordering::Relaxed) & 0xf_ffff
+    crate::sync::next_serial() & 0xf_ffff
 }
 
 impl fmt::Display for AdmissionId {

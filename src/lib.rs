@@ -34,7 +34,7 @@
 //! ## Where things are
 //!
 //! * [`state`]: the packed atomic word and the protocol notes (which operation is wait-free,
-//!   lock-free or blocking, and the plans for classes and waiters).
+//!   lock-free or blocking, and why).
 //! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
 //! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
 //! * [`Admission`]: the guard of one admission; usage reports, release, abandonment.
@@ -53,7 +53,11 @@
 //!   tokens past the budget.
 //! * **No leaks:** once every admission is released or dropped, slots and tokens in flight are
 //!   zero, whatever the interleaving, including panics (an admission releases on drop).
-//! * **Progress:** `try_acquire` is lock-free and release is wait-free; neither takes a lock.
+//! * **Progress:** `try_acquire` and release are lock-free and take no lock, also while a
+//!   drain waits; a release takes the queue's lock only to hand its slot to a queued waiter (or,
+//!   during a drain, to wake the drainers once the bulkhead is idle). A thread's very first
+//!   decision may block briefly on the `thread_local` crate's global thread-id lock (once per
+//!   thread). The per-operation table is in [`state`].
 //! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
 //!   snapshot can succeed, and none is still in progress (a grace period waits for them, so no
 //!   limits tag is ever reused under a stopped decision); every admission keeps the revision
@@ -67,6 +71,8 @@
 //!   inside its floors is never labelled `admission_class_protection`), but it is not excluded:
 //!   `tests/stress_classes.rs` measures its rate (see the README's Performance section).
 #![deny(unsafe_op_in_unsafe_fn)]
+// The facade rule (`src/sync.rs`, `clippy.toml`): for the library only.
+#![warn(clippy::disallowed_types, clippy::disallowed_methods)]
 #![warn(missing_docs)]
 
 // The state words are 64-bit atomics, and a decision is one CAS on one of them: without native
@@ -98,6 +104,8 @@ mod rejection;
 mod shared;
 pub mod state;
 pub mod stats;
+// The facade itself names the std originals it wraps.
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 mod sync;
 mod timer;
 mod waiting;
@@ -129,10 +137,11 @@ pub use waiting::{
 };
 
 /// Test support (feature `testing`; not for production builds): per-thread pause hooks at the
-/// protocol steps named by [`PausePoint`](testing::PausePoint), for deterministic race tests.
+/// protocol steps named by [`PausePoint`](testing::PausePoint), for deterministic race tests,
+/// and a per-thread count of wait-queue lock acquisitions ([`queue_locks`](testing::queue_locks)).
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod testing {
-    pub use crate::sync::hooks::{clear_pause_hook, set_pause_hook};
+    pub use crate::sync::hooks::{clear_pause_hook, live_states, queue_locks, set_pause_hook};
     pub use crate::sync::PausePoint;
 
     /// The stored `(U, V)` of a bulkhead with classes (the shared word: `Σ max(in flight,

@@ -85,7 +85,8 @@ pub struct LimitsSnapshot {
     pub revision: u64,
     /// Global concurrency limit. 0 is legal: the bulkhead refuses all work (kill switch).
     pub max_concurrent: u32,
-    /// Most waiters allowed in the queue (the waiting layer uses it).
+    /// Most waiters allowed in the wait queue at once (0: no queue, every demand is
+    /// fail-fast).
     pub max_queue: u32,
     /// The token budget, present exactly when the bulkhead was built with one.
     pub token_budget: Option<BudgetLimits>,

@@ -27,9 +27,9 @@
 use crate::classes::Resources;
 use crate::demand::Priority;
 use crate::rejection::{Constraint, RejectReason};
+use crate::sync::cell::UnsafeCell;
 use crate::sync::thread::Thread;
 use crate::sync::{AtomicU32, Ordering};
-use std::cell::UnsafeCell;
 use std::marker::PhantomPinned;
 use std::ptr;
 use std::task::Waker;
@@ -72,38 +72,66 @@ impl Notify {
     }
 }
 
+/// How many wake-ups a critical section collects before its owner unlocks to deliver them
+/// (tokio's `WakeList` uses the same number): long loops under the lock (`close` with a long
+/// queue, a pump after a large raise) stop at this many, unlock, wake, and lock again.
+pub(crate) const WAKE_BATCH: usize = 32;
+
 /// Wake-ups collected under the queue mutex and delivered after it is released, without a
-/// heap allocation (the queue path allocates nothing). If more than its capacity pile up in
-/// one critical section, the excess is woken at once, under the mutex: correct, just rarer.
+/// heap allocation for up to [`WAKE_BATCH`] of them. Nothing is ever woken under the mutex: a
+/// list that is full takes more into a spill vector (only drainer wake-ups can get there,
+/// whose number the loops do not bound), and the loops that produce many answers check
+/// [`is_full`](Self::is_full) and deliver a batch before they go on.
+///
+/// Dropping the list wakes whatever it still holds, so a waker that panics while the batch is
+/// delivered does not strand the others (the unwind delivers them).
 pub(crate) struct WakeList {
-    items: [Option<Notify>; 4],
+    items: [Option<Notify>; WAKE_BATCH],
     len: usize,
+    spill: Vec<Notify>,
 }
 
 impl WakeList {
     pub(crate) fn new() -> WakeList {
         WakeList {
-            items: Default::default(),
+            items: std::array::from_fn(|_| None),
             len: 0,
+            spill: Vec::new(),
         }
     }
 
+    /// Whether a batch is ready: the caller should unlock, [`wake_all`](Self::wake_all) and
+    /// lock again before it answers more waiters.
+    pub(crate) fn is_full(&self) -> bool {
+        self.len == WAKE_BATCH
+    }
+
     pub(crate) fn push(&mut self, n: Notify) {
-        if self.len == self.items.len() {
-            n.wake();
+        if self.len == WAKE_BATCH {
+            self.spill.push(n);
             return;
         }
         self.items[self.len] = Some(n);
         self.len += 1;
     }
 
-    /// Wakes everything collected (call after unlocking).
-    pub(crate) fn wake_all(mut self) {
-        for n in &mut self.items[..self.len] {
-            if let Some(n) = n.take() {
+    /// Wakes everything collected (call after unlocking); the list can be reused.
+    pub(crate) fn wake_all(&mut self) {
+        while self.len > 0 {
+            self.len -= 1;
+            if let Some(n) = self.items[self.len].take() {
                 n.wake();
             }
         }
+        while let Some(n) = self.spill.pop() {
+            n.wake();
+        }
+    }
+}
+
+impl Drop for WakeList {
+    fn drop(&mut self) {
+        self.wake_all();
     }
 }
 
@@ -111,7 +139,9 @@ impl WakeList {
 struct Links {
     prev: *const Waiter,
     next: *const Waiter,
-    linked: bool,
+    /// The queue this node is linked into (null while unlinked): what makes a lock token
+    /// prove that *this* node's queue is the locked one.
+    owner: *const Queue,
 }
 
 /// One waiter. Pinned while linked (it is `!Unpin`).
@@ -146,7 +176,7 @@ impl Waiter {
             links: UnsafeCell::new(Links {
                 prev: ptr::null(),
                 next: ptr::null(),
-                linked: false,
+                owner: ptr::null(),
             }),
             outcome: UnsafeCell::new(Outcome::Pending),
             notify: UnsafeCell::new(Notify::None),
@@ -161,39 +191,58 @@ impl Waiter {
         self.state.load(Ordering::Acquire) == DONE
     }
 
-    /// The outcome, once [`is_done`](Self::is_done) returned true (or under the queue mutex).
-    pub(crate) fn outcome(&self) -> Outcome {
-        // SAFETY: written only under the queue mutex before the `Release` store of `DONE`;
-        // the caller observed `DONE` with `Acquire` or holds the mutex.
-        unsafe { *self.outcome.get() }
+    /// The outcome.
+    ///
+    /// # Safety
+    /// The caller observed [`is_done`](Self::is_done) return true on this thread (its
+    /// `Acquire` load pairs with the granter's `Release` store, after which nobody writes the
+    /// outcome), or holds the mutex of the queue the node was linked into.
+    pub(crate) unsafe fn outcome(&self) -> Outcome {
+        // SAFETY: by the caller's contract no write of `outcome` can run concurrently.
+        self.outcome.with(|o| unsafe { *o })
     }
 
-    /// Sets how to wake the owner. Caller holds the queue mutex.
-    pub(crate) fn set_notify(&self, _q: &Queue, n: Notify) {
-        // SAFETY: `notify` is accessed only under the queue mutex, which `_q` proves is held.
-        unsafe { *self.notify.get() = n }
+    /// Asserts that `q` is the queue this node is linked into (any locked queue will do
+    /// while the node is not linked yet: nobody else can reach it then).
+    fn check_owner(&self, q: &Queue) {
+        // SAFETY: `links` are written only under the mutex of the node's queue; a node that
+        // is not linked is reachable only by its owner, which is the caller.
+        let owner = self.links.with(|l| unsafe { (*l).owner });
+        assert!(
+            owner.is_null() || ptr::eq(owner, q),
+            "a lock token of another queue"
+        );
     }
 
-    /// Whether a new waker would have to replace the stored one. Caller holds the mutex.
-    pub(crate) fn needs_waker(&self, _q: &Queue, w: &Waker) -> bool {
+    /// Sets how to wake the owner. `q` is the locked queue the node is (or will be) linked
+    /// into: the lock token.
+    pub(crate) fn set_notify(&self, q: &Queue, n: Notify) {
+        self.check_owner(q);
+        // SAFETY: `notify` is accessed only under the node's queue mutex, which `q` proves is
+        // held (`check_owner`), or before the node is linked.
+        self.notify.with_mut(|p| unsafe { *p = n })
+    }
+
+    /// Whether a new waker would have to replace the stored one (`q`: as in `set_notify`).
+    pub(crate) fn needs_waker(&self, q: &Queue, w: &Waker) -> bool {
+        self.check_owner(q);
         // SAFETY: as in `set_notify`.
-        match unsafe { &*self.notify.get() } {
+        self.notify.with(|p| match unsafe { &*p } {
             Notify::Waker(old) => !old.will_wake(w),
             _ => true,
-        }
+        })
     }
 }
 
-/// The queue itself (inside the bulkhead's queue mutex).
+/// The queue itself (inside the bulkhead's queue mutex; `&mut Queue` or `&Queue` obtained
+/// through the locked guard is the lock token).
 pub(crate) struct Queue {
     head: *const Waiter,
     tail: *const Waiter,
     len: usize,
     /// Waiters ever queued.
     pub(crate) queued_total: u64,
-    /// Callers of `drain` waiting for the bulkhead to become idle, by registration id. While
-    /// any is registered `WAITERS` stays set, so every release and admission takes the slow
-    /// path, which wakes them when the state becomes idle (the fast path pays nothing).
+    /// Callers of `drain` waiting for the bulkhead to become idle, by registration id.
     drainers: Vec<(u64, Notify)>,
     next_drainer: u64,
     /// Class mode: whether `C_QUEUE` is up on every class word (`crate::classed`).
@@ -263,21 +312,24 @@ impl Queue {
     /// Appends `w`.
     ///
     /// # Safety
-    /// `w` is pinned, not linked, and stays alive until it is unlinked (by `pop_front`,
-    /// `remove` or `answer_front`), all under this queue's mutex.
+    /// `w` is pinned, not linked, and stays alive until it is unlinked (by `remove` or
+    /// `answer_front`), all under this queue's mutex (which `&mut self` proves is held).
     pub(crate) unsafe fn push_back(&mut self, w: &Waiter) {
         let p: *const Waiter = w;
-        // SAFETY: caller holds the mutex (we have `&mut self`), so the links are ours.
-        let l = unsafe { &mut *w.links.get() };
-        debug_assert!(!l.linked);
-        l.prev = self.tail;
-        l.next = ptr::null();
-        l.linked = true;
-        if self.tail.is_null() {
+        let me: *const Queue = self;
+        let tail = self.tail;
+        // SAFETY: we hold the mutex (`&mut self`) and `w` is not linked, so its links are ours.
+        w.links.with_mut(|l| unsafe {
+            debug_assert!((*l).owner.is_null(), "push_back of a linked node");
+            (*l).prev = tail;
+            (*l).next = ptr::null();
+            (*l).owner = me;
+        });
+        if tail.is_null() {
             self.head = p;
         } else {
-            // SAFETY: `tail` is a linked, live node (push_back's contract).
-            unsafe { (*(*self.tail).links.get()).next = p };
+            // SAFETY: `tail` is a linked, live node of this queue (push_back's contract).
+            unsafe { (*tail).links.with_mut(|l| (*l).next = p) };
         }
         self.tail = p;
         self.len += 1;
@@ -290,29 +342,40 @@ impl Queue {
         unsafe { self.head.as_ref() }
     }
 
-    /// Unlinks `w` if it is linked; returns whether it was.
-    pub(crate) fn remove(&mut self, w: &Waiter) -> bool {
-        // SAFETY: links are accessed under the mutex (`&mut self`).
-        let l = unsafe { &mut *w.links.get() };
-        if !l.linked {
+    /// Unlinks `w` if it is linked into this queue; returns whether it was.
+    ///
+    /// # Safety
+    /// `w` is alive, and is linked into this queue or into none (a node linked elsewhere
+    /// would have its neighbours rewritten without their queue's lock; this is asserted).
+    pub(crate) unsafe fn remove(&mut self, w: &Waiter) -> bool {
+        let me: *const Queue = self;
+        // SAFETY: links are accessed under the mutex (`&mut self`) of the node's queue.
+        let (prev, next, owner) = w
+            .links
+            .with(|l| unsafe { ((*l).prev, (*l).next, (*l).owner) });
+        if owner.is_null() {
             return false;
         }
-        // SAFETY: neighbours are linked, live nodes.
+        assert!(ptr::eq(owner, me), "remove from another queue");
+        // SAFETY: neighbours are linked, live nodes of this queue.
         unsafe {
-            if l.prev.is_null() {
-                self.head = l.next;
+            if prev.is_null() {
+                self.head = next;
             } else {
-                (*(*l.prev).links.get()).next = l.next;
+                (*prev).links.with_mut(|l| (*l).next = next);
             }
-            if l.next.is_null() {
-                self.tail = l.prev;
+            if next.is_null() {
+                self.tail = prev;
             } else {
-                (*(*l.next).links.get()).prev = l.prev;
+                (*next).links.with_mut(|l| (*l).prev = prev);
             }
         }
-        l.prev = ptr::null();
-        l.next = ptr::null();
-        l.linked = false;
+        // SAFETY: as above.
+        w.links.with_mut(|l| unsafe {
+            (*l).prev = ptr::null();
+            (*l).next = ptr::null();
+            (*l).owner = ptr::null();
+        });
         self.len -= 1;
         true
     }
@@ -324,12 +387,14 @@ impl Queue {
         assert!(!w.is_null(), "answer_front on an empty queue");
         // SAFETY: `w` is the linked head, alive until unlinked; we hold the mutex.
         let w = unsafe { &*w };
-        self.remove(w);
+        // SAFETY: `w` is alive and linked into this queue.
+        unsafe { self.remove(w) };
         // SAFETY: under the mutex; the owner reads these only after seeing `DONE`.
-        let notify = unsafe {
-            *w.outcome.get() = outcome;
-            std::mem::replace(&mut *w.notify.get(), Notify::None)
-        };
+        w.outcome.with_mut(|o| unsafe { *o = outcome });
+        // SAFETY: as above.
+        let notify = w
+            .notify
+            .with_mut(|n| unsafe { std::mem::replace(&mut *n, Notify::None) });
         // Last access to the node: the owner may free it as soon as it sees this.
         w.state.store(DONE, Ordering::Release);
         notify

@@ -9,21 +9,46 @@
 //!
 //! * [`Handle`]s (one per `Bulkhead` clone) are counted in `handles`, off the hot line.
 //! * When the last handle goes, it sets the `DETACHED` bit of the state word with a
-//!   `fetch_or`; if the word it replaced held no slot, it frees the state.
-//! * An admission returns its slot with a `fetch_sub`; if the word it replaced had `DETACHED`
-//!   set and exactly its own slot, it frees the state.
+//!   `fetch_or`; if the word it replaced held no slot, the owners are all gone.
+//! * An admission returns its slot with a CAS of the word (a CAS, so that the word it replaces
+//!   can say whether waiters are queued); if that word had `DETACHED` set and exactly its own
+//!   slot, the owners are all gone. With classes the class words and `alive` decide the same
+//!   thing (`crate::classed`, "Lifetime").
 //!
 //! Both decisions read the same word, whose modifications are totally ordered, so exactly one
-//! thread frees, and only after every other owner is done: the handle count can never climb
-//! back from zero (a handle is only cloned from a live handle), and an admission touches the
-//! shared state only before its slot-returning `fetch_sub` (statistics are written first).
+//! thread sees the last owner leave, and only after every other owner is done: the handle
+//! count can never climb back from zero (a handle is only cloned from a live handle), and an
+//! admission touches the shared state only before its slot-returning CAS (statistics are
+//! written first), unless it holds a slow-path guard (below).
+//!
+//! # Slow paths
+//!
+//! A slow path can give its slot away *before* it is done with the state: a hand-off grants
+//! its slot to the head waiter (or returns it to the word) and still has to unlock the queue's
+//! mutex, which lives in the state; the granted waiter may meanwhile drop the last handle and
+//! its admission. So the block is not freed by the owners' decision directly. A lifetime count
+//! `refs` holds **one joint reference for all the owners** the words count, plus one per
+//! counted [`SlowPathRef`]:
+//!
+//! * the thread that sees the last owner leave drops the joint reference;
+//! * a slow path that may give its ownership away takes a counted `SlowPathRef` first, while
+//!   it is still an owner (`refs ≥ 1` then), and drops it after its last touch;
+//! * whoever takes `refs` to zero frees the block.
+//!
+//! The queue's lock is reachable only through a `SlowPathRef`, and the lock guard borrows it,
+//! so the unlock cannot be written after the reference is given back. The fast paths never
+//! touch `refs`: the no-class release pays one more `fetch_sub` only when it frees the state.
 //!
 //! # Memory ordering
 //!
-//! Every decrement (`handles.fetch_sub`, the slot-returning `fetch_sub`, the `DETACHED`
-//! `fetch_or`) is `AcqRel`. RMWs on one atomic extend each other's release sequences, so the
-//! freeing RMW synchronises with every earlier owner's last write: all uses of the state
-//! happen-before the free.
+//! Every decrement (`handles.fetch_sub`, the slot-returning CAS, the `DETACHED` `fetch_or`,
+//! the `refs.fetch_sub`s) is `AcqRel`. RMWs on one atomic extend each other's release
+//! sequences, so the thread that sees the last owner leave synchronises with every earlier
+//! owner's last write, and the thread that frees synchronises with every earlier `refs`
+//! decrement: all uses of the state happen-before the free.
+//!
+//! Under `cfg(loom)` each block also has a liveness cell (`crate::sync::lifetime`) that every
+//! touch reads and the free writes, so the loom models fail on any use after free.
 
 use crate::limits::{LimitsSnapshot, Ring};
 use crate::state::{Word, DETACHED, ONE_SLOT};
@@ -44,16 +69,26 @@ pub(crate) struct Shared {
     pub(crate) word: CachePadded<AtomicU64>,
     /// Live `Bulkhead` handles (not admissions).
     handles: CachePadded<AtomicUsize>,
+    /// Lifetime references (module docs, "Slow paths"): one held jointly by every owner the
+    /// words count (handles, slots, class slots, pending returns), plus one per counted
+    /// [`SlowPathRef`]. The block is freed when this reaches zero. Cold: the fast paths never
+    /// touch it.
+    refs: AtomicUsize,
     pub(crate) ring: Ring,
     pub(crate) counters: Stripes<Counters>,
     pub(crate) reconfig: Mutex<Canonical>,
     /// The wait queue (`crate::queue`); touched only on the slow path.
-    pub(crate) queue: Mutex<crate::queue::Queue>,
+    queue: Mutex<crate::queue::Queue>,
+    /// A mirror of the queue's length, written only under the queue mutex (at every unlock,
+    /// and by an enqueuer *before* its queueing CAS), read without it: while `WAITERS` is up
+    /// only for drainers, it lets a decider admit and a release return its slot without the
+    /// mutex (`crate::waiting`, "Drain").
+    pub(crate) queued: AtomicUsize,
     pub(crate) has_budget: bool,
     /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
     pub(crate) id_prefix: u128,
-    /// One word per admission class, `[class in flight:15][class tokens:48]` (see
-    /// [`crate::state`]); empty without classes.
+    /// One word per admission class (layout in `crate::classed`: queue flag, detached, class
+    /// tag, pending returns, class in flight, class tokens); empty without classes.
     pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
     /// Class names, in construction order.
     pub(crate) class_names: Box<[String]>,
@@ -83,10 +118,35 @@ const _: () = {
 /// # Safety
 /// `ptr` came from `Handle::new` and the caller is the unique thread that observed the last
 /// owner leave (see the module docs); nothing can reach the state afterwards.
+#[track_caller]
 unsafe fn free(ptr: NonNull<Shared>) {
+    crate::sync::lifetime::freed(ptr.as_ptr().cast());
+    #[cfg(all(feature = "testing", not(loom)))]
+    crate::sync::hooks::count_live_state(-1);
     // SAFETY: allocated by `Box::new` in `Handle::new`, leaked exactly once, and by the
     // caller's contract freed exactly once, after every other use.
     drop(unsafe { Box::from_raw(ptr.as_ptr()) });
+}
+
+/// The owners the words count are all gone (the caller's own atomic step showed it): drops
+/// their joint lifetime reference, and frees the state unless a slow path still holds it.
+///
+/// # Safety
+/// The caller is the unique thread that observed the last owner leave (module docs), and does
+/// not touch the state afterwards (except through a [`SlowPathRef`] it holds).
+#[cold]
+#[inline(never)]
+#[track_caller]
+unsafe fn owners_gone(ptr: NonNull<Shared>) {
+    // SAFETY: the joint reference is still counted, so the state is alive for this access.
+    let refs = unsafe { &ptr.as_ref().refs };
+    crate::sync::lifetime::touch(ptr.as_ptr().cast());
+    if refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // SAFETY: that was the last lifetime reference: every owner and every slow path is
+        // done (each gave its reference back with a release RMW on `refs`, which this
+        // acquire RMW synchronises with).
+        unsafe { free(ptr) }
+    }
 }
 
 /// Waiting settings fixed at construction.
@@ -129,10 +189,12 @@ impl Handle {
         let shared = Shared {
             word: CachePadded::new(AtomicU64::new(first_word)),
             handles: CachePadded::new(AtomicUsize::new(1)),
+            refs: AtomicUsize::new(1),
             ring,
             counters: Stripes::new(),
             reconfig: Mutex::new(canonical),
             queue: Mutex::new(crate::queue::Queue::default()),
+            queued: AtomicUsize::new(0),
             has_budget,
             id_prefix: crate::id::prefix(),
             class_words,
@@ -146,7 +208,20 @@ impl Handle {
         };
         // Before the state is published: every thread that reaches it sees the barrier mode.
         crate::grace::init();
-        Handle(NonNull::from(Box::leak(Box::new(shared))))
+        let ptr = NonNull::from(Box::leak(Box::new(shared)));
+        crate::sync::lifetime::born(ptr.as_ptr().cast());
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::sync::hooks::count_live_state(1);
+        Handle(ptr)
+    }
+
+    /// A slow-path guard borrowed from this handle (no count: the handle outlives it).
+    pub(crate) fn slow_path(&self) -> SlowPathRef<'_> {
+        SlowPathRef {
+            ptr: self.0,
+            counted: false,
+            _owner: std::marker::PhantomData,
+        }
     }
 
     /// An uncounted pointer for an admission that has just taken a slot.
@@ -159,7 +234,9 @@ impl std::ops::Deref for Handle {
     type Target = Shared;
 
     #[inline]
+    #[track_caller]
     fn deref(&self) -> &Shared {
+        crate::sync::lifetime::touch(self.0.as_ptr().cast());
         // SAFETY: a live handle keeps `handles ≥ 1`, so the state is not detached and cannot
         // have been freed (module docs).
         unsafe { self.0.as_ref() }
@@ -187,17 +264,18 @@ impl Drop for Handle {
         if self.classed {
             if crate::classed::detach(self) {
                 // SAFETY: the last handle is gone and every class word was empty (or emptied
-                // and counted down) with no pending return; we are the unique freer
-                // (`crate::classed`, "Lifetime").
-                unsafe { free(self.0) }
+                // and counted down) with no pending return; we are the unique thread that saw
+                // it (`crate::classed`, "Lifetime").
+                unsafe { owners_gone(self.0) }
             }
             return;
         }
         let prev = Word(self.word.fetch_or(DETACHED, Ordering::AcqRel));
         if prev.slots() == 0 {
             // SAFETY: the last handle is gone and no admission holds a slot; any admission
-            // that comes later would need a handle. We are the unique freer (module docs).
-            unsafe { free(self.0) }
+            // that comes later would need a handle. We are the unique thread that saw it
+            // (module docs).
+            unsafe { owners_gone(self.0) }
         }
     }
 }
@@ -217,7 +295,9 @@ impl SlotRef {
     /// Callers hold the slot this `SlotRef` was made for (it is returned only by
     /// [`SlotRef::return_slot`], which consumes it).
     #[inline]
+    #[track_caller]
     pub(crate) fn get(&self) -> &Shared {
+        crate::sync::lifetime::touch(self.0.as_ptr().cast());
         // SAFETY: the owner's slot is counted in the state word, so the state cannot be freed
         // (module docs); `return_slot` consumes `self`, so no use follows the return.
         unsafe { self.0.as_ref() }
@@ -248,8 +328,17 @@ impl SlotRef {
     #[cold]
     #[inline(never)]
     pub(crate) unsafe fn free_last(self) {
-        // SAFETY: the caller's contract is `free`'s.
-        unsafe { free(self.0) }
+        // SAFETY: the caller's contract is `owners_gone`'s.
+        unsafe { owners_gone(self.0) }
+    }
+
+    /// Turns this admission's pointer into a counted [`SlowPathRef`], taken while the slot is
+    /// still held: the state then stays alive until the guard is dropped, even if the slow
+    /// path gives the slot away (to a waiter, or back to the word) on its way.
+    #[cold]
+    pub(crate) fn into_slow_path(self) -> SlowPathRef<'static> {
+        // SAFETY: the slot this `SlotRef` stands for is still held, so we are an owner.
+        unsafe { SlowPathRef::counted(self.get()) }
     }
 
     /// The handle that a successful [`SlotRef::try_pin`] counted for this admission and that
@@ -261,21 +350,23 @@ impl SlotRef {
         Handle(self.0)
     }
 
-    /// Returns the slot and `tokens` held tokens in one `fetch_sub`, and frees the state if
-    /// this was the last owner. Nothing may touch the state after this.
-    /// Returns a class slot of class `k` and `tokens` held tokens (class mode), and frees the
-    /// state if this was the last owner. Nothing may touch the state after this.
+    /// Returns a class slot of class `k` and `tokens` held tokens (class mode); if this was the
+    /// last owner, drops the owners' lifetime reference (which frees the state unless a slow
+    /// path still holds it). Nothing may touch the state after this.
     #[inline(always)]
     pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
         if crate::classed::release(self.get(), k, tokens) && crate::classed::count_down(self.get())
         {
             // SAFETY: this release emptied a detached class word, and `alive` reached zero:
             // every other class word is empty and the last handle is gone. We are the unique
-            // freer (`crate::classed`, "Lifetime").
-            unsafe { free(self.0) }
+            // thread that saw it (`crate::classed`, "Lifetime").
+            unsafe { owners_gone(self.0) }
         }
     }
 
+    /// Returns the slot and `tokens` held tokens (no classes) with one CAS, or hands the slot
+    /// to the queue while waiters are queued; if this was the last owner, drops the owners'
+    /// lifetime reference. Nothing may touch the state after this.
     #[inline(always)]
     pub(crate) fn return_slot(self, tokens: u64) {
         // A CAS, not a `fetch_sub`: while waiters are queued the slot must not go back to the
@@ -316,6 +407,12 @@ impl SlotRef {
         let mut prev = Word(word.load(Ordering::Relaxed));
         loop {
             if prev.waiters() {
+                // Read while the slot is still ours. Nobody queued: the flag is up for
+                // drainers only, and the slot goes back to the word without the mutex
+                // (`crate::waiting::release_while_draining`).
+                if self.get().queued.load(Ordering::SeqCst) == 0 {
+                    return crate::waiting::release_while_draining(self.into_slow_path(), tokens);
+                }
                 return crate::waiting::hand_off(self, tokens);
             }
             match word.compare_exchange_weak(
@@ -334,5 +431,151 @@ impl SlotRef {
             // freer (module docs).
             unsafe { self.free_last() }
         }
+    }
+}
+
+impl Shared {
+    /// Locks the wait queue. Private: the slow paths lock it through a [`SlowPathRef`], whose
+    /// borrow then outlives the unlock.
+    fn lock_queue(&self) -> QueueGuard<'_> {
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::sync::hooks::count_queue_lock();
+        // Every decision made under the queue lock (a hand-off's grant, a pump, an enqueue's
+        // proof that no slot is free) reads the limits tag and commits on it: the lock guard is
+        // also a grace-period operation (`crate::grace`), entered before the first read.
+        let op = crate::grace::op();
+        QueueGuard {
+            q: crate::sync::lock(&self.queue),
+            shared: self,
+            _op: op,
+        }
+    }
+
+    /// Waiters ever queued (for statistics).
+    pub(crate) fn queued_total(&self) -> u64 {
+        self.lock_queue().queued_total
+    }
+}
+
+/// The one way a slow path reaches the shared state: a guard that keeps it alive until the
+/// guard is dropped, so a path that gives its slot away midway (a hand-off, a class release's
+/// pump) can still unlock the queue and finish (module docs, "Slow paths").
+///
+/// * From a handle ([`Handle::slow_path`]): a borrow, with no count; the borrow checker keeps
+///   the handle alive for the guard's lifetime.
+/// * From an admission ([`SlotRef::into_slow_path`]) or from any other owner
+///   ([`SlowPathRef::counted`]): a counted reference in `refs`, taken while the caller is
+///   still an owner and returned at drop, which frees the state if it was the last.
+///
+/// The queue lock is reachable only through [`SlowPathRef::lock_queue`], whose guard borrows
+/// the `SlowPathRef`: the unlock cannot be written after the reference is given back.
+pub(crate) struct SlowPathRef<'a> {
+    ptr: NonNull<Shared>,
+    counted: bool,
+    _owner: std::marker::PhantomData<&'a Shared>,
+}
+
+impl SlowPathRef<'_> {
+    /// A counted guard.
+    ///
+    /// # Safety
+    /// The caller is an owner of `shared` (it holds a handle, a slot, a class slot or a
+    /// pending-return mark) at the time of the call.
+    #[cold]
+    pub(crate) unsafe fn counted(shared: &Shared) -> SlowPathRef<'static> {
+        // Relaxed, as `Arc::clone`: the caller's ownership keeps `refs ≥ 1`.
+        shared.refs.fetch_add(1, Ordering::Relaxed);
+        SlowPathRef {
+            ptr: NonNull::from(shared),
+            counted: true,
+            _owner: std::marker::PhantomData,
+        }
+    }
+
+    /// Locks the wait queue; the guard borrows `self`, so it unlocks before `self` can go.
+    pub(crate) fn lock_queue(&self) -> QueueGuard<'_> {
+        self.get().lock_queue()
+    }
+
+    /// The shared state.
+    #[inline]
+    #[track_caller]
+    pub(crate) fn get(&self) -> &Shared {
+        crate::sync::lifetime::touch(self.ptr.as_ptr().cast());
+        // SAFETY: a counted guard holds a lifetime reference; an uncounted one borrows a live
+        // handle (`'a`). Either keeps the block allocated.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The caller's own atomic step, made through this guard, showed that the last owner the
+    /// words count is gone (it returned the last slot of a detached state): drops the owners'
+    /// joint reference. This guard's own reference keeps the state alive until it is dropped,
+    /// which then frees it.
+    ///
+    /// # Safety
+    /// As [`owners_gone`]: the caller is the unique thread that observed the last owner leave.
+    pub(crate) unsafe fn owners_gone(&self) {
+        debug_assert!(self.counted, "only a counted guard outlives the last owner");
+        let prev = self.get().refs.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(prev >= 2, "the guard's own reference is still counted");
+    }
+}
+
+impl std::ops::Deref for SlowPathRef<'_> {
+    type Target = Shared;
+
+    #[inline]
+    #[track_caller]
+    fn deref(&self) -> &Shared {
+        self.get()
+    }
+}
+
+impl Drop for SlowPathRef<'_> {
+    fn drop(&mut self) {
+        if self.counted && self.get().refs.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: the last lifetime reference: every owner (their joint reference is
+            // gone) and every other slow path is done; the acquire RMW synchronises with all
+            // of their releases of `refs`.
+            unsafe { free(self.ptr) }
+        }
+    }
+}
+
+// SAFETY: a `SlowPathRef` is a pointer to a `Shared` (`Send + Sync`) kept alive by a counted
+// reference or a borrowed handle; moving or sharing it only moves or shares access to a
+// `Sync` value, and the count is atomic.
+unsafe impl Send for SlowPathRef<'_> {}
+// SAFETY: `&SlowPathRef` only gives `&Shared`, and `Shared: Sync`.
+unsafe impl Sync for SlowPathRef<'_> {}
+
+/// The locked wait queue of one shared state.
+pub(crate) struct QueueGuard<'a> {
+    q: crate::sync::MutexGuard<'a, crate::queue::Queue>,
+    shared: &'a Shared,
+    /// Left after the unlock (fields drop in order): no tag this holder read can come back
+    /// while it holds the lock. Process-wide, so leaving it touches no shared state.
+    _op: crate::grace::Op<'static>,
+}
+
+impl std::ops::Deref for QueueGuard<'_> {
+    type Target = crate::queue::Queue;
+    fn deref(&self) -> &crate::queue::Queue {
+        &self.q
+    }
+}
+
+impl std::ops::DerefMut for QueueGuard<'_> {
+    fn deref_mut(&mut self) -> &mut crate::queue::Queue {
+        &mut self.q
+    }
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        // The unlock that follows writes the mutex inside the state.
+        crate::sync::lifetime::touch((self.shared as *const Shared).cast());
+        // Still under the mutex: the mirror is exact at every unlock.
+        self.shared.queued.store(self.q.len(), Ordering::SeqCst);
     }
 }

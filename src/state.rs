@@ -19,44 +19,66 @@
 //!   names its slot. Installing a snapshot bumps the tag with a CAS, so any decision that read
 //!   the word before the install fails its CAS afterwards (CONTRACT.md §6, last sentence).
 //! * **detached**: set once the last `Bulkhead` handle is gone; the admission that returns the
-//!   last slot then frees the shared state (see `src/shared.rs`: a held slot is what keeps
-//!   an admission's view of the bulkhead alive, so admissions need no reference count).
-//! * **waiters**: set while the wait queue is non-empty (used by the waiting layer). While it is
-//!   set the fast path admits nobody: newcomers go to the slow path and cannot barge.
+//!   last slot then ends the owners' joint lifetime reference (see `src/shared.rs`: a held slot
+//!   is what keeps an admission's view of the bulkhead alive, so admissions need no reference
+//!   count).
+//! * **waiters**: set while the wait queue is non-empty or a drainer waits (see
+//!   `crate::waiting`). While waiters are queued the fast path admits nobody (newcomers cannot
+//!   barge) and a release hands its slot to the queue; while only drainers wait, a decider and
+//!   a release consult the queue-length mirror instead of the queue's mutex.
 //! * **closed**: set once by `close()`, never cleared.
 //!
-//! Every writer preserves the flag bits: admissions and tag bumps are CASes that copy them,
-//! releases are `fetch_sub`s of field amounts that can never borrow across a field boundary
-//! (a release subtracts exactly what its admission added, and what it added is still there).
+//! Every writer preserves the flag bits: admissions, releases and tag bumps are CASes that copy
+//! them; a usage report that shrinks a hold is a `fetch_sub` of a token amount that cannot
+//! borrow across a field boundary (it subtracts what its admission still holds).
 //!
 //! # One decision, operation by operation
 //!
+//! Written from the code as it stands. "Lock-free" means some thread always completes an
+//! operation in a bounded number of its own steps; "blocking" means the operation may wait
+//! for a lock held by another thread.
+//!
 //! | operation | progress | why |
 //! |---|---|---|
-//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned, after a short bounded exponential backoff (`crossbeam_utils::Backoff::spin`, at most 64 spin hints) that keeps contending threads from colliding on every attempt. It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). |
-//! | refusal | lock-free | the refusal re-reads the word after reading the limits; if the tag moved, the limits may be torn and the decision is retried, so every refusal is explained by one real state. |
-//! | `release`, `drop(Admission)` | wait-free | one `fetch_sub` of the slot and the hold, which also decides whether this was the last owner of the shared state. |
-//! | `report_usage` shrinking a hold | wait-free | one `fetch_sub`. |
+//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned, after a short bounded exponential backoff (`crossbeam_utils::Backoff::spin`, at most 64 spin hints). It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). With `WAITERS` up and a slot free (the flag is up for drainers only) it reads the queue-length mirror and admits with a CAS: still no lock (`crate::waiting::admit_if_nobody_waits`). |
+//! | refusal | lock-free | the refusal re-reads the word after reading the limits; if the tag moved, the limits may be torn and the decision is retried, so every refusal is explained by one real state. Its `pending` detail is the queue-length mirror (a load). |
+//! | `release`, `drop(Admission)` | lock-free; blocking while waiters are queued | one CAS of the word returning the slot and the hold (a CAS, not a `fetch_sub`, because the word it replaces says whether waiters are queued), retried only when another thread changed the word. While waiters are queued the release takes the queue mutex and hands its slot to the head waiter (`crate::waiting::hand_off`). While only drainers wait it returns its slot with the CAS and locks only if a waiter queued meanwhile or it left the bulkhead idle (to wake the drainers). The release that frees the shared state does one more `fetch_sub`, on the lifetime count. |
+//! | `report_usage` shrinking a hold | wait-free | one `fetch_sub` (no classes); with classes, a class-word CAS loop and one `fetch_sub`, and a visit to the queue (blocking) while the queue is flagged. |
 //! | `report_usage` growing a hold | lock-free | a CAS loop whose only check is that `T` stays within the field. |
-//! | `try_acquire` with classes | lock-free | a CAS on the class word, a collect of the class words when borrowing, a CAS on this word; a failed step is undone with one `fetch_sub` and retried only when another thread changed a word or the limits. |
-//! | `release` with classes | lock-free | within the class's floors: a CAS on the class word (retried only when another thread changed it), then one `fetch_sub`; otherwise a pin CAS on the handle count, two `fetch_sub`s and the unpin. |
-//! | `abandon_borrowed_concurrency` | lock-free | a CAS loop on the handle count (the pin), then two `fetch_sub`s. |
-//! | `close` | wait-free | one `fetch_or`. |
-//! | `stats`, `limits` | blocking, briefly | both copy the canonical snapshot under the reconfiguration lock (held only by `apply_limits`, for microseconds); `stats` then reads the word and every thread's counters without locking. Neither is on a decision path. |
-//! | `apply_limits` | blocking among reconfigurers only | serialised by a mutex; never blocks a decider. It writes a fresh ring slot, then bumps the tag with a CAS loop (lock-free against deciders). |
+//! | `try_acquire` with classes | lock-free | a CAS on the class word, a collect of the class words when borrowing, a CAS on the shared word; a failed step is undone with one CAS on the class word and one `fetch_sub`, and retried only when another thread changed a word or the limits. |
+//! | `release` with classes | lock-free; blocking while the queue is flagged | inside the class's floors: one CAS on the class word (retried only when another thread changed it). Otherwise the CAS also marks a pending return, then one `fetch_sub` of the shared word and one `fetch_sub` clearing the mark (`crate::classed`, "Lifetime"). While waiters are queued or drainers wait (`C_QUEUE` on the class word, or `WAITERS` on the shared word) the release visits the queue under its mutex before clearing the mark. |
+//! | `abandon_borrowed_concurrency` | lock-free; blocking while the queue is flagged | a CAS loop on the handle count (the pin), then the class decrease (a class-word CAS and one `fetch_sub`), which visits the queue while it is flagged. |
+//! | `close` | blocking, briefly | one `fetch_or`, then the queue mutex: every waiter is answered with `shutdown`, woken outside the lock in batches of 32. |
+//! | `stats`, `limits` | blocking, briefly | both copy the canonical snapshot under the reconfiguration lock (held only by `apply_limits`, for microseconds); `stats` also reads `queued_total` under the queue mutex, then reads the word and every thread's counters without locking. Neither is on a decision path. |
+//! | `apply_limits` | blocking among reconfigurers only | serialised by a mutex; never blocks a decider. It writes a fresh ring slot, then bumps the tag with a CAS loop (lock-free against deciders); with waiters queued it then pumps under the queue mutex. |
+//! | `acquire_blocking`, `acquire`, `drain_blocking`, `drain` | blocking | by design: the queue mutex on entry and exit, and the wait itself. |
+//! | slow paths' lifetime | wait-free | a slow path that may give its slot away first counts a `SlowPathRef` (`src/shared.rs`; one `fetch_add`) and drops it after its last touch (one `fetch_sub`). The fast paths never touch the count. |
+//!
+//! **A thread's first decision.** Statistics live in per-thread entries
+//! (`crate::sync::Stripes`, over the `thread_local` crate). A thread's first use of a given
+//! bulkhead allocates its entry (a heap allocation and a lock-free insertion), and a thread's
+//! first use of *any* bulkhead also registers the thread with the `thread_local` crate, which
+//! takes that crate's global thread-id lock once. So the first decision a thread ever makes
+//! may block briefly on a process-wide lock; every later decision on that thread is as the
+//! table says.
 //!
 //! # Memory ordering
 //!
 //! * A successful admission CAS is `AcqRel`: acquire pairs with the release of the previous
-//!   `release`/`fetch_sub` (work done under an admission happens-before work done under the
-//!   admission that reuses its capacity, as with a semaphore), and with the tag bump of
-//!   `apply_limits`, so the ring slot named by the tag is visible.
+//!   release's CAS (or a hand-off's CAS, which passes a slot on in place: work done under an
+//!   admission happens-before work done under the admission that reuses its capacity, as with a
+//!   semaphore), and with the tag bump of `apply_limits`, so the ring slot named by the tag is
+//!   visible.
 //! * Ring slot fields are written with `Relaxed` stores after a `Release` fence and read with
 //!   `Acquire` loads. A reader that sees a value written for a later install therefore also sees
 //!   that install's earlier tag bump, and its CAS (or the re-read of a refusal) fails. See
 //!   [`crate::limits`].
-//! * `close` is a `fetch_or` with `AcqRel`; a decision that loaded the word before it fails its
+//! * `close` is a `fetch_or` with `SeqCst`; a decision that loaded the word before it fails its
 //!   CAS afterwards.
+//! * The queue-length mirror and the drain-time release are a store→load pattern across two
+//!   atomics (an enqueuer stores the mirror, then CASes the word; a release CASes the word, then
+//!   loads the mirror): all four are `SeqCst`, and the loom build adds a `SeqCst` fence
+//!   (`crate::sync::loom_sc_fence`).
 //!
 //! # ABA on the tag: excluded by a grace period
 //!
@@ -79,18 +101,12 @@
 //! The choice is made at construction; the no-class fast path tests one flag and never pays for
 //! classes.
 //!
-//! # Plan for waiting (the waiting issue builds this; nothing here changes)
 //!
-//! The waiters bit is set by an enqueuer, under the queue mutex, with the same CAS that proves
-//! there is no free slot (if a slot is free the enqueuer takes it instead). A release then
-//! becomes a CAS that refuses to return its slot while the bit is set: a releaser that sees the
-//! bit takes the queue mutex *while still holding its slot* (which keeps the shared state alive,
-//! see `src/shared.rs`) and hands capacity to the head waiter by performing that waiter's
-//! whole decision (checks 1–5 against the limits then current) on this word. Either the
-//! release's CAS comes first in the word's modification order (then the enqueuer's CAS sees the
-//! free slot) or the enqueuer's CAS comes first (then the releaser's CAS fails and it sees the
-//! bit): no lost wake-up. The bit is cleared by whoever empties the queue, under the mutex.
-//! Without waiters the CAS succeeds first time, so the uncontended cost is unchanged.
+//! # Waiting
+//!
+//! The wait queue, the hand-off and the `WAITERS` flag's protocol (no lost wake-up, no
+//! barging) are written down in `crate::waiting`; the lifetime of the shared state on those
+//! slow paths in `crate::shared`, "Slow paths".
 
 /// Bits of the token field.
 pub(crate) const TOKEN_BITS: u32 = 32;

@@ -1,37 +1,147 @@
-//! The crate-private synchronisation facade.
+//! The crate-private synchronisation facade: **the only way in** to atomics, fences, locks,
+//! condition variables, reference-counted sharing of synchronisation state, interior
+//! mutability shared across threads, thread parking and thread-locals.
 //!
-//! Every atomic, fence and lock the crate uses comes from here, so that building with
-//! `RUSTFLAGS="--cfg loom"` swaps them for [loom]'s model-checked versions and the loom suite in
-//! `loom-tests/` explores every interleaving of the real protocols, not of a copy.
+//! Building with `RUSTFLAGS="--cfg loom"` swaps every item here for [loom]'s model-checked
+//! version, so the loom suite in `loom-tests/` explores every interleaving of the real
+//! protocols (the wait queue's node cells, `CancelToken`'s lists and the timer's lock
+//! included), not of a copy. `clippy.toml` forbids the `std` originals everywhere else in the
+//! library (`clippy::disallowed_types` and `disallowed_methods`, enabled in `lib.rs`), so CI
+//! keeps it that way; this module, which must name them, is exempt (`lib.rs`). Re-exports are
+//! flagged like direct uses, hence the aliases and wrapper functions below.
 //!
-//! Two things differ under loom, both for reasons of the checker rather than of the protocol:
+//! Differences under loom, all for reasons of the checker rather than of the protocol:
 //!
 //! * [`Stripe`] counters are updated with a read-modify-write instead of the single-writer
 //!   `load` + `store` used in normal builds, because loom has no per-thread storage that is
 //!   also iterable from another thread. Statistics are bookkeeping only; no admission decision
 //!   reads them.
 //! * [`Stripes`] is a single shared cell under loom instead of one cell per thread.
+//! * The shared state's deallocation is made visible ([`lifetime`]).
+//! * [`next_serial`] is a `std` atomic in every build: loom atomics cannot be `static`s, and
+//!   a process-wide serial is no protocol.
+//! * Timed parks are yields ([`thread::park_timeout`]); models use zero deadlines.
 //!
 //! [loom]: https://docs.rs/loom
 
+// Type aliases and wrapper functions rather than re-exports: `clippy::disallowed_types`
+// resolves a re-export to the `std` item it names (and would flag every use), but not an
+// alias, so the rule forbids exactly the direct uses outside this module.
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
-#[cfg(loom)]
-pub(crate) use loom::sync::Mutex;
+mod imp {
+    pub(crate) type AtomicBool = loom::sync::atomic::AtomicBool;
+    pub(crate) type AtomicU32 = loom::sync::atomic::AtomicU32;
+    pub(crate) type AtomicU64 = loom::sync::atomic::AtomicU64;
+    pub(crate) type AtomicUsize = loom::sync::atomic::AtomicUsize;
+    pub(crate) type Mutex<T> = loom::sync::Mutex<T>;
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+    pub(crate) type Condvar = loom::sync::Condvar;
+    pub(crate) use loom::sync::atomic::fence as raw_fence;
+    pub(crate) use loom::sync::Arc;
+}
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
-#[cfg(not(loom))]
-pub(crate) use std::sync::Mutex;
+mod imp {
+    pub(crate) type AtomicBool = std::sync::atomic::AtomicBool;
+    pub(crate) type AtomicU32 = std::sync::atomic::AtomicU32;
+    pub(crate) type AtomicU64 = std::sync::atomic::AtomicU64;
+    pub(crate) type AtomicUsize = std::sync::atomic::AtomicUsize;
+    pub(crate) type Mutex<T> = std::sync::Mutex<T>;
+    pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+    pub(crate) type Condvar = std::sync::Condvar;
+    pub(crate) use std::sync::atomic::fence as raw_fence;
+    pub(crate) use std::sync::Arc;
+}
+
+pub(crate) use imp::{
+    Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard,
+};
+
+/// A memory fence (loom's under loom).
+#[inline(always)]
+pub(crate) fn fence(order: Ordering) {
+    imp::raw_fence(order)
+}
 
 pub(crate) use std::sync::atomic::Ordering;
 
-/// Thread parking for blocked waiters (loom's model-checked version under loom).
+/// A process-wide serial (never reused): numbers `Stripes` and admission-id prefixes.
+pub(crate) fn next_serial() -> u64 {
+    static SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SERIALS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Interior mutability shared between threads, with loom's closure API in every build (as
+/// tokio's `loom::cell`): [`with`](cell::UnsafeCell::with) for reads and
+/// [`with_mut`](cell::UnsafeCell::with_mut) for writes, so that under loom every access is
+/// checked against every other for a data race.
+pub(crate) mod cell {
+    #[cfg(loom)]
+    pub(crate) use loom::cell::UnsafeCell;
+
+    /// `std::cell::UnsafeCell` with loom's access API.
+    #[cfg(not(loom))]
+    #[derive(Debug)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    #[cfg(not(loom))]
+    impl<T> UnsafeCell<T> {
+        /// A cell holding `value`.
+        #[inline(always)]
+        pub(crate) const fn new(value: T) -> UnsafeCell<T> {
+            UnsafeCell(std::cell::UnsafeCell::new(value))
+        }
+
+        /// Runs `f` with a pointer for reading; the caller's protocol excludes a concurrent
+        /// write for as long as `f` runs.
+        #[inline(always)]
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        /// Runs `f` with a pointer for writing; the caller's protocol excludes any concurrent
+        /// access for as long as `f` runs.
+        #[inline(always)]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+}
+
+/// Thread parking for blocked waiters, and the timer's thread (loom's model-checked
+/// versions under loom).
 pub(crate) mod thread {
     #[cfg(loom)]
-    pub(crate) use loom::thread::{current, park, yield_now, Thread};
+    pub(crate) use loom::thread::Thread;
     #[cfg(not(loom))]
-    pub(crate) use std::thread::{current, park, yield_now, Thread};
+    pub(crate) use std::thread::{Builder, Thread};
+
+    /// The calling thread's handle.
+    #[inline]
+    pub(crate) fn current() -> Thread {
+        #[cfg(loom)]
+        return loom::thread::current();
+        #[cfg(not(loom))]
+        return std::thread::current();
+    }
+
+    /// Blocks until unparked (or spuriously).
+    #[inline]
+    pub(crate) fn park() {
+        #[cfg(loom)]
+        loom::thread::park();
+        #[cfg(not(loom))]
+        std::thread::park();
+    }
+
+    /// Yields the processor (to loom's scheduler under loom).
+    #[inline]
+    pub(crate) fn yield_now() {
+        #[cfg(loom)]
+        loom::thread::yield_now();
+        #[cfg(not(loom))]
+        std::thread::yield_now();
+    }
 
     /// Parks for at most `d` (under loom, a yield: models use zero deadlines).
     pub(crate) fn park_timeout(d: std::time::Duration) {
@@ -71,6 +181,84 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(loom)]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> loom::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Deallocation, as loom sees it.
+///
+/// loom does not model frees: its atomics and locks keep their state outside the allocation,
+/// so a touch of a freed block looks like any other access. Under `cfg(loom)` each shared
+/// state therefore gets a **liveness cell** (a loom `UnsafeCell<bool>` in a side allocation,
+/// found by the state's address, so that reading it is never itself a use after free):
+/// [`born`](lifetime::born) makes it, every touch of the state ([`touch`](lifetime::touch): the
+/// derefs of its owning pointers and the unlock of its queue) *reads* it, and the free
+/// ([`freed`](lifetime::freed)) *writes* it. loom's causality checker then fails the model
+/// whenever a touch is not ordered before the free by happens-before (a use after free that
+/// some schedule reaches), and a touch that comes after the free finds the cell set. Normal
+/// builds compile all of this to nothing.
+pub(crate) mod lifetime {
+    #[cfg(loom)]
+    use std::cell::RefCell;
+
+    #[cfg(loom)]
+    type Cell = &'static loom::cell::UnsafeCell<bool>;
+
+    #[cfg(loom)]
+    std::thread_local! {
+        /// `(address, liveness cell)` of every state made on this OS thread (loom runs all of
+        /// a model's threads on one). A new state at a reused address replaces the entry.
+        static BLOCKS: RefCell<Vec<(usize, Cell)>> = const { RefCell::new(Vec::new()) };
+    }
+
+    #[cfg(loom)]
+    fn cell(addr: usize) -> Option<Cell> {
+        BLOCKS.with(|b| b.borrow().iter().find(|e| e.0 == addr).map(|e| e.1))
+    }
+
+    /// A state was allocated at `addr`.
+    #[inline(always)]
+    pub(crate) fn born(addr: *const ()) {
+        #[cfg(loom)]
+        {
+            // Leaked on purpose: the cell must outlive the block it watches.
+            let c: Cell = Box::leak(Box::new(loom::cell::UnsafeCell::new(false)));
+            BLOCKS.with(|b| {
+                let mut b = b.borrow_mut();
+                b.retain(|e| e.0 != addr as usize);
+                b.push((addr as usize, c));
+            });
+        }
+        #[cfg(not(loom))]
+        let _ = addr;
+    }
+
+    /// The state at `addr` is about to be used: it must not have been freed, and (checked by
+    /// loom) this use must happen-before its free.
+    #[inline(always)]
+    #[track_caller]
+    pub(crate) fn touch(addr: *const ()) {
+        #[cfg(loom)]
+        if let Some(c) = cell(addr as usize) {
+            // SAFETY: a plain read of the leaked cell's flag; loom checks the access.
+            let dead = c.with(|p| unsafe { *p });
+            assert!(!dead, "use after free of the shared state at {addr:p}");
+        }
+        #[cfg(not(loom))]
+        let _ = addr;
+    }
+
+    /// The state at `addr` is being freed.
+    #[inline(always)]
+    #[track_caller]
+    pub(crate) fn freed(addr: *const ()) {
+        #[cfg(loom)]
+        if let Some(c) = cell(addr as usize) {
+            // SAFETY: a plain write of the leaked cell's flag; loom checks the access.
+            let twice = c.with_mut(|p| unsafe { std::mem::replace(&mut *p, true) });
+            assert!(!twice, "double free of the shared state at {addr:p}");
+        }
+        #[cfg(not(loom))]
+        let _ = addr;
+    }
 }
 
 /// A statistics counter.
@@ -139,10 +327,9 @@ std::thread_local! {
 #[cfg(not(loom))]
 impl<T: Send + Sync> Stripes<T> {
     pub(crate) fn new() -> Self {
-        static SERIALS: AtomicU64 = AtomicU64::new(0);
         Stripes {
             entries: thread_local::ThreadLocal::new(),
-            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
+            serial: next_serial(),
         }
     }
 
@@ -220,6 +407,9 @@ pub enum PausePoint {
     /// `apply_limits` has installed its snapshot and is about to wait for the operations that
     /// may still hold the previous tag (the grace period).
     GracePeriod,
+    /// A no-class hand-off has given its slot away (granted it to the head waiter, or
+    /// returned it to the word) and still holds the queue lock.
+    HandOffGiven,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).
@@ -240,6 +430,54 @@ pub(crate) mod hooks {
 
     std::thread_local! {
         static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    std::thread_local! {
+        static QUEUE_LOCKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    static LIVE_STATES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// A shared state was allocated (`+1`) or freed (`-1`).
+    pub(crate) fn count_live_state(delta: i64) {
+        LIVE_STATES.fetch_add(delta as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many bulkheads' shared states are allocated in this process right now (made and
+    /// not yet freed), for tests of the lifetime protocol.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::live_states;
+    /// let b = llm_bulkhead::Bulkhead::new(1).unwrap();
+    /// assert!(live_states() >= 1);
+    /// drop(b);
+    /// # }
+    /// ```
+    pub fn live_states() -> u64 {
+        LIVE_STATES.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts one acquisition of a wait-queue lock by the calling thread.
+    pub(crate) fn count_queue_lock() {
+        QUEUE_LOCKS.with(|c| c.set(c.get() + 1));
+    }
+
+    /// How many times the calling thread has locked a wait queue (any bulkhead's), for tests
+    /// that prove a path lock-free.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::queue_locks;
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let before = queue_locks();
+    /// drop(b.try_acquire(Demand::slot()).unwrap());
+    /// assert_eq!(queue_locks(), before); // the fast path takes no lock
+    /// # }
+    /// ```
+    pub fn queue_locks() -> u64 {
+        QUEUE_LOCKS.with(std::cell::Cell::get)
     }
 
     pub(crate) fn fire(point: PausePoint) {
@@ -284,5 +522,105 @@ pub(crate) mod hooks {
     /// ```
     pub fn clear_pause_hook() {
         HOOK.with(|h| *h.borrow_mut() = None);
+    }
+}
+
+/// Process-wide per-thread cells: one `AtomicU64` per thread for the life of the process, on a
+/// cache line of its own, written by its thread and readable by every other (the reader markers
+/// of the grace period, `crate::grace`). Unlike [`Stripes`] they belong to no bulkhead, so a
+/// thread may still write its cell after the last reference to a bulkhead is gone.
+///
+/// A thread's first use takes `thread_local`'s global thread-id lock once (then a thread-local
+/// pointer read). Under loom: a few slots claimed by each loom thread on first use, reset with
+/// every execution (loom has no iterable per-thread storage).
+pub(crate) mod per_thread {
+    use super::AtomicU64;
+    #[cfg(loom)]
+    use super::Ordering;
+
+    #[cfg(not(loom))]
+    #[allow(clippy::disallowed_types)]
+    static CELLS: thread_local::ThreadLocal<crossbeam_utils::CachePadded<AtomicU64>> =
+        thread_local::ThreadLocal::new();
+
+    #[cfg(not(loom))]
+    std::thread_local! {
+        /// This thread's entry of `CELLS` (null until its first use).
+        static MINE: std::cell::Cell<*const AtomicU64> = const { std::cell::Cell::new(std::ptr::null()) };
+    }
+
+    /// The calling thread's cell.
+    #[cfg(not(loom))]
+    #[inline(always)]
+    pub(crate) fn local() -> &'static AtomicU64 {
+        let p = MINE.with(std::cell::Cell::get);
+        if !p.is_null() {
+            // SAFETY: `p` was taken from this thread's entry of the static `CELLS`, whose
+            // entries keep their address for the life of the process.
+            return unsafe { &*p };
+        }
+        local_slow()
+    }
+
+    #[cfg(not(loom))]
+    #[cold]
+    #[inline(never)]
+    fn local_slow() -> &'static AtomicU64 {
+        let r: &'static AtomicU64 = CELLS.get_or(Default::default);
+        MINE.with(|m| m.set(r as *const AtomicU64));
+        r
+    }
+
+    /// Visits every thread's cell (those made after the call started may be missed: their
+    /// first write comes after the caller's barrier, see `crate::grace`).
+    #[cfg(not(loom))]
+    pub(crate) fn for_each(f: &mut dyn FnMut(&AtomicU64)) {
+        for c in CELLS.iter() {
+            f(c)
+        }
+    }
+
+    #[cfg(loom)]
+    struct LoomCells {
+        slots: [AtomicU64; 4],
+        next: super::AtomicUsize,
+    }
+
+    #[cfg(loom)]
+    loom::lazy_static! {
+        static ref CELLS: LoomCells = LoomCells {
+            slots: Default::default(),
+            next: super::AtomicUsize::new(0),
+        };
+    }
+
+    #[cfg(loom)]
+    loom::thread_local! {
+        static SLOT: std::cell::Cell<Option<usize>> = std::cell::Cell::new(None);
+    }
+
+    /// The calling thread's cell (loom flavour).
+    #[cfg(loom)]
+    pub(crate) fn local() -> &'static AtomicU64 {
+        let cells: &'static LoomCells = &CELLS;
+        let i = SLOT.with(|s| match s.get() {
+            Some(i) => i,
+            None => {
+                let i = cells.next.fetch_add(1, Ordering::Relaxed);
+                assert!(i < cells.slots.len(), "loom models use at most 4 threads");
+                s.set(Some(i));
+                i
+            }
+        });
+        &cells.slots[i]
+    }
+
+    /// Visits every thread's cell (loom flavour).
+    #[cfg(loom)]
+    pub(crate) fn for_each(f: &mut dyn FnMut(&AtomicU64)) {
+        let n = CELLS.next.load(Ordering::Acquire).min(CELLS.slots.len());
+        for c in &CELLS.slots[..n] {
+            f(c)
+        }
     }
 }

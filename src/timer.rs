@@ -11,9 +11,15 @@
 //! deadline passes, and the future then sees the deadline itself (it never trusts the wake-up
 //! alone, so a spurious or early wake is harmless).
 
+//!
+//! Under loom the timer's lock and condition variable are loom's (through `crate::sync`), so
+//! a model sees a waiter's register/update/cancel against everything else; the thread itself
+//! is not started (a loom model must end, and this thread never does): a waiter always checks
+//! its deadline at its own poll, and the models use zero deadlines.
+
+use crate::sync::{lock, Condvar, Mutex};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::task::Waker;
 use std::time::Instant;
 
@@ -29,14 +35,26 @@ struct State {
     next: u64,
 }
 
+#[cfg(loom)]
 fn timer() -> &'static Timer {
-    static TIMER: OnceLock<&'static Timer> = OnceLock::new();
+    loom::lazy_static! {
+        static ref TIMER: Timer = Timer {
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+        };
+    }
+    &TIMER
+}
+
+#[cfg(not(loom))]
+fn timer() -> &'static Timer {
+    static TIMER: std::sync::OnceLock<&'static Timer> = std::sync::OnceLock::new();
     TIMER.get_or_init(|| {
         let t: &'static Timer = Box::leak(Box::new(Timer {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
         }));
-        std::thread::Builder::new()
+        crate::sync::thread::Builder::new()
             .name("llm-bulkhead-timer".into())
             .spawn(move || run(t))
             .expect("failed to start the llm-bulkhead timer thread");
@@ -44,8 +62,10 @@ fn timer() -> &'static Timer {
     })
 }
 
+#[cfg(not(loom))]
 fn run(t: &'static Timer) {
-    let mut st = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+    use std::sync::PoisonError;
+    let mut st = lock(&t.state);
     loop {
         let now = Instant::now();
         let mut due = Vec::new();
@@ -63,7 +83,7 @@ fn run(t: &'static Timer) {
             for w in due {
                 w.wake();
             }
-            st = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+            st = lock(&t.state);
             continue;
         }
         st = match st.heap.peek().copied() {
@@ -80,7 +100,7 @@ fn run(t: &'static Timer) {
 /// Wakes `waker` at `at` (or soon after); returns the entry's key.
 pub(crate) fn register(at: Instant, waker: Waker) -> u64 {
     let t = timer();
-    let mut st = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut st = lock(&t.state);
     let id = st.next;
     st.next += 1;
     let earliest = st.heap.peek().is_none_or(|Reverse((first, _))| at < *first);
@@ -96,7 +116,7 @@ pub(crate) fn register(at: Instant, waker: Waker) -> u64 {
 /// Replaces the waker of entry `id` (if it has not fired).
 pub(crate) fn update(id: u64, waker: &Waker) {
     let t = timer();
-    let mut st = t.state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut st = lock(&t.state);
     if let Some(w) = st.wakers.get_mut(&id) {
         if !w.will_wake(waker) {
             *w = waker.clone();
@@ -107,9 +127,5 @@ pub(crate) fn update(id: u64, waker: &Waker) {
 /// Cancels entry `id` (its heap slot is skipped when it comes up).
 pub(crate) fn cancel(id: u64) {
     let t = timer();
-    t.state
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .wakers
-        .remove(&id);
+    lock(&t.state).wakers.remove(&id);
 }

@@ -9,8 +9,11 @@
 //!   stay fail-fast (a request that does not fit is never queued); a full queue gives
 //!   `queue_limit`; otherwise one CAS on the state word sets `WAITERS` (or re-validates it)
 //!   while the word still shows every slot taken, and the node joins the tail.
-//! * **Hand-off.** A release whose CAS finds `WAITERS` set keeps its slot (which keeps the
-//!   shared state alive), takes the mutex and performs the head waiter's whole decision with
+//! * **Hand-off.** A release whose CAS finds `WAITERS` set (and the queue-length mirror
+//!   non-zero) keeps its slot, counts a `SlowPathRef` while the slot still makes it an owner
+//!   (the guard, not the slot, keeps the shared state alive until its unlock: the slot is given
+//!   away midway, see `crate::shared`, "Slow paths"), takes the mutex and performs the head
+//!   waiter's whole decision with
 //!   that slot against the limits current at that moment: the budget check with the waiter's
 //!   reservation in place of the leaver's hold, in the same CAS that moves the tokens. A head
 //!   that no longer fits is answered with its reason and the next waiter is considered
@@ -26,6 +29,22 @@
 //!   future, released at once, which hands it to the next waiter); otherwise it unlinks itself.
 //!   Nothing leaks: a waiter holds nothing while it waits.
 //! * **Close** answers every waiter with `shutdown` under the mutex and clears `WAITERS`.
+//!   Wake-ups are collected under the mutex and delivered after it, in batches of
+//!   [`WAKE_BATCH`](crate::queue::WAKE_BATCH) (32): a long loop unlocks, wakes and locks again.
+//! * **Drain.** A drainer raises `WAITERS` too, so that the release that leaves the bulkhead
+//!   idle wakes it. While only drainers wait, the flag must not make the decision path a
+//!   locked one: `Shared::queued` mirrors the queue's length (stored under the mutex at every
+//!   unlock, and by an enqueuer *before* its queueing CAS). A decider that sees the flag with a
+//!   free slot reads the mirror after the word and admits with a CAS if it is zero; a release
+//!   that sees the flag and a zero mirror returns its slot with a CAS and then reads the
+//!   mirror again (the enqueuer writes the mirror then CASes the word, the release CASes the
+//!   word then reads the mirror: `SeqCst` on both sides, so one of them sees the other), and
+//!   locks only if a waiter queued meanwhile (it pumps: the free slot goes to the head) or the
+//!   bulkhead is now idle (it wakes the drainers).
+//! * **Unwinding.** Every deadline is computed with checked arithmetic before anything can
+//!   unwind (a timeout too large to add to now is no deadline), and a blocked waiter's linked
+//!   node is guarded: an unwind leaves the queue (and releases a slot granted meanwhile)
+//!   before the frame goes.
 //! * **A raised limit** (`apply_limits`) pumps: under the mutex, new slots go to head waiters
 //!   while `slots < max_concurrent`.
 //!
@@ -67,12 +86,11 @@ use crate::classed::Precheck;
 use crate::demand::{Demand, Priority, Reservation};
 use crate::queue::{Notify, Outcome, Queue, Waiter, WakeList};
 use crate::rejection::{RejectReason, Rejection};
-use crate::shared::{Shared, SlotRef};
+use crate::shared::{Shared, SlotRef, SlowPathRef};
 use crate::state::{Word, ONE_SLOT, WAITERS};
-use crate::sync::{lock, AtomicBool, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -123,7 +141,8 @@ fn nanos(d: Duration) -> u64 {
 #[derive(Clone, Debug, Default)]
 pub struct WaitOptions {
     /// Give up with `timeout` after this long in the queue (the bulkhead's default timeout
-    /// when `None`).
+    /// when `None`). A timeout too large to add to the current instant (`Duration::MAX`, say)
+    /// means no deadline: the demand waits until it is answered or cancelled.
     pub timeout: Option<Duration>,
     /// Cancels the wait (`aborted`); a token already cancelled refuses at once.
     pub cancel: Option<CancelToken>,
@@ -149,9 +168,9 @@ pub struct CancelToken(Arc<CancelInner>);
 #[derive(Debug, Default)]
 struct CancelInner {
     cancelled: AtomicBool,
-    sleepers: std::sync::Mutex<Vec<crate::sync::thread::Thread>>,
+    sleepers: Mutex<Vec<crate::sync::thread::Thread>>,
     /// Async waiters' wakers, by registration id.
-    wakers: std::sync::Mutex<(u64, Vec<(u64, std::task::Waker)>)>,
+    wakers: Mutex<(u64, Vec<(u64, std::task::Waker)>)>,
 }
 
 impl CancelToken {
@@ -174,24 +193,11 @@ impl CancelToken {
     /// ```
     pub fn cancel(&self) {
         self.0.cancelled.store(true, Ordering::Release);
-        let sleepers = std::mem::take(
-            &mut *self
-                .0
-                .sleepers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let sleepers = std::mem::take(&mut *lock(&self.0.sleepers));
         for t in sleepers {
             t.unpark();
         }
-        let wakers = std::mem::take(
-            &mut self
-                .0
-                .wakers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .1,
-        );
+        let wakers = std::mem::take(&mut lock(&self.0.wakers).1);
         for (_, w) in wakers {
             w.wake();
         }
@@ -207,20 +213,12 @@ impl CancelToken {
     }
 
     fn register(&self, t: crate::sync::thread::Thread) {
-        self.0
-            .sleepers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(t);
+        lock(&self.0.sleepers).push(t);
     }
 
     /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id.
     fn register_waker(&self, id: Option<u64>, w: &std::task::Waker) -> u64 {
-        let mut g = self
-            .0
-            .wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut g = lock(&self.0.wakers);
         if let Some(id) = id {
             if let Some(e) = g.1.iter_mut().find(|e| e.0 == id) {
                 if !e.1.will_wake(w) {
@@ -237,23 +235,46 @@ impl CancelToken {
 
     /// Forgets an async waiter's waker (its wait ended).
     fn unregister_waker(&self, id: u64) {
-        self.0
-            .wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .1
-            .retain(|e| e.0 != id);
+        lock(&self.0.wakers).1.retain(|e| e.0 != id);
     }
 
     /// Forgets the calling thread's registration (its wait ended), so a token reused for many
     /// waits keeps no stale entries.
     fn unregister_current(&self) {
         let me = crate::sync::thread::current().id();
-        self.0
-            .sleepers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|t| t.id() != me);
+        lock(&self.0.sleepers).retain(|t| t.id() != me);
+    }
+}
+
+/// The deadline `timeout` from now: `None` (no deadline) without a timeout, or when the
+/// timeout is too large to add to the current instant (`Duration::MAX`, say). Never panics:
+/// every waiting call computes its deadline with this, so nothing a caller passes can unwind
+/// out of a frame whose node is queued.
+fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// A blocked waiter's node while it is linked: if the frame unwinds before the wait ends
+/// (`armed`), its drop leaves the queue, and releases at once a slot granted meanwhile, so the
+/// queue never keeps a pointer into a dead stack frame and no slot leaks.
+struct Linked<'a> {
+    bulkhead: &'a Bulkhead,
+    node: Pin<&'a Waiter>,
+    demand: &'a Demand,
+    reservation: Option<Reservation>,
+    armed: bool,
+}
+
+impl Drop for Linked<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let b = self.bulkhead;
+        let outcome = b.leave(self.node, RejectReason::Aborted);
+        if let Outcome::Granted { .. } = outcome {
+            drop(b.finish(outcome, self.demand, self.node.priority, self.reservation));
+        }
     }
 }
 
@@ -394,9 +415,11 @@ impl Bulkhead {
             return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
         }
         let (r, k, priority, reservation) = self.demand_parts(&demand);
+        let timeout = options.timeout.or(shared.default_timeout);
         let node = Waiter::new(r, k, priority);
         // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
-        // unlinked itself (every path below ends in one of the two before returning).
+        // unlinked itself: every path below ends in one of the two before returning, and an
+        // unwind does too (`linked` below is dropped before `node`).
         let node = unsafe { Pin::new_unchecked(&node) };
         let notify = || Notify::Thread(crate::sync::thread::current());
         match self.enter(node, notify) {
@@ -404,21 +427,27 @@ impl Bulkhead {
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
         }
+        // From here until the wait ends the node is linked: an unwind leaves the queue.
+        let mut linked = Linked {
+            bulkhead: self,
+            node,
+            demand: &demand,
+            reservation,
+            armed: true,
+        };
         let since = if timing.is_some() {
             Some(Instant::now())
         } else {
             wait_started(self)
         };
-        let deadline = options
-            .timeout
-            .or(shared.default_timeout)
-            .map(|t| Instant::now() + t);
+        let deadline = deadline_after(timeout);
         if let Some(token) = &options.cancel {
             token.register(crate::sync::thread::current());
         }
         let outcome = loop {
             if node.is_done() {
-                break node.outcome();
+                // SAFETY: `is_done` returned true on this thread.
+                break unsafe { node.outcome() };
             }
             if options
                 .cancel
@@ -438,6 +467,7 @@ impl Bulkhead {
                 }
             }
         };
+        linked.armed = false;
         if let Some(token) = &options.cancel {
             token.unregister_current();
         }
@@ -518,7 +548,8 @@ impl Bulkhead {
                 None => self.enter(node, notify),
             };
         }
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
@@ -562,7 +593,11 @@ impl Bulkhead {
                 };
             }
             // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
-            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::AcqRel, Ordering::Acquire) {
+            // The length mirror counts us first: a decider or a release that reads the word
+            // after this CAS then sees us in the mirror (module docs, "Drain").
+            shared.queued.store(q.len() + 1, Ordering::SeqCst);
+            crate::sync::loom_sc_fence();
+            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::SeqCst, Ordering::Acquire) {
                 Ok(_) => {
                     node.set_notify(&q, notify());
                     // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
@@ -570,7 +605,10 @@ impl Bulkhead {
                     unsafe { q.push_back(&node) };
                     return Enter::Queued;
                 }
-                Err(actual) => w = Word(actual),
+                Err(actual) => {
+                    shared.queued.store(q.len(), Ordering::SeqCst);
+                    w = Word(actual);
+                }
             }
         }
     }
@@ -579,11 +617,15 @@ impl Bulkhead {
     /// `Refused(reason)` after unlinking.
     fn leave(&self, node: Pin<&Waiter>, reason: RejectReason) -> Outcome {
         let shared = &*self.shared;
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         if node.is_done() {
-            return node.outcome();
+            // SAFETY: `is_done` returned true on this thread.
+            return unsafe { node.outcome() };
         }
-        q.remove(&node);
+        // SAFETY: `node` is alive (pinned by the caller) and linked into this bulkhead's
+        // queue, whose lock `q` is, or into none.
+        unsafe { q.remove(&node) };
         let mut wake = WakeList::new();
         if shared.classed {
             sync_class_flags(shared, &mut q);
@@ -654,9 +696,12 @@ fn wake_drainers_if_idle(w: Word, q: &Queue, wake: &mut WakeList) {
 #[cold]
 #[inline(never)]
 pub(crate) fn hand_off(slot: SlotRef, held: u64) {
-    let shared = slot.get();
+    // Counted while the slot is still ours: the grant below gives the slot away, and the
+    // granted waiter may then free everything the words count before we unlock.
+    let guard = slot.into_slow_path();
+    let shared = &*guard;
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    let mut q = guard.lock_queue();
     let word = &*shared.word;
     let mut w = Word(word.load(Ordering::Acquire));
     let last = loop {
@@ -673,6 +718,14 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
                     // (With the queue now empty, the next turn returns the slot and clears
                     // the flag in one CAS.)
                     wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
+                    if wake.is_full() {
+                        // A batch: wake it outside the lock (the slot is still ours), then
+                        // look again.
+                        drop(q);
+                        wake.wake_all();
+                        q = guard.lock_queue();
+                        w = Word(word.load(Ordering::Acquire));
+                    }
                     continue;
                 }
                 // The slot passes on: its tokens become the waiter's reservation.
@@ -698,17 +751,20 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
             }
         }
     };
-    drop(q);
-    wake.wake_all();
+    // The slot is gone (to a waiter, or back to the word): from here only `guard` keeps the
+    // state alive, while we still hold its queue.
+    crate::sync::pause(crate::sync::PausePoint::HandOffGiven);
     if let Some(prev) = last {
         if prev.detached() && prev.slots() == 1 {
             // SAFETY: our CAS returned the last slot of a detached state (no handle, hence no
-            // waiter, is left), after which nothing touches it.
-            unsafe { slot.free_last() }
+            // waiter, is left): we are the unique thread that saw the last owner leave. The
+            // guard frees the state when it goes, after the unlock.
+            unsafe { guard.owners_gone() }
         }
     }
-    // Otherwise the slot now belongs to the waiter it was handed to, or is back in the word;
-    // a `SlotRef` owns nothing else.
+    drop(q);
+    wake.wake_all();
+    // `guard` goes last: the free, if this was the last reference.
 }
 
 /// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
@@ -736,14 +792,27 @@ fn grant_head(
     }
 }
 
-/// Pumps after `apply_limits` raised the limit: new slots for head waiters while
-/// `slots < max_concurrent`. Caller holds a handle.
+/// Pumps: free slots for head waiters while `slots < max_concurrent`, then wakes the drainers
+/// if the bulkhead is idle. Called after `apply_limits` raised the limit (the caller holds a
+/// handle) and by a drain-time release that returned its slot to the word
+/// ([`release_while_draining`], which holds a counted guard).
 pub(crate) fn pump(shared: &Shared) {
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
+    let guard = unsafe { SlowPathRef::counted(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
     let word = &*shared.word;
     let mut w = Word(word.load(Ordering::Acquire));
     while let Some((r, priority)) = q.front().map(|h| (h.r, h.priority)) {
+        if wake.is_full() {
+            // A batch: wake it outside the lock, then look again.
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            w = Word(word.load(Ordering::Acquire));
+            continue;
+        }
         let lim = shared.ring.read(w.tag());
         if w.closed() || w.slots() >= lim.max_concurrent {
             break;
@@ -761,6 +830,7 @@ pub(crate) fn pump(shared: &Shared) {
         }
     }
     clear_waiters(shared, &q);
+    wake_drainers_if_idle(Word(word.load(Ordering::Acquire)), &q, &mut wake);
     drop(q);
     wake.wake_all();
 }
@@ -768,8 +838,18 @@ pub(crate) fn pump(shared: &Shared) {
 /// `close()`'s part: answers every waiter with `shutdown` and clears `WAITERS`.
 pub(crate) fn close_queue(shared: &Shared) {
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    // SAFETY: the caller (`close`) holds a handle for the whole call.
+    let guard = unsafe { SlowPathRef::counted(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
     while q.front().is_some() {
+        if wake.is_full() {
+            // A batch: wake it outside the lock (no newcomer queues: the word is closed).
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            continue;
+        }
         wake.push(q.answer_front(Outcome::Refused(RejectReason::Shutdown)));
     }
     if shared.classed {
@@ -782,19 +862,22 @@ pub(crate) fn close_queue(shared: &Shared) {
 }
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
-/// drainers. Under the mutex, admit if nobody is queued (`None`: someone is, or the state
-/// changed; the caller refuses).
+/// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
+/// (`None`: someone is, or the state changed; the caller refuses). Lock-free, so a drain does
+/// not turn the decision path into a locked one (module docs, "Drain").
 #[cold]
 #[inline(never)]
 pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) -> Option<Granted> {
     let shared = &*b.shared;
-    let q = lock(&shared.queue);
-    if q.len() > 0 {
-        return None;
-    }
     let word = &*shared.word;
-    let mut w = Word(word.load(Ordering::Acquire));
+    let mut w = Word(word.load(Ordering::SeqCst));
     loop {
+        // After the word load: if `w` is from after an enqueuer's queueing CAS, its mirror
+        // store (sequenced before that CAS) is visible here.
+        crate::sync::loom_sc_fence();
+        if shared.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
         let lim = shared.ring.read(w.tag());
         if w.closed()
             || w.slots() >= lim.max_concurrent
@@ -804,19 +887,48 @@ pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) ->
         {
             return None;
         }
-        match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                drop(q);
-                return Some(b.count_admission(lim.revision, r));
-            }
+        match word.compare_exchange(w.0, w.plus(r).0, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return Some(b.count_admission(lim.revision, r)),
             Err(actual) => w = Word(actual),
         }
     }
 }
 
+/// A release that found `WAITERS` set while the queue-length mirror said nobody is queued (the
+/// flag is up for drainers): returns the slot to the word with a CAS, without the mutex, then
+/// looks at the mirror again. Only if a waiter queued meanwhile, or this release left the
+/// bulkhead idle (the drainers must be woken), does it lock the queue: it pumps (grants the
+/// free slot to the head, wakes idle drainers). `guard` keeps the state alive throughout.
+#[cold]
+#[inline(never)]
+pub(crate) fn release_while_draining(guard: SlowPathRef<'static>, held: u64) {
+    let word = &*guard.word;
+    let mut prev = Word(word.load(Ordering::SeqCst));
+    loop {
+        let next = prev.0 - ONE_SLOT - held;
+        match word.compare_exchange(prev.0, next, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => {
+                crate::sync::loom_sc_fence();
+                let queued = guard.queued.load(Ordering::SeqCst);
+                let idle = Word(next).slots() == 0 && Word(next).tokens() == 0;
+                if prev.waiters() && (queued != 0 || idle) {
+                    pump(&guard);
+                }
+                break;
+            }
+            Err(actual) => prev = Word(actual),
+        }
+    }
+    if prev.detached() && prev.slots() == 1 {
+        // SAFETY: our CAS returned the last slot of a detached state: we are the unique thread
+        // that saw the last owner leave. `guard` frees the state when it goes.
+        unsafe { guard.owners_gone() }
+    }
+}
+
 /// Waiters ever queued (for statistics).
 pub(crate) fn queued_total(shared: &Shared) -> u64 {
-    lock(&shared.queue).queued_total
+    shared.queued_total()
 }
 
 /// When a wait begins: `Some(now)` only if the bulkhead measures queue waits (a clock read
@@ -836,9 +948,9 @@ fn book_wait(b: &Bulkhead, since: Option<Instant>) {
     }
 }
 
-/// Live waiters (for statistics).
+/// Live waiters (for statistics and refusal details): the queue-length mirror, a load.
 pub(crate) fn pending(shared: &Shared) -> usize {
-    lock(&shared.queue).len()
+    shared.queued.load(Ordering::Acquire)
 }
 
 /// The future of [`Bulkhead::acquire`].
@@ -928,11 +1040,8 @@ impl Future for Acquire<'_> {
                     } else {
                         wait_started(b)
                     };
-                    this.deadline = this
-                        .options
-                        .timeout
-                        .or(b.shared.default_timeout)
-                        .map(|t| Instant::now() + t);
+                    this.deadline =
+                        deadline_after(this.options.timeout.or(b.shared.default_timeout));
                     if let Some(at) = this.deadline {
                         this.timer = Some(crate::timer::register(at, cx.waker().clone()));
                     }
@@ -977,7 +1086,8 @@ impl Future for Acquire<'_> {
             if let (Some(tok), Some(id)) = (&this.options.cancel, this.cancel_reg) {
                 tok.register_waker(Some(id), cx.waker());
             }
-            let q = lock(&b.shared.queue);
+            let guard = b.shared.slow_path();
+            let q = guard.lock_queue();
             if !node.is_done() {
                 if node.needs_waker(&q, cx.waker()) {
                     node.set_notify(&q, Notify::Waker(cx.waker().clone()));
@@ -993,7 +1103,10 @@ impl Future for Acquire<'_> {
         );
         this.queue_wait = this.since.map(|s| s.elapsed());
         book_wait(b, this.since);
-        Poll::Ready(b.finish(node.outcome(), &this.demand, priority, this.reservation))
+        // SAFETY: `is_done` returned true on this thread (the branch above, or the check
+        // under the lock).
+        let outcome = unsafe { node.outcome() };
+        Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation))
     }
 }
 
@@ -1100,7 +1213,8 @@ pub struct DrainReport {
 impl Bulkhead {
     /// Waits until nothing is in flight, nobody is queued and no token hold is left
     /// (CONTRACT.md §7), or until `deadline` passes; cancels nothing and does not close. A zero
-    /// deadline is a snapshot. It never hangs once the state is idle, however the last waiter
+    /// deadline is a snapshot; one too large to add to the current instant (`Duration::MAX`)
+    /// is no deadline. It never hangs once the state is idle, however the last waiter
     /// left.
     ///
     /// ```
@@ -1115,12 +1229,21 @@ impl Bulkhead {
     /// t.join().unwrap();
     /// ```
     pub fn drain_blocking(&self, deadline: Option<Duration>) -> DrainReport {
-        let until = deadline.map(|d| Instant::now() + d);
+        let until = deadline_after(deadline);
         let report = self.drain_report();
         if report.drained || deadline == Some(Duration::ZERO) {
             return report;
         }
         let id = self.register_drainer(Notify::Thread(crate::sync::thread::current()));
+        // Unregisters on every way out, an unwind included (a registration left behind would
+        // keep `WAITERS` up for good).
+        struct Registered<'a>(&'a Bulkhead, u64);
+        impl Drop for Registered<'_> {
+            fn drop(&mut self) {
+                self.0.unregister_drainer(self.1);
+            }
+        }
+        let registered = Registered(self, id);
         let report = loop {
             let report = self.drain_report();
             if report.drained {
@@ -1137,7 +1260,7 @@ impl Bulkhead {
                 None => crate::sync::thread::park(),
             }
         };
-        self.unregister_drainer(id);
+        drop(registered);
         report
     }
 
@@ -1156,7 +1279,7 @@ impl Bulkhead {
         Drain {
             bulkhead: self,
             zero: deadline == Some(Duration::ZERO),
-            until: deadline.map(|d| Instant::now() + d),
+            until: deadline_after(deadline),
             drainer: None,
             timer: None,
         }
@@ -1176,7 +1299,8 @@ impl Bulkhead {
     /// so releases take the slow path that wakes it.
     fn register_drainer(&self, n: Notify) -> u64 {
         let shared = &*self.shared;
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         let id = q.add_drainer(n);
         if shared.classed {
             sync_class_flags(shared, &mut q);
@@ -1188,7 +1312,8 @@ impl Bulkhead {
 
     fn unregister_drainer(&self, id: u64) {
         let shared = &*self.shared;
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         q.remove_drainer(id);
         if shared.classed {
             sync_class_flags(shared, &mut q);
@@ -1240,7 +1365,11 @@ impl Future for Drain<'_> {
                     return Poll::Ready(report);
                 }
             }
-            Some(id) => lock(&b.shared.queue).update_drainer(id, Notify::Waker(cx.waker().clone())),
+            Some(id) => b
+                .shared
+                .slow_path()
+                .lock_queue()
+                .update_drainer(id, Notify::Waker(cx.waker().clone())),
         }
         // The deadline runs on the timer thread.
         if let Some(at) = this.until {
@@ -1316,7 +1445,8 @@ impl Bulkhead {
                 Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
             }
         }
-        let mut q = lock(&shared.queue);
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
         if q.len() == 0 {
             // Become the head: flags up first, then decide (no lost wake-up). A collect after
             // the flags that finds no free slot is that decision: any release it missed comes
@@ -1430,8 +1560,20 @@ fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut WakeList) 
 #[inline(never)]
 pub(crate) fn pump_classed(shared: &Shared) {
     let mut wake = WakeList::new();
-    let mut q = lock(&shared.queue);
+    // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
+    // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
+    // gives back only after this returns (`crate::classed::release_pending`).
+    let guard = unsafe { SlowPathRef::counted(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
     while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
+        if wake.is_full() {
+            // A batch: wake it outside the lock, then decide the head again.
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            continue;
+        }
         match crate::classed::acquire_in_queue(shared, k, r, priority) {
             Ok(a) => wake.push(q.answer_front(Outcome::Granted {
                 revision: a.revision,

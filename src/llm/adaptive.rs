@@ -15,8 +15,8 @@
 
 use super::estimate::{EstimateError, ModelAwareEstimator, TokenEstimator};
 use super::request::LlmRequest;
+use crate::sync::{lock, Mutex, MutexGuard};
 use crate::{Reservation, Usage};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// One model's correction, as [`AdaptiveEstimator::corrections`] reports it.
 #[derive(Clone, Debug, PartialEq)]
@@ -163,7 +163,7 @@ impl AdaptiveEstimator {
 
     fn state(&self) -> MutexGuard<'_, Vec<(String, u64, f64)>> {
         // Every critical section leaves the vector consistent, so a poisoned lock is usable.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Learns from the usage a provider reported for `request`. Ignored when the base estimate
