@@ -439,6 +439,12 @@ impl Shared {
         }
     }
 
+    /// Live waiters, under the queue mutex (for statistics and refusal details; gives no
+    /// ownership away).
+    pub(crate) fn queue_len(&self) -> usize {
+        self.lock_queue().len()
+    }
+
     /// Waiters ever queued (for statistics).
     pub(crate) fn queued_total(&self) -> u64 {
         self.lock_queue().queued_total
