@@ -500,7 +500,8 @@ impl Bulkhead {
             crate::events::admitted(&self.shared, id, g.revision, priority, reservation, g.class);
         }
         Admission::new(
-            self.shared.slot_ref(),
+            // SAFETY: `g` is a slot just taken (or handed over) for this admission alone.
+            unsafe { self.shared.slot_ref() },
             id,
             g.revision,
             priority,

@@ -944,18 +944,22 @@ pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnap
 }
 
 /// Returns one class slot and `held` tokens of class `k` (a release). The last step is on the
-/// class word; frees the shared state if this was its last owner.
+/// class word; returns whether it emptied a detached class word (the caller then counts down
+/// `alive`, and whoever reaches zero ends the owners' lifetime reference).
 ///
-/// The caller holds the slot being returned (it keeps `shared` alive until this returns) and
-/// must not touch `shared` afterwards; when this returns true, the caller must free it.
+/// # Safety
+/// The caller holds the class slot of class `k` being returned (it keeps `shared` alive until
+/// this returns) and does not touch `shared` afterwards except to count down when this
+/// returns true.
 ///
 /// A release that has a decrease for the shared word, or finds the queue flag on its class
 /// word, marks a pending return in the same CAS: the mark keeps the state alive while it
 /// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::waiting`).
 #[inline(always)]
-pub(crate) fn release(shared: &Shared, k: usize, held: u64) -> bool {
-    // Left before the caller may free the state: `_op` borrows `shared`, and the marker lives in
-    // the thread's statistics entry, which the free drops.
+pub(crate) unsafe fn release(shared: &Shared, k: usize, held: u64) -> bool {
+    // A grace-period operation (`crate::grace`): the floors read below are those of the class
+    // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
+    // the last reference is given away touches nothing freed.
     let _op = crate::grace::op();
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));

@@ -225,7 +225,12 @@ impl Handle {
     }
 
     /// An uncounted pointer for an admission that has just taken a slot.
-    pub(crate) fn slot_ref(&self) -> SlotRef {
+    ///
+    /// # Safety
+    /// The caller has just taken a slot (a global slot, or a class slot with classes) on this
+    /// state's words, or had one handed to it, that no other `SlotRef` stands for: the
+    /// `SlotRef` becomes that slot's owner and returns it exactly once.
+    pub(crate) unsafe fn slot_ref(&self) -> SlotRef {
         SlotRef(self.0)
     }
 }
@@ -355,7 +360,10 @@ impl SlotRef {
     /// path still holds it). Nothing may touch the state after this.
     #[inline(always)]
     pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
-        if crate::classed::release(self.get(), k, tokens) && crate::classed::count_down(self.get())
+        // SAFETY: we hold the class slot being returned (this `SlotRef` stands for it) and touch
+        // the state afterwards only to count down when the release says so.
+        if unsafe { crate::classed::release(self.get(), k, tokens) }
+            && crate::classed::count_down(self.get())
         {
             // SAFETY: this release emptied a detached class word, and `alive` reached zero:
             // every other class word is empty and the last handle is gone. We are the unique
@@ -449,6 +457,12 @@ impl Shared {
             shared: self,
             _op: op,
         }
+    }
+
+    /// Live waiters, under the queue mutex (for statistics and refusal details; gives no
+    /// ownership away).
+    pub(crate) fn queue_len(&self) -> usize {
+        self.lock_queue().len()
     }
 
     /// Waiters ever queued (for statistics).

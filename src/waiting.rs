@@ -948,9 +948,11 @@ fn book_wait(b: &Bulkhead, since: Option<Instant>) {
     }
 }
 
-/// Live waiters (for statistics and refusal details): the queue-length mirror, a load.
+/// Live waiters (for statistics and refusal details), read under the queue mutex: exact.
+/// (The queue-length mirror is not: an enqueuer counts itself in it before its queueing CAS,
+/// which may fail and leave it taking the freed slot instead.)
 pub(crate) fn pending(shared: &Shared) -> usize {
-    shared.queued.load(Ordering::Acquire)
+    shared.queue_len()
 }
 
 /// The future of [`Bulkhead::acquire`].
