@@ -342,8 +342,15 @@ impl SlotRef {
     /// path gives the slot away (to a waiter, or back to the word) on its way.
     #[cold]
     pub(crate) fn into_slow_path(self) -> SlowPathRef<'static> {
-        // SAFETY: the slot this `SlotRef` stands for is still held, so we are an owner.
-        unsafe { SlowPathRef::counted(self.get()) }
+        // Relaxed, as `Arc::clone`: the slot we still hold keeps `refs ≥ 1`.
+        self.get().refs.fetch_add(1, Ordering::Relaxed);
+        // The block's own pointer (from `Box::leak`), not one derived from a `&Shared`: this
+        // guard may be the one that frees the block.
+        SlowPathRef {
+            ptr: self.0,
+            counted: true,
+            _owner: std::marker::PhantomData,
+        }
     }
 
     /// The handle that a successful [`SlotRef::try_pin`] counted for this admission and that
@@ -476,10 +483,12 @@ impl Shared {
 /// pump) can still unlock the queue and finish (module docs, "Slow paths").
 ///
 /// * From a handle ([`Handle::slow_path`]): a borrow, with no count; the borrow checker keeps
-///   the handle alive for the guard's lifetime.
-/// * From an admission ([`SlotRef::into_slow_path`]) or from any other owner
-///   ([`SlowPathRef::counted`]): a counted reference in `refs`, taken while the caller is
-///   still an owner and returned at drop, which frees the state if it was the last.
+///   the handle alive for the guard's lifetime. From another owner that stays one for the
+///   guard's whole life ([`SlowPathRef::borrowed`], unsafe): the same.
+/// * From an admission that may give its slot away on the way ([`SlotRef::into_slow_path`]):
+///   a counted reference in `refs`, taken while the slot is still held and returned at drop,
+///   which frees the state if it was the last. It keeps the block's own pointer, so the free
+///   has the allocation's full provenance.
 ///
 /// The queue lock is reachable only through [`SlowPathRef::lock_queue`], whose guard borrows
 /// the `SlowPathRef`: the unlock cannot be written after the reference is given back.
@@ -490,18 +499,16 @@ pub(crate) struct SlowPathRef<'a> {
 }
 
 impl SlowPathRef<'_> {
-    /// A counted guard.
+    /// An uncounted guard for a caller that stays an owner for all of `'a` (it holds a handle,
+    /// or a slot or pending-return mark that it gives back only after the guard is gone).
     ///
     /// # Safety
-    /// The caller is an owner of `shared` (it holds a handle, a slot, a class slot or a
-    /// pending-return mark) at the time of the call.
-    #[cold]
-    pub(crate) unsafe fn counted(shared: &Shared) -> SlowPathRef<'static> {
-        // Relaxed, as `Arc::clone`: the caller's ownership keeps `refs ≥ 1`.
-        shared.refs.fetch_add(1, Ordering::Relaxed);
+    /// The caller is an owner of `shared` for all of `'a`: the state cannot be freed while the
+    /// guard lives (so this guard never frees it either).
+    pub(crate) unsafe fn borrowed(shared: &Shared) -> SlowPathRef<'_> {
         SlowPathRef {
             ptr: NonNull::from(shared),
-            counted: true,
+            counted: false,
             _owner: std::marker::PhantomData,
         }
     }

@@ -799,7 +799,7 @@ fn grant_head(
 pub(crate) fn pump(shared: &Shared) {
     let mut wake = WakeList::new();
     // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
-    let guard = unsafe { SlowPathRef::counted(shared) };
+    let guard = unsafe { SlowPathRef::borrowed(shared) };
     let shared = &*guard;
     let mut q = guard.lock_queue();
     let word = &*shared.word;
@@ -839,7 +839,7 @@ pub(crate) fn pump(shared: &Shared) {
 pub(crate) fn close_queue(shared: &Shared) {
     let mut wake = WakeList::new();
     // SAFETY: the caller (`close`) holds a handle for the whole call.
-    let guard = unsafe { SlowPathRef::counted(shared) };
+    let guard = unsafe { SlowPathRef::borrowed(shared) };
     let shared = &*guard;
     let mut q = guard.lock_queue();
     while q.front().is_some() {
@@ -1565,7 +1565,7 @@ pub(crate) fn pump_classed(shared: &Shared) {
     // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
     // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
     // gives back only after this returns (`crate::classed::release_pending`).
-    let guard = unsafe { SlowPathRef::counted(shared) };
+    let guard = unsafe { SlowPathRef::borrowed(shared) };
     let shared = &*guard;
     let mut q = guard.lock_queue();
     while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
