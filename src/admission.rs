@@ -28,6 +28,8 @@ pub struct UsageReport {
     pub admission_id: AdmissionId,
     /// The revision that authorised it.
     pub revision: u64,
+    /// The admission's class (`None` without classes), as [`Admission::class`] gives it.
+    pub class: Option<ClassId>,
     /// Increments whenever the clamped usage or the hold changes.
     pub sequence: u64,
     /// The reservation `r` (0 without a budget).
@@ -60,6 +62,8 @@ pub struct ReleaseReport {
     pub admission_id: AdmissionId,
     /// The revision that authorised it.
     pub revision: u64,
+    /// The admission's class (`None` without classes), as [`Admission::class`] gives it.
+    pub class: Option<ClassId>,
     /// The reservation `r` (0 without a budget).
     pub reserved: u64,
     /// The hold just before release; all of it went back to the budget.
@@ -494,6 +498,7 @@ impl Admission {
         let report = UsageReport {
             admission_id: self.id,
             revision: self.revision,
+            class: self.class(),
             sequence: self.sequence,
             reserved,
             held: self.held,
@@ -564,6 +569,7 @@ impl Admission {
         Ok(ReleaseReport {
             admission_id: self.id,
             revision: self.revision,
+            class: self.class(),
             reserved: self.reservation.map_or(0, |r| r.total()),
             held: s.held,
             refunded: s.refunded,
