@@ -174,6 +174,20 @@ impl fmt::Debug for DeadlineTrigger {
 
 /// A borrowed-concurrency deadline (reference §6.2): a clock duration, or a trigger.
 ///
+/// It starts at admission (queue time never counts) and applies only when the admission's slot
+/// was borrowed from the shared remainder. On expiry the slot is abandoned (cause `deadline`),
+/// the work's stop signal fires, and the run answers [`RunError::Deadline`]; the tokens stay
+/// held until the work ends, and a drain counts the admission until then.
+///
+/// # What it guarantees, and what it does not
+/// Expiry returns **this process's** admission slot (an in-process bound): it is not evidence
+/// that the upstream provider stopped generating. If the work's remote cancellation is best
+/// effort, the provider may go on, and the token accounting done when the work settles is an
+/// accounting view, not a measurement of the provider. A hard upstream guarantee needs
+/// capacity that is never lent for that resource (an unlent floor: a class's
+/// `protected_concurrent`, whose slots are never borrowed, so the deadline never applies to
+/// them) or an authoritative provider-side cancellation or partition mechanism.
+///
 /// ```
 /// use llm_bulkhead::llm::{Deadline, DeadlineTrigger};
 /// use std::time::Duration;
@@ -216,6 +230,8 @@ pub struct RunOptions<U = NoUsage> {
     /// Timeout and cancellation of the wait for a slot (when the bulkhead queues).
     pub wait: WaitOptions,
     /// Abandon a borrowed slot when this expires (ignored for slots that are not borrowed).
+    /// An in-process bound on the slot only, not proof that the provider stopped: see
+    /// [`Deadline`] for what it guarantees.
     pub borrowed_concurrency_deadline: Option<Deadline>,
     /// Takes the usage from a successful result.
     pub usage: U,
@@ -278,6 +294,15 @@ impl<U> fmt::Debug for RunOptions<U> {
 
 /// The borrowed-concurrency deadline expired: the slot was abandoned (cause `deadline`) and
 /// the work was asked to stop; its tokens were settled when it finished.
+///
+/// # What it guarantees, and what it does not
+/// This error reports that **this process's** admission slot was returned (an in-process
+/// bound): it is not evidence that the upstream provider stopped generating. If the work's remote cancellation is best
+/// effort, the provider may go on, and the token accounting done when the work settles is an
+/// accounting view, not a measurement of the provider. A hard upstream guarantee needs
+/// capacity that is never lent for that resource (an unlent floor: a class's
+/// `protected_concurrent`, whose slots are never borrowed, so the deadline never applies to
+/// them) or an authoritative provider-side cancellation or partition mechanism.
 ///
 /// ```
 /// use llm_bulkhead::llm::DeadlineExpired;
@@ -726,7 +751,9 @@ impl RunContext {
 
     /// Returns a borrowed slot early ([`Admission::abandon_borrowed_concurrency`], cause
     /// `manual`). A deadline that fires later then does nothing (reference §6.2). Bypassed
-    /// work holds no slot: `false`.
+    /// work holds no slot: `false`. The tokens stay held until the work ends. Returning the
+    /// slot is an in-process bound, not proof that the provider stopped generating (see
+    /// [`Admission::abandon_borrowed_concurrency`] for what it guarantees).
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
