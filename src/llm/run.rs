@@ -1272,23 +1272,34 @@ impl LlmBulkhead {
     }
 }
 
-/// The fast decision alone (no class, no cancellation token): the admission if a slot is
-/// free and nobody waits, else `None`, having changed and counted nothing, so that the
-/// waiting acquire decides again (and counts its refusal) exactly as without this step. It
-/// saves building a queue node when none is needed.
+/// The fast decision alone (no cancellation token): the admission if a slot is free and
+/// nobody waits, else `None`, having changed and counted nothing, so that the waiting acquire
+/// decides again (and counts its refusal) exactly as without this step. It saves building a
+/// queue node when none is needed.
+///
+/// With classes it is the fast attempt of the class protocol (`classed::try_fast`, which
+/// declines whenever anyone waits and undoes anything it did when it declines), counted as
+/// [`Bulkhead::try_acquire`] counts its success; the full protocol is left to the waiting
+/// acquire. Not [`Bulkhead::try_acquire`] itself: its refusal is counted and reported, and the
+/// waiting acquire would then count the same demand's refusal a second time.
 #[inline]
 fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
     let shared = &*b.shared;
-    if shared.classed || wait.cancel.is_some() {
+    if wait.cancel.is_some() {
         return None;
     }
     let reservation = shared
         .has_budget
         .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+    let r = reservation.map_or(0, |r| r.total());
     let priority = demand.priority();
-    let g = b
-        .try_decide(reservation.map_or(0, |r| r.total()), priority)
-        .ok()?;
+    let g = if shared.classed {
+        let k = b.class_index(demand.class());
+        let a = crate::classed::try_fast(shared, k, r, priority)?;
+        b.count_class_admission(k, r, a.revision, a.resources)
+    } else {
+        b.try_decide(r, priority).ok()?
+    };
     Some(b.admission_from(g, priority, reservation))
 }
 
