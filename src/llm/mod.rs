@@ -30,6 +30,7 @@ mod estimate;
 mod observe;
 mod request;
 mod run;
+mod shared_run;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
@@ -43,3 +44,4 @@ pub use run::{
     Deadline, DeadlineExpired, DeadlineTrigger, LlmBulkhead, NoUsage, RunContext, RunError,
     RunOptions, Stopped, UsageFrom,
 };
+pub use shared_run::{BoxWork, DedupKeyFn, DedupSettings, LlmStats};

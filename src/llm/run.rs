@@ -28,6 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use super::dedup::DedupError;
 use super::estimate::{EstimateError, ReservationOverride, TokenEstimator};
 use super::observe::{hard_refusal, AdmissionKind, Bypassed, Mode, ShadowReasons};
 use super::request::LlmRequest;
@@ -238,6 +239,14 @@ pub struct RunOptions<U = NoUsage> {
     /// Enforce (the default) or observe: run refused work anyway, without an admission
     /// (see [`Mode`]).
     pub mode: Mode,
+    /// Take part in de-duplication when the bulkhead de-duplicates (the default, `true`);
+    /// `false` opts this call out. As in the reference, `true` cannot switch it on for a
+    /// bulkhead without it. Read by [`LlmBulkhead::run_shared`] and
+    /// [`LlmBulkhead::run_shared_with`] only (`run` and `run_blocking` never de-duplicate).
+    pub dedup: bool,
+    /// The de-duplication scope (a trusted tenant id, for example): calls share only within
+    /// one scope and one class (`None`: the empty scope).
+    pub dedup_scope: Option<String>,
 }
 
 impl Default for RunOptions<NoUsage> {
@@ -250,6 +259,8 @@ impl Default for RunOptions<NoUsage> {
             borrowed_concurrency_deadline: None,
             usage: NoUsage,
             mode: Mode::Enforce,
+            dedup: true,
+            dedup_scope: None,
         }
     }
 }
@@ -272,6 +283,8 @@ impl<U> RunOptions<U> {
             borrowed_concurrency_deadline: self.borrowed_concurrency_deadline,
             usage,
             mode: self.mode,
+            dedup: self.dedup,
+            dedup_scope: self.dedup_scope,
         }
     }
 }
@@ -288,6 +301,8 @@ impl<U> fmt::Debug for RunOptions<U> {
                 &self.borrowed_concurrency_deadline,
             )
             .field("mode", &self.mode)
+            .field("dedup", &self.dedup)
+            .field("dedup_scope", &self.dedup_scope)
             .finish_non_exhaustive()
     }
 }
@@ -351,6 +366,11 @@ pub enum RunError<E> {
     Invalid(EstimateError),
     /// The borrowed-concurrency deadline expired.
     Deadline(DeadlineExpired),
+    /// A de-duplication follower ([`LlmBulkhead::run_shared`]) got no result: its own timeout
+    /// passed ([`DedupError::Timeout`]) or the leader's result could not be shared with it
+    /// ([`DedupError::Unshareable`]). Counted in [`DedupStats`](super::DedupStats) and seen as
+    /// a `dedup` event.
+    Shared(DedupError),
     /// The work's own error.
     Work(E),
 }
@@ -361,6 +381,7 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             RunError::Rejected(r) => write!(f, "LLM bulkhead rejected: {r}"),
             RunError::Invalid(e) => write!(f, "invalid run: {e}"),
             RunError::Deadline(d) => d.fmt(f),
+            RunError::Shared(d) => write!(f, "de-duplicated run: {d}"),
             RunError::Work(e) => e.fmt(f),
         }
     }
@@ -372,6 +393,7 @@ impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
             RunError::Rejected(r) => Some(r),
             RunError::Invalid(e) => Some(e),
             RunError::Deadline(d) => Some(d),
+            RunError::Shared(d) => Some(d),
             RunError::Work(e) => Some(e),
         }
     }
@@ -487,7 +509,7 @@ enum Inner {
 }
 
 impl RunContext {
-    fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
+    pub(super) fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
         let deadline = deadline.filter(|_| admission.resources().borrowed_concurrency);
         let Some(deadline) = deadline else {
             return RunContext {
@@ -917,8 +939,10 @@ impl fmt::Debug for Stopped<'_> {
 /// ```
 #[derive(Clone)]
 pub struct LlmBulkhead {
-    bulkhead: Bulkhead,
-    estimator: Arc<dyn TokenEstimator>,
+    pub(super) bulkhead: Bulkhead,
+    pub(super) estimator: Arc<dyn TokenEstimator>,
+    /// The bulkhead-level de-duplication (`None`: off), see [`LlmBulkhead::with_dedup`].
+    pub(super) dedup: Option<Arc<super::shared_run::SharedDedup>>,
 }
 
 impl fmt::Debug for LlmBulkhead {
@@ -957,6 +981,7 @@ impl LlmBulkhead {
         LlmBulkhead {
             bulkhead,
             estimator,
+            dedup: None,
         }
     }
 
@@ -1003,7 +1028,7 @@ impl LlmBulkhead {
     }
 
     /// The demand `run` would make for `request` with `options`.
-    fn demand<U>(
+    pub(super) fn demand<U>(
         &self,
         request: &LlmRequest,
         options: &RunOptions<U>,
@@ -1043,7 +1068,7 @@ impl LlmBulkhead {
     }
 
     /// Validates the deadline option before anything changes.
-    fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
+    pub(super) fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
         if let Some(Deadline::After(d)) = d {
             if d.is_zero() || Instant::now().checked_add(*d).is_none() {
                 return Err(RunError::Invalid(EstimateError::InvalidSetting {
@@ -1145,7 +1170,7 @@ impl LlmBulkhead {
     }
 
     /// The async [`observe_blocking`](Self::observe_blocking).
-    async fn observe_async(
+    pub(super) async fn observe_async(
         &self,
         demand: Demand,
         wait: WaitOptions,
@@ -1283,7 +1308,7 @@ impl LlmBulkhead {
 /// acquire. Not [`Bulkhead::try_acquire`] itself: its refusal is counted and reported, and the
 /// waiting acquire would then count the same demand's refusal a second time.
 #[inline]
-fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
+pub(super) fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
     let shared = &*b.shared;
     if wait.cancel.is_some() {
         return None;
@@ -1304,7 +1329,7 @@ fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admiss
 }
 
 /// Releases the admission of a finished work and builds the answer.
-fn settle<R, E, U: UsageFrom<R>>(
+pub(super) fn settle<R, E, U: UsageFrom<R>>(
     ctx: RunContext,
     out: Result<R, E>,
     usage: &U,
