@@ -42,6 +42,6 @@ pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{
     Deadline, DeadlineExpired, DeadlineTrigger, LlmBulkhead, NoUsage, RunContext, RunError,
-    RunOptions, Stopped, UsageFrom,
+    RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped, UsageFrom,
 };
 pub use shared_run::{BoxWork, DedupKeyFn, DedupSettings, LlmStats};

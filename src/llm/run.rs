@@ -408,6 +408,8 @@ struct Lease {
     waker: Mutex<Option<Waker>>,
     /// The admission's identity and figures, readable without the lock.
     about: About,
+    /// The context's stop signal, fired with cause `deadline` on expiry.
+    stop: Arc<StopState>,
 }
 
 /// What the context tells about a leased admission (an owned one answers itself).
@@ -439,6 +441,228 @@ impl Lease {
             if let Some(w) = lock(&self.waker).take() {
                 w.wake();
             }
+            self.stop.fire(StopCause::Deadline);
+        }
+    }
+}
+
+/// Why a run's [`StopSignal`] fired.
+///
+/// ```
+/// use llm_bulkhead::llm::StopCause;
+/// assert_ne!(StopCause::Deadline, StopCause::Ended);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+pub enum StopCause {
+    /// The borrowed-concurrency deadline expired (the slot was abandoned).
+    Deadline,
+    /// The run is over for its caller: it returned, or its future was dropped (the caller
+    /// was cancelled by dropping it). Work handed off elsewhere should stop.
+    Ended,
+    /// The caller's [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) was cancelled.
+    /// Observed when the signal is read or polled, not pushed (see [`StopSignal`]).
+    Cancelled,
+}
+
+const STOP_NONE: u32 = 0;
+
+fn cause_code(c: StopCause) -> u32 {
+    match c {
+        StopCause::Deadline => 1,
+        StopCause::Ended => 2,
+        StopCause::Cancelled => 3,
+    }
+}
+
+fn code_cause(c: u32) -> Option<StopCause> {
+    match c {
+        1 => Some(StopCause::Deadline),
+        2 => Some(StopCause::Ended),
+        3 => Some(StopCause::Cancelled),
+        _ => None,
+    }
+}
+
+/// The fired cause (the first one wins) and the wakers of [`StopSignal::stopped`] futures.
+struct StopState {
+    cause: crate::sync::AtomicU32,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Default for StopState {
+    fn default() -> Self {
+        StopState {
+            cause: crate::sync::AtomicU32::new(STOP_NONE),
+            wakers: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl StopState {
+    fn fire(&self, cause: StopCause) {
+        let won = self
+            .cause
+            .compare_exchange(
+                STOP_NONE,
+                cause_code(cause),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if won {
+            for w in std::mem::take(&mut *lock(&self.wakers)) {
+                w.wake();
+            }
+        }
+    }
+
+    fn cause(&self) -> Option<StopCause> {
+        code_cause(self.cause.load(Ordering::Acquire))
+    }
+}
+
+/// The stop signal of one run, as an owned handle (`Send`, `Sync`, `'static`): hand it to a
+/// task or thread the work starts, so that it learns when to stop. It fires when the
+/// borrowed-concurrency deadline expires ([`StopCause::Deadline`]) and when the run is over for
+/// its caller: the run returned, or its future was dropped ([`StopCause::Ended`]). The caller's
+/// [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) is observed when the signal is
+/// read or polled ([`StopCause::Cancelled`]); a [`stopped`](Self::stopped) future is not woken
+/// by it, because `CancelToken` offers no wake-up to register (it needs a `cancelled()` future
+/// or a callback from the core).
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions, StopCause};
+/// use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+/// let signal = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+///     let s = ctx.stop_signal();
+///     assert!(!s.is_stopped());
+///     Ok::<_, ()>(s)
+/// }).unwrap();
+/// assert_eq!(signal.cause(), Some(StopCause::Ended)); // the run returned
+/// futures_lite::future::block_on(signal.stopped());
+/// ```
+#[derive(Clone)]
+pub struct StopSignal {
+    state: Arc<StopState>,
+    caller: Option<crate::CancelToken>,
+}
+
+impl StopSignal {
+    /// Why it fired, if it did (the first cause wins; the caller's token is read now).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.stop_signal().cause(), None); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn cause(&self) -> Option<StopCause> {
+        self.state.cause().or_else(|| {
+            self.caller
+                .as_ref()
+                .is_some_and(crate::CancelToken::is_cancelled)
+                .then_some(StopCause::Cancelled)
+        })
+    }
+
+    /// Whether it fired.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert!(!ctx.stop_signal().is_stopped()); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn is_stopped(&self) -> bool {
+        self.cause().is_some()
+    }
+
+    /// A future that completes when the signal fires (see the type's note on the caller's
+    /// token).
+    ///
+    /// # Cancel safety
+    /// Dropping it changes nothing.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// let s = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| Ok::<_, ()>(ctx.stop_signal())).unwrap();
+    /// futures_lite::future::block_on(s.stopped()); // already fired: the run ended
+    /// ```
+    pub fn stopped(&self) -> StopSignalFuture {
+        StopSignalFuture {
+            signal: self.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for StopSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopSignal")
+            .field("cause", &self.cause())
+            .finish()
+    }
+}
+
+/// The future of [`StopSignal::stopped`].
+///
+/// # Cancel safety
+/// Dropping it changes nothing.
+///
+/// ```
+/// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+/// let s = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| Ok::<_, ()>(ctx.stop_signal())).unwrap();
+/// let f: StopSignalFuture = s.stopped();
+/// futures_lite::future::block_on(f);
+/// ```
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct StopSignalFuture {
+    signal: StopSignal,
+}
+
+impl Future for StopSignalFuture {
+    type Output = StopCause;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<StopCause> {
+        if let Some(c) = self.signal.cause() {
+            return Poll::Ready(c);
+        }
+        {
+            let mut ws = lock(&self.signal.state.wakers);
+            if !ws.iter().any(|w| w.will_wake(cx.waker())) {
+                ws.push(cx.waker().clone());
+            }
+        }
+        // Re-check after registering: `fire` stores the cause before taking the wakers.
+        match self.signal.cause() {
+            Some(c) => Poll::Ready(c),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// The context's part of the stop signal: fires `ended` when the context goes (the run
+/// returned or its future was dropped).
+#[derive(Default)]
+struct StopGuard {
+    /// Created on the first [`RunContext::stop_signal`], or with a lease.
+    state: Option<Arc<StopState>>,
+    /// The caller's token (`options.wait.cancel`).
+    caller: Option<crate::CancelToken>,
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        if let Some(s) = &self.state {
+            s.fire(StopCause::Ended);
         }
     }
 }
@@ -498,6 +722,7 @@ impl Drop for LeaseGuard {
 /// after the abandonment and read with `Acquire`.
 pub struct RunContext {
     inner: Inner,
+    stop: StopGuard,
 }
 
 /// The admission: owned, or (with an armed deadline) shared with the deadline.
@@ -514,6 +739,7 @@ impl RunContext {
         let Some(deadline) = deadline else {
             return RunContext {
                 inner: Inner::Owned(admission),
+                stop: StopGuard::default(),
             };
         };
         let after = match &deadline {
@@ -529,11 +755,13 @@ impl RunContext {
             reservation: admission.reservation(),
             resources: admission.resources(),
         };
+        let stop = Arc::new(StopState::default());
         let lease = Arc::new(Lease {
             admission: Mutex::new(Some(admission)),
             expired: AtomicBool::new(false),
             waker: Mutex::new(None),
             about,
+            stop: stop.clone(),
         });
         let mut guard = LeaseGuard {
             lease: Arc::clone(&lease),
@@ -549,13 +777,60 @@ impl RunContext {
         }
         RunContext {
             inner: Inner::Leased(guard),
+            stop: StopGuard {
+                state: Some(stop),
+                caller: None,
+            },
         }
     }
 
     fn bypassed(b: Bypassed) -> RunContext {
         RunContext {
             inner: Inner::Bypassed(Box::new(b)),
+            stop: StopGuard::default(),
         }
+    }
+
+    /// The same context, its stop signal also observing the caller's token.
+    pub(super) fn with_caller(mut self, caller: Option<crate::CancelToken>) -> RunContext {
+        self.stop.caller = caller;
+        self
+    }
+
+    /// The run's stop signal as an owned handle, for a task or thread the work starts: it
+    /// fires on the borrowed-concurrency deadline, when the run is over for its caller (it
+    /// returned, or its future was dropped), and reads the caller's token (see
+    /// [`StopSignal`]).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions, StopCause};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// let helper = std::thread::spawn(move || {
+    ///     let s: llm_bulkhead::llm::StopSignal = rx.recv().unwrap();
+    ///     futures_lite::future::block_on(s.stopped()) // woken when the run ends
+    /// });
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     tx.send(ctx.stop_signal()).unwrap();
+    ///     Ok::<_, ()>(())
+    /// }).unwrap();
+    /// assert_eq!(helper.join().unwrap(), StopCause::Ended);
+    /// ```
+    pub fn stop_signal(&mut self) -> StopSignal {
+        let state = self.stop.state.get_or_insert_with(Default::default).clone();
+        StopSignal {
+            state,
+            caller: self.stop.caller.clone(),
+        }
+    }
+
+    /// Whether the caller's token was cancelled.
+    fn caller_cancelled(&self) -> bool {
+        self.stop
+            .caller
+            .as_ref()
+            .is_some_and(crate::CancelToken::is_cancelled)
     }
 
     /// Reads the owned admission, the leased one's description, or the bypass.
@@ -789,8 +1064,9 @@ impl RunContext {
             .unwrap_or(false)
     }
 
-    /// Whether the borrowed-concurrency deadline expired: the slot is gone and the work should
-    /// stop (its tokens are settled when it returns).
+    /// Whether the work should stop: the borrowed-concurrency deadline expired (the slot is
+    /// gone; its tokens are settled when it returns), or the caller's token
+    /// (`options.wait.cancel`) was cancelled.
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -799,14 +1075,18 @@ impl RunContext {
     ///     assert!(!ctx.stop_requested()); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn stop_requested(&self) -> bool {
-        match &self.inner {
+        let expired = match &self.inner {
             Inner::Owned(_) | Inner::Bypassed(_) => false,
             Inner::Leased(g) => g.lease.expired.load(Ordering::Acquire),
-        }
+        };
+        expired || self.caller_cancelled()
     }
 
     /// A future that completes when the deadline expires (never, without an armed deadline):
-    /// race it against the provider call.
+    /// race it against the provider call. It also completes when it is polled after the
+    /// caller's token was cancelled, but a cancellation does not wake it (`CancelToken` offers
+    /// no wake-up to register); poll [`stop_requested`](Self::stop_requested) or use a
+    /// [`StopSignal`] from a task that polls.
     ///
     /// # Cancel safety
     /// Dropping it changes nothing.
@@ -903,6 +1183,9 @@ impl Future for Stopped<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.ctx.caller_cancelled() {
+            return Poll::Ready(());
+        }
         let Inner::Leased(g) = &self.ctx.inner else {
             return Poll::Pending;
         };
@@ -1129,6 +1412,7 @@ impl LlmBulkhead {
             mode,
             ..
         } = options;
+        let caller = wait.cancel.clone();
         let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
             Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
             None => match mode {
@@ -1144,6 +1428,7 @@ impl LlmBulkhead {
                     .map_err(RunError::Rejected)?,
             },
         };
+        ctx = ctx.with_caller(caller);
         let out = work(&mut ctx);
         settle(ctx, out, &usage)
     }
@@ -1269,6 +1554,7 @@ impl LlmBulkhead {
                 mode,
                 ..
             } = options;
+            let caller = wait.cancel.clone();
             let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
                 Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
                 None => match mode {
@@ -1291,6 +1577,7 @@ impl LlmBulkhead {
                     .map_err(RunError::Rejected)?,
                 },
             };
+            ctx = ctx.with_caller(caller);
             let out = work(&mut ctx).await;
             settle(ctx, out, &usage)
         }
