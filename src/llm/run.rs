@@ -1374,6 +1374,14 @@ impl LlmBulkhead {
     /// answer is [`RunError::Deadline`] (the result is dropped). A deadline that finds the slot
     /// already abandoned does nothing.
     ///
+    /// # When the caller hears of the deadline
+    /// Here, only when `work` returns: it runs on the caller's thread, so nothing can answer
+    /// the caller before it does. This differs from the seed, where the caller is rejected at
+    /// expiry and the callback goes on in the background: a blocking closure cannot be
+    /// detached from the thread that runs it. Work that must answer at expiry polls
+    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns.
+    /// The async [`run`](Self::run) can answer at expiry; see there.
+    ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
     /// own events and `stats().observe`. `shutdown` and `aborted` are still answered.
@@ -1508,12 +1516,43 @@ impl LlmBulkhead {
     /// (deadlines run on the crate's timer thread). The request is validated and estimated
     /// when `run` is called, so the future does not borrow it.
     ///
+    /// # When the caller hears of the deadline
+    /// When `work` returns, as with [`run_blocking`](Self::run_blocking), unless the work
+    /// races [`RunContext::stopped`] against its provider call: then the caller is answered
+    /// [`RunError::Deadline`] at expiry, whatever the work returns:
+    ///
+    /// ```
+    /// use futures_lite::future;
+    /// use llm_bulkhead::llm::{Deadline, DeadlineTrigger, LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default())
+    ///     .default_class("batch").build().unwrap(); // every slot borrowed
+    /// let llm = LlmBulkhead::new(b, NaiveEstimator);
+    /// let trigger = DeadlineTrigger::new();
+    /// let options = RunOptions { borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())), ..RunOptions::default() };
+    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |ctx| {
+    ///     let provider_call = future::pending::<Result<&str, ()>>(); // never answers
+    ///     trigger.fire(); // (a clock deadline fires on the timer thread)
+    ///     future::or(provider_call, async { ctx.stopped().await; Err(()) }).await
+    /// }));
+    /// assert!(matches!(r, Err(RunError::Deadline(_))));
+    /// ```
+    ///
+    /// The provider call is then dropped, not detached: the work's future borrows its context
+    /// and is not `'static`, so it cannot outlive the run, and the tokens are settled at once
+    /// with the last usage report. The seed's detached callback, which keeps its tokens until
+    /// it settles, needs work that owns its context and an executor to go on running on; it
+    /// is not offered (the design would be a `Send + 'static` detached handle returned with
+    /// the deadline error for the caller to spawn, on top of
+    /// [`run_shared`](Self::run_shared)'s boxed work).
+    ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
     /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
     /// the work's future and the context, which releases the admission with the last usage
-    /// report and disarms the deadline (observe mode: a bypassed run is settled with its
-    /// last report, and a `bypass_release` event says so).
+    /// report, disarms the deadline and fires the run's [`StopSignal`] with
+    /// [`StopCause::Ended`] (observe mode: a bypassed run is settled with its last report, and
+    /// a `bypass_release` event says so).
     ///
     /// # Errors
     /// As [`run_blocking`](Self::run_blocking).
