@@ -660,6 +660,7 @@ struct StopGuard {
 }
 
 impl Drop for StopGuard {
+    #[inline(always)]
     fn drop(&mut self) {
         if let Some(s) = &self.state {
             s.fire(StopCause::Ended);
@@ -791,10 +792,12 @@ impl RunContext {
         }
     }
 
-    /// The same context, its stop signal also observing the caller's token.
-    pub(super) fn with_caller(mut self, caller: Option<crate::CancelToken>) -> RunContext {
-        self.stop.caller = caller;
-        self
+    /// Makes the stop signal also read the caller's token.
+    #[inline(always)]
+    pub(super) fn set_caller(&mut self, caller: Option<crate::CancelToken>) {
+        if caller.is_some() {
+            self.stop.caller = caller;
+        }
     }
 
     /// The run's stop signal as an owned handle, for a task or thread the work starts: it
@@ -1420,7 +1423,7 @@ impl LlmBulkhead {
             mode,
             ..
         } = options;
-        let caller = wait.cancel.clone();
+        let caller = wait.cancel.as_ref().map(crate::CancelToken::clone);
         let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
             Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
             None => match mode {
@@ -1436,7 +1439,7 @@ impl LlmBulkhead {
                     .map_err(RunError::Rejected)?,
             },
         };
-        ctx = ctx.with_caller(caller);
+        ctx.set_caller(caller);
         let out = work(&mut ctx);
         settle(ctx, out, &usage)
     }
@@ -1593,7 +1596,7 @@ impl LlmBulkhead {
                 mode,
                 ..
             } = options;
-            let caller = wait.cancel.clone();
+            let caller = wait.cancel.as_ref().map(crate::CancelToken::clone);
             let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
                 Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
                 None => match mode {
@@ -1616,7 +1619,7 @@ impl LlmBulkhead {
                     .map_err(RunError::Rejected)?,
                 },
             };
-            ctx = ctx.with_caller(caller);
+            ctx.set_caller(caller);
             let out = work(&mut ctx).await;
             settle(ctx, out, &usage)
         }
