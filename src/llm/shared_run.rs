@@ -489,7 +489,7 @@ impl LlmBulkhead {
             mode,
             ..
         } = options;
-        let caller = wait.cancel.as_ref().map(crate::CancelToken::clone);
+        let caller = wait.cancel.clone();
         let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
             Some(a) => RunContext::new(a, deadline),
             None => match mode {
