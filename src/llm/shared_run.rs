@@ -56,6 +56,17 @@ pub type BoxWork<'c, R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send + 
 
 /// A custom de-duplication key function: the key of a request, or `None` to opt it out
 /// (the reference's empty key). The scope and class partition are applied to its answer.
+///
+/// ```
+/// use llm_bulkhead::llm::{DedupKey, DedupKeyFn, LlmRequest};
+/// use std::sync::Arc;
+/// // Share by model and last message only; requests without messages never share.
+/// let key: DedupKeyFn = Arc::new(|r: &LlmRequest| {
+///     let last = r.messages.last()?;
+///     DedupKey::of_bytes(format!("{:?}|{}", r.model, last.content.text_len()).as_bytes())
+/// });
+/// assert!(key(&LlmRequest::default()).is_none());
+/// ```
 pub type DedupKeyFn = Arc<dyn Fn(&LlmRequest) -> Option<DedupKey> + Send + Sync>;
 
 /// The bulkhead-level de-duplication setting (the reference's `deduplication` option).
