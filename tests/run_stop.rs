@@ -139,3 +139,86 @@ fn a_run_that_returns_ends_its_signal() {
     assert_eq!(s.cause(), Some(StopCause::Ended));
     assert_eq!(future::block_on(s.stopped()), StopCause::Ended);
 }
+
+/// The seed's answer at the deadline (issue 15 item 4): `run_shared` with `detach_at_deadline`
+/// answers `Deadline` at expiry, to its leader and its followers, and the work goes on where the
+/// application runs it, holding its tokens until it settles.
+#[test]
+fn run_shared_answers_at_the_deadline_and_detaches_the_work() {
+    use llm_bulkhead::llm::{BoxWork, DedupSettings, Detach, DetachedWork, RunContext};
+    use llm_bulkhead::{Reservation, Usage};
+    use std::sync::{Arc, Mutex};
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .token_budget(1_000)
+        .class("batch", ClassLimits::default())
+        .default_class("batch")
+        .build()
+        .unwrap();
+    let llm = LlmBulkhead::new(b, |_: &LlmRequest| Ok(Reservation::new(100, 200).unwrap()))
+        .with_dedup(DedupSettings::default())
+        .unwrap();
+    let parked: Arc<Mutex<Vec<DetachedWork>>> = Arc::default();
+    let p = parked.clone();
+    let detach: Detach = Arc::new(move |w: DetachedWork| p.lock().unwrap().push(w));
+    let trigger = DeadlineTrigger::new();
+    let options = || RunOptions {
+        borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())),
+        detach_at_deadline: Some(detach.clone()),
+        ..RunOptions::default()
+    };
+    let (gate_tx, gate_rx) = async_channel();
+    fn gated(
+        gate: Pending,
+    ) -> impl for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, u32, ()> + Send + 'static {
+        move |ctx: &mut RunContext| -> BoxWork<'_, u32, ()> {
+            Box::pin(async move {
+                gate.await; // the provider call, which ignores the stop signal
+                ctx.report_usage(Usage::new(100, 10), None).unwrap();
+                Ok(1)
+            })
+        }
+    }
+    let work = gated(gate_rx);
+    let cx = &mut Context::from_waker(Waker::noop());
+    let mut leader = Box::pin(llm.run_shared(&LlmRequest::default(), options(), work));
+    assert!(leader.as_mut().poll(cx).is_pending());
+    let mut follower = Box::pin(llm.run_shared(
+        &LlmRequest::default(),
+        options(),
+        |_: &mut RunContext| -> BoxWork<'_, u32, ()> { Box::pin(async { Ok(2) }) },
+    ));
+    assert!(follower.as_mut().poll(cx).is_pending());
+    trigger.fire();
+    // Both answered at expiry, while the work still waits on its provider.
+    assert!(matches!(
+        leader.as_mut().poll(cx),
+        Poll::Ready(Err(RunError::Deadline(_)))
+    ));
+    assert!(matches!(
+        follower.as_mut().poll(cx),
+        Poll::Ready(Err(RunError::Deadline(_)))
+    ));
+    let s = llm.bulkhead().stats();
+    assert_eq!((s.in_flight, s.admissions_in_flight), (0, 1));
+    assert_eq!(s.token_budget.unwrap().in_flight_tokens, 300);
+    assert_eq!(
+        llm.bulkhead()
+            .drain_blocking(Some(std::time::Duration::ZERO))
+            .in_flight,
+        1
+    );
+    // The detached work ends later and settles its tokens.
+    let mut w = parked.lock().unwrap().pop().expect("the work was detached");
+    assert!(w.as_mut().poll(cx).is_pending());
+    gate_tx.send(()).unwrap();
+    assert!(w.as_mut().poll(cx).is_ready());
+    let s = llm.bulkhead().stats();
+    assert_eq!((s.in_flight, s.admissions_in_flight), (0, 0));
+    let t = s.token_budget.unwrap();
+    assert_eq!((t.in_flight_tokens, t.total_consumed), (0, 110));
+    // `run` and `run_blocking` cannot detach: refused before anything changes.
+    let r = llm.run_blocking(&LlmRequest::default(), options(), |_| Ok::<_, ()>(()));
+    assert!(matches!(r, Err(RunError::Invalid(_))));
+    assert_eq!(llm.bulkhead().stats().admitted, 1);
+}

@@ -247,7 +247,29 @@ pub struct RunOptions<U = NoUsage> {
     /// The de-duplication scope (a trusted tenant id, for example): calls share only within
     /// one scope and one class (`None`: the empty scope).
     pub dedup_scope: Option<String>,
+    /// Answer the caller at the borrowed-concurrency deadline and hand the work, still
+    /// running, to this spawner (the seed's behaviour): it goes on, and settles its tokens
+    /// when it ends (a drain counts it until then). Only [`LlmBulkhead::run_shared`] and
+    /// [`LlmBulkhead::run_shared_with`] can detach their work (it owns its context and is
+    /// `Send + 'static`); `run` and `run_blocking` refuse it as [`RunError::Invalid`].
+    pub detach_at_deadline: Option<Detach>,
 }
+
+/// A work detached at its deadline, for the application's executor to run to its end.
+pub type DetachedWork = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs a [`DetachedWork`] on the application's executor, for example
+/// `Arc::new(|w| { tokio::spawn(w); })`.
+///
+/// ```
+/// use llm_bulkhead::llm::{Detach, DetachedWork};
+/// use std::sync::{Arc, Mutex};
+/// let parked: Arc<Mutex<Vec<DetachedWork>>> = Arc::default();
+/// let p = parked.clone();
+/// let detach: Detach = Arc::new(move |w: DetachedWork| p.lock().unwrap().push(w));
+/// # let _ = detach;
+/// ```
+pub type Detach = Arc<dyn Fn(DetachedWork) + Send + Sync>;
 
 impl Default for RunOptions<NoUsage> {
     fn default() -> Self {
@@ -261,6 +283,7 @@ impl Default for RunOptions<NoUsage> {
             mode: Mode::Enforce,
             dedup: true,
             dedup_scope: None,
+            detach_at_deadline: None,
         }
     }
 }
@@ -285,6 +308,7 @@ impl<U> RunOptions<U> {
             mode: self.mode,
             dedup: self.dedup,
             dedup_scope: self.dedup_scope,
+            detach_at_deadline: self.detach_at_deadline,
         }
     }
 }
@@ -303,6 +327,7 @@ impl<U> fmt::Debug for RunOptions<U> {
             .field("mode", &self.mode)
             .field("dedup", &self.dedup)
             .field("dedup_scope", &self.dedup_scope)
+            .field("detach_at_deadline", &self.detach_at_deadline.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -554,6 +579,19 @@ pub struct StopSignal {
 }
 
 impl StopSignal {
+    /// Whether the borrowed-concurrency deadline fired it.
+    pub(super) fn deadline_fired(&self) -> bool {
+        self.state.cause() == Some(StopCause::Deadline)
+    }
+
+    /// Registers `w` to be woken when it fires.
+    pub(super) fn register(&self, w: &Waker) {
+        let mut ws = lock(&self.state.wakers);
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
+    }
+
     /// Why it fired, if it did (the first cause wins; the caller's token is read now).
     ///
     /// ```
@@ -826,6 +864,22 @@ impl RunContext {
             state,
             caller: self.stop.caller.clone(),
         }
+    }
+
+    /// With an armed deadline: the stop signal and the error the run answers on expiry.
+    pub(super) fn deadline_watch(&mut self) -> Option<(StopSignal, DeadlineExpired)> {
+        let Inner::Leased(g) = &self.inner else {
+            return None;
+        };
+        let x = &g.lease.about;
+        let expired = DeadlineExpired {
+            deadline: x.deadline,
+            admission_id: x.id,
+            revision: x.revision,
+            class: x.class,
+            resources: x.resources,
+        };
+        Some((self.stop_signal(), expired))
     }
 
     /// Whether the caller's token was cancelled.
@@ -1354,6 +1408,17 @@ impl LlmBulkhead {
     }
 
     /// Validates the deadline option before anything changes.
+    /// `run` and `run_blocking` cannot detach their work.
+    fn check_no_detach<U, E>(options: &RunOptions<U>) -> Result<(), RunError<E>> {
+        match options.detach_at_deadline {
+            None => Ok(()),
+            Some(_) => Err(RunError::Invalid(EstimateError::InvalidSetting {
+                field: "detach_at_deadline",
+                expected: "none: only run_shared can detach its work",
+            })),
+        }
+    }
+
     pub(super) fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
         if let Some(Deadline::After(d)) = d {
             if d.is_zero() || Instant::now().checked_add(*d).is_none() {
@@ -1415,6 +1480,7 @@ impl LlmBulkhead {
         F: FnOnce(&mut RunContext) -> Result<R, E>,
     {
         Self::check_deadline(&options.borrowed_concurrency_deadline)?;
+        Self::check_no_detach(&options)?;
         let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
         let RunOptions {
             wait,
@@ -1544,10 +1610,10 @@ impl LlmBulkhead {
     /// The provider call is then dropped, not detached: the work's future borrows its context
     /// and is not `'static`, so it cannot outlive the run, and the tokens are settled at once
     /// with the last usage report. The seed's detached callback, which keeps its tokens until
-    /// it settles, needs work that owns its context and an executor to go on running on; it
-    /// is not offered (the design would be a `Send + 'static` detached handle returned with
-    /// the deadline error for the caller to spawn, on top of
-    /// [`run_shared`](Self::run_shared)'s boxed work).
+    /// it settles, needs work that owns its context and an executor to go on running on:
+    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] offers it
+    /// (the caller is answered at expiry and the work is handed to the application's
+    /// spawner); `run` refuses that option.
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
@@ -1586,6 +1652,7 @@ impl LlmBulkhead {
     {
         // Validation and estimation happen now, so the future does not borrow the request.
         let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
+            .and_then(|()| Self::check_no_detach(&options))
             .and_then(|()| self.demand(request, &options).map_err(RunError::Invalid));
         async move {
             let demand = prepared?;

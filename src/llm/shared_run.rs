@@ -13,6 +13,14 @@
 //! estimated and keyed when `run_shared` is called), so it is `Send + 'static` and can be
 //! spawned.
 //!
+//! # An answer at the deadline
+//! Because the work owns its context, a shared run can answer the seed's way: with
+//! `RunOptions::detach_at_deadline` (a spawner), expiry of the borrowed-concurrency deadline
+//! answers the caller (and the followers) [`RunError::Deadline`] at once, and the work, still
+//! running, is handed to the spawner; it settles its tokens when it ends, and a drain counts
+//! it until then. The flight's key is freed at expiry, so an identical call meanwhile starts a
+//! new call (the reference's B13).
+//!
 //! # Partitions
 //! The key is the bulkhead's key function of the request (default: [`DedupKey::for_request`],
 //! the whole request), inside the call's `dedup_scope` and its admission class. The class is
@@ -490,14 +498,17 @@ impl LlmBulkhead {
         work: F,
     ) -> Result<R, RunError<E>>
     where
-        U: UsageFrom<R>,
-        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E>,
+        R: Send + 'static,
+        E: Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
     {
         let RunOptions {
             wait,
             borrowed_concurrency_deadline: deadline,
             usage,
             mode,
+            detach_at_deadline,
             ..
         } = options;
         let caller = wait.cancel.clone();
@@ -518,8 +529,34 @@ impl LlmBulkhead {
             },
         };
         ctx.set_caller(caller);
-        let out = work(&mut ctx).await;
-        settle(ctx, out, &usage)
+        let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
+        let Some((detach, (signal, expired))) = watch else {
+            let out = work(&mut ctx).await;
+            return settle(ctx, out, &usage);
+        };
+        // The work owns its context, so that it can outlive this run if the deadline detaches it.
+        let mut body: Pin<Box<dyn Future<Output = Result<R, RunError<E>>> + Send>> =
+            Box::pin(async move {
+                let out = work(&mut ctx).await;
+                settle(ctx, out, &usage)
+            });
+        std::future::poll_fn(move |cx| {
+            if let std::task::Poll::Ready(out) = body.as_mut().poll(cx) {
+                return std::task::Poll::Ready(out);
+            }
+            signal.register(cx.waker());
+            if !signal.deadline_fired() {
+                return std::task::Poll::Pending;
+            }
+            // Expired: answer now; the work goes on where the application runs it, and its
+            // tokens are settled when it ends.
+            let rest = std::mem::replace(&mut body, Box::pin(std::future::pending()));
+            detach(Box::pin(async move {
+                let _ = rest.await;
+            }));
+            std::task::Poll::Ready(Err(RunError::Deadline(expired.clone())))
+        })
+        .await
     }
 }
 
