@@ -49,6 +49,33 @@ fn estimate(c: &mut Criterion) {
             b.iter(|| aware.estimate(black_box(&r)).unwrap())
         });
     }
+    // The model-ratio lookup: a 200-character ASCII message for real model names across the
+    // built-in table (first entries, last entries, the longest prefixes, a dated suffix) and an
+    // unknown model, beside the naive estimator of the same request (the anchor: no lookup).
+    let text = "a".repeat(200);
+    let anchor = LlmRequest::new("gpt-4o", &[&text]);
+    g.throughput(Throughput::Bytes(200));
+    g.bench_function("lookup/naive_anchor", |b| {
+        b.iter(|| NaiveEstimator.estimate(black_box(&anchor)).unwrap())
+    });
+    for model in [
+        "gpt-4o",
+        "claude-3-5-haiku-20241022",
+        "claude-sonnet-4-20250514",
+        "claude-sonnet-4-5-20250929",
+        "claude-haiku-4-5",
+        "gpt-4.1-mini",
+        "gpt-3.5-turbo",
+        "o4-mini-2025-04-16",
+        "gemini-1.5-pro",
+        "Gemini-2.5-Flash",
+        "unknown-model",
+    ] {
+        let r = LlmRequest::new(model, &[&text]);
+        g.bench_function(format!("lookup/{model}"), |b| {
+            b.iter(|| aware.estimate(black_box(&r)).unwrap())
+        });
+    }
     g.finish();
 }
 

@@ -11,7 +11,8 @@
 //!   async `run` of a trivial future (polled once with a no-op waker; it completes in that
 //!   poll), on a bulkhead without a budget (no estimate) and on one with a budget and a
 //!   per-call reservation override (no estimator call), each beside the bare
-//!   `try_acquire` + `release` pair of the same demand.
+//!   `try_acquire` + `release` pair of the same demand; and `run_blocking` on a bulkhead with
+//!   classes, protected and borrowing, beside the classed pair of the same demand.
 //!
 //! * `observe`: what observe mode (`Mode::Observe`) costs. `enforce_run_blocking_slot` is
 //!   `run/run_blocking_slot` again (the enforce path observe mode must not slow down; compare
@@ -27,7 +28,7 @@ use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::llm::{
     LlmBulkhead, LlmRequest, Mode, NaiveEstimator, ReservationOverride, RunOptions,
 };
-use llm_bulkhead::{Bulkhead, Demand, Event, Reservation};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Event, Reservation};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -182,6 +183,48 @@ fn run(c: &mut Criterion) {
             .unwrap()
         })
     });
+
+    // With classes: the class protocol's fast path, protected (inside the class's floors) and
+    // borrowing (no floor), each beside the bare pair of the same demand.
+    let classed = Bulkhead::builder()
+        .max_concurrent(MAX_CONCURRENT)
+        .class(
+            "floor",
+            ClassLimits {
+                protected_concurrent: 8,
+                ..ClassLimits::default()
+            },
+        )
+        .class("shared", ClassLimits::default())
+        .default_class("shared")
+        .build()
+        .expect("valid limits");
+    let floor = classed.class_id("floor").expect("a class");
+    let shared = classed.class_id("shared").expect("a class");
+    let llm_classed = LlmBulkhead::new(classed.clone(), NaiveEstimator);
+    for (name, class) in [("protected", floor), ("borrowing", shared)] {
+        g.bench_function(format!("pair_classed_{name}"), |b| {
+            b.iter(|| {
+                let a = classed
+                    .try_acquire(black_box(Demand::slot().in_class(class)))
+                    .unwrap();
+                black_box(a.release(None).is_ok())
+            })
+        });
+        let options = || RunOptions {
+            class: Some(class),
+            ..RunOptions::default()
+        };
+        g.bench_function(format!("run_blocking_classed_{name}"), |b| {
+            b.iter(|| {
+                llm_classed
+                    .run_blocking(black_box(&request), black_box(options()), |ctx| {
+                        Ok::<_, ()>(ctx.revision())
+                    })
+                    .unwrap()
+            })
+        });
+    }
     g.finish();
 }
 

@@ -28,6 +28,8 @@ pub struct UsageReport {
     pub admission_id: AdmissionId,
     /// The revision that authorised it.
     pub revision: u64,
+    /// The admission's class (`None` without classes), as [`Admission::class`] gives it.
+    pub class: Option<ClassId>,
     /// Increments whenever the clamped usage or the hold changes.
     pub sequence: u64,
     /// The reservation `r` (0 without a budget).
@@ -60,6 +62,8 @@ pub struct ReleaseReport {
     pub admission_id: AdmissionId,
     /// The revision that authorised it.
     pub revision: u64,
+    /// The admission's class (`None` without classes), as [`Admission::class`] gives it.
+    pub class: Option<ClassId>,
     /// The reservation `r` (0 without a budget).
     pub reserved: u64,
     /// The hold just before release; all of it went back to the budget.
@@ -311,6 +315,21 @@ impl Admission {
     /// Returns a borrowed slot at once, keeping the token hold until release (CONTRACT.md §5).
     /// Idempotent: true only the first time, and only for an admission whose slot was borrowed.
     ///
+    /// The admission stays in flight until it is released: the caller must still call
+    /// [`release`](Self::release) (or drop it), and until then a [`drain`](crate::Bulkhead::drain)
+    /// without a deadline keeps waiting; use a bounded drain when shutdown must go on despite
+    /// an unsettled caller.
+    ///
+    /// # What it guarantees, and what it does not
+    /// Returning the slot is a bound on **this process's** admission slot only. It is not
+    /// evidence that the upstream provider stopped generating: if the work's remote
+    /// cancellation is best effort, the provider may go on consuming capacity the slot count no
+    /// longer shows, and the token accounting that follows when the work settles is an
+    /// accounting view, not a measurement of what the provider did. A hard upstream guarantee
+    /// needs capacity that is never lent for that resource (an unlent floor: a class's
+    /// `protected_concurrent`, whose slots are never borrowed and so never abandoned) or an
+    /// authoritative provider-side cancellation or partition mechanism.
+    ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
     /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
@@ -521,6 +540,7 @@ impl Admission {
         let report = UsageReport {
             admission_id: self.id,
             revision: self.revision,
+            class: self.class(),
             sequence: self.sequence,
             reserved,
             held: self.held,
@@ -591,6 +611,7 @@ impl Admission {
         Ok(ReleaseReport {
             admission_id: self.id,
             revision: self.revision,
+            class: self.class(),
             reserved: self.reservation.map_or(0, |r| r.total()),
             held: s.held,
             refunded: s.refunded,

@@ -373,6 +373,61 @@ pub struct BypassReleaseEvent {
     pub usage: Option<Usage>,
 }
 
+/// What happened to a de-duplicated `run` (the LLM layer's `LlmBulkhead::run_shared`).
+///
+/// ```
+/// use llm_bulkhead::{DedupEvent, DedupOutcome};
+/// let e = DedupEvent { class: None, outcome: DedupOutcome::Joined };
+/// assert_eq!(e.outcome.as_str(), "joined");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+pub enum DedupOutcome {
+    /// The call joined an identical call in flight (a follower): it runs nothing and takes no
+    /// admission of its own (the reference's `dedup` event).
+    Joined,
+    /// A follower got no result: the leader's could not be shared with it.
+    Unshareable,
+    /// A follower gave up at its own timeout; the shared call goes on.
+    Timeout,
+}
+
+impl DedupOutcome {
+    /// The snake_case name.
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::DedupOutcome::Unshareable.as_str(), "unshareable");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DedupOutcome::Joined => "joined",
+            DedupOutcome::Unshareable => "unshareable",
+            DedupOutcome::Timeout => "timeout",
+        }
+    }
+}
+
+/// A de-duplication event: a follower joined a call in flight, or got no result from it.
+/// Carries no request and no key (correlate by class and time).
+///
+/// ```
+/// use llm_bulkhead::{DedupEvent, DedupOutcome};
+/// let e = DedupEvent { class: Some("premium".into()), outcome: DedupOutcome::Joined };
+/// assert_eq!(e.class.as_deref(), Some("premium"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct DedupEvent {
+    /// The class of the follower's partition (with classes).
+    pub class: Option<String>,
+    /// What happened.
+    pub outcome: DedupOutcome,
+}
+
 /// One event (reference §10.2). Serialises (feature `serde`) as an object whose `event` field
 /// names the kind in snake_case, beside the kind's own fields.
 ///
@@ -415,6 +470,8 @@ pub enum Event {
     BypassUsage(BypassUsageEvent),
     /// Bypassed work finished.
     BypassRelease(BypassReleaseEvent),
+    /// A de-duplicated run joined a call in flight, or got no result from it.
+    Dedup(DedupEvent),
 }
 
 impl Event {
@@ -436,6 +493,7 @@ impl Event {
             Event::Bypass(_) => "bypass",
             Event::BypassUsage(_) => "bypass_usage",
             Event::BypassRelease(_) => "bypass_release",
+            Event::Dedup(_) => "dedup",
         }
     }
 }

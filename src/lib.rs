@@ -119,7 +119,7 @@ pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
 pub use events::{
     AbandonCause, AbandonEvent, AdmitEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
-    Event, RejectEvent, ReleaseEvent, Subscription, UsageEvent,
+    DedupEvent, DedupOutcome, Event, RejectEvent, ReleaseEvent, Subscription, UsageEvent,
 };
 pub use id::AdmissionId;
 pub use limits::{BudgetLimits, LimitsSnapshot, MAX_REVISION};

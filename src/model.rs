@@ -618,6 +618,7 @@ impl Model {
         Ok(UsageReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
+            class: a.class.map(|(k, _)| ClassId(k as u8)),
             sequence,
             reserved,
             held: hold,
@@ -683,6 +684,7 @@ impl Model {
         Ok(ReleaseReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
+            class: a.class.map(|(k, _)| ClassId(k as u8)),
             reserved: a.reservation.map_or(0, |r| r.total()),
             held: a.held,
             refunded,

@@ -133,6 +133,12 @@ impl DedupKey {
         DedupKey(h.finish())
     }
 
+    /// This key in the space of one result type (`tag`): calls whose results have different
+    /// types never share a flight of a type-erased map.
+    pub(super) fn typed(self, tag: u64) -> DedupKey {
+        DedupKey(self.0 ^ u128::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
+    }
+
     /// The key's value.
     ///
     /// ```
@@ -372,6 +378,12 @@ pub struct DedupStats {
     pub leaders: u64,
     /// Calls that ran on their own because the map was full.
     pub full: u64,
+    /// Followers that got no result because it could not be shared with them (a share
+    /// function that panicked, or, through [`LlmBulkhead::run_shared_with`](crate::llm::LlmBulkhead::run_shared_with),
+    /// one that declined).
+    pub unshareable: u64,
+    /// Followers that gave up at their own timeout (the shared call went on).
+    pub timeouts: u64,
 }
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -431,6 +443,8 @@ struct Inner<T> {
     hits: AtomicU64,
     leaders: AtomicU64,
     full: AtomicU64,
+    unshareable: AtomicU64,
+    timeouts: AtomicU64,
 }
 
 impl<T: Clone + Send + 'static> Dedup<T> {
@@ -468,6 +482,8 @@ impl<T: Send + 'static> Dedup<T> {
                 hits: AtomicU64::new(0),
                 leaders: AtomicU64::new(0),
                 full: AtomicU64::new(0),
+                unshareable: AtomicU64::new(0),
+                timeouts: AtomicU64::new(0),
             }),
         }
     }
@@ -574,6 +590,8 @@ impl<T: Send + 'static> Dedup<T> {
             hits: self.inner.hits.load(Ordering::Relaxed),
             leaders: self.inner.leaders.load(Ordering::Relaxed),
             full: self.inner.full.load(Ordering::Relaxed),
+            unshareable: self.inner.unshareable.load(Ordering::Relaxed),
+            timeouts: self.inner.timeouts.load(Ordering::Relaxed),
         }
     }
 }
@@ -701,6 +719,14 @@ impl<T> std::fmt::Debug for DedupRun<T> {
 // structurally pinned (the work is boxed), so the future may move.
 impl<T> Unpin for DedupRun<T> {}
 
+impl<T> Dedup<T> {
+    /// Counts a follower that got a result it could not use (the type-erased map of
+    /// `LlmBulkhead::run_shared_with`, whose share function declined).
+    pub(super) fn count_unshareable(&self) {
+        self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 impl<T> DedupRun<T> {
     fn solo(inner: Arc<Inner<T>>, work: Work<T>) -> DedupRun<T> {
         DedupRun {
@@ -793,6 +819,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     if Instant::now() >= at {
                         st.followers.remove(&id);
                         drop(st);
+                        self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
                         self.leave(&flight, key);
                         self.finish();
                         return Poll::Ready(Err(DedupError::Timeout));
@@ -860,10 +887,11 @@ impl<T: Send + 'static> DedupRun<T> {
         st.done = true;
         let share = &self.inner.share;
         for slot in st.followers.values_mut() {
-            *slot = Some(
-                catch_unwind(AssertUnwindSafe(|| share(&result)))
-                    .map_err(|_| DedupError::Unshareable),
-            );
+            let shared = catch_unwind(AssertUnwindSafe(|| share(&result)));
+            if shared.is_err() {
+                self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
+            }
+            *slot = Some(shared.map_err(|_| DedupError::Unshareable));
         }
         if st.leader_present {
             st.leader_result = Some(result);

@@ -11,7 +11,7 @@
 //! Characters are UTF-16 code units and the division is IEEE-754 `f64` followed by `ceil`, so
 //! the numbers equal the reference's.
 
-use super::request::LlmRequest;
+use super::request::{utf16_len, Content, LlmRequest};
 use crate::Reservation;
 use std::collections::HashMap;
 use std::fmt;
@@ -375,11 +375,186 @@ impl ModelAwareEstimator {
             lowered = model.to_lowercase();
             lowered.as_bytes()
         };
+        built_in_ratio(name).map_or((4.0, false), |r| (r, true))
+    }
+}
+
+/// The ratio of the longest [`BUILT_IN_RATIOS`] prefix of `name` (already lower-cased), found
+/// by the name's distinguishing bytes rather than by scanning the table: a few byte comparisons
+/// whatever the table's size and the entry's position. Where a longer entry has the same ratio
+/// as a shorter one it extends (`claude-sonnet-4-5` and `claude-sonnet-4`, `gpt-4o` and
+/// `gpt-4`, `gemini-2.5` and `gemini-2`), the shorter one answers for both. The test
+/// `lookup_equals_the_longest_prefix_scan` checks this against the table itself, entry by
+/// entry, on every truncation and extension of every entry and on random names.
+#[inline]
+fn built_in_ratio(name: &[u8]) -> Option<f64> {
+    let is = |rest: &[u8], p: &[u8]| rest.starts_with(p);
+    match *name.first()? {
+        b'c' => {
+            let r = name.strip_prefix(b"claude-")?;
+            match *r.first()? {
+                b'3' => {
+                    let r = r.strip_prefix(b"3-")?;
+                    if let Some(r) = r.strip_prefix(b"5-") {
+                        if is(r, b"haiku") {
+                            Some(3.8)
+                        } else {
+                            is(r, b"sonnet").then_some(3.9)
+                        }
+                    } else if is(r, b"opus") || is(r, b"sonnet") {
+                        Some(3.9)
+                    } else {
+                        is(r, b"haiku").then_some(3.8)
+                    }
+                }
+                b's' => is(r, b"sonnet-4").then_some(3.9),
+                b'o' => is(r, b"opus-4").then_some(3.9),
+                b'h' => is(r, b"haiku-4").then_some(3.8),
+                _ => None,
+            }
+        }
+        b'g' => {
+            if let Some(r) = name.strip_prefix(b"gpt-") {
+                if is(r, b"4") {
+                    Some(3.7)
+                } else {
+                    is(r, b"3.5").then_some(3.8)
+                }
+            } else {
+                let r = name.strip_prefix(b"gemini-")?;
+                (is(r, b"2") || is(r, b"1.5")).then_some(3.8)
+            }
+        }
+        b'o' => match *name.get(1)? {
+            b'1' | b'3' => Some(3.7),
+            b'4' => is(name, b"o4-mini").then_some(3.7),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{built_in_ratio, BUILT_IN_RATIOS};
+    use proptest::prelude::*;
+
+    /// The definition: the ratio of the longest table entry that prefixes `name`.
+    fn scan(name: &[u8]) -> Option<f64> {
         BUILT_IN_RATIOS
             .iter()
             .filter(|(prefix, _)| name.starts_with(prefix.as_bytes()))
             .max_by_key(|(prefix, _)| prefix.len())
-            .map_or((4.0, false), |(_, r)| (*r, true))
+            .map(|(_, r)| *r)
+    }
+
+    #[test]
+    fn lookup_equals_the_longest_prefix_scan() {
+        let mut names: Vec<Vec<u8>> = vec![Vec::new()];
+        for (entry, _) in BUILT_IN_RATIOS {
+            let e = entry.as_bytes();
+            for n in 0..=e.len() {
+                names.push(e[..n].to_vec());
+            }
+            for tail in [&b"-20250101"[..], b"x", b"-", b".", b"5", b"o", b"-mini"] {
+                names.push([e, tail].concat());
+            }
+            // Every one-byte change of the entry, over the table's own alphabet.
+            for i in 0..e.len() {
+                for c in b"abcdeghiklmnoprstuvz0123456789-." {
+                    let mut m = e.to_vec();
+                    m[i] = *c;
+                    names.push(m);
+                }
+            }
+        }
+        for name in &names {
+            assert_eq!(
+                built_in_ratio(name),
+                scan(name),
+                "{}",
+                String::from_utf8_lossy(name)
+            );
+        }
+    }
+
+    #[test]
+    fn one_pass_measure_equals_text_len_and_opaque_blocks() {
+        use super::{ModelAwareEstimator, OpaqueBlockTokens};
+        use crate::llm::{Content, ContentBlock, LlmRequest, Message};
+        let blocks = |n: usize| {
+            Content::Blocks(vec![
+                ContentBlock::from_text("é".repeat(n)),
+                ContentBlock::of_type("image"),
+                ContentBlock::of_type("audio"),
+                ContentBlock::from_text("𝄞x".repeat(n)),
+            ])
+        };
+        let mut r = LlmRequest::new("m", &["plain text", "ü"]);
+        r.system = Some(blocks(3));
+        r.messages.push(Message {
+            role: "user".into(),
+            content: blocks(5),
+            extra: Default::default(),
+        });
+        let costs = OpaqueBlockTokens::by_type(Some(7), [("image", 100)]);
+        for e in [
+            ModelAwareEstimator::default(),
+            ModelAwareEstimator::builder()
+                .opaque_block_costs(costs.clone())
+                .build()
+                .unwrap(),
+        ] {
+            let (chars, opaque) = e.measure(&r).unwrap();
+            assert_eq!(chars, r.text_len());
+            let two_pass: u64 = match &e.opaque {
+                None => 0,
+                Some(c) => r.opaque_blocks().map(|b| c.cost(b.kind())).sum(),
+            };
+            assert_eq!(opaque, two_pass);
+        }
+        assert_eq!(r.opaque_blocks().count(), 4);
+    }
+
+    proptest! {
+        #[test]
+        fn random_names_agree(name in "(claude-|gpt-|gemini-|o)?[0-9a-z.-]{0,12}") {
+            prop_assert_eq!(built_in_ratio(name.as_bytes()), scan(name.as_bytes()));
+        }
+    }
+}
+
+impl ModelAwareEstimator {
+    /// The request's text length in UTF-16 units ([`LlmRequest::text_len`]) and the summed
+    /// cost of its opaque blocks ([`LlmRequest::opaque_blocks`]), in one pass over the content.
+    #[inline]
+    fn measure(&self, request: &LlmRequest) -> Result<(u64, u64), EstimateError> {
+        let mut chars = 0u64;
+        let mut opaque = 0u64;
+        let contents = request
+            .messages
+            .iter()
+            .map(|m| &m.content)
+            .chain(request.system.as_ref());
+        for content in contents {
+            match content {
+                Content::Text(s) => chars += utf16_len(s),
+                Content::Blocks(blocks) => {
+                    for b in blocks {
+                        match b.text() {
+                            Some(t) => chars += utf16_len(t),
+                            None => {
+                                if let Some(costs) = &self.opaque {
+                                    opaque = plus(opaque, costs.cost(b.kind()), "input")?;
+                                }
+                            }
+                        }
+                    }
+                }
+                Content::Other(_) => {}
+            }
+        }
+        Ok((chars, opaque))
     }
 }
 
@@ -396,17 +571,14 @@ impl TokenEstimator for ModelAwareEstimator {
                 (f.0)(model);
             }
         }
+        // One pass over the content: the text length and the opaque blocks' costs.
+        let (chars, opaque) = self.measure(request)?;
         // IEEE-754 double division and ceil, as the reference computes it.
-        let text = (request.text_len() as f64 / ratio).ceil();
+        let text = (chars as f64 / ratio).ceil();
         if !(text.is_finite() && text < u64::MAX as f64) {
             return Err(EstimateError::Overflow { field: "input" });
         }
-        let mut input = text as u64;
-        if let Some(costs) = &self.opaque {
-            for block in request.opaque_blocks() {
-                input = plus(input, costs.cost(block.kind()), "input")?;
-            }
-        }
+        let mut input = plus(text as u64, opaque, "input")?;
         input = plus(input, request.extra_input_tokens.unwrap_or(0), "input")?;
         reservation(input, request.max_tokens.unwrap_or(self.output_cap))
     }

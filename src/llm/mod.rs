@@ -30,6 +30,7 @@ mod estimate;
 mod observe;
 mod request;
 mod run;
+mod shared_run;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
 pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
@@ -40,6 +41,7 @@ pub use estimate::{
 pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{
-    Deadline, DeadlineExpired, DeadlineTrigger, LlmBulkhead, NoUsage, RunContext, RunError,
-    RunOptions, Stopped, UsageFrom,
+    Deadline, DeadlineExpired, DeadlineTrigger, Detach, DetachedWork, LlmBulkhead, NoUsage,
+    RunContext, RunError, RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped, UsageFrom,
 };
+pub use shared_run::{BoxWork, DedupKeyFn, DedupSettings, LlmStats};

@@ -446,6 +446,7 @@ impl Bypassed {
         let report = UsageReport {
             admission_id: self.id,
             revision: self.revision(),
+            class: self.class,
             sequence: self.sequence,
             reserved,
             held: 0,

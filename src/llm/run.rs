@@ -28,6 +28,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use super::dedup::DedupError;
 use super::estimate::{EstimateError, ReservationOverride, TokenEstimator};
 use super::observe::{hard_refusal, AdmissionKind, Bypassed, Mode, ShadowReasons};
 use super::request::LlmRequest;
@@ -174,6 +175,20 @@ impl fmt::Debug for DeadlineTrigger {
 
 /// A borrowed-concurrency deadline (reference §6.2): a clock duration, or a trigger.
 ///
+/// It starts at admission (queue time never counts) and applies only when the admission's slot
+/// was borrowed from the shared remainder. On expiry the slot is abandoned (cause `deadline`),
+/// the work's stop signal fires, and the run answers [`RunError::Deadline`]; the tokens stay
+/// held until the work ends, and a drain counts the admission until then.
+///
+/// # What it guarantees, and what it does not
+/// Expiry returns **this process's** admission slot (an in-process bound): it is not evidence
+/// that the upstream provider stopped generating. If the work's remote cancellation is best
+/// effort, the provider may go on, and the token accounting done when the work settles is an
+/// accounting view, not a measurement of the provider. A hard upstream guarantee needs
+/// capacity that is never lent for that resource (an unlent floor: a class's
+/// `protected_concurrent`, whose slots are never borrowed, so the deadline never applies to
+/// them) or an authoritative provider-side cancellation or partition mechanism.
+///
 /// ```
 /// use llm_bulkhead::llm::{Deadline, DeadlineTrigger};
 /// use std::time::Duration;
@@ -216,13 +231,45 @@ pub struct RunOptions<U = NoUsage> {
     /// Timeout and cancellation of the wait for a slot (when the bulkhead queues).
     pub wait: WaitOptions,
     /// Abandon a borrowed slot when this expires (ignored for slots that are not borrowed).
+    /// An in-process bound on the slot only, not proof that the provider stopped: see
+    /// [`Deadline`] for what it guarantees.
     pub borrowed_concurrency_deadline: Option<Deadline>,
     /// Takes the usage from a successful result.
     pub usage: U,
     /// Enforce (the default) or observe: run refused work anyway, without an admission
     /// (see [`Mode`]).
     pub mode: Mode,
+    /// Take part in de-duplication when the bulkhead de-duplicates (the default, `true`);
+    /// `false` opts this call out. As in the reference, `true` cannot switch it on for a
+    /// bulkhead without it. Read by [`LlmBulkhead::run_shared`] and
+    /// [`LlmBulkhead::run_shared_with`] only (`run` and `run_blocking` never de-duplicate).
+    pub dedup: bool,
+    /// The de-duplication scope (a trusted tenant id, for example): calls share only within
+    /// one scope and one class (`None`: the empty scope).
+    pub dedup_scope: Option<String>,
+    /// Answer the caller at the borrowed-concurrency deadline and hand the work, still
+    /// running, to this spawner (the seed's behaviour): it goes on, and settles its tokens
+    /// when it ends (a drain counts it until then). Only [`LlmBulkhead::run_shared`] and
+    /// [`LlmBulkhead::run_shared_with`] can detach their work (it owns its context and is
+    /// `Send + 'static`); `run` and `run_blocking` refuse it as [`RunError::Invalid`].
+    pub detach_at_deadline: Option<Detach>,
 }
+
+/// A work detached at its deadline, for the application's executor to run to its end.
+pub type DetachedWork = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Runs a [`DetachedWork`] on the application's executor, for example
+/// `Arc::new(|w| { tokio::spawn(w); })`.
+///
+/// ```
+/// use llm_bulkhead::llm::{Detach, DetachedWork};
+/// use std::sync::{Arc, Mutex};
+/// let parked: Arc<Mutex<Vec<DetachedWork>>> = Arc::default();
+/// let p = parked.clone();
+/// let detach: Detach = Arc::new(move |w: DetachedWork| p.lock().unwrap().push(w));
+/// # let _ = detach;
+/// ```
+pub type Detach = Arc<dyn Fn(DetachedWork) + Send + Sync>;
 
 impl Default for RunOptions<NoUsage> {
     fn default() -> Self {
@@ -234,6 +281,9 @@ impl Default for RunOptions<NoUsage> {
             borrowed_concurrency_deadline: None,
             usage: NoUsage,
             mode: Mode::Enforce,
+            dedup: true,
+            dedup_scope: None,
+            detach_at_deadline: None,
         }
     }
 }
@@ -256,6 +306,9 @@ impl<U> RunOptions<U> {
             borrowed_concurrency_deadline: self.borrowed_concurrency_deadline,
             usage,
             mode: self.mode,
+            dedup: self.dedup,
+            dedup_scope: self.dedup_scope,
+            detach_at_deadline: self.detach_at_deadline,
         }
     }
 }
@@ -272,12 +325,24 @@ impl<U> fmt::Debug for RunOptions<U> {
                 &self.borrowed_concurrency_deadline,
             )
             .field("mode", &self.mode)
+            .field("dedup", &self.dedup)
+            .field("dedup_scope", &self.dedup_scope)
+            .field("detach_at_deadline", &self.detach_at_deadline.is_some())
             .finish_non_exhaustive()
     }
 }
 
 /// The borrowed-concurrency deadline expired: the slot was abandoned (cause `deadline`) and
 /// the work was asked to stop; its tokens were settled when it finished.
+///
+/// # What it guarantees, and what it does not
+/// This error reports that **this process's** admission slot was returned (an in-process
+/// bound): it is not evidence that the upstream provider stopped generating. If the work's remote cancellation is best
+/// effort, the provider may go on, and the token accounting done when the work settles is an
+/// accounting view, not a measurement of the provider. A hard upstream guarantee needs
+/// capacity that is never lent for that resource (an unlent floor: a class's
+/// `protected_concurrent`, whose slots are never borrowed, so the deadline never applies to
+/// them) or an authoritative provider-side cancellation or partition mechanism.
 ///
 /// ```
 /// use llm_bulkhead::llm::DeadlineExpired;
@@ -326,6 +391,11 @@ pub enum RunError<E> {
     Invalid(EstimateError),
     /// The borrowed-concurrency deadline expired.
     Deadline(DeadlineExpired),
+    /// A de-duplication follower ([`LlmBulkhead::run_shared`]) got no result: its own timeout
+    /// passed ([`DedupError::Timeout`]) or the leader's result could not be shared with it
+    /// ([`DedupError::Unshareable`]). Counted in [`DedupStats`](super::DedupStats) and seen as
+    /// a `dedup` event.
+    Shared(DedupError),
     /// The work's own error.
     Work(E),
 }
@@ -336,6 +406,7 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             RunError::Rejected(r) => write!(f, "LLM bulkhead rejected: {r}"),
             RunError::Invalid(e) => write!(f, "invalid run: {e}"),
             RunError::Deadline(d) => d.fmt(f),
+            RunError::Shared(d) => write!(f, "de-duplicated run: {d}"),
             RunError::Work(e) => e.fmt(f),
         }
     }
@@ -347,6 +418,7 @@ impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
             RunError::Rejected(r) => Some(r),
             RunError::Invalid(e) => Some(e),
             RunError::Deadline(d) => Some(d),
+            RunError::Shared(d) => Some(d),
             RunError::Work(e) => Some(e),
         }
     }
@@ -361,6 +433,8 @@ struct Lease {
     waker: Mutex<Option<Waker>>,
     /// The admission's identity and figures, readable without the lock.
     about: About,
+    /// The context's stop signal, fired with cause `deadline` on expiry.
+    stop: Arc<StopState>,
 }
 
 /// What the context tells about a leased admission (an owned one answers itself).
@@ -392,6 +466,242 @@ impl Lease {
             if let Some(w) = lock(&self.waker).take() {
                 w.wake();
             }
+            self.stop.fire(StopCause::Deadline);
+        }
+    }
+}
+
+/// Why a run's [`StopSignal`] fired.
+///
+/// ```
+/// use llm_bulkhead::llm::StopCause;
+/// assert_ne!(StopCause::Deadline, StopCause::Ended);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
+pub enum StopCause {
+    /// The borrowed-concurrency deadline expired (the slot was abandoned).
+    Deadline,
+    /// The run is over for its caller: it returned, or its future was dropped (the caller
+    /// was cancelled by dropping it). Work handed off elsewhere should stop.
+    Ended,
+    /// The caller's [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) was cancelled.
+    /// Observed when the signal is read or polled, not pushed (see [`StopSignal`]).
+    Cancelled,
+}
+
+const STOP_NONE: u32 = 0;
+
+fn cause_code(c: StopCause) -> u32 {
+    match c {
+        StopCause::Deadline => 1,
+        StopCause::Ended => 2,
+        StopCause::Cancelled => 3,
+    }
+}
+
+fn code_cause(c: u32) -> Option<StopCause> {
+    match c {
+        1 => Some(StopCause::Deadline),
+        2 => Some(StopCause::Ended),
+        3 => Some(StopCause::Cancelled),
+        _ => None,
+    }
+}
+
+/// The fired cause (the first one wins) and the wakers of [`StopSignal::stopped`] futures.
+struct StopState {
+    cause: crate::sync::AtomicU32,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Default for StopState {
+    fn default() -> Self {
+        StopState {
+            cause: crate::sync::AtomicU32::new(STOP_NONE),
+            wakers: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl StopState {
+    fn fire(&self, cause: StopCause) {
+        let won = self
+            .cause
+            .compare_exchange(
+                STOP_NONE,
+                cause_code(cause),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if won {
+            for w in std::mem::take(&mut *lock(&self.wakers)) {
+                w.wake();
+            }
+        }
+    }
+
+    fn cause(&self) -> Option<StopCause> {
+        code_cause(self.cause.load(Ordering::Acquire))
+    }
+}
+
+/// The stop signal of one run, as an owned handle (`Send`, `Sync`, `'static`): hand it to a
+/// task or thread the work starts, so that it learns when to stop. It fires when the
+/// borrowed-concurrency deadline expires ([`StopCause::Deadline`]) and when the run is over for
+/// its caller: the run returned, or its future was dropped ([`StopCause::Ended`]). The caller's
+/// [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) is observed when the signal is
+/// read or polled ([`StopCause::Cancelled`]); a [`stopped`](Self::stopped) future is not woken
+/// by it, because `CancelToken` offers no wake-up to register (it needs a `cancelled()` future
+/// or a callback from the core).
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions, StopCause};
+/// use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+/// let signal = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+///     let s = ctx.stop_signal();
+///     assert!(!s.is_stopped());
+///     Ok::<_, ()>(s)
+/// }).unwrap();
+/// assert_eq!(signal.cause(), Some(StopCause::Ended)); // the run returned
+/// futures_lite::future::block_on(signal.stopped());
+/// ```
+#[derive(Clone)]
+pub struct StopSignal {
+    state: Arc<StopState>,
+    caller: Option<crate::CancelToken>,
+}
+
+impl StopSignal {
+    /// Whether the borrowed-concurrency deadline fired it.
+    pub(super) fn deadline_fired(&self) -> bool {
+        self.state.cause() == Some(StopCause::Deadline)
+    }
+
+    /// Registers `w` to be woken when it fires.
+    pub(super) fn register(&self, w: &Waker) {
+        let mut ws = lock(&self.state.wakers);
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
+    }
+
+    /// Why it fired, if it did (the first cause wins; the caller's token is read now).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.stop_signal().cause(), None); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn cause(&self) -> Option<StopCause> {
+        self.state.cause().or_else(|| {
+            self.caller
+                .as_ref()
+                .is_some_and(crate::CancelToken::is_cancelled)
+                .then_some(StopCause::Cancelled)
+        })
+    }
+
+    /// Whether it fired.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert!(!ctx.stop_signal().is_stopped()); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn is_stopped(&self) -> bool {
+        self.cause().is_some()
+    }
+
+    /// A future that completes when the signal fires (see the type's note on the caller's
+    /// token).
+    ///
+    /// # Cancel safety
+    /// Dropping it changes nothing.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// let s = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| Ok::<_, ()>(ctx.stop_signal())).unwrap();
+    /// futures_lite::future::block_on(s.stopped()); // already fired: the run ended
+    /// ```
+    pub fn stopped(&self) -> StopSignalFuture {
+        StopSignalFuture {
+            signal: self.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for StopSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopSignal")
+            .field("cause", &self.cause())
+            .finish()
+    }
+}
+
+/// The future of [`StopSignal::stopped`].
+///
+/// # Cancel safety
+/// Dropping it changes nothing.
+///
+/// ```
+/// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+/// let s = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| Ok::<_, ()>(ctx.stop_signal())).unwrap();
+/// let f: StopSignalFuture = s.stopped();
+/// futures_lite::future::block_on(f);
+/// ```
+#[must_use = "futures do nothing unless polled"]
+#[derive(Debug)]
+pub struct StopSignalFuture {
+    signal: StopSignal,
+}
+
+impl Future for StopSignalFuture {
+    type Output = StopCause;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<StopCause> {
+        if let Some(c) = self.signal.cause() {
+            return Poll::Ready(c);
+        }
+        {
+            let mut ws = lock(&self.signal.state.wakers);
+            if !ws.iter().any(|w| w.will_wake(cx.waker())) {
+                ws.push(cx.waker().clone());
+            }
+        }
+        // Re-check after registering: `fire` stores the cause before taking the wakers.
+        match self.signal.cause() {
+            Some(c) => Poll::Ready(c),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// The context's part of the stop signal: fires `ended` when the context goes (the run
+/// returned or its future was dropped).
+#[derive(Default)]
+struct StopGuard {
+    /// Created on the first [`RunContext::stop_signal`], or with a lease.
+    state: Option<Arc<StopState>>,
+    /// The caller's token (`options.wait.cancel`).
+    caller: Option<crate::CancelToken>,
+}
+
+impl Drop for StopGuard {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(s) = &self.state {
+            s.fire(StopCause::Ended);
         }
     }
 }
@@ -451,6 +761,7 @@ impl Drop for LeaseGuard {
 /// after the abandonment and read with `Acquire`.
 pub struct RunContext {
     inner: Inner,
+    stop: StopGuard,
 }
 
 /// The admission: owned, or (with an armed deadline) shared with the deadline.
@@ -462,11 +773,12 @@ enum Inner {
 }
 
 impl RunContext {
-    fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
+    pub(super) fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
         let deadline = deadline.filter(|_| admission.resources().borrowed_concurrency);
         let Some(deadline) = deadline else {
             return RunContext {
                 inner: Inner::Owned(admission),
+                stop: StopGuard::default(),
             };
         };
         let after = match &deadline {
@@ -482,11 +794,13 @@ impl RunContext {
             reservation: admission.reservation(),
             resources: admission.resources(),
         };
+        let stop = Arc::new(StopState::default());
         let lease = Arc::new(Lease {
             admission: Mutex::new(Some(admission)),
             expired: AtomicBool::new(false),
             waker: Mutex::new(None),
             about,
+            stop: stop.clone(),
         });
         let mut guard = LeaseGuard {
             lease: Arc::clone(&lease),
@@ -502,13 +816,78 @@ impl RunContext {
         }
         RunContext {
             inner: Inner::Leased(guard),
+            stop: StopGuard {
+                state: Some(stop),
+                caller: None,
+            },
         }
     }
 
     fn bypassed(b: Bypassed) -> RunContext {
         RunContext {
             inner: Inner::Bypassed(Box::new(b)),
+            stop: StopGuard::default(),
         }
+    }
+
+    /// Makes the stop signal also read the caller's token.
+    #[inline(always)]
+    pub(super) fn set_caller(&mut self, caller: Option<crate::CancelToken>) {
+        if caller.is_some() {
+            self.stop.caller = caller;
+        }
+    }
+
+    /// The run's stop signal as an owned handle, for a task or thread the work starts: it
+    /// fires on the borrowed-concurrency deadline, when the run is over for its caller (it
+    /// returned, or its future was dropped), and reads the caller's token (see
+    /// [`StopSignal`]).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions, StopCause};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// let helper = std::thread::spawn(move || {
+    ///     let s: llm_bulkhead::llm::StopSignal = rx.recv().unwrap();
+    ///     futures_lite::future::block_on(s.stopped()) // woken when the run ends
+    /// });
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     tx.send(ctx.stop_signal()).unwrap();
+    ///     Ok::<_, ()>(())
+    /// }).unwrap();
+    /// assert_eq!(helper.join().unwrap(), StopCause::Ended);
+    /// ```
+    pub fn stop_signal(&mut self) -> StopSignal {
+        let state = self.stop.state.get_or_insert_with(Default::default).clone();
+        StopSignal {
+            state,
+            caller: self.stop.caller.clone(),
+        }
+    }
+
+    /// With an armed deadline: the stop signal and the error the run answers on expiry.
+    pub(super) fn deadline_watch(&mut self) -> Option<(StopSignal, DeadlineExpired)> {
+        let Inner::Leased(g) = &self.inner else {
+            return None;
+        };
+        let x = &g.lease.about;
+        let expired = DeadlineExpired {
+            deadline: x.deadline,
+            admission_id: x.id,
+            revision: x.revision,
+            class: x.class,
+            resources: x.resources,
+        };
+        Some((self.stop_signal(), expired))
+    }
+
+    /// Whether the caller's token was cancelled.
+    fn caller_cancelled(&self) -> bool {
+        self.stop
+            .caller
+            .as_ref()
+            .is_some_and(crate::CancelToken::is_cancelled)
     }
 
     /// Reads the owned admission, the leased one's description, or the bypass.
@@ -726,7 +1105,9 @@ impl RunContext {
 
     /// Returns a borrowed slot early ([`Admission::abandon_borrowed_concurrency`], cause
     /// `manual`). A deadline that fires later then does nothing (reference §6.2). Bypassed
-    /// work holds no slot: `false`.
+    /// work holds no slot: `false`. The tokens stay held until the work ends. Returning the
+    /// slot is an in-process bound, not proof that the provider stopped generating (see
+    /// [`Admission::abandon_borrowed_concurrency`] for what it guarantees).
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -740,8 +1121,9 @@ impl RunContext {
             .unwrap_or(false)
     }
 
-    /// Whether the borrowed-concurrency deadline expired: the slot is gone and the work should
-    /// stop (its tokens are settled when it returns).
+    /// Whether the work should stop: the borrowed-concurrency deadline expired (the slot is
+    /// gone; its tokens are settled when it returns), or the caller's token
+    /// (`options.wait.cancel`) was cancelled.
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -750,14 +1132,18 @@ impl RunContext {
     ///     assert!(!ctx.stop_requested()); Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn stop_requested(&self) -> bool {
-        match &self.inner {
+        let expired = match &self.inner {
             Inner::Owned(_) | Inner::Bypassed(_) => false,
             Inner::Leased(g) => g.lease.expired.load(Ordering::Acquire),
-        }
+        };
+        expired || self.caller_cancelled()
     }
 
     /// A future that completes when the deadline expires (never, without an armed deadline):
-    /// race it against the provider call.
+    /// race it against the provider call. It also completes when it is polled after the
+    /// caller's token was cancelled, but a cancellation does not wake it (`CancelToken` offers
+    /// no wake-up to register); poll [`stop_requested`](Self::stop_requested) or use a
+    /// [`StopSignal`] from a task that polls.
     ///
     /// # Cancel safety
     /// Dropping it changes nothing.
@@ -854,6 +1240,9 @@ impl Future for Stopped<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.ctx.caller_cancelled() {
+            return Poll::Ready(());
+        }
         let Inner::Leased(g) = &self.ctx.inner else {
             return Poll::Pending;
         };
@@ -890,8 +1279,10 @@ impl fmt::Debug for Stopped<'_> {
 /// ```
 #[derive(Clone)]
 pub struct LlmBulkhead {
-    bulkhead: Bulkhead,
-    estimator: Arc<dyn TokenEstimator>,
+    pub(super) bulkhead: Bulkhead,
+    pub(super) estimator: Arc<dyn TokenEstimator>,
+    /// The bulkhead-level de-duplication (`None`: off), see [`LlmBulkhead::with_dedup`].
+    pub(super) dedup: Option<Arc<super::shared_run::SharedDedup>>,
 }
 
 impl fmt::Debug for LlmBulkhead {
@@ -930,6 +1321,7 @@ impl LlmBulkhead {
         LlmBulkhead {
             bulkhead,
             estimator,
+            dedup: None,
         }
     }
 
@@ -976,7 +1368,7 @@ impl LlmBulkhead {
     }
 
     /// The demand `run` would make for `request` with `options`.
-    fn demand<U>(
+    pub(super) fn demand<U>(
         &self,
         request: &LlmRequest,
         options: &RunOptions<U>,
@@ -1016,7 +1408,18 @@ impl LlmBulkhead {
     }
 
     /// Validates the deadline option before anything changes.
-    fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
+    /// `run` and `run_blocking` cannot detach their work.
+    fn check_no_detach<U, E>(options: &RunOptions<U>) -> Result<(), RunError<E>> {
+        match options.detach_at_deadline {
+            None => Ok(()),
+            Some(_) => Err(RunError::Invalid(EstimateError::InvalidSetting {
+                field: "detach_at_deadline",
+                expected: "none: only run_shared can detach its work",
+            })),
+        }
+    }
+
+    pub(super) fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
         if let Some(Deadline::After(d)) = d {
             if d.is_zero() || Instant::now().checked_add(*d).is_none() {
                 return Err(RunError::Invalid(EstimateError::InvalidSetting {
@@ -1038,6 +1441,14 @@ impl LlmBulkhead {
     /// [`RunContext::stop_requested`]; when `work` returns, its tokens are settled and the
     /// answer is [`RunError::Deadline`] (the result is dropped). A deadline that finds the slot
     /// already abandoned does nothing.
+    ///
+    /// # When the caller hears of the deadline
+    /// Here, only when `work` returns: it runs on the caller's thread, so nothing can answer
+    /// the caller before it does. This differs from the seed, where the caller is rejected at
+    /// expiry and the callback goes on in the background: a blocking closure cannot be
+    /// detached from the thread that runs it. Work that must answer at expiry polls
+    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns.
+    /// The async [`run`](Self::run) can answer at expiry; see there.
     ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
@@ -1069,6 +1480,7 @@ impl LlmBulkhead {
         F: FnOnce(&mut RunContext) -> Result<R, E>,
     {
         Self::check_deadline(&options.borrowed_concurrency_deadline)?;
+        Self::check_no_detach(&options)?;
         let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
         let RunOptions {
             wait,
@@ -1077,6 +1489,7 @@ impl LlmBulkhead {
             mode,
             ..
         } = options;
+        let caller = wait.cancel.clone();
         let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
             Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
             None => match mode {
@@ -1092,6 +1505,7 @@ impl LlmBulkhead {
                     .map_err(RunError::Rejected)?,
             },
         };
+        ctx.set_caller(caller);
         let out = work(&mut ctx);
         settle(ctx, out, &usage)
     }
@@ -1118,7 +1532,7 @@ impl LlmBulkhead {
     }
 
     /// The async [`observe_blocking`](Self::observe_blocking).
-    async fn observe_async(
+    pub(super) async fn observe_async(
         &self,
         demand: Demand,
         wait: WaitOptions,
@@ -1171,12 +1585,43 @@ impl LlmBulkhead {
     /// (deadlines run on the crate's timer thread). The request is validated and estimated
     /// when `run` is called, so the future does not borrow it.
     ///
+    /// # When the caller hears of the deadline
+    /// When `work` returns, as with [`run_blocking`](Self::run_blocking), unless the work
+    /// races [`RunContext::stopped`] against its provider call: then the caller is answered
+    /// [`RunError::Deadline`] at expiry, whatever the work returns:
+    ///
+    /// ```
+    /// use futures_lite::future;
+    /// use llm_bulkhead::llm::{Deadline, DeadlineTrigger, LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default())
+    ///     .default_class("batch").build().unwrap(); // every slot borrowed
+    /// let llm = LlmBulkhead::new(b, NaiveEstimator);
+    /// let trigger = DeadlineTrigger::new();
+    /// let options = RunOptions { borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())), ..RunOptions::default() };
+    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |ctx| {
+    ///     let provider_call = future::pending::<Result<&str, ()>>(); // never answers
+    ///     trigger.fire(); // (a clock deadline fires on the timer thread)
+    ///     future::or(provider_call, async { ctx.stopped().await; Err(()) }).await
+    /// }));
+    /// assert!(matches!(r, Err(RunError::Deadline(_))));
+    /// ```
+    ///
+    /// The provider call is then dropped, not detached: the work's future borrows its context
+    /// and is not `'static`, so it cannot outlive the run, and the tokens are settled at once
+    /// with the last usage report. The seed's detached callback, which keeps its tokens until
+    /// it settles, needs work that owns its context and an executor to go on running on:
+    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] offers it
+    /// (the caller is answered at expiry and the work is handed to the application's
+    /// spawner); `run` refuses that option.
+    ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
     /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
     /// the work's future and the context, which releases the admission with the last usage
-    /// report and disarms the deadline (observe mode: a bypassed run is settled with its
-    /// last report, and a `bypass_release` event says so).
+    /// report, disarms the deadline and fires the run's [`StopSignal`] with
+    /// [`StopCause::Ended`] (observe mode: a bypassed run is settled with its last report, and
+    /// a `bypass_release` event says so).
     ///
     /// # Errors
     /// As [`run_blocking`](Self::run_blocking).
@@ -1207,6 +1652,7 @@ impl LlmBulkhead {
     {
         // Validation and estimation happen now, so the future does not borrow the request.
         let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
+            .and_then(|()| Self::check_no_detach(&options))
             .and_then(|()| self.demand(request, &options).map_err(RunError::Invalid));
         async move {
             let demand = prepared?;
@@ -1217,6 +1663,7 @@ impl LlmBulkhead {
                 mode,
                 ..
             } = options;
+            let caller = wait.cancel.clone();
             let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
                 Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
                 None => match mode {
@@ -1239,34 +1686,46 @@ impl LlmBulkhead {
                     .map_err(RunError::Rejected)?,
                 },
             };
+            ctx.set_caller(caller);
             let out = work(&mut ctx).await;
             settle(ctx, out, &usage)
         }
     }
 }
 
-/// The fast decision alone (no class, no cancellation token): the admission if a slot is
-/// free and nobody waits, else `None`, having changed and counted nothing, so that the
-/// waiting acquire decides again (and counts its refusal) exactly as without this step. It
-/// saves building a queue node when none is needed.
+/// The fast decision alone (no cancellation token): the admission if a slot is free and
+/// nobody waits, else `None`, having changed and counted nothing, so that the waiting acquire
+/// decides again (and counts its refusal) exactly as without this step. It saves building a
+/// queue node when none is needed.
+///
+/// With classes it is the fast attempt of the class protocol (`classed::try_fast`, which
+/// declines whenever anyone waits and undoes anything it did when it declines), counted as
+/// [`Bulkhead::try_acquire`] counts its success; the full protocol is left to the waiting
+/// acquire. Not [`Bulkhead::try_acquire`] itself: its refusal is counted and reported, and the
+/// waiting acquire would then count the same demand's refusal a second time.
 #[inline]
-fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
+pub(super) fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Admission> {
     let shared = &*b.shared;
-    if shared.classed || wait.cancel.is_some() {
+    if wait.cancel.is_some() {
         return None;
     }
     let reservation = shared
         .has_budget
         .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+    let r = reservation.map_or(0, |r| r.total());
     let priority = demand.priority();
-    let g = b
-        .try_decide(reservation.map_or(0, |r| r.total()), priority)
-        .ok()?;
+    let g = if shared.classed {
+        let k = b.class_index(demand.class());
+        let a = crate::classed::try_fast(shared, k, r, priority)?;
+        b.count_class_admission(k, r, a.revision, a.resources)
+    } else {
+        b.try_decide(r, priority).ok()?
+    };
     Some(b.admission_from(g, priority, reservation))
 }
 
 /// Releases the admission of a finished work and builds the answer.
-fn settle<R, E, U: UsageFrom<R>>(
+pub(super) fn settle<R, E, U: UsageFrom<R>>(
     ctx: RunContext,
     out: Result<R, E>,
     usage: &U,

@@ -1,0 +1,571 @@
+//! De-duplication as an option of `run` (seed 001: "deduplication applies to run()"): a
+//! bulkhead-level setting ([`LlmBulkhead::with_dedup`]: on/off, key function, map bound), the
+//! per-call `dedup` and `dedup_scope` of [`RunOptions`], and the entry points
+//! [`LlmBulkhead::run_shared`] (results shared by `Clone`) and
+//! [`LlmBulkhead::run_shared_with`] (a share function per call).
+//!
+//! # The `Send` obstacle, and the design
+//! A shared call is driven by whichever participant polls it, so its future must be `Send` and
+//! `'static`; the future of an `AsyncFnOnce` closure cannot be required `Send` on stable Rust.
+//! The work of a shared run therefore returns a boxed future that may borrow the context:
+//! `for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E>`, written
+//! `|ctx| Box::pin(async move { … })`. The run future owns everything it needs (the request is
+//! estimated and keyed when `run_shared` is called), so it is `Send + 'static` and can be
+//! spawned.
+//!
+//! # An answer at the deadline
+//! Because the work owns its context, a shared run can answer the seed's way: with
+//! `RunOptions::detach_at_deadline` (a spawner), expiry of the borrowed-concurrency deadline
+//! answers the caller (and the followers) [`RunError::Deadline`] at once, and the work, still
+//! running, is handed to the spawner; it settles its tokens when it ends, and a drain counts
+//! it until then. The flight's key is freed at expiry, so an identical call meanwhile starts a
+//! new call (the reference's B13).
+//!
+//! # Partitions
+//! The key is the bulkhead's key function of the request (default: [`DedupKey::for_request`],
+//! the whole request), inside the call's `dedup_scope` and its admission class. The class is
+//! resolved first: no class means the default class, so `None` and `Some(default)` share; a
+//! class this bulkhead does not have, or a class on a bulkhead without classes, is
+//! [`RunError::Invalid`] before anything joins. Results of different types never share.
+//!
+//! # Where it differs from the reference
+//! Every call is validated and estimated, followers too (the reference lets a follower skip
+//! validation, its B11). A follower's failures (its own timeout, an unshareable result) are
+//! [`RunError::Shared`], counted in [`DedupStats`] (`timeouts`, `unshareable`) and seen as a
+//! `dedup` event, not as admission refusals: the bulkhead did not refuse anything, so they are
+//! not in `Stats::rejected_by_reason` and carry no capacity detail. A follower waits with an
+//! explicit `wait.timeout` only, and leaves when its future is dropped (`wait.cancel` is not
+//! observed while following).
+
+use super::dedup::{Dedup, DedupError, DedupKey, DedupStats, FollowerOptions};
+use super::observe::Mode;
+use super::request::LlmRequest;
+use super::run::{admit_now, settle, LlmBulkhead, RunContext, RunError, RunOptions, UsageFrom};
+use super::EstimateError;
+use crate::events::{DedupEvent, DedupOutcome, Event};
+use crate::{ClassId, Stats};
+use std::any::{Any, TypeId};
+use std::fmt;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// The future a shared run's work returns: boxed, `Send`, and free to borrow the context.
+///
+/// ```
+/// use llm_bulkhead::llm::{BoxWork, RunContext};
+/// fn work(ctx: &mut RunContext) -> BoxWork<'_, u64, ()> {
+///     Box::pin(async move { Ok(ctx.revision()) })
+/// }
+/// # let _ = work;
+/// ```
+pub type BoxWork<'c, R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send + 'c>>;
+
+/// A custom de-duplication key function: the key of a request, or `None` to opt it out
+/// (the reference's empty key). The scope and class partition are applied to its answer.
+///
+/// ```
+/// use llm_bulkhead::llm::{DedupKey, DedupKeyFn, LlmRequest};
+/// use std::sync::Arc;
+/// // Share by model and last message only; requests without messages never share.
+/// let key: DedupKeyFn = Arc::new(|r: &LlmRequest| {
+///     let last = r.messages.last()?;
+///     DedupKey::of_bytes(format!("{:?}|{}", r.model, last.content.text_len()).as_bytes())
+/// });
+/// assert!(key(&LlmRequest::default()).is_none());
+/// ```
+pub type DedupKeyFn = Arc<dyn Fn(&LlmRequest) -> Option<DedupKey> + Send + Sync>;
+
+/// The bulkhead-level de-duplication setting (the reference's `deduplication` option).
+///
+/// ```
+/// use llm_bulkhead::llm::{DedupKey, DedupSettings};
+/// use std::sync::Arc;
+/// let on = DedupSettings::default();
+/// assert!(on.enabled);
+/// let custom = DedupSettings {
+///     key: Some(Arc::new(|r: &llm_bulkhead::llm::LlmRequest| DedupKey::of_bytes(r.model.as_deref()?.as_bytes()))),
+///     max_in_flight: 100,
+///     ..DedupSettings::default()
+/// };
+/// # let _ = custom;
+/// ```
+#[derive(Clone)]
+pub struct DedupSettings {
+    /// De-duplicate calls that do not opt out (`RunOptions::dedup`). `false` keeps the map
+    /// but shares nothing.
+    pub enabled: bool,
+    /// The key function (`None`: [`DedupKey::for_request`], the whole request).
+    pub key: Option<DedupKeyFn>,
+    /// At most this many keys in flight; a call that finds the map full runs on its own
+    /// (counted in [`DedupStats::full`]). Above zero.
+    pub max_in_flight: usize,
+}
+
+impl Default for DedupSettings {
+    /// On, the default key, at most 10,000 keys in flight.
+    fn default() -> Self {
+        DedupSettings {
+            enabled: true,
+            key: None,
+            max_in_flight: 10_000,
+        }
+    }
+}
+
+impl fmt::Debug for DedupSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DedupSettings")
+            .field("enabled", &self.enabled)
+            .field("key", &self.key.as_ref().map(|_| "custom"))
+            .field("max_in_flight", &self.max_in_flight)
+            .finish()
+    }
+}
+
+/// The statistics of an [`LlmBulkhead`]: the bulkhead's, and de-duplication's when it is
+/// configured (the reference's `stats().deduplication`, absent when off).
+///
+/// ```
+/// use llm_bulkhead::llm::{DedupSettings, LlmBulkhead, NaiveEstimator};
+/// use llm_bulkhead::Bulkhead;
+/// let plain = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+/// assert!(plain.stats().dedup.is_none());
+/// let dedup = plain.clone().with_dedup(DedupSettings::default()).unwrap();
+/// assert_eq!(dedup.stats().dedup.unwrap().active, 0);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct LlmStats {
+    /// [`Bulkhead::stats`](crate::Bulkhead::stats).
+    #[cfg_attr(feature = "serde", serde(flatten))]
+    pub bulkhead: Stats,
+    /// De-duplication (`None` when the bulkhead has no de-duplication setting).
+    pub dedup: Option<DedupStats>,
+}
+
+/// A result of some type, with the way to share it (a type-erased flight carries any result).
+pub(super) struct Erased {
+    value: Option<Box<dyn Any + Send>>,
+    sharer: Sharer,
+}
+
+type DynShare = Arc<dyn Fn(&(dyn Any + Send)) -> Option<Box<dyn Any + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+enum Sharer {
+    /// By `Clone` (a function pointer: no allocation per call).
+    Fn(fn(&(dyn Any + Send)) -> Option<Box<dyn Any + Send>>),
+    /// By the caller's share function.
+    Dyn(DynShare),
+}
+
+impl Erased {
+    fn share(&self) -> Erased {
+        let value = self.value.as_deref().and_then(|v| match &self.sharer {
+            Sharer::Fn(f) => f(v),
+            Sharer::Dyn(f) => f(v),
+        });
+        Erased {
+            value,
+            sharer: self.sharer.clone(),
+        }
+    }
+}
+
+fn share_clone<R: Clone + Send + 'static, E: Clone + Send + 'static>(
+    v: &(dyn Any + Send),
+) -> Option<Box<dyn Any + Send>> {
+    let r = v.downcast_ref::<Result<R, RunError<E>>>()?;
+    Some(Box::new(r.clone()))
+}
+
+/// The de-duplication of an [`LlmBulkhead`].
+pub(super) struct SharedDedup {
+    settings: DedupSettings,
+    flights: Dedup<Erased>,
+}
+
+/// What a shared run does once registered: run on its own, or take part in a flight.
+enum Path<U, F> {
+    Solo(LlmBulkhead, crate::Demand, RunOptions<U>, F),
+    Flight(
+        super::dedup::DedupRun<Erased>,
+        Option<ClassId>,
+        Arc<SharedDedup>,
+        crate::Bulkhead,
+    ),
+}
+
+/// A 64-bit tag of a type, from its `TypeId`.
+fn type_tag<T: 'static>() -> u64 {
+    #[derive(Default)]
+    struct Fold(u64);
+    impl Hasher for Fold {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        fn write_u64(&mut self, v: u64) {
+            self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        fn write_u128(&mut self, v: u128) {
+            self.write_u64(v as u64);
+            self.write_u64((v >> 64) as u64);
+        }
+    }
+    let mut h = Fold(0xcbf2_9ce4_8422_2325);
+    TypeId::of::<T>().hash(&mut h);
+    h.finish()
+}
+
+impl LlmBulkhead {
+    /// The same front end with bulkhead-level de-duplication for
+    /// [`run_shared`](Self::run_shared) and [`run_shared_with`](Self::run_shared_with).
+    /// Clones share the map.
+    ///
+    /// # Errors
+    /// [`EstimateError::InvalidSetting`] (`max_in_flight` is 0).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{DedupSettings, LlmBulkhead, NaiveEstimator};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator)
+    ///     .with_dedup(DedupSettings::default())
+    ///     .unwrap();
+    /// assert!(LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator)
+    ///     .with_dedup(DedupSettings { max_in_flight: 0, ..DedupSettings::default() }).is_err());
+    /// # let _ = llm;
+    /// ```
+    pub fn with_dedup(mut self, settings: DedupSettings) -> Result<LlmBulkhead, EstimateError> {
+        if settings.max_in_flight == 0 {
+            return Err(EstimateError::InvalidSetting {
+                field: "dedup.max_in_flight",
+                expected: "above zero",
+            });
+        }
+        let flights = Dedup::with_share(settings.max_in_flight, Erased::share);
+        self.dedup = Some(Arc::new(SharedDedup { settings, flights }));
+        Ok(self)
+    }
+
+    /// The bulkhead's statistics and, when configured, de-duplication's.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, NaiveEstimator};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(2).unwrap(), NaiveEstimator);
+    /// assert_eq!(llm.stats().bulkhead.limits.max_concurrent, 2);
+    /// ```
+    pub fn stats(&self) -> LlmStats {
+        LlmStats {
+            bulkhead: self.bulkhead.stats(),
+            dedup: self.dedup.as_ref().map(|d| d.flights.stats()),
+        }
+    }
+
+    /// The class a shared run is partitioned by: the default class when none is named;
+    /// an error for a class this bulkhead does not have, or any class without classes.
+    fn dedup_class(&self, class: Option<ClassId>) -> Result<Option<ClassId>, EstimateError> {
+        let shared = &*self.bulkhead.shared;
+        if !shared.classed {
+            return match class {
+                None => Ok(None),
+                Some(_) => Err(EstimateError::InvalidSetting {
+                    field: "class",
+                    expected: "none: this bulkhead has no admission classes",
+                }),
+            };
+        }
+        match class {
+            None => Ok(Some(ClassId(shared.default_class as u8))),
+            Some(c) if c.index() < shared.class_words.len() => Ok(Some(c)),
+            Some(_) => Err(EstimateError::InvalidSetting {
+                field: "class",
+                expected: "a class of this bulkhead",
+            }),
+        }
+    }
+
+    /// As [`run`](Self::run), and identical calls in flight share one: when the bulkhead
+    /// de-duplicates ([`with_dedup`](Self::with_dedup)) and the call does not opt out
+    /// (`options.dedup`), the first call of a key **leads** (it is admitted and runs `work`),
+    /// and every identical call meanwhile **follows**: it takes no admission, runs nothing, and
+    /// gets a clone of the leader's outcome (a success, its error, a rejection or a deadline
+    /// error alike). Registration happens here, synchronously. The key is the bulkhead's key
+    /// function of the request, inside `options.dedup_scope` and the admission class (see the
+    /// [module docs](self) of `shared_run` for the partitions and the `Send` design).
+    ///
+    /// The shared call is owned by the flight: dropping the leader's future does not cancel
+    /// the call its followers wait on; it is dropped when every participant is gone (which
+    /// releases its admission, as dropping a `run` does). A follower waits at most
+    /// `options.wait.timeout` (only when given explicitly), then answers
+    /// [`RunError::Shared`]`(Timeout)` while the call goes on.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the flight (see above); nothing leaks.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run); a class the bulkhead does not have is [`RunError::Invalid`]
+    /// before anything joins; a follower's own failures are [`RunError::Shared`].
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{DedupSettings, LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator)
+    ///     .with_dedup(DedupSettings::default()).unwrap();
+    /// let request = LlmRequest::new("gpt-4o", &["What is a bulkhead?"]);
+    /// let call = || llm.run_shared(&request, RunOptions::default(), |ctx| Box::pin(async move {
+    ///     Ok::<_, ()>(format!("answer of {}", ctx.admission_id()))
+    /// }));
+    /// let (leader, follower) = (call(), call()); // the second joins the first
+    /// let (a, b) = futures_lite::future::block_on(async { (leader.await, follower.await) });
+    /// assert_eq!(a.unwrap(), b.unwrap());
+    /// let s = llm.stats();
+    /// assert_eq!((s.bulkhead.admitted, s.dedup.unwrap().hits), (1, 1));
+    /// ```
+    pub fn run_shared<R, E, U, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+    ) -> impl Future<Output = Result<R, RunError<E>>> + Send + 'static
+    where
+        R: Clone + Send + 'static,
+        E: Clone + Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        self.shared_run(request, options, Sharer::Fn(share_clone::<R, E>), work)
+    }
+
+    /// As [`run_shared`](Self::run_shared), for results that are not `Clone` or must not be
+    /// handed out twice (a single-consumer stream): each follower gets `share(&result)` of
+    /// the leader's success, and the leader keeps the original. `share` answering `None` means
+    /// the result cannot be shared (the reference's `unshareable_result`): that follower gets
+    /// [`RunError::Shared`]`(Unshareable)`, counted in `DedupStats::unshareable` and seen as a
+    /// `dedup` event with outcome `unshareable`. A leader's error reaches followers by
+    /// `Clone`.
+    ///
+    /// # Cancel safety
+    /// As [`run_shared`](Self::run_shared).
+    ///
+    /// # Errors
+    /// As [`run_shared`](Self::run_shared).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{DedupError, DedupSettings, LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// struct Stream(u32); // not Clone: one consumer only
+    /// let llm = LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator)
+    ///     .with_dedup(DedupSettings::default()).unwrap();
+    /// let request = LlmRequest::new("gpt-4o", &["hi"]);
+    /// let call = || llm.run_shared_with(&request, RunOptions::default(), |_: &Stream| None,
+    ///     |_ctx| Box::pin(async { Ok::<_, ()>(Stream(7)) }));
+    /// let (leader, follower) = (call(), call());
+    /// let (a, b) = futures_lite::future::block_on(async { (leader.await, follower.await) });
+    /// assert_eq!(a.unwrap().0, 7);
+    /// assert!(matches!(b, Err(RunError::Shared(DedupError::Unshareable))));
+    /// assert_eq!(llm.stats().dedup.unwrap().unshareable, 1);
+    /// ```
+    pub fn run_shared_with<R, E, U, S, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        share: S,
+        work: F,
+    ) -> impl Future<Output = Result<R, RunError<E>>> + Send + 'static
+    where
+        R: Send + 'static,
+        E: Clone + Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        S: Fn(&R) -> Option<R> + Send + Sync + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        let sharer: DynShare = Arc::new(move |v: &(dyn Any + Send)| {
+            let r = v.downcast_ref::<Result<R, RunError<E>>>()?;
+            let shared: Result<R, RunError<E>> = match r {
+                Ok(x) => Ok(share(x)?),
+                Err(e) => Err(e.clone()),
+            };
+            Some(Box::new(shared) as Box<dyn Any + Send>)
+        });
+        self.shared_run(request, options, Sharer::Dyn(sharer), work)
+    }
+
+    fn shared_run<R, E, U, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        sharer: Sharer,
+        work: F,
+    ) -> impl Future<Output = Result<R, RunError<E>>> + Send + 'static
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        // Validation, estimation, the class and the key now, before anything joins.
+        let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
+            .and_then(|()| self.dedup_class(options.class).map_err(RunError::Invalid))
+            .and_then(|class| {
+                let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
+                Ok((class, demand))
+            });
+        let joined = prepared.map(|(class, demand)| {
+            let dedup = self.dedup.as_ref();
+            let key = dedup.and_then(|d| {
+                if !(d.settings.enabled && options.dedup) {
+                    return None;
+                }
+                let scope = options.dedup_scope.as_deref().unwrap_or("");
+                let key = match &d.settings.key {
+                    None => Some(DedupKey::for_request(request, scope, class)),
+                    Some(f) => f(request).map(|k| k.partition(scope, class)),
+                };
+                key.map(|k| k.typed(type_tag::<Result<R, RunError<E>>>()))
+            });
+            let llm = self.clone();
+            let (Some(key), Some(d)) = (key, dedup) else {
+                // Not de-duplicated: the plain run, without the map, the box or the erasure.
+                return Path::Solo(llm, demand, options, work);
+            };
+            let follower = FollowerOptions {
+                timeout: options.wait.timeout,
+            };
+            let call = move || async move {
+                let out = llm.execute(demand, options, work).await;
+                Erased {
+                    value: Some(Box::new(out)),
+                    sharer,
+                }
+            };
+            let flight = d.flights.run(Some(key), follower, call);
+            if flight.is_follower() {
+                self.dedup_event(class, DedupOutcome::Joined);
+            }
+            Path::Flight(flight, class, d.clone(), self.bulkhead.clone())
+        });
+        async move {
+            let (flight, class, dedup, bulkhead) = match joined? {
+                Path::Solo(llm, demand, options, work) => {
+                    return llm.execute(demand, options, work).await;
+                }
+                Path::Flight(flight, class, dedup, bulkhead) => (flight, class, dedup, bulkhead),
+            };
+            let unshareable = || {
+                dedup.flights.count_unshareable();
+                emit_dedup(&bulkhead, class, DedupOutcome::Unshareable);
+                Err(RunError::Shared(DedupError::Unshareable))
+            };
+            match flight.await {
+                Ok(Erased { value: Some(v), .. }) => match v.downcast::<Result<R, RunError<E>>>() {
+                    Ok(out) => *out,
+                    // Unreachable: keys are typed by the result type.
+                    Err(_) => unshareable(),
+                },
+                // The share function declined for this follower.
+                Ok(Erased { value: None, .. }) => unshareable(),
+                // A share function that panicked (counted by the map).
+                Err(DedupError::Unshareable) => {
+                    emit_dedup(&bulkhead, class, DedupOutcome::Unshareable);
+                    Err(RunError::Shared(DedupError::Unshareable))
+                }
+                Err(DedupError::Timeout) => {
+                    emit_dedup(&bulkhead, class, DedupOutcome::Timeout);
+                    Err(RunError::Shared(DedupError::Timeout))
+                }
+            }
+        }
+    }
+
+    fn dedup_event(&self, class: Option<ClassId>, outcome: DedupOutcome) {
+        emit_dedup(&self.bulkhead, class, outcome);
+    }
+
+    /// The admission, the work and the release of a shared call (the body of `run`, with a
+    /// boxed work future so that the whole is `Send`).
+    async fn execute<R, E, U, F>(
+        &self,
+        demand: crate::Demand,
+        options: RunOptions<U>,
+        work: F,
+    ) -> Result<R, RunError<E>>
+    where
+        R: Send + 'static,
+        E: Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        let RunOptions {
+            wait,
+            borrowed_concurrency_deadline: deadline,
+            usage,
+            mode,
+            detach_at_deadline,
+            ..
+        } = options;
+        let caller = wait.cancel.clone();
+        let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
+            Some(a) => RunContext::new(a, deadline),
+            None => match mode {
+                Mode::Enforce => {
+                    let a = Box::pin(self.bulkhead.acquire(demand, wait))
+                        .await
+                        .map_err(RunError::Rejected)?;
+                    RunContext::new(a, deadline)
+                }
+                Mode::Observe(shadow) => {
+                    Box::pin(self.observe_async(demand, wait, shadow, deadline))
+                        .await
+                        .map_err(RunError::Rejected)?
+                }
+            },
+        };
+        ctx.set_caller(caller);
+        let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
+        let Some((detach, (signal, expired))) = watch else {
+            let out = work(&mut ctx).await;
+            return settle(ctx, out, &usage);
+        };
+        // The work owns its context, so that it can outlive this run if the deadline detaches it.
+        let mut body: Pin<Box<dyn Future<Output = Result<R, RunError<E>>> + Send>> =
+            Box::pin(async move {
+                let out = work(&mut ctx).await;
+                settle(ctx, out, &usage)
+            });
+        std::future::poll_fn(move |cx| {
+            if let std::task::Poll::Ready(out) = body.as_mut().poll(cx) {
+                return std::task::Poll::Ready(out);
+            }
+            signal.register(cx.waker());
+            if !signal.deadline_fired() {
+                return std::task::Poll::Pending;
+            }
+            // Expired: answer now; the work goes on where the application runs it, and its
+            // tokens are settled when it ends.
+            let rest = std::mem::replace(&mut body, Box::pin(std::future::pending()));
+            detach(Box::pin(async move {
+                let _ = rest.await;
+            }));
+            std::task::Poll::Ready(Err(RunError::Deadline(expired.clone())))
+        })
+        .await
+    }
+}
+
+fn emit_dedup(bulkhead: &crate::Bulkhead, class: Option<ClassId>, outcome: DedupOutcome) {
+    let shared = &*bulkhead.shared;
+    crate::events::emit(shared, || {
+        Event::Dedup(DedupEvent {
+            class: crate::events::class_name(shared, class.map(ClassId::index)),
+            outcome,
+        })
+    });
+}
