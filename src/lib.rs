@@ -59,6 +59,7 @@
 //! * **Precision:** a refusal is explained by one real state: no request is ever refused
 //!   because of another request's tentative step.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod admission;
@@ -66,13 +67,18 @@ mod advice;
 mod bulkhead;
 pub mod classed;
 pub mod classes;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod config;
 pub mod conformance;
+pub mod contract;
 mod demand;
 mod error;
 pub mod events;
 mod id;
 pub mod limits;
-#[cfg(feature = "serde")]
+#[cfg(feature = "llm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
 pub mod llm;
 pub mod model;
 mod queue;
