@@ -87,7 +87,13 @@ mod shared;
 pub mod state;
 pub mod stats;
 mod sync;
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "tracing", feature = "metrics"))))]
+pub mod telemetry;
 mod timer;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 mod waiting;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};

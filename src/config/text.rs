@@ -207,8 +207,8 @@ text_methods!(LimitsConfig, "a limits snapshot");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileOutcome {
-    /// The file's snapshot was newer and is now installed.
-    Applied(LimitsChange),
+    /// The file's snapshot was newer and is now installed (boxed: two snapshots are large).
+    Applied(Box<LimitsChange>),
     /// The file's revision is not newer than the current one: nothing was changed.
     NotNewer {
         /// The file's revision.
@@ -262,7 +262,7 @@ pub fn apply_limits_file(bulkhead: &Bulkhead, path: &Path) -> Result<FileOutcome
         });
     }
     match config.apply(bulkhead) {
-        Ok(change) => Ok(FileOutcome::Applied(change)),
+        Ok(change) => Ok(FileOutcome::Applied(Box::new(change))),
         // A newer snapshot was installed between the check and the apply.
         Err(LoadError::Apply(ApplyLimitsError::StaleRevision { attempted, current })) => {
             Ok(FileOutcome::NotNewer {

@@ -1,0 +1,185 @@
+//! The response future of [`BulkheadService`](super::BulkheadService).
+
+use super::body::{AdmittedBody, Held};
+use super::refusal::{Refusal, RefusalMode};
+use super::{ReleaseAt, Settings};
+use crate::{Admission, Rejection};
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_service::Service;
+
+/// A queue wait: the bulkhead's async acquire, owning its bulkhead handle.
+pub(crate) type Wait = Pin<Box<dyn Future<Output = Result<Admission, Rejection>> + Send>>;
+
+pin_project! {
+    /// The future of one request through the layer. Dropping it releases the admission (while
+    /// the inner service runs) or leaves the queue (while waiting), so a timeout outside the
+    /// layer or a client that goes away never leaks capacity.
+    ///
+    /// # Cancel safety
+    /// Dropping it at any point releases everything it holds; a request refused or dropped
+    /// before its admission never reaches the inner service.
+    pub struct ResponseFuture<S, RB, M>
+    where
+        S: Service<Request<RB>>,
+    {
+        #[pin]
+        state: State<S, RB>,
+        release_at: ReleaseAt,
+        _mode: PhantomData<fn() -> M>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, RB>
+    where
+        S: Service<Request<RB>>,
+    {
+        Refused {
+            refusal: Option<Refusal>,
+        },
+        Waiting {
+            wait: Wait,
+            service: Option<S>,
+            request: Option<Request<RB>>,
+            settings: Arc<Settings>,
+            started: std::time::Instant,
+        },
+        Calling {
+            #[pin]
+            future: S::Future,
+            held: Option<Held>,
+        },
+    }
+}
+
+impl<S, RB, M> ResponseFuture<S, RB, M>
+where
+    S: Service<Request<RB>>,
+{
+    pub(crate) fn refused(refusal: Refusal) -> Self {
+        ResponseFuture {
+            state: State::Refused {
+                refusal: Some(refusal),
+            },
+            release_at: ReleaseAt::EndOfBody,
+            _mode: PhantomData,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn calling(release_at: ReleaseAt, future: S::Future, held: Held) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                held: Some(held),
+            },
+            release_at,
+            _mode: PhantomData,
+        }
+    }
+
+    pub(crate) fn waiting(
+        settings: Arc<Settings>,
+        wait: Wait,
+        service: S,
+        request: Request<RB>,
+    ) -> Self {
+        ResponseFuture {
+            release_at: settings.release_at,
+            state: State::Waiting {
+                wait,
+                service: Some(service),
+                request: Some(request),
+                settings,
+                started: std::time::Instant::now(),
+            },
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<S, RB, M, B> Future for ResponseFuture<S, RB, M>
+where
+    S: Service<Request<RB>, Response = Response<B>>,
+    B: Body,
+    M: RefusalMode<S::Error>,
+{
+    type Output = Result<Response<AdmittedBody<B>>, M::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Refused { refusal } => {
+                    // Polled again after completion: a refusal is answered once; later polls
+                    // answer it again with the same body (futures need not be polled twice).
+                    let r = refusal.take().unwrap_or_else(|| {
+                        Refusal::Unclassified(super::ClassifyError {
+                            status: http::StatusCode::SERVICE_UNAVAILABLE,
+                            code: "polled_after_completion",
+                            message: "the response future was polled after it completed".into(),
+                        })
+                    });
+                    return Poll::Ready(M::refuse(r));
+                }
+                StateProj::Waiting {
+                    wait,
+                    service,
+                    request,
+                    settings,
+                    started,
+                } => {
+                    let outcome = ready!(wait.as_mut().poll(cx));
+                    settings.record_wait(*started);
+                    match outcome {
+                        Err(rejection) => {
+                            this.state.set(State::Refused { refusal: None });
+                            return Poll::Ready(M::refuse(Refusal::Rejected(Box::new(rejection))));
+                        }
+                        Ok(admission) => {
+                            let (Some(mut svc), Some(req)) = (service.take(), request.take())
+                            else {
+                                unreachable!("a waiting state always has its service and request")
+                            };
+                            let held = settings.hold(admission);
+                            let future = svc.call(req);
+                            this.state.set(State::Calling {
+                                future,
+                                held: Some(held),
+                            });
+                        }
+                    }
+                }
+                StateProj::Calling { future, held } => {
+                    let out = ready!(future.poll(cx));
+                    let held = held.take();
+                    return Poll::Ready(match out {
+                        Ok(resp) => Ok(super::wrap(*this.release_at, resp, held)),
+                        Err(e) => {
+                            drop(held);
+                            Err(M::inner(e))
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl<S, RB, M> fmt::Debug for ResponseFuture<S, RB, M>
+where
+    S: Service<Request<RB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
