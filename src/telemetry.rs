@@ -273,7 +273,8 @@ mod metrics_part {
     use crate::{Bulkhead, Event, RejectReason};
     use metrics::{counter, gauge, Counter, Label};
 
-    /// Counter handles, per class (the last entry: no class).
+    /// Counter handles, per class (one entry, without a class label, on a bulkhead without
+    /// classes).
     pub(super) struct Counters {
         classes: Vec<String>,
         admitted: Vec<Counter>,
@@ -306,11 +307,12 @@ mod metrics_part {
     impl Counters {
         pub(super) fn new(bulkhead: &Bulkhead, name: Option<&str>) -> Counters {
             let classes = bulkhead.class_names().to_vec();
-            let keys: Vec<Option<&str>> = classes
-                .iter()
-                .map(|c| Some(c.as_str()))
-                .chain(std::iter::once(None))
-                .collect();
+            // Events of a classed bulkhead always name their class; the others never do.
+            let keys: Vec<Option<&str>> = if classes.is_empty() {
+                vec![None]
+            } else {
+                classes.iter().map(|c| Some(c.as_str())).collect()
+            };
             let per = |metric: &'static str| -> Vec<Counter> {
                 keys.iter()
                     .map(|k| counter!(metric, labels(name, *k, &[])))
@@ -344,7 +346,7 @@ mod metrics_part {
         fn class(&self, class: Option<&str>) -> usize {
             class
                 .and_then(|c| self.classes.iter().position(|n| n == c))
-                .unwrap_or(self.classes.len())
+                .unwrap_or(0)
         }
 
         fn reason(r: RejectReason) -> usize {

@@ -1,7 +1,7 @@
 //! The layer's histograms (feature `metrics`): hold time per class and queue wait.
 
 use crate::{Admission, Bulkhead};
-use metrics::Histogram;
+use metrics::{Histogram, Label};
 use std::time::Instant;
 
 /// Histogram handles, registered when the layer is built.
@@ -12,16 +12,29 @@ pub(crate) struct LayerMetrics {
 }
 
 impl LayerMetrics {
-    pub(crate) fn new(bulkhead: &Bulkhead) -> LayerMetrics {
+    pub(crate) fn new(bulkhead: &Bulkhead, name: Option<&str>) -> LayerMetrics {
+        let labels = |class: Option<&String>| {
+            let mut l = Vec::new();
+            if let Some(n) = name {
+                l.push(Label::new("bulkhead", n.to_owned()));
+            }
+            if let Some(c) = class {
+                l.push(Label::new("class", c.clone()));
+            }
+            l
+        };
         let mut hold: Vec<Histogram> = bulkhead
             .class_names()
             .iter()
-            .map(|c| metrics::histogram!(crate::telemetry::HOLD_SECONDS, "class" => c.clone()))
+            .map(|c| metrics::histogram!(crate::telemetry::HOLD_SECONDS, labels(Some(c))))
             .collect();
-        hold.push(metrics::histogram!(crate::telemetry::HOLD_SECONDS));
+        hold.push(metrics::histogram!(
+            crate::telemetry::HOLD_SECONDS,
+            labels(None)
+        ));
         LayerMetrics {
             hold,
-            wait: metrics::histogram!(crate::telemetry::QUEUE_WAIT_SECONDS),
+            wait: metrics::histogram!(crate::telemetry::QUEUE_WAIT_SECONDS, labels(None)),
         }
     }
 

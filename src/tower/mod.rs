@@ -251,7 +251,27 @@ impl BulkheadLayerBuilder {
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn record_metrics(mut self, on: bool) -> Self {
-        self.settings.metrics = on.then(|| metrics::LayerMetrics::new(&self.settings.bulkhead));
+        self.settings.metrics =
+            on.then(|| metrics::LayerMetrics::new(&self.settings.bulkhead, None));
+        self
+    }
+
+    /// As [`record_metrics(true)`](Self::record_metrics), with the label `bulkhead = name`
+    /// on the histograms (as [`Telemetry::name`](crate::telemetry::Telemetry::name) labels the
+    /// counters).
+    ///
+    /// ```
+    /// # use llm_bulkhead::tower::BulkheadLayer;
+    /// let layer = BulkheadLayer::builder(llm_bulkhead::Bulkhead::new(2).unwrap()).record_metrics_named("openai").build();
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn record_metrics_named(mut self, name: &str) -> Self {
+        self.settings.metrics = Some(metrics::LayerMetrics::new(
+            &self.settings.bulkhead,
+            Some(name),
+        ));
         self
     }
 
