@@ -50,7 +50,10 @@ fn tracing_events_carry_sanitized_decision_fields() {
     tracing::subscriber::with_default(subscriber, || {
         let b = classed();
         let batch = b.class_id("batch").unwrap();
-        let _sub = Telemetry::default().name("openai").metrics(false).instrument(&b);
+        let _sub = Telemetry::default()
+            .name("openai")
+            .metrics(false)
+            .instrument(&b);
         let a = b
             .try_acquire(Demand::tokens(Reservation::new(100, 50).unwrap()).in_class(batch))
             .unwrap();
@@ -69,8 +72,14 @@ fn tracing_events_carry_sanitized_decision_fields() {
         let reject = text.lines().find(|l| l.contains("rejected")).expect(&text);
         assert!(reject.contains("INFO llm_bulkhead"), "{reject}");
         assert!(reject.contains("reason=\"concurrency_limit\""), "{reject}");
-        assert!(reject.contains("constraint=\"admission_class\""), "{reject}");
-        assert!(reject.contains(&format!("revision={}", refused.revision)), "{reject}");
+        assert!(
+            reject.contains("constraint=\"admission_class\""),
+            "{reject}"
+        );
+        assert!(
+            reject.contains(&format!("revision={}", refused.revision)),
+            "{reject}"
+        );
         assert!(reject.contains("max_concurrent=2"), "{reject}");
         assert!(reject.contains("requested_tokens=15"), "{reject}");
         let release = text.lines().find(|l| l.contains("released")).expect(&text);

@@ -47,11 +47,10 @@ pin_project! {
             refusal: Option<Refusal>,
         },
         Waiting {
-            wait: Wait,
-            service: Option<S>,
-            request: Option<Request<RB>>,
-            settings: Arc<Settings>,
-            started: std::time::Instant,
+            // Boxed: the waiting path allocates its wait anyway, and keeping the service and
+            // the request out of line keeps the fast path's future small (moves of a large
+            // future cost more than the admission itself).
+            waiting: Box<Waiting<S, RB>>,
         },
         Calling {
             #[pin]
@@ -59,6 +58,14 @@ pin_project! {
             held: Option<Held>,
         },
     }
+}
+
+pub(crate) struct Waiting<S, RB> {
+    wait: Wait,
+    service: Option<S>,
+    request: Option<Request<RB>>,
+    settings: Arc<Settings>,
+    started: std::time::Instant,
 }
 
 impl<S, RB, M> ResponseFuture<S, RB, M>
@@ -96,11 +103,13 @@ where
         ResponseFuture {
             release_at: settings.release_at,
             state: State::Waiting {
-                wait,
-                service: Some(service),
-                request: Some(request),
-                settings,
-                started: std::time::Instant::now(),
+                waiting: Box::new(Waiting {
+                    wait,
+                    service: Some(service),
+                    request: Some(request),
+                    settings,
+                    started: std::time::Instant::now(),
+                }),
             },
             _mode: PhantomData,
         }
@@ -131,13 +140,14 @@ where
                     });
                     return Poll::Ready(M::refuse(r));
                 }
-                StateProj::Waiting {
-                    wait,
-                    service,
-                    request,
-                    settings,
-                    started,
-                } => {
+                StateProj::Waiting { waiting } => {
+                    let Waiting {
+                        wait,
+                        service,
+                        request,
+                        settings,
+                        started,
+                    } = &mut **waiting;
                     let outcome = ready!(wait.as_mut().poll(cx));
                     settings.record_wait(*started);
                     match outcome {
