@@ -75,6 +75,7 @@ pub mod contract;
 mod demand;
 mod error;
 pub mod events;
+pub mod guide;
 mod id;
 pub mod limits;
 #[cfg(feature = "llm")]

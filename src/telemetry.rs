@@ -1,7 +1,7 @@
 //! Tracing and metrics (features `tracing` and `metrics`), fed by the bulkhead's
 //! [`events`](crate::events).
 //!
-//! [`instrument`] subscribes to a bulkhead and, for every decision and settlement, emits a
+//! [`Telemetry::instrument`] subscribes to a bulkhead and, for every decision and settlement, emits a
 //! `tracing` event and/or updates `metrics` counters. [`record_gauges`] sets the gauges from
 //! [`Bulkhead::stats`] (call it when metrics are scraped: a pull keeps the gauges exact, even
 //! for admissions made before the subscription). The tower layer adds histograms of hold time

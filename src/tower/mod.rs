@@ -1,4 +1,4 @@
-//! A tower [`Layer`](tower_layer::Layer) for HTTP gateways (feature `tower`): every request
+//! A tower `Layer` for HTTP gateways (feature `tower`): every request
 //! is admitted by a [`Bulkhead`] before it reaches the inner service, and the admission is held
 //! until the **last byte of the response body** (contract §11).
 //!
