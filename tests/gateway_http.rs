@@ -211,6 +211,7 @@ fn the_kill_switch_refuses_with_429_until_lifted() {
         // Bad bodies never reach the bulkhead.
         let c = call(addr, post_json("/v1/chat/completions", "{not json", &[])).await;
         assert_eq!(c.response.status(), 400);
+        assert!(text(c.response).await.contains("\"type\":\"invalid_json\""));
         let st = s.gw.bulkhead.stats();
         assert_eq!((st.admitted, st.rejected, st.in_flight), (1, 1, 0));
     });

@@ -14,9 +14,9 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use llm_bulkhead::config::{BulkheadConfig, LimitsConfig, LoadError};
-use llm_bulkhead::llm::{LlmRequest, TokenEstimator};
+use llm_bulkhead::llm::TokenEstimator;
 use llm_bulkhead::telemetry::{self, Telemetry};
-use llm_bulkhead::tower::{openai_usage, BulkheadLayer, HeaderClassifier, TokenEstimate};
+use llm_bulkhead::tower::{estimate_json, openai_usage, BulkheadLayer, HeaderClassifier};
 use llm_bulkhead::{ApplyLimitsError, Bulkhead, Subscription};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
@@ -127,15 +127,11 @@ async fn estimate(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> R
             )
         }
     };
-    let request: LlmRequest = match serde_json::from_slice(&bytes) {
-        Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
-    };
-    match gw.estimator.estimate(&request) {
-        Ok(r) => {
-            parts.extensions.insert(TokenEstimate(r));
+    match estimate_json(&bytes, &*gw.estimator) {
+        Ok(estimate) => {
+            parts.extensions.insert(estimate);
         }
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()),
+        Err(e) => return error(e.status, e.code, e.message),
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await

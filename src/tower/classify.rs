@@ -273,3 +273,37 @@ impl Classify for HeaderClassifier {
         Ok(demand)
     }
 }
+
+/// Estimates the token reservation of a chat request from its JSON body (features `tower` and
+/// `llm`), for a middleware or extractor that read the body before the layer: parse, estimate,
+/// and put the result in the request's extensions for [`HeaderClassifier`]. Errors are 400
+/// refusals naming the problem (`invalid_json`, `invalid_estimate`), never echoing the body.
+///
+/// # Errors
+/// A [`ClassifyError`] for a body that is not a chat request, or that the estimator refuses.
+///
+/// ```
+/// use llm_bulkhead::llm::ModelAwareEstimator;
+/// use llm_bulkhead::tower::estimate_json;
+/// let body = br#"{"model": "gpt-4o", "max_tokens": 100, "messages": [{"role": "user", "content": "hello"}]}"#;
+/// let estimate = estimate_json(body, &ModelAwareEstimator::default()).unwrap();
+/// assert_eq!(estimate.0.max_output(), 100);
+/// assert_eq!(estimate_json(b"{nope", &ModelAwareEstimator::default()).unwrap_err().code, "invalid_json");
+/// ```
+#[cfg(feature = "llm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
+pub fn estimate_json(
+    body: &[u8],
+    estimator: &dyn crate::llm::TokenEstimator,
+) -> Result<TokenEstimate, ClassifyError> {
+    let request: crate::llm::LlmRequest = serde_json::from_slice(body).map_err(|e| {
+        ClassifyError::bad_request(
+            "invalid_json",
+            format!("the body is not a chat request: {e}"),
+        )
+    })?;
+    estimator
+        .estimate(&request)
+        .map(TokenEstimate)
+        .map_err(|e| ClassifyError::bad_request("invalid_estimate", e.to_string()))
+}

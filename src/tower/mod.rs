@@ -28,7 +28,8 @@
 //!   route makes a semaphore per clone, so it limits nothing: tokio-rs/axum#2582.)
 //! * **The decision is made in `call`**, from a [`Classify`] over the request's parts (class,
 //!   priority, tokens; an extension can carry a [`TokenEstimate`] or a whole
-//!   [`Demand`](crate::Demand)). `poll_ready` only forwards the inner service's readiness and
+//!   [`Demand`](crate::Demand); `estimate_json`, with the `llm` feature, makes that estimate
+//!   from a JSON body a middleware has read). `poll_ready` only forwards the inner service's readiness and
 //!   never waits on the bulkhead, so an idle keep-alive connection holds nothing.
 //! * **The admission lasts until the body ends**: the response's body is an [`AdmittedBody`]
 //!   that releases at its end, on a body error, or when dropped (a client that disconnects).
@@ -69,6 +70,8 @@ mod metrics;
 mod refusal;
 
 pub use body::{openai_usage, AdmittedBody, UsageHook, UsageUpdate};
+#[cfg(feature = "llm")]
+pub use classify::estimate_json;
 pub use classify::{Classify, ClassifyError, HeaderClassifier, SlotPerRequest, TokenEstimate};
 pub use future::ResponseFuture;
 pub use refusal::{
