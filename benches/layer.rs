@@ -28,12 +28,11 @@ use std::task::{Context, Poll, Waker};
 use tower::Service;
 use tower_layer::Layer;
 
-fn inner() -> impl Service<
-    Request<()>,
-    Response = Response<Full<Bytes>>,
-    Error = Infallible,
-    Future = std::future::Ready<Result<Response<Full<Bytes>>, Infallible>>,
-> + Clone {
+type Answer = std::future::Ready<Result<Response<Full<Bytes>>, Infallible>>;
+
+fn inner(
+) -> impl Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible, Future = Answer>
+       + Clone {
     tower::service_fn(|_: Request<()>| {
         std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"hello")))))
     })

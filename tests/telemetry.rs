@@ -8,6 +8,8 @@ use metrics_util::MetricKind;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+type Labels = Vec<(String, String)>;
+
 #[derive(Clone, Default)]
 struct Buffer(Arc<Mutex<Vec<u8>>>);
 
@@ -103,7 +105,7 @@ fn counters_gauges_and_labels_through_the_facade() {
         drop(held);
         telemetry::record_gauges(&b);
     });
-    let values: Vec<(String, Vec<(String, String)>, DebugValue)> = snapshotter
+    let values: Vec<(String, Labels, DebugValue)> = snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
