@@ -42,11 +42,22 @@
 //!   subscribers ([`Bulkhead::subscribe`]); [`Bulkhead::would_admit`]: the advisory decision.
 //! * [`classes`]: admission classes (floors, ceilings, borrowing from the shared remainder).
 //! * [`model`]: the sequential reference model the engine is tested against.
-//! * `llm` (default `serde` feature): chat requests as gateways receive them, and token
+//! * `llm` (default feature `llm`): chat requests as gateways receive them, and token
 //!   estimation (naive, model-aware, custom) that turns them into reservations, and
 //!   `LlmBulkhead` (`estimate`, `would_admit`, `run_blocking`, async `run`).
+//! * `config` (feature `serde`; JSON with `json`, TOML with `toml`): `BulkheadConfig` and
+//!   class-named `LimitsConfig` snapshots for files and control planes.
+//! * `tower` (feature `tower`): a `Layer` for HTTP gateways that holds each admission until the
+//!   last byte of the response body, with 429/503 JSON refusals.
+//! * `telemetry` (features `tracing`, `metrics`): tracing events and metrics, no exporter.
+//! * [`contract`]: the behaviour contract (cited as "contract §N"); [`guide`]: the user guide.
 //!
-//! ## Guarantees (CONTRACT.md §10)
+//! ## Features
+//!
+//! `llm` (default, with `json` and `serde`), `serde` (derives only), `json`, `toml`, `tower`,
+//! `tracing`, `metrics`; `--no-default-features` is the bare core. `testing` is test support.
+//!
+//! ## Guarantees (contract §10)
 //!
 //! * **Safety:** no admission makes the slots in use exceed `max_concurrent` or the tokens
 //!   held exceed the effective budget. Only usage reports (accounting, not admission) can push
