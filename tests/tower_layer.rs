@@ -600,3 +600,45 @@ fn a_route_level_layer_limits_50_concurrent_http_requests_to_5() {
         let _ = Full::new(Bytes::new());
     });
 }
+
+/// Idle keep-alive connections hold nothing: readiness takes no slot, so with a limit of 1 a
+/// request on a third connection is admitted while two earlier connections stay open and idle.
+#[test]
+fn idle_keep_alive_connections_hold_no_slot() {
+    use axum::routing::get;
+    use http_body_util::BodyExt;
+    use hyper_util::rt::TokioIo;
+    run(async {
+        let bulkhead = Bulkhead::new(1).unwrap();
+        let router = axum::Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(BulkheadLayer::slots(bulkhead.clone()));
+        let server = support::Server::start(router).await;
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            let stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            let conn = tokio::spawn(conn);
+            let resp = sender.send_request(support::get("/")).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap();
+            // The connection stays open (keep-alive) and ready for its next request.
+            sender.ready().await.unwrap();
+            idle.push((sender, conn));
+        }
+        assert_eq!(in_flight(&bulkhead), 0);
+        let c = support::call(server.addr, support::get("/")).await;
+        assert_eq!(c.response.status(), 200);
+        assert_eq!(support::text(c.response).await, "ok");
+        // And the idle connections still work, one after the other, within the limit of 1.
+        for (sender, _) in &mut idle {
+            let resp = sender.send_request(support::get("/")).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap();
+        }
+        assert_eq!(bulkhead.stats().admitted, 5);
+        assert_eq!(in_flight(&bulkhead), 0);
+    });
+}
