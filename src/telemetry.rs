@@ -48,8 +48,16 @@
 use crate::{Bulkhead, Event, Subscription};
 
 /// The hold-time histogram's name.
+///
+/// ```
+/// assert_eq!(llm_bulkhead::telemetry::HOLD_SECONDS, "llm_bulkhead_hold_seconds");
+/// ```
 pub const HOLD_SECONDS: &str = "llm_bulkhead_hold_seconds";
 /// The queue-wait histogram's name.
+///
+/// ```
+/// assert_eq!(llm_bulkhead::telemetry::QUEUE_WAIT_SECONDS, "llm_bulkhead_queue_wait_seconds");
+/// ```
 pub const QUEUE_WAIT_SECONDS: &str = "llm_bulkhead_queue_wait_seconds";
 
 /// What [`Telemetry::instrument`] emits.

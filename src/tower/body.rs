@@ -50,6 +50,12 @@ impl UsageUpdate {
 /// [`BulkheadLayerBuilder::usage_from_frames`](super::BulkheadLayerBuilder::usage_from_frames)). It sees
 /// the frame's first contiguous chunk; [`openai_usage`] is one for OpenAI- and
 /// Anthropic-shaped bodies.
+///
+/// ```
+/// use llm_bulkhead::tower::{openai_usage, UsageHook};
+/// let hook: UsageHook = std::sync::Arc::new(openai_usage);
+/// assert!(hook(b"data: [DONE]\n\n").is_none());
+/// ```
 pub type UsageHook = Arc<dyn Fn(&[u8]) -> Option<UsageUpdate> + Send + Sync>;
 
 /// Finds a final `usage` object in a body frame: an SSE frame's `data:` lines or a whole JSON

@@ -26,6 +26,21 @@ pin_project! {
     /// # Cancel safety
     /// Dropping it at any point releases everything it holds; a request refused or dropped
     /// before its admission never reaches the inner service.
+    ///
+    /// ```
+    /// use llm_bulkhead::tower::BulkheadLayer;
+    /// use tower::{Service, ServiceExt};
+    /// use tower_layer::Layer;
+    /// let b = llm_bulkhead::Bulkhead::new(1).unwrap();
+    /// let mut svc = BulkheadLayer::slots(b.clone()).layer(tower::service_fn(|_: http::Request<()>| async {
+    ///     std::future::pending::<()>().await; // a provider call that never ends
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// }));
+    /// let future = svc.call(http::Request::new(())); // admitted in `call`
+    /// assert_eq!(b.stats().in_flight, 1);
+    /// drop(future); // a timeout outside, or a client gone
+    /// assert_eq!(b.stats().in_flight, 0);
+    /// ```
     pub struct ResponseFuture<S, RB, M>
     where
         S: Service<Request<RB>>,

@@ -154,6 +154,14 @@ mod sealed {
 
 /// How the service answers a refusal: [`Respond`] (a ready 429/503 response, the inner error
 /// type kept) or [`Fail`] (a [`Refused`] error). Sealed.
+///
+/// ```
+/// use llm_bulkhead::tower::{ClassifyError, Fail, Refusal, RefusalMode, Respond};
+/// let r = || Refusal::Unclassified(ClassifyError::bad_request("c", "m"));
+/// let resp = <Respond as RefusalMode<std::io::Error>>::refuse::<String>(r()).unwrap();
+/// assert_eq!(resp.status(), 400);
+/// assert!(<Fail as RefusalMode<std::io::Error>>::refuse::<String>(r()).is_err());
+/// ```
 pub trait RefusalMode<E>: sealed::Sealed {
     /// The service's error type.
     type Error;
@@ -250,6 +258,14 @@ pub struct RefusalBody {
 }
 
 /// The `error` object of a [`RefusalBody`].
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert_eq!((body.error.kind, body.error.revision), ("admission_rejected", Some(0)));
+/// ```
 #[derive(Clone, Debug, Serialize)]
 pub struct RefusalError {
     /// `admission_rejected` (the bulkhead) or `invalid_request` (the classifier).
@@ -274,6 +290,14 @@ pub struct RefusalError {
 }
 
 /// Slots, queue and, when configured, tokens and class figures.
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert_eq!(body.error.capacity.unwrap().max_concurrent, 0);
+/// ```
 #[derive(Clone, Debug, Serialize)]
 pub struct CapacityBody {
     /// Slots in use.
@@ -296,6 +320,14 @@ pub struct CapacityBody {
 }
 
 /// The global budget figures.
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert_eq!(body.error.capacity.unwrap().tokens.unwrap().budget, 10);
+/// ```
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct TokensBody {
     /// The budget `B`.
@@ -310,7 +342,15 @@ pub struct TokensBody {
     pub requested: u64,
 }
 
-/// The shared remainder of a classed bulkhead.
+/// The shared remainder of a classed bulkhead (absent without classes).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert!(body.error.capacity.unwrap().shared.is_none());
+/// ```
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct SharedBody {
     /// Slots.
@@ -320,7 +360,15 @@ pub struct SharedBody {
     pub tokens: Option<crate::SharedAmount>,
 }
 
-/// A class's own figures.
+/// A class's own figures (absent without classes).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert!(body.error.capacity.unwrap().class.is_none());
+/// ```
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct ClassBody {
     /// Its admissions in flight.
@@ -344,7 +392,15 @@ pub struct ClassBody {
     pub tokens: Option<ClassTokensBody>,
 }
 
-/// A class's token figures.
+/// A class's token figures (with classes and a budget).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert!(body.error.capacity.unwrap().class.and_then(|c| c.tokens).is_none());
+/// ```
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct ClassTokensBody {
     /// Its tokens in flight.
