@@ -53,8 +53,7 @@
 //! `shadow_reasons` give that mode ([`BulkheadConfig::run_mode`](crate::config::BulkheadConfig::run_mode)).
 //! Roll out per partition: observe a class or a route for a few days, compare the would-be
 //! refusals with your error budget, then enforce it and observe the next. The tower layer
-//! always enforces; run it in front of the traffic you have decided to enforce, or size its
-//! limits from what observe mode showed.
+//! does the same with [`observe`] (one layer per partition: a route, or a stack per class).
 //!
 //! ## 4. Where the tower layer goes
 //!
@@ -119,6 +118,7 @@
 #![cfg_attr(
     feature = "tower",
     doc = "[`wait_in_queue`]: crate::tower::BulkheadLayerBuilder::wait_in_queue
+[`observe`]: crate::tower::BulkheadLayerBuilder::observe
 [`TokenEstimate`]: crate::tower::TokenEstimate
 [`openai_usage`]: crate::tower::openai_usage
 [`usage_from_frames`]: crate::tower::BulkheadLayerBuilder::usage_from_frames
@@ -128,6 +128,7 @@
 #![cfg_attr(
     not(feature = "tower"),
     doc = "[`wait_in_queue`]: crate#modules
+[`observe`]: crate#modules
 [`TokenEstimate`]: crate#modules
 [`openai_usage`]: crate#modules
 [`usage_from_frames`]: crate#modules

@@ -642,3 +642,75 @@ fn idle_keep_alive_connections_hold_no_slot() {
         assert_eq!(in_flight(&bulkhead), 0);
     });
 }
+
+/// Observe mode: refusals for a shadow reason go through without an admission, counted as
+/// bypasses (as `LlmBulkhead::run` counts them); a closed bulkhead still refuses.
+#[cfg(feature = "llm")]
+#[test]
+fn observe_mode_lets_refused_requests_through_and_counts_them() {
+    use llm_bulkhead::llm::ShadowReasons;
+    run(async {
+        let bulkhead = Bulkhead::builder()
+            .max_concurrent(1)
+            .token_budget(10_000)
+            .build()
+            .unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let log = events.clone();
+        let _sub =
+            bulkhead.subscribe(move |e: &llm_bulkhead::Event| log.lock().unwrap().push(e.name()));
+        let (inner, mut bodies, seen) = streaming();
+        let layer = BulkheadLayer::builder(bulkhead.clone())
+            .observe(ShadowReasons::ALL)
+            .usage_from_frames(openai_usage)
+            .build();
+        let admitted = layer
+            .layer(inner.clone())
+            .oneshot(Request::new(()))
+            .await
+            .unwrap();
+        let _s1 = bodies.recv().await.unwrap();
+        // Full: this one would be refused; in observe mode it reaches the inner service.
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(TokenEstimate(Reservation::new(100, 100).unwrap()));
+        let bypassed = layer.layer(inner.clone()).oneshot(req).await.unwrap();
+        assert_eq!(bypassed.status(), 200);
+        let s2 = bodies.recv().await.unwrap();
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        let st = bulkhead.stats();
+        assert_eq!((st.in_flight, st.admitted, st.rejected), (1, 1, 0));
+        assert_eq!(
+            st.token_budget.unwrap().in_flight_tokens,
+            0,
+            "a bypass holds nothing"
+        );
+        let o = st.observe.unwrap();
+        assert_eq!((o.bypassed, o.in_flight), (1, 1));
+        // Usage on a bypassed stream is counted for it; the end settles it.
+        s2.send(Ok(Bytes::from_static(
+            b"data: {\"usage\":{\"prompt_tokens\":70,\"completion_tokens\":30}}\n\n",
+        )))
+        .unwrap();
+        drop(s2);
+        let mut body = bypassed.into_body();
+        body.frame().await.unwrap().unwrap();
+        assert!(body.frame().await.is_none());
+        let o = bulkhead.stats().observe.unwrap();
+        assert_eq!(
+            (o.in_flight, o.total_input_tokens, o.total_output_tokens),
+            (0, 70, 30)
+        );
+        drop(admitted);
+        // Closed: never bypassed.
+        bulkhead.close();
+        let closed = layer.layer(inner).oneshot(Request::new(())).await.unwrap();
+        assert_eq!(closed.status(), 503);
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+        let names = events.lock().unwrap().clone();
+        assert!(
+            names.contains(&"bypass") && names.contains(&"bypass_release"),
+            "{names:?}"
+        );
+    });
+}

@@ -108,9 +108,17 @@ fn usage_of_json(json: &[u8]) -> Option<UsageUpdate> {
     )))
 }
 
-/// An admission held by a response in flight: released when dropped.
+/// What a response in flight holds: an admission, or (observe mode) a bypass that holds no
+/// capacity but is counted and settled like one.
+pub(crate) enum Hold {
+    Admitted(Admission),
+    #[cfg(feature = "llm")]
+    Bypassed(crate::llm::observe::Bypassed),
+}
+
+/// An admission (or bypass) held by a response in flight: released when dropped.
 pub(crate) struct Held {
-    pub(crate) admission: Admission,
+    pub(crate) hold: Hold,
     pub(crate) hook: Option<UsageHook>,
     #[cfg(feature = "metrics")]
     pub(crate) _timer: Option<super::metrics::HoldTimer>,
@@ -122,7 +130,11 @@ impl Held {
             if let Some(u) = hook(chunk) {
                 // An invalid report (it cannot be, with `remaining_output: 0`) changes nothing;
                 // the release settles with the last valid one.
-                let _ = self.admission.report_usage(u.usage, u.reconcile);
+                let _ = match &mut self.hold {
+                    Hold::Admitted(a) => a.report_usage(u.usage, u.reconcile),
+                    #[cfg(feature = "llm")]
+                    Hold::Bypassed(b) => b.report_usage(u.usage, u.reconcile),
+                };
             }
         }
     }
@@ -131,15 +143,26 @@ impl Held {
     pub(crate) fn finish(self) {
         // `release(None)` uses the last report; the error case (an invalid explicit usage)
         // cannot happen without one, and the admission is released on drop regardless.
-        let Held { admission, .. } = self;
-        let _ = admission.release(None);
+        let Held { hold, .. } = self;
+        match hold {
+            Hold::Admitted(a) => {
+                let _ = a.release(None);
+            }
+            #[cfg(feature = "llm")]
+            Hold::Bypassed(mut b) => b.finish(None),
+        }
     }
 }
 
 impl fmt::Debug for Held {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let id = match &self.hold {
+            Hold::Admitted(a) => a.id(),
+            #[cfg(feature = "llm")]
+            Hold::Bypassed(b) => b.id,
+        };
         f.debug_struct("Held")
-            .field("admission", &self.admission.id())
+            .field("admission", &id)
             .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,6 @@
 //! The layer's histograms (feature `metrics`): hold time per class and queue wait.
 
-use crate::{Admission, Bulkhead};
+use crate::{Bulkhead, ClassId};
 use metrics::{Histogram, Label};
 use std::time::Instant;
 
@@ -39,10 +39,8 @@ impl LayerMetrics {
     }
 
     #[inline]
-    pub(crate) fn timer(&self, admission: &Admission) -> HoldTimer {
-        let i = admission
-            .class()
-            .map_or(self.hold.len() - 1, |c| c.index().min(self.hold.len() - 1));
+    pub(crate) fn timer(&self, class: Option<ClassId>) -> HoldTimer {
+        let i = class.map_or(self.hold.len() - 1, |c| c.index().min(self.hold.len() - 1));
         HoldTimer {
             start: Instant::now(),
             histogram: self.hold[i].clone(),

@@ -46,6 +46,8 @@
 //!   Either way a refused request never reaches the inner service.
 //! * **Cancellation**: dropping the response future releases the admission (or leaves the
 //!   queue); see [`ResponseFuture`].
+//! * **Observe mode** ([`BulkheadLayerBuilder::observe`], feature `llm`): refused requests go
+//!   through without an admission and are counted as bypasses, for rolling limits out.
 //! * **Fail-fast by default**: `try_acquire`. [`BulkheadLayerBuilder::wait_in_queue`] waits in
 //!   the bulkhead's bounded FIFO queue instead (boxed, with a timeout).
 //!
@@ -117,6 +119,8 @@ pub(crate) struct Settings {
     hook: Option<UsageHook>,
     #[cfg(feature = "metrics")]
     metrics: Option<metrics::LayerMetrics>,
+    #[cfg(feature = "llm")]
+    observe: Option<crate::llm::ShadowReasons>,
 }
 
 impl Settings {
@@ -124,9 +128,59 @@ impl Settings {
     fn hold(&self, admission: Admission) -> Held {
         Held {
             #[cfg(feature = "metrics")]
-            _timer: self.metrics.as_ref().map(|m| m.timer(&admission)),
-            admission,
+            _timer: self.metrics.as_ref().map(|m| m.timer(admission.class())),
+            hold: body::Hold::Admitted(admission),
             hook: self.hook.clone(),
+        }
+    }
+
+    /// Observe mode: the refusal of `demand` for a shadow reason becomes a bypass (counted,
+    /// reported, holding nothing), unless the bulkhead is closed (never bypassed).
+    #[cfg(feature = "llm")]
+    #[cold]
+    fn bypass(
+        &self,
+        demand: &crate::Demand,
+        rejection: crate::Rejection,
+        raced: bool,
+    ) -> Result<Held, Refusal> {
+        let wait = WaitOptions::default();
+        if let Some(hard) = crate::llm::observe::hard_refusal(&self.bulkhead, demand, &wait) {
+            return Err(Refusal::Rejected(Box::new(hard)));
+        }
+        let bypassed =
+            crate::llm::observe::Bypassed::begin(&self.bulkhead, demand, rejection, raced);
+        Ok(Held {
+            #[cfg(feature = "metrics")]
+            _timer: self.metrics.as_ref().map(|m| m.timer(bypassed.class)),
+            hold: body::Hold::Bypassed(bypassed),
+            hook: self.hook.clone(),
+        })
+    }
+
+    /// The fail-fast decision: an admission, a bypass (observe mode), or a refusal.
+    #[inline]
+    fn decide(&self, demand: crate::Demand) -> Result<Held, Refusal> {
+        #[cfg(feature = "llm")]
+        if let Some(shadow) = self.observe {
+            // As `LlmBulkhead::run` in observe mode: the advisory check first (a refusal for a
+            // shadow reason bypasses, uncounted as a rejection), then the real decision (a
+            // refusal for a shadow reason, counted, bypasses with `raced`).
+            let advised = match self.bulkhead.would_admit(&demand) {
+                crate::Advice::Refuse(r) if shadow.contains(r.reason) => {
+                    return self.bypass(&demand, r, false)
+                }
+                advice => advice.admits(),
+            };
+            return match self.bulkhead.try_acquire(demand) {
+                Ok(a) => Ok(self.hold(a)),
+                Err(r) if shadow.contains(r.reason) => self.bypass(&demand, r, advised),
+                Err(r) => Err(Refusal::Rejected(Box::new(r))),
+            };
+        }
+        match self.bulkhead.try_acquire(demand) {
+            Ok(a) => Ok(self.hold(a)),
+            Err(r) => Err(Refusal::Rejected(Box::new(r))),
         }
     }
 
@@ -241,6 +295,26 @@ impl BulkheadLayerBuilder {
         self
     }
 
+    /// Observe mode (feature `llm`), for rollouts: a request refused for one of `shadow`'s
+    /// reasons goes through anyway, without an admission, counted as a bypass
+    /// (`stats().observe`, `bypass` events), exactly as `LlmBulkhead::run` in
+    /// [`Mode::Observe`](crate::llm::Mode::Observe) does. A closed bulkhead still refuses (503).
+    /// It applies to the fail-fast decision only: a layer built with
+    /// [`wait_in_queue`](Self::wait_in_queue) waits and enforces, and ignores this setting.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::ShadowReasons;
+    /// use llm_bulkhead::tower::BulkheadLayer;
+    /// let layer = BulkheadLayer::builder(llm_bulkhead::Bulkhead::new(0).unwrap()).observe(ShadowReasons::ALL).build();
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "llm")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
+    pub fn observe(mut self, shadow: crate::llm::ShadowReasons) -> Self {
+        self.settings.observe = Some(shadow);
+        self
+    }
+
     /// Records a histogram of hold time (admission to release) per class and of queue wait
     /// through the `metrics` facade (feature `metrics`): `llm_bulkhead_hold_seconds` and
     /// `llm_bulkhead_queue_wait_seconds`. Install the recorder before building the layer: the
@@ -337,6 +411,8 @@ impl BulkheadLayer {
                 hook: None,
                 #[cfg(feature = "metrics")]
                 metrics: None,
+                #[cfg(feature = "llm")]
+                observe: None,
             },
         }
     }
@@ -546,11 +622,10 @@ where
             let wait = Box::pin(async move { bulkhead.acquire(demand, options).await });
             return ResponseFuture::waiting(self.settings.clone(), wait, inner, req);
         }
-        match self.settings.bulkhead.try_acquire(demand) {
+        match self.settings.decide(demand) {
             // The inner service stays ready and untouched: it never sees the request.
-            Err(rejection) => ResponseFuture::refused(Refusal::Rejected(Box::new(rejection))),
-            Ok(admission) => {
-                let held = self.settings.hold(admission);
+            Err(refusal) => ResponseFuture::refused(refusal),
+            Ok(held) => {
                 // Called now, so the service `poll_ready` readied is the one that takes it.
                 let future = self.inner.call(req);
                 ResponseFuture::calling(self.settings.release_at, future, held)
