@@ -342,3 +342,33 @@ fn metrics_report_what_happened() {
         );
     });
 }
+
+#[test]
+fn observe_mode_from_the_configuration_lets_overload_through() {
+    run(async {
+        let config = r#"{"max_concurrent": 1, "mode": "observe", "model": "gpt-4o",
+            "token_budget": {"budget": 100000, "output_cap": 256}}"#;
+        let s = stack("observe", config).await;
+        let addr = s.gateway.addr;
+        s.control.set_hold(true);
+        let first = tokio::spawn(async move {
+            call(addr, post_json("/v1/chat/completions", &chat(false), &[])).await
+        });
+        s.control.paused_at_least(1).await;
+        // Over the limit of 1: observed, not refused; the provider sees it.
+        let second = tokio::spawn(async move {
+            call(addr, post_json("/v1/chat/completions", &chat(false), &[])).await
+        });
+        s.control.paused_at_least(2).await;
+        s.control.set_hold(false);
+        for t in [first, second] {
+            let c = t.await.unwrap();
+            assert_eq!(c.response.status(), 200);
+            text(c.response).await;
+        }
+        let st = s.gw.bulkhead.stats();
+        assert_eq!((st.admitted, st.rejected, st.in_flight), (1, 0, 0));
+        assert_eq!(st.observe.unwrap().bypassed, 1);
+        assert_eq!(s.control.served.load(Ordering::SeqCst), 2);
+    });
+}

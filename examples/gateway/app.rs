@@ -13,8 +13,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
-use llm_bulkhead::config::{BulkheadConfig, LimitsConfig, LoadError};
-use llm_bulkhead::llm::TokenEstimator;
+use llm_bulkhead::config::{BulkheadConfig, Format, LimitsConfig, LoadError};
+use llm_bulkhead::llm::{Mode, TokenEstimator};
 use llm_bulkhead::telemetry::{self, Telemetry};
 use llm_bulkhead::tower::{estimate_json, openai_usage, BulkheadLayer, HeaderClassifier};
 use llm_bulkhead::{ApplyLimitsError, Bulkhead, Subscription};
@@ -88,11 +88,23 @@ pub fn gateway(
         .class_header("x-traffic-class")
         .priority_header("x-priority")
         .require_estimate(true);
-    let layer = BulkheadLayer::builder(bulkhead)
+    let mut layer = BulkheadLayer::builder(bulkhead)
         .classifier(classify)
         .usage_from_frames(openai_usage)
-        .record_metrics_named(name)
-        .build();
+        .record_metrics_named(name);
+    // `"mode": "observe"` in the configuration: refused calls go through, counted as bypasses.
+    match config.run_mode() {
+        Ok(Mode::Observe(shadow)) => layer = layer.observe(shadow),
+        Ok(_) => {}
+        Err(e) => {
+            return Err(LoadError::Parse {
+                format: Format::Json,
+                path: "shadow_reasons".into(),
+                message: e.to_string(),
+            })
+        }
+    }
+    let layer = layer.build();
     // `route_layer`: only requests that match the route's method go through them (a GET gets
     // its 405 without an estimate or an admission).
     let completions = post(proxy)
