@@ -48,14 +48,13 @@
 //! [`apply_limits_file`] reads one from a file and applies it only if its revision is newer.
 
 use crate::{
-    ApplyLimitsError, BudgetLimits, Bulkhead, BulkheadBuilder, ClassLimits, ConfigError,
-    LimitsChange, LimitsSnapshot, Profile, RejectReason, MAX_CLASSES,
+    Bulkhead, BulkheadBuilder, ClassLimits, ConfigError, LimitsSnapshot, Profile, RejectReason,
+    MAX_CLASSES,
 };
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Everything needed to build a bulkhead: global limits, the token budget, admission classes,
@@ -126,7 +125,7 @@ pub struct BulkheadConfig {
     pub admission_classes: Option<ClassesConfig>,
 }
 
-fn is_zero(n: &u64) -> bool {
+pub(crate) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
@@ -581,7 +580,7 @@ impl BulkheadConfig {
     }
 }
 
-fn named_classes(bulkhead: &Bulkhead, l: &LimitsSnapshot) -> ClassMap {
+pub(crate) fn named_classes(bulkhead: &Bulkhead, l: &LimitsSnapshot) -> ClassMap {
     bulkhead
         .class_names()
         .iter()
@@ -589,330 +588,11 @@ fn named_classes(bulkhead: &Bulkhead, l: &LimitsSnapshot) -> ClassMap {
         .map(|(n, c)| (n.clone(), ClassConfig::from(*c)))
         .collect()
 }
+mod error;
+mod limits;
 
-/// A limits snapshot for a control plane: the whole snapshot, with classes keyed by name.
-///
-/// Every field is required except the budget (required exactly when the bulkhead has one) and
-/// the classes (required exactly when it has classes, and then every construction-time class
-/// must be named; a class's absent floors are 0 and absent ceilings are none). A snapshot is
-/// complete on purpose: a partial one applied over the current limits could silently undo a
-/// concurrent change with a lower revision.
-///
-/// ```
-/// use llm_bulkhead::config::{BulkheadConfig, LimitsConfig};
-/// let b = BulkheadConfig::from_json(r#"{"max_concurrent": 8, "admission_classes":
-///     {"default_class": "std", "classes": {"vip": {"protectedConcurrent": 2}, "std": {}}}}"#)?.build()?;
-/// // The kill switch: everything else as it is, max_concurrent 0.
-/// let kill = LimitsConfig::from_json(r#"{"revision": 1, "maxConcurrent": 0, "maxQueue": 0,
-///     "admissionClasses": {"std": {}, "vip": {}}}"#)?;
-/// kill.apply(&b)?;
-/// assert_eq!(b.limits().max_concurrent, 0);
-/// assert!(b.try_acquire(llm_bulkhead::Demand::slot()).is_err());
-/// // A control plane can start from the current snapshot.
-/// let current = LimitsConfig::of(&b);
-/// assert_eq!(current.admission_classes.unwrap().names().collect::<Vec<_>>(), ["vip", "std"]);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// The snapshot's revision: it must be larger than the current one.
-    pub revision: u64,
-    /// Global concurrency limit (0 is the kill switch).
-    #[serde(alias = "maxConcurrent")]
-    pub max_concurrent: u32,
-    /// Queue bound.
-    #[serde(alias = "maxQueue")]
-    pub max_queue: u32,
-    /// The token budget (exactly when the bulkhead was built with one).
-    #[serde(
-        default,
-        alias = "tokenBudget",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub token_budget: Option<BudgetConfig>,
-    /// Every class's limits, by name (exactly when the bulkhead has classes).
-    #[serde(
-        default,
-        alias = "admissionClasses",
-        alias = "classes",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub admission_classes: Option<ClassMap>,
-}
-
-/// The budget part of a [`LimitsConfig`].
-///
-/// ```
-/// use llm_bulkhead::config::BudgetConfig;
-/// let b: BudgetConfig = serde_json::from_str(r#"{"budget": 10, "highPriorityReserve": 20}"#).unwrap();
-/// assert_eq!(b.high_priority_reserve, 20);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetConfig {
-    /// The budget `B`.
-    pub budget: u64,
-    /// The high-priority reserve `H` (default 0; a snapshot may leave `H > B`, which refuses
-    /// normal-priority token demands).
-    #[serde(
-        default,
-        alias = "highPriorityReserve",
-        skip_serializing_if = "is_zero"
-    )]
-    pub high_priority_reserve: u64,
-}
-
-impl LimitsConfig {
-    /// The current limits of `bulkhead`, classes by name.
-    ///
-    /// ```
-    /// use llm_bulkhead::{config::LimitsConfig, Bulkhead};
-    /// let b = Bulkhead::builder().max_concurrent(4).token_budget(100).build().unwrap();
-    /// let l = LimitsConfig::of(&b);
-    /// assert_eq!((l.max_concurrent, l.token_budget.unwrap().budget), (4, 100));
-    /// ```
-    pub fn of(bulkhead: &Bulkhead) -> LimitsConfig {
-        let l = bulkhead.limits();
-        LimitsConfig {
-            revision: l.revision,
-            max_concurrent: l.max_concurrent,
-            max_queue: l.max_queue,
-            token_budget: l.token_budget.map(|t| BudgetConfig {
-                budget: t.budget,
-                high_priority_reserve: t.high_priority_reserve,
-            }),
-            admission_classes: (!bulkhead.class_names().is_empty())
-                .then(|| named_classes(bulkhead, &l)),
-        }
-    }
-
-    /// The positional snapshot for `bulkhead`: classes are looked up by name.
-    ///
-    /// # Errors
-    /// [`LoadError::UnknownClass`] for a name the bulkhead does not have,
-    /// [`LoadError::MissingClass`] for a class the snapshot does not name, and
-    /// [`LoadError::UnexpectedClasses`] for classes on a bulkhead without any.
-    ///
-    /// ```
-    /// use llm_bulkhead::config::{LimitsConfig, LoadError};
-    /// use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let b = Bulkhead::builder().max_concurrent(2).class("a", ClassLimits::default()).default_class("a").build().unwrap();
-    /// let bad = LimitsConfig::from_json(r#"{"revision": 1, "max_concurrent": 2, "max_queue": 0, "classes": {"tenant-42": {}}}"#).unwrap();
-    /// assert!(matches!(bad.snapshot(&b), Err(LoadError::UnknownClass { ref class, .. }) if class == "tenant-42"));
-    /// ```
-    pub fn snapshot(&self, bulkhead: &Bulkhead) -> Result<LimitsSnapshot, LoadError> {
-        let mut s = bulkhead
-            .limits()
-            .with_revision(self.revision)
-            .with_max_concurrent(self.max_concurrent)
-            .with_max_queue(self.max_queue)
-            .with_token_budget(self.token_budget.map(|t| BudgetLimits {
-                budget: t.budget,
-                high_priority_reserve: t.high_priority_reserve,
-            }));
-        let names = bulkhead.class_names();
-        match &self.admission_classes {
-            None if names.is_empty() => {}
-            None => {
-                return Err(LoadError::MissingClass {
-                    class: names[0].clone(),
-                })
-            }
-            Some(m) if names.is_empty() && !m.is_empty() => {
-                return Err(LoadError::UnexpectedClasses)
-            }
-            Some(m) => {
-                for (name, limits) in m.iter() {
-                    let id = bulkhead
-                        .class_id(name)
-                        .map_err(|_| LoadError::UnknownClass {
-                            class: name.to_owned(),
-                            known: names.to_vec(),
-                        })?;
-                    s = s.with_class(id, (*limits).into());
-                }
-                if let Some(missing) = names.iter().find(|n| m.get(n).is_none()) {
-                    return Err(LoadError::MissingClass {
-                        class: missing.clone(),
-                    });
-                }
-            }
-        }
-        Ok(s)
-    }
-
-    /// Resolves the names and applies the snapshot ([`Bulkhead::apply_limits`]).
-    ///
-    /// # Errors
-    /// As [`snapshot`](Self::snapshot), and [`LoadError::Apply`] for a stale revision or an
-    /// invalid snapshot (nothing installed).
-    ///
-    /// ```
-    /// use llm_bulkhead::{config::LimitsConfig, Bulkhead};
-    /// let b = Bulkhead::new(4).unwrap();
-    /// let next = LimitsConfig { revision: 1, max_concurrent: 2, ..Default::default() };
-    /// assert_eq!(next.apply(&b).unwrap().current.max_concurrent, 2);
-    /// assert!(next.apply(&b).is_err()); // revision 1 is no longer newer
-    /// ```
-    pub fn apply(&self, bulkhead: &Bulkhead) -> Result<LimitsChange, LoadError> {
-        let s = self.snapshot(bulkhead)?;
-        bulkhead.apply_limits(s).map_err(LoadError::Apply)
-    }
-}
-
-/// A text format of the configuration types.
-///
-/// ```
-/// use llm_bulkhead::config::Format;
-/// assert_eq!(Format::from_path("limits.toml".as_ref()), Some(Format::Toml));
-/// assert_eq!(Format::from_path("limits.JSON".as_ref()), Some(Format::Json));
-/// assert_eq!(Format::from_path("limits.yaml".as_ref()), None);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Format {
-    /// JSON (feature `json`).
-    Json,
-    /// TOML (feature `toml`).
-    Toml,
-}
-
-impl Format {
-    /// The format named by a file's extension (`.json` or `.toml`, any case).
-    ///
-    /// ```
-    /// # use llm_bulkhead::config::Format;
-    /// assert_eq!(Format::from_path("a/b.Toml".as_ref()), Some(Format::Toml));
-    /// ```
-    pub fn from_path(path: &Path) -> Option<Format> {
-        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
-        match ext.as_str() {
-            "json" => Some(Format::Json),
-            "toml" => Some(Format::Toml),
-            _ => None,
-        }
-    }
-
-    /// The format's name.
-    ///
-    /// ```
-    /// assert_eq!(llm_bulkhead::config::Format::Toml.as_str(), "toml");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Json => "json",
-            Format::Toml => "toml",
-        }
-    }
-}
-
-/// Why a configuration could not be read, resolved or applied. Nothing was changed.
-///
-/// ```
-/// use llm_bulkhead::config::{BulkheadConfig, LoadError};
-/// let e = BulkheadConfig::from_json(r#"{"max_concurrent": -1}"#).unwrap_err();
-/// assert!(matches!(e, LoadError::Parse { ref path, .. } if path == "max_concurrent"));
-/// assert!(e.to_string().starts_with("max_concurrent: invalid value: integer `-1`, expected u32"));
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LoadError {
-    /// The file could not be read.
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// The file's extension names no format this build can read.
-    UnsupportedFormat {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The text is not a valid configuration: a syntax error, an unknown field, a missing
-    /// required field, a value out of its type's range.
-    Parse {
-        /// The format.
-        format: Format,
-        /// The dotted path of the offending field (empty at the top level).
-        path: String,
-        /// The parser's message (with the line and column where the parser gives them).
-        message: String,
-    },
-    /// A limits snapshot names a class the bulkhead does not have.
-    UnknownClass {
-        /// The name given.
-        class: String,
-        /// The bulkhead's classes.
-        known: Vec<String>,
-    },
-    /// A limits snapshot omits one of the bulkhead's classes.
-    MissingClass {
-        /// The class not named.
-        class: String,
-    },
-    /// A limits snapshot has classes, and the bulkhead has none.
-    UnexpectedClasses,
-    /// The values break a rule (a bound, a floor above a ceiling, ...).
-    Invalid(ConfigError),
-    /// `apply_limits` refused the snapshot (a stale revision, or an invalid snapshot).
-    Apply(ApplyLimitsError),
-    /// The estimator settings are invalid (feature `llm`).
-    #[cfg(feature = "llm")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
-    Estimator(crate::llm::EstimateError),
-}
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoadError::Io { path, source } => write!(f, "reading {}: {source}", path.display()),
-            LoadError::UnsupportedFormat { path } => write!(
-                f,
-                "{}: the extension names no format this build reads (.json with feature `json`, .toml with feature `toml`)",
-                path.display()
-            ),
-            LoadError::Parse { path, message, .. } if path.is_empty() || path == "." => {
-                f.write_str(message)
-            }
-            LoadError::Parse { path, message, .. } => write!(f, "{path}: {message}"),
-            LoadError::UnknownClass { class, known } => write!(
-                f,
-                "admission_classes: unknown class {class:?} (the bulkhead's classes are {known:?})"
-            ),
-            LoadError::MissingClass { class } => write!(
-                f,
-                "admission_classes: class {class:?} is missing (a snapshot names every class)"
-            ),
-            LoadError::UnexpectedClasses => f.write_str(
-                "admission_classes: must be omitted because the bulkhead has no admission classes",
-            ),
-            LoadError::Invalid(e) => fmt::Display::fmt(e, f),
-            LoadError::Apply(e) => fmt::Display::fmt(e, f),
-            #[cfg(feature = "llm")]
-            LoadError::Estimator(e) => write!(f, "estimator: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for LoadError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            LoadError::Io { source, .. } => Some(source),
-            LoadError::Invalid(e) => Some(e),
-            LoadError::Apply(e) => Some(e),
-            #[cfg(feature = "llm")]
-            LoadError::Estimator(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl From<ConfigError> for LoadError {
-    fn from(e: ConfigError) -> LoadError {
-        LoadError::Invalid(e)
-    }
-}
+pub use error::{Format, LoadError};
+pub use limits::{BudgetConfig, LimitsConfig};
 
 #[cfg(any(feature = "json", feature = "toml"))]
 mod text;
