@@ -67,7 +67,7 @@ impl AdmissionId {
 
     /// The id of bypass number `counter` of entry `key` (see [`AdmissionId::new`]).
     // Observe mode lives in the `llm` layer (feature `serde`).
-    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
     pub(crate) fn new_shadow(prefix: u128, key: u64, counter: u64) -> AdmissionId {
         let mut id = AdmissionId::new(prefix, key, counter);
         id.0[1] |= 0b11 << 62;

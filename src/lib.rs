@@ -42,11 +42,22 @@
 //!   subscribers ([`Bulkhead::subscribe`]); [`Bulkhead::would_admit`]: the advisory decision.
 //! * [`classes`]: admission classes (floors, ceilings, borrowing from the shared remainder).
 //! * [`model`]: the sequential reference model the engine is tested against.
-//! * `llm` (default `serde` feature): chat requests as gateways receive them, and token
+//! * `llm` (default feature `llm`): chat requests as gateways receive them, and token
 //!   estimation (naive, model-aware, custom) that turns them into reservations, and
 //!   `LlmBulkhead` (`estimate`, `would_admit`, `run_blocking`, async `run`).
+//! * `config` (feature `serde`; JSON with `json`, TOML with `toml`): `BulkheadConfig` and
+//!   class-named `LimitsConfig` snapshots for files and control planes.
+//! * `tower` (feature `tower`): a `Layer` for HTTP gateways that holds each admission until the
+//!   last byte of the response body, with 429/503 JSON refusals.
+//! * `telemetry` (features `tracing`, `metrics`): tracing events and metrics, no exporter.
+//! * [`contract`]: the behaviour contract (cited as "contract §N"); [`guide`]: the user guide.
 //!
-//! ## Guarantees (CONTRACT.md §10)
+//! ## Features
+//!
+//! `llm` (default, with `json` and `serde`), `serde` (derives only), `json`, `toml`, `tower`,
+//! `tracing`, `metrics`; `--no-default-features` is the bare core. `testing` is test support.
+//!
+//! ## Guarantees (contract §10)
 //!
 //! * **Safety:** no admission makes the slots in use exceed `max_concurrent` or the tokens
 //!   held exceed the effective budget. Only usage reports (accounting, not admission) can push
@@ -73,6 +84,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 // The facade rule (`src/sync.rs`, `clippy.toml`): for the library only.
 #![warn(clippy::disallowed_types, clippy::disallowed_methods)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 // The state words are 64-bit atomics, and a decision is one CAS on one of them: without native
@@ -89,14 +101,20 @@ mod advice;
 mod bulkhead;
 pub mod classed;
 pub mod classes;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod config;
 pub mod conformance;
+pub mod contract;
 mod demand;
 mod error;
 pub mod events;
 mod grace;
+pub mod guide;
 mod id;
 pub mod limits;
-#[cfg(feature = "serde")]
+#[cfg(feature = "llm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
 pub mod llm;
 pub mod model;
 mod queue;
@@ -107,7 +125,13 @@ pub mod stats;
 // The facade itself names the std originals it wraps.
 #[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 mod sync;
+#[cfg(any(feature = "tracing", feature = "metrics"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "tracing", feature = "metrics"))))]
+pub mod telemetry;
 mod timer;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 mod waiting;
 
 pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};

@@ -1,5 +1,5 @@
 //! Adaptive estimation with the reference's numbers (behaviour §3.6, v38_features #16–#25).
-#![cfg(feature = "serde")]
+#![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
     AdaptiveEstimator, Correction, EstimateError, LlmRequest, ModelAwareEstimator, TokenEstimator,

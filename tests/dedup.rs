@@ -1,6 +1,7 @@
 //! In-flight de-duplication (reference §9.2, llm_bulkhead #86–#96, default dedup key #1–#5,
 //! streaming_dedup #6, #10, #11). Futures are polled by hand with a no-op waker, and the
 //! shared call is held open by a channel the test completes, so nothing sleeps or times.
+#![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
     Dedup, DedupError, DedupKey, FollowerOptions, LlmBulkhead, LlmRequest, NaiveEstimator,

@@ -7,7 +7,7 @@
 //!
 //! The reference's fixture `budgeted(B)`: mc1, est 5/5 (= 10). No test sleeps: queue timeouts
 //! are zero, async runs are polled by hand with a no-op waker where the order matters.
-#![cfg(feature = "serde")]
+#![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
     AdmissionKind, LlmBulkhead, LlmRequest, Mode, ModeError, RunError, RunOptions, ShadowReasons,

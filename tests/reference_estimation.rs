@@ -2,7 +2,7 @@
 //! `estimation_surface.test.ts` #1–#4, #6–#12 and #20 (the cases that concern estimation;
 //! run, events and de-duplication come with the LLM layer's `run`). JS validation of negative or
 //! fractional numbers becomes a deserialisation error naming the field.
-#![cfg(feature = "serde")]
+#![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
     utf16_len, Content, ContentBlock, EstimateError, LlmRequest, Message, ModelAwareEstimator,

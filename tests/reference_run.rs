@@ -4,7 +4,7 @@
 //! override and overflow are what remain of them. A listener's `getUsage` that throws has no
 //! Rust counterpart (a panicking usage function unwinds like any other panic and still
 //! releases); "no usage" is `None`.
-#![cfg(feature = "serde")]
+#![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
     AdaptiveEstimator, Content, ContentBlock, EstimateError, LlmBulkhead, LlmRequest, Message,

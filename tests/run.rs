@@ -2,7 +2,7 @@
 //! §6.2, driven by a manual trigger so that no test sleeps or measures time), panics, cancel
 //! safety of the async `run`, advisory answers with classes, and the property that `estimate`
 //! is what `run` reserves.
-#![cfg(feature = "serde")]
+#![cfg(feature = "llm")]
 
 use futures_lite::future;
 use llm_bulkhead::llm::{

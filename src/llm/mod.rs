@@ -27,7 +27,7 @@
 mod adaptive;
 mod dedup;
 mod estimate;
-mod observe;
+pub(crate) mod observe;
 mod request;
 mod run;
 mod shared_run;

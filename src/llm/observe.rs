@@ -343,7 +343,7 @@ impl AdmissionKind {
 
 /// The hard check before a bypass: a cancelled token is refused with `aborted`, a closed
 /// bulkhead with `shutdown`, both counted and reported (reference §9.4).
-pub(super) fn hard_refusal(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Rejection> {
+pub(crate) fn hard_refusal(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Option<Rejection> {
     if wait.cancel.as_ref().is_some_and(CancelToken::is_cancelled) {
         return Some(b.waiter_refusal(RejectReason::Aborted, demand));
     }
@@ -355,11 +355,11 @@ pub(super) fn hard_refusal(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) ->
 
 /// Bypassed work: what its context answers, its usage, and its settlement (once, at the end
 /// or when dropped).
-pub(super) struct Bypassed {
+pub(crate) struct Bypassed {
     bulkhead: Bulkhead,
-    pub(super) id: AdmissionId,
+    pub(crate) id: AdmissionId,
     pub(super) priority: Priority,
-    pub(super) class: Option<ClassId>,
+    pub(crate) class: Option<ClassId>,
     pub(super) reservation: Option<Reservation>,
     pub(super) rejection: Rejection,
     pub(super) raced: bool,
@@ -370,7 +370,7 @@ pub(super) struct Bypassed {
 
 impl Bypassed {
     /// Counts the bypass of `demand` (refused with `rejection`) and reports it.
-    pub(super) fn begin(
+    pub(crate) fn begin(
         b: &Bulkhead,
         demand: &Demand,
         rejection: Rejection,
@@ -430,7 +430,7 @@ impl Bypassed {
 
     /// Validates and clamps like [`Admission::report_usage`](crate::Admission::report_usage),
     /// but holds nothing; the sequence moves only when the clamped usage changes.
-    pub(super) fn report_usage(
+    pub(crate) fn report_usage(
         &mut self,
         usage: Usage,
         reconcile: Option<Reconcile>,
@@ -481,7 +481,7 @@ impl Bypassed {
 
     /// Settles once: counts the final usage (`usage` if it is valid, else the last report)
     /// and reports the end.
-    pub(super) fn finish(&mut self, usage: Option<Usage>) {
+    pub(crate) fn finish(&mut self, usage: Option<Usage>) {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }

@@ -1,0 +1,125 @@
+//! # The behaviour contract
+//!
+//! What every [`Bulkhead`](crate::Bulkhead) promises, whichever front end (the core, the
+//! [`llm`](crate#modules) layer, the tower layer) drives it. Other pages of these docs cite the
+//! sections below as "contract §N". The TypeScript library `async-bulkhead-llm` inspired the
+//! semantics; where this crate differs, §9 lists why.
+//!
+//! ## §1 Vocabulary
+//!
+//! * A **slot** is one unit of global concurrency (`max_concurrent`).
+//! * A **reservation** `r = input + max_output` tokens is fixed before admission, by an
+//!   estimator or by the caller.
+//! * The **hold** of an admission is the number of tokens it occupies in the in-flight budget.
+//!   It starts at `r`, moves with usage reports, and is returned whole at release.
+//! * `T` is the sum of all holds, `B` the budget, `H` the high-priority reserve. High-priority
+//!   demands may use all of `B`; normal ones `max(0, B − H)` (the *effective* budget).
+//! * A **class** is an entry of the fixed class table, with floors (`protected_concurrent`,
+//!   `protected_tokens`) and optional ceilings (`max_concurrent`, `max_tokens`).
+//! * A **revision** numbers an immutable limits snapshot; revisions only grow.
+//!
+//! ## §2 One decision
+//!
+//! A decision is atomic with respect to every other decision, release, usage report,
+//! reconfiguration and close. The first failing check gives the refusal:
+//!
+//! | # | refused when | reason | constraint (with classes) |
+//! |---|---|---|---|
+//! | 0 | the bulkhead is closed | `shutdown` | – |
+//! | 1 | a budget exists and `T + r` exceeds the effective budget | `budget_limit` | `global` |
+//! | 2 | the class's tokens plus `r` exceed its token ceiling | `budget_limit` | `admission_class` |
+//! | 3 | the class already runs its concurrency ceiling | `concurrency_limit` | `admission_class` |
+//! | 4 | taking a shared slot would eat another class's floor (§4) | `concurrency_limit` | `admission_class_protection` |
+//! | 5 | borrowing tokens would eat another class's token floor (§4) | `budget_limit` | `admission_class_protection` |
+//! | 6 | no slot is free and nothing may queue (`max_queue` or `max_concurrent` is 0) | `concurrency_limit` | `global` |
+//! | 7 | no slot is free and the queue is full | `queue_limit` | `global` |
+//!
+//! Otherwise a request with no free slot waits (waiting acquires only; `try_acquire` answers
+//! `concurrency_limit`). Filling a limit exactly is allowed. Capacity checks fail fast: a
+//! request refused by checks 1–5 never queues. While a waiter is queued nobody overtakes it.
+//!
+//! ## §3 The wait queue
+//!
+//! There is one global FIFO queue bounded by `max_queue`. A waiter holds nothing. When capacity
+//! comes back, the releaser makes the head waiter's whole decision (checks 1–5) on its behalf,
+//! atomically, against the limits of that moment; a waiter that fails is answered with its
+//! reason and the next one is considered. Waiters leave by timeout (`timeout`), cancellation
+//! (`aborted`, or simply by dropping the future) or close (`shutdown`), and leaving never leaks
+//! a slot, a token or a queue place. Shrinking `max_queue` keeps the waiters already queued.
+//!
+//! ## §4 Classes
+//!
+//! Every snapshot is validated before anything is installed: each floor is at most its own
+//! ceiling, the concurrency floors add up to at most `max_concurrent` and the token floors to
+//! at most `B`, token fields need a budget, and a snapshot names exactly the construction-time
+//! classes. A class uses its floor first, then borrows from the shared remainder (the global
+//! limit minus all floors). Floors are strict: capacity protected for an idle class is never
+//! lent. A request inside its floor is never refused for protection, but still needs a global
+//! slot and check 1. Raising a floor revokes nothing; new borrowing just pauses until enough
+//! work completes. Each admission records whether its slot was borrowed and how many of its
+//! tokens were, and that record never changes.
+//!
+//! ## §5 Tokens after admission
+//!
+//! Usage reports are cumulative and clamped so that neither input nor output goes down. The
+//! hold becomes `input + max(max_output, output)`, or, with a [`Reconcile`](crate::Reconcile),
+//! `remaining_output + safety_margin + overrun`. Growth is accounted with no admission check
+//! (overrun); shrinkage is an early refund. Release returns the whole hold once (a second
+//! release does nothing, and dropping an admission releases it). A borrowed slot may be
+//! abandoned early; its token hold then stays until release.
+//!
+//! ## §6 Limits snapshots
+//!
+//! `apply_limits` refuses a revision that is not newer first, then validates the whole
+//! snapshot, then installs it atomically. Lower limits shrink by attrition (nothing running or
+//! queued is revoked); higher limits admit queued waiters at once. `max_concurrent = 0` is the
+//! kill switch: new work is refused with `concurrency_limit`. Every admission keeps the
+//! revision that authorised it, and once `apply_limits` returns no decision made under an older
+//! revision can still succeed.
+//!
+//! ## §7 Close and drain
+//!
+//! `close` is idempotent and final: queued waiters and later requests get `shutdown`, while
+//! running work may still report and release. `drain` completes when no slot, waiter or token
+//! hold remains, and never hangs once that is so. A bounded drain answers by its deadline with
+//! what is left, and cancels nothing.
+//!
+//! ## §8 What a refusal carries
+//!
+//! The reason, the constraint (with classes), the revision used, and the capacity the decision
+//! saw: slots and queue, the budget figures (budget, in flight, effective budget, available,
+//! requested), and with classes the shared remainder and the class's own figures. It all
+//! serialises (feature `serde`), so a gateway can answer 429/503 with it. **No retry-after is
+//! invented**: a fail-fast bulkhead has no honest estimate of when capacity comes back.
+//!
+//! ## §9 Deliberate differences from the TypeScript library
+//!
+//! 1. `shutdown` is checked before capacity.
+//! 2. An already-cancelled request is refused with `aborted` even when a slot is free.
+//! 3. Consumption is counted even when the hold is 0.
+//! 4. There are no same-tick races: a decision never counts a slot a loser is about to give
+//!    back, and a hand-off to a waiter is one atomic decision.
+//! 5. `drain` never hangs after the last waiter leaves by timeout or cancellation.
+//! 6. Invalid input is refused by the types or by a typed error, before any state changes.
+//!
+//! ## §10 Concurrency guarantees
+//!
+//! * **Safety:** no admission makes an accounted quantity exceed its limit, at any instant.
+//!   (Usage growth after admission is accounting, not admission.)
+//! * **No leaks:** once every admission is released and every waiter has left, all counters
+//!   are zero, whatever interleaving, cancellation, timeout, close or panic happened.
+//! * **Progress:** `try_acquire` and release never block and take no lock while nobody waits.
+//! * **Atomic reconfiguration:** as §6.
+//! * **Precision:** a refusal is explained by the state at its decision.
+//!
+//! ## §11 The HTTP layer (feature `tower`)
+//!
+//! The tower layer adds these promises on top (see the layer's module docs):
+//!
+//! * one limit per bulkhead handle, however many times the layer is applied or cloned;
+//! * the decision is made when a request arrives (`call`), never in `poll_ready`, so idle
+//!   connections hold nothing;
+//! * an admission lasts until the response body ends, fails or is dropped (or until the
+//!   headers, when asked), and dropping the response future releases it;
+//! * a refused request never reaches the inner service, and its answer is 429 (capacity) or
+//!   503 (shutdown) with the refusal's figures and no `Retry-After`.

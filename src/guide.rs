@@ -1,0 +1,145 @@
+//! # A guide to putting a bulkhead in front of an LLM provider
+//!
+//! This module has no code: it is the crate's user guide, in the order a gateway meets the
+//! questions. The rules themselves are in [`contract`](crate::contract).
+//!
+//! ## 1. Concepts
+//!
+//! A [`Bulkhead`](crate::Bulkhead) answers one question per provider call: *should this run
+//! right now?* It admits or refuses a [`Demand`](crate::Demand): a **slot** (one unit of
+//! `max_concurrent`), optionally a **token reservation** (estimated input plus the maximum
+//! output) against an in-flight **token budget**, a **priority**, and an **admission class**.
+//! An admission holds its slot and tokens until it is released; usage reports shrink (refund)
+//! or grow (overrun) its hold on the way. Refusals are fail-fast and carry the figures that
+//! explain them; nothing waits unless a bounded queue is configured.
+//!
+//! Slots bound *how many* calls run; the budget bounds *how much work* is in flight (ten
+//! 100,000-token prompts and ten 500-token prompts are the same ten slots). The budget is not
+//! a spend cap: tokens come back when calls end.
+//!
+//! ## 2. Sizing limits and floors
+//!
+//! * **`max_concurrent`**: the provider's (or your account's) concurrency, divided among the
+//!   gateway's replicas. Each replica's bulkhead is local; with N replicas behind a balancer
+//!   give each `limit / N`, and let a control plane adjust it ([`config::LimitsConfig`]).
+//! * **`token_budget`**: roughly `max_concurrent × a typical reservation`. Too small and long
+//!   prompts are refused while slots are free (`budget_limit`); too large and it never binds.
+//!   Watch `llm_bulkhead_tokens_in_flight` against `llm_bulkhead_token_budget`.
+//! * **`high_priority_reserve`**: tokens only `Priority::High` may use (health checks, paid
+//!   tiers, retries of user-facing work).
+//! * **Classes** are trusted policy buckets (`interactive`, `batch`, a tenant *tier*), never raw
+//!   tenant ids: the table is fixed at construction, which bounds memory and metric
+//!   cardinality. A **floor** (`protected_concurrent`, `protected_tokens`) is capacity no
+//!   other class may take, even while idle; a **ceiling** (`max_concurrent`, `max_tokens`)
+//!   caps the class. Floors must add up to at most the global limits; what is left is shared,
+//!   first come, first served. Start with ceilings only (isolation without reservations), and
+//!   add a floor for the class whose latency you must protect, sized to its steady load.
+//! * **Queue**: `max_queue = 0` (fail-fast, the `interactive` profile) suits interactive
+//!   traffic behind a client that retries with backoff; a small queue with a timeout (the
+//!   `batch` profile) smooths bursts for batch work. The tower layer queues only with
+//!   [`wait_in_queue`].
+//!
+//! The whole configuration can live in a file ([`config::BulkheadConfig`], JSON or TOML, with
+//! the reference library's camelCase names accepted): unknown fields are errors, so a typo
+//! never drops a limit.
+//!
+//! ## 3. Rolling out with observe mode
+//!
+//! New limits are best tried without refusing anyone. With the `llm` feature,
+//! [`LlmBulkhead::run`](crate::llm::LlmBulkhead::run) in
+//! [`Mode::Observe`](crate::llm::Mode) makes every decision and counts it, but runs the work
+//! that enforce mode would refuse anyway (a *bypass*: `stats().observe`, `bypass` events,
+//! `llm_bulkhead_bypassed_total`), holding nothing for it. The configuration's `mode` and
+//! `shadow_reasons` give that mode ([`BulkheadConfig::run_mode`](crate::config::BulkheadConfig::run_mode)).
+//! Roll out per partition: observe a class or a route for a few days, compare the would-be
+//! refusals with your error budget, then enforce it and observe the next. The tower layer
+//! does the same with [`observe`] (one layer per partition: a route, or a stack per class).
+//!
+//! ## 4. Where the tower layer goes
+//!
+//! ```text
+//!   request ─▶ tracing ─▶ auth ─▶ body-size limit / estimate ─▶ BULKHEAD ─▶ timeout ─▶ provider call
+//! ```
+//!
+//! * **Inside authentication** (and request tracing): the class header must come from the
+//!   auth layer, not from the client, and unauthenticated requests should not take slots.
+//! * **After the estimate**: a tower layer cannot read the body without buffering it, so
+//!   parse the JSON body in a middleware or extractor before the layer and leave a
+//!   [`TokenEstimate`] in the request's extensions (the gateway
+//!   example does exactly this, bounded to 1 MiB).
+//! * **Outside the provider timeout.** A timeout *outside* the bulkhead cancels the layer's
+//!   response future, which releases the admission at once, while the provider may still be
+//!   generating (and billing) for a request the gateway forgot: capacity is given back that
+//!   the provider has not given back. Put the timeout *inside* the layer, around the provider
+//!   call: when it fires it drops the upstream request, which closes the upstream connection
+//!   (the cancellation OpenAI-compatible servers act on), and only then does the response
+//!   travel back through the layer and release. If you cannot cancel upstream work (a
+//!   provider that keeps generating after a disconnect), hold the admission until the
+//!   upstream call really ends (spawn it and release from the task), or reserve that capacity
+//!   with a floor that is never lent, and account the rest as best effort.
+//! * **Route-level is fine**: all clones and every `layer()` call share the bulkhead handle,
+//!   so `MethodRouter::route_layer` limits what it should (unlike tower's
+//!   `ConcurrencyLimitLayer`, which makes a semaphore per clone there: tokio-rs/axum#2582).
+//!   Prefer `route_layer` to `layer` so a 405 or 404 takes no slot.
+//!
+//! ## 5. Streaming
+//!
+//! The admission lives in the response body: a stream holds its slot and tokens until its
+//! last byte, and a client that disconnects releases them when the server drops the body.
+//! Hook [`openai_usage`] (or your own parser) into
+//! [`usage_from_frames`]: the final
+//! usage chunk then refunds the unused reservation before the stream closes, so the next
+//! requests see the tokens sooner. Non-streaming services whose bodies are complete can ask
+//! for [`ReleaseAt::Headers`].
+//!
+//! ## 6. Refusals and clients
+//!
+//! The layer answers **429** for capacity (`concurrency_limit`, `queue_limit`,
+//! `budget_limit`, a queue `timeout`) and **503** when the bulkhead is closed (draining for
+//! shutdown), with a JSON body whose field names are stable
+//! ([`RefusalBody`]). It sends **no `Retry-After`**: a fail-fast
+//! bulkhead cannot know when capacity returns, and an invented number synchronises client
+//! retries. Clients should retry with jittered exponential backoff. Never map overload to 500.
+//!
+//! ## 7. Operating it
+//!
+//! * **Kill switch**: apply a snapshot with `max_concurrent: 0` (the gateway example's
+//!   `POST /admin/limits`); new work gets `concurrency_limit`, running work finishes.
+//!   [`config::apply_limits_file`](crate::config::apply_limits_file) applies a snapshot file only when its revision
+//!   is newer, so a poller can call it on every change.
+//! * **Shutdown**: `close()`, then `drain(Some(deadline))`: the listener stops, refused
+//!   requests get 503, and the report says what was still running at the deadline.
+//! * **Telemetry**: [`telemetry`] (features `tracing`, `metrics`) traces every
+//!   decision with sanitized fields and counts admissions and refusals by class and reason;
+//!   call `record_gauges` when metrics are scraped. The crate ships no exporter.
+//!
+//! [`config::LimitsConfig`]: crate::config::LimitsConfig
+//! [`config::BulkheadConfig`]: crate::config::BulkheadConfig
+#![cfg_attr(
+    feature = "tower",
+    doc = "[`wait_in_queue`]: crate::tower::BulkheadLayerBuilder::wait_in_queue
+[`observe`]: crate::tower::BulkheadLayerBuilder::observe
+[`TokenEstimate`]: crate::tower::TokenEstimate
+[`openai_usage`]: crate::tower::openai_usage
+[`usage_from_frames`]: crate::tower::BulkheadLayerBuilder::usage_from_frames
+[`ReleaseAt::Headers`]: crate::tower::ReleaseAt::Headers
+[`RefusalBody`]: crate::tower::RefusalBody"
+)]
+#![cfg_attr(
+    not(feature = "tower"),
+    doc = "[`wait_in_queue`]: crate#modules
+[`observe`]: crate#modules
+[`TokenEstimate`]: crate#modules
+[`openai_usage`]: crate#modules
+[`usage_from_frames`]: crate#modules
+[`ReleaseAt::Headers`]: crate#modules
+[`RefusalBody`]: crate#modules"
+)]
+#![cfg_attr(
+    any(feature = "tracing", feature = "metrics"),
+    doc = "[`telemetry`]: crate::telemetry"
+)]
+#![cfg_attr(
+    not(any(feature = "tracing", feature = "metrics")),
+    doc = "[`telemetry`]: crate#modules"
+)]

@@ -1,0 +1,499 @@
+//! Refusals of the layer: the typed error of error mode, the ready response of response mode,
+//! and the stable JSON body both describe.
+
+use super::body::AdmittedBody;
+use super::classify::ClassifyError;
+use crate::{Constraint, RejectReason, Rejection};
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use serde::Serialize;
+use std::fmt;
+
+/// Why the layer did not pass a request on: the bulkhead refused it, or the classifier could
+/// not make a demand of it.
+///
+/// ```
+/// use llm_bulkhead::tower::Refusal;
+/// use llm_bulkhead::Bulkhead;
+/// let b = Bulkhead::new(0).unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// assert_eq!(r.status(), http::StatusCode::TOO_MANY_REQUESTS);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The bulkhead refused the demand (boxed: the detail is large).
+    Rejected(Box<Rejection>),
+    /// The classifier refused the request (an unknown class, a malformed header, ...).
+    Unclassified(ClassifyError),
+}
+
+impl Refusal {
+    /// The status of the response mode: 503 for `shutdown` (the bulkhead is closed) and
+    /// `aborted`, 429 for every capacity refusal (`concurrency_limit`, `queue_limit`,
+    /// `budget_limit`, `timeout`), and the classifier's status for its refusals. Never 500.
+    ///
+    /// ```
+    /// use llm_bulkhead::tower::{ClassifyError, Refusal};
+    /// let r = Refusal::Unclassified(ClassifyError::bad_request("unknown_admission_class", "no such class"));
+    /// assert_eq!(r.status(), http::StatusCode::BAD_REQUEST);
+    /// ```
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Rejected(r) => match r.reason {
+                RejectReason::Shutdown | RejectReason::Aborted => StatusCode::SERVICE_UNAVAILABLE,
+                RejectReason::ConcurrencyLimit
+                | RejectReason::QueueLimit
+                | RejectReason::BudgetLimit
+                | RejectReason::Timeout => StatusCode::TOO_MANY_REQUESTS,
+            },
+            Refusal::Unclassified(e) => e.status,
+        }
+    }
+
+    /// The JSON body of the response mode (see [`RefusalBody`]).
+    ///
+    /// ```
+    /// use llm_bulkhead::tower::Refusal;
+    /// let b = llm_bulkhead::Bulkhead::new(0).unwrap();
+    /// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+    /// let json: serde_json::Value = serde_json::from_slice(&r.json()).unwrap();
+    /// assert_eq!(json["error"]["reason"], "concurrency_limit");
+    /// assert_eq!(json["error"]["capacity"]["max_concurrent"], 0);
+    /// ```
+    pub fn json(&self) -> Bytes {
+        // Serialising these plain structs (string keys, integers) cannot fail.
+        Bytes::from(serde_json::to_vec(&RefusalBody::of(self)).unwrap_or_default())
+    }
+
+    /// The ready response: [`status`](Self::status), `content-type: application/json`, the
+    /// [`json`](Self::json) body. No `Retry-After`: a fail-fast bulkhead has no honest estimate
+    /// of when capacity returns (contract §8).
+    ///
+    /// ```
+    /// use llm_bulkhead::tower::Refusal;
+    /// let b = llm_bulkhead::Bulkhead::new(0).unwrap();
+    /// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+    /// let resp = r.response::<http_body_util::Empty<bytes::Bytes>>();
+    /// assert_eq!(resp.status(), 429);
+    /// assert!(resp.headers().get("retry-after").is_none());
+    /// ```
+    pub fn response<B>(&self) -> Response<AdmittedBody<B>> {
+        let mut resp = Response::new(AdmittedBody::refusal(self.json()));
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Rejected(r) => fmt::Display::fmt(r, f),
+            Refusal::Unclassified(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// The error of error mode ([`BulkheadLayer::refuse_with_error`](super::BulkheadLayer::refuse_with_error)):
+/// the layer's refusal, or the inner service's own error. Downcast a `BoxError` to it, or match.
+///
+/// ```
+/// use llm_bulkhead::tower::{Refused, Refusal, ClassifyError};
+/// let e: Refused<std::io::Error> = Refused::Refusal(Refusal::Unclassified(ClassifyError::bad_request("x", "y")));
+/// assert!(e.refusal().is_some());
+/// ```
+#[derive(Debug)]
+pub enum Refused<E> {
+    /// The layer refused the request; the inner service never saw it.
+    Refusal(Refusal),
+    /// The inner service failed.
+    Inner(E),
+}
+
+impl<E> Refused<E> {
+    /// The layer's refusal, if that is what this is.
+    ///
+    /// ```
+    /// # use llm_bulkhead::tower::Refused;
+    /// assert!(Refused::Inner(()).refusal().is_none());
+    /// ```
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Refused::Refusal(r) => Some(r),
+            Refused::Inner(_) => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Refused<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::Refusal(r) => fmt::Display::fmt(r, f),
+            Refused::Inner(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for Refused<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Refused::Refusal(r) => Some(r),
+            Refused::Inner(e) => Some(e),
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// How the service answers a refusal: [`Respond`] (a ready 429/503 response, the inner error
+/// type kept) or [`Fail`] (a [`Refused`] error). Sealed.
+///
+/// ```
+/// use llm_bulkhead::tower::{ClassifyError, Fail, Refusal, RefusalMode, Respond};
+/// let r = || Refusal::Unclassified(ClassifyError::bad_request("c", "m"));
+/// let resp = <Respond as RefusalMode<std::io::Error>>::refuse::<String>(r()).unwrap();
+/// assert_eq!(resp.status(), 400);
+/// assert!(<Fail as RefusalMode<std::io::Error>>::refuse::<String>(r()).is_err());
+/// ```
+pub trait RefusalMode<E>: sealed::Sealed {
+    /// The service's error type.
+    type Error;
+    /// The answer to `refusal`.
+    ///
+    /// # Errors
+    /// In [`Fail`] mode, always: the refusal as [`Refused::Refusal`].
+    fn refuse<B>(refusal: Refusal) -> Result<Response<AdmittedBody<B>>, Self::Error>;
+    /// The inner service's error.
+    fn inner(error: E) -> Self::Error;
+}
+
+/// Response mode (the default): refusals are ready responses, and the service keeps the inner
+/// error type, so axum needs no `HandleErrorLayer`.
+///
+/// ```
+/// use llm_bulkhead::tower::{BulkheadLayer, Respond};
+/// let _layer: BulkheadLayer<Respond> = BulkheadLayer::slots(llm_bulkhead::Bulkhead::new(4).unwrap());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Respond;
+
+/// Error mode: refusals are [`Refused::Refusal`] errors, for tower stacks that handle errors.
+///
+/// ```
+/// use llm_bulkhead::tower::{BulkheadLayer, Fail};
+/// let _layer: BulkheadLayer<Fail> = BulkheadLayer::slots(llm_bulkhead::Bulkhead::new(4).unwrap()).refuse_with_error();
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fail;
+
+impl sealed::Sealed for Respond {}
+impl sealed::Sealed for Fail {}
+
+impl<E> RefusalMode<E> for Respond {
+    type Error = E;
+    fn refuse<B>(refusal: Refusal) -> Result<Response<AdmittedBody<B>>, E> {
+        Ok(refusal.response())
+    }
+    fn inner(error: E) -> E {
+        error
+    }
+}
+
+impl<E> RefusalMode<E> for Fail {
+    type Error = Refused<E>;
+    fn refuse<B>(refusal: Refusal) -> Result<Response<AdmittedBody<B>>, Refused<E>> {
+        Err(Refused::Refusal(refusal))
+    }
+    fn inner(error: E) -> Refused<E> {
+        Refused::Inner(error)
+    }
+}
+
+/// The JSON body of a refusal response. The field names are stable; absent parts are left out
+/// (never `null`):
+///
+/// ```json
+/// {"error": {
+///   "type": "admission_rejected",          // or "invalid_request" for classifier refusals
+///   "reason": "concurrency_limit",         // contract §2's reasons, or the classifier's code
+///   "message": "admission refused: ...",
+///   "constraint": "admission_class",       // with classes only
+///   "class": "standard",                   // with classes only
+///   "revision": 3,                         // the limits revision the decision used
+///   "capacity": {
+///     "in_flight": 5, "pending": 0, "max_concurrent": 5, "max_queue": 0,
+///     "tokens": {"budget": 50000, "in_flight": 49000, "effective_budget": 45000,
+///                "available": 0, "requested": 1200},                        // with a budget
+///     "shared": {"concurrency": {"capacity": 4, "in_use": 4, "available": 0, "requested_borrowed": 1},
+///                "tokens": {...}},                                           // with classes
+///     "class": {"in_flight": 3, "protected_concurrent": 3, "protected_concurrent_in_use": 3,
+///               "borrowed_concurrent": 0, "available_protected_concurrent": 0,
+///               "max_concurrent": 8, "available_concurrent": 5,
+///               "tokens": {"in_flight": 0, "protected": 8000, "protected_in_use": 0, "borrowed": 0,
+///                          "available_protected": 8000, "max": 20000, "available": 20000,
+///                          "requested": 0}}                                  // with classes
+///   }
+/// }}
+/// ```
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(1).token_budget(10).build().unwrap();
+/// let r = b.try_acquire(llm_bulkhead::Demand::tokens(llm_bulkhead::Reservation::new(20, 0).unwrap())).unwrap_err();
+/// let body = RefusalBody::of(&Refusal::Rejected(Box::new(r)));
+/// assert_eq!(body.error.reason, "budget_limit");
+/// assert_eq!(body.error.capacity.unwrap().tokens.unwrap().requested, 20);
+/// ```
+#[derive(Clone, Debug, Serialize)]
+pub struct RefusalBody {
+    /// The refusal.
+    pub error: RefusalError,
+}
+
+/// The `error` object of a [`RefusalBody`].
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert_eq!((body.error.kind, body.error.revision), ("admission_rejected", Some(0)));
+/// ```
+#[derive(Clone, Debug, Serialize)]
+pub struct RefusalError {
+    /// `admission_rejected` (the bulkhead) or `invalid_request` (the classifier).
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The reason (`concurrency_limit`, ...) or the classifier's code.
+    pub reason: String,
+    /// A human-readable summary.
+    pub message: String,
+    /// The binding constraint (with classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<&'static str>,
+    /// The demand's class (with classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// The limits revision of the decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// What the decision saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityBody>,
+}
+
+/// Slots, queue and, when configured, tokens and class figures.
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert_eq!(body.error.capacity.unwrap().max_concurrent, 0);
+/// ```
+#[derive(Clone, Debug, Serialize)]
+pub struct CapacityBody {
+    /// Slots in use.
+    pub in_flight: u64,
+    /// Waiters queued.
+    pub pending: u64,
+    /// The global concurrency limit.
+    pub max_concurrent: u64,
+    /// The queue bound.
+    pub max_queue: u64,
+    /// The budget figures (with a budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokensBody>,
+    /// The shared remainder (with classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedBody>,
+    /// The class's own figures (with classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<ClassBody>,
+}
+
+/// The global budget figures.
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert_eq!(body.error.capacity.unwrap().tokens.unwrap().budget, 10);
+/// ```
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct TokensBody {
+    /// The budget `B`.
+    pub budget: u64,
+    /// Tokens held in flight.
+    pub in_flight: u64,
+    /// The budget for the demand's priority.
+    pub effective_budget: u64,
+    /// What was available to the demand.
+    pub available: u64,
+    /// What the demand asked for.
+    pub requested: u64,
+}
+
+/// The shared remainder of a classed bulkhead (absent without classes).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert!(body.error.capacity.unwrap().shared.is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct SharedBody {
+    /// Slots.
+    pub concurrency: crate::SharedAmount,
+    /// Tokens (with a budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<crate::SharedAmount>,
+}
+
+/// A class's own figures (absent without classes).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert!(body.error.capacity.unwrap().class.is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ClassBody {
+    /// Its admissions in flight.
+    pub in_flight: u64,
+    /// Its concurrency floor.
+    pub protected_concurrent: u64,
+    /// The part of the floor in use.
+    pub protected_concurrent_in_use: u64,
+    /// Slots it borrows from the shared remainder.
+    pub borrowed_concurrent: u64,
+    /// Floor slots still free.
+    pub available_protected_concurrent: u64,
+    /// Its concurrency ceiling (when it has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u64>,
+    /// Slots left under the ceiling (when it has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_concurrent: Option<u64>,
+    /// Its token figures (with a budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<ClassTokensBody>,
+}
+
+/// A class's token figures (with classes and a budget).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(0).token_budget(10).build().unwrap();
+/// let r = Refusal::Rejected(Box::new(b.try_acquire(llm_bulkhead::Demand::slot()).unwrap_err()));
+/// let body = RefusalBody::of(&r);
+/// assert!(body.error.capacity.unwrap().class.and_then(|c| c.tokens).is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ClassTokensBody {
+    /// Its tokens in flight.
+    pub in_flight: u64,
+    /// Its token floor.
+    pub protected: u64,
+    /// The part of the floor in use.
+    pub protected_in_use: u64,
+    /// Tokens it borrows.
+    pub borrowed: u64,
+    /// Floor tokens still free.
+    pub available_protected: u64,
+    /// Its token ceiling (when it has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+    /// Tokens left under the ceiling (when it has one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available: Option<u64>,
+    /// What the demand asked for.
+    pub requested: u64,
+}
+
+impl RefusalBody {
+    /// The body describing `refusal`.
+    ///
+    /// ```
+    /// use llm_bulkhead::tower::{ClassifyError, Refusal, RefusalBody};
+    /// let body = RefusalBody::of(&Refusal::Unclassified(ClassifyError::bad_request("unknown_admission_class", "no class \"x\"")));
+    /// assert_eq!((body.error.kind, body.error.reason.as_str()), ("invalid_request", "unknown_admission_class"));
+    /// ```
+    pub fn of(refusal: &Refusal) -> RefusalBody {
+        let error = match refusal {
+            Refusal::Unclassified(e) => RefusalError {
+                kind: "invalid_request",
+                reason: e.code.to_string(),
+                message: e.message.clone(),
+                constraint: None,
+                class: None,
+                revision: None,
+                capacity: None,
+            },
+            Refusal::Rejected(r) => {
+                let d = &r.detail;
+                let classes = d.classes.as_deref();
+                RefusalError {
+                    kind: "admission_rejected",
+                    reason: r.reason.as_str().to_owned(),
+                    message: r.to_string(),
+                    constraint: r.constraint.map(Constraint::as_str),
+                    class: classes.map(|c| c.class.id.clone()),
+                    revision: Some(r.revision),
+                    capacity: Some(CapacityBody {
+                        in_flight: d.in_flight,
+                        pending: d.pending,
+                        max_concurrent: d.max_concurrent,
+                        max_queue: d.max_queue,
+                        tokens: d.token_budget.map(|t| TokensBody {
+                            budget: t.budget,
+                            in_flight: t.in_flight_tokens,
+                            effective_budget: t.effective_budget,
+                            available: t.available,
+                            requested: t.requested,
+                        }),
+                        shared: classes.map(|c| SharedBody {
+                            concurrency: c.shared.concurrency,
+                            tokens: c.shared.token_budget,
+                        }),
+                        class: classes.map(|c| {
+                            let k = &c.class;
+                            ClassBody {
+                                in_flight: k.in_flight,
+                                protected_concurrent: k.protected_concurrent,
+                                protected_concurrent_in_use: k.protected_concurrent_in_use,
+                                borrowed_concurrent: k.borrowed_concurrent,
+                                available_protected_concurrent: k.available_protected_concurrent,
+                                max_concurrent: k.max_concurrent,
+                                available_concurrent: k.available_concurrent,
+                                tokens: k.token_budget.map(|t| ClassTokensBody {
+                                    in_flight: t.in_flight_tokens,
+                                    protected: t.protected_tokens,
+                                    protected_in_use: t.protected_tokens_in_use,
+                                    borrowed: t.borrowed_tokens,
+                                    available_protected: t.available_protected_tokens,
+                                    max: t.max_tokens,
+                                    available: t.available,
+                                    requested: t.requested,
+                                }),
+                            }
+                        }),
+                    }),
+                }
+            }
+        };
+        RefusalBody { error }
+    }
+}
