@@ -157,7 +157,7 @@ pub use stats::{
     SharedTokenStats, Stats, TokenStats,
 };
 pub use waiting::{
-    Acquire, AcquireTimed, CancelToken, Drain, DrainReport, Timed, Timing, WaitOptions,
+    Acquire, AcquireTimed, CancelToken, Cancelled, Drain, DrainReport, Timed, Timing, WaitOptions,
 };
 
 /// Test support (feature `testing`; not for production builds): per-thread pause hooks at the

@@ -238,11 +238,94 @@ impl CancelToken {
         lock(&self.0.wakers).1.retain(|e| e.0 != id);
     }
 
+    /// A future that completes once [`cancel`](Self::cancel) has been called (at once if it
+    /// already was). A cancellation wakes it: async work can `select!` on it.
+    ///
+    /// # Cancel safety
+    /// Dropping it forgets its waker registration; nothing else changes.
+    ///
+    /// # Memory ordering
+    /// As the token's: `cancel` stores the flag before it takes the registered wakers, and the
+    /// future registers before it re-reads the flag, so a cancel is never missed.
+    ///
+    /// ```
+    /// use futures_lite::future;
+    /// let t = llm_bulkhead::CancelToken::new();
+    /// let c = t.clone();
+    /// let th = std::thread::spawn(move || c.cancel());
+    /// future::block_on(t.cancelled());
+    /// assert!(t.is_cancelled());
+    /// th.join().unwrap();
+    /// ```
+    pub fn cancelled(&self) -> Cancelled {
+        Cancelled(CancelWake::new(self.clone()))
+    }
+
     /// Forgets the calling thread's registration (its wait ended), so a token reused for many
     /// waits keeps no stale entries.
     fn unregister_current(&self) {
         let me = crate::sync::thread::current().id();
         lock(&self.0.sleepers).retain(|t| t.id() != me);
+    }
+}
+
+/// An async registration with a [`CancelToken`]: polled, it is ready once the token is
+/// cancelled, and otherwise leaves the task's waker with the token; dropped, it forgets the
+/// waker. Owned (it holds a clone of the token), so `'static` futures can embed it.
+#[derive(Debug)]
+pub(crate) struct CancelWake {
+    token: CancelToken,
+    id: Option<u64>,
+}
+
+impl CancelWake {
+    pub(crate) fn new(token: CancelToken) -> CancelWake {
+        CancelWake { token, id: None }
+    }
+
+    /// Ready once cancelled; otherwise registers (or refreshes) `cx`'s waker.
+    pub(crate) fn poll_cancelled(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.token.is_cancelled() {
+            return Poll::Ready(());
+        }
+        self.id = Some(self.token.register_waker(self.id, cx.waker()));
+        // Re-read after registering: `cancel` stores the flag before it takes the wakers.
+        if self.token.is_cancelled() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for CancelWake {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.token.unregister_waker(id);
+        }
+    }
+}
+
+/// The future of [`CancelToken::cancelled`].
+///
+/// # Cancel safety
+/// Dropping it forgets its waker registration; nothing else changes.
+///
+/// ```
+/// # use futures_lite::future;
+/// let t = llm_bulkhead::CancelToken::new();
+/// t.cancel();
+/// future::block_on(t.cancelled()); // ready at once
+/// ```
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Cancelled(CancelWake);
+
+impl Future for Cancelled {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_cancelled(cx)
     }
 }
 

@@ -555,10 +555,9 @@ impl StopState {
 /// task or thread the work starts, so that it learns when to stop. It fires when the
 /// borrowed-concurrency deadline expires ([`StopCause::Deadline`]) and when the run is over for
 /// its caller: the run returned, or its future was dropped ([`StopCause::Ended`]). The caller's
-/// [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) is observed when the signal is
-/// read or polled ([`StopCause::Cancelled`]); a [`stopped`](Self::stopped) future is not woken
-/// by it, because `CancelToken` offers no wake-up to register (it needs a `cancelled()` future
-/// or a callback from the core).
+/// [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) fires it too
+/// ([`StopCause::Cancelled`]): a [`stopped`](Self::stopped) future leaves its waker with the
+/// token, so `cancel` wakes it.
 ///
 /// ```
 /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions, StopCause};
@@ -621,11 +620,11 @@ impl StopSignal {
         self.cause().is_some()
     }
 
-    /// A future that completes when the signal fires (see the type's note on the caller's
-    /// token).
+    /// A future that completes when the signal fires: the deadline, the end of the run, or the
+    /// caller's token (each wakes it).
     ///
     /// # Cancel safety
-    /// Dropping it changes nothing.
+    /// Dropping it forgets its waker registrations; nothing else changes.
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -636,6 +635,7 @@ impl StopSignal {
     pub fn stopped(&self) -> StopSignalFuture {
         StopSignalFuture {
             signal: self.clone(),
+            cancel: self.caller.clone().map(crate::waiting::CancelWake::new),
         }
     }
 }
@@ -664,14 +664,24 @@ impl fmt::Debug for StopSignal {
 #[derive(Debug)]
 pub struct StopSignalFuture {
     signal: StopSignal,
+    /// The caller's token, woken on `cancel` (`None` without a token).
+    cancel: Option<crate::waiting::CancelWake>,
 }
 
 impl Future for StopSignalFuture {
     type Output = StopCause;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<StopCause> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<StopCause> {
         if let Some(c) = self.signal.cause() {
             return Poll::Ready(c);
+        }
+        // The caller's cancellation wakes it too: leave the waker with the token.
+        if let Some(w) = self.cancel.as_mut() {
+            if w.poll_cancelled(cx).is_ready() {
+                if let Some(c) = self.signal.cause() {
+                    return Poll::Ready(c);
+                }
+            }
         }
         {
             let mut ws = lock(&self.signal.state.wakers);
@@ -1139,11 +1149,9 @@ impl RunContext {
         expired || self.caller_cancelled()
     }
 
-    /// A future that completes when the deadline expires (never, without an armed deadline):
-    /// race it against the provider call. It also completes when it is polled after the
-    /// caller's token was cancelled, but a cancellation does not wake it (`CancelToken` offers
-    /// no wake-up to register); poll [`stop_requested`](Self::stop_requested) or use a
-    /// [`StopSignal`] from a task that polls.
+    /// A future that completes when the deadline expires (never, without an armed deadline),
+    /// or when the caller's token (`options.wait.cancel`) is cancelled; both wake it: race it
+    /// against the provider call.
     ///
     /// # Cancel safety
     /// Dropping it changes nothing.
@@ -1159,7 +1167,14 @@ impl RunContext {
     /// assert_eq!(out.unwrap(), 1);
     /// ```
     pub fn stopped(&self) -> Stopped<'_> {
-        Stopped { ctx: self }
+        Stopped {
+            ctx: self,
+            cancel: self
+                .stop
+                .caller
+                .clone()
+                .map(crate::waiting::CancelWake::new),
+        }
     }
 
     /// Settles the admission with `usage` (invalid usage falls back to the last report) and
@@ -1234,14 +1249,19 @@ impl fmt::Debug for RunContext {
 #[must_use = "futures do nothing unless polled"]
 pub struct Stopped<'a> {
     ctx: &'a RunContext,
+    /// The caller's token, woken on `cancel` (`None` without a token).
+    cancel: Option<crate::waiting::CancelWake>,
 }
 
 impl Future for Stopped<'_> {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.ctx.caller_cancelled() {
-            return Poll::Ready(());
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // The caller's cancellation (registered with the token, so `cancel` wakes it).
+        if let Some(w) = self.cancel.as_mut() {
+            if w.poll_cancelled(cx).is_ready() {
+                return Poll::Ready(());
+            }
         }
         let Inner::Leased(g) = &self.ctx.inner else {
             return Poll::Pending;

@@ -299,7 +299,7 @@ impl LlmBulkhead {
     /// gets a clone of the leader's outcome (a success, its error, a rejection or a deadline
     /// error alike). Registration happens here, synchronously. The key is the bulkhead's key
     /// function of the request, inside `options.dedup_scope` and the admission class (see the
-    /// [module docs](self) of `shared_run` for the partitions and the `Send` design).
+    /// module docs of `src/llm/shared_run.rs` for the partitions and the `Send` design).
     ///
     /// The shared call is owned by the flight: dropping the leader's future does not cancel
     /// the call its followers wait on; it is dropped when every participant is gone (which
