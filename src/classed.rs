@@ -409,15 +409,7 @@ pub(crate) fn acquire(
     if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
-    acquire_contended(
-        shared,
-        Req {
-            k,
-            r,
-            priority,
-            in_queue: false,
-        },
-    )
+    contended(shared, k, r, priority, false)
 }
 
 /// [`acquire`] after [`try_fast`] returned `None`: the full protocol only.
@@ -427,16 +419,7 @@ pub(crate) fn acquire_after_fast(
     r: u64,
     priority: Priority,
 ) -> Result<Admitted, Refused> {
-    let _op = crate::grace::op();
-    acquire_contended(
-        shared,
-        Req {
-            k,
-            r,
-            priority,
-            in_queue: false,
-        },
-    )
+    contended(shared, k, r, priority, false)
 }
 
 /// The decision for a queued head (or a newcomer to an empty queue), made under the queue
@@ -448,6 +431,17 @@ pub(crate) fn acquire_in_queue(
     r: u64,
     priority: Priority,
 ) -> Result<Admitted, Refused> {
+    contended(shared, k, r, priority, true)
+}
+
+/// The full protocol for one request, inside its grace-period operation.
+fn contended(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    in_queue: bool,
+) -> Result<Admitted, Refused> {
     let _op = crate::grace::op();
     acquire_contended(
         shared,
@@ -455,7 +449,7 @@ pub(crate) fn acquire_in_queue(
             k,
             r,
             priority,
-            in_queue: true,
+            in_queue,
         },
     )
 }

@@ -37,6 +37,13 @@ fn fill(b: &Bulkhead, demand: Demand) -> Vec<Admission> {
     held
 }
 
+fn token_floor(protected_tokens: u64) -> ClassLimits {
+    ClassLimits {
+        protected_tokens,
+        ..ClassLimits::default()
+    }
+}
+
 fn floor(protected_concurrent: u32) -> ClassLimits {
     ClassLimits {
         protected_concurrent,
@@ -152,13 +159,7 @@ fn a_usage_growth_never_lands_on_a_wrapped_class_tag() {
             .unwrap();
         let installer = {
             let b = b.clone();
-            thread::spawn(move || {
-                let tf = ClassLimits {
-                    protected_tokens: 4,
-                    ..ClassLimits::default()
-                };
-                install_two(&b, a, tf)
-            })
+            thread::spawn(move || install_two(&b, a, token_floor(4)))
         };
         held.report_usage(Usage::new(1, 3), None).unwrap();
         installer.join().unwrap();
@@ -200,13 +201,7 @@ fn a_token_return_never_lands_on_a_wrapped_class_tag() {
             .unwrap();
         let installer = {
             let b = b.clone();
-            thread::spawn(move || {
-                let tf = ClassLimits {
-                    protected_tokens: 4,
-                    ..ClassLimits::default()
-                };
-                install_two(&b, a, tf)
-            })
+            thread::spawn(move || install_two(&b, a, token_floor(4)))
         };
         let shrink = llm_bulkhead::Reconcile {
             remaining_output: 0,
