@@ -522,8 +522,11 @@ impl Bulkhead {
         let shared = &*self.shared;
         let word = &*shared.word;
         // Before the first read of the tag (`crate::grace`): no install can bring the tag
-        // back to `w`'s while this decision is in progress.
-        let _op = crate::grace::op();
+        // back to `w`'s while this decision is in progress. The marker is in this thread's
+        // counters entry, which the admission is counted in anyway (one lookup for both); the
+        // handle behind `&self` keeps it alive for the whole decision.
+        let c = shared.counters.local(Counters::new);
+        let _op = crate::grace::enter_decision(c);
         let mut w = Word(word.load(Ordering::Acquire));
         let backoff = crossbeam_utils::Backoff::new();
         loop {
@@ -537,7 +540,7 @@ impl Bulkhead {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        Ok(_) => return Ok(self.count_admission(lim.revision, r)),
+                        Ok(_) => return Ok(self.count_admission_in(c, lim.revision, r)),
                         Err(actual) => {
                             backoff.spin();
                             w = Word(actual);
@@ -552,8 +555,13 @@ impl Bulkhead {
     /// Counts an admission (no class) and returns what builds it.
     #[inline(always)]
     pub(crate) fn count_admission(&self, revision: u64, r: u64) -> Granted {
+        self.count_admission_in(self.shared.counters.local(Counters::new), revision, r)
+    }
+
+    /// [`count_admission`](Self::count_admission) into this thread's entry `c`.
+    #[inline(always)]
+    fn count_admission_in(&self, c: &Counters, revision: u64, r: u64) -> Granted {
         let shared = &*self.shared;
-        let c = shared.counters.local(Counters::new);
         let n = c.admitted.add(1);
         if shared.has_budget {
             c.total_reserved.add(r);
@@ -682,7 +690,7 @@ impl Bulkhead {
         // No operation that read the previous tag is still in progress once this returns, so
         // no tag value or ring slot is reused under anyone (`crate::grace`). Under the lock:
         // the next install waits for this one's grace period.
-        crate::grace::grace_period();
+        crate::grace::grace_period(shared);
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
         // A raised limit admits queued waiters at once (CONTRACT.md §6).

@@ -24,14 +24,21 @@
 //! # How an operation is seen: per-thread markers
 //!
 //! Every operation that reads a tag (or a class word's tag) and then commits on it runs inside
-//! an [`Op`]: it makes the calling thread's **reader marker** odd before its first read, and
-//! even again after its last step. There is one marker per thread for the whole process, on a
-//! cache line of its own that no other thread writes (a release may leave its operation after
-//! it gave away the last reference to the bulkhead, so the marker cannot live in the
-//! bulkhead). Entering costs a thread-local read, a plain store and a compiler fence; leaving,
-//! one plain store. Operations nest (a release that pumps the queue decides for a waiter): only
-//! the outermost one moves the marker. A reconfigurer waits for every thread's operation, on
-//! any bulkhead: they are all short.
+//! an [`Op`]: it makes a **reader marker** of the calling thread odd before its first read, and
+//! even again after its last step. A marker is written only by its thread, on a cache line no
+//! other thread writes; entering costs a plain store and a compiler fence, leaving one plain
+//! store. Operations nest (a release that pumps the queue decides for a waiter): only the
+//! outermost one moves the marker. Markers live in two places:
+//!
+//! * a no-class decision (`Bulkhead::try_decide`) uses the thread's counters entry of that
+//!   bulkhead, which the decision looks up anyway to count the admission: one lookup for both.
+//!   Its caller holds a handle, so the entry outlives the operation;
+//! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a
+//!   class release may leave its operation after it gave away the last reference to the
+//!   bulkhead, so its marker must not live in the bulkhead.
+//!
+//! The grace period scans both: the process-wide cells (operations on any bulkhead: they are
+//! all short) and this bulkhead's counters entries.
 //!
 //! The reconfigurer, after installing (the tag bump and every class migration), issues a heavy
 //! barrier and then waits until each marker that was odd has moved. The argument is the
@@ -107,11 +114,11 @@ impl Drop for Op<'_> {
 /// Waits until every reader marker that `for_each` visits (except `own`, the caller's) has left
 /// the operation it was in, if any, when this was called. Call after the install is complete
 /// (tag bump and class migrations).
-pub(crate) fn wait_for_readers(own: &Reader, for_each: impl FnOnce(&mut dyn FnMut(&Reader))) {
+pub(crate) fn wait_for_readers(own: &[&Reader], for_each: impl FnOnce(&mut dyn FnMut(&Reader))) {
     crate::sync::pause(crate::sync::PausePoint::GracePeriod);
     heavy_barrier();
     for_each(&mut |r: &Reader| {
-        if std::ptr::eq(r, own) {
+        if own.iter().any(|o| std::ptr::eq(r, *o)) {
             return;
         }
         let s = r.load(Ordering::Acquire);
@@ -240,8 +247,31 @@ pub(crate) fn op() -> Op<'static> {
     enter(reader())
 }
 
-/// The grace period of `apply_limits`: returns once no operation of another thread that
-/// started before the call is still in progress.
-pub(crate) fn grace_period() {
-    wait_for_readers(reader(), crate::sync::per_thread::for_each);
+/// Enters a no-class decision of the bulkhead whose counters entry `c` is (the calling
+/// thread's): the marker lives in that entry, which the decision looks up anyway. Only for a
+/// caller that keeps the bulkhead alive until it leaves (a handle). Under loom, where counters
+/// entries are shared by every thread, the process-wide cell instead.
+#[inline(always)]
+pub(crate) fn enter_decision(c: &crate::stats::Counters) -> Op<'_> {
+    #[cfg(not(loom))]
+    {
+        enter(&c.reader)
+    }
+    #[cfg(loom)]
+    {
+        let _ = c;
+        op()
+    }
+}
+
+/// The grace period of `apply_limits` on `shared`: returns once no operation of another thread
+/// that started before the call is still in progress, whether it is marked in the process-wide
+/// cells or in this bulkhead's counters entries ([`enter_decision`]).
+pub(crate) fn grace_period(shared: &crate::shared::Shared) {
+    let own_decisions: &Reader = &shared.counters.local(crate::stats::Counters::new).reader;
+    let own = reader();
+    wait_for_readers(&[own, own_decisions], |f| {
+        crate::sync::per_thread::for_each(f);
+        shared.counters.for_each(|c| f(&c.reader));
+    });
 }

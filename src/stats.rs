@@ -25,6 +25,9 @@ use crate::sync::Stripe;
 pub(crate) struct Counters {
     /// Distinguishes this entry's admission ids from other threads' (see [`crate::id`]).
     pub(crate) key: u64,
+    /// This thread's grace-period marker for this bulkhead's no-class decisions
+    /// (`crate::grace`): on the line the decision writes anyway, found by the same lookup.
+    pub(crate) reader: crate::grace::Reader,
     pub(crate) admitted: Stripe,
     pub(crate) rejected: [Stripe; 6],
     pub(crate) total_reserved: Stripe,
