@@ -353,6 +353,10 @@ impl<T: Send + Sync> Stripes<T> {
     #[cold]
     #[inline(never)]
     fn local_slow(&self, init: impl FnOnce() -> T) -> &T {
+        // A thread's one-time per-thread state is made together, here, on its first use of a
+        // bulkhead: its process-wide cell (`per_thread`, the grace-period marker of its slow
+        // paths) too, so no later path (a queued waiter, say) allocates it.
+        let _ = per_thread::local();
         let entry: &T = self
             .entries
             .get_or(|| crossbeam_utils::CachePadded::new(init()));
