@@ -16,13 +16,13 @@
 //! assert_eq!(m.stats().in_flight, 0);
 //! ```
 
-use crate::classes::{ClassView, Resources};
-use crate::demand::{Reconcile, Reservation, Usage};
-use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
-use crate::id::AdmissionId;
-use crate::limits::HotClass;
-use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
-use crate::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
+use crate::record::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
+use crate::vocab::demand::{Reconcile, Reservation, Usage};
+use crate::vocab::error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
+use crate::vocab::id::AdmissionId;
+use crate::vocab::rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
+use crate::words::classes::{ClassView, Resources};
+use crate::words::limits::HotClass;
 use crate::{
     ClassId, Demand, LimitsChange, LimitsSnapshot, Priority, ReleaseReport, UsageReport, MAX_TOKENS,
 };
@@ -571,7 +571,7 @@ impl Model {
         if hold > a.held {
             let delta = hold - a.held;
             // With classes the bound is on V = Σ max(tokens_k, protected_tokens_k), as the
-            // engine stores it (`crate::classed::MAX_CLASSED_HOLD`).
+            // engine stores it (`crate::protocol::classed::MAX_CLASSED_HOLD`).
             let (used, max) = match class {
                 None => (self.tokens, MAX_TOKENS),
                 Some(_) => {
@@ -581,7 +581,7 @@ impl Model {
                         .zip(self.limits.classes.iter())
                         .map(|(c, l)| c.tokens.max(l.protected_tokens))
                         .sum();
-                    (v, crate::classed::MAX_CLASSED_HOLD)
+                    (v, crate::protocol::classed::MAX_CLASSED_HOLD)
                 }
             };
             if used as u128 + delta as u128 > max as u128 {
@@ -910,7 +910,7 @@ impl Model {
                 total_overrun: self.overrun,
             }),
             borrowed_concurrency_abandoned: self.abandoned,
-            borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
+            borrowed_concurrency_abandoned_by_cause: crate::record::stats::AbandonCauses {
                 manual: self.abandoned,
                 deadline: 0,
             },
@@ -918,7 +918,7 @@ impl Model {
             subscriber_panics: 0,
             // Observe mode is an `LlmBulkhead::run` feature the model does not drive.
             observe: None,
-            classes: crate::stats::classes_stats(
+            classes: crate::record::stats::classes_stats(
                 &self.limits,
                 &self.names,
                 self.default_class,

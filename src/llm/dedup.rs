@@ -44,8 +44,8 @@
 //! ```
 
 use super::request::{Content, LlmRequest, Message};
-use crate::classes::ClassId;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::words::classes::ClassId;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -825,8 +825,10 @@ impl<T: Send + 'static> DedupRun<T> {
                         return Poll::Ready(Err(DedupError::Timeout));
                     }
                     match self.timer {
-                        Some(tm) => crate::timer::update(tm, cx.waker()),
-                        None => self.timer = Some(crate::timer::register(at, cx.waker().clone())),
+                        Some(tm) => crate::wait::timer::update(tm, cx.waker()),
+                        None => {
+                            self.timer = Some(crate::wait::timer::register(at, cx.waker().clone()))
+                        }
                     }
                 }
             }
@@ -934,7 +936,7 @@ impl<T: Send + 'static> DedupRun<T> {
 
     fn finish(&mut self) {
         if let Some(t) = self.timer.take() {
-            crate::timer::cancel(t);
+            crate::wait::timer::cancel(t);
         }
         self.role = Role::Finished;
     }
@@ -943,7 +945,7 @@ impl<T: Send + 'static> DedupRun<T> {
 impl<T> Drop for DedupRun<T> {
     fn drop(&mut self) {
         if let Some(t) = self.timer.take() {
-            crate::timer::cancel(t);
+            crate::wait::timer::cancel(t);
         }
         let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
             Role::Leader { flight, key } => (flight, key, None),

@@ -32,7 +32,7 @@ use super::dedup::DedupError;
 use super::estimate::{EstimateError, ReservationOverride, TokenEstimator};
 use super::observe::{hard_refusal, AdmissionKind, Bypassed, Mode, ShadowReasons};
 use super::request::LlmRequest;
-use crate::events::AbandonCause;
+use crate::record::events::AbandonCause;
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 use crate::{
     Admission, Advice, Bulkhead, ClassId, Demand, Priority, Reconcile, Rejection, Reservation,
@@ -635,7 +635,10 @@ impl StopSignal {
     pub fn stopped(&self) -> StopSignalFuture {
         StopSignalFuture {
             signal: self.clone(),
-            cancel: self.caller.clone().map(crate::waiting::CancelWake::new),
+            cancel: self
+                .caller
+                .clone()
+                .map(crate::wait::waiting::CancelWake::new),
         }
     }
 }
@@ -665,7 +668,7 @@ impl fmt::Debug for StopSignal {
 pub struct StopSignalFuture {
     signal: StopSignal,
     /// The caller's token, woken on `cancel` (`None` without a token).
-    cancel: Option<crate::waiting::CancelWake>,
+    cancel: Option<crate::wait::waiting::CancelWake>,
 }
 
 impl Future for StopSignalFuture {
@@ -735,7 +738,7 @@ struct LeaseGuard {
 impl LeaseGuard {
     fn take(&mut self) -> Option<Admission> {
         if let Some(id) = self.timer.take() {
-            crate::timer::cancel(id);
+            crate::wait::timer::cancel(id);
         }
         lock(&self.lease.admission).take()
     }
@@ -820,7 +823,7 @@ impl RunContext {
             Deadline::After(d) => {
                 // Validated before admission: the sum does not overflow.
                 let at = Instant::now().checked_add(d).unwrap_or_else(Instant::now);
-                guard.timer = Some(crate::timer::register(at, Waker::from(lease)));
+                guard.timer = Some(crate::wait::timer::register(at, Waker::from(lease)));
             }
             Deadline::Manual(trigger) => trigger.arm(&lease),
         }
@@ -1173,7 +1176,7 @@ impl RunContext {
                 .stop
                 .caller
                 .clone()
-                .map(crate::waiting::CancelWake::new),
+                .map(crate::wait::waiting::CancelWake::new),
         }
     }
 
@@ -1250,7 +1253,7 @@ impl fmt::Debug for RunContext {
 pub struct Stopped<'a> {
     ctx: &'a RunContext,
     /// The caller's token, woken on `cancel` (`None` without a token).
-    cancel: Option<crate::waiting::CancelWake>,
+    cancel: Option<crate::wait::waiting::CancelWake>,
 }
 
 impl Future for Stopped<'_> {
@@ -1736,7 +1739,7 @@ pub(super) fn admit_now(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) -> Op
     let priority = demand.priority();
     let g = if shared.classed {
         let k = b.class_index(demand.class());
-        let a = crate::classed::try_fast(shared, k, r, priority)?;
+        let a = crate::protocol::classed::try_fast(shared, k, r, priority)?;
         b.count_class_admission(k, r, a.revision, a.resources)
     } else {
         b.try_decide(r, priority).ok()?

@@ -1,16 +1,16 @@
 //! The [`Bulkhead`]: construction, the lock-free decision, reconfiguration, close and stats.
 
-use crate::admission::Admission;
-use crate::classes::{ClassId, ClassLimits, ClassTable, UnknownClass, MAX_CLASSES};
-use crate::demand::{Demand, Reservation};
-use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem};
-use crate::id::AdmissionId;
-use crate::limits::{BudgetLimits, Hot, LimitsSnapshot, Ring};
-use crate::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
+use crate::handle::admission::Admission;
+use crate::record::stats::{Counters, Stats, TokenStats, Totals};
 use crate::shared::{Canonical, Handle, Shared};
-use crate::state::{Word, CLOSED};
-use crate::stats::{Counters, Stats, TokenStats, Totals};
 use crate::sync::{lock, Ordering};
+use crate::vocab::demand::{Demand, Reservation};
+use crate::vocab::error::{ApplyLimitsError, ConfigError, ConfigProblem};
+use crate::vocab::id::AdmissionId;
+use crate::vocab::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
+use crate::words::classes::{ClassId, ClassLimits, ClassTable, UnknownClass, MAX_CLASSES};
+use crate::words::limits::{BudgetLimits, Hot, LimitsSnapshot, Ring};
+use crate::words::state::{Word, CLOSED};
 use crate::Priority;
 use std::fmt;
 use std::time::Duration;
@@ -344,8 +344,8 @@ pub struct LimitsChange {
 /// A lock-free admission controller: global concurrency slots and an in-flight token budget.
 ///
 /// Cloning a `Bulkhead` gives another handle to the same state. Every decision is one CAS on
-/// one packed word (see [`crate::state`]); limits are read from a ring of snapshots named by a
-/// tag in that word (see [`crate::limits`]).
+/// one packed word (see `crate::words::state`); limits are read from a ring of snapshots named by a
+/// tag in that word (see `crate::words::limits`).
 ///
 /// ```
 /// use llm_bulkhead::{Bulkhead, Demand, Reservation, RejectReason, Usage};
@@ -366,7 +366,7 @@ pub struct LimitsChange {
 /// A successful admission synchronises with the release whose capacity it reuses and with the
 /// `apply_limits` that installed the limits it was decided under (the admission CAS is
 /// `AcqRel`, and so are the release's CAS and a hand-off's). `close` is `SeqCst`: once it
-/// returns, no admission can succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
+/// returns, no admission can succeed. Statistics are `Relaxed` bookkeeping (see `crate::record::stats`).
 #[derive(Clone)]
 pub struct Bulkhead {
     pub(crate) shared: Handle,
@@ -426,7 +426,7 @@ impl Bulkhead {
     /// concurrency ceilings (`admission_class`) and the other classes' floors
     /// (`admission_class_protection`); no free slot (or waiters queued) → `concurrency_limit`.
     /// Without classes the slot and the reservation are taken in one CAS; with classes the
-    /// decision is the multi-word protocol described in [`crate::classed`].
+    /// decision is the multi-word protocol described in `crate::protocol::classed`.
     ///
     /// # Errors
     /// A [`Rejection`] explained by the state the decision saw.
@@ -468,7 +468,7 @@ impl Bulkhead {
                         {
                             // The flag may be up only for `drain` callers.
                             if let Some(g) =
-                                crate::waiting::admit_if_nobody_waits(self, r, priority)
+                                crate::wait::waiting::admit_if_nobody_waits(self, r, priority)
                             {
                                 break g;
                             }
@@ -492,12 +492,19 @@ impl Bulkhead {
         reservation: Option<Reservation>,
     ) -> Admission {
         let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
-        // The only event cost on the fast path: one relaxed load (`crate::events`). The hook
+        // The only event cost on the fast path: one relaxed load (`crate::record::events`). The hook
         // gets copies, not the admission: taking its address would keep it in memory. The
         // admission remembers the answer, so its release reads no flag.
         let observed = self.shared.events.on();
         if observed {
-            crate::events::admitted(&self.shared, id, g.revision, priority, reservation, g.class);
+            crate::record::events::admitted(
+                &self.shared,
+                id,
+                g.revision,
+                priority,
+                reservation,
+                g.class,
+            );
         }
         Admission::new(
             // SAFETY: `g` is a slot just taken (or handed over) for this admission alone.
@@ -601,11 +608,11 @@ impl Bulkhead {
         if shared.classed {
             let constraint = match reason {
                 RejectReason::Shutdown | RejectReason::Aborted => None,
-                _ => Some(crate::rejection::Constraint::Global),
+                _ => Some(crate::vocab::rejection::Constraint::Global),
             };
             let k = self.class_index(demand.class());
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, demand.priority());
-            rej.detail.pending = crate::waiting::pending(shared) as u64;
+            rej.detail.pending = crate::wait::waiting::pending(shared) as u64;
             return rej;
         }
         let w = Word(shared.word.load(Ordering::Acquire));
@@ -613,20 +620,20 @@ impl Bulkhead {
         let c = shared.counters.local(Counters::new);
         c.rejected[reason.index()].add(1);
         let (slots, tokens) = if shared.classed {
-            let (_, g, t) = crate::classed::collect(shared);
+            let (_, g, t) = crate::protocol::classed::collect(shared);
             (g, t)
         } else {
             (w.slots(), w.tokens())
         };
         let mut rej = rejection(slots, tokens, &lim, reason, r, demand.priority());
-        rej.detail.pending = crate::waiting::pending(shared) as u64;
+        rej.detail.pending = crate::wait::waiting::pending(shared) as u64;
         if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
-            rej.constraint = Some(crate::rejection::Constraint::Global);
+            rej.constraint = Some(crate::vocab::rejection::Constraint::Global);
         }
         let class = shared
             .classed
             .then(|| demand.class().map_or(shared.default_class, |c| c.index()));
-        crate::events::rejected(shared, class, &rej);
+        crate::record::events::rejected(shared, class, &rej);
         rej
     }
 
@@ -662,16 +669,16 @@ impl Bulkhead {
         let tag = canon.tag.wrapping_add(1);
         shared.ring.write(tag, &next);
         // With classes, the tag bump also advances U and V by every raise of a floor; the
-        // classes then migrate to the new floors (`crate::classed`, "Reconfiguration").
+        // classes then migrate to the new floors (`crate::protocol::classed`, "Reconfiguration").
         let advance = if shared.classed {
-            crate::classed::floor_advance(&canon.current, &next)
+            crate::protocol::classed::floor_advance(&canon.current, &next)
         } else {
             0
         };
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
-            debug_assert_eq!(w.tag(), canon.tag % (1 << crate::state::TAG_BITS));
+            debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
             match word.compare_exchange_weak(
                 w.0,
                 w.with_next_tag().0 + advance,
@@ -685,7 +692,7 @@ impl Bulkhead {
         canon.tag = tag;
         let mut visit = false;
         for k in 0..shared.class_words.len() {
-            visit |= crate::classed::migrate(shared, k, tag);
+            visit |= crate::protocol::classed::migrate(shared, k, tag);
         }
         // No operation that read the previous tag is still in progress once this returns, so
         // no tag value or ring slot is reused under anyone (`crate::grace`). Under the lock:
@@ -697,17 +704,17 @@ impl Bulkhead {
         let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
         if shared.classed {
             if waiters || visit {
-                crate::waiting::pump_classed(shared);
+                crate::wait::waiting::pump_classed(shared);
             }
         } else if waiters {
-            crate::waiting::pump(shared);
+            crate::wait::waiting::pump(shared);
         }
         let change = LimitsChange {
             previous,
             current: next,
         };
-        crate::events::emit(shared, || {
-            crate::events::Event::Reconfigure(Box::new(change))
+        crate::record::events::emit(shared, || {
+            crate::record::events::Event::Reconfigure(Box::new(change))
         });
         Ok(change)
     }
@@ -764,9 +771,9 @@ impl Bulkhead {
     pub fn close(&self) {
         self.shared.word.fetch_or(CLOSED, Ordering::SeqCst);
         // With classes, a protected decision's class CAS and its final load of this word are
-        // ordered against this RMW by the `SeqCst` total order (`crate::classed`).
+        // ordered against this RMW by the `SeqCst` total order (`crate::protocol::classed`).
         crate::sync::loom_sc_fence();
-        crate::waiting::close_queue(&self.shared);
+        crate::wait::waiting::close_queue(&self.shared);
     }
 
     /// Whether `close()` was called.
@@ -791,7 +798,7 @@ impl Bulkhead {
     }
 
     /// A snapshot of state and counters. State fields come from one read of the state word;
-    /// counters are summed over threads (see [`crate::stats`] for what is exact when).
+    /// counters are summed over threads (see `crate::record::stats` for what is exact when).
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, Demand, Reservation};
@@ -810,9 +817,9 @@ impl Bulkhead {
         shared.counters.for_each(|c| t.add(c, n));
         let rejected = t.rejected.total();
         let abandoned_open = t.abandoned.saturating_sub(t.abandoned_settled);
-        // With classes the totals are the sums of the class words (`crate::classed`).
+        // With classes the totals are the sums of the class words (`crate::protocol::classed`).
         let (state, slots, tokens) = if shared.classed {
-            crate::classed::collect(shared)
+            crate::protocol::classed::collect(shared)
         } else {
             (Vec::new(), w.slots(), w.tokens())
         };
@@ -822,7 +829,7 @@ impl Bulkhead {
             let open = tt.abandoned.saturating_sub(tt.abandoned_settled);
             tt.released = tt.admitted.saturating_sub(n + open);
         }
-        let classes = crate::stats::classes_stats(
+        let classes = crate::record::stats::classes_stats(
             &limits,
             &shared.class_names,
             shared.default_class,
@@ -836,8 +843,8 @@ impl Bulkhead {
             closed: w.closed(),
             in_flight: slots,
             admissions_in_flight: slots + abandoned_open,
-            pending: crate::waiting::pending(shared) as u64,
-            queued_total: crate::waiting::queued_total(shared),
+            pending: crate::wait::waiting::pending(shared) as u64,
+            queued_total: crate::wait::waiting::queued_total(shared),
             queue_waits: t.waits,
             available_slots: u64::from(limits.max_concurrent).saturating_sub(slots),
             admitted: t.admitted,
@@ -855,7 +862,7 @@ impl Bulkhead {
                 total_overrun: t.total_overrun,
             }),
             borrowed_concurrency_abandoned: t.abandoned,
-            borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
+            borrowed_concurrency_abandoned_by_cause: crate::record::stats::AbandonCauses {
                 manual: t.abandoned.saturating_sub(t.abandoned_deadline),
                 deadline: t.abandoned_deadline,
             },
@@ -867,7 +874,7 @@ impl Bulkhead {
 }
 
 /// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
-/// limits were untorn (the tag has not moved since `w`; see `crate::limits`), counts the
+/// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
 /// refusal and builds the rejection, or returns the new word to retry with.
 #[cold]
 #[inline(never)]
@@ -887,7 +894,7 @@ fn refuse(
     // Built in the return value's place; the hook reads it there (only when subscribed).
     let out = Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
     if let Ok(rej) = &out {
-        crate::events::rejected(shared, None, rej);
+        crate::record::events::rejected(shared, None, rej);
     }
     out
 }
@@ -929,11 +936,11 @@ pub(crate) struct Granted {
     revision: u64,
     key: u64,
     n: u64,
-    class: crate::admission::ClassCode,
+    class: crate::handle::admission::ClassCode,
 }
 
 impl Bulkhead {
-    /// The class path of `try_acquire` (the protocol of [`crate::classed`]). Out of line, so
+    /// The class path of `try_acquire` (the protocol of `crate::protocol::classed`). Out of line, so
     /// the no-class path does not carry it.
     #[inline(never)]
     fn try_acquire_classed(
@@ -944,7 +951,7 @@ impl Bulkhead {
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
         let k = self.class_index(class);
-        match crate::classed::try_fast(shared, k, r, priority) {
+        match crate::protocol::classed::try_fast(shared, k, r, priority) {
             Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             None => self.try_acquire_classed_contended(k, r, priority),
         }
@@ -959,7 +966,7 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        match crate::classed::acquire_after_fast(&self.shared, k, r, priority) {
+        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             Err(f) => Err(self.class_refusal(k, f, r, priority)),
         }
@@ -982,7 +989,7 @@ impl Bulkhead {
         k: usize,
         r: u64,
         revision: u64,
-        resources: crate::classes::Resources,
+        resources: crate::words::classes::Resources,
     ) -> Granted {
         let shared = &*self.shared;
         let c = shared.counters.local(Counters::new);
@@ -1015,11 +1022,11 @@ impl Bulkhead {
         &self,
         k: usize,
         reason: RejectReason,
-        constraint: Option<crate::rejection::Constraint>,
+        constraint: Option<crate::vocab::rejection::Constraint>,
         r: u64,
         priority: Priority,
     ) -> Rejection {
-        let f = crate::classed::describe(&self.shared, k, priority, reason, constraint);
+        let f = crate::protocol::classed::describe(&self.shared, k, priority, reason, constraint);
         self.class_refusal(k, f, r, priority)
     }
 
@@ -1029,7 +1036,7 @@ impl Bulkhead {
     pub(crate) fn class_refusal(
         &self,
         k: usize,
-        f: crate::classed::Refused,
+        f: crate::protocol::classed::Refused,
         r: u64,
         priority: Priority,
     ) -> Rejection {
@@ -1052,7 +1059,7 @@ impl Bulkhead {
             }
             rej.detail.classes = Some(Box::new(detail));
         }
-        crate::events::rejected(shared, Some(k), &rej);
+        crate::record::events::rejected(shared, Some(k), &rej);
         rej
     }
 
@@ -1103,7 +1110,7 @@ impl fmt::Debug for Bulkhead {
         let shared = &*self.shared;
         let w = Word(shared.word.load(Ordering::Relaxed));
         let (slots, tokens) = if shared.classed {
-            let (_, g, t) = crate::classed::collect(shared);
+            let (_, g, t) = crate::protocol::classed::collect(shared);
             (g, t)
         } else {
             (w.slots(), w.tokens())

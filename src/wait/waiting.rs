@@ -30,7 +30,7 @@
 //!   Nothing leaks: a waiter holds nothing while it waits.
 //! * **Close** answers every waiter with `shutdown` under the mutex and clears `WAITERS`.
 //!   Wake-ups are collected under the mutex and delivered after it, in batches of
-//!   [`WAKE_BATCH`](crate::queue::WAKE_BATCH) (32): a long loop unlocks, wakes and locks again.
+//!   [`WAKE_BATCH`](crate::wait::list::WAKE_BATCH) (32): a long loop unlocks, wakes and locks again.
 //! * **Drain.** A drainer raises `WAITERS` too, so that the release that leaves the bulkhead
 //!   idle wakes it. While only drainers wait, the flag must not make the decision path a
 //!   locked one: `Shared::queued` mirrors the queue's length (stored under the mutex at every
@@ -50,14 +50,14 @@
 //!
 //! Blocked threads park (`std::thread::park`, a futex wait on Linux) and are unparked with an
 //! owned `Thread` handle, so a granter never touches a node after answering it (see
-//! [`crate::queue`]). Timeouts of blocking waiters are timed parks against a deadline; async
+//! `crate::wait::list`). Timeouts of blocking waiters are timed parks against a deadline; async
 //! waiters are woken through their `Waker`.
 //!
 //! # With admission classes
 //!
 //! The queue is the same single FIFO (CONTRACT.md §3: no per-class queues); only the word
 //! protocol differs, because a class release changes its class word, not the shared word
-//! (`crate::classed`).
+//! (`crate::protocol::classed`).
 //!
 //! * **Flags.** While waiters are queued, `WAITERS` is up on the shared word (newcomers see it
 //!   and do not barge), and `C_QUEUE` is up on **every class word**; while only drainers wait,
@@ -66,7 +66,7 @@
 //!   undo, a borrower's returned reservation, a migration) whose class-word CAS replaced a word
 //!   carrying `C_QUEUE`, or whose shared-word `fetch_sub` replaced a word carrying `WAITERS`,
 //!   pumps the queue afterwards. A release keeps the state alive meanwhile with a pending-return
-//!   mark taken in the same CAS (`crate::classed`, "Lifetime"), so a protected release pays the
+//!   mark taken in the same CAS (`crate::protocol::classed`, "Lifetime"), so a protected release pays the
 //!   mark only while the queue is flagged.
 //! * **The pump** decides the head under the mutex with the full class protocol, `WAITERS`
 //!   excepted: admitted → granted (with its attribution); no free global slot → it stays;
@@ -80,15 +80,15 @@
 //! * **Drain** raises only `C_QUEUE`, so class releases visit the queue and wake drainers once
 //!   nothing is held, with no polling and nothing paid on the fast path when nobody drains.
 
-use crate::admission::Admission;
-use crate::bulkhead::{Bulkhead, Granted};
-use crate::classed::Precheck;
-use crate::demand::{Demand, Priority, Reservation};
-use crate::queue::{Notify, Outcome, Queue, Waiter, WakeList};
-use crate::rejection::{RejectReason, Rejection};
+use crate::handle::admission::Admission;
+use crate::handle::bulkhead::{Bulkhead, Granted};
+use crate::protocol::classed::Precheck;
 use crate::shared::{Shared, SlotRef, SlowPathRef};
-use crate::state::{Word, ONE_SLOT, WAITERS};
 use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering};
+use crate::vocab::demand::{Demand, Priority, Reservation};
+use crate::vocab::rejection::{RejectReason, Rejection};
+use crate::wait::list::{Notify, Outcome, Queue, Waiter, WakeList};
+use crate::words::state::{Word, ONE_SLOT, WAITERS};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -1022,7 +1022,7 @@ fn wait_started(b: &Bulkhead) -> Option<Instant> {
 
 /// Books one ended wait (and its duration, if it was measured).
 fn book_wait(b: &Bulkhead, since: Option<Instant>) {
-    let c = b.shared.counters.local(crate::stats::Counters::new);
+    let c = b.shared.counters.local(crate::record::stats::Counters::new);
     c.waits.add(1);
     if let Some(since) = since {
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -1128,7 +1128,7 @@ impl Future for Acquire<'_> {
                     this.deadline =
                         deadline_after(this.options.timeout.or(b.shared.default_timeout));
                     if let Some(at) = this.deadline {
-                        this.timer = Some(crate::timer::register(at, cx.waker().clone()));
+                        this.timer = Some(crate::wait::timer::register(at, cx.waker().clone()));
                     }
                     if let Some(tok) = &this.options.cancel {
                         this.cancel_reg = Some(tok.register_waker(None, cx.waker()));
@@ -1166,7 +1166,7 @@ impl Future for Acquire<'_> {
                 return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
             }
             if let Some(t) = this.timer {
-                crate::timer::update(t, cx.waker());
+                crate::wait::timer::update(t, cx.waker());
             }
             if let (Some(tok), Some(id)) = (&this.options.cancel, this.cancel_reg) {
                 tok.register_waker(Some(id), cx.waker());
@@ -1198,7 +1198,7 @@ impl Future for Acquire<'_> {
 /// Ends a waiter's timer entry and its cancellation registration (the wait is over).
 fn end_registrations(timer: &mut Option<u64>, cancel: Option<&CancelToken>, reg: &mut Option<u64>) {
     if let Some(t) = timer.take() {
-        crate::timer::cancel(t);
+        crate::wait::timer::cancel(t);
     }
     if let (Some(tok), Some(id)) = (cancel, reg.take()) {
         tok.unregister_waker(id);
@@ -1459,9 +1459,9 @@ impl Future for Drain<'_> {
         // The deadline runs on the timer thread.
         if let Some(at) = this.until {
             if let Some(t) = this.timer.take() {
-                crate::timer::cancel(t);
+                crate::wait::timer::cancel(t);
             }
-            this.timer = Some(crate::timer::register(at, cx.waker().clone()));
+            this.timer = Some(crate::wait::timer::register(at, cx.waker().clone()));
         }
         Poll::Pending
     }
@@ -1473,7 +1473,7 @@ impl Drain<'_> {
             self.bulkhead.unregister_drainer(id);
         }
         if let Some(t) = self.timer.take() {
-            crate::timer::cancel(t);
+            crate::wait::timer::cancel(t);
         }
     }
 }
@@ -1489,14 +1489,14 @@ impl Drop for Drain<'_> {
 /// Whether a class refusal lets the demand wait: no free global slot, or a refusal no collect
 /// confirmed (another decider's step was in flight; it visits the queue when it lands or is
 /// taken back).
-fn may_wait(f: &crate::classed::Refused) -> bool {
+fn may_wait(f: &crate::protocol::classed::Refused) -> bool {
     waits_for_slot(f) || f.stored_shared.is_some()
 }
 
 /// Whether a class refusal means "no free global slot" (row 6), the one refusal that waits.
-fn waits_for_slot(f: &crate::classed::Refused) -> bool {
+fn waits_for_slot(f: &crate::protocol::classed::Refused) -> bool {
     f.reason == RejectReason::ConcurrencyLimit
-        && f.constraint == Some(crate::rejection::Constraint::Global)
+        && f.constraint == Some(crate::vocab::rejection::Constraint::Global)
 }
 
 impl Bulkhead {
@@ -1510,12 +1510,12 @@ impl Bulkhead {
         // queue (a decision of our own would only be refused, and explained at a cost).
         let w = Word(shared.word.load(Ordering::SeqCst));
         let lim = shared.ring.read(w.tag());
-        let pre = crate::classed::precheck(shared, k, r, priority);
+        let pre = crate::protocol::classed::precheck(shared, k, r, priority);
         let to_queue = lim.max_concurrent > 0
             && lim.max_queue > 0
             && (pre == Precheck::NoSlot || (pre == Precheck::Fits && w.waiters()));
         if !to_queue {
-            match crate::classed::acquire(shared, k, r, priority) {
+            match crate::protocol::classed::acquire(shared, k, r, priority) {
                 Ok(a) => {
                     return Enter::Granted(self.count_class_admission(
                         k,
@@ -1537,8 +1537,8 @@ impl Bulkhead {
             // the flags that finds no free slot is that decision: any release it missed comes
             // later in its word's order, sees the flags and pumps.
             set_class_flags(shared, &mut q, true, true);
-            if crate::classed::precheck(shared, k, r, priority) != Precheck::NoSlot {
-                match crate::classed::acquire_in_queue(shared, k, r, priority) {
+            if crate::protocol::classed::precheck(shared, k, r, priority) != Precheck::NoSlot {
+                match crate::protocol::classed::acquire_in_queue(shared, k, r, priority) {
                     Ok(a) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
@@ -1567,12 +1567,12 @@ impl Bulkhead {
         } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
             Some((
                 RejectReason::ConcurrencyLimit,
-                Some(crate::rejection::Constraint::Global),
+                Some(crate::vocab::rejection::Constraint::Global),
             ))
         } else if q.len() as u64 >= lim.max_queue {
             Some((
                 RejectReason::QueueLimit,
-                Some(crate::rejection::Constraint::Global),
+                Some(crate::vocab::rejection::Constraint::Global),
             ))
         } else {
             None
@@ -1597,7 +1597,7 @@ impl Bulkhead {
 /// Raises or lowers `C_QUEUE` on every class word (`queue_flag`) and `WAITERS` on the shared
 /// word (`waiters`). Caller holds the mutex (`q`); `C_QUEUE` goes up before `WAITERS`.
 fn set_class_flags(shared: &Shared, q: &mut Queue, queue_flag: bool, waiters: bool) {
-    use crate::classed::C_QUEUE;
+    use crate::protocol::classed::C_QUEUE;
     if queue_flag && !q.class_flags {
         for cw in shared.class_words.iter() {
             cw.fetch_or(C_QUEUE, Ordering::SeqCst);
@@ -1628,7 +1628,7 @@ fn sync_class_flags(shared: &Shared, q: &mut Queue) {
 /// Wakes the drainers if nobody is queued and the class words hold nothing.
 fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut WakeList) {
     if q.has_drainers() && q.len() == 0 {
-        let (_, g, t) = crate::classed::collect(shared);
+        let (_, g, t) = crate::protocol::classed::collect(shared);
         if g == 0 && t == 0 {
             for n in q.drainers() {
                 wake.push(n);
@@ -1647,7 +1647,7 @@ pub(crate) fn pump_classed(shared: &Shared) {
     let mut wake = WakeList::new();
     // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
     // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
-    // gives back only after this returns (`crate::classed::release_pending`).
+    // gives back only after this returns (`crate::protocol::classed::release_pending`).
     let guard = unsafe { SlowPathRef::borrowed(shared) };
     let shared = &*guard;
     let mut q = guard.lock_queue();
@@ -1659,7 +1659,7 @@ pub(crate) fn pump_classed(shared: &Shared) {
             q = guard.lock_queue();
             continue;
         }
-        match crate::classed::acquire_in_queue(shared, k, r, priority) {
+        match crate::protocol::classed::acquire_in_queue(shared, k, r, priority) {
             Ok(a) => wake.push(q.answer_front(Outcome::Granted {
                 revision: a.revision,
                 resources: a.resources,

@@ -1,6 +1,6 @@
 //! Typed errors for bad input. Every one of them is returned before any state changes.
 
-use crate::limits::LimitsSnapshot;
+use crate::words::limits::LimitsSnapshot;
 use std::fmt;
 
 /// What is wrong with one configuration or snapshot field.

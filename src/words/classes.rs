@@ -1,5 +1,5 @@
 //! Admission classes: a fixed table of policy buckets with protected floors and hard ceilings
-//! (CONTRACT.md §4), enforced lock-free by the protocol in [`crate::classed`].
+//! (CONTRACT.md §4), enforced lock-free by the protocol in `crate::protocol::classed`.
 //!
 //! A class uses its floor first, then borrows from the shared remainder
 //! (`max_concurrent − Σ floors`, and for tokens `eff(priority) − Σ token floors`). Floors are
@@ -222,7 +222,7 @@ pub(crate) struct ShareSums {
 impl ShareSums {
     /// Adds class `(i, t)` under limits `l`.
     #[inline]
-    pub(crate) fn add(&mut self, (i, t): (u64, u64), l: &crate::limits::HotClass) {
+    pub(crate) fn add(&mut self, (i, t): (u64, u64), l: &crate::words::limits::HotClass) {
         self.sum_pc += l.pc;
         self.sum_pt = self.sum_pt.saturating_add(l.pt);
         self.prot_c += i.min(l.pc);
@@ -241,7 +241,7 @@ pub(crate) struct Summary {
     pub(crate) sums: ShareSums,
     /// The class's `(in flight, tokens)` and limits.
     pub(crate) own: (u64, u64),
-    pub(crate) limits: crate::limits::HotClass,
+    pub(crate) limits: crate::words::limits::HotClass,
     pub(crate) max_concurrent: u64,
     /// The demand's effective budget (`None` without a budget).
     pub(crate) eff: Option<u64>,
@@ -266,8 +266,11 @@ impl Summary {
     pub(crate) fn decide(
         &self,
         r: u64,
-    ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
-        use crate::rejection::{Constraint, RejectReason};
+    ) -> Option<(
+        crate::vocab::rejection::RejectReason,
+        crate::vocab::rejection::Constraint,
+    )> {
+        use crate::vocab::rejection::{Constraint, RejectReason};
         if self.eff.is_some_and(|e| self.t.saturating_add(r) > e) {
             return Some((RejectReason::BudgetLimit, Constraint::Global));
         }
@@ -310,8 +313,8 @@ impl Summary {
     }
 
     /// The refusal detail for this class (named `name`) and a demand of `r` tokens.
-    pub(crate) fn detail(&self, name: &str, r: u64) -> crate::rejection::ClassDetail {
-        use crate::rejection::{
+    pub(crate) fn detail(&self, name: &str, r: u64) -> crate::vocab::rejection::ClassDetail {
+        use crate::vocab::rejection::{
             ClassCapacity, ClassDetail, ClassTokenCapacity, SharedAmount, SharedCapacity,
         };
         let ShareSums {
@@ -376,7 +379,7 @@ pub(crate) struct ClassView<'a> {
     /// `(in flight, tokens)` per class.
     pub(crate) classes: &'a [(u64, u64)],
     /// Limits per class.
-    pub(crate) limits: &'a [crate::limits::HotClass],
+    pub(crate) limits: &'a [crate::words::limits::HotClass],
     pub(crate) max_concurrent: u64,
     /// The demand's effective budget (`None` without a budget).
     pub(crate) eff: Option<u64>,
@@ -405,12 +408,20 @@ impl ClassView<'_> {
         &self,
         k: usize,
         r: u64,
-    ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
+    ) -> Option<(
+        crate::vocab::rejection::RejectReason,
+        crate::vocab::rejection::Constraint,
+    )> {
         self.summary(k).decide(r)
     }
 
     /// [`Summary::detail`] for class `k` (named `name`).
-    pub(crate) fn detail(&self, k: usize, name: &str, r: u64) -> crate::rejection::ClassDetail {
+    pub(crate) fn detail(
+        &self,
+        k: usize,
+        name: &str,
+        r: u64,
+    ) -> crate::vocab::rejection::ClassDetail {
         self.summary(k).detail(name, r)
     }
 }

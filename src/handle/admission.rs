@@ -1,14 +1,14 @@
 //! The [`Admission`] guard: what a successful decision gives, and how its tokens are settled.
 
-use crate::classes::{ClassId, Resources};
-use crate::demand::{Reconcile, Reservation, Usage};
-use crate::error::UsageError;
-use crate::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
-use crate::id::AdmissionId;
+use crate::record::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
+use crate::record::stats::Counters;
 use crate::shared::{Shared, SlotRef};
-use crate::state::{Word, MAX_TOKENS};
-use crate::stats::Counters;
 use crate::sync::Ordering;
+use crate::vocab::demand::{Reconcile, Reservation, Usage};
+use crate::vocab::error::UsageError;
+use crate::vocab::id::AdmissionId;
+use crate::words::classes::{ClassId, Resources};
+use crate::words::state::{Word, MAX_TOKENS};
 use crate::Priority;
 use std::fmt;
 
@@ -199,7 +199,7 @@ impl ClassBits {
     const PINNED: u64 = 1 << 6;
     const HIGH: u64 = 1 << 7;
     /// Someone subscribed to events when it was admitted: its release goes through the
-    /// observed path (`crate::events`), so the plain release reads no flag.
+    /// observed path (`crate::record::events`), so the plain release reads no flag.
     const OBSERVED: u64 = 1 << 63;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
@@ -368,22 +368,24 @@ impl Admission {
         // Take a handle first, while the slot still keeps the state alive; then return the
         // slot. With no handle left nobody can use the slot, so it is kept until release.
         if let Some(pin) = slot.try_pin() {
-            crate::classed::return_slot_only(shared, k);
+            crate::protocol::classed::return_slot_only(shared, k);
             // Counted, and turned back into a handle by `settle_classed`.
             std::mem::forget(pin);
             self.class.0 |= ClassBits::PINNED;
         }
         // The state is still alive: kept by the forgotten pin, or by the slot not returned.
-        crate::events::emit(shared, || {
-            crate::events::Event::BorrowedConcurrencyAbandon(crate::events::AbandonEvent {
-                admission_id: self.id,
-                revision: self.revision,
-                priority: self.priority(),
-                class: crate::events::class_name(shared, Some(k)),
-                resources: self.resources(),
-                cause,
-                held_tokens: self.held,
-            })
+        crate::record::events::emit(shared, || {
+            crate::record::events::Event::BorrowedConcurrencyAbandon(
+                crate::record::events::AbandonEvent {
+                    admission_id: self.id,
+                    revision: self.revision,
+                    priority: self.priority(),
+                    class: crate::record::events::class_name(shared, Some(k)),
+                    resources: self.resources(),
+                    cause,
+                    held_tokens: self.held,
+                },
+            )
         });
         true
     }
@@ -516,13 +518,14 @@ impl Admission {
                 match class {
                     // Release, like any return of capacity.
                     None => {
-                        let prev =
-                            crate::state::Word(shared.word.fetch_sub(delta, Ordering::Release));
+                        let prev = crate::words::state::Word(
+                            shared.word.fetch_sub(delta, Ordering::Release),
+                        );
                         // This admission's hold is in T, so T ≥ delta: no borrow from the slots.
                         debug_assert!(prev.tokens() >= delta, "token field underflow");
                     }
                     Some(k) => {
-                        crate::classed::return_tokens(shared, k, delta);
+                        crate::protocol::classed::return_tokens(shared, k, delta);
                         c.classes[k].refunded.add(delta);
                     }
                 }
@@ -553,12 +556,12 @@ impl Admission {
         };
         if bumped {
             if let Some(shared) = self.shared() {
-                crate::events::emit(shared, || {
+                crate::record::events::emit(shared, || {
                     Event::Usage(UsageEvent {
                         admission_id: self.id,
                         revision: self.revision,
                         priority: self.priority(),
-                        class: crate::events::class_name(shared, class),
+                        class: crate::record::events::class_name(shared, class),
                         sequence: report.sequence,
                         reserved_tokens: reserved,
                         previous_held_tokens: previous,
@@ -623,7 +626,7 @@ impl Admission {
 
     /// Returns the slot and the whole hold; `None` if already released. Statistics are written
     /// before the slot goes back: the return may free the shared state (see
-    /// [`crate::shared`]).
+    /// `crate::shared`).
     #[inline(always)]
     fn settle(&mut self, usage: Option<Usage>) -> Option<Settled> {
         let slot = self.slot.take()?;
@@ -676,12 +679,12 @@ fn settle_observed(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described)
     let pin = slot.try_pin();
     let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
     if let Some(shared) = pin {
-        crate::events::emit(&shared, || {
+        crate::record::events::emit(&shared, || {
             Event::Release(ReleaseEvent {
                 admission_id: d.id,
                 revision: d.revision,
                 priority: d.class.priority(),
-                class: crate::events::class_name(&shared, d.class.index()),
+                class: crate::record::events::class_name(&shared, d.class.index()),
                 reserved_tokens: d.reservation.map_or(0, |r| r.total()),
                 resources: d.class.resources(),
                 held_tokens: s.held,
@@ -776,7 +779,7 @@ fn settle_booked(slot: SlotRef, class: ClassBits, held: u64, consumed: Option<u6
             if class.has(ClassBits::PINNED) {
                 // The slot went back at abandonment: return the tokens only, then let the pin
                 // go (its drop frees the state if it was the last owner).
-                crate::classed::return_tokens(shared, k, held);
+                crate::protocol::classed::return_tokens(shared, k, held);
                 // SAFETY: `PINNED` is set only after `try_pin` counted a handle that was then
                 // forgotten, and this runs once per admission (its slot was just taken).
                 drop(unsafe { slot.into_pinned_handle() });
@@ -814,12 +817,14 @@ pub(crate) fn checked_report(
     Ok((clamped, consumed))
 }
 
-/// Class mode of [`grow_hold`] (see `crate::classed::grow_tokens`).
+/// Class mode of [`grow_hold`] (see `crate::protocol::classed::grow_tokens`).
 #[inline(never)]
 fn grow_class_hold(shared: &Shared, k: usize, delta: u64, new_hold: u64) -> Result<(), UsageError> {
-    crate::classed::grow_tokens(shared, k, delta).map_err(|()| UsageError::HoldTooLarge {
-        hold: new_hold,
-        max: crate::classed::MAX_CLASSED_HOLD,
+    crate::protocol::classed::grow_tokens(shared, k, delta).map_err(|()| {
+        UsageError::HoldTooLarge {
+            hold: new_hold,
+            max: crate::protocol::classed::MAX_CLASSED_HOLD,
+        }
     })?;
     let c = shared.counters.local(Counters::new);
     c.total_overrun.add(delta);

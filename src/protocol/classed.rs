@@ -2,7 +2,7 @@
 //! decision, the returns of capacity, reconfiguration and the lifetime of the shared state.
 //!
 //! A bulkhead without classes never runs any of this (it uses the single word of
-//! [`crate::state`]); the choice is made once, at construction.
+//! `crate::words::state`); the choice is made once, at construction.
 //!
 //! # The words
 //!
@@ -154,11 +154,11 @@
 // (`try_fast`) and never builds one.
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
-use crate::classes::{ClassView, Resources, ShareSums, Summary};
-use crate::limits::{Hot, HotClass};
-use crate::rejection::{Constraint, RejectReason};
 use crate::shared::Shared;
 use crate::sync::Ordering::{self, SeqCst};
+use crate::vocab::rejection::{Constraint, RejectReason};
+use crate::words::classes::{ClassView, Resources, ShareSums, Summary};
+use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 
 // ---- class word ----
@@ -180,7 +180,7 @@ pub(crate) const C_ONE: u64 = 1 << CN_SHIFT;
 /// One pending return.
 const C_PEND: u64 = 1 << CP_SHIFT;
 /// Set on every class word while waiters are queued or drainers wait (under the queue mutex):
-/// a decrease that replaces a word carrying it must visit the queue (`crate::waiting`).
+/// a decrease that replaces a word carrying it must visit the queue (`crate::wait::waiting`).
 pub(crate) const C_QUEUE: u64 = 1 << 63;
 
 /// A decoded class word.
@@ -255,15 +255,15 @@ impl GWord {
     }
     #[inline]
     pub(crate) fn tag(self) -> usize {
-        crate::state::Word(self.0).tag()
+        crate::words::state::Word(self.0).tag()
     }
     #[inline]
     pub(crate) fn closed(self) -> bool {
-        crate::state::Word(self.0).closed()
+        crate::words::state::Word(self.0).closed()
     }
     #[inline]
     fn waiters(self) -> bool {
-        crate::state::Word(self.0).waiters()
+        crate::words::state::Word(self.0).waiters()
     }
 }
 
@@ -327,7 +327,7 @@ fn shared_decrease(shared: &Shared, du: i64, dv: i64) -> bool {
 #[inline]
 fn visit_queue(shared: &Shared, visit: bool, in_queue: bool) {
     if visit && !in_queue {
-        crate::waiting::pump_classed(shared);
+        crate::wait::waiting::pump_classed(shared);
     }
 }
 
@@ -948,7 +948,7 @@ pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnap
 ///
 /// A release that has a decrease for the shared word, or finds the queue flag on its class
 /// word, marks a pending return in the same CAS: the mark keeps the state alive while it
-/// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::waiting`).
+/// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::wait::waiting`).
 #[inline(always)]
 pub(crate) unsafe fn release(shared: &Shared, k: usize, held: u64) -> bool {
     // A grace-period operation (`crate::grace`): the floors read below are those of the class

@@ -56,12 +56,12 @@
 //! because the flag store happens-before the load by program order or by whatever
 //! synchronisation ordered the two threads. The subscriber list itself is read under its lock.
 
-use crate::classes::Resources;
-use crate::demand::{Priority, Reconcile, Usage};
-use crate::id::AdmissionId;
-use crate::rejection::Rejection;
 use crate::shared::Shared;
 use crate::sync::{lock, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::vocab::demand::{Priority, Reconcile, Usage};
+use crate::vocab::id::AdmissionId;
+use crate::vocab::rejection::Rejection;
+use crate::words::classes::Resources;
 use crate::{Bulkhead, LimitsChange};
 use std::fmt;
 use std::sync::Arc;
@@ -594,7 +594,7 @@ pub(crate) fn admitted(
     revision: u64,
     priority: Priority,
     reservation: Option<crate::Reservation>,
-    class: crate::admission::ClassCode,
+    class: crate::handle::admission::ClassCode,
 ) {
     shared.events.emit(|| {
         let (k, resources) = class.parts();
@@ -617,7 +617,7 @@ pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Reject
         if !shared.classed {
             // A refusal at queue entry gets its queue length from the caller after it is
             // built; report the queue as it is now (no caller holds the queue lock here).
-            rejection.detail.pending = crate::waiting::pending(shared) as u64;
+            rejection.detail.pending = crate::wait::waiting::pending(shared) as u64;
         }
         Event::Reject(RejectEvent {
             class: class_name(shared, class),
@@ -668,7 +668,7 @@ impl fmt::Debug for Subscription {
 
 impl Bulkhead {
     /// Subscribes `listener` to every event of this bulkhead until the returned
-    /// [`Subscription`] is dropped (see [`crate::events`] for delivery and cost).
+    /// [`Subscription`] is dropped (see `crate::record::events` for delivery and cost).
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, Demand, Event};

@@ -5,7 +5,7 @@
 //!
 //! Deciders must read the current limits without a lock and without a reference count (an
 //! `Arc` clone would be a second contended cache line). The bulkhead therefore keeps
-//! `RING` slots of packed limits; the state word's tag (see [`crate::state`]) names the slot
+//! `RING` slots of packed limits; the state word's tag (see `crate::words::state`) names the slot
 //! that is current, as `tag % RING`.
 //!
 //! `apply_limits` (serialised by the reconfiguration mutex) writes the *next* slot, `tag + 1`,
@@ -24,12 +24,12 @@
 //! CAS, and deciders load the word with `Acquire`, so the slot named by a tag is fully visible
 //! to whoever reads that tag.
 
-use crate::classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
-use crate::classes::MAX_CLASSES;
-use crate::classes::{ClassId, ClassLimits, ClassTable};
-use crate::error::{ConfigError, ConfigProblem};
-use crate::state::{MAX_SLOTS, MAX_TOKENS};
+use crate::protocol::classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 use crate::sync::{fence, AtomicU64, Ordering};
+use crate::vocab::error::{ConfigError, ConfigProblem};
+use crate::words::classes::MAX_CLASSES;
+use crate::words::classes::{ClassId, ClassLimits, ClassTable};
+use crate::words::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::Priority;
 use crossbeam_utils::CachePadded;
 
@@ -179,7 +179,7 @@ impl LimitsSnapshot {
             _ => {}
         }
         if !names.is_empty() {
-            // The class-mode words are narrower (`crate::classed`).
+            // The class-mode words are narrower (`crate::protocol::classed`).
             let mut bounds = vec![(
                 "max_concurrent",
                 u64::from(self.max_concurrent),

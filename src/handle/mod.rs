@@ -1,0 +1,6 @@
+//! The public handles (layer 7): `Bulkhead` (builder, decisions, reconfiguration), the
+//! `Admission` guard, and the advisory decision.
+
+pub(crate) mod admission;
+pub(crate) mod advice;
+pub(crate) mod bulkhead;
