@@ -264,17 +264,14 @@ pub(crate) fn enter_decision(c: &crate::record::stats::Counters) -> Op<'_> {
     }
 }
 
-/// The grace period of `apply_limits` on `shared`: returns once no operation of another thread
+/// The grace period of `apply_limits` on the bulkhead whose counters entries are `counters`: returns once no operation of another thread
 /// that started before the call is still in progress, whether it is marked in the process-wide
 /// cells or in this bulkhead's counters entries ([`enter_decision`]).
-pub(crate) fn grace_period(shared: &crate::shared::Shared) {
-    let own_decisions: &Reader = &shared
-        .counters
-        .local(crate::record::stats::Counters::new)
-        .reader;
+pub(crate) fn grace_period(counters: &crate::sync::Stripes<crate::record::stats::Counters>) {
+    let own_decisions: &Reader = &counters.local(crate::record::stats::Counters::new).reader;
     let own = reader();
     wait_for_readers(&[own, own_decisions], |f| {
         crate::sync::per_thread::for_each(f);
-        shared.counters.for_each(|c| f(&c.reader));
+        counters.for_each(|c| f(&c.reader));
     });
 }

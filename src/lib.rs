@@ -150,18 +150,19 @@ pub mod tower;
 
 pub use handle::admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
 pub use handle::advice::Advice;
-pub use handle::bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange, Profile};
-pub use protocol::classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+pub use handle::bulkhead::{Bulkhead, BulkheadBuilder, Profile};
+pub use handle::events::Subscription;
 pub use record::events::{
     AbandonCause, AbandonEvent, AdmitEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
-    DedupEvent, DedupOutcome, Event, RejectEvent, ReleaseEvent, Subscription, UsageEvent,
+    DedupEvent, DedupOutcome, Event, RejectEvent, ReleaseEvent, UsageEvent,
 };
 pub use record::stats::{
     AbandonCauses, ClassStats, ClassesStats, ObserveStats, QueueWaits, RejectCounts, SharedStats,
     SharedTokenStats, Stats, TokenStats,
 };
+pub use vocab::class::{ClassId, Resources, UnknownClass, MAX_CLASSES};
 pub use vocab::demand::{Demand, Priority, Reconcile, Reservation, Usage};
-pub use vocab::error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
+pub use vocab::error::{ConfigError, ConfigProblem, UsageError};
 pub use vocab::id::AdmissionId;
 pub use vocab::rejection::{
     CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
@@ -170,8 +171,11 @@ pub use vocab::rejection::{
 pub use wait::waiting::{
     Acquire, AcquireTimed, CancelToken, Cancelled, Drain, DrainReport, Timed, Timing, WaitOptions,
 };
-pub use words::classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
-pub use words::limits::{BudgetLimits, LimitsSnapshot, MAX_REVISION};
+pub use words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+pub use words::classes::{ClassLimits, ClassTable};
+pub use words::limits::{
+    ApplyLimitsError, BudgetLimits, LimitsChange, LimitsSnapshot, MAX_REVISION,
+};
 pub use words::state::{MAX_SLOTS, MAX_TOKENS};
 
 /// Test support (feature `testing`; not for production builds): per-thread pause hooks at the
@@ -198,7 +202,7 @@ pub mod testing {
         let shared = &*b.shared;
         shared.classed.then(|| {
             let g =
-                crate::protocol::classed::GWord(shared.word.load(crate::sync::Ordering::SeqCst));
+                crate::words::class_word::GWord(shared.word.load(crate::sync::Ordering::SeqCst));
             (g.u(), g.v())
         })
     }

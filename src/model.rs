@@ -17,11 +17,13 @@
 //! ```
 
 use crate::record::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
+use crate::vocab::class::Resources;
 use crate::vocab::demand::{Reconcile, Reservation, Usage};
-use crate::vocab::error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
+use crate::vocab::error::{ConfigError, ConfigProblem, UsageError};
 use crate::vocab::id::AdmissionId;
 use crate::vocab::rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
-use crate::words::classes::{ClassView, Resources};
+use crate::words::classes::ClassView;
+use crate::words::limits::ApplyLimitsError;
 use crate::words::limits::HotClass;
 use crate::{
     ClassId, Demand, LimitsChange, LimitsSnapshot, Priority, ReleaseReport, UsageReport, MAX_TOKENS,
@@ -571,7 +573,7 @@ impl Model {
         if hold > a.held {
             let delta = hold - a.held;
             // With classes the bound is on V = Σ max(tokens_k, protected_tokens_k), as the
-            // engine stores it (`crate::protocol::classed::MAX_CLASSED_HOLD`).
+            // engine stores it (`crate::words::class_word::MAX_CLASSED_HOLD`).
             let (used, max) = match class {
                 None => (self.tokens, MAX_TOKENS),
                 Some(_) => {
@@ -581,7 +583,7 @@ impl Model {
                         .zip(self.limits.classes.iter())
                         .map(|(c, l)| c.tokens.max(l.protected_tokens))
                         .sum();
-                    (v, crate::protocol::classed::MAX_CLASSED_HOLD)
+                    (v, crate::words::class_word::MAX_CLASSED_HOLD)
                 }
             };
             if used as u128 + delta as u128 > max as u128 {

@@ -52,8 +52,9 @@
 
 use crate::record::stats::Counters;
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering, Stripes};
+use crate::words::class_word::{CWord, C_DETACHED};
 use crate::words::limits::{LimitsSnapshot, Ring};
-use crate::words::state::{Word, DETACHED, ONE_SLOT};
+use crate::words::state::{Word, DETACHED};
 use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
 
@@ -179,14 +180,14 @@ impl Handle {
             .iter()
             .map(|_| {
                 CachePadded::new(AtomicU64::new(
-                    crate::protocol::classed::initial_class_word(0),
+                    crate::words::class_word::initial_class_word(0),
                 ))
             })
             .collect();
         let classed = !class_names.is_empty();
         // With classes the word holds U and V, which start at the floor sums.
         let first_word = if classed {
-            crate::protocol::classed::initial_shared_word(&canonical.current)
+            crate::words::class_word::initial_shared_word(&canonical.current)
         } else {
             0
         };
@@ -271,7 +272,7 @@ impl Drop for Handle {
             return;
         }
         if self.classed {
-            if crate::protocol::classed::detach(self) {
+            if crate::shared::detach(self) {
                 // SAFETY: the last handle is gone and every class word was empty (or emptied
                 // and counted down) with no pending return; we are the unique thread that saw
                 // it (`crate::protocol::classed`, "Lifetime").
@@ -328,6 +329,17 @@ impl SlotRef {
         }
     }
 
+    /// Ends the owners' joint lifetime reference (`owners_gone`) after the caller's return
+    /// through this slot saw the last owner leave (class mode, `crate::protocol::class_pump`).
+    ///
+    /// # Safety
+    /// As `owners_gone`: the caller is the unique thread that observed the last owner leave,
+    /// and touches the state no more.
+    pub(crate) unsafe fn owners_gone(self) {
+        // SAFETY: the caller's contract is `owners_gone`'s.
+        unsafe { owners_gone(self.0) }
+    }
+
     /// Frees the shared state after the caller returned the last slot of a detached state
     /// (see [`SlotRef::return_slot`]).
     ///
@@ -364,95 +376,6 @@ impl SlotRef {
     /// Such a counted, forgotten handle exists and has not been turned back yet.
     pub(crate) unsafe fn into_pinned_handle(self) -> Handle {
         Handle(self.0)
-    }
-
-    /// Returns a class slot of class `k` and `tokens` held tokens (class mode); if this was the
-    /// last owner, drops the owners' lifetime reference (which frees the state unless a slow
-    /// path still holds it). Nothing may touch the state after this.
-    #[inline(always)]
-    pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
-        // SAFETY: we hold the class slot being returned (this `SlotRef` stands for it) and touch
-        // the state afterwards only to count down when the release says so.
-        if unsafe { crate::protocol::classed::release(self.get(), k, tokens) }
-            && crate::protocol::classed::count_down(self.get())
-        {
-            // SAFETY: this release emptied a detached class word, and `alive` reached zero:
-            // every other class word is empty and the last handle is gone. We are the unique
-            // thread that saw it (`crate::protocol::classed`, "Lifetime").
-            unsafe { owners_gone(self.0) }
-        }
-    }
-
-    /// Returns the slot and `tokens` held tokens (no classes) with one CAS, or hands the slot
-    /// to the queue while waiters are queued; if this was the last owner, drops the owners'
-    /// lifetime reference. Nothing may touch the state after this.
-    #[inline(always)]
-    pub(crate) fn return_slot(self, tokens: u64) {
-        // A CAS, not a `fetch_sub`: while waiters are queued the slot must not go back to the
-        // word but to the head waiter (`crate::wait::waiting::hand_off`), and the word this CAS
-        // replaces is what says whether they are. One try inline; the rest out of line.
-        let word = &self.get().word;
-        let prev = Word(word.load(Ordering::Relaxed));
-        // This admission's slot and hold are in the word: no field can borrow.
-        debug_assert!(
-            prev.slots() >= 1 && prev.tokens() >= tokens,
-            "slot or token underflow"
-        );
-        if !prev.waiters()
-            && word
-                .compare_exchange(
-                    prev.0,
-                    prev.0 - ONE_SLOT - tokens,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        {
-            if prev.detached() && prev.slots() == 1 {
-                // SAFETY: our CAS returned the last slot of a detached state.
-                unsafe { self.free_last() }
-            }
-            return;
-        }
-        self.return_slot_contended(tokens);
-    }
-
-    /// [`SlotRef::return_slot`] after its first try failed: retries, or hands the slot to the
-    /// queue.
-    #[cold]
-    #[inline(never)]
-    fn return_slot_contended(self, tokens: u64) {
-        let word = &self.get().word;
-        let mut prev = Word(word.load(Ordering::Relaxed));
-        loop {
-            if prev.waiters() {
-                // Read while the slot is still ours. Nobody queued: the flag is up for
-                // drainers only, and the slot goes back to the word without the mutex
-                // (`crate::wait::waiting::release_while_draining`).
-                if self.get().queued.load(Ordering::SeqCst) == 0 {
-                    return crate::wait::waiting::release_while_draining(
-                        self.into_slow_path(),
-                        tokens,
-                    );
-                }
-                return crate::wait::waiting::hand_off(self, tokens);
-            }
-            match word.compare_exchange_weak(
-                prev.0,
-                prev.0 - ONE_SLOT - tokens,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(actual) => prev = Word(actual),
-            }
-        }
-        if prev.detached() && prev.slots() == 1 {
-            // SAFETY: no handle is left (DETACHED is set only once the handle count reached
-            // zero, and it never climbs back) and ours was the last slot. We are the unique
-            // freer (module docs).
-            unsafe { self.free_last() }
-        }
     }
 }
 
@@ -606,4 +529,27 @@ impl Drop for QueueGuard<'_> {
         // Still under the mutex: the mirror is exact at every unlock.
         self.shared.queued.store(self.q.len(), Ordering::SeqCst);
     }
+}
+
+// ---- class mode: the owners' lifetime over the class words (`crate::protocol::classed`, "Lifetime") ----
+
+/// The last handle is gone: detach every class word (module docs, "Lifetime"). Returns
+/// whether the caller must free the state now.
+pub(crate) fn detach(shared: &Shared) -> bool {
+    let classes = shared.class_words.len();
+    shared.alive.store(classes + 1, Ordering::Release);
+    for cw in shared.class_words.iter() {
+        let p = CWord(cw.fetch_or(C_DETACHED, Ordering::AcqRel));
+        if p.in_flight() == 0 && p.pending() == 0 {
+            // Cannot reach zero: this thread's own count is still in `alive`.
+            let last = count_down(shared);
+            debug_assert!(!last);
+        }
+    }
+    count_down(shared)
+}
+
+/// Counts down `alive`; true for the thread that must free.
+pub(crate) fn count_down(shared: &Shared) -> bool {
+    shared.alive.fetch_sub(1, Ordering::AcqRel) == 1
 }

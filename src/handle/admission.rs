@@ -4,10 +4,10 @@ use crate::record::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
 use crate::record::stats::Counters;
 use crate::shared::{Shared, SlotRef};
 use crate::sync::Ordering;
+use crate::vocab::class::{ClassId, Resources};
 use crate::vocab::demand::{Reconcile, Reservation, Usage};
 use crate::vocab::error::UsageError;
 use crate::vocab::id::AdmissionId;
-use crate::words::classes::{ClassId, Resources};
 use crate::words::state::{Word, MAX_TOKENS};
 use crate::Priority;
 use std::fmt;
@@ -374,13 +374,13 @@ impl Admission {
             self.class.0 |= ClassBits::PINNED;
         }
         // The state is still alive: kept by the forgotten pin, or by the slot not returned.
-        crate::record::events::emit(shared, || {
+        crate::handle::events::emit(shared, || {
             crate::record::events::Event::BorrowedConcurrencyAbandon(
                 crate::record::events::AbandonEvent {
                     admission_id: self.id,
                     revision: self.revision,
                     priority: self.priority(),
-                    class: crate::record::events::class_name(shared, Some(k)),
+                    class: crate::handle::events::class_name(shared, Some(k)),
                     resources: self.resources(),
                     cause,
                     held_tokens: self.held,
@@ -556,12 +556,12 @@ impl Admission {
         };
         if bumped {
             if let Some(shared) = self.shared() {
-                crate::record::events::emit(shared, || {
+                crate::handle::events::emit(shared, || {
                     Event::Usage(UsageEvent {
                         admission_id: self.id,
                         revision: self.revision,
                         priority: self.priority(),
-                        class: crate::record::events::class_name(shared, class),
+                        class: crate::handle::events::class_name(shared, class),
                         sequence: report.sequence,
                         reserved_tokens: reserved,
                         previous_held_tokens: previous,
@@ -679,12 +679,12 @@ fn settle_observed(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described)
     let pin = slot.try_pin();
     let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
     if let Some(shared) = pin {
-        crate::record::events::emit(&shared, || {
+        crate::handle::events::emit(&shared, || {
             Event::Release(ReleaseEvent {
                 admission_id: d.id,
                 revision: d.revision,
                 priority: d.class.priority(),
-                class: crate::record::events::class_name(&shared, d.class.index()),
+                class: crate::handle::events::class_name(&shared, d.class.index()),
                 reserved_tokens: d.reservation.map_or(0, |r| r.total()),
                 resources: d.class.resources(),
                 held_tokens: s.held,
@@ -823,7 +823,7 @@ fn grow_class_hold(shared: &Shared, k: usize, delta: u64, new_hold: u64) -> Resu
     crate::protocol::classed::grow_tokens(shared, k, delta).map_err(|()| {
         UsageError::HoldTooLarge {
             hold: new_hold,
-            max: crate::protocol::classed::MAX_CLASSED_HOLD,
+            max: crate::words::class_word::MAX_CLASSED_HOLD,
         }
     })?;
     let c = shared.counters.local(Counters::new);

@@ -120,7 +120,7 @@ impl Bulkhead {
         let snap = canon.current;
         let w = Word(shared.word.load(Ordering::Acquire));
         drop(canon);
-        let pending = crate::wait::waiting::pending(shared) as u64;
+        let pending = crate::protocol::handoff::pending(shared) as u64;
         let hot = Hot {
             revision: snap.revision,
             max_concurrent: u64::from(snap.max_concurrent),

@@ -4,11 +4,13 @@ use crate::handle::admission::Admission;
 use crate::record::stats::{Counters, Stats, TokenStats, Totals};
 use crate::shared::{Canonical, Handle, Shared};
 use crate::sync::{lock, Ordering};
+use crate::vocab::class::{ClassId, UnknownClass, MAX_CLASSES};
 use crate::vocab::demand::{Demand, Reservation};
-use crate::vocab::error::{ApplyLimitsError, ConfigError, ConfigProblem};
+use crate::vocab::error::{ConfigError, ConfigProblem};
 use crate::vocab::id::AdmissionId;
 use crate::vocab::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
-use crate::words::classes::{ClassId, ClassLimits, ClassTable, UnknownClass, MAX_CLASSES};
+use crate::words::classes::{ClassLimits, ClassTable};
+use crate::words::limits::{ApplyLimitsError, LimitsChange};
 use crate::words::limits::{BudgetLimits, Hot, LimitsSnapshot, Ring};
 use crate::words::state::{Word, CLOSED};
 use crate::Priority;
@@ -324,23 +326,6 @@ impl Profile {
     }
 }
 
-/// What `apply_limits` replaced.
-///
-/// ```
-/// use llm_bulkhead::Bulkhead;
-/// let b = Bulkhead::new(2).unwrap();
-/// let change = b.apply_limits(b.limits().with_revision(1).with_max_concurrent(5)).unwrap();
-/// assert_eq!((change.previous.max_concurrent, change.current.max_concurrent), (2, 5));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct LimitsChange {
-    /// The snapshot that was current before.
-    pub previous: LimitsSnapshot,
-    /// The snapshot now current.
-    pub current: LimitsSnapshot,
-}
-
 /// A lock-free admission controller: global concurrency slots and an in-flight token budget.
 ///
 /// Cloning a `Bulkhead` gives another handle to the same state. Every decision is one CAS on
@@ -497,7 +482,7 @@ impl Bulkhead {
         // admission remembers the answer, so its release reads no flag.
         let observed = self.shared.events.on();
         if observed {
-            crate::record::events::admitted(
+            crate::handle::events::admitted(
                 &self.shared,
                 id,
                 g.revision,
@@ -612,7 +597,7 @@ impl Bulkhead {
             };
             let k = self.class_index(demand.class());
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, demand.priority());
-            rej.detail.pending = crate::wait::waiting::pending(shared) as u64;
+            rej.detail.pending = crate::protocol::handoff::pending(shared) as u64;
             return rej;
         }
         let w = Word(shared.word.load(Ordering::Acquire));
@@ -626,14 +611,14 @@ impl Bulkhead {
             (w.slots(), w.tokens())
         };
         let mut rej = rejection(slots, tokens, &lim, reason, r, demand.priority());
-        rej.detail.pending = crate::wait::waiting::pending(shared) as u64;
+        rej.detail.pending = crate::protocol::handoff::pending(shared) as u64;
         if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
             rej.constraint = Some(crate::vocab::rejection::Constraint::Global);
         }
         let class = shared
             .classed
             .then(|| demand.class().map_or(shared.default_class, |c| c.index()));
-        crate::record::events::rejected(shared, class, &rej);
+        crate::handle::events::rejected(shared, class, &rej);
         rej
     }
 
@@ -671,7 +656,7 @@ impl Bulkhead {
         // With classes, the tag bump also advances U and V by every raise of a floor; the
         // classes then migrate to the new floors (`crate::protocol::classed`, "Reconfiguration").
         let advance = if shared.classed {
-            crate::protocol::classed::floor_advance(&canon.current, &next)
+            crate::words::class_word::floor_advance(&canon.current, &next)
         } else {
             0
         };
@@ -697,23 +682,23 @@ impl Bulkhead {
         // No operation that read the previous tag is still in progress once this returns, so
         // no tag value or ring slot is reused under anyone (`crate::grace`). Under the lock:
         // the next install waits for this one's grace period.
-        crate::grace::grace_period(shared);
+        crate::grace::grace_period(&shared.counters);
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
         // A raised limit admits queued waiters at once (CONTRACT.md §6).
         let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
         if shared.classed {
             if waiters || visit {
-                crate::wait::waiting::pump_classed(shared);
+                crate::protocol::class_pump::pump_classed(shared);
             }
         } else if waiters {
-            crate::wait::waiting::pump(shared);
+            crate::protocol::handoff::pump(shared);
         }
         let change = LimitsChange {
             previous,
             current: next,
         };
-        crate::record::events::emit(shared, || {
+        crate::handle::events::emit(shared, || {
             crate::record::events::Event::Reconfigure(Box::new(change))
         });
         Ok(change)
@@ -773,7 +758,7 @@ impl Bulkhead {
         // With classes, a protected decision's class CAS and its final load of this word are
         // ordered against this RMW by the `SeqCst` total order (`crate::protocol::classed`).
         crate::sync::loom_sc_fence();
-        crate::wait::waiting::close_queue(&self.shared);
+        crate::protocol::handoff::close_queue(&self.shared);
     }
 
     /// Whether `close()` was called.
@@ -843,8 +828,8 @@ impl Bulkhead {
             closed: w.closed(),
             in_flight: slots,
             admissions_in_flight: slots + abandoned_open,
-            pending: crate::wait::waiting::pending(shared) as u64,
-            queued_total: crate::wait::waiting::queued_total(shared),
+            pending: crate::protocol::handoff::pending(shared) as u64,
+            queued_total: crate::protocol::handoff::queued_total(shared),
             queue_waits: t.waits,
             available_slots: u64::from(limits.max_concurrent).saturating_sub(slots),
             admitted: t.admitted,
@@ -894,7 +879,7 @@ fn refuse(
     // Built in the return value's place; the hook reads it there (only when subscribed).
     let out = Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
     if let Ok(rej) = &out {
-        crate::record::events::rejected(shared, None, rej);
+        crate::handle::events::rejected(shared, None, rej);
     }
     out
 }
@@ -989,7 +974,7 @@ impl Bulkhead {
         k: usize,
         r: u64,
         revision: u64,
-        resources: crate::words::classes::Resources,
+        resources: crate::vocab::class::Resources,
     ) -> Granted {
         let shared = &*self.shared;
         let c = shared.counters.local(Counters::new);
@@ -1059,7 +1044,7 @@ impl Bulkhead {
             }
             rej.detail.classes = Some(Box::new(detail));
         }
-        crate::record::events::rejected(shared, Some(k), &rej);
+        crate::handle::events::rejected(shared, Some(k), &rej);
         rej
     }
 

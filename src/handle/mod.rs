@@ -4,3 +4,4 @@
 pub(crate) mod admission;
 pub(crate) mod advice;
 pub(crate) mod bulkhead;
+pub(crate) mod events;

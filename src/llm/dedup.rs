@@ -45,7 +45,7 @@
 
 use super::request::{Content, LlmRequest, Message};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use crate::words::classes::ClassId;
+use crate::vocab::class::ClassId;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;

@@ -402,7 +402,7 @@ impl Bypassed {
             sequence: 0,
             settled: false,
         };
-        crate::record::events::emit(shared, || {
+        crate::handle::events::emit(shared, || {
             let r = &bypassed.rejection;
             Event::Bypass(Box::new(crate::BypassEvent {
                 admission_id: bypassed.id,
@@ -420,7 +420,7 @@ impl Bypassed {
     }
 
     fn class_name(&self, shared: &Shared) -> Option<String> {
-        crate::record::events::class_name(shared, self.class.map(ClassId::index))
+        crate::handle::events::class_name(shared, self.class.map(ClassId::index))
     }
 
     /// The revision of the bypassed refusal.
@@ -463,7 +463,7 @@ impl Bypassed {
         };
         if bumped {
             let shared = &*self.bulkhead.shared;
-            crate::record::events::emit(shared, || {
+            crate::handle::events::emit(shared, || {
                 Event::BypassUsage(crate::BypassUsageEvent {
                     admission_id: self.id,
                     revision: self.revision(),
@@ -498,7 +498,7 @@ impl Bypassed {
             c.bypass_input.add(u.input);
             c.bypass_output.add(u.output);
         }
-        crate::record::events::emit(shared, || {
+        crate::handle::events::emit(shared, || {
             Event::BypassRelease(crate::BypassReleaseEvent {
                 admission_id: self.id,
                 revision: self.revision(),

@@ -562,9 +562,9 @@ impl LlmBulkhead {
 
 fn emit_dedup(bulkhead: &crate::Bulkhead, class: Option<ClassId>, outcome: DedupOutcome) {
     let shared = &*bulkhead.shared;
-    crate::record::events::emit(shared, || {
+    crate::handle::events::emit(shared, || {
         Event::Dedup(DedupEvent {
-            class: crate::record::events::class_name(shared, class.map(ClassId::index)),
+            class: crate::handle::events::class_name(shared, class.map(ClassId::index)),
             outcome,
         })
     });

@@ -44,7 +44,7 @@ pub(crate) struct Counters {
     pub(crate) waits: Stripe,
     pub(crate) wait_ns: Stripe,
     pub(crate) wait_max_ns: Stripe,
-    pub(crate) classes: [ClassCounters; crate::words::classes::MAX_CLASSES],
+    pub(crate) classes: [ClassCounters; crate::vocab::class::MAX_CLASSES],
     /// Observe-mode bypasses (its value before the increment numbers the shadow id).
     pub(crate) bypassed: Stripe,
     /// Of which raced with an advisory "admit".
@@ -487,7 +487,7 @@ pub(crate) struct Totals {
     pub(crate) abandoned_deadline: u64,
     pub(crate) abandoned_settled: u64,
     pub(crate) waits: QueueWaits,
-    pub(crate) classes: [ClassTotals; crate::words::classes::MAX_CLASSES],
+    pub(crate) classes: [ClassTotals; crate::vocab::class::MAX_CLASSES],
     pub(crate) admitted: u64,
     pub(crate) rejected: RejectCounts,
     pub(crate) total_reserved: u64,

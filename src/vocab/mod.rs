@@ -2,6 +2,7 @@
 //! reservations, rejections and their reasons, errors, admission ids. A leaf: it imports no
 //! word, protocol, queue or handle.
 
+pub(crate) mod class;
 pub(crate) mod demand;
 pub(crate) mod error;
 pub(crate) mod id;

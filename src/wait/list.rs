@@ -27,9 +27,9 @@
 use crate::sync::cell::UnsafeCell;
 use crate::sync::thread::Thread;
 use crate::sync::{AtomicU32, Ordering};
+use crate::vocab::class::Resources;
 use crate::vocab::demand::Priority;
 use crate::vocab::rejection::{Constraint, RejectReason};
-use crate::words::classes::Resources;
 use std::marker::PhantomPinned;
 use std::ptr;
 use std::task::Waker;

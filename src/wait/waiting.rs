@@ -82,13 +82,16 @@
 
 use crate::handle::admission::Admission;
 use crate::handle::bulkhead::{Bulkhead, Granted};
+use crate::protocol::class_pump::{
+    may_wait, set_class_flags, sync_class_flags, wake_class_drainers_if_idle,
+};
 use crate::protocol::classed::Precheck;
-use crate::shared::{Shared, SlotRef, SlowPathRef};
+use crate::protocol::handoff::{clear_waiters, pending, wake_drainers_if_idle};
 use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering};
 use crate::vocab::demand::{Demand, Priority, Reservation};
 use crate::vocab::rejection::{RejectReason, Rejection};
-use crate::wait::list::{Notify, Outcome, Queue, Waiter, WakeList};
-use crate::words::state::{Word, ONE_SLOT, WAITERS};
+use crate::wait::list::{Notify, Outcome, Waiter, WakeList};
+use crate::words::state::{Word, WAITERS};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -756,194 +759,6 @@ impl Bulkhead {
     }
 }
 
-/// Clears `WAITERS` unless waiters or drainers still need it (caller holds the mutex, `q`
-/// proves it).
-fn clear_waiters(shared: &Shared, q: &Queue) {
-    if !q.flag_needed() {
-        shared.word.fetch_and(!WAITERS, Ordering::AcqRel);
-    }
-}
-
-/// Wakes the drainers if the state `w` (no-class word) is idle and nobody is queued.
-fn wake_drainers_if_idle(w: Word, q: &Queue, wake: &mut WakeList) {
-    if q.has_drainers() && q.len() == 0 && w.slots() == 0 && w.tokens() == 0 {
-        for n in q.drainers() {
-            wake.push(n);
-        }
-    }
-}
-
-/// A release that found `WAITERS` set: hand the slot (with `held` tokens to give back) to the
-/// head waiter whose checks pass, or return it if none does or the limit shrank below the
-/// slots in use. The slot keeps the shared state alive until the final step.
-#[cold]
-#[inline(never)]
-pub(crate) fn hand_off(slot: SlotRef, held: u64) {
-    // Counted while the slot is still ours: the grant below gives the slot away, and the
-    // granted waiter may then free everything the words count before we unlock.
-    let guard = slot.into_slow_path();
-    let shared = &*guard;
-    let mut wake = WakeList::new();
-    let mut q = guard.lock_queue();
-    let word = &*shared.word;
-    let mut w = Word(word.load(Ordering::Acquire));
-    let last = loop {
-        let lim = shared.ring.read(w.tag());
-        let head = q.front().map(|h| (h.r, h.priority));
-        match head {
-            Some((r, priority)) if !w.closed() && w.slots() <= lim.max_concurrent => {
-                let t = w.tokens() - held;
-                if lim
-                    .effective(priority)
-                    .is_some_and(|e| t.saturating_add(r) > e)
-                {
-                    // The head no longer fits: answered, not re-queued; next waiter.
-                    // (With the queue now empty, the next turn returns the slot and clears
-                    // the flag in one CAS.)
-                    wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
-                    if wake.is_full() {
-                        // A batch: wake it outside the lock (the slot is still ours), then
-                        // look again.
-                        drop(q);
-                        wake.wake_all();
-                        q = guard.lock_queue();
-                        w = Word(word.load(Ordering::Acquire));
-                    }
-                    continue;
-                }
-                // The slot passes on: its tokens become the waiter's reservation.
-                match grant_head(word, &mut q, w, w.0 - held + r, lim.revision, &mut wake) {
-                    Ok(_) => break None,
-                    Err(actual) => w = actual,
-                }
-            }
-            _ => {
-                // Nobody to hand to (or shrunk, or closed): return the slot; clear the flag if
-                // the queue is empty.
-                let mut next = w.0 - ONE_SLOT - held;
-                if !q.flag_needed() {
-                    next &= !WAITERS;
-                }
-                match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        wake_drainers_if_idle(Word(next), &q, &mut wake);
-                        break Some(w);
-                    }
-                    Err(actual) => w = Word(actual),
-                }
-            }
-        }
-    };
-    // The slot is gone (to a waiter, or back to the word): from here only `guard` keeps the
-    // state alive, while we still hold its queue.
-    crate::sync::pause(crate::sync::PausePoint::HandOffGiven);
-    if let Some(prev) = last {
-        if prev.detached() && prev.slots() == 1 {
-            // SAFETY: our CAS returned the last slot of a detached state (no handle, hence no
-            // waiter, is left): we are the unique thread that saw the last owner leave. The
-            // guard frees the state when it goes, after the unlock.
-            unsafe { guard.owners_gone() }
-        }
-    }
-    drop(q);
-    wake.wake_all();
-    // `guard` goes last: the free, if this was the last reference.
-}
-
-/// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
-/// `WAITERS` if it was the last waiter and no drainer needs the flag. `Err`: the word moved.
-fn grant_head(
-    word: &crate::sync::AtomicU64,
-    q: &mut Queue,
-    w: Word,
-    mut next: u64,
-    revision: u64,
-    wake: &mut WakeList,
-) -> Result<u64, Word> {
-    if q.len() == 1 && !q.has_drainers() {
-        next &= !WAITERS;
-    }
-    match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => {
-            wake.push(q.answer_front(Outcome::Granted {
-                revision,
-                resources: Default::default(),
-            }));
-            Ok(next)
-        }
-        Err(actual) => Err(Word(actual)),
-    }
-}
-
-/// Pumps: free slots for head waiters while `slots < max_concurrent`, then wakes the drainers
-/// if the bulkhead is idle. Called after `apply_limits` raised the limit (the caller holds a
-/// handle) and by a drain-time release that returned its slot to the word
-/// ([`release_while_draining`], which holds a counted guard).
-pub(crate) fn pump(shared: &Shared) {
-    let mut wake = WakeList::new();
-    // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
-    let guard = unsafe { SlowPathRef::borrowed(shared) };
-    let shared = &*guard;
-    let mut q = guard.lock_queue();
-    let word = &*shared.word;
-    let mut w = Word(word.load(Ordering::Acquire));
-    while let Some((r, priority)) = q.front().map(|h| (h.r, h.priority)) {
-        if wake.is_full() {
-            // A batch: wake it outside the lock, then look again.
-            drop(q);
-            wake.wake_all();
-            q = guard.lock_queue();
-            w = Word(word.load(Ordering::Acquire));
-            continue;
-        }
-        let lim = shared.ring.read(w.tag());
-        if w.closed() || w.slots() >= lim.max_concurrent {
-            break;
-        }
-        if lim
-            .effective(priority)
-            .is_some_and(|e| w.tokens().saturating_add(r) > e)
-        {
-            wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
-            continue;
-        }
-        match grant_head(word, &mut q, w, w.plus(r).0, lim.revision, &mut wake) {
-            Ok(next) => w = Word(next),
-            Err(actual) => w = actual,
-        }
-    }
-    clear_waiters(shared, &q);
-    wake_drainers_if_idle(Word(word.load(Ordering::Acquire)), &q, &mut wake);
-    drop(q);
-    wake.wake_all();
-}
-
-/// `close()`'s part: answers every waiter with `shutdown` and clears `WAITERS`.
-pub(crate) fn close_queue(shared: &Shared) {
-    let mut wake = WakeList::new();
-    // SAFETY: the caller (`close`) holds a handle for the whole call.
-    let guard = unsafe { SlowPathRef::borrowed(shared) };
-    let shared = &*guard;
-    let mut q = guard.lock_queue();
-    while q.front().is_some() {
-        if wake.is_full() {
-            // A batch: wake it outside the lock (no newcomer queues: the word is closed).
-            drop(q);
-            wake.wake_all();
-            q = guard.lock_queue();
-            continue;
-        }
-        wake.push(q.answer_front(Outcome::Refused(RejectReason::Shutdown)));
-    }
-    if shared.classed {
-        sync_class_flags(shared, &mut q);
-    } else {
-        clear_waiters(shared, &q);
-    }
-    drop(q);
-    wake.wake_all();
-}
-
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
 /// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
 /// (`None`: someone is, or the state changed; the caller refuses). Lock-free, so a drain does
@@ -977,43 +792,6 @@ pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) ->
     }
 }
 
-/// A release that found `WAITERS` set while the queue-length mirror said nobody is queued (the
-/// flag is up for drainers): returns the slot to the word with a CAS, without the mutex, then
-/// looks at the mirror again. Only if a waiter queued meanwhile, or this release left the
-/// bulkhead idle (the drainers must be woken), does it lock the queue: it pumps (grants the
-/// free slot to the head, wakes idle drainers). `guard` keeps the state alive throughout.
-#[cold]
-#[inline(never)]
-pub(crate) fn release_while_draining(guard: SlowPathRef<'static>, held: u64) {
-    let word = &*guard.word;
-    let mut prev = Word(word.load(Ordering::SeqCst));
-    loop {
-        let next = prev.0 - ONE_SLOT - held;
-        match word.compare_exchange(prev.0, next, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => {
-                crate::sync::loom_sc_fence();
-                let queued = guard.queued.load(Ordering::SeqCst);
-                let idle = Word(next).slots() == 0 && Word(next).tokens() == 0;
-                if prev.waiters() && (queued != 0 || idle) {
-                    pump(&guard);
-                }
-                break;
-            }
-            Err(actual) => prev = Word(actual),
-        }
-    }
-    if prev.detached() && prev.slots() == 1 {
-        // SAFETY: our CAS returned the last slot of a detached state: we are the unique thread
-        // that saw the last owner leave. `guard` frees the state when it goes.
-        unsafe { guard.owners_gone() }
-    }
-}
-
-/// Waiters ever queued (for statistics).
-pub(crate) fn queued_total(shared: &Shared) -> u64 {
-    shared.queued_total()
-}
-
 /// When a wait begins: `Some(now)` only if the bulkhead measures queue waits (a clock read
 /// costs about a tenth of an async hand-off, so it is opt-in).
 fn wait_started(b: &Bulkhead) -> Option<Instant> {
@@ -1029,13 +807,6 @@ fn book_wait(b: &Bulkhead, since: Option<Instant>) {
         c.wait_ns.add(ns);
         c.wait_max_ns.raise(ns);
     }
-}
-
-/// Live waiters (for statistics and refusal details), read under the queue mutex: exact.
-/// (The queue-length mirror is not: an enqueuer counts itself in it before its queueing CAS,
-/// which may fail and leave it taking the freed slot instead.)
-pub(crate) fn pending(shared: &Shared) -> usize {
-    shared.queue_len()
 }
 
 /// The future of [`Bulkhead::acquire`].
@@ -1486,19 +1257,6 @@ impl Drop for Drain<'_> {
 
 // ---- class mode (module docs, "With admission classes") ----
 
-/// Whether a class refusal lets the demand wait: no free global slot, or a refusal no collect
-/// confirmed (another decider's step was in flight; it visits the queue when it lands or is
-/// taken back).
-fn may_wait(f: &crate::protocol::classed::Refused) -> bool {
-    waits_for_slot(f) || f.stored_shared.is_some()
-}
-
-/// Whether a class refusal means "no free global slot" (row 6), the one refusal that waits.
-fn waits_for_slot(f: &crate::protocol::classed::Refused) -> bool {
-    f.reason == RejectReason::ConcurrencyLimit
-        && f.constraint == Some(crate::vocab::rejection::Constraint::Global)
-}
-
 impl Bulkhead {
     /// Class mode of `enter`: the fast class decision, then under the mutex (raising the flags
     /// first when the queue is empty) a decision for the would-be head, or a place at the tail.
@@ -1592,90 +1350,4 @@ impl Bulkhead {
         sync_class_flags(shared, &mut q);
         Enter::Queued
     }
-}
-
-/// Raises or lowers `C_QUEUE` on every class word (`queue_flag`) and `WAITERS` on the shared
-/// word (`waiters`). Caller holds the mutex (`q`); `C_QUEUE` goes up before `WAITERS`.
-fn set_class_flags(shared: &Shared, q: &mut Queue, queue_flag: bool, waiters: bool) {
-    use crate::protocol::classed::C_QUEUE;
-    if queue_flag && !q.class_flags {
-        for cw in shared.class_words.iter() {
-            cw.fetch_or(C_QUEUE, Ordering::SeqCst);
-        }
-        q.class_flags = true;
-    }
-    let up = Word(shared.word.load(Ordering::SeqCst)).waiters();
-    if waiters && !up {
-        shared.word.fetch_or(WAITERS, Ordering::SeqCst);
-    } else if !waiters && up {
-        shared.word.fetch_and(!WAITERS, Ordering::SeqCst);
-    }
-    if !queue_flag && q.class_flags {
-        for cw in shared.class_words.iter() {
-            cw.fetch_and(!C_QUEUE, Ordering::SeqCst);
-        }
-        q.class_flags = false;
-    }
-}
-
-/// The flags the queue needs now: both while waiters are queued, `C_QUEUE` alone while only
-/// drainers wait, neither otherwise.
-fn sync_class_flags(shared: &Shared, q: &mut Queue) {
-    let waiters = q.len() > 0;
-    set_class_flags(shared, q, waiters || q.has_drainers(), waiters);
-}
-
-/// Wakes the drainers if nobody is queued and the class words hold nothing.
-fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut WakeList) {
-    if q.has_drainers() && q.len() == 0 {
-        let (_, g, t) = crate::protocol::classed::collect(shared);
-        if g == 0 && t == 0 {
-            for n in q.drainers() {
-                wake.push(n);
-            }
-        }
-    }
-}
-
-/// Class mode's hand-off: a decrease found the queue flagged. Decides head waiters under the
-/// mutex until one has to keep waiting (module docs, "With admission classes"), then wakes
-/// drainers if the bulkhead is idle. The caller keeps the shared state alive (a handle, or a
-/// release's pending-return mark).
-#[cold]
-#[inline(never)]
-pub(crate) fn pump_classed(shared: &Shared) {
-    let mut wake = WakeList::new();
-    // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
-    // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
-    // gives back only after this returns (`crate::protocol::classed::release_pending`).
-    let guard = unsafe { SlowPathRef::borrowed(shared) };
-    let shared = &*guard;
-    let mut q = guard.lock_queue();
-    while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
-        if wake.is_full() {
-            // A batch: wake it outside the lock, then decide the head again.
-            drop(q);
-            wake.wake_all();
-            q = guard.lock_queue();
-            continue;
-        }
-        match crate::protocol::classed::acquire_in_queue(shared, k, r, priority) {
-            Ok(a) => wake.push(q.answer_front(Outcome::Granted {
-                revision: a.revision,
-                resources: a.resources,
-            })),
-            Err(f) => {
-                let stays = f.reason != RejectReason::Shutdown
-                    && (may_wait(&f) || f.summary.g >= f.lim.max_concurrent);
-                if stays {
-                    break;
-                }
-                wake.push(q.answer_front(Outcome::RefusedAs(f.reason, f.constraint)));
-            }
-        }
-    }
-    sync_class_flags(shared, &mut q);
-    wake_class_drainers_if_idle(shared, &q, &mut wake);
-    drop(q);
-    wake.wake_all();
 }

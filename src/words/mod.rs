@@ -3,6 +3,7 @@
 //! table (`classes`). They know no protocol: the protocols that change them are in
 //! `crate::protocol`.
 
+pub(crate) mod class_word;
 pub(crate) mod classes;
 pub(crate) mod limits;
 pub(crate) mod state;
