@@ -150,7 +150,8 @@ pub mod tower;
 
 pub use handle::admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
 pub use handle::advice::Advice;
-pub use handle::bulkhead::{Bulkhead, BulkheadBuilder, Profile};
+pub use handle::builder::{BulkheadBuilder, Profile};
+pub use handle::bulkhead::Bulkhead;
 pub use handle::events::Subscription;
 pub use record::events::{
     AbandonCause, AbandonEvent, AdmitEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
@@ -168,9 +169,8 @@ pub use vocab::rejection::{
     CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,
 };
-pub use wait::waiting::{
-    Acquire, AcquireTimed, CancelToken, Cancelled, Drain, DrainReport, Timed, Timing, WaitOptions,
-};
+pub use wait::cancel::{CancelToken, Cancelled};
+pub use wait::waiting::{Acquire, AcquireTimed, Drain, DrainReport, Timed, Timing, WaitOptions};
 pub use words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 pub use words::classes::{ClassLimits, ClassTable};
 pub use words::limits::{

@@ -3,5 +3,6 @@
 
 pub(crate) mod admission;
 pub(crate) mod advice;
+pub(crate) mod builder;
 pub(crate) mod bulkhead;
 pub(crate) mod events;

@@ -638,7 +638,7 @@ impl StopSignal {
             cancel: self
                 .caller
                 .clone()
-                .map(crate::wait::waiting::CancelWake::new),
+                .map(crate::wait::cancel::CancelWake::new),
         }
     }
 }
@@ -668,7 +668,7 @@ impl fmt::Debug for StopSignal {
 pub struct StopSignalFuture {
     signal: StopSignal,
     /// The caller's token, woken on `cancel` (`None` without a token).
-    cancel: Option<crate::wait::waiting::CancelWake>,
+    cancel: Option<crate::wait::cancel::CancelWake>,
 }
 
 impl Future for StopSignalFuture {
@@ -1176,7 +1176,7 @@ impl RunContext {
                 .stop
                 .caller
                 .clone()
-                .map(crate::wait::waiting::CancelWake::new),
+                .map(crate::wait::cancel::CancelWake::new),
         }
     }
 
@@ -1253,7 +1253,7 @@ impl fmt::Debug for RunContext {
 pub struct Stopped<'a> {
     ctx: &'a RunContext,
     /// The caller's token, woken on `cancel` (`None` without a token).
-    cancel: Option<crate::wait::waiting::CancelWake>,
+    cancel: Option<crate::wait::cancel::CancelWake>,
 }
 
 impl Future for Stopped<'_> {
