@@ -393,7 +393,7 @@ impl Bulkhead {
     /// Admits `demand`, waiting in the FIFO queue if no slot is free: the async counterpart of
     /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor; its
     /// timeout runs on the crate's own timer thread (started on first use, see
-    /// `src/timer.rs`), so it needs no runtime either.
+    /// `src/wait/timer.rs`), so it needs no runtime either.
     ///
     /// # Cancel safety
     /// Dropping the future removes its waiter from the queue; if it was dropped after being
