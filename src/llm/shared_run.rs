@@ -42,7 +42,7 @@ use super::observe::Mode;
 use super::request::LlmRequest;
 use super::run::{admit_now, settle, LlmBulkhead, RunContext, RunError, RunOptions, UsageFrom};
 use super::EstimateError;
-use crate::events::{DedupEvent, DedupOutcome, Event};
+use crate::record::events::{DedupEvent, DedupOutcome, Event};
 use crate::{ClassId, Stats};
 use std::any::{Any, TypeId};
 use std::fmt;
@@ -562,9 +562,9 @@ impl LlmBulkhead {
 
 fn emit_dedup(bulkhead: &crate::Bulkhead, class: Option<ClassId>, outcome: DedupOutcome) {
     let shared = &*bulkhead.shared;
-    crate::events::emit(shared, || {
+    crate::handle::events::emit(shared, || {
         Event::Dedup(DedupEvent {
-            class: crate::events::class_name(shared, class.map(ClassId::index)),
+            class: crate::handle::events::class_name(shared, class.map(ClassId::index)),
             outcome,
         })
     });

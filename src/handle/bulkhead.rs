@@ -1,351 +1,29 @@
 //! The [`Bulkhead`]: construction, the lock-free decision, reconfiguration, close and stats.
 
-use crate::admission::Admission;
-use crate::classes::{ClassId, ClassLimits, ClassTable, UnknownClass, MAX_CLASSES};
-use crate::demand::{Demand, Reservation};
-use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem};
-use crate::id::AdmissionId;
-use crate::limits::{BudgetLimits, Hot, LimitsSnapshot, Ring};
-use crate::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
-use crate::shared::{Canonical, Handle, Shared};
-use crate::state::{Word, CLOSED};
-use crate::stats::{Counters, Stats, TokenStats, Totals};
+use crate::handle::admission::Admission;
+use crate::record::stats::{Counters, Stats, TokenStats, Totals};
+use crate::shared::{Handle, Shared};
 use crate::sync::{lock, Ordering};
+use crate::vocab::class::{ClassId, UnknownClass};
+use crate::vocab::demand::{Demand, Reservation};
+use crate::vocab::error::{ConfigError, ConfigProblem};
+use crate::vocab::id::AdmissionId;
+use crate::vocab::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
+use crate::words::limits::{ApplyLimitsError, LimitsChange};
+use crate::words::limits::{BudgetLimits, Hot, LimitsSnapshot};
+use crate::words::state::{Word, CLOSED};
 use crate::Priority;
 use std::fmt;
 use std::time::Duration;
 
-/// Builds a [`Bulkhead`] from validated settings.
-///
-/// ```
-/// use llm_bulkhead::Bulkhead;
-/// let b = Bulkhead::builder()
-///     .max_concurrent(20)
-///     .token_budget(50_000)
-///     .high_priority_reserve(5_000)
-///     .initial_revision(1)
-///     .build()
-///     .unwrap();
-/// assert_eq!(b.limits().revision, 1);
-/// ```
-#[derive(Clone, Debug, Default)]
-#[must_use]
-pub struct BulkheadBuilder {
-    max_concurrent: u32,
-    max_queue: Option<u32>,
-    timeout: Option<Duration>,
-    profile: Option<Profile>,
-    measure_waits: bool,
-    budget: Option<u64>,
-    reserve: Option<u64>,
-    initial_revision: u64,
-    classes: Vec<(String, ClassLimits)>,
-    default_class: Option<String>,
-}
-
-impl BulkheadBuilder {
-    /// Global concurrency limit (default 0: a fail-closed start that admits nothing until a
-    /// snapshot raises it). At most [`MAX_SLOTS`](crate::MAX_SLOTS).
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// assert_eq!(Bulkhead::builder().max_concurrent(3).build().unwrap().limits().max_concurrent, 3);
-    /// ```
-    pub fn max_concurrent(mut self, n: u32) -> Self {
-        self.max_concurrent = n;
-        self
-    }
-
-    /// Wait queue bound (default 0: fail-fast): how many demands `acquire_blocking` and
-    /// `acquire` may keep waiting for a slot at once.
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// assert_eq!(Bulkhead::builder().max_queue(8).build().unwrap().limits().max_queue, 8);
-    /// ```
-    pub fn max_queue(mut self, n: u32) -> Self {
-        self.max_queue = Some(n);
-        self
-    }
-
-    /// Enables the in-flight token budget `B` (0 is legal: only 0-token demands fit).
-    /// At most [`MAX_TOKENS`](crate::MAX_TOKENS).
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// let b = Bulkhead::builder().token_budget(1_000).build().unwrap();
-    /// assert_eq!(b.limits().token_budget.unwrap().budget, 1_000);
-    /// ```
-    pub fn token_budget(mut self, budget: u64) -> Self {
-        self.budget = Some(budget);
-        self
-    }
-
-    /// Tokens reserved for high-priority demands (`H ≤ B` at construction; needs a budget).
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// assert!(Bulkhead::builder().high_priority_reserve(5).build().is_err());
-    /// ```
-    pub fn high_priority_reserve(mut self, reserve: u64) -> Self {
-        self.reserve = Some(reserve);
-        self
-    }
-
-    /// The revision of the initial limits (default 0).
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// assert_eq!(Bulkhead::builder().initial_revision(7).build().unwrap().limits().revision, 7);
-    /// ```
-    pub fn initial_revision(mut self, revision: u64) -> Self {
-        self.initial_revision = revision;
-        self
-    }
-
-    /// The default time a waiter stays queued before it gets `timeout` (reference §11's
-    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A timeout
-    /// too large to add to the current instant (`Duration::MAX`) means no deadline.
-    ///
-    /// ```
-    /// use llm_bulkhead::Bulkhead;
-    /// use std::time::Duration;
-    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).timeout(Duration::from_secs(5)).build().unwrap();
-    /// assert_eq!(b.default_timeout(), Some(Duration::from_secs(5)));
-    /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// Times every queue wait for `stats().queue_waits` (total and longest, in ns). Off by
-    /// default: two clock reads cost about a tenth of an async hand-off. Waits are counted
-    /// either way.
-    ///
-    /// ```
-    /// use llm_bulkhead::Bulkhead;
-    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(2).measure_queue_waits(true).build().unwrap();
-    /// assert_eq!(b.stats().queue_waits.total_ns, 0);
-    /// ```
-    pub fn measure_queue_waits(mut self, on: bool) -> Self {
-        self.measure_waits = on;
-        self
-    }
-
-    /// Applies a profile (reference §11): [`Profile::Interactive`] is fail-fast (no queue),
-    /// [`Profile::Batch`] queues 20 with a 30 s timeout. Explicit `max_queue` and `timeout`
-    /// win, whatever the order of the calls.
-    ///
-    /// ```
-    /// use llm_bulkhead::{Bulkhead, Profile};
-    /// use std::time::Duration;
-    /// let b = Bulkhead::builder().max_concurrent(4).profile(Profile::Batch).build().unwrap();
-    /// assert_eq!((b.limits().max_queue, b.default_timeout()), (20, Some(Duration::from_secs(30))));
-    /// let b = Bulkhead::builder().max_queue(3).max_concurrent(4).profile(Profile::Batch).build().unwrap();
-    /// assert_eq!(b.limits().max_queue, 3);
-    /// ```
-    pub fn profile(mut self, profile: Profile) -> Self {
-        self.profile = Some(profile);
-        self
-    }
-
-    /// Adds an admission class (in order; at most [`MAX_CLASSES`](crate::MAX_CLASSES)). With
-    /// classes, [`default_class`](Self::default_class) is required.
-    ///
-    /// ```
-    /// use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let b = Bulkhead::builder().max_concurrent(12).token_budget(24_000)
-    ///     .class("premium", ClassLimits { protected_concurrent: 6, max_concurrent: Some(10), protected_tokens: 12_000, max_tokens: Some(20_000) })
-    ///     .class("standard", ClassLimits { protected_concurrent: 2, max_concurrent: Some(6), protected_tokens: 4_000, max_tokens: Some(10_000) })
-    ///     .default_class("standard")
-    ///     .build().unwrap();
-    /// assert_eq!(b.class_names(), ["premium", "standard"]);
-    /// ```
-    pub fn class(mut self, name: impl Into<String>, limits: ClassLimits) -> Self {
-        self.classes.push((name.into(), limits));
-        self
-    }
-
-    /// The class of demands that name none.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let e = Bulkhead::builder().class("a", ClassLimits::default()).default_class("missing").build().unwrap_err();
-    /// assert_eq!(e.field, "default_class");
-    /// ```
-    pub fn default_class(mut self, name: impl Into<String>) -> Self {
-        self.default_class = Some(name.into());
-        self
-    }
-
-    /// Validates every field and builds the bulkhead.
-    ///
-    /// # Errors
-    /// A [`ConfigError`] naming the first invalid field and the bound it broke. Nothing is
-    /// built.
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// let err = Bulkhead::builder().token_budget(1 << 40).build().unwrap_err();
-    /// assert_eq!(err.field, "token_budget.budget");
-    /// ```
-    pub fn build(self) -> Result<Bulkhead, ConfigError> {
-        let token_budget = match (self.budget, self.reserve) {
-            (None, None) => None,
-            (None, Some(_)) => {
-                return Err(ConfigError {
-                    field: "token_budget.high_priority_reserve",
-                    problem: ConfigProblem::NeedsTokenBudget,
-                })
-            }
-            (Some(budget), reserve) => Some(BudgetLimits {
-                budget,
-                high_priority_reserve: reserve.unwrap_or(0),
-            }),
-        };
-        let table_err = |field, why| {
-            Err(ConfigError {
-                field,
-                problem: ConfigProblem::ClassTable(why),
-            })
-        };
-        let mut table = ClassTable::default();
-        let mut names = Vec::new();
-        for (name, limits) in &self.classes {
-            let name = name.trim();
-            if name.is_empty() {
-                return table_err("classes", "a class name must not be empty");
-            }
-            if names.iter().any(|n: &String| n == name) {
-                return table_err("classes", "class names must be unique");
-            }
-            if !table.push(*limits) {
-                return Err(ConfigError {
-                    field: "classes",
-                    problem: ConfigProblem::TooLarge {
-                        value: self.classes.len() as u64,
-                        max: MAX_CLASSES as u64,
-                    },
-                });
-            }
-            names.push(name.to_owned());
-        }
-        let default_class = match (&self.default_class, names.is_empty()) {
-            (None, true) => 0,
-            (Some(_), true) => return table_err("default_class", "needs admission classes"),
-            (None, false) => {
-                return table_err("default_class", "is required with admission classes")
-            }
-            (Some(d), false) => match names.iter().position(|n| n == d.trim()) {
-                Some(i) => i,
-                None => return table_err("default_class", "must name a configured class"),
-            },
-        };
-        let first = LimitsSnapshot {
-            revision: self.initial_revision,
-            max_concurrent: self.max_concurrent,
-            max_queue: self
-                .max_queue
-                .unwrap_or(self.profile.map_or(0, |p| p.max_queue())),
-            token_budget,
-            classes: table,
-        };
-        first.validate(token_budget.is_some(), &names)?;
-        if let Some(b) = token_budget {
-            if b.high_priority_reserve > b.budget {
-                return Err(ConfigError {
-                    field: "token_budget.high_priority_reserve",
-                    problem: ConfigProblem::ReserveExceedsBudget {
-                        reserve: b.high_priority_reserve,
-                        budget: b.budget,
-                    },
-                });
-            }
-        }
-        let shared = Handle::new(
-            Ring::new(&first),
-            Canonical {
-                current: first,
-                tag: 0,
-            },
-            token_budget.is_some(),
-            names,
-            default_class,
-            crate::shared::WaitSettings {
-                default_timeout: self.timeout.or(self.profile.and_then(Profile::timeout)),
-                measure_waits: self.measure_waits,
-            },
-        );
-        Ok(Bulkhead { shared })
-    }
-}
-
-/// A preset of queueing behaviour (reference §11).
-///
-/// ```
-/// use llm_bulkhead::Profile;
-/// assert_eq!(Profile::Batch.max_queue(), 20);
-/// assert_eq!(Profile::Interactive.max_queue(), 0);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
-pub enum Profile {
-    /// Fail fast: no queue, no timeout.
-    Interactive,
-    /// Queue up to 20 waiters, each for at most 30 s.
-    Batch,
-}
-
-impl Profile {
-    /// The queue bound of the profile.
-    ///
-    /// ```
-    /// assert_eq!(llm_bulkhead::Profile::Batch.max_queue(), 20);
-    /// ```
-    pub fn max_queue(self) -> u32 {
-        match self {
-            Profile::Interactive => 0,
-            Profile::Batch => 20,
-        }
-    }
-
-    /// The waiter timeout of the profile.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert_eq!(llm_bulkhead::Profile::Batch.timeout(), Some(Duration::from_secs(30)));
-    /// ```
-    pub fn timeout(self) -> Option<Duration> {
-        match self {
-            Profile::Interactive => None,
-            Profile::Batch => Some(Duration::from_secs(30)),
-        }
-    }
-}
-
-/// What `apply_limits` replaced.
-///
-/// ```
-/// use llm_bulkhead::Bulkhead;
-/// let b = Bulkhead::new(2).unwrap();
-/// let change = b.apply_limits(b.limits().with_revision(1).with_max_concurrent(5)).unwrap();
-/// assert_eq!((change.previous.max_concurrent, change.current.max_concurrent), (2, 5));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct LimitsChange {
-    /// The snapshot that was current before.
-    pub previous: LimitsSnapshot,
-    /// The snapshot now current.
-    pub current: LimitsSnapshot,
-}
+mod classed;
+use crate::handle::builder::BulkheadBuilder;
 
 /// A lock-free admission controller: global concurrency slots and an in-flight token budget.
 ///
 /// Cloning a `Bulkhead` gives another handle to the same state. Every decision is one CAS on
-/// one packed word (see [`crate::state`]); limits are read from a ring of snapshots named by a
-/// tag in that word (see [`crate::limits`]).
+/// one packed word (see `crate::words::state`); limits are read from a ring of snapshots named by a
+/// tag in that word (see `crate::words::limits`).
 ///
 /// ```
 /// use llm_bulkhead::{Bulkhead, Demand, Reservation, RejectReason, Usage};
@@ -366,7 +44,7 @@ pub struct LimitsChange {
 /// A successful admission synchronises with the release whose capacity it reuses and with the
 /// `apply_limits` that installed the limits it was decided under (the admission CAS is
 /// `AcqRel`, and so are the release's CAS and a hand-off's). `close` is `SeqCst`: once it
-/// returns, no admission can succeed. Statistics are `Relaxed` bookkeeping (see [`crate::stats`]).
+/// returns, no admission can succeed. Statistics are `Relaxed` bookkeeping (see `crate::record::stats`).
 #[derive(Clone)]
 pub struct Bulkhead {
     pub(crate) shared: Handle,
@@ -426,7 +104,7 @@ impl Bulkhead {
     /// concurrency ceilings (`admission_class`) and the other classes' floors
     /// (`admission_class_protection`); no free slot (or waiters queued) → `concurrency_limit`.
     /// Without classes the slot and the reservation are taken in one CAS; with classes the
-    /// decision is the multi-word protocol described in [`crate::classed`].
+    /// decision is the multi-word protocol described in `crate::protocol::classed`.
     ///
     /// # Errors
     /// A [`Rejection`] explained by the state the decision saw.
@@ -468,7 +146,7 @@ impl Bulkhead {
                         {
                             // The flag may be up only for `drain` callers.
                             if let Some(g) =
-                                crate::waiting::admit_if_nobody_waits(self, r, priority)
+                                crate::wait::waiting::admit_if_nobody_waits(self, r, priority)
                             {
                                 break g;
                             }
@@ -492,12 +170,19 @@ impl Bulkhead {
         reservation: Option<Reservation>,
     ) -> Admission {
         let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
-        // The only event cost on the fast path: one relaxed load (`crate::events`). The hook
+        // The only event cost on the fast path: one relaxed load (`crate::record::events`). The hook
         // gets copies, not the admission: taking its address would keep it in memory. The
         // admission remembers the answer, so its release reads no flag.
         let observed = self.shared.events.on();
         if observed {
-            crate::events::admitted(&self.shared, id, g.revision, priority, reservation, g.class);
+            crate::handle::events::admitted(
+                &self.shared,
+                id,
+                g.revision,
+                priority,
+                reservation,
+                g.class,
+            );
         }
         Admission::new(
             // SAFETY: `g` is a slot just taken (or handed over) for this admission alone.
@@ -601,11 +286,11 @@ impl Bulkhead {
         if shared.classed {
             let constraint = match reason {
                 RejectReason::Shutdown | RejectReason::Aborted => None,
-                _ => Some(crate::rejection::Constraint::Global),
+                _ => Some(crate::vocab::rejection::Constraint::Global),
             };
             let k = self.class_index(demand.class());
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, demand.priority());
-            rej.detail.pending = crate::waiting::pending(shared) as u64;
+            rej.detail.pending = crate::protocol::handoff::pending(shared) as u64;
             return rej;
         }
         let w = Word(shared.word.load(Ordering::Acquire));
@@ -613,20 +298,20 @@ impl Bulkhead {
         let c = shared.counters.local(Counters::new);
         c.rejected[reason.index()].add(1);
         let (slots, tokens) = if shared.classed {
-            let (_, g, t) = crate::classed::collect(shared);
+            let (_, g, t) = crate::protocol::classed::collect(shared);
             (g, t)
         } else {
             (w.slots(), w.tokens())
         };
         let mut rej = rejection(slots, tokens, &lim, reason, r, demand.priority());
-        rej.detail.pending = crate::waiting::pending(shared) as u64;
+        rej.detail.pending = crate::protocol::handoff::pending(shared) as u64;
         if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
-            rej.constraint = Some(crate::rejection::Constraint::Global);
+            rej.constraint = Some(crate::vocab::rejection::Constraint::Global);
         }
         let class = shared
             .classed
             .then(|| demand.class().map_or(shared.default_class, |c| c.index()));
-        crate::events::rejected(shared, class, &rej);
+        crate::handle::events::rejected(shared, class, &rej);
         rej
     }
 
@@ -662,16 +347,16 @@ impl Bulkhead {
         let tag = canon.tag.wrapping_add(1);
         shared.ring.write(tag, &next);
         // With classes, the tag bump also advances U and V by every raise of a floor; the
-        // classes then migrate to the new floors (`crate::classed`, "Reconfiguration").
+        // classes then migrate to the new floors (`crate::protocol::classed`, "Reconfiguration").
         let advance = if shared.classed {
-            crate::classed::floor_advance(&canon.current, &next)
+            crate::words::class_word::floor_advance(&canon.current, &next)
         } else {
             0
         };
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
-            debug_assert_eq!(w.tag(), canon.tag % (1 << crate::state::TAG_BITS));
+            debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
             match word.compare_exchange_weak(
                 w.0,
                 w.with_next_tag().0 + advance,
@@ -685,29 +370,29 @@ impl Bulkhead {
         canon.tag = tag;
         let mut visit = false;
         for k in 0..shared.class_words.len() {
-            visit |= crate::classed::migrate(shared, k, tag);
+            visit |= crate::protocol::classed::migrate(shared, k, tag);
         }
         // No operation that read the previous tag is still in progress once this returns, so
         // no tag value or ring slot is reused under anyone (`crate::grace`). Under the lock:
         // the next install waits for this one's grace period.
-        crate::grace::grace_period(shared);
+        crate::grace::grace_period(&shared.counters);
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
         // A raised limit admits queued waiters at once (CONTRACT.md §6).
         let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
         if shared.classed {
             if waiters || visit {
-                crate::waiting::pump_classed(shared);
+                crate::protocol::class_pump::pump_classed(shared);
             }
         } else if waiters {
-            crate::waiting::pump(shared);
+            crate::protocol::handoff::pump(shared);
         }
         let change = LimitsChange {
             previous,
             current: next,
         };
-        crate::events::emit(shared, || {
-            crate::events::Event::Reconfigure(Box::new(change))
+        crate::handle::events::emit(shared, || {
+            crate::record::events::Event::Reconfigure(Box::new(change))
         });
         Ok(change)
     }
@@ -764,9 +449,9 @@ impl Bulkhead {
     pub fn close(&self) {
         self.shared.word.fetch_or(CLOSED, Ordering::SeqCst);
         // With classes, a protected decision's class CAS and its final load of this word are
-        // ordered against this RMW by the `SeqCst` total order (`crate::classed`).
+        // ordered against this RMW by the `SeqCst` total order (`crate::protocol::classed`).
         crate::sync::loom_sc_fence();
-        crate::waiting::close_queue(&self.shared);
+        crate::protocol::handoff::close_queue(&self.shared);
     }
 
     /// Whether `close()` was called.
@@ -791,7 +476,7 @@ impl Bulkhead {
     }
 
     /// A snapshot of state and counters. State fields come from one read of the state word;
-    /// counters are summed over threads (see [`crate::stats`] for what is exact when).
+    /// counters are summed over threads (see `crate::record::stats` for what is exact when).
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, Demand, Reservation};
@@ -810,9 +495,9 @@ impl Bulkhead {
         shared.counters.for_each(|c| t.add(c, n));
         let rejected = t.rejected.total();
         let abandoned_open = t.abandoned.saturating_sub(t.abandoned_settled);
-        // With classes the totals are the sums of the class words (`crate::classed`).
+        // With classes the totals are the sums of the class words (`crate::protocol::classed`).
         let (state, slots, tokens) = if shared.classed {
-            crate::classed::collect(shared)
+            crate::protocol::classed::collect(shared)
         } else {
             (Vec::new(), w.slots(), w.tokens())
         };
@@ -822,7 +507,7 @@ impl Bulkhead {
             let open = tt.abandoned.saturating_sub(tt.abandoned_settled);
             tt.released = tt.admitted.saturating_sub(n + open);
         }
-        let classes = crate::stats::classes_stats(
+        let classes = crate::record::stats::classes_stats(
             &limits,
             &shared.class_names,
             shared.default_class,
@@ -836,8 +521,8 @@ impl Bulkhead {
             closed: w.closed(),
             in_flight: slots,
             admissions_in_flight: slots + abandoned_open,
-            pending: crate::waiting::pending(shared) as u64,
-            queued_total: crate::waiting::queued_total(shared),
+            pending: crate::protocol::handoff::pending(shared) as u64,
+            queued_total: crate::protocol::handoff::queued_total(shared),
             queue_waits: t.waits,
             available_slots: u64::from(limits.max_concurrent).saturating_sub(slots),
             admitted: t.admitted,
@@ -855,7 +540,7 @@ impl Bulkhead {
                 total_overrun: t.total_overrun,
             }),
             borrowed_concurrency_abandoned: t.abandoned,
-            borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
+            borrowed_concurrency_abandoned_by_cause: crate::record::stats::AbandonCauses {
                 manual: t.abandoned.saturating_sub(t.abandoned_deadline),
                 deadline: t.abandoned_deadline,
             },
@@ -867,7 +552,7 @@ impl Bulkhead {
 }
 
 /// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
-/// limits were untorn (the tag has not moved since `w`; see `crate::limits`), counts the
+/// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
 /// refusal and builds the rejection, or returns the new word to retry with.
 #[cold]
 #[inline(never)]
@@ -887,7 +572,7 @@ fn refuse(
     // Built in the return value's place; the hook reads it there (only when subscribed).
     let out = Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
     if let Ok(rej) = &out {
-        crate::events::rejected(shared, None, rej);
+        crate::handle::events::rejected(shared, None, rej);
     }
     out
 }
@@ -929,173 +614,7 @@ pub(crate) struct Granted {
     revision: u64,
     key: u64,
     n: u64,
-    class: crate::admission::ClassCode,
-}
-
-impl Bulkhead {
-    /// The class path of `try_acquire` (the protocol of [`crate::classed`]). Out of line, so
-    /// the no-class path does not carry it.
-    #[inline(never)]
-    fn try_acquire_classed(
-        &self,
-        class: Option<ClassId>,
-        r: u64,
-        priority: Priority,
-    ) -> Result<Granted, Rejection> {
-        let shared = &*self.shared;
-        let k = self.class_index(class);
-        match crate::classed::try_fast(shared, k, r, priority) {
-            Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            None => self.try_acquire_classed_contended(k, r, priority),
-        }
-    }
-
-    /// The classed decision after the fast attempt gave up: the full protocol, and the
-    /// refusal if it refuses (out of line: its result carries the collect that explains it).
-    #[inline(never)]
-    fn try_acquire_classed_contended(
-        &self,
-        k: usize,
-        r: u64,
-        priority: Priority,
-    ) -> Result<Granted, Rejection> {
-        match crate::classed::acquire_after_fast(&self.shared, k, r, priority) {
-            Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            Err(f) => Err(self.class_refusal(k, f, r, priority)),
-        }
-    }
-
-    /// The class index a demand's class resolves to (the default class when it names none;
-    /// 0 without classes).
-    #[inline]
-    pub(crate) fn class_index(&self, class: Option<ClassId>) -> usize {
-        let shared = &*self.shared;
-        match class {
-            Some(c) if c.index() < shared.class_words.len() => c.index(),
-            _ => shared.default_class,
-        }
-    }
-
-    /// Counts a class admission of `r` tokens in class `k` (its attribution `resources`).
-    pub(crate) fn count_class_admission(
-        &self,
-        k: usize,
-        r: u64,
-        revision: u64,
-        resources: crate::classes::Resources,
-    ) -> Granted {
-        let shared = &*self.shared;
-        let c = shared.counters.local(Counters::new);
-        let n = c.admitted.add(1);
-        let cc = &c.classes[k];
-        cc.admitted.add(1);
-        if resources.borrowed_concurrency {
-            cc.borrowed_admissions.add(1);
-        }
-        if shared.has_budget {
-            c.total_reserved.add(r);
-            cc.reserved.add(r);
-            if resources.borrowed_tokens > 0 {
-                cc.borrowed_tokens.add(resources.borrowed_tokens);
-            }
-        }
-        Granted {
-            revision,
-            key: c.key,
-            n,
-            class: Admission::class_code(k, resources),
-        }
-    }
-
-    /// Counts and explains the refusal of a class waiter (or of a class request refused while
-    /// entering the queue) with `reason` and `constraint`, from a collect of the state now.
-    /// `detail.pending` is left for the caller.
-    #[cold]
-    pub(crate) fn class_answer_refusal(
-        &self,
-        k: usize,
-        reason: RejectReason,
-        constraint: Option<crate::rejection::Constraint>,
-        r: u64,
-        priority: Priority,
-    ) -> Rejection {
-        let f = crate::classed::describe(&self.shared, k, priority, reason, constraint);
-        self.class_refusal(k, f, r, priority)
-    }
-
-    /// Counts and explains a class refusal from the collect that decided its reason.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn class_refusal(
-        &self,
-        k: usize,
-        f: crate::classed::Refused,
-        r: u64,
-        priority: Priority,
-    ) -> Rejection {
-        let shared = &*self.shared;
-        let c = shared.counters.local(Counters::new);
-        c.rejected[f.reason.index()].add(1);
-        c.classes[k].rejected[f.reason.index()].add(1);
-        let mut rej = rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
-        rej.constraint = f.constraint;
-        if f.reason != RejectReason::Shutdown {
-            let mut detail = f.summary.detail(&shared.class_names[k], r);
-            if let Some((slots, tokens)) = f.stored_shared {
-                let c = &mut detail.shared.concurrency;
-                c.in_use = c.in_use.max(slots);
-                c.available = c.capacity.saturating_sub(c.in_use);
-                if let Some(t) = detail.shared.token_budget.as_mut() {
-                    t.in_use = t.in_use.max(tokens);
-                    t.available = t.capacity.saturating_sub(t.in_use);
-                }
-            }
-            rej.detail.classes = Some(Box::new(detail));
-        }
-        crate::events::rejected(shared, Some(k), &rej);
-        rej
-    }
-
-    /// The class named `name`.
-    ///
-    /// # Errors
-    /// [`UnknownClass`] when the table has no such class (classes are never created on use).
-    ///
-    /// ```
-    /// use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let b = Bulkhead::builder().class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
-    /// assert!(b.class_id("batch").is_ok());
-    /// assert!(b.class_id("tenant-42").is_err());
-    /// ```
-    pub fn class_id(&self, name: &str) -> Result<ClassId, UnknownClass> {
-        // Names are stored trimmed (the builder trims them), so look them up trimmed too.
-        let key = name.trim();
-        self.shared
-            .class_names
-            .iter()
-            .position(|n| n == key)
-            .map(|i| ClassId(i as u8))
-            .ok_or_else(|| UnknownClass(name.to_owned()))
-    }
-
-    /// The default waiter timeout (from the builder's `timeout` or profile).
-    ///
-    /// ```
-    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_timeout(), None);
-    /// ```
-    pub fn default_timeout(&self) -> Option<Duration> {
-        self.shared.default_timeout
-    }
-
-    /// The class names, in construction order (empty without classes).
-    ///
-    /// ```
-    /// # use llm_bulkhead::Bulkhead;
-    /// assert!(Bulkhead::new(1).unwrap().class_names().is_empty());
-    /// ```
-    pub fn class_names(&self) -> &[String] {
-        &self.shared.class_names
-    }
+    class: crate::handle::admission::ClassCode,
 }
 
 impl fmt::Debug for Bulkhead {
@@ -1103,7 +622,7 @@ impl fmt::Debug for Bulkhead {
         let shared = &*self.shared;
         let w = Word(shared.word.load(Ordering::Relaxed));
         let (slots, tokens) = if shared.classed {
-            let (_, g, t) = crate::classed::collect(shared);
+            let (_, g, t) = crate::protocol::classed::collect(shared);
             (g, t)
         } else {
             (w.slots(), w.tokens())
