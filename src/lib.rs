@@ -194,7 +194,7 @@ pub mod testing {
     /// assert_eq!(llm_bulkhead::testing::timer_entries(), 0);
     /// ```
     pub fn timer_entries() -> usize {
-        crate::timer::entries()
+        crate::wait::timer::entries()
     }
 
     /// The stored `(U, V)` of a bulkhead with classes (the shared word: `Σ max(in flight,
