@@ -385,11 +385,11 @@ impl Model {
             };
             Box::new(view.detail(k, &self.names[k], r))
         });
-        Rejection {
+        Rejection::with_detail(
             reason,
             constraint,
-            revision: self.limits.revision,
-            detail: CapacityDetail {
+            self.limits.revision,
+            CapacityDetail {
                 in_flight: self.in_flight,
                 pending,
                 max_concurrent: self.limits.max_concurrent.into(),
@@ -397,7 +397,7 @@ impl Model {
                 token_budget: self.token_capacity(p, r),
                 classes,
             },
-        }
+        )
     }
 
     /// Admits `r` tokens in class `k` with attribution `borrow`.

@@ -93,6 +93,8 @@ pub(crate) struct Shared {
     pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
     /// Class names, in construction order.
     pub(crate) class_names: Box<[String]>,
+    /// The same names, interned (`crate::sync::intern`): what a refusal names its class with.
+    pub(crate) class_ids: Box<[&'static str]>,
     /// The class of demands that name none.
     pub(crate) default_class: usize,
     /// Whether the bulkhead has classes (then `word` is the shared word of
@@ -203,6 +205,7 @@ impl Handle {
             has_budget,
             id_prefix: crate::vocab::id::prefix(),
             class_words,
+            class_ids: class_names.iter().map(|n| crate::sync::intern(n)).collect(),
             class_names: class_names.into_boxed_slice(),
             default_class,
             classed,

@@ -65,6 +65,25 @@ pub(crate) fn fence(order: Ordering) {
 
 pub(crate) use std::sync::atomic::Ordering;
 
+/// `name` as a `&'static str`, interned process-wide: a refusal names its class with this
+/// pointer, so that refusing allocates nothing. Called only when a bulkhead is built (never on
+/// a decision), so its lock is plain `std` under loom too (it is no part of any protocol). Each
+/// distinct class name is kept once for the life of the process, however many bulkheads use it
+/// (class names are configuration, at most `MAX_CLASSES` per bulkhead).
+pub(crate) fn intern(name: &str) -> &'static str {
+    #[allow(clippy::disallowed_types)]
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&n) = names.iter().find(|&&n| n == name) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.push(n);
+    n
+}
+
 /// A process-wide serial (never reused): numbers `Stripes` and admission-id prefixes.
 pub(crate) fn next_serial() -> u64 {
     static SERIALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

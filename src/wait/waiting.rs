@@ -449,13 +449,15 @@ impl Bulkhead {
             return self.enter_classed(node, notify);
         }
         let (r, priority) = (node.r, node.priority);
-        let (w, lim, reason) = match self.try_decide(r, priority) {
+        let f = match self.try_decide(r, priority) {
             Ok(g) => return Enter::Granted(g),
-            Err(e) => e,
+            Err(f) => f,
         };
-        if reason != RejectReason::ConcurrencyLimit || lim.max_concurrent == 0 || lim.max_queue == 0
+        if f.reason != RejectReason::ConcurrencyLimit
+            || f.lim.max_concurrent == 0
+            || f.lim.max_queue == 0
         {
-            return match self.refusal(w, &lim, reason, r, priority) {
+            return match self.refusal(&f, r, priority) {
                 Some(rej) => Enter::Refused(rej),
                 None => self.enter(node, notify),
             };
@@ -496,9 +498,9 @@ impl Bulkhead {
             if let Some(reason) = reason {
                 let pending = q.len();
                 drop(q);
-                return match self.refusal(w, &lim, reason, r, priority) {
+                return match self.refusal_of(w, &lim, reason, r, priority) {
                     Some(mut rej) => {
-                        rej.detail.pending = pending as u64;
+                        rej.set_pending(pending as u64);
                         Enter::Refused(rej)
                     }
                     None => self.enter(node, notify),
@@ -577,7 +579,7 @@ impl Bulkhead {
             Outcome::RefusedAs(reason, constraint) => {
                 let k = self.class_index(demand.class());
                 let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
-                rej.detail.pending = pending(&self.shared) as u64;
+                rej.set_pending(pending(&self.shared) as u64);
                 Err(rej)
             }
             Outcome::Pending => unreachable!("a finished waiter has an outcome"),

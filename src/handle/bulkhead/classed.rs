@@ -111,17 +111,7 @@ impl Bulkhead {
         let mut rej = rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
         rej.constraint = f.constraint;
         if f.reason != RejectReason::Shutdown {
-            let mut detail = f.summary.detail(&shared.class_names[k], r);
-            if let Some((slots, tokens)) = f.stored_shared {
-                let c = &mut detail.shared.concurrency;
-                c.in_use = c.in_use.max(slots);
-                c.available = c.capacity.saturating_sub(c.in_use);
-                if let Some(t) = detail.shared.token_budget.as_mut() {
-                    t.in_use = t.in_use.max(tokens);
-                    t.available = t.capacity.saturating_sub(t.in_use);
-                }
-            }
-            rej.detail.classes = Some(Box::new(detail));
+            rej.set_class(f.summary.counts(shared.class_ids[k], r, f.stored_shared));
         }
         crate::handle::events::rejected(shared, Some(k), &rej);
         rej

@@ -91,7 +91,7 @@ impl Bulkhead {
             sync_class_flags(shared, &mut q);
             drop(q);
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
-            rej.detail.pending = pending;
+            rej.set_pending(pending);
             return Enter::Refused(rej);
         }
         node.set_notify(&q, notify());
