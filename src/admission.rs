@@ -520,6 +520,8 @@ impl Admission {
                             crate::state::Word(shared.word.fetch_sub(delta, Ordering::Release));
                         // This admission's hold is in T, so T ≥ delta: no borrow from the slots.
                         debug_assert!(prev.tokens() >= delta, "token field underflow");
+                        // Token waiting: refunded tokens go to the queued head first.
+                        crate::token_wait::after_refund(shared, prev);
                     }
                     Some(k) => {
                         crate::classed::return_tokens(shared, k, delta);

@@ -129,6 +129,7 @@ mod sync;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "tracing", feature = "metrics"))))]
 pub mod telemetry;
 mod timer;
+mod token_wait;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;

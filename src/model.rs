@@ -115,6 +115,8 @@ pub struct Model {
     /// Answers not yet taken by their waiters.
     answers: BTreeMap<u64, Answer>,
     next_wait: u64,
+    /// Token waiting (`BulkheadBuilder::wait_for_tokens`): a demand short only of tokens waits.
+    wait_for_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -213,7 +215,54 @@ impl Model {
             queue: VecDeque::new(),
             answers: BTreeMap::new(),
             next_wait: 0,
+            wait_for_tokens: false,
         })
+    }
+
+    /// The same model with token waiting on or off, as
+    /// [`BulkheadBuilder::wait_for_tokens`](crate::BulkheadBuilder::wait_for_tokens) sets it
+    /// on the engine: a waiting demand refused only for tokens (`budget_limit`, any constraint)
+    /// that fits once nothing else is held queues, the head blocks everyone behind it, and
+    /// refunds, leaving waiters and reconfigurations pump the queue.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, BudgetLimits, Demand, Reservation};
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 2, max_queue: 2,
+    ///     token_budget: Some(BudgetLimits { budget: 1_000, high_priority_reserve: 0 }),
+    ///     classes: Default::default() }).unwrap().with_token_waiting(true);
+    /// let d = Demand::tokens(Reservation::new(0, 600).unwrap());
+    /// let Waited::Admitted(h) = m.acquire_wait(d).unwrap() else { panic!() };
+    /// let Waited::Queued(w) = m.acquire_wait(d).unwrap() else { panic!() }; // short of tokens
+    /// m.release(h, None).unwrap();
+    /// assert!(m.take_answer(w).unwrap().is_ok());
+    /// ```
+    pub fn with_token_waiting(mut self, on: bool) -> Model {
+        self.wait_for_tokens = on;
+        self
+    }
+
+    /// `Some(constraint)`: a demand of `r` tokens in class `k` at `p` is refused for tokens even
+    /// with nothing held (it can never fit); `None`: its tokens fit then.
+    fn never_fits(&self, k: usize, r: u64, p: Priority) -> Option<Option<Constraint>> {
+        let eff = self.eff(p);
+        if self.names.is_empty() {
+            return eff.is_some_and(|e| r > e).then_some(None);
+        }
+        crate::token_wait::classed_idle_refusal(
+            &self.class_limits(),
+            k,
+            r,
+            self.limits.max_concurrent.into(),
+            eff,
+        )
+        .map(Some)
+    }
+
+    /// Whether a waiting demand refused with `reason` waits for tokens under the option.
+    fn waits_for_tokens(&self, k: usize, r: u64, p: Priority, reason: RejectReason) -> bool {
+        self.wait_for_tokens
+            && reason == RejectReason::BudgetLimit
+            && self.never_fits(k, r, p).is_none()
     }
 
     fn eff(&self, p: Priority) -> Option<u64> {
@@ -603,6 +652,8 @@ impl Model {
                     self.classes[k].totals.refunded.wrapping_add(delta);
             }
         }
+        // Refunded tokens go to the queued head first (token waiting).
+        let pump = self.wait_for_tokens && hold < a.held;
         let changed = a.reported != Some(clamped) || hold != a.held;
         let sequence = a.sequence + u64::from(changed);
         self.live.insert(
@@ -614,6 +665,9 @@ impl Model {
                 ..a.clone()
             },
         );
+        if pump {
+            self.pump();
+        }
         let reserved = a.reservation.map_or(0, |r| r.total());
         Ok(UsageReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
@@ -715,6 +769,7 @@ impl Model {
         }
         next.validate(self.has_budget, &self.names)?;
         let previous = std::mem::replace(&mut self.limits, next);
+        self.sweep_never_fit();
         self.pump();
         Ok(LimitsChange {
             previous,
@@ -763,7 +818,12 @@ impl Model {
         let p = d.priority();
         let k = self.class_of(&d);
         let free = self.in_flight < u64::from(self.limits.max_concurrent);
-        if self.check(k, r, p, false).is_err() || (free && self.queue.is_empty()) {
+        let checked = self.check(k, r, p, false);
+        // Token waiting: short only of tokens, able to fit later, and a queue is possible.
+        let for_tokens = matches!(checked, Err((reason, _)) if self.waits_for_tokens(k, r, p, reason))
+            && self.limits.max_concurrent > 0
+            && self.limits.max_queue > 0;
+        if (checked.is_err() && !for_tokens) || (checked.is_ok() && free && self.queue.is_empty()) {
             return self.try_acquire(d).map(Waited::Admitted);
         }
         let global = (!self.names.is_empty()).then_some(Constraint::Global);
@@ -828,26 +888,99 @@ impl Model {
     /// # let _ = h;
     /// ```
     pub fn cancel_wait(&mut self, id: WaitId) {
+        let before = self.queue.len();
         self.queue.retain(|w| w.id != id.0);
         if let Some(Answer::Admitted(h)) = self.answers.remove(&id.0) {
             let _ = self.release(h, None);
+        }
+        if self.wait_for_tokens && self.queue.len() < before {
+            // The waiter behind may fit where this one did not.
+            self.pump();
+        }
+    }
+
+    /// A waiter leaves the queue with `reason` (`timeout`, or `aborted` by its cancel token),
+    /// as the engine's waiter does when it wakes: the answer it already had if it had one,
+    /// otherwise it unlinks (pumping under token waiting) and is refused with `reason`.
+    /// `None` for an unknown waiter.
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, Demand, RejectReason};
+    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// let Waited::Admitted(_h) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
+    /// let Waited::Queued(w) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
+    /// let e = m.leave_wait(w, RejectReason::Timeout).unwrap().unwrap_err();
+    /// assert_eq!(e.reason, RejectReason::Timeout);
+    /// ```
+    pub fn leave_wait(
+        &mut self,
+        id: WaitId,
+        reason: RejectReason,
+    ) -> Option<Result<Handle, Rejection>> {
+        if self.answers.contains_key(&id.0) {
+            return self.take_answer(id);
+        }
+        let at = self.queue.iter().position(|w| w.id == id.0)?;
+        let w = self.queue.remove(at)?;
+        if self.wait_for_tokens {
+            self.pump();
+        }
+        let constraint = match reason {
+            RejectReason::Shutdown | RejectReason::Aborted => None,
+            _ => (!self.names.is_empty()).then_some(Constraint::Global),
+        };
+        let pending = self.queue.len() as u64;
+        Some(Err(
+            self.refuse(w.k, reason, constraint, w.r, w.priority, pending)
+        ))
+    }
+
+    /// Token waiting, after a reconfiguration: answers every queued waiter whose demand can
+    /// no longer fit at all with `budget_limit`, oldest first.
+    fn sweep_never_fit(&mut self) {
+        if !self.wait_for_tokens {
+            return;
+        }
+        let queue = std::mem::take(&mut self.queue);
+        for w in queue {
+            match self.never_fits(w.k, w.r, w.priority) {
+                Some(constraint) => {
+                    self.answers.insert(
+                        w.id,
+                        Answer::Refused(
+                            RejectReason::BudgetLimit,
+                            constraint,
+                            w.k,
+                            w.r,
+                            w.priority,
+                        ),
+                    );
+                }
+                None => self.queue.push_back(w),
+            }
         }
     }
 
     /// Hands free slots to head waiters, performing each one's whole decision (rows 1–5): a
     /// head that fails it is answered with its reason and the next is considered, as the
     /// engine's hand-off and pump do.
+    ///
+    /// Under token waiting a head refused only for tokens that fits once nothing else is held
+    /// stays at the head, and nobody behind it is considered (strict FIFO).
     fn pump(&mut self) {
         while !self.closed && self.in_flight < u64::from(self.limits.max_concurrent) {
-            let Some(w) = self.queue.pop_front() else {
+            let Some(&w) = self.queue.front() else {
                 break;
             };
             match self.check(w.k, w.r, w.priority, false) {
                 Ok(borrow) => {
+                    self.queue.pop_front();
                     let h = self.admit(w.k, w.r, w.reservation, borrow);
                     self.answers.insert(w.id, Answer::Admitted(h));
                 }
+                Err((reason, _)) if self.waits_for_tokens(w.k, w.r, w.priority, reason) => break,
                 Err((reason, constraint)) => {
+                    self.queue.pop_front();
                     self.answers.insert(
                         w.id,
                         Answer::Refused(reason, constraint, w.k, w.r, w.priority),
@@ -855,6 +988,17 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// The queued waiters, oldest first (for tests that check the engine's FIFO order).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
+    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// assert!(m.queued().is_empty());
+    /// ```
+    pub fn queued(&self) -> Vec<WaitId> {
+        self.queue.iter().map(|w| WaitId(w.id)).collect()
     }
 
     /// The budget part of a rejection's detail in the current state.

@@ -624,7 +624,14 @@ impl Bulkhead {
             Ok(g) => return Enter::Granted(g),
             Err(e) => e,
         };
-        if reason != RejectReason::ConcurrencyLimit || lim.max_concurrent == 0 || lim.max_queue == 0
+        // Token waiting (`crate::token_wait`): a demand short only of tokens that fits once
+        // nothing else is held decides again under the mutex, like one short of a slot.
+        let waits_for_tokens = reason == RejectReason::BudgetLimit
+            && shared.wait_for_tokens
+            && crate::token_wait::fits_when_idle(&lim, r, priority);
+        if !(reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
+            || lim.max_concurrent == 0
+            || lim.max_queue == 0
         {
             return match self.refusal(w, &lim, reason, r, priority) {
                 Some(rej) => Enter::Refused(rej),
@@ -637,14 +644,21 @@ impl Bulkhead {
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
             let lim = shared.ring.read(w.tag());
+            let short = lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e);
+            // Short of tokens but able to fit later: it queues under the option, as long as a
+            // queue is possible (`crate::token_wait`).
+            let waits_for_tokens = short
+                && shared.wait_for_tokens
+                && crate::token_wait::fits_when_idle(&lim, r, priority)
+                && lim.max_concurrent > 0
+                && lim.max_queue > 0;
             let reason = if w.closed() {
                 Some(RejectReason::Shutdown)
-            } else if lim
-                .effective(priority)
-                .is_some_and(|e| w.tokens().saturating_add(r) > e)
-            {
+            } else if short && !waits_for_tokens {
                 Some(RejectReason::BudgetLimit)
-            } else if q.len() == 0 && w.slots() < lim.max_concurrent {
+            } else if !short && q.len() == 0 && w.slots() < lim.max_concurrent {
                 // A slot freed meanwhile (or the flag is up only for drainers), and nobody is
                 // queued: take it.
                 match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
@@ -719,6 +733,15 @@ impl Bulkhead {
         }
         drop(q);
         wake.wake_all();
+        if shared.wait_for_tokens {
+            // Token waiting: the waiter behind may fit where this one did not
+            // (`crate::token_wait`). `self` is a handle: the state stays alive.
+            if shared.classed {
+                pump_classed(shared);
+            } else {
+                pump(shared);
+            }
+        }
         Outcome::Refused(reason)
     }
 
@@ -758,7 +781,7 @@ impl Bulkhead {
 
 /// Clears `WAITERS` unless waiters or drainers still need it (caller holds the mutex, `q`
 /// proves it).
-fn clear_waiters(shared: &Shared, q: &Queue) {
+pub(crate) fn clear_waiters(shared: &Shared, q: &Queue) {
     if !q.flag_needed() {
         shared.word.fetch_and(!WAITERS, Ordering::AcqRel);
     }
@@ -793,10 +816,25 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
         match head {
             Some((r, priority)) if !w.closed() && w.slots() <= lim.max_concurrent => {
                 let t = w.tokens() - held;
-                if lim
+                let short = lim
                     .effective(priority)
-                    .is_some_and(|e| t.saturating_add(r) > e)
+                    .is_some_and(|e| t.saturating_add(r) > e);
+                if short
+                    && shared.wait_for_tokens
+                    && crate::token_wait::fits_when_idle(&lim, r, priority)
                 {
+                    // Token waiting: the head keeps waiting for tokens; the slot and the
+                    // tokens go back to the word below, with `WAITERS` still up, so no
+                    // newcomer can take them before the head (`crate::token_wait`).
+                    match return_to_word(word, &q, w, held, &mut wake) {
+                        Ok(()) => break Some(w),
+                        Err(actual) => {
+                            w = actual;
+                            continue;
+                        }
+                    }
+                }
+                if short {
                     // The head no longer fits: answered, not re-queued; next waiter.
                     // (With the queue now empty, the next turn returns the slot and clears
                     // the flag in one CAS.)
@@ -820,16 +858,9 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
             _ => {
                 // Nobody to hand to (or shrunk, or closed): return the slot; clear the flag if
                 // the queue is empty.
-                let mut next = w.0 - ONE_SLOT - held;
-                if !q.flag_needed() {
-                    next &= !WAITERS;
-                }
-                match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        wake_drainers_if_idle(Word(next), &q, &mut wake);
-                        break Some(w);
-                    }
-                    Err(actual) => w = Word(actual),
+                match return_to_word(word, &q, w, held, &mut wake) {
+                    Ok(()) => break Some(w),
+                    Err(actual) => w = actual,
                 }
             }
         }
@@ -845,9 +876,39 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
             unsafe { guard.owners_gone() }
         }
     }
+    // Token waiting: slots may be free while waiters wait, so after a grant the next head may
+    // fit too (`crate::token_wait`).
+    let more = shared.wait_for_tokens && last.is_none() && q.len() > 0;
     drop(q);
     wake.wake_all();
+    if more {
+        // `guard` keeps the state alive, as in `release_while_draining`.
+        pump(&guard);
+    }
     // `guard` goes last: the free, if this was the last reference.
+}
+
+/// A hand-off's return of its slot and `held` tokens to the word with the CAS from `w`,
+/// clearing `WAITERS` if nobody needs it; wakes the drainers if that left the bulkhead idle.
+/// `Err`: the word moved.
+fn return_to_word(
+    word: &crate::sync::AtomicU64,
+    q: &Queue,
+    w: Word,
+    held: u64,
+    wake: &mut WakeList,
+) -> Result<(), Word> {
+    let mut next = w.0 - ONE_SLOT - held;
+    if !q.flag_needed() {
+        next &= !WAITERS;
+    }
+    match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            wake_drainers_if_idle(Word(next), q, wake);
+            Ok(())
+        }
+        Err(actual) => Err(Word(actual)),
+    }
 }
 
 /// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
@@ -877,11 +938,13 @@ fn grant_head(
 
 /// Pumps: free slots for head waiters while `slots < max_concurrent`, then wakes the drainers
 /// if the bulkhead is idle. Called after `apply_limits` raised the limit (the caller holds a
-/// handle) and by a drain-time release that returned its slot to the word
-/// ([`release_while_draining`], which holds a counted guard).
+/// handle), by a drain-time release that returned its slot to the word
+/// ([`release_while_draining`], which holds a counted guard), and with token waiting by a usage
+/// refund (its admission holds a slot) and a waiter that left (it holds a handle).
 pub(crate) fn pump(shared: &Shared) {
     let mut wake = WakeList::new();
-    // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
+    // SAFETY: every caller is an owner for the whole call (a handle, a counted guard, or the
+    // slot of the admission that refunds).
     let guard = unsafe { SlowPathRef::borrowed(shared) };
     let shared = &*guard;
     let mut q = guard.lock_queue();
@@ -904,6 +967,10 @@ pub(crate) fn pump(shared: &Shared) {
             .effective(priority)
             .is_some_and(|e| w.tokens().saturating_add(r) > e)
         {
+            if shared.wait_for_tokens && crate::token_wait::fits_when_idle(&lim, r, priority) {
+                // Token waiting: the head keeps waiting; nobody behind it is considered.
+                break;
+            }
             wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
             continue;
         }
@@ -1526,7 +1593,13 @@ impl Bulkhead {
                 }
                 // No free slot, or a refusal no collect confirmed (another decider's step was
                 // in flight): decide again under the mutex, and wait if need be.
-                Err(f) if may_wait(&f) && f.lim.max_concurrent > 0 && f.lim.max_queue > 0 => {}
+                Err(f)
+                    if (may_wait(&f)
+                        || crate::token_wait::classed_waits_for_tokens(
+                            shared, &f, k, r, priority,
+                        ))
+                        && f.lim.max_concurrent > 0
+                        && f.lim.max_queue > 0 => {}
                 Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
             }
         }
@@ -1551,7 +1624,11 @@ impl Bulkhead {
                     }
                     // An unconfirmed refusal waits too: the step that caused it visits the
                     // queue when it lands or is taken back, and the flags are already up.
-                    Err(f) if may_wait(&f) => {}
+                    Err(f)
+                        if may_wait(&f)
+                            || crate::token_wait::classed_waits_for_tokens(
+                                shared, &f, k, r, priority,
+                            ) => {}
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
@@ -1620,7 +1697,7 @@ fn set_class_flags(shared: &Shared, q: &mut Queue, queue_flag: bool, waiters: bo
 
 /// The flags the queue needs now: both while waiters are queued, `C_QUEUE` alone while only
 /// drainers wait, neither otherwise.
-fn sync_class_flags(shared: &Shared, q: &mut Queue) {
+pub(crate) fn sync_class_flags(shared: &Shared, q: &mut Queue) {
     let waiters = q.len() > 0;
     set_class_flags(shared, q, waiters || q.has_drainers(), waiters);
 }
@@ -1665,8 +1742,12 @@ pub(crate) fn pump_classed(shared: &Shared) {
                 resources: a.resources,
             })),
             Err(f) => {
+                // Token waiting: a head short only of tokens that fits once nothing else is
+                // held stays too (`crate::token_wait`).
                 let stays = f.reason != RejectReason::Shutdown
-                    && (may_wait(&f) || f.summary.g >= f.lim.max_concurrent);
+                    && (may_wait(&f)
+                        || f.summary.g >= f.lim.max_concurrent
+                        || crate::token_wait::classed_waits_for_tokens(shared, &f, k, r, priority));
                 if stays {
                     break;
                 }
