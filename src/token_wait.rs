@@ -149,8 +149,23 @@ pub(crate) fn classed_waits_for_tokens(
 /// back by `WAITERS`). The caller holds its admission's slot for the whole call.
 #[inline]
 pub(crate) fn after_refund(shared: &Shared, prev: Word) {
-    if shared.wait_for_tokens && prev.waiters() {
+    if shared.wait_for_tokens && prev.waiters() && !broken_for_loom() {
         crate::waiting::pump(shared);
+    }
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1` skips the refund's pump: the deliberately
+/// broken variant the token-waiting models (`loom-tests/tests/token_wait.rs`) are shown to
+/// fail on (a waiter short of tokens is never woken by a refund: loom reports the deadlock).
+#[inline]
+fn broken_for_loom() -> bool {
+    #[cfg(loom)]
+    {
+        std::env::var_os("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP").is_some_and(|v| v == "1")
+    }
+    #[cfg(not(loom))]
+    {
+        false
     }
 }
 
