@@ -57,7 +57,9 @@ fn a_release_hands_tokens_to_the_head_before_a_newcomer_can_take_them() {
         let b2 = b.clone();
         let newcomer = thread::spawn(move || {
             // 50: fits the freed tokens (0 + 50) but never beside the head (60 + 50 > 100).
-            b2.try_acquire(tokens(0, 50)).map(drop).map_err(|r| r.reason)
+            b2.try_acquire(tokens(0, 50))
+                .map(drop)
+                .map_err(|r| r.reason)
         });
         drop(held);
         let n = newcomer.join().unwrap();
