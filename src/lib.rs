@@ -169,6 +169,17 @@ pub mod testing {
     pub use crate::sync::hooks::{clear_pause_hook, live_states, queue_locks, set_pause_hook};
     pub use crate::sync::PausePoint;
 
+    /// The number of pending entries in the process's async-deadline timer: waits with a
+    /// deadline that are still registered. A cancelled wait (a dropped future, a waiter that
+    /// was answered) leaves none behind.
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::testing::timer_entries(), 0);
+    /// ```
+    pub fn timer_entries() -> usize {
+        crate::timer::entries()
+    }
+
     /// The stored `(U, V)` of a bulkhead with classes (the shared word: `Σ max(in flight,
     /// floor)` and `Σ max(tokens, token floor)` over the classes, CONTRACT.md §4), which
     /// `stats()` cannot show because it sums the class words; `None` without classes. At rest

@@ -10,6 +10,12 @@
 //! and cancels the entry when it completes or is dropped; the thread wakes each waker once its
 //! deadline passes, and the future then sees the deadline itself (it never trusts the wake-up
 //! alone, so a spurious or early wake is harmless).
+//!
+//! A cancelled entry is removed at once, not left to its deadline: the entries are a
+//! `BTreeMap` ordered by `(deadline, key)` plus a key → deadline map, both of which free their
+//! memory as entries go, so a million waits that time out of a 30 s deadline by being
+//! cancelled (dropped futures, answered waiters) leave nothing behind (`tests/timer_memory.rs`).
+//! Register, update and cancel are `O(log n)` under the timer's lock.
 
 //!
 //! Under loom the timer's lock and condition variable are loom's (through `crate::sync`), so
@@ -18,8 +24,7 @@
 //! its deadline at its own poll, and the models use zero deadlines.
 
 use crate::sync::{lock, Condvar, Mutex};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BTreeMap;
 use std::task::Waker;
 use std::time::Instant;
 
@@ -30,9 +35,18 @@ struct Timer {
 
 #[derive(Default)]
 struct State {
-    heap: BinaryHeap<Reverse<(Instant, u64)>>,
-    wakers: HashMap<u64, Waker>,
+    /// The pending entries in deadline order (ties by key, so keys are unique).
+    by_deadline: BTreeMap<(Instant, u64), Waker>,
+    /// Each pending entry's deadline, to find it by key.
+    deadline_of: BTreeMap<u64, Instant>,
     next: u64,
+}
+
+impl State {
+    fn remove(&mut self, id: u64) -> Option<Waker> {
+        let at = self.deadline_of.remove(&id)?;
+        self.by_deadline.remove(&(at, id))
+    }
 }
 
 #[cfg(loom)]
@@ -69,14 +83,13 @@ fn run(t: &'static Timer) {
     loop {
         let now = Instant::now();
         let mut due = Vec::new();
-        while let Some(Reverse((at, id))) = st.heap.peek().copied() {
+        while let Some(entry) = st.by_deadline.first_entry() {
+            let (at, id) = *entry.key();
             if at > now {
                 break;
             }
-            st.heap.pop();
-            if let Some(w) = st.wakers.remove(&id) {
-                due.push(w);
-            }
+            due.push(entry.remove());
+            st.deadline_of.remove(&id);
         }
         if !due.is_empty() {
             drop(st);
@@ -86,8 +99,8 @@ fn run(t: &'static Timer) {
             st = lock(&t.state);
             continue;
         }
-        st = match st.heap.peek().copied() {
-            Some(Reverse((at, _))) => {
+        st = match st.by_deadline.first_key_value().map(|(&(at, _), _)| at) {
+            Some(at) => {
                 t.cv.wait_timeout(st, at.saturating_duration_since(now))
                     .unwrap_or_else(PoisonError::into_inner)
                     .0
@@ -103,9 +116,12 @@ pub(crate) fn register(at: Instant, waker: Waker) -> u64 {
     let mut st = lock(&t.state);
     let id = st.next;
     st.next += 1;
-    let earliest = st.heap.peek().is_none_or(|Reverse((first, _))| at < *first);
-    st.heap.push(Reverse((at, id)));
-    st.wakers.insert(id, waker);
+    let earliest = st
+        .by_deadline
+        .first_key_value()
+        .is_none_or(|(&(first, _), _)| at < first);
+    st.by_deadline.insert((at, id), waker);
+    st.deadline_of.insert(id, at);
     drop(st);
     if earliest {
         t.cv.notify_one();
@@ -117,15 +133,28 @@ pub(crate) fn register(at: Instant, waker: Waker) -> u64 {
 pub(crate) fn update(id: u64, waker: &Waker) {
     let t = timer();
     let mut st = lock(&t.state);
-    if let Some(w) = st.wakers.get_mut(&id) {
+    let Some(&at) = st.deadline_of.get(&id) else {
+        return;
+    };
+    if let Some(w) = st.by_deadline.get_mut(&(at, id)) {
         if !w.will_wake(waker) {
             *w = waker.clone();
         }
     }
 }
 
-/// Cancels entry `id` (its heap slot is skipped when it comes up).
+/// Cancels entry `id`: it is removed at once (nothing is kept until its deadline). The
+/// waker, if the entry had not fired, is dropped after the lock is released.
 pub(crate) fn cancel(id: u64) {
     let t = timer();
-    lock(&t.state).wakers.remove(&id);
+    let waker = lock(&t.state).remove(id);
+    drop(waker);
+}
+
+/// The number of pending entries (test support: `llm_bulkhead::testing::timer_entries`).
+#[cfg(all(feature = "testing", not(loom)))]
+pub(crate) fn entries() -> usize {
+    let st = lock(&timer().state);
+    debug_assert_eq!(st.by_deadline.len(), st.deadline_of.len());
+    st.by_deadline.len()
 }
