@@ -34,13 +34,17 @@
 //!     borrows a slot and its whole reservation: one CAS on the shared word and one on the
 //!     class word to acquire, and a release with a pending-return mark): one pair per
 //!     iteration on one thread;
-//!   * `two_threads_parking_lot`, `two_threads_ours_slots_tokens`, `two_threads_protected` (the
-//!     two threads in different classes, each inside its floors) and `two_threads_borrowing`
-//!     (context: both threads borrow, in different classes): as in `two_threads`.
+//!   * `two_threads_parking_lot`, `two_threads_tokio`, `two_threads_ours_slots_tokens`,
+//!     `two_threads_protected` (the two threads in different classes, each inside its floors),
+//!     `two_threads_protected_same_class` (both inside the floors of one class),
+//!     `two_threads_borrowing` (both threads borrow, in different classes) and
+//!     `two_threads_borrowing_same_class` (both borrow in one class): as in `two_threads`, so
+//!     that every pair kind runs on two threads beside both anchors in one group.
 //!
 //! Limits are large enough that no pair in the first two groups is ever refused; the two-thread
 //! runs count refusals and assert that there were none. `benches/ratios.py` turns the results
-//! into tables of ratios.
+//! into tables of ratios; `scripts/perf-table` runs this target with the others behind the
+//! README's figures and prints the README's tables.
 
 use criterion::{black_box, criterion_main, Criterion, Throughput};
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, RejectReason, Reservation};
@@ -554,6 +558,11 @@ fn classes(c: &mut Criterion) {
         b.iter_custom(|iters| two_thread_run(&locked, iters, |l| l.pair(black_box(r))))
     });
 
+    let sem = Semaphore::new(MAX_CONCURRENT as usize);
+    g.bench_function("two_threads_tokio", |b| {
+        b.iter_custom(|iters| two_thread_run(&sem, iters, tokio_pair))
+    });
+
     g.bench_function("two_threads_ours_slots_tokens", |b| {
         b.iter_custom(|iters| two_thread_run(&ours_t, iters, |o| ours_pair(o, d)))
     });
@@ -568,6 +577,11 @@ fn classes(c: &mut Criterion) {
         })
     });
 
+    // Both threads in one class, inside its floors: one class word written by both.
+    g.bench_function("two_threads_protected_same_class", |b| {
+        b.iter_custom(|iters| two_thread_run(&protected, iters, |o| ours_pair(o, dp)))
+    });
+
     let held_two = [
         use_up_floors(&borrowing, "premium"),
         use_up_floors(&borrowing, "standard"),
@@ -580,6 +594,12 @@ fn classes(c: &mut Criterion) {
         b.iter_custom(|iters| {
             two_thread_run_indexed(&borrowing, iters, |o, i| ours_pair(o, two_b[i]))
         })
+    });
+
+    // Both threads borrow in one class (`batch`, whose floors `held` uses up): the shared word
+    // and one class word written by both.
+    g.bench_function("two_threads_borrowing_same_class", |b| {
+        b.iter_custom(|iters| two_thread_run(&borrowing, iters, |o| ours_pair(o, db)))
     });
 
     g.finish();
