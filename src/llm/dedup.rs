@@ -19,8 +19,10 @@
 //! result untouched; followers get shares made when the call completes. A leader's failure is
 //! part of `T` (typically a `Result`) and reaches its followers the same way.
 //!
-//! Followers wait with their own cancellation (drop the future) and an explicit per-call
-//! timeout only (a bulkhead's default timeout does not apply to them).
+//! Followers wait with their own cancellation (a [`CancelToken`](crate::CancelToken) in
+//! [`FollowerOptions::cancel`], or dropping the future) and an explicit per-call timeout only
+//! (a bulkhead's default timeout does not apply to them). A follower that leaves does not
+//! cancel the call: the leader and the other followers go on.
 //!
 //! ```
 //! use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions, LlmRequest};
@@ -46,6 +48,7 @@
 use super::request::{Content, LlmRequest, Message};
 use crate::classes::ClassId;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::waiting::CancelWake;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -320,20 +323,24 @@ impl Canon {
     }
 }
 
-/// A follower's wait options: only an explicit timeout caps it (cancellation: drop the
-/// future).
+/// A follower's wait options: an explicit timeout and a cancellation token (dropping the
+/// future also leaves). Neither cancels the shared call: only this follower leaves.
 ///
 /// ```
 /// use llm_bulkhead::llm::FollowerOptions;
+/// use llm_bulkhead::CancelToken;
 /// use std::time::Duration;
-/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)) };
+/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)), cancel: Some(CancelToken::new()) };
 /// assert!(FollowerOptions::default().timeout.is_none());
 /// # let _ = o;
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct FollowerOptions {
     /// Give up waiting on the leader's call after this long (`timeout`); the call goes on.
     pub timeout: Option<Duration>,
+    /// Give up waiting once this token is cancelled ([`DedupError::Cancelled`]); the call goes
+    /// on for the leader and the other followers. A cancellation wakes the follower at once.
+    pub cancel: Option<crate::CancelToken>,
 }
 
 /// Why a follower got no result.
@@ -348,6 +355,8 @@ pub enum DedupError {
     Timeout,
     /// The share function panicked for this follower (the leader's result is untouched).
     Unshareable,
+    /// The follower's own cancellation token fired first; the shared call was not cancelled.
+    Cancelled,
 }
 
 impl std::fmt::Display for DedupError {
@@ -355,6 +364,7 @@ impl std::fmt::Display for DedupError {
         match self {
             DedupError::Timeout => f.write_str("timed out waiting for the shared call"),
             DedupError::Unshareable => f.write_str("the shared result could not be shared"),
+            DedupError::Cancelled => f.write_str("cancelled waiting for the shared call"),
         }
     }
 }
@@ -384,6 +394,10 @@ pub struct DedupStats {
     pub unshareable: u64,
     /// Followers that gave up at their own timeout (the shared call went on).
     pub timeouts: u64,
+    /// Followers whose own cancellation token fired while they waited (the shared call went
+    /// on).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub cancelled: u64,
 }
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -445,6 +459,7 @@ struct Inner<T> {
     full: AtomicU64,
     unshareable: AtomicU64,
     timeouts: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 impl<T: Clone + Send + 'static> Dedup<T> {
@@ -484,6 +499,7 @@ impl<T: Send + 'static> Dedup<T> {
                 full: AtomicU64::new(0),
                 unshareable: AtomicU64::new(0),
                 timeouts: AtomicU64::new(0),
+                cancelled: AtomicU64::new(0),
             }),
         }
     }
@@ -539,6 +555,7 @@ impl<T: Send + 'static> Dedup<T> {
                     timeout: options.timeout,
                     deadline: None,
                     timer: None,
+                    cancel: options.cancel.map(CancelWake::new),
                 };
             }
             // Settled, its entry not yet removed: this call starts a new flight.
@@ -575,6 +592,7 @@ impl<T: Send + 'static> Dedup<T> {
             timeout: None,
             deadline: None,
             timer: None,
+            cancel: None,
         }
     }
 
@@ -592,6 +610,7 @@ impl<T: Send + 'static> Dedup<T> {
             full: self.inner.full.load(Ordering::Relaxed),
             unshareable: self.inner.unshareable.load(Ordering::Relaxed),
             timeouts: self.inner.timeouts.load(Ordering::Relaxed),
+            cancelled: self.inner.cancelled.load(Ordering::Relaxed),
         }
     }
 }
@@ -699,6 +718,8 @@ pub struct DedupRun<T> {
     timeout: Option<Duration>,
     deadline: Option<Instant>,
     timer: Option<u64>,
+    /// A follower's registration with its own cancellation token.
+    cancel: Option<CancelWake>,
 }
 
 impl<T> std::fmt::Debug for DedupRun<T> {
@@ -735,6 +756,7 @@ impl<T> DedupRun<T> {
             timeout: None,
             deadline: None,
             timer: None,
+            cancel: None,
         }
     }
 
@@ -813,6 +835,18 @@ impl<T: Send + 'static> DedupRun<T> {
                 return Poll::Ready(out);
             }
             if let Some(id) = follower {
+                // A follower's own cancellation: registered with the token (a cancel wakes
+                // this task), checked before it waits or drives the call.
+                if let Some(c) = self.cancel.as_mut() {
+                    if c.poll_cancelled(cx).is_ready() {
+                        st.followers.remove(&id);
+                        drop(st);
+                        self.inner.cancelled.fetch_add(1, Ordering::Relaxed);
+                        self.leave(&flight, key);
+                        self.finish();
+                        return Poll::Ready(Err(DedupError::Cancelled));
+                    }
+                }
                 // A follower's own deadline, from its first poll.
                 if let Some(t) = self.timeout {
                     let at = *self.deadline.get_or_insert_with(|| Instant::now() + t);
@@ -936,6 +970,7 @@ impl<T: Send + 'static> DedupRun<T> {
         if let Some(t) = self.timer.take() {
             crate::timer::cancel(t);
         }
+        self.cancel = None;
         self.role = Role::Finished;
     }
 }
