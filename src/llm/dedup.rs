@@ -402,6 +402,10 @@ pub struct DedupStats {
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A follower deadline for a timeout too large to add to the current instant: about a
+/// century, so it never expires in practice.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The map's keys are already uniform 128-bit hashes: hash them by taking their low 64 bits.
 #[derive(Clone, Copy, Default)]
 struct KeyHasher(u64);
@@ -577,8 +581,8 @@ impl<T: Send + 'static> Dedup<T> {
                 followers: HashMap::new(),
                 next_follower: 0,
                 participants: 1,
+                wakers: Wakers::default(),
             }),
-            notifier: Notifier::new(),
         });
         map.insert(key.0, f.clone());
         drop(map);
@@ -619,7 +623,6 @@ impl<T: Send + 'static> Dedup<T> {
 /// wakes every participant.
 struct Flight<T> {
     st: Mutex<FlightState<T>>,
-    notifier: Notifier,
 }
 
 struct FlightState<T> {
@@ -634,55 +637,56 @@ struct FlightState<T> {
     followers: HashMap<u64, Option<Result<T, DedupError>>>,
     next_follower: u64,
     participants: usize,
+    /// The participants' wakers, under the same lock as the state they wait on (one lock per
+    /// poll, not two). Never woken with the lock held.
+    wakers: Wakers,
 }
 
 /// The participants' wakers (the first inline: a flight usually has one participant).
-struct Notifier {
-    wakers: Mutex<(Option<Waker>, Vec<Waker>)>,
+#[derive(Default)]
+struct Wakers {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
 }
 
-impl Notifier {
-    fn new() -> Notifier {
-        Notifier {
-            wakers: Mutex::new((None, Vec::new())),
-        }
-    }
-
-    fn register(&self, w: &Waker) {
-        let mut ws = lock(&self.wakers);
-        let (first, rest) = &mut *ws;
-        match first {
+impl Wakers {
+    fn register(&mut self, w: &Waker) {
+        match &self.first {
             Some(f) if f.will_wake(w) => {}
             Some(_) => {
-                if !rest.iter().any(|x| x.will_wake(w)) {
-                    rest.push(w.clone());
+                if !self.rest.iter().any(|x| x.will_wake(w)) {
+                    self.rest.push(w.clone());
                 }
             }
-            None => *first = Some(w.clone()),
+            None => self.first = Some(w.clone()),
         }
     }
 
+    fn wake(self) {
+        if let Some(w) = self.first {
+            w.wake();
+        }
+        for w in self.rest {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Flight<T> {
+    /// Wakes every registered participant (outside the lock).
     fn wake_all(&self) {
-        let (first, rest) = {
-            let mut ws = lock(&self.wakers);
-            (ws.0.take(), std::mem::take(&mut ws.1))
-        };
-        if let Some(w) = first {
-            w.wake();
-        }
-        for w in rest {
-            w.wake();
-        }
+        let wakers = std::mem::take(&mut lock(&self.st).wakers);
+        wakers.wake();
     }
 }
 
 impl<T: Send + 'static> Wake for Flight<T> {
     fn wake(self: Arc<Self>) {
-        self.notifier.wake_all();
+        self.wake_all();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.notifier.wake_all();
+        self.wake_all();
     }
 }
 
@@ -820,10 +824,20 @@ fn take_result<T>(st: &mut FlightState<T>, follower: Option<u64>) -> Result<T, D
 
 impl<T: Send + 'static> DedupRun<T> {
     fn poll_flight(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, DedupError>> {
-        let (flight, key, follower) = match &self.role {
-            Role::Leader { flight, key } => (flight.clone(), *key, None),
-            Role::Follower { flight, key, id } => (flight.clone(), *key, Some(*id)),
-            _ => unreachable!(),
+        // The role is taken out (no reference-count traffic on the flight) and put back on
+        // every `Pending`; nothing between can unwind (the work and the share functions run
+        // under `catch_unwind`), and a `Ready` leaves it `Finished`.
+        let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
+            Role::Leader { flight, key } => (flight, key, None),
+            Role::Follower { flight, key, id } => (flight, key, Some(id)),
+            _ => unreachable!("poll_flight is called for leaders and followers"),
+        };
+        let pending = |this: &mut Self, flight: Arc<Flight<T>>| {
+            this.role = match follower {
+                None => Role::Leader { flight, key },
+                Some(id) => Role::Follower { flight, key, id },
+            };
+            Poll::Pending
         };
         {
             let mut st = lock(&flight.st);
@@ -842,19 +856,23 @@ impl<T: Send + 'static> DedupRun<T> {
                         st.followers.remove(&id);
                         drop(st);
                         self.inner.cancelled.fetch_add(1, Ordering::Relaxed);
-                        self.leave(&flight, key);
+                        self.leave(&flight, key, false);
                         self.finish();
                         return Poll::Ready(Err(DedupError::Cancelled));
                     }
                 }
                 // A follower's own deadline, from its first poll.
                 if let Some(t) = self.timeout {
-                    let at = *self.deadline.get_or_insert_with(|| Instant::now() + t);
-                    if Instant::now() >= at {
+                    // A timeout too large for an instant never expires (and never panics).
+                    let now = Instant::now();
+                    let at = *self
+                        .deadline
+                        .get_or_insert_with(|| now.checked_add(t).unwrap_or(now + FAR));
+                    if now >= at {
                         st.followers.remove(&id);
                         drop(st);
                         self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                        self.leave(&flight, key);
+                        self.leave(&flight, key, false);
                         self.finish();
                         return Poll::Ready(Err(DedupError::Timeout));
                     }
@@ -864,13 +882,15 @@ impl<T: Send + 'static> DedupRun<T> {
                     }
                 }
             }
-            flight.notifier.register(cx.waker());
+            st.wakers.register(cx.waker());
             if st.polling {
                 // Another participant drives the call; it wakes everyone when it stops.
-                return Poll::Pending;
+                drop(st);
+                return pending(self, flight);
             }
             let Some(mut work) = st.work.take() else {
-                return Poll::Pending;
+                drop(st);
+                return pending(self, flight);
             };
             st.polling = true;
             drop(st);
@@ -883,7 +903,8 @@ impl<T: Send + 'static> DedupRun<T> {
             match polled {
                 Ok(Poll::Pending) => {
                     st.work = Some(work);
-                    Poll::Pending
+                    drop(st);
+                    pending(self, flight)
                 }
                 Ok(Poll::Ready(result)) => {
                     self.complete(&mut st, result);
@@ -894,7 +915,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     drop(work);
                     self.remove_key(&flight, key);
                     if others {
-                        flight.notifier.wake_all();
+                        flight.wake_all();
                     }
                     self.finish();
                     Poll::Ready(out)
@@ -907,7 +928,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     st.participants -= 1;
                     drop(st);
                     self.remove_key(&flight, key);
-                    flight.notifier.wake_all();
+                    flight.wake_all();
                     self.finish();
                     std::panic::resume_unwind(panic);
                 }
@@ -942,14 +963,14 @@ impl<T: Send + 'static> DedupRun<T> {
 
     /// A participant leaves before completion: the last one drops the work and frees the key;
     /// otherwise the others are woken in case this one was driving.
-    fn leave(&self, flight: &Arc<Flight<T>>, key: u128) {
+    fn leave(&self, flight: &Arc<Flight<T>>, key: u128, leader: bool) {
         let mut st = lock(&flight.st);
         if st.done {
             st.participants -= 1;
             return;
         }
         st.participants -= 1;
-        if matches!(self.role, Role::Leader { .. }) {
+        if leader {
             st.leader_present = false;
         }
         let last = st.participants == 0;
@@ -962,7 +983,7 @@ impl<T: Send + 'static> DedupRun<T> {
         if last {
             self.remove_key(flight, key);
         } else {
-            flight.notifier.wake_all();
+            flight.wake_all();
         }
     }
 
@@ -1010,7 +1031,7 @@ impl<T> Drop for DedupRun<T> {
             }
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
-            flight.notifier.wake_all();
+            flight.wake_all();
         }
     }
 }
