@@ -3,7 +3,7 @@
 //! # The problem
 //!
 //! Every decision reads a state word, the limits its tag names (a slot of the ring in
-//! [`crate::limits`]), and then commits with a CAS that expects the word it read. The tag
+//! `crate::words::limits`), and then commits with a CAS that expects the word it read. The tag
 //! is what makes a decision read before a reconfiguration fail its CAS after it (CONTRACT.md
 //! §6). But tags are narrow: 14 bits in the shared word, 2 bits (mod the ring of 4) in a class
 //! word. An operation preempted between its read and its CAS while a whole tag period of
@@ -234,7 +234,7 @@ mod membarrier {
 /// The calling thread's reader marker: a process-wide per-thread cell of the facade
 /// ([`crate::sync::per_thread`]). Markers must outlive every bulkhead, because a release leaves
 /// its operation after it may have given away the last reference to the state
-/// (`crate::classed::release`). A reconfigurer therefore waits for operations on any bulkhead;
+/// (`crate::protocol::classed::release`). A reconfigurer therefore waits for operations on any bulkhead;
 /// they are all short.
 #[inline(always)]
 pub(crate) fn reader() -> &'static Reader {
@@ -252,7 +252,7 @@ pub(crate) fn op() -> Op<'static> {
 /// caller that keeps the bulkhead alive until it leaves (a handle). Under loom, where counters
 /// entries are shared by every thread, the process-wide cell instead.
 #[inline(always)]
-pub(crate) fn enter_decision(c: &crate::stats::Counters) -> Op<'_> {
+pub(crate) fn enter_decision(c: &crate::record::stats::Counters) -> Op<'_> {
     #[cfg(not(loom))]
     {
         enter(&c.reader)
@@ -264,14 +264,14 @@ pub(crate) fn enter_decision(c: &crate::stats::Counters) -> Op<'_> {
     }
 }
 
-/// The grace period of `apply_limits` on `shared`: returns once no operation of another thread
+/// The grace period of `apply_limits` on the bulkhead whose counters entries are `counters`: returns once no operation of another thread
 /// that started before the call is still in progress, whether it is marked in the process-wide
 /// cells or in this bulkhead's counters entries ([`enter_decision`]).
-pub(crate) fn grace_period(shared: &crate::shared::Shared) {
-    let own_decisions: &Reader = &shared.counters.local(crate::stats::Counters::new).reader;
+pub(crate) fn grace_period(counters: &crate::sync::Stripes<crate::record::stats::Counters>) {
+    let own_decisions: &Reader = &counters.local(crate::record::stats::Counters::new).reader;
     let own = reader();
     wait_for_readers(&[own, own_decisions], |f| {
         crate::sync::per_thread::for_each(f);
-        shared.counters.for_each(|c| f(&c.reader));
+        counters.for_each(|c| f(&c.reader));
     });
 }

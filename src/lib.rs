@@ -33,15 +33,31 @@
 //!
 //! ## Where things are
 //!
-//! * [`state`]: the packed atomic word and the protocol notes (which operation is wait-free,
-//!   lock-free or blocking, and why).
-//! * [`limits`]: revisioned [`LimitsSnapshot`]s and the ring the fast path reads them from.
-//! * [`Bulkhead`]: decisions, `apply_limits`, `close`, `stats`.
-//! * [`Admission`]: the guard of one admission; usage reports, release, abandonment.
-//! * [`events`]: admit, reject, usage, release, reconfigure and abandonment events for
-//!   subscribers ([`Bulkhead::subscribe`]); [`Bulkhead::would_admit`]: the advisory decision.
-//! * [`classes`]: admission classes (floors, ceilings, borrowing from the shared remainder).
-//! * [`model`]: the sequential reference model the engine is tested against.
+//! Every public type is exported here, at the root, and has this one path; the modules below
+//! are the crate's source layout, bottom layer first (imports only go down; `tests/layers.rs`
+//! checks it):
+//!
+//! * `src/sync.rs`: the facade every atomic, lock and thread goes through (std or loom).
+//! * `src/vocab/`: the vocabulary: [`Demand`], [`Reservation`], [`Rejection`] and its reasons,
+//!   the errors, [`AdmissionId`].
+//! * `src/words/`: the packed atomic words and the limits they are read against:
+//!   `state.rs` (the no-class word, and the protocol notes: which operation is wait-free,
+//!   lock-free or blocking, and why), revisioned [`LimitsSnapshot`]s and the ring the fast
+//!   path reads them from (`limits.rs`), the class table (`classes.rs`: [`ClassTable`],
+//!   [`ClassLimits`]).
+//! * `src/record/`: events for subscribers ([`Event`], [`Bulkhead::subscribe`]) and the
+//!   per-thread statistics behind [`Bulkhead::stats`]; `src/grace.rs`: the grace period of
+//!   reconfiguration.
+//! * `src/wait/list.rs`: the waiter list; `src/shared.rs`: the state block every handle and
+//!   admission shares, and what keeps it alive.
+//! * `src/protocol/`: the class protocol (floors, ceilings, borrowing from the shared
+//!   remainder).
+//! * `src/wait/`: blocking acquire, the [`Acquire`] future, [`Drain`], [`CancelToken`], the
+//!   timer.
+//! * `src/handle/`: [`Bulkhead`] (decisions, `apply_limits`, `close`, `stats`), [`Admission`]
+//!   (usage reports, release, abandonment), [`Bulkhead::would_admit`] (the advisory decision).
+//! * `model` and `conformance` (feature `testing`): the sequential reference model the engine
+//!   is tested against, and the harness that drives both.
 //! * `llm` (default feature `llm`): chat requests as gateways receive them, and token
 //!   estimation (naive, model-aware, custom) that turns them into reservations, and
 //!   `LlmBulkhead` (`estimate`, `would_admit`, `run_blocking`, async `run`).
@@ -68,7 +84,7 @@
 //!   drain waits; a release takes the queue's lock only to hand its slot to a queued waiter (or,
 //!   during a drain, to wake the drainers once the bulkhead is idle). A thread's very first
 //!   decision may block briefly on the `thread_local` crate's global thread-id lock (once per
-//!   thread). The per-operation table is in [`state`].
+//!   thread). The per-operation table is in `src/words/state.rs`.
 //! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
 //!   snapshot can succeed, and none is still in progress (a grace period waits for them, so no
 //!   limits tag is ever reused under a stopped decision); every admission keeps the revision
@@ -96,70 +112,71 @@ compile_error!(
      decision is one CAS on a packed 64-bit word"
 );
 
-mod admission;
-mod advice;
-mod bulkhead;
-pub mod classed;
-pub mod classes;
+// The layers, bottom up (tests/layers.rs holds the table and checks every `crate::` path
+// against it): the sync facade; the vocabulary; the atomic words and limits; what the layers
+// above record (events, statistics) and the grace period; the waiter list; the shared block;
+// the protocols; the waits; the public handles; the integrations.
+mod grace;
+mod handle;
+mod protocol;
+mod record;
+mod shared;
+#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
+mod sync;
+mod vocab;
+mod wait;
+mod words;
+
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod conformance;
 pub mod contract;
-mod demand;
-mod error;
-pub mod events;
-mod grace;
 pub mod guide;
-mod id;
-pub mod limits;
 #[cfg(feature = "llm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
 pub mod llm;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod model;
-mod queue;
-mod rejection;
-mod shared;
-pub mod state;
-pub mod stats;
-// The facade itself names the std originals it wraps.
-#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
-mod sync;
 #[cfg(any(feature = "tracing", feature = "metrics"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "tracing", feature = "metrics"))))]
 pub mod telemetry;
-mod timer;
-mod token_wait;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod tower;
-mod waiting;
 
-pub use admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
-pub use advice::Advice;
-pub use bulkhead::{Bulkhead, BulkheadBuilder, LimitsChange, Profile};
-pub use classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
-pub use classes::{ClassId, ClassLimits, ClassTable, Resources, UnknownClass, MAX_CLASSES};
-pub use demand::{Demand, Priority, Reconcile, Reservation, Usage};
-pub use error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
-pub use events::{
+pub use handle::admission::{Admission, ReleaseError, ReleaseReport, UsageReport};
+pub use handle::advice::Advice;
+pub use handle::builder::{BulkheadBuilder, Profile};
+pub use handle::bulkhead::Bulkhead;
+pub use handle::events::Subscription;
+pub use record::events::{
     AbandonCause, AbandonEvent, AdmitEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
-    DedupEvent, DedupOutcome, Event, RejectEvent, ReleaseEvent, Subscription, UsageEvent,
+    DedupEvent, DedupOutcome, Event, RejectEvent, ReleaseEvent, UsageEvent,
 };
-pub use id::AdmissionId;
-pub use limits::{BudgetLimits, LimitsSnapshot, MAX_REVISION};
-pub use rejection::{
-    CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
-    Rejection, SharedAmount, SharedCapacity, TokenCapacity,
-};
-pub use state::{MAX_SLOTS, MAX_TOKENS};
-pub use stats::{
+pub use record::stats::{
     AbandonCauses, ClassStats, ClassesStats, ObserveStats, QueueWaits, RejectCounts, SharedStats,
     SharedTokenStats, Stats, TokenStats,
 };
-pub use waiting::{
-    Acquire, AcquireTimed, CancelToken, Cancelled, Drain, DrainReport, Timed, Timing, WaitOptions,
+pub use vocab::class::{ClassId, Resources, UnknownClass, MAX_CLASSES};
+pub use vocab::demand::{Demand, Priority, Reconcile, Reservation, Usage};
+pub use vocab::error::{ConfigError, ConfigProblem, UsageError};
+pub use vocab::id::AdmissionId;
+pub use vocab::rejection::{
+    CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
+    Rejection, SharedAmount, SharedCapacity, TokenCapacity,
 };
+pub use wait::cancel::{CancelToken, Cancelled};
+pub use wait::waiting::{Acquire, AcquireTimed, Drain, DrainReport, Timed, Timing, WaitOptions};
+pub use words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+pub use words::classes::{ClassLimits, ClassTable};
+pub use words::limits::{
+    ApplyLimitsError, BudgetLimits, LimitsChange, LimitsSnapshot, MAX_REVISION,
+};
+pub use words::state::{MAX_SLOTS, MAX_TOKENS};
 
 /// Test support (feature `testing`; not for production builds): per-thread pause hooks at the
 /// protocol steps named by [`PausePoint`](testing::PausePoint), for deterministic race tests,
@@ -177,7 +194,7 @@ pub mod testing {
     /// assert_eq!(llm_bulkhead::testing::timer_entries(), 0);
     /// ```
     pub fn timer_entries() -> usize {
-        crate::timer::entries()
+        crate::wait::timer::entries()
     }
 
     /// The stored `(U, V)` of a bulkhead with classes (the shared word: `Σ max(in flight,
@@ -195,7 +212,8 @@ pub mod testing {
     pub fn stored_shared(b: &crate::Bulkhead) -> Option<(u64, u64)> {
         let shared = &*b.shared;
         shared.classed.then(|| {
-            let g = crate::classed::GWord(shared.word.load(crate::sync::Ordering::SeqCst));
+            let g =
+                crate::words::class_word::GWord(shared.word.load(crate::sync::Ordering::SeqCst));
             (g.u(), g.v())
         })
     }

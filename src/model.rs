@@ -16,17 +16,22 @@
 //! assert_eq!(m.stats().in_flight, 0);
 //! ```
 
-use crate::classes::{ClassView, Resources};
-use crate::demand::{Reconcile, Reservation, Usage};
-use crate::error::{ApplyLimitsError, ConfigError, ConfigProblem, UsageError};
-use crate::id::AdmissionId;
-use crate::limits::HotClass;
-use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
-use crate::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
+use crate::record::stats::{ClassTotals, RejectCounts, Stats, TokenStats};
+use crate::vocab::class::Resources;
+use crate::vocab::demand::{Reconcile, Reservation, Usage};
+use crate::vocab::error::{ConfigError, ConfigProblem, UsageError};
+use crate::vocab::id::AdmissionId;
+use crate::vocab::rejection::{CapacityDetail, Constraint, RejectReason, Rejection, TokenCapacity};
+use crate::words::classes::ClassView;
+use crate::words::limits::ApplyLimitsError;
+use crate::words::limits::HotClass;
 use crate::{
     ClassId, Demand, LimitsChange, LimitsSnapshot, Priority, ReleaseReport, UsageReport, MAX_TOKENS,
 };
 use std::collections::{BTreeMap, VecDeque};
+
+mod queue;
+mod token_wait;
 
 /// A handle to an admission held by the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -217,52 +222,6 @@ impl Model {
             next_wait: 0,
             wait_for_tokens: false,
         })
-    }
-
-    /// The same model with token waiting on or off, as
-    /// [`BulkheadBuilder::wait_for_tokens`](crate::BulkheadBuilder::wait_for_tokens) sets it
-    /// on the engine: a waiting demand refused only for tokens (`budget_limit`, any constraint)
-    /// that fits once nothing else is held queues, the head blocks everyone behind it, and
-    /// refunds, leaving waiters and reconfigurations pump the queue.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, BudgetLimits, Demand, Reservation};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 2, max_queue: 2,
-    ///     token_budget: Some(BudgetLimits { budget: 1_000, high_priority_reserve: 0 }),
-    ///     classes: Default::default() }).unwrap().with_token_waiting(true);
-    /// let d = Demand::tokens(Reservation::new(0, 600).unwrap());
-    /// let Waited::Admitted(h) = m.acquire_wait(d).unwrap() else { panic!() };
-    /// let Waited::Queued(w) = m.acquire_wait(d).unwrap() else { panic!() }; // short of tokens
-    /// m.release(h, None).unwrap();
-    /// assert!(m.take_answer(w).unwrap().is_ok());
-    /// ```
-    pub fn with_token_waiting(mut self, on: bool) -> Model {
-        self.wait_for_tokens = on;
-        self
-    }
-
-    /// `Some(constraint)`: a demand of `r` tokens in class `k` at `p` is refused for tokens even
-    /// with nothing held (it can never fit); `None`: its tokens fit then.
-    fn never_fits(&self, k: usize, r: u64, p: Priority) -> Option<Option<Constraint>> {
-        let eff = self.eff(p);
-        if self.names.is_empty() {
-            return eff.is_some_and(|e| r > e).then_some(None);
-        }
-        crate::token_wait::classed_idle_refusal(
-            &self.class_limits(),
-            k,
-            r,
-            self.limits.max_concurrent.into(),
-            eff,
-        )
-        .map(Some)
-    }
-
-    /// Whether a waiting demand refused with `reason` waits for tokens under the option.
-    fn waits_for_tokens(&self, k: usize, r: u64, p: Priority, reason: RejectReason) -> bool {
-        self.wait_for_tokens
-            && reason == RejectReason::BudgetLimit
-            && self.never_fits(k, r, p).is_none()
     }
 
     fn eff(&self, p: Priority) -> Option<u64> {
@@ -620,7 +579,7 @@ impl Model {
         if hold > a.held {
             let delta = hold - a.held;
             // With classes the bound is on V = Σ max(tokens_k, protected_tokens_k), as the
-            // engine stores it (`crate::classed::MAX_CLASSED_HOLD`).
+            // engine stores it (`crate::words::class_word::MAX_CLASSED_HOLD`).
             let (used, max) = match class {
                 None => (self.tokens, MAX_TOKENS),
                 Some(_) => {
@@ -630,7 +589,7 @@ impl Model {
                         .zip(self.limits.classes.iter())
                         .map(|(c, l)| c.tokens.max(l.protected_tokens))
                         .sum();
-                    (v, crate::classed::MAX_CLASSED_HOLD)
+                    (v, crate::words::class_word::MAX_CLASSED_HOLD)
                 }
             };
             if used as u128 + delta as u128 > max as u128 {
@@ -795,226 +754,6 @@ impl Model {
         }
     }
 
-    /// A waiting acquire (CONTRACT.md §2 rows 6–7, §3): admitted at once, refused fail-fast
-    /// (including `queue_limit`), or queued: a demand that passes rows 0–5 waits when no slot
-    /// is free or others wait (one FIFO for every class).
-    ///
-    /// # Errors
-    /// The [`Rejection`] the engine gives in the same state.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, Demand};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
-    /// let Waited::Admitted(h) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
-    /// let Waited::Queued(w) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
-    /// m.release(h, None).unwrap();
-    /// assert!(m.take_answer(w).unwrap().is_ok());
-    /// ```
-    pub fn acquire_wait(&mut self, d: Demand) -> Result<Waited, Rejection> {
-        let reservation = self
-            .has_budget
-            .then(|| d.reservation().unwrap_or(Reservation::ZERO));
-        let r = reservation.map_or(0, |x| x.total());
-        let p = d.priority();
-        let k = self.class_of(&d);
-        let free = self.in_flight < u64::from(self.limits.max_concurrent);
-        let checked = self.check(k, r, p, false);
-        // Token waiting: short only of tokens, able to fit later, and a queue is possible.
-        let for_tokens = matches!(checked, Err((reason, _)) if self.waits_for_tokens(k, r, p, reason))
-            && self.limits.max_concurrent > 0
-            && self.limits.max_queue > 0;
-        if (checked.is_err() && !for_tokens) || (checked.is_ok() && free && self.queue.is_empty()) {
-            return self.try_acquire(d).map(Waited::Admitted);
-        }
-        let global = (!self.names.is_empty()).then_some(Constraint::Global);
-        if self.limits.max_concurrent == 0 || self.limits.max_queue == 0 {
-            return Err(self.refuse(k, RejectReason::ConcurrencyLimit, global, r, p, 0));
-        }
-        if self.queue.len() as u64 >= u64::from(self.limits.max_queue) {
-            let pending = self.queue.len() as u64;
-            return Err(self.refuse(k, RejectReason::QueueLimit, global, r, p, pending));
-        }
-        let id = self.next_wait;
-        self.next_wait += 1;
-        self.queue.push_back(Queued {
-            id,
-            k,
-            r,
-            priority: p,
-            reservation,
-        });
-        Ok(Waited::Queued(WaitId(id)))
-    }
-
-    /// The answer to a queued waiter, once it has one (taken once); a refusal is counted and
-    /// explained when taken, as the engine does when the waiter wakes.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::{Model, Waited, WaitId}, LimitsSnapshot};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
-    /// assert!(m.take_answer(WaitId(7)).is_none());
-    /// ```
-    pub fn take_answer(&mut self, id: WaitId) -> Option<Result<Handle, Rejection>> {
-        match self.answers.remove(&id.0)? {
-            Answer::Admitted(h) => Some(Ok(h)),
-            Answer::Refused(reason, constraint, k, r, p) => {
-                let pending = self.queue.len() as u64;
-                Some(Err(self.refuse(k, reason, constraint, r, p, pending)))
-            }
-        }
-    }
-
-    /// Whether queued waiter `id` has an answer waiting to be taken.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::{Model, WaitId}, LimitsSnapshot};
-    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
-    /// assert!(!m.answered(WaitId(0)));
-    /// ```
-    pub fn answered(&self, id: WaitId) -> bool {
-        self.answers.contains_key(&id.0)
-    }
-
-    /// A waiter gives up (its future is dropped): it leaves the queue; if it had already been
-    /// admitted, that admission is released at once (which hands its slot on).
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, Demand};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
-    /// let Waited::Admitted(h) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
-    /// let Waited::Queued(w) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
-    /// m.cancel_wait(w);
-    /// assert_eq!(m.stats().pending, 0);
-    /// # let _ = h;
-    /// ```
-    pub fn cancel_wait(&mut self, id: WaitId) {
-        let before = self.queue.len();
-        self.queue.retain(|w| w.id != id.0);
-        if let Some(Answer::Admitted(h)) = self.answers.remove(&id.0) {
-            let _ = self.release(h, None);
-        }
-        if self.wait_for_tokens && self.queue.len() < before {
-            // The waiter behind may fit where this one did not.
-            self.pump();
-        }
-    }
-
-    /// A waiter leaves the queue with `reason` (`timeout`, or `aborted` by its cancel token),
-    /// as the engine's waiter does when it wakes: the answer it already had if it had one,
-    /// otherwise it unlinks (pumping under token waiting) and is refused with `reason`.
-    /// `None` for an unknown waiter.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::{Model, Waited}, LimitsSnapshot, Demand, RejectReason};
-    /// let mut m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
-    /// let Waited::Admitted(_h) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
-    /// let Waited::Queued(w) = m.acquire_wait(Demand::slot()).unwrap() else { panic!() };
-    /// let e = m.leave_wait(w, RejectReason::Timeout).unwrap().unwrap_err();
-    /// assert_eq!(e.reason, RejectReason::Timeout);
-    /// ```
-    pub fn leave_wait(
-        &mut self,
-        id: WaitId,
-        reason: RejectReason,
-    ) -> Option<Result<Handle, Rejection>> {
-        if self.answers.contains_key(&id.0) {
-            return self.take_answer(id);
-        }
-        let at = self.queue.iter().position(|w| w.id == id.0)?;
-        let w = self.queue.remove(at)?;
-        if self.wait_for_tokens {
-            self.pump();
-        }
-        let constraint = match reason {
-            RejectReason::Shutdown | RejectReason::Aborted => None,
-            _ => (!self.names.is_empty()).then_some(Constraint::Global),
-        };
-        let pending = self.queue.len() as u64;
-        Some(Err(
-            self.refuse(w.k, reason, constraint, w.r, w.priority, pending)
-        ))
-    }
-
-    /// Token waiting, after a reconfiguration: answers every queued waiter whose demand can
-    /// no longer fit at all with `budget_limit`, oldest first.
-    fn sweep_never_fit(&mut self) {
-        if !self.wait_for_tokens {
-            return;
-        }
-        let queue = std::mem::take(&mut self.queue);
-        for w in queue {
-            match self.never_fits(w.k, w.r, w.priority) {
-                Some(constraint) => {
-                    self.answers.insert(
-                        w.id,
-                        Answer::Refused(
-                            RejectReason::BudgetLimit,
-                            constraint,
-                            w.k,
-                            w.r,
-                            w.priority,
-                        ),
-                    );
-                }
-                None => self.queue.push_back(w),
-            }
-        }
-    }
-
-    /// Hands free slots to head waiters, performing each one's whole decision (rows 1–5): a
-    /// head that fails it is answered with its reason and the next is considered, as the
-    /// engine's hand-off and pump do.
-    ///
-    /// Under token waiting a head refused only for tokens that fits once nothing else is held
-    /// stays at the head, and nobody behind it is considered (strict FIFO).
-    fn pump(&mut self) {
-        while !self.closed && self.in_flight < u64::from(self.limits.max_concurrent) {
-            let Some(&w) = self.queue.front() else {
-                break;
-            };
-            match self.check(w.k, w.r, w.priority, false) {
-                Ok(borrow) => {
-                    self.queue.pop_front();
-                    let h = self.admit(w.k, w.r, w.reservation, borrow);
-                    self.answers.insert(w.id, Answer::Admitted(h));
-                }
-                Err((reason, _)) if self.waits_for_tokens(w.k, w.r, w.priority, reason) => break,
-                Err((reason, constraint)) => {
-                    self.queue.pop_front();
-                    self.answers.insert(
-                        w.id,
-                        Answer::Refused(reason, constraint, w.k, w.r, w.priority),
-                    );
-                }
-            }
-        }
-    }
-
-    /// The queued waiters, oldest first (for tests that check the engine's FIFO order).
-    ///
-    /// ```
-    /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
-    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
-    /// assert!(m.queued().is_empty());
-    /// ```
-    pub fn queued(&self) -> Vec<WaitId> {
-        self.queue.iter().map(|w| WaitId(w.id)).collect()
-    }
-
-    /// The budget part of a rejection's detail in the current state.
-    fn token_capacity(&self, p: Priority, r: u64) -> Option<TokenCapacity> {
-        self.limits.token_budget.map(|b| {
-            let eff = b.effective(p);
-            TokenCapacity {
-                budget: b.budget,
-                in_flight_tokens: self.tokens,
-                effective_budget: eff,
-                available: eff.saturating_sub(self.tokens),
-                requested: r,
-            }
-        })
-    }
-
     /// Statistics, field for field what [`Bulkhead::stats`](crate::Bulkhead::stats) must show.
     ///
     /// ```
@@ -1054,7 +793,7 @@ impl Model {
                 total_overrun: self.overrun,
             }),
             borrowed_concurrency_abandoned: self.abandoned,
-            borrowed_concurrency_abandoned_by_cause: crate::stats::AbandonCauses {
+            borrowed_concurrency_abandoned_by_cause: crate::record::stats::AbandonCauses {
                 manual: self.abandoned,
                 deadline: 0,
             },
@@ -1062,7 +801,7 @@ impl Model {
             subscriber_panics: 0,
             // Observe mode is an `LlmBulkhead::run` feature the model does not drive.
             observe: None,
-            classes: crate::stats::classes_stats(
+            classes: crate::record::stats::classes_stats(
                 &self.limits,
                 &self.names,
                 self.default_class,

@@ -13,7 +13,7 @@
 //! * An admission returns its slot with a CAS of the word (a CAS, so that the word it replaces
 //!   can say whether waiters are queued); if that word had `DETACHED` set and exactly its own
 //!   slot, the owners are all gone. With classes the class words and `alive` decide the same
-//!   thing (`crate::classed`, "Lifetime").
+//!   thing (`crate::protocol::classed`, "Lifetime").
 //!
 //! Both decisions read the same word, whose modifications are totally ordered, so exactly one
 //! thread sees the last owner leave, and only after every other owner is done: the handle
@@ -50,10 +50,11 @@
 //! Under `cfg(loom)` each block also has a liveness cell (`crate::sync::lifetime`) that every
 //! touch reads and the free writes, so the loom models fail on any use after free.
 
-use crate::limits::{LimitsSnapshot, Ring};
-use crate::state::{Word, DETACHED, ONE_SLOT};
-use crate::stats::Counters;
+use crate::record::stats::Counters;
 use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering, Stripes};
+use crate::words::class_word::{CWord, C_DETACHED};
+use crate::words::limits::{LimitsSnapshot, Ring};
+use crate::words::state::{Word, DETACHED};
 use crossbeam_utils::CachePadded;
 use std::ptr::NonNull;
 
@@ -65,7 +66,7 @@ pub(crate) struct Canonical {
 }
 
 pub(crate) struct Shared {
-    /// The packed state word (see [`crate::state`]), alone on its cache line.
+    /// The packed state word (see `crate::words::state`), alone on its cache line.
     pub(crate) word: CachePadded<AtomicU64>,
     /// Live `Bulkhead` handles (not admissions).
     handles: CachePadded<AtomicUsize>,
@@ -77,17 +78,17 @@ pub(crate) struct Shared {
     pub(crate) ring: Ring,
     pub(crate) counters: Stripes<Counters>,
     pub(crate) reconfig: Mutex<Canonical>,
-    /// The wait queue (`crate::queue`); touched only on the slow path.
-    queue: Mutex<crate::queue::Queue>,
+    /// The wait queue (`crate::wait::list`); touched only on the slow path.
+    queue: Mutex<crate::wait::list::Queue>,
     /// A mirror of the queue's length, written only under the queue mutex (at every unlock,
     /// and by an enqueuer *before* its queueing CAS), read without it: while `WAITERS` is up
     /// only for drainers, it lets a decider admit and a release return its slot without the
-    /// mutex (`crate::waiting`, "Drain").
+    /// mutex (`crate::wait::waiting`, "Drain").
     pub(crate) queued: AtomicUsize,
     pub(crate) has_budget: bool,
-    /// The bits all admission ids of this bulkhead share (see [`crate::id`]).
+    /// The bits all admission ids of this bulkhead share (see `crate::vocab::id`).
     pub(crate) id_prefix: u128,
-    /// One word per admission class (layout in `crate::classed`: queue flag, detached, class
+    /// One word per admission class (layout in `crate::protocol::classed`: queue flag, detached, class
     /// tag, pending returns, class in flight, class tokens); empty without classes.
     pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
     /// Class names, in construction order.
@@ -95,20 +96,20 @@ pub(crate) struct Shared {
     /// The class of demands that name none.
     pub(crate) default_class: usize,
     /// Whether the bulkhead has classes (then `word` is the shared word of
-    /// [`crate::classed`] and class slots keep this state alive).
+    /// `crate::protocol::classed` and class slots keep this state alive).
     pub(crate) classed: bool,
-    /// Owners left once detached (class mode only, see `crate::classed`, "Lifetime").
+    /// Owners left once detached (class mode only, see `crate::protocol::classed`, "Lifetime").
     pub(crate) alive: AtomicUsize,
     /// The default waiter timeout (builder `timeout` or profile).
     pub(crate) default_timeout: Option<std::time::Duration>,
     /// Whether queue waits are timed (`BulkheadBuilder::measure_queue_waits`).
     pub(crate) measure_waits: bool,
     /// Whether a demand refused only for tokens waits in the queue
-    /// (`BulkheadBuilder::wait_for_tokens`, `crate::token_wait`).
+    /// (`BulkheadBuilder::wait_for_tokens`, `crate::protocol::token_wait`).
     pub(crate) wait_for_tokens: bool,
-    /// Event subscribers (`crate::events`). Read-mostly: the hooks read only its flag, which
+    /// Event subscribers (`crate::record::events`). Read-mostly: the hooks read only its flag, which
     /// is never on the state word's cache line (`word` is padded to a line of its own).
-    pub(crate) events: crate::events::Subscribers,
+    pub(crate) events: crate::record::events::Subscribers,
 }
 
 const _: () = {
@@ -181,12 +182,16 @@ impl Handle {
     ) -> Handle {
         let class_words = class_names
             .iter()
-            .map(|_| CachePadded::new(AtomicU64::new(crate::classed::initial_class_word(0))))
+            .map(|_| {
+                CachePadded::new(AtomicU64::new(
+                    crate::words::class_word::initial_class_word(0),
+                ))
+            })
             .collect();
         let classed = !class_names.is_empty();
         // With classes the word holds U and V, which start at the floor sums.
         let first_word = if classed {
-            crate::classed::initial_shared_word(&canonical.current)
+            crate::words::class_word::initial_shared_word(&canonical.current)
         } else {
             0
         };
@@ -197,10 +202,10 @@ impl Handle {
             ring,
             counters: Stripes::new(),
             reconfig: Mutex::new(canonical),
-            queue: Mutex::new(crate::queue::Queue::default()),
+            queue: Mutex::new(crate::wait::list::Queue::default()),
             queued: AtomicUsize::new(0),
             has_budget,
-            id_prefix: crate::id::prefix(),
+            id_prefix: crate::vocab::id::prefix(),
             class_words,
             class_names: class_names.into_boxed_slice(),
             default_class,
@@ -209,7 +214,7 @@ impl Handle {
             default_timeout: settings.default_timeout,
             measure_waits: settings.measure_waits,
             wait_for_tokens: settings.wait_for_tokens,
-            events: crate::events::Subscribers::new(),
+            events: crate::record::events::Subscribers::new(),
         };
         // Before the state is published: every thread that reaches it sees the barrier mode.
         crate::grace::init();
@@ -272,10 +277,10 @@ impl Drop for Handle {
             return;
         }
         if self.classed {
-            if crate::classed::detach(self) {
+            if crate::shared::detach(self) {
                 // SAFETY: the last handle is gone and every class word was empty (or emptied
                 // and counted down) with no pending return; we are the unique thread that saw
-                // it (`crate::classed`, "Lifetime").
+                // it (`crate::protocol::classed`, "Lifetime").
                 unsafe { owners_gone(self.0) }
             }
             return;
@@ -329,6 +334,17 @@ impl SlotRef {
         }
     }
 
+    /// Ends the owners' joint lifetime reference (`owners_gone`) after the caller's return
+    /// through this slot saw the last owner leave (class mode, `crate::protocol::class_pump`).
+    ///
+    /// # Safety
+    /// As `owners_gone`: the caller is the unique thread that observed the last owner leave,
+    /// and touches the state no more.
+    pub(crate) unsafe fn owners_gone(self) {
+        // SAFETY: the caller's contract is `owners_gone`'s.
+        unsafe { owners_gone(self.0) }
+    }
+
     /// Frees the shared state after the caller returned the last slot of a detached state
     /// (see [`SlotRef::return_slot`]).
     ///
@@ -365,92 +381,6 @@ impl SlotRef {
     /// Such a counted, forgotten handle exists and has not been turned back yet.
     pub(crate) unsafe fn into_pinned_handle(self) -> Handle {
         Handle(self.0)
-    }
-
-    /// Returns a class slot of class `k` and `tokens` held tokens (class mode); if this was the
-    /// last owner, drops the owners' lifetime reference (which frees the state unless a slow
-    /// path still holds it). Nothing may touch the state after this.
-    #[inline(always)]
-    pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
-        // SAFETY: we hold the class slot being returned (this `SlotRef` stands for it) and touch
-        // the state afterwards only to count down when the release says so.
-        if unsafe { crate::classed::release(self.get(), k, tokens) }
-            && crate::classed::count_down(self.get())
-        {
-            // SAFETY: this release emptied a detached class word, and `alive` reached zero:
-            // every other class word is empty and the last handle is gone. We are the unique
-            // thread that saw it (`crate::classed`, "Lifetime").
-            unsafe { owners_gone(self.0) }
-        }
-    }
-
-    /// Returns the slot and `tokens` held tokens (no classes) with one CAS, or hands the slot
-    /// to the queue while waiters are queued; if this was the last owner, drops the owners'
-    /// lifetime reference. Nothing may touch the state after this.
-    #[inline(always)]
-    pub(crate) fn return_slot(self, tokens: u64) {
-        // A CAS, not a `fetch_sub`: while waiters are queued the slot must not go back to the
-        // word but to the head waiter (`crate::waiting::hand_off`), and the word this CAS
-        // replaces is what says whether they are. One try inline; the rest out of line.
-        let word = &self.get().word;
-        let prev = Word(word.load(Ordering::Relaxed));
-        // This admission's slot and hold are in the word: no field can borrow.
-        debug_assert!(
-            prev.slots() >= 1 && prev.tokens() >= tokens,
-            "slot or token underflow"
-        );
-        if !prev.waiters()
-            && word
-                .compare_exchange(
-                    prev.0,
-                    prev.0 - ONE_SLOT - tokens,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        {
-            if prev.detached() && prev.slots() == 1 {
-                // SAFETY: our CAS returned the last slot of a detached state.
-                unsafe { self.free_last() }
-            }
-            return;
-        }
-        self.return_slot_contended(tokens);
-    }
-
-    /// [`SlotRef::return_slot`] after its first try failed: retries, or hands the slot to the
-    /// queue.
-    #[cold]
-    #[inline(never)]
-    fn return_slot_contended(self, tokens: u64) {
-        let word = &self.get().word;
-        let mut prev = Word(word.load(Ordering::Relaxed));
-        loop {
-            if prev.waiters() {
-                // Read while the slot is still ours. Nobody queued: the flag is up for
-                // drainers only, and the slot goes back to the word without the mutex
-                // (`crate::waiting::release_while_draining`).
-                if self.get().queued.load(Ordering::SeqCst) == 0 {
-                    return crate::waiting::release_while_draining(self.into_slow_path(), tokens);
-                }
-                return crate::waiting::hand_off(self, tokens);
-            }
-            match word.compare_exchange_weak(
-                prev.0,
-                prev.0 - ONE_SLOT - tokens,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => break,
-                Err(actual) => prev = Word(actual),
-            }
-        }
-        if prev.detached() && prev.slots() == 1 {
-            // SAFETY: no handle is left (DETACHED is set only once the handle count reached
-            // zero, and it never climbs back) and ours was the last slot. We are the unique
-            // freer (module docs).
-            unsafe { self.free_last() }
-        }
     }
 }
 
@@ -577,7 +507,7 @@ unsafe impl Sync for SlowPathRef<'_> {}
 
 /// The locked wait queue of one shared state.
 pub(crate) struct QueueGuard<'a> {
-    q: crate::sync::MutexGuard<'a, crate::queue::Queue>,
+    q: crate::sync::MutexGuard<'a, crate::wait::list::Queue>,
     shared: &'a Shared,
     /// Left after the unlock (fields drop in order): no tag this holder read can come back
     /// while it holds the lock. Process-wide, so leaving it touches no shared state.
@@ -585,14 +515,14 @@ pub(crate) struct QueueGuard<'a> {
 }
 
 impl std::ops::Deref for QueueGuard<'_> {
-    type Target = crate::queue::Queue;
-    fn deref(&self) -> &crate::queue::Queue {
+    type Target = crate::wait::list::Queue;
+    fn deref(&self) -> &crate::wait::list::Queue {
         &self.q
     }
 }
 
 impl std::ops::DerefMut for QueueGuard<'_> {
-    fn deref_mut(&mut self) -> &mut crate::queue::Queue {
+    fn deref_mut(&mut self) -> &mut crate::wait::list::Queue {
         &mut self.q
     }
 }
@@ -604,4 +534,27 @@ impl Drop for QueueGuard<'_> {
         // Still under the mutex: the mirror is exact at every unlock.
         self.shared.queued.store(self.q.len(), Ordering::SeqCst);
     }
+}
+
+// ---- class mode: the owners' lifetime over the class words (`crate::protocol::classed`, "Lifetime") ----
+
+/// The last handle is gone: detach every class word (module docs, "Lifetime"). Returns
+/// whether the caller must free the state now.
+pub(crate) fn detach(shared: &Shared) -> bool {
+    let classes = shared.class_words.len();
+    shared.alive.store(classes + 1, Ordering::Release);
+    for cw in shared.class_words.iter() {
+        let p = CWord(cw.fetch_or(C_DETACHED, Ordering::AcqRel));
+        if p.in_flight() == 0 && p.pending() == 0 {
+            // Cannot reach zero: this thread's own count is still in `alive`.
+            let last = count_down(shared);
+            debug_assert!(!last);
+        }
+    }
+    count_down(shared)
+}
+
+/// Counts down `alive`; true for the thread that must free.
+pub(crate) fn count_down(shared: &Shared) -> bool {
+    shared.alive.fetch_sub(1, Ordering::AcqRel) == 1
 }

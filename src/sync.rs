@@ -157,7 +157,7 @@ pub(crate) mod thread {
 
 /// A `SeqCst` fence in the loom build only.
 ///
-/// Some steps of the class protocol (`crate::classed`) are store→load patterns across two
+/// Some steps of the class protocol (`crate::protocol::classed`) are store→load patterns across two
 /// words (a CAS of a class word, then a load of the shared word) that are correct because all
 /// of them are `SeqCst`: the language's single total order of `SeqCst` operations orders them.
 /// loom models `SeqCst` loads and RMWs as `AcqRel` and only `SeqCst` *fences* faithfully

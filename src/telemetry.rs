@@ -1,5 +1,5 @@
 //! Tracing and metrics (features `tracing` and `metrics`), fed by the bulkhead's
-//! [`events`](crate::events).
+//! [`Event`]s.
 //!
 //! [`Telemetry::instrument`] subscribes to a bulkhead and, for every decision and settlement, emits a
 //! `tracing` event and/or updates `metrics` counters. [`record_gauges`] sets the gauges from

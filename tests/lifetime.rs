@@ -140,7 +140,7 @@ fn counters_from_many_threads_sum_exactly() {
 
 #[test]
 fn class_admissions_pin_and_settle_after_every_handle_is_gone() {
-    // With classes the class slots keep the shared state alive (`src/classed.rs`,
+    // With classes the class slots keep the shared state alive (`src/protocol/classed.rs`,
     // "Lifetime"): a borrowed release marks a pending return in its class word while it updates
     // the shared word; abandonment pins a handle until release. Here handles disappear while
     // such admissions are live, on two threads.

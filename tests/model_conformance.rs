@@ -237,7 +237,7 @@ fn exact_fills_and_zero_token_demands() {
 /// a class's concurrency and token floors, with 0–4 admissions held in that class (inside,
 /// at and above the old and new floors), followed by borrowers of another class until one is
 /// refused, then releases and more borrowers. Engine and model must agree at every step: the
-/// engine keeps `U` and `V` stored and migrates them at a floor change (`src/classed.rs`), and
+/// engine keeps `U` and `V` stored and migrates them at a floor change (`src/protocol/classed.rs`), and
 /// an advance for a raise that is not given back exactly would show here as a borrower refused
 /// too early.
 #[test]

@@ -22,7 +22,7 @@
 //!
 //! # Precision
 //!
-//! The class protocol (`src/classed.rs`) has steps that others can see before they are final: a
+//! The class protocol (`src/protocol/classed.rs`) has steps that others can see before they are final: a
 //! protected admission's class CAS before its validating load, a borrower's increase of the
 //! shared `U`/`V` before its class CAS, a release's class step before its decrease of `U`/`V`.
 //! Only a step that is later undone can cause a refusal no serial order explains. The tests

@@ -1,4 +1,4 @@
-//! Models the admission-class protocol (`src/classed.rs`; CONTRACT.md §2 rows 2–5, §4, §5 and
+//! Models the admission-class protocol (`src/protocol/classed.rs`; CONTRACT.md §2 rows 2–5, §4, §5 and
 //! §10). Each class has a word `[tokens][in flight][pending returns][ctag][DETACHED]`; the
 //! shared word stores `U = Σ max(in_flight_j, floor_j)` and `V = Σ max(tokens_j, token_floor_j)`
 //! beside the limits tag and the flags, and is kept never below the truth: increases reach it
@@ -901,7 +901,7 @@ fn protected_tokens_against_a_shrinking_report_and_a_borrow() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The shared word's lifetime and reconfiguration steps (`src/classed.rs`)
+// The shared word's lifetime and reconfiguration steps (`src/protocol/classed.rs`)
 // ---------------------------------------------------------------------------------------------
 
 /// A borrowed release has a decrease for the shared word after its class step, so it marks a

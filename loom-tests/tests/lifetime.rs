@@ -1,5 +1,5 @@
 //! Models of the shared state's lifetime on the slow paths (`src/shared.rs`, "Slow paths";
-//! `src/waiting.rs`), with the deallocation that loom does not model made visible: under
+//! `src/wait/waiting.rs`), with the deallocation that loom does not model made visible: under
 //! `cfg(loom)` the crate gives each shared state a liveness cell that every touch reads and
 //! the free writes (`src/sync.rs`, `lifetime`), so a touch that is not ordered before the free
 //! fails the model (loom's causality check), and one after it finds the cell set.
@@ -217,7 +217,7 @@ fn class_path_a_drainer_against_the_last_release() {
     model(|| drainer_against_the_last_release(one_class(1, 0)));
 }
 
-/// (f) drain-time releases without the mutex (`src/waiting.rs`, "Drain"): with a drainer
+/// (f) drain-time releases without the mutex (`src/wait/waiting.rs`, "Drain"): with a drainer
 /// registered (`WAITERS` up, nobody queued), a release that does not leave the bulkhead idle
 /// (no lock: the length mirror reads 0) against a waiter that queues behind it. Once the
 /// release is done, a queued waiter must not be left with a free slot (work conservation);

@@ -1,4 +1,4 @@
-//! Models of token waiting (`src/token_wait.rs`, issue 15 item 8): a demand short only of
+//! Models of token waiting (`src/protocol/token_wait.rs`, issue 15 item 8): a demand short only of
 //! tokens waits in the FIFO queue, and freed tokens go to the head atomically.
 //!
 //! 1. a release handing tokens to a queued head races a newcomer's fast path: the newcomer

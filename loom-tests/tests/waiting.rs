@@ -1,4 +1,4 @@
-//! Models of the wait queue (`src/waiting.rs`, `src/queue.rs`; CONTRACT.md §3, §7).
+//! Models of the wait queue (`src/wait/waiting.rs`, `src/wait/list.rs`; CONTRACT.md §3, §7).
 //!
 //! 1. enqueue against release: a waiter that queues while the only slot is released is never
 //!    left waiting with a free slot (a lost wake-up would leave loom with a deadlock);

@@ -1,5 +1,5 @@
-//! Models of the wait queue **with admission classes** (`src/waiting.rs`, "With admission
-//! classes"; `src/classed.rs`): the queue flag on the class words and `WAITERS` on the shared
+//! Models of the wait queue **with admission classes** (`src/wait/waiting.rs`, "With admission
+//! classes"; `src/protocol/classed.rs`): the queue flag on the class words and `WAITERS` on the shared
 //! word against every kind of class decrease.
 //!
 //! 1. enqueue against a **borrowed** release (its shared-word decrease sees `WAITERS`): no

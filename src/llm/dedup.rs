@@ -19,8 +19,10 @@
 //! result untouched; followers get shares made when the call completes. A leader's failure is
 //! part of `T` (typically a `Result`) and reaches its followers the same way.
 //!
-//! Followers wait with their own cancellation (drop the future) and an explicit per-call
-//! timeout only (a bulkhead's default timeout does not apply to them).
+//! Followers wait with their own cancellation (a [`CancelToken`](crate::CancelToken) in
+//! [`FollowerOptions::cancel`], or dropping the future) and an explicit per-call timeout only
+//! (a bulkhead's default timeout does not apply to them). A follower that leaves does not
+//! cancel the call: the leader and the other followers go on.
 //!
 //! ```
 //! use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions, LlmRequest};
@@ -44,8 +46,9 @@
 //! ```
 
 use super::request::{Content, LlmRequest, Message};
-use crate::classes::ClassId;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::vocab::class::ClassId;
+use crate::wait::cancel::CancelWake;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -55,6 +58,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 use xxhash_rust::xxh3::xxh3_128;
+
+mod flight;
+pub use flight::DedupRun;
+use flight::*;
 
 /// The identity of a call for de-duplication: a 128-bit hash (XXH3-128) of a canonical
 /// encoding of the request, optionally partitioned by scope and class. Holds no text.
@@ -320,20 +327,24 @@ impl Canon {
     }
 }
 
-/// A follower's wait options: only an explicit timeout caps it (cancellation: drop the
-/// future).
+/// A follower's wait options: an explicit timeout and a cancellation token (dropping the
+/// future also leaves). Neither cancels the shared call: only this follower leaves.
 ///
 /// ```
 /// use llm_bulkhead::llm::FollowerOptions;
+/// use llm_bulkhead::CancelToken;
 /// use std::time::Duration;
-/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)) };
+/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)), cancel: Some(CancelToken::new()) };
 /// assert!(FollowerOptions::default().timeout.is_none());
 /// # let _ = o;
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct FollowerOptions {
     /// Give up waiting on the leader's call after this long (`timeout`); the call goes on.
     pub timeout: Option<Duration>,
+    /// Give up waiting once this token is cancelled ([`DedupError::Cancelled`]); the call goes
+    /// on for the leader and the other followers. A cancellation wakes the follower at once.
+    pub cancel: Option<crate::CancelToken>,
 }
 
 /// Why a follower got no result.
@@ -348,6 +359,8 @@ pub enum DedupError {
     Timeout,
     /// The share function panicked for this follower (the leader's result is untouched).
     Unshareable,
+    /// The follower's own cancellation token fired first; the shared call was not cancelled.
+    Cancelled,
 }
 
 impl std::fmt::Display for DedupError {
@@ -355,6 +368,7 @@ impl std::fmt::Display for DedupError {
         match self {
             DedupError::Timeout => f.write_str("timed out waiting for the shared call"),
             DedupError::Unshareable => f.write_str("the shared result could not be shared"),
+            DedupError::Cancelled => f.write_str("cancelled waiting for the shared call"),
         }
     }
 }
@@ -384,9 +398,17 @@ pub struct DedupStats {
     pub unshareable: u64,
     /// Followers that gave up at their own timeout (the shared call went on).
     pub timeouts: u64,
+    /// Followers whose own cancellation token fired while they waited (the shared call went
+    /// on).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub cancelled: u64,
 }
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A follower deadline for a timeout too large to add to the current instant: about a
+/// century, so it never expires in practice.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// The map's keys are already uniform 128-bit hashes: hash them by taking their low 64 bits.
 #[derive(Clone, Copy, Default)]
@@ -436,7 +458,7 @@ impl<T> std::fmt::Debug for Dedup<T> {
     }
 }
 
-struct Inner<T> {
+pub(super) struct Inner<T> {
     flights: Mutex<FlightMap<T>>,
     max_in_flight: usize,
     share: ShareFn<T>,
@@ -445,6 +467,7 @@ struct Inner<T> {
     full: AtomicU64,
     unshareable: AtomicU64,
     timeouts: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 impl<T: Clone + Send + 'static> Dedup<T> {
@@ -484,6 +507,7 @@ impl<T: Send + 'static> Dedup<T> {
                 full: AtomicU64::new(0),
                 unshareable: AtomicU64::new(0),
                 timeouts: AtomicU64::new(0),
+                cancelled: AtomicU64::new(0),
             }),
         }
     }
@@ -539,6 +563,7 @@ impl<T: Send + 'static> Dedup<T> {
                     timeout: options.timeout,
                     deadline: None,
                     timer: None,
+                    cancel: options.cancel.map(CancelWake::new),
                 };
             }
             // Settled, its entry not yet removed: this call starts a new flight.
@@ -560,8 +585,8 @@ impl<T: Send + 'static> Dedup<T> {
                 followers: HashMap::new(),
                 next_follower: 0,
                 participants: 1,
+                wakers: Wakers::default(),
             }),
-            notifier: Notifier::new(),
         });
         map.insert(key.0, f.clone());
         drop(map);
@@ -575,6 +600,7 @@ impl<T: Send + 'static> Dedup<T> {
             timeout: None,
             deadline: None,
             timer: None,
+            cancel: None,
         }
     }
 
@@ -592,390 +618,7 @@ impl<T: Send + 'static> Dedup<T> {
             full: self.inner.full.load(Ordering::Relaxed),
             unshareable: self.inner.unshareable.load(Ordering::Relaxed),
             timeouts: self.inner.timeouts.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// One call in flight. As a `Waker` (the one the work is polled with, whoever polls it) it
-/// wakes every participant.
-struct Flight<T> {
-    st: Mutex<FlightState<T>>,
-    notifier: Notifier,
-}
-
-struct FlightState<T> {
-    /// The shared call; `None` while a participant polls it, and once it is done.
-    work: Option<Work<T>>,
-    polling: bool,
-    done: bool,
-    leader_present: bool,
-    /// The original result, for the leader.
-    leader_result: Option<T>,
-    /// Each follower's share (`None` until done; `Err` if sharing panicked).
-    followers: HashMap<u64, Option<Result<T, DedupError>>>,
-    next_follower: u64,
-    participants: usize,
-}
-
-/// The participants' wakers (the first inline: a flight usually has one participant).
-struct Notifier {
-    wakers: Mutex<(Option<Waker>, Vec<Waker>)>,
-}
-
-impl Notifier {
-    fn new() -> Notifier {
-        Notifier {
-            wakers: Mutex::new((None, Vec::new())),
-        }
-    }
-
-    fn register(&self, w: &Waker) {
-        let mut ws = lock(&self.wakers);
-        let (first, rest) = &mut *ws;
-        match first {
-            Some(f) if f.will_wake(w) => {}
-            Some(_) => {
-                if !rest.iter().any(|x| x.will_wake(w)) {
-                    rest.push(w.clone());
-                }
-            }
-            None => *first = Some(w.clone()),
-        }
-    }
-
-    fn wake_all(&self) {
-        let (first, rest) = {
-            let mut ws = lock(&self.wakers);
-            (ws.0.take(), std::mem::take(&mut ws.1))
-        };
-        if let Some(w) = first {
-            w.wake();
-        }
-        for w in rest {
-            w.wake();
-        }
-    }
-}
-
-impl<T: Send + 'static> Wake for Flight<T> {
-    fn wake(self: Arc<Self>) {
-        self.notifier.wake_all();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.notifier.wake_all();
-    }
-}
-
-enum Role<T> {
-    Solo(Option<Work<T>>),
-    Leader {
-        key: u128,
-        flight: Arc<Flight<T>>,
-    },
-    Follower {
-        key: u128,
-        flight: Arc<Flight<T>>,
-        id: u64,
-    },
-    Finished,
-}
-
-/// The future of [`Dedup::run`]: the caller's result, or (followers only) why it has none.
-///
-/// # Cancel safety
-/// Dropping it leaves the flight; the shared call goes on while any participant remains.
-///
-/// ```
-/// use llm_bulkhead::llm::{Dedup, FollowerOptions};
-/// let d: Dedup<u8> = Dedup::new(8);
-/// let f = d.run(None, FollowerOptions::default(), || async { 1 });
-/// assert_eq!(futures_lite::future::block_on(f), Ok(1));
-/// ```
-#[must_use = "futures do nothing unless polled"]
-pub struct DedupRun<T> {
-    inner: Arc<Inner<T>>,
-    role: Role<T>,
-    timeout: Option<Duration>,
-    deadline: Option<Instant>,
-    timer: Option<u64>,
-}
-
-impl<T> std::fmt::Debug for DedupRun<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let role = match self.role {
-            Role::Solo(_) => "solo",
-            Role::Leader { .. } => "leader",
-            Role::Follower { .. } => "follower",
-            Role::Finished => "finished",
-        };
-        f.debug_struct("DedupRun")
-            .field("role", &role)
-            .finish_non_exhaustive()
-    }
-}
-
-// The state is only touched through `&mut self` or under the flight's mutex; nothing is
-// structurally pinned (the work is boxed), so the future may move.
-impl<T> Unpin for DedupRun<T> {}
-
-impl<T> Dedup<T> {
-    /// Counts a follower that got a result it could not use (the type-erased map of
-    /// `LlmBulkhead::run_shared_with`, whose share function declined).
-    pub(super) fn count_unshareable(&self) {
-        self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl<T> DedupRun<T> {
-    fn solo(inner: Arc<Inner<T>>, work: Work<T>) -> DedupRun<T> {
-        DedupRun {
-            inner,
-            role: Role::Solo(Some(work)),
-            timeout: None,
-            deadline: None,
-            timer: None,
-        }
-    }
-
-    /// Whether this call leads a flight (it runs the work), follows one, or runs on its own.
-    ///
-    /// ```
-    /// use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions};
-    /// let d: Dedup<u8> = Dedup::new(8);
-    /// let k = DedupKey::of_bytes(b"k");
-    /// let a = d.run(k, FollowerOptions::default(), || async { 1 });
-    /// let b = d.run(k, FollowerOptions::default(), || async { 2 });
-    /// assert!(a.is_leader() && b.is_follower());
-    /// ```
-    pub fn is_leader(&self) -> bool {
-        matches!(self.role, Role::Leader { .. })
-    }
-
-    /// Whether this call joined a flight in progress.
-    ///
-    /// ```
-    /// use llm_bulkhead::llm::{Dedup, FollowerOptions};
-    /// let d: Dedup<u8> = Dedup::new(8);
-    /// assert!(!d.run(None, FollowerOptions::default(), || async { 1 }).is_follower());
-    /// ```
-    pub fn is_follower(&self) -> bool {
-        matches!(self.role, Role::Follower { .. })
-    }
-}
-
-impl<T: Send + 'static> Future for DedupRun<T> {
-    type Output = Result<T, DedupError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        match &mut this.role {
-            Role::Solo(work) => {
-                let w = work.as_mut().expect("DedupRun polled after completion");
-                let out = w.as_mut().poll(cx);
-                if out.is_ready() {
-                    this.role = Role::Finished;
-                }
-                out.map(Ok)
-            }
-            Role::Leader { .. } | Role::Follower { .. } => this.poll_flight(cx),
-            Role::Finished => panic!("DedupRun polled after completion"),
-        }
-    }
-}
-
-/// A finished flight's result for the leader (`follower: None`) or a follower.
-fn take_result<T>(st: &mut FlightState<T>, follower: Option<u64>) -> Result<T, DedupError> {
-    match follower {
-        None => Ok(st.leader_result.take().expect("the leader's result")),
-        Some(id) => st
-            .followers
-            .remove(&id)
-            .flatten()
-            .expect("a share for every follower"),
-    }
-}
-
-impl<T: Send + 'static> DedupRun<T> {
-    fn poll_flight(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, DedupError>> {
-        let (flight, key, follower) = match &self.role {
-            Role::Leader { flight, key } => (flight.clone(), *key, None),
-            Role::Follower { flight, key, id } => (flight.clone(), *key, Some(*id)),
-            _ => unreachable!(),
-        };
-        {
-            let mut st = lock(&flight.st);
-            if st.done {
-                let out = take_result(&mut st, follower);
-                st.participants -= 1;
-                drop(st);
-                self.finish();
-                return Poll::Ready(out);
-            }
-            if let Some(id) = follower {
-                // A follower's own deadline, from its first poll.
-                if let Some(t) = self.timeout {
-                    let at = *self.deadline.get_or_insert_with(|| Instant::now() + t);
-                    if Instant::now() >= at {
-                        st.followers.remove(&id);
-                        drop(st);
-                        self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                        self.leave(&flight, key);
-                        self.finish();
-                        return Poll::Ready(Err(DedupError::Timeout));
-                    }
-                    match self.timer {
-                        Some(tm) => crate::timer::update(tm, cx.waker()),
-                        None => self.timer = Some(crate::timer::register(at, cx.waker().clone())),
-                    }
-                }
-            }
-            flight.notifier.register(cx.waker());
-            if st.polling {
-                // Another participant drives the call; it wakes everyone when it stops.
-                return Poll::Pending;
-            }
-            let Some(mut work) = st.work.take() else {
-                return Poll::Pending;
-            };
-            st.polling = true;
-            drop(st);
-            let waker = Waker::from(flight.clone());
-            let polled = catch_unwind(AssertUnwindSafe(|| {
-                work.as_mut().poll(&mut Context::from_waker(&waker))
-            }));
-            let mut st = lock(&flight.st);
-            st.polling = false;
-            match polled {
-                Ok(Poll::Pending) => {
-                    st.work = Some(work);
-                    Poll::Pending
-                }
-                Ok(Poll::Ready(result)) => {
-                    self.complete(&mut st, result);
-                    let out = take_result(&mut st, follower);
-                    st.participants -= 1;
-                    let others = st.participants > 0;
-                    drop(st);
-                    drop(work);
-                    self.remove_key(&flight, key);
-                    if others {
-                        flight.notifier.wake_all();
-                    }
-                    self.finish();
-                    Poll::Ready(out)
-                }
-                Err(panic) => {
-                    // The shared call panicked: nobody gets a result; the panic goes on in
-                    // this participant, the others are woken and find the flight gone.
-                    st.done = true;
-                    st.followers.clear();
-                    st.participants -= 1;
-                    drop(st);
-                    self.remove_key(&flight, key);
-                    flight.notifier.wake_all();
-                    self.finish();
-                    std::panic::resume_unwind(panic);
-                }
-            }
-        }
-    }
-
-    /// The call completed with `result`: shares for the followers, the original for the
-    /// leader (or dropped if the leader left).
-    fn complete(&self, st: &mut FlightState<T>, result: T) {
-        st.done = true;
-        let share = &self.inner.share;
-        for slot in st.followers.values_mut() {
-            let shared = catch_unwind(AssertUnwindSafe(|| share(&result)));
-            if shared.is_err() {
-                self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
-            }
-            *slot = Some(shared.map_err(|_| DedupError::Unshareable));
-        }
-        if st.leader_present {
-            st.leader_result = Some(result);
-        }
-    }
-
-    /// Removes `key` from the map if it still names `flight`.
-    fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
-        let mut map = lock(&self.inner.flights);
-        if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            map.remove(&key);
-        }
-    }
-
-    /// A participant leaves before completion: the last one drops the work and frees the key;
-    /// otherwise the others are woken in case this one was driving.
-    fn leave(&self, flight: &Arc<Flight<T>>, key: u128) {
-        let mut st = lock(&flight.st);
-        if st.done {
-            st.participants -= 1;
-            return;
-        }
-        st.participants -= 1;
-        if matches!(self.role, Role::Leader { .. }) {
-            st.leader_present = false;
-        }
-        let last = st.participants == 0;
-        let work = if last { st.work.take() } else { None };
-        if last {
-            st.done = true;
-        }
-        drop(st);
-        drop(work);
-        if last {
-            self.remove_key(flight, key);
-        } else {
-            flight.notifier.wake_all();
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Some(t) = self.timer.take() {
-            crate::timer::cancel(t);
-        }
-        self.role = Role::Finished;
-    }
-}
-
-impl<T> Drop for DedupRun<T> {
-    fn drop(&mut self) {
-        if let Some(t) = self.timer.take() {
-            crate::timer::cancel(t);
-        }
-        let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
-            Role::Leader { flight, key } => (flight, key, None),
-            Role::Follower { flight, key, id } => (flight, key, Some(id)),
-            _ => return,
-        };
-        let mut st = lock(&flight.st);
-        if let Some(id) = follower {
-            st.followers.remove(&id);
-        } else {
-            st.leader_present = false;
-            st.leader_result = None;
-        }
-        st.participants -= 1;
-        let last = st.participants == 0 && !st.done;
-        let work = if last {
-            st.done = true;
-            st.work.take()
-        } else {
-            None
-        };
-        let done = st.done;
-        drop(st);
-        drop(work);
-        if last {
-            let mut map = lock(&self.inner.flights);
-            if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
-                map.remove(&key);
-            }
-        } else if !done {
-            // This participant may have been the one driving the call: let another take over.
-            flight.notifier.wake_all();
+            cancelled: self.inner.cancelled.load(Ordering::Relaxed),
         }
     }
 }

@@ -26,8 +26,8 @@
 //! assert_eq!(s.observe.unwrap().bypassed, 1);
 //! ```
 
+use crate::record::stats::Counters;
 use crate::shared::Shared;
-use crate::stats::Counters;
 use crate::{
     AdmissionId, Bulkhead, CancelToken, ClassId, Demand, Event, Priority, Reconcile, RejectReason,
     Rejection, Reservation, Usage, UsageError, UsageReport, WaitOptions,
@@ -402,7 +402,7 @@ impl Bypassed {
             sequence: 0,
             settled: false,
         };
-        crate::events::emit(shared, || {
+        crate::handle::events::emit(shared, || {
             let r = &bypassed.rejection;
             Event::Bypass(Box::new(crate::BypassEvent {
                 admission_id: bypassed.id,
@@ -420,7 +420,7 @@ impl Bypassed {
     }
 
     fn class_name(&self, shared: &Shared) -> Option<String> {
-        crate::events::class_name(shared, self.class.map(ClassId::index))
+        crate::handle::events::class_name(shared, self.class.map(ClassId::index))
     }
 
     /// The revision of the bypassed refusal.
@@ -435,8 +435,12 @@ impl Bypassed {
         usage: Usage,
         reconcile: Option<Reconcile>,
     ) -> Result<UsageReport, UsageError> {
-        let (clamped, consumed) =
-            crate::admission::checked_report(usage, self.reported, self.reservation, reconcile)?;
+        let (clamped, consumed) = crate::handle::admission::checked_report(
+            usage,
+            self.reported,
+            self.reservation,
+            reconcile,
+        )?;
         let bumped = !self.settled && self.reported != Some(clamped);
         if bumped {
             self.sequence += 1;
@@ -459,7 +463,7 @@ impl Bypassed {
         };
         if bumped {
             let shared = &*self.bulkhead.shared;
-            crate::events::emit(shared, || {
+            crate::handle::events::emit(shared, || {
                 Event::BypassUsage(crate::BypassUsageEvent {
                     admission_id: self.id,
                     revision: self.revision(),
@@ -494,7 +498,7 @@ impl Bypassed {
             c.bypass_input.add(u.input);
             c.bypass_output.add(u.output);
         }
-        crate::events::emit(shared, || {
+        crate::handle::events::emit(shared, || {
             Event::BypassRelease(crate::BypassReleaseEvent {
                 admission_id: self.id,
                 revision: self.revision(),

@@ -1,12 +1,11 @@
 //! Admission classes: a fixed table of policy buckets with protected floors and hard ceilings
-//! (CONTRACT.md §4), enforced lock-free by the protocol in [`crate::classed`].
+//! (CONTRACT.md §4), enforced lock-free by the protocol in `crate::protocol::classed`.
 //!
 //! A class uses its floor first, then borrows from the shared remainder
 //! (`max_concurrent − Σ floors`, and for tokens `eff(priority) − Σ token floors`). Floors are
 //! strict: idle protected capacity is never lent.
 
-/// The most classes a bulkhead can have.
-pub const MAX_CLASSES: usize = 8;
+use crate::vocab::class::{ClassId, MAX_CLASSES};
 
 /// One class's floors and ceilings. Every field may be 0; an absent ceiling means only the
 /// global limits apply.
@@ -28,34 +27,6 @@ pub struct ClassLimits {
     pub protected_tokens: u64,
     /// The class's token ceiling; needs a token budget.
     pub max_tokens: Option<u64>,
-}
-
-/// A class of a bulkhead, by position in its construction-time table. Obtained from
-/// [`Bulkhead::class_id`](crate::Bulkhead::class_id).
-///
-/// ```
-/// use llm_bulkhead::{Bulkhead, ClassLimits};
-/// let b = Bulkhead::builder().max_concurrent(4)
-///     .class("premium", ClassLimits::default()).class("standard", ClassLimits::default())
-///     .default_class("standard").build().unwrap();
-/// assert_eq!(b.class_id("standard").unwrap().index(), 1);
-/// assert!(b.class_id("raw-tenant-id").is_err());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct ClassId(pub(crate) u8);
-
-impl ClassId {
-    /// The position in the class table.
-    ///
-    /// ```
-    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// # let b = Bulkhead::builder().class("a", ClassLimits::default()).default_class("a").build().unwrap();
-    /// assert_eq!(b.class_id("a").unwrap().index(), 0);
-    /// ```
-    pub fn index(self) -> usize {
-        usize::from(self.0)
-    }
 }
 
 /// The per-class limits of a snapshot, in construction order.
@@ -177,39 +148,6 @@ impl<'de> serde::Deserialize<'de> for ClassTable {
     }
 }
 
-/// How an admission's capacity was attributed at its decision (immutable afterwards).
-///
-/// ```
-/// use llm_bulkhead::Resources;
-/// assert_eq!(Resources::default(), Resources { borrowed_concurrency: false, borrowed_tokens: 0 });
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Resources {
-    /// The slot came from the shared remainder (always true for a class without a floor).
-    pub borrowed_concurrency: bool,
-    /// Reservation tokens placed in the shared remainder.
-    pub borrowed_tokens: u64,
-}
-
-/// A class name that the bulkhead's table does not contain.
-///
-/// ```
-/// use llm_bulkhead::Bulkhead;
-/// let e = Bulkhead::new(1).unwrap().class_id("x").unwrap_err();
-/// assert_eq!(e.to_string(), "unknown admission class \"x\"");
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnknownClass(pub String);
-
-impl std::fmt::Display for UnknownClass {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "unknown admission class {:?}", self.0)
-    }
-}
-
-impl std::error::Error for UnknownClass {}
-
 /// Σ floors and protected capacity in use, over every class.
 #[derive(Clone, Copy, Default, Debug)]
 pub(crate) struct ShareSums {
@@ -222,7 +160,7 @@ pub(crate) struct ShareSums {
 impl ShareSums {
     /// Adds class `(i, t)` under limits `l`.
     #[inline]
-    pub(crate) fn add(&mut self, (i, t): (u64, u64), l: &crate::limits::HotClass) {
+    pub(crate) fn add(&mut self, (i, t): (u64, u64), l: &crate::words::limits::HotClass) {
         self.sum_pc += l.pc;
         self.sum_pt = self.sum_pt.saturating_add(l.pt);
         self.prot_c += i.min(l.pc);
@@ -241,7 +179,7 @@ pub(crate) struct Summary {
     pub(crate) sums: ShareSums,
     /// The class's `(in flight, tokens)` and limits.
     pub(crate) own: (u64, u64),
-    pub(crate) limits: crate::limits::HotClass,
+    pub(crate) limits: crate::words::limits::HotClass,
     pub(crate) max_concurrent: u64,
     /// The demand's effective budget (`None` without a budget).
     pub(crate) eff: Option<u64>,
@@ -266,8 +204,11 @@ impl Summary {
     pub(crate) fn decide(
         &self,
         r: u64,
-    ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
-        use crate::rejection::{Constraint, RejectReason};
+    ) -> Option<(
+        crate::vocab::rejection::RejectReason,
+        crate::vocab::rejection::Constraint,
+    )> {
+        use crate::vocab::rejection::{Constraint, RejectReason};
         if self.eff.is_some_and(|e| self.t.saturating_add(r) > e) {
             return Some((RejectReason::BudgetLimit, Constraint::Global));
         }
@@ -310,8 +251,8 @@ impl Summary {
     }
 
     /// The refusal detail for this class (named `name`) and a demand of `r` tokens.
-    pub(crate) fn detail(&self, name: &str, r: u64) -> crate::rejection::ClassDetail {
-        use crate::rejection::{
+    pub(crate) fn detail(&self, name: &str, r: u64) -> crate::vocab::rejection::ClassDetail {
+        use crate::vocab::rejection::{
             ClassCapacity, ClassDetail, ClassTokenCapacity, SharedAmount, SharedCapacity,
         };
         let ShareSums {
@@ -376,7 +317,7 @@ pub(crate) struct ClassView<'a> {
     /// `(in flight, tokens)` per class.
     pub(crate) classes: &'a [(u64, u64)],
     /// Limits per class.
-    pub(crate) limits: &'a [crate::limits::HotClass],
+    pub(crate) limits: &'a [crate::words::limits::HotClass],
     pub(crate) max_concurrent: u64,
     /// The demand's effective budget (`None` without a budget).
     pub(crate) eff: Option<u64>,
@@ -405,12 +346,20 @@ impl ClassView<'_> {
         &self,
         k: usize,
         r: u64,
-    ) -> Option<(crate::rejection::RejectReason, crate::rejection::Constraint)> {
+    ) -> Option<(
+        crate::vocab::rejection::RejectReason,
+        crate::vocab::rejection::Constraint,
+    )> {
         self.summary(k).decide(r)
     }
 
     /// [`Summary::detail`] for class `k` (named `name`).
-    pub(crate) fn detail(&self, k: usize, name: &str, r: u64) -> crate::rejection::ClassDetail {
+    pub(crate) fn detail(
+        &self,
+        k: usize,
+        name: &str,
+        r: u64,
+    ) -> crate::vocab::rejection::ClassDetail {
         self.summary(k).detail(name, r)
     }
 }

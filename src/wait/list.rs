@@ -17,19 +17,19 @@
 //! free slot) and cleared (by whoever empties the queue) only under the queue mutex, so under
 //! the mutex `WAITERS` is set exactly when the queue is non-empty. The fast path sees it in the
 //! word it already loads and refuses to barge; a release sees it in the word its CAS replaces and
-//! then hands its slot to the queue instead of returning it (`crate::waiting`).
+//! then hands its slot to the queue instead of returning it (`crate::wait::waiting`).
 //!
 //! With admission classes a release changes its class word, not the state word, so the queue
 //! also raises `C_QUEUE` on every class word (before `WAITERS`, under the same mutex, and while
 //! drainers wait); a class decrease that replaces a flagged word visits the queue
-//! (`crate::waiting`, "With admission classes"). [`Queue::class_flags`] records whether it is up.
+//! (`crate::wait::waiting`, "With admission classes"). [`Queue::class_flags`] records whether it is up.
 
-use crate::classes::Resources;
-use crate::demand::Priority;
-use crate::rejection::{Constraint, RejectReason};
 use crate::sync::cell::UnsafeCell;
 use crate::sync::thread::Thread;
 use crate::sync::{AtomicU32, Ordering};
+use crate::vocab::class::Resources;
+use crate::vocab::demand::Priority;
+use crate::vocab::rejection::{Constraint, RejectReason};
 use std::marker::PhantomPinned;
 use std::ptr;
 use std::task::Waker;
@@ -245,7 +245,7 @@ pub(crate) struct Queue {
     /// Callers of `drain` waiting for the bulkhead to become idle, by registration id.
     drainers: Vec<(u64, Notify)>,
     next_drainer: u64,
-    /// Class mode: whether `C_QUEUE` is up on every class word (`crate::classed`).
+    /// Class mode: whether `C_QUEUE` is up on every class word (`crate::protocol::classed`).
     pub(crate) class_flags: bool,
 }
 
@@ -395,7 +395,7 @@ impl Queue {
     /// Answers, in FIFO order, every waiter for which `answer` gives an outcome (unlinking it),
     /// collecting the wake-ups into `wake`; stops once `wake` holds a full batch. Returns
     /// whether it stopped early (the caller unlocks, wakes and calls again). Used by the
-    /// token-waiting sweep after a reconfiguration (`crate::token_wait::sweep_never_fit`).
+    /// token-waiting sweep after a reconfiguration (`crate::protocol::token_wait::sweep_never_fit`).
     pub(crate) fn answer_matching(
         &mut self,
         wake: &mut WakeList,

@@ -5,7 +5,7 @@
 //!
 //! Deciders must read the current limits without a lock and without a reference count (an
 //! `Arc` clone would be a second contended cache line). The bulkhead therefore keeps
-//! `RING` slots of packed limits; the state word's tag (see [`crate::state`]) names the slot
+//! `RING` slots of packed limits; the state word's tag (see `crate::words::state`) names the slot
 //! that is current, as `tag % RING`.
 //!
 //! `apply_limits` (serialised by the reconfiguration mutex) writes the *next* slot, `tag + 1`,
@@ -24,12 +24,13 @@
 //! CAS, and deciders load the word with `Acquire`, so the slot named by a tag is fully visible
 //! to whoever reads that tag.
 
-use crate::classed::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
-use crate::classes::MAX_CLASSES;
-use crate::classes::{ClassId, ClassLimits, ClassTable};
-use crate::error::{ConfigError, ConfigProblem};
-use crate::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::sync::{fence, AtomicU64, Ordering};
+use crate::vocab::class::ClassId;
+use crate::vocab::class::MAX_CLASSES;
+use crate::vocab::error::{ConfigError, ConfigProblem};
+use crate::words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+use crate::words::classes::{ClassLimits, ClassTable};
+use crate::words::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::Priority;
 use crossbeam_utils::CachePadded;
 
@@ -179,7 +180,7 @@ impl LimitsSnapshot {
             _ => {}
         }
         if !names.is_empty() {
-            // The class-mode words are narrower (`crate::classed`).
+            // The class-mode words are narrower (`crate::protocol::classed`).
             let mut bounds = vec![(
                 "max_concurrent",
                 u64::from(self.max_concurrent),
@@ -514,4 +515,71 @@ impl Ring {
             eff_normal: budget >> 32,
         }
     }
+}
+
+/// Why `apply_limits` installed nothing.
+///
+/// ```
+/// use llm_bulkhead::{ApplyLimitsError, Bulkhead};
+/// let b = Bulkhead::builder().max_concurrent(4).initial_revision(7).build().unwrap();
+/// let stale = b.limits().with_revision(7);
+/// assert!(matches!(b.apply_limits(stale), Err(ApplyLimitsError::StaleRevision { .. })));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApplyLimitsError {
+    /// The snapshot's revision is not newer than the current one. Checked first: a stale
+    /// snapshot is refused whatever else it contains.
+    StaleRevision {
+        /// The revision the snapshot carried.
+        attempted: u64,
+        /// The snapshot that stays current (boxed: a snapshot carries the class table).
+        current: Box<LimitsSnapshot>,
+    },
+    /// The snapshot is invalid.
+    Invalid(ConfigError),
+}
+
+impl std::fmt::Display for ApplyLimitsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApplyLimitsError::StaleRevision { attempted, current } => write!(
+                f,
+                "stale limits revision {attempted}: the current revision is {}",
+                current.revision
+            ),
+            ApplyLimitsError::Invalid(e) => write!(f, "invalid limits snapshot: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ApplyLimitsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ApplyLimitsError::Invalid(e) => Some(e),
+            ApplyLimitsError::StaleRevision { .. } => None,
+        }
+    }
+}
+
+impl From<ConfigError> for ApplyLimitsError {
+    fn from(e: ConfigError) -> Self {
+        ApplyLimitsError::Invalid(e)
+    }
+}
+
+/// What `apply_limits` replaced.
+///
+/// ```
+/// use llm_bulkhead::Bulkhead;
+/// let b = Bulkhead::new(2).unwrap();
+/// let change = b.apply_limits(b.limits().with_revision(1).with_max_concurrent(5)).unwrap();
+/// assert_eq!((change.previous.max_concurrent, change.current.max_concurrent), (2, 5));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct LimitsChange {
+    /// The snapshot that was current before.
+    pub previous: LimitsSnapshot,
+    /// The snapshot now current.
+    pub current: LimitsSnapshot,
 }

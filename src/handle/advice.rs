@@ -1,11 +1,11 @@
 //! Advisory admission: would a demand be admitted now? (reference §2.5). Read-only.
 
-use crate::classes::ClassView;
-use crate::demand::{Demand, Reservation};
-use crate::limits::{Hot, HotClass};
-use crate::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};
-use crate::state::Word;
 use crate::sync::{lock, Ordering};
+use crate::vocab::demand::{Demand, Reservation};
+use crate::vocab::rejection::{CapacityDetail, Constraint, RejectReason, Rejection};
+use crate::words::classes::ClassView;
+use crate::words::limits::{Hot, HotClass};
+use crate::words::state::Word;
 use crate::Bulkhead;
 
 /// The answer of [`Bulkhead::would_admit`]: admit (now, or after waiting in the queue), or the
@@ -120,7 +120,7 @@ impl Bulkhead {
         let snap = canon.current;
         let w = Word(shared.word.load(Ordering::Acquire));
         drop(canon);
-        let pending = crate::waiting::pending(shared) as u64;
+        let pending = crate::protocol::handoff::pending(shared) as u64;
         let hot = Hot {
             revision: snap.revision,
             max_concurrent: u64::from(snap.max_concurrent),
@@ -133,7 +133,7 @@ impl Bulkhead {
         let eff = hot.effective(priority);
         let closed = w.closed();
         if shared.classed {
-            let (classes, g, t) = crate::classed::collect(shared);
+            let (classes, g, t) = crate::protocol::classed::collect(shared);
             let k = match demand.class() {
                 Some(c) if c.index() < classes.len() => c.index(),
                 _ => shared.default_class,
@@ -170,7 +170,7 @@ impl Bulkhead {
                     _ => None,
                 }
             };
-            let mut detail = crate::bulkhead::rejection(
+            let mut detail = crate::handle::bulkhead::rejection(
                 g,
                 t,
                 &hot,
@@ -212,7 +212,7 @@ impl Bulkhead {
             Err(RejectReason::QueueLimit)
         };
         let reason = verdict.err().unwrap_or(RejectReason::ConcurrencyLimit);
-        let mut rej = crate::bulkhead::rejection(slots, tokens, &hot, reason, r, priority);
+        let mut rej = crate::handle::bulkhead::rejection(slots, tokens, &hot, reason, r, priority);
         rej.detail.pending = pending;
         match verdict {
             Ok(would_queue) => Advice::Admit {

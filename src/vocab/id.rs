@@ -1,7 +1,7 @@
 //! Admission ids: UUID-formatted, unique, made without a contended atomic and without a
 //! second thread-local lookup.
 //!
-//! An admission already bumps its thread's `admitted` counter (see [`crate::stats`]); the value
+//! An admission already bumps its thread's `admitted` counter (see `crate::record::stats`); the value
 //! it replaced numbers the admission within that per-thread entry. The id packs
 //!
 //! ```text

@@ -3,7 +3,7 @@
 //!
 //! The core knows nothing of LLM requests; the LLM layer turns a request into a `Demand`.
 
-use crate::error::UsageError;
+use crate::vocab::error::UsageError;
 
 /// Request priority. It changes only the effective token budget:
 /// `eff(High) = budget`, `eff(Normal) = max(0, budget − high_priority_reserve)`. It has no effect

@@ -15,7 +15,7 @@
 //! * **slots in use** `G`: admissions holding a global slot. At most [`MAX_SLOTS`];
 //!   `max_concurrent` above that is refused by validation.
 //! * **limits tag**: the low 14 bits (`TAG_BITS`) of the install counter of the limits snapshot
-//!   that is current. The snapshot itself lives in a small ring (see [`crate::limits`]); the tag
+//!   that is current. The snapshot itself lives in a small ring (see `crate::words::limits`); the tag
 //!   names its slot. Installing a snapshot bumps the tag with a CAS, so any decision that read
 //!   the word before the install fails its CAS afterwards (CONTRACT.md §6, last sentence).
 //! * **detached**: set once the last `Bulkhead` handle is gone; the admission that returns the
@@ -23,7 +23,7 @@
 //!   is what keeps an admission's view of the bulkhead alive, so admissions need no reference
 //!   count).
 //! * **waiters**: set while the wait queue is non-empty or a drainer waits (see
-//!   `crate::waiting`). While waiters are queued the fast path admits nobody (newcomers cannot
+//!   `crate::wait::waiting`). While waiters are queued the fast path admits nobody (newcomers cannot
 //!   barge) and a release hands its slot to the queue; while only drainers wait, a decider and
 //!   a release consult the queue-length mirror instead of the queue's mutex.
 //! * **closed**: set once by `close()`, never cleared.
@@ -40,13 +40,13 @@
 //!
 //! | operation | progress | why |
 //! |---|---|---|
-//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned, after a short bounded exponential backoff (`crossbeam_utils::Backoff::spin`, at most 64 spin hints). It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). With `WAITERS` up and a slot free (the flag is up for drainers only) it reads the queue-length mirror and admits with a CAS: still no lock (`crate::waiting::admit_if_nobody_waits`). |
+//! | `try_acquire` | lock-free | a load, three loads of the current ring slot, then one CAS. A failed CAS means another thread changed the word, i.e. made progress; the loop retries with the value the CAS returned, after a short bounded exponential backoff (`crossbeam_utils::Backoff::spin`, at most 64 spin hints). It cannot be wait-free without taking a tentative `fetch_add` and undoing it, which would let one request be refused because of another's undone step (forbidden by CONTRACT.md §9.4 and §10 "precision"). With `WAITERS` up and a slot free (the flag is up for drainers only) it reads the queue-length mirror and admits with a CAS: still no lock (`crate::wait::waiting::admit_if_nobody_waits`). |
 //! | refusal | lock-free | the refusal re-reads the word after reading the limits; if the tag moved, the limits may be torn and the decision is retried, so every refusal is explained by one real state. Its `pending` detail is read under the queue mutex, held for a few instructions: a refusal is lock-free in its decision and briefly blocking in its report. |
-//! | `release`, `drop(Admission)` | lock-free; blocking while waiters are queued | one CAS of the word returning the slot and the hold (a CAS, not a `fetch_sub`, because the word it replaces says whether waiters are queued), retried only when another thread changed the word. While waiters are queued the release takes the queue mutex and hands its slot to the head waiter (`crate::waiting::hand_off`). While only drainers wait it returns its slot with the CAS and locks only if a waiter queued meanwhile or it left the bulkhead idle (to wake the drainers). The release that frees the shared state does one more `fetch_sub`, on the lifetime count. |
+//! | `release`, `drop(Admission)` | lock-free; blocking while waiters are queued | one CAS of the word returning the slot and the hold (a CAS, not a `fetch_sub`, because the word it replaces says whether waiters are queued), retried only when another thread changed the word. While waiters are queued the release takes the queue mutex and hands its slot to the head waiter (`crate::protocol::handoff::hand_off`). While only drainers wait it returns its slot with the CAS and locks only if a waiter queued meanwhile or it left the bulkhead idle (to wake the drainers). The release that frees the shared state does one more `fetch_sub`, on the lifetime count. |
 //! | `report_usage` shrinking a hold | wait-free | one `fetch_sub` (no classes); with classes, a class-word CAS loop and one `fetch_sub`, and a visit to the queue (blocking) while the queue is flagged. |
 //! | `report_usage` growing a hold | lock-free | a CAS loop whose only check is that `T` stays within the field. |
 //! | `try_acquire` with classes | lock-free | a CAS on the class word, a collect of the class words when borrowing, a CAS on the shared word; a failed step is undone with one CAS on the class word and one `fetch_sub`, and retried only when another thread changed a word or the limits. |
-//! | `release` with classes | lock-free; blocking while the queue is flagged | inside the class's floors: one CAS on the class word (retried only when another thread changed it). Otherwise the CAS also marks a pending return, then one `fetch_sub` of the shared word and one `fetch_sub` clearing the mark (`crate::classed`, "Lifetime"). While waiters are queued or drainers wait (`C_QUEUE` on the class word, or `WAITERS` on the shared word) the release visits the queue under its mutex before clearing the mark. |
+//! | `release` with classes | lock-free; blocking while the queue is flagged | inside the class's floors: one CAS on the class word (retried only when another thread changed it). Otherwise the CAS also marks a pending return, then one `fetch_sub` of the shared word and one `fetch_sub` clearing the mark (`crate::protocol::classed`, "Lifetime"). While waiters are queued or drainers wait (`C_QUEUE` on the class word, or `WAITERS` on the shared word) the release visits the queue under its mutex before clearing the mark. |
 //! | `abandon_borrowed_concurrency` | lock-free; blocking while the queue is flagged | a CAS loop on the handle count (the pin), then the class decrease (a class-word CAS and one `fetch_sub`), which visits the queue while it is flagged. |
 //! | `close` | blocking, briefly | one `fetch_or`, then the queue mutex: every waiter is answered with `shutdown`, woken outside the lock in batches of 32. |
 //! | `stats`, `limits` | blocking, briefly | both copy the canonical snapshot under the reconfiguration lock (held only by `apply_limits`, for microseconds); `stats` also reads `queued_total` under the queue mutex, then reads the word and every thread's counters without locking. Neither is on a decision path. |
@@ -72,7 +72,7 @@
 //! * Ring slot fields are written with `Relaxed` stores after a `Release` fence and read with
 //!   `Acquire` loads. A reader that sees a value written for a later install therefore also sees
 //!   that install's earlier tag bump, and its CAS (or the re-read of a refusal) fails. See
-//!   [`crate::limits`].
+//!   `crate::words::limits`.
 //! * `close` is a `fetch_or` with `SeqCst`; a decision that loaded the word before it fails its
 //!   CAS afterwards.
 //! * The queue-length mirror and the drain-time release are a store→load pattern across two
@@ -96,7 +96,7 @@
 //!
 //! A bulkhead with classes does not use this layout: its state word holds `U` and `V`
 //! (CONTRACT.md §4) in place of `G` and `T`, beside one word per class, and runs the protocol
-//! written down in [`crate::classed`]. The tag and the waiters and closed flags sit at the same
+//! written down in `crate::protocol::classed`. The tag and the waiters and closed flags sit at the same
 //! places in both layouts, so the limits ring, `close` and `apply_limits`' tag bump are shared.
 //! The choice is made at construction; the no-class fast path tests one flag and never pays for
 //! classes.
@@ -105,7 +105,7 @@
 //! # Waiting
 //!
 //! The wait queue, the hand-off and the `WAITERS` flag's protocol (no lost wake-up, no
-//! barging) are written down in `crate::waiting`; the lifetime of the shared state on those
+//! barging) are written down in `crate::wait::waiting`; the lifetime of the shared state on those
 //! slow paths in `crate::shared`, "Slow paths".
 
 /// Bits of the token field.

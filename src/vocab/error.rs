@@ -1,6 +1,5 @@
 //! Typed errors for bad input. Every one of them is returned before any state changes.
 
-use crate::limits::LimitsSnapshot;
 use std::fmt;
 
 /// What is wrong with one configuration or snapshot field.
@@ -139,56 +138,6 @@ impl ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
-
-/// Why `apply_limits` installed nothing.
-///
-/// ```
-/// use llm_bulkhead::{ApplyLimitsError, Bulkhead};
-/// let b = Bulkhead::builder().max_concurrent(4).initial_revision(7).build().unwrap();
-/// let stale = b.limits().with_revision(7);
-/// assert!(matches!(b.apply_limits(stale), Err(ApplyLimitsError::StaleRevision { .. })));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ApplyLimitsError {
-    /// The snapshot's revision is not newer than the current one. Checked first: a stale
-    /// snapshot is refused whatever else it contains.
-    StaleRevision {
-        /// The revision the snapshot carried.
-        attempted: u64,
-        /// The snapshot that stays current (boxed: a snapshot carries the class table).
-        current: Box<LimitsSnapshot>,
-    },
-    /// The snapshot is invalid.
-    Invalid(ConfigError),
-}
-
-impl fmt::Display for ApplyLimitsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApplyLimitsError::StaleRevision { attempted, current } => write!(
-                f,
-                "stale limits revision {attempted}: the current revision is {}",
-                current.revision
-            ),
-            ApplyLimitsError::Invalid(e) => write!(f, "invalid limits snapshot: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ApplyLimitsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ApplyLimitsError::Invalid(e) => Some(e),
-            ApplyLimitsError::StaleRevision { .. } => None,
-        }
-    }
-}
-
-impl From<ConfigError> for ApplyLimitsError {
-    fn from(e: ConfigError) -> Self {
-        ApplyLimitsError::Invalid(e)
-    }
-}
 
 /// Invalid token usage or reservation input. Nothing changed.
 ///

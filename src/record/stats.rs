@@ -12,9 +12,9 @@
 //! decision). Once all threads are quiescent and synchronised with the reader (for example by
 //! joining them), every count is exact.
 
-use crate::limits::LimitsSnapshot;
-use crate::rejection::RejectReason;
 use crate::sync::Stripe;
+use crate::vocab::rejection::RejectReason;
+use crate::words::limits::LimitsSnapshot;
 
 /// One thread's event counters.
 ///
@@ -23,7 +23,7 @@ use crate::sync::Stripe;
 /// has usage to book.
 #[derive(Default)]
 pub(crate) struct Counters {
-    /// Distinguishes this entry's admission ids from other threads' (see [`crate::id`]).
+    /// Distinguishes this entry's admission ids from other threads' (see `crate::vocab::id`).
     pub(crate) key: u64,
     /// This thread's grace-period marker for this bulkhead's no-class decisions
     /// (`crate::grace`): on the line the decision writes anyway, found by the same lookup.
@@ -44,7 +44,7 @@ pub(crate) struct Counters {
     pub(crate) waits: Stripe,
     pub(crate) wait_ns: Stripe,
     pub(crate) wait_max_ns: Stripe,
-    pub(crate) classes: [ClassCounters; crate::classes::MAX_CLASSES],
+    pub(crate) classes: [ClassCounters; crate::vocab::class::MAX_CLASSES],
     /// Observe-mode bypasses (its value before the increment numbers the shadow id).
     pub(crate) bypassed: Stripe,
     /// Of which raced with an advisory "admit".
@@ -79,7 +79,7 @@ pub(crate) struct ClassCounters {
 impl Counters {
     pub(crate) fn new() -> Counters {
         Counters {
-            key: crate::id::next_key(),
+            key: crate::vocab::id::next_key(),
             ..Counters::default()
         }
     }
@@ -231,7 +231,7 @@ pub struct Stats {
     /// Class statistics, when classes are configured.
     pub classes: Option<ClassesStats>,
     /// Event subscribers that panicked (each panic caught and counted; see
-    /// [`crate::events`]).
+    /// `crate::record::events`).
     pub subscriber_panics: u64,
     /// Observe-mode figures: `None` until the first bypass (as in the reference).
     pub observe: Option<ObserveStats>,
@@ -487,7 +487,7 @@ pub(crate) struct Totals {
     pub(crate) abandoned_deadline: u64,
     pub(crate) abandoned_settled: u64,
     pub(crate) waits: QueueWaits,
-    pub(crate) classes: [ClassTotals; crate::classes::MAX_CLASSES],
+    pub(crate) classes: [ClassTotals; crate::vocab::class::MAX_CLASSES],
     pub(crate) admitted: u64,
     pub(crate) rejected: RejectCounts,
     pub(crate) total_reserved: u64,

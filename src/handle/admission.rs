@@ -1,16 +1,20 @@
 //! The [`Admission`] guard: what a successful decision gives, and how its tokens are settled.
 
-use crate::classes::{ClassId, Resources};
-use crate::demand::{Reconcile, Reservation, Usage};
-use crate::error::UsageError;
-use crate::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
-use crate::id::AdmissionId;
+use crate::record::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
+use crate::record::stats::Counters;
 use crate::shared::{Shared, SlotRef};
-use crate::state::{Word, MAX_TOKENS};
-use crate::stats::Counters;
 use crate::sync::Ordering;
+use crate::vocab::class::{ClassId, Resources};
+use crate::vocab::demand::{Reconcile, Reservation, Usage};
+use crate::vocab::error::UsageError;
+use crate::vocab::id::AdmissionId;
+use crate::words::state::{Word, MAX_TOKENS};
 use crate::Priority;
 use std::fmt;
+
+mod settle;
+pub(crate) use settle::checked_report;
+use settle::*;
 
 /// What a usage report left behind (CONTRACT.md §5).
 ///
@@ -199,7 +203,7 @@ impl ClassBits {
     const PINNED: u64 = 1 << 6;
     const HIGH: u64 = 1 << 7;
     /// Someone subscribed to events when it was admitted: its release goes through the
-    /// observed path (`crate::events`), so the plain release reads no flag.
+    /// observed path (`crate::record::events`), so the plain release reads no flag.
     const OBSERVED: u64 = 1 << 63;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
@@ -368,22 +372,24 @@ impl Admission {
         // Take a handle first, while the slot still keeps the state alive; then return the
         // slot. With no handle left nobody can use the slot, so it is kept until release.
         if let Some(pin) = slot.try_pin() {
-            crate::classed::return_slot_only(shared, k);
+            crate::protocol::classed::return_slot_only(shared, k);
             // Counted, and turned back into a handle by `settle_classed`.
             std::mem::forget(pin);
             self.class.0 |= ClassBits::PINNED;
         }
         // The state is still alive: kept by the forgotten pin, or by the slot not returned.
-        crate::events::emit(shared, || {
-            crate::events::Event::BorrowedConcurrencyAbandon(crate::events::AbandonEvent {
-                admission_id: self.id,
-                revision: self.revision,
-                priority: self.priority(),
-                class: crate::events::class_name(shared, Some(k)),
-                resources: self.resources(),
-                cause,
-                held_tokens: self.held,
-            })
+        crate::handle::events::emit(shared, || {
+            crate::record::events::Event::BorrowedConcurrencyAbandon(
+                crate::record::events::AbandonEvent {
+                    admission_id: self.id,
+                    revision: self.revision,
+                    priority: self.priority(),
+                    class: crate::handle::events::class_name(shared, Some(k)),
+                    resources: self.resources(),
+                    cause,
+                    held_tokens: self.held,
+                },
+            )
         });
         true
     }
@@ -516,15 +522,16 @@ impl Admission {
                 match class {
                     // Release, like any return of capacity.
                     None => {
-                        let prev =
-                            crate::state::Word(shared.word.fetch_sub(delta, Ordering::Release));
+                        let prev = crate::words::state::Word(
+                            shared.word.fetch_sub(delta, Ordering::Release),
+                        );
                         // This admission's hold is in T, so T ≥ delta: no borrow from the slots.
                         debug_assert!(prev.tokens() >= delta, "token field underflow");
                         // Token waiting: refunded tokens go to the queued head first.
-                        crate::token_wait::after_refund(shared, prev);
+                        crate::protocol::token_wait::after_refund(shared, prev);
                     }
                     Some(k) => {
-                        crate::classed::return_tokens(shared, k, delta);
+                        crate::protocol::classed::return_tokens(shared, k, delta);
                         c.classes[k].refunded.add(delta);
                     }
                 }
@@ -555,12 +562,12 @@ impl Admission {
         };
         if bumped {
             if let Some(shared) = self.shared() {
-                crate::events::emit(shared, || {
+                crate::handle::events::emit(shared, || {
                     Event::Usage(UsageEvent {
                         admission_id: self.id,
                         revision: self.revision,
                         priority: self.priority(),
-                        class: crate::events::class_name(shared, class),
+                        class: crate::handle::events::class_name(shared, class),
                         sequence: report.sequence,
                         reserved_tokens: reserved,
                         previous_held_tokens: previous,
@@ -625,7 +632,7 @@ impl Admission {
 
     /// Returns the slot and the whole hold; `None` if already released. Statistics are written
     /// before the slot goes back: the return may free the shared state (see
-    /// [`crate::shared`]).
+    /// `crate::shared`).
     #[inline(always)]
     fn settle(&mut self, usage: Option<Usage>) -> Option<Settled> {
         let slot = self.slot.take()?;
@@ -658,204 +665,6 @@ impl Admission {
             },
         ))
     }
-}
-
-/// What a release event says about its admission.
-#[derive(Clone, Copy)]
-struct Described {
-    id: AdmissionId,
-    revision: u64,
-    class: ClassBits,
-    reservation: Option<Reservation>,
-    sequence: u64,
-}
-
-/// `settle_other` for an admission made while someone subscribed: settles, then reports
-/// the release with a handle pinned first (the return may otherwise free the state).
-#[cold]
-#[inline(never)]
-fn settle_observed(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
-    let pin = slot.try_pin();
-    let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
-    if let Some(shared) = pin {
-        crate::events::emit(&shared, || {
-            Event::Release(ReleaseEvent {
-                admission_id: d.id,
-                revision: d.revision,
-                priority: d.class.priority(),
-                class: crate::events::class_name(&shared, d.class.index()),
-                reserved_tokens: d.reservation.map_or(0, |r| r.total()),
-                resources: d.class.resources(),
-                held_tokens: s.held,
-                refunded_tokens: s.refunded,
-                usage_sequence: d.sequence,
-                usage: s.usage,
-            })
-        });
-    }
-    s
-}
-
-/// `to − from` as a signed token delta (saturating; token counts stay far below `i64::MAX`).
-fn signed_delta(from: u64, to: u64) -> i64 {
-    if to >= from {
-        i64::try_from(to - from).unwrap_or(i64::MAX)
-    } else {
-        i64::try_from(from - to).map_or(i64::MIN, |d| -d)
-    }
-}
-
-/// Every other end of `Admission::settle`: with usage to book, or with a class. Out of line.
-#[inline(never)]
-fn settle_other(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) -> Settled {
-    if d.class.has(ClassBits::OBSERVED) {
-        return settle_observed(slot, held, usage, d);
-    }
-    settle_unobserved(slot, d.class, held, usage, d.reservation.is_some())
-}
-
-/// `settle_other` without an event.
-#[inline(always)]
-fn settle_unobserved(
-    slot: SlotRef,
-    class: ClassBits,
-    held: u64,
-    usage: Option<Usage>,
-    has_reservation: bool,
-) -> Settled {
-    let consumed = usage.and_then(|u| u.total());
-    let refunded = match consumed {
-        Some(consumed) if has_reservation => held.saturating_sub(consumed),
-        _ => 0,
-    };
-    if consumed.is_none() && !class.has(ClassBits::ABANDONED) {
-        if let Some(k) = class.index() {
-            slot.return_class_slot(k, held);
-            return Settled {
-                held,
-                consumed,
-                refunded,
-                usage,
-            };
-        }
-    }
-    settle_booked(slot, class, held, consumed, refunded);
-    Settled {
-        held,
-        consumed,
-        refunded,
-        usage,
-    }
-}
-
-/// The rest of `Admission::settle` when something is booked: consumption and refunds, class
-/// statistics (class mode), then the slot (class mode: the class slot, or after abandonment
-/// the tokens and the pin) goes back. Out of line.
-#[inline(never)]
-fn settle_booked(slot: SlotRef, class: ClassBits, held: u64, consumed: Option<u64>, refunded: u64) {
-    let shared = slot.get();
-    let c = shared.counters.local(Counters::new);
-    if let Some(consumed) = consumed {
-        c.total_consumed.add(consumed);
-        if refunded > 0 {
-            c.total_refunded.add(refunded);
-        }
-    }
-    match class.index() {
-        None => slot.return_slot(held),
-        Some(k) => {
-            let cc = &c.classes[k];
-            if let Some(consumed) = consumed {
-                cc.consumed.add(consumed);
-            }
-            if refunded > 0 {
-                cc.refunded.add(refunded);
-            }
-            if class.has(ClassBits::ABANDONED) {
-                c.abandoned_settled.add(1);
-                cc.abandoned_settled.add(1);
-            }
-            if class.has(ClassBits::PINNED) {
-                // The slot went back at abandonment: return the tokens only, then let the pin
-                // go (its drop frees the state if it was the last owner).
-                crate::classed::return_tokens(shared, k, held);
-                // SAFETY: `PINNED` is set only after `try_pin` counted a handle that was then
-                // forgotten, and this runs once per admission (its slot was just taken).
-                drop(unsafe { slot.into_pinned_handle() });
-            } else {
-                slot.return_class_slot(k, held);
-            }
-        }
-    }
-}
-
-/// The checks every usage report makes before anything changes (an admission's, and a
-/// bypassed run's in observe mode): sums that fit, the report clamped so no field decreases,
-/// and a reconciliation within the output cap. Returns the clamped usage and its total.
-pub(crate) fn checked_report(
-    usage: Usage,
-    previous: Option<Usage>,
-    reservation: Option<Reservation>,
-    reconcile: Option<Reconcile>,
-) -> Result<(Usage, u64), UsageError> {
-    usage
-        .total()
-        .ok_or(UsageError::Overflow { field: "usage" })?;
-    let clamped = usage.clamp_after(previous);
-    let consumed = clamped
-        .total()
-        .ok_or(UsageError::Overflow { field: "usage" })?;
-    if let (Some(res), Some(rc)) = (reservation, reconcile) {
-        if rc.remaining_output > res.max_output() {
-            return Err(UsageError::RemainingExceedsCap {
-                remaining: rc.remaining_output,
-                cap: res.max_output(),
-            });
-        }
-    }
-    Ok((clamped, consumed))
-}
-
-/// Class mode of [`grow_hold`] (see `crate::classed::grow_tokens`).
-#[inline(never)]
-fn grow_class_hold(shared: &Shared, k: usize, delta: u64, new_hold: u64) -> Result<(), UsageError> {
-    crate::classed::grow_tokens(shared, k, delta).map_err(|()| UsageError::HoldTooLarge {
-        hold: new_hold,
-        max: crate::classed::MAX_CLASSED_HOLD,
-    })?;
-    let c = shared.counters.local(Counters::new);
-    c.total_overrun.add(delta);
-    c.classes[k].overrun.add(delta);
-    Ok(())
-}
-
-/// Adds `delta` to the tokens in flight, with no admission check, refusing only growth past
-/// what the word can hold. Lock-free.
-fn grow_hold(shared: &Shared, delta: u64, new_hold: u64) -> Result<(), UsageError> {
-    let mut w = Word(shared.word.load(Ordering::Relaxed));
-    loop {
-        if w.tokens().checked_add(delta).is_none_or(|t| t > MAX_TOKENS) {
-            return Err(UsageError::HoldTooLarge {
-                hold: new_hold,
-                max: MAX_TOKENS,
-            });
-        }
-        match shared.word.compare_exchange_weak(
-            w.0,
-            w.0 + delta,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => break,
-            Err(actual) => w = Word(actual),
-        }
-    }
-    shared
-        .counters
-        .local(Counters::new)
-        .total_overrun
-        .add(delta);
-    Ok(())
 }
 
 impl Drop for Admission {

@@ -17,7 +17,8 @@
 //!
 //! # The hand-off of tokens
 //!
-//! Nothing here adds a new atomic protocol; it reuses the slot hand-off's (`crate::waiting`):
+//! Nothing here adds a new atomic protocol; it reuses the slot hand-off's (`crate::protocol::handoff`,
+//! `crate::protocol::class_pump`; the enqueue side is in `crate::wait::waiting`):
 //!
 //! * a **release** that sees `WAITERS` hands its slot to the head under the queue mutex
 //!   (`hand_off`), deciding the head with the leaver's tokens already counted as free, in the
@@ -53,14 +54,18 @@
 //! bulkhead without the option pays nothing for it. The per-call choice between waiting and
 //! failing fast already exists: `try_acquire` never waits.
 
-use crate::classes::{ShareSums, Summary, MAX_CLASSES};
-use crate::limits::{Hot, HotClass};
-use crate::queue::{Outcome, WakeList};
-use crate::rejection::{Constraint, RejectReason};
+use crate::protocol::class_pump::sync_class_flags;
+use crate::protocol::classed::Refused;
+use crate::protocol::handoff::{clear_waiters, pump};
 use crate::shared::{Shared, SlowPathRef};
-use crate::state::Word;
 use crate::sync::Ordering;
-use crate::Priority;
+use crate::vocab::class::MAX_CLASSES;
+use crate::vocab::demand::Priority;
+use crate::vocab::rejection::{Constraint, RejectReason};
+use crate::wait::list::{Outcome, WakeList};
+use crate::words::classes::{ShareSums, Summary};
+use crate::words::limits::{Hot, HotClass};
+use crate::words::state::Word;
 
 /// No classes: whether `r` tokens at `priority` fit the limits `lim` once nothing else is held.
 #[inline]
@@ -72,7 +77,7 @@ pub(crate) fn fits_when_idle(lim: &Hot, r: u64, priority: Priority) -> bool {
 /// in class `k` would get with nothing held, or `None` if its tokens fit then. `limits` are the
 /// class limits of one snapshot, `max_concurrent` and `eff` its global limit and the demand's
 /// effective budget. The same formulas as every class decision (`Summary::decide`), on an idle
-/// state; shared with the model (`src/model.rs`).
+/// state; shared with the model (`src/model/token_wait.rs`).
 pub(crate) fn classed_idle_refusal(
     limits: &[HotClass],
     k: usize,
@@ -131,7 +136,7 @@ pub(crate) fn classed_never_fits(
 /// for tokens (`budget_limit`, any constraint) and its tokens fit once nothing else is held.
 pub(crate) fn classed_waits_for_tokens(
     shared: &Shared,
-    f: &crate::classed::Refused,
+    f: &Refused,
     k: usize,
     r: u64,
     priority: Priority,
@@ -150,7 +155,7 @@ pub(crate) fn classed_waits_for_tokens(
 #[inline]
 pub(crate) fn after_refund(shared: &Shared, prev: Word) {
     if shared.wait_for_tokens && prev.waiters() && !broken_for_loom() {
-        crate::waiting::pump(shared);
+        pump(shared);
     }
 }
 
@@ -195,9 +200,9 @@ pub(crate) fn sweep_never_fit(shared: &Shared) {
             }
         });
         if classed {
-            crate::waiting::sync_class_flags(shared, &mut q);
+            sync_class_flags(shared, &mut q);
         } else {
-            crate::waiting::clear_waiters(shared, &q);
+            clear_waiters(shared, &q);
         }
         drop(q);
         wake.wake_all();

@@ -1,0 +1,182 @@
+//! Class mode of the [`Bulkhead`]'s decisions: class resolution, the class decision and its
+//! counting, the class refusals (`crate::protocol::classed`).
+
+use super::*;
+
+impl Bulkhead {
+    /// The class path of `try_acquire` (the protocol of `crate::protocol::classed`). Out of line, so
+    /// the no-class path does not carry it.
+    #[inline(never)]
+    pub(super) fn try_acquire_classed(
+        &self,
+        class: Option<ClassId>,
+        r: u64,
+        priority: Priority,
+    ) -> Result<Granted, Rejection> {
+        let shared = &*self.shared;
+        let k = self.class_index(class);
+        match crate::protocol::classed::try_fast(shared, k, r, priority) {
+            Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
+            None => self.try_acquire_classed_contended(k, r, priority),
+        }
+    }
+
+    /// The classed decision after the fast attempt gave up: the full protocol, and the
+    /// refusal if it refuses (out of line: its result carries the collect that explains it).
+    #[inline(never)]
+    pub(super) fn try_acquire_classed_contended(
+        &self,
+        k: usize,
+        r: u64,
+        priority: Priority,
+    ) -> Result<Granted, Rejection> {
+        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority) {
+            Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
+            Err(f) => Err(self.class_refusal(k, f, r, priority)),
+        }
+    }
+
+    /// The class index a demand's class resolves to (the default class when it names none;
+    /// 0 without classes).
+    #[inline]
+    pub(crate) fn class_index(&self, class: Option<ClassId>) -> usize {
+        let shared = &*self.shared;
+        match class {
+            Some(c) if c.index() < shared.class_words.len() => c.index(),
+            _ => shared.default_class,
+        }
+    }
+
+    /// Counts a class admission of `r` tokens in class `k` (its attribution `resources`).
+    pub(crate) fn count_class_admission(
+        &self,
+        k: usize,
+        r: u64,
+        revision: u64,
+        resources: crate::vocab::class::Resources,
+    ) -> Granted {
+        let shared = &*self.shared;
+        let c = shared.counters.local(Counters::new);
+        let n = c.admitted.add(1);
+        let cc = &c.classes[k];
+        cc.admitted.add(1);
+        if resources.borrowed_concurrency {
+            cc.borrowed_admissions.add(1);
+        }
+        if shared.has_budget {
+            c.total_reserved.add(r);
+            cc.reserved.add(r);
+            if resources.borrowed_tokens > 0 {
+                cc.borrowed_tokens.add(resources.borrowed_tokens);
+            }
+        }
+        Granted {
+            revision,
+            key: c.key,
+            n,
+            class: Admission::class_code(k, resources),
+        }
+    }
+
+    /// Counts and explains the refusal of a class waiter (or of a class request refused while
+    /// entering the queue) with `reason` and `constraint`, from a collect of the state now.
+    /// `detail.pending` is left for the caller.
+    #[cold]
+    pub(crate) fn class_answer_refusal(
+        &self,
+        k: usize,
+        reason: RejectReason,
+        constraint: Option<crate::vocab::rejection::Constraint>,
+        r: u64,
+        priority: Priority,
+    ) -> Rejection {
+        let f = crate::protocol::classed::describe(&self.shared, k, priority, reason, constraint);
+        self.class_refusal(k, f, r, priority)
+    }
+
+    /// Counts and explains a class refusal from the collect that decided its reason.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn class_refusal(
+        &self,
+        k: usize,
+        f: crate::protocol::classed::Refused,
+        r: u64,
+        priority: Priority,
+    ) -> Rejection {
+        let shared = &*self.shared;
+        let c = shared.counters.local(Counters::new);
+        c.rejected[f.reason.index()].add(1);
+        c.classes[k].rejected[f.reason.index()].add(1);
+        let mut rej = rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
+        rej.constraint = f.constraint;
+        if f.reason != RejectReason::Shutdown {
+            let mut detail = f.summary.detail(&shared.class_names[k], r);
+            if let Some((slots, tokens)) = f.stored_shared {
+                let c = &mut detail.shared.concurrency;
+                c.in_use = c.in_use.max(slots);
+                c.available = c.capacity.saturating_sub(c.in_use);
+                if let Some(t) = detail.shared.token_budget.as_mut() {
+                    t.in_use = t.in_use.max(tokens);
+                    t.available = t.capacity.saturating_sub(t.in_use);
+                }
+            }
+            rej.detail.classes = Some(Box::new(detail));
+        }
+        crate::handle::events::rejected(shared, Some(k), &rej);
+        rej
+    }
+
+    /// The class named `name`.
+    ///
+    /// # Errors
+    /// [`UnknownClass`] when the table has no such class (classes are never created on use).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
+    /// assert!(b.class_id("batch").is_ok());
+    /// assert!(b.class_id("tenant-42").is_err());
+    /// ```
+    pub fn class_id(&self, name: &str) -> Result<ClassId, UnknownClass> {
+        // Names are stored trimmed (the builder trims them), so look them up trimmed too.
+        let key = name.trim();
+        self.shared
+            .class_names
+            .iter()
+            .position(|n| n == key)
+            .map(|i| ClassId(i as u8))
+            .ok_or_else(|| UnknownClass(name.to_owned()))
+    }
+
+    /// Whether a demand refused only for tokens waits in the queue
+    /// ([`BulkheadBuilder::wait_for_tokens`](crate::BulkheadBuilder::wait_for_tokens)).
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// assert!(!Bulkhead::new(1).unwrap().waits_for_tokens());
+    /// assert!(Bulkhead::builder().max_concurrent(1).wait_for_tokens(true).build().unwrap().waits_for_tokens());
+    /// ```
+    pub fn waits_for_tokens(&self) -> bool {
+        self.shared.wait_for_tokens
+    }
+
+    /// The default waiter timeout (from the builder's `timeout` or profile).
+    ///
+    /// ```
+    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_timeout(), None);
+    /// ```
+    pub fn default_timeout(&self) -> Option<Duration> {
+        self.shared.default_timeout
+    }
+
+    /// The class names, in construction order (empty without classes).
+    ///
+    /// ```
+    /// # use llm_bulkhead::Bulkhead;
+    /// assert!(Bulkhead::new(1).unwrap().class_names().is_empty());
+    /// ```
+    pub fn class_names(&self) -> &[String] {
+        &self.shared.class_names
+    }
+}

@@ -1,0 +1,426 @@
+//! One de-duplicated flight: its shared state, its waker, and the [`DedupRun`] future of the
+//! leader and of each follower.
+
+use super::*;
+
+/// One call in flight. As a `Waker` (the one the work is polled with, whoever polls it) it
+/// wakes every participant.
+pub(in crate::llm) struct Flight<T> {
+    pub(in crate::llm) st: Mutex<FlightState<T>>,
+}
+
+pub(in crate::llm) struct FlightState<T> {
+    /// The shared call; `None` while a participant polls it, and once it is done.
+    pub(in crate::llm) work: Option<Work<T>>,
+    pub(in crate::llm) polling: bool,
+    pub(in crate::llm) done: bool,
+    pub(in crate::llm) leader_present: bool,
+    /// The original result, for the leader.
+    pub(in crate::llm) leader_result: Option<T>,
+    /// Each follower's share (`None` until done; `Err` if sharing panicked).
+    pub(in crate::llm) followers: HashMap<u64, Option<Result<T, DedupError>>>,
+    pub(in crate::llm) next_follower: u64,
+    pub(in crate::llm) participants: usize,
+    /// The participants' wakers, under the same lock as the state they wait on (one lock per
+    /// poll, not two). Never woken with the lock held.
+    pub(in crate::llm) wakers: Wakers,
+}
+
+/// The participants' wakers (the first inline: a flight usually has one participant).
+#[derive(Default)]
+pub(in crate::llm) struct Wakers {
+    pub(in crate::llm) first: Option<Waker>,
+    pub(in crate::llm) rest: Vec<Waker>,
+}
+
+impl Wakers {
+    pub(in crate::llm) fn register(&mut self, w: &Waker) {
+        match &self.first {
+            Some(f) if f.will_wake(w) => {}
+            Some(_) => {
+                if !self.rest.iter().any(|x| x.will_wake(w)) {
+                    self.rest.push(w.clone());
+                }
+            }
+            None => self.first = Some(w.clone()),
+        }
+    }
+
+    pub(in crate::llm) fn wake(self) {
+        if let Some(w) = self.first {
+            w.wake();
+        }
+        for w in self.rest {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Flight<T> {
+    /// Wakes every registered participant (outside the lock).
+    pub(in crate::llm) fn wake_all(&self) {
+        let wakers = std::mem::take(&mut lock(&self.st).wakers);
+        wakers.wake();
+    }
+}
+
+impl<T: Send + 'static> Wake for Flight<T> {
+    fn wake(self: Arc<Self>) {
+        self.wake_all();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wake_all();
+    }
+}
+
+pub(in crate::llm) enum Role<T> {
+    Solo(Option<Work<T>>),
+    Leader {
+        key: u128,
+        flight: Arc<Flight<T>>,
+    },
+    Follower {
+        key: u128,
+        flight: Arc<Flight<T>>,
+        id: u64,
+    },
+    Finished,
+}
+
+/// The future of [`Dedup::run`]: the caller's result, or (followers only) why it has none.
+///
+/// # Cancel safety
+/// Dropping it leaves the flight; the shared call goes on while any participant remains.
+///
+/// ```
+/// use llm_bulkhead::llm::{Dedup, FollowerOptions};
+/// let d: Dedup<u8> = Dedup::new(8);
+/// let f = d.run(None, FollowerOptions::default(), || async { 1 });
+/// assert_eq!(futures_lite::future::block_on(f), Ok(1));
+/// ```
+#[must_use = "futures do nothing unless polled"]
+pub struct DedupRun<T> {
+    pub(in crate::llm) inner: Arc<Inner<T>>,
+    pub(in crate::llm) role: Role<T>,
+    pub(in crate::llm) timeout: Option<Duration>,
+    pub(in crate::llm) deadline: Option<Instant>,
+    pub(in crate::llm) timer: Option<u64>,
+    /// A follower's registration with its own cancellation token.
+    pub(in crate::llm) cancel: Option<CancelWake>,
+}
+
+impl<T> std::fmt::Debug for DedupRun<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let role = match self.role {
+            Role::Solo(_) => "solo",
+            Role::Leader { .. } => "leader",
+            Role::Follower { .. } => "follower",
+            Role::Finished => "finished",
+        };
+        f.debug_struct("DedupRun")
+            .field("role", &role)
+            .finish_non_exhaustive()
+    }
+}
+
+// The state is only touched through `&mut self` or under the flight's mutex; nothing is
+// structurally pinned (the work is boxed), so the future may move.
+impl<T> Unpin for DedupRun<T> {}
+
+impl<T> Dedup<T> {
+    /// Counts a follower that got a result it could not use (the type-erased map of
+    /// `LlmBulkhead::run_shared_with`, whose share function declined).
+    pub(in crate::llm) fn count_unshareable(&self) {
+        self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl<T> DedupRun<T> {
+    pub(in crate::llm) fn solo(inner: Arc<Inner<T>>, work: Work<T>) -> DedupRun<T> {
+        DedupRun {
+            inner,
+            role: Role::Solo(Some(work)),
+            timeout: None,
+            deadline: None,
+            timer: None,
+            cancel: None,
+        }
+    }
+
+    /// Whether this call leads a flight (it runs the work), follows one, or runs on its own.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions};
+    /// let d: Dedup<u8> = Dedup::new(8);
+    /// let k = DedupKey::of_bytes(b"k");
+    /// let a = d.run(k, FollowerOptions::default(), || async { 1 });
+    /// let b = d.run(k, FollowerOptions::default(), || async { 2 });
+    /// assert!(a.is_leader() && b.is_follower());
+    /// ```
+    pub fn is_leader(&self) -> bool {
+        matches!(self.role, Role::Leader { .. })
+    }
+
+    /// Whether this call joined a flight in progress.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{Dedup, FollowerOptions};
+    /// let d: Dedup<u8> = Dedup::new(8);
+    /// assert!(!d.run(None, FollowerOptions::default(), || async { 1 }).is_follower());
+    /// ```
+    pub fn is_follower(&self) -> bool {
+        matches!(self.role, Role::Follower { .. })
+    }
+}
+
+impl<T: Send + 'static> Future for DedupRun<T> {
+    type Output = Result<T, DedupError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &mut this.role {
+            Role::Solo(work) => {
+                let w = work.as_mut().expect("DedupRun polled after completion");
+                let out = w.as_mut().poll(cx);
+                if out.is_ready() {
+                    this.role = Role::Finished;
+                }
+                out.map(Ok)
+            }
+            Role::Leader { .. } | Role::Follower { .. } => this.poll_flight(cx),
+            Role::Finished => panic!("DedupRun polled after completion"),
+        }
+    }
+}
+
+/// A finished flight's result for the leader (`follower: None`) or a follower.
+pub(in crate::llm) fn take_result<T>(
+    st: &mut FlightState<T>,
+    follower: Option<u64>,
+) -> Result<T, DedupError> {
+    match follower {
+        None => Ok(st.leader_result.take().expect("the leader's result")),
+        Some(id) => st
+            .followers
+            .remove(&id)
+            .flatten()
+            .expect("a share for every follower"),
+    }
+}
+
+impl<T: Send + 'static> DedupRun<T> {
+    fn poll_flight(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, DedupError>> {
+        // The role is taken out (no reference-count traffic on the flight) and put back on
+        // every `Pending`; nothing between can unwind (the work and the share functions run
+        // under `catch_unwind`), and a `Ready` leaves it `Finished`.
+        let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
+            Role::Leader { flight, key } => (flight, key, None),
+            Role::Follower { flight, key, id } => (flight, key, Some(id)),
+            _ => unreachable!("poll_flight is called for leaders and followers"),
+        };
+        let pending = |this: &mut Self, flight: Arc<Flight<T>>| {
+            this.role = match follower {
+                None => Role::Leader { flight, key },
+                Some(id) => Role::Follower { flight, key, id },
+            };
+            Poll::Pending
+        };
+        {
+            let mut st = lock(&flight.st);
+            if st.done {
+                let out = take_result(&mut st, follower);
+                st.participants -= 1;
+                drop(st);
+                self.finish();
+                return Poll::Ready(out);
+            }
+            if let Some(id) = follower {
+                // A follower's own cancellation: registered with the token (a cancel wakes
+                // this task), checked before it waits or drives the call.
+                if let Some(c) = self.cancel.as_mut() {
+                    if c.poll_cancelled(cx).is_ready() {
+                        st.followers.remove(&id);
+                        drop(st);
+                        self.inner.cancelled.fetch_add(1, Ordering::Relaxed);
+                        self.leave(&flight, key, false);
+                        self.finish();
+                        return Poll::Ready(Err(DedupError::Cancelled));
+                    }
+                }
+                // A follower's own deadline, from its first poll.
+                if let Some(t) = self.timeout {
+                    // A timeout too large for an instant never expires (and never panics).
+                    let now = Instant::now();
+                    let at = *self
+                        .deadline
+                        .get_or_insert_with(|| now.checked_add(t).unwrap_or(now + FAR));
+                    if now >= at {
+                        st.followers.remove(&id);
+                        drop(st);
+                        self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
+                        self.leave(&flight, key, false);
+                        self.finish();
+                        return Poll::Ready(Err(DedupError::Timeout));
+                    }
+                    match self.timer {
+                        Some(tm) => crate::wait::timer::update(tm, cx.waker()),
+                        None => {
+                            self.timer = Some(crate::wait::timer::register(at, cx.waker().clone()))
+                        }
+                    }
+                }
+            }
+            st.wakers.register(cx.waker());
+            if st.polling {
+                // Another participant drives the call; it wakes everyone when it stops.
+                drop(st);
+                return pending(self, flight);
+            }
+            let Some(mut work) = st.work.take() else {
+                drop(st);
+                return pending(self, flight);
+            };
+            st.polling = true;
+            drop(st);
+            let waker = Waker::from(flight.clone());
+            let polled = catch_unwind(AssertUnwindSafe(|| {
+                work.as_mut().poll(&mut Context::from_waker(&waker))
+            }));
+            let mut st = lock(&flight.st);
+            st.polling = false;
+            match polled {
+                Ok(Poll::Pending) => {
+                    st.work = Some(work);
+                    drop(st);
+                    pending(self, flight)
+                }
+                Ok(Poll::Ready(result)) => {
+                    self.complete(&mut st, result);
+                    let out = take_result(&mut st, follower);
+                    st.participants -= 1;
+                    let others = st.participants > 0;
+                    drop(st);
+                    drop(work);
+                    self.remove_key(&flight, key);
+                    if others {
+                        flight.wake_all();
+                    }
+                    self.finish();
+                    Poll::Ready(out)
+                }
+                Err(panic) => {
+                    // The shared call panicked: nobody gets a result; the panic goes on in
+                    // this participant, the others are woken and find the flight gone.
+                    st.done = true;
+                    st.followers.clear();
+                    st.participants -= 1;
+                    drop(st);
+                    self.remove_key(&flight, key);
+                    flight.wake_all();
+                    self.finish();
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+    }
+
+    /// The call completed with `result`: shares for the followers, the original for the
+    /// leader (or dropped if the leader left).
+    fn complete(&self, st: &mut FlightState<T>, result: T) {
+        st.done = true;
+        let share = &self.inner.share;
+        for slot in st.followers.values_mut() {
+            let shared = catch_unwind(AssertUnwindSafe(|| share(&result)));
+            if shared.is_err() {
+                self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
+            }
+            *slot = Some(shared.map_err(|_| DedupError::Unshareable));
+        }
+        if st.leader_present {
+            st.leader_result = Some(result);
+        }
+    }
+
+    /// Removes `key` from the map if it still names `flight`.
+    fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
+        let mut map = lock(&self.inner.flights);
+        if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            map.remove(&key);
+        }
+    }
+
+    /// A participant leaves before completion: the last one drops the work and frees the key;
+    /// otherwise the others are woken in case this one was driving.
+    fn leave(&self, flight: &Arc<Flight<T>>, key: u128, leader: bool) {
+        let mut st = lock(&flight.st);
+        if st.done {
+            st.participants -= 1;
+            return;
+        }
+        st.participants -= 1;
+        if leader {
+            st.leader_present = false;
+        }
+        let last = st.participants == 0;
+        let work = if last { st.work.take() } else { None };
+        if last {
+            st.done = true;
+        }
+        drop(st);
+        drop(work);
+        if last {
+            self.remove_key(flight, key);
+        } else {
+            flight.wake_all();
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(t) = self.timer.take() {
+            crate::wait::timer::cancel(t);
+        }
+        self.cancel = None;
+        self.role = Role::Finished;
+    }
+}
+
+impl<T> Drop for DedupRun<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.timer.take() {
+            crate::wait::timer::cancel(t);
+        }
+        let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
+            Role::Leader { flight, key } => (flight, key, None),
+            Role::Follower { flight, key, id } => (flight, key, Some(id)),
+            _ => return,
+        };
+        let mut st = lock(&flight.st);
+        if let Some(id) = follower {
+            st.followers.remove(&id);
+        } else {
+            st.leader_present = false;
+            st.leader_result = None;
+        }
+        st.participants -= 1;
+        let last = st.participants == 0 && !st.done;
+        let work = if last {
+            st.done = true;
+            st.work.take()
+        } else {
+            None
+        };
+        let done = st.done;
+        drop(st);
+        drop(work);
+        if last {
+            let mut map = lock(&self.inner.flights);
+            if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                map.remove(&key);
+            }
+        } else if !done {
+            // This participant may have been the one driving the call: let another take over.
+            flight.wake_all();
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! [`LlmBulkhead`]: `estimate`, `would_admit`, `run_blocking` and async `run` (`super`).
+
+use super::*;
+
+/// A bulkhead with a token estimator: turns requests into demands, previews them, and runs
+/// work under an admission (reference §9).
+///
+/// ```
+/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ModelAwareEstimator, RunOptions};
+/// use llm_bulkhead::Bulkhead;
+/// let llm = LlmBulkhead::new(
+///     Bulkhead::builder().max_concurrent(4).token_budget(10_000).build().unwrap(),
+///     ModelAwareEstimator::default(),
+/// );
+/// let request = LlmRequest::new("gpt-4o", &[&"x".repeat(37)]);
+/// assert_eq!(llm.estimate(&request, &RunOptions::default()).unwrap().unwrap().input(), 10);
+/// ```
+#[derive(Clone)]
+pub struct LlmBulkhead {
+    pub(in crate::llm) bulkhead: Bulkhead,
+    pub(in crate::llm) estimator: Arc<dyn TokenEstimator>,
+    /// The bulkhead-level de-duplication (`None`: off), see [`LlmBulkhead::with_dedup`].
+    pub(in crate::llm) dedup: Option<Arc<crate::llm::shared_run::SharedDedup>>,
+}
+
+impl fmt::Debug for LlmBulkhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmBulkhead")
+            .field("bulkhead", &self.bulkhead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlmBulkhead {
+    /// A front end for `bulkhead` that estimates with `estimator`.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// # let _ = llm;
+    /// ```
+    pub fn new(bulkhead: Bulkhead, estimator: impl TokenEstimator + 'static) -> LlmBulkhead {
+        LlmBulkhead::with_shared_estimator(bulkhead, Arc::new(estimator))
+    }
+
+    /// A front end sharing `estimator` (an adaptive estimator the application also feeds,
+    /// for example).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead; use std::sync::Arc;
+    /// let shared: Arc<dyn TokenEstimator> = Arc::new(NaiveEstimator);
+    /// let llm = LlmBulkhead::with_shared_estimator(Bulkhead::new(1).unwrap(), shared.clone());
+    /// # let _ = llm;
+    /// ```
+    pub fn with_shared_estimator(
+        bulkhead: Bulkhead,
+        estimator: Arc<dyn TokenEstimator>,
+    ) -> LlmBulkhead {
+        LlmBulkhead {
+            bulkhead,
+            estimator,
+            dedup: None,
+        }
+    }
+
+    /// The bulkhead.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(3).unwrap(), NaiveEstimator);
+    /// assert_eq!(llm.bulkhead().limits().max_concurrent, 3);
+    /// ```
+    pub fn bulkhead(&self) -> &Bulkhead {
+        &self.bulkhead
+    }
+
+    /// Exactly what admission will reserve for `request` with `options`: `None` without a
+    /// token budget; with one, the per-call override (checked for consistency) or else the
+    /// estimator's answer. Changes nothing.
+    ///
+    /// # Errors
+    /// [`EstimateError`] from the estimator or the override, naming the field.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ReservationOverride, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, Reservation};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(Reservation::new(5, 5).unwrap()));
+    /// let r = LlmRequest::default();
+    /// assert_eq!(llm.estimate(&r, &RunOptions::default()).unwrap().unwrap().total(), 10);
+    /// let o = RunOptions { reservation: Some(ReservationOverride { input: 300, max_output: 400, reserved: None }), ..Default::default() };
+    /// assert_eq!(llm.estimate(&r, &o).unwrap().unwrap().total(), 700);
+    /// ```
+    pub fn estimate<U>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Option<Reservation>, EstimateError> {
+        if !self.bulkhead.shared.has_budget {
+            return Ok(None);
+        }
+        match options.reservation {
+            Some(o) => o.resolve().map(Some),
+            None => self.estimator.estimate(request).map(Some),
+        }
+    }
+
+    /// The demand `run` would make for `request` with `options`.
+    pub(in crate::llm) fn demand<U>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Demand, EstimateError> {
+        let mut d = match self.estimate(request, options)? {
+            Some(r) => Demand::tokens(r),
+            None => Demand::slot(),
+        };
+        d = d.with_priority(options.priority);
+        if let Some(c) = options.class {
+            d = d.in_class(c);
+        }
+        Ok(d)
+    }
+
+    /// Would `run` admit `request` now? Advisory: it takes nothing, counts nothing and emits
+    /// no event ([`Bulkhead::would_admit`], including its note on precision).
+    ///
+    /// # Errors
+    /// As [`estimate`](Self::estimate): validation comes first, before the closed check.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, RejectReason, Reservation};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(100).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(Reservation::new(90, 20).unwrap()));
+    /// let advice = llm.would_admit(&LlmRequest::default(), &RunOptions::default()).unwrap();
+    /// assert_eq!(advice.reason(), Some(RejectReason::BudgetLimit));
+    /// assert_eq!(advice.detail().token_budget.unwrap().requested, 110);
+    /// ```
+    pub fn would_admit<U>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Advice, EstimateError> {
+        Ok(self.bulkhead.would_admit(&self.demand(request, options)?))
+    }
+
+    /// Validates the deadline option before anything changes.
+    /// `run` and `run_blocking` cannot detach their work.
+    pub(in crate::llm) fn check_no_detach<U, E>(
+        options: &RunOptions<U>,
+    ) -> Result<(), RunError<E>> {
+        match options.detach_at_deadline {
+            None => Ok(()),
+            Some(_) => Err(RunError::Invalid(EstimateError::InvalidSetting {
+                field: "detach_at_deadline",
+                expected: "none: only run_shared can detach its work",
+            })),
+        }
+    }
+
+    pub(in crate::llm) fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
+        if let Some(Deadline::After(d)) = d {
+            if d.is_zero() || Instant::now().checked_add(*d).is_none() {
+                return Err(RunError::Invalid(EstimateError::InvalidSetting {
+                    field: "borrowed_concurrency_deadline",
+                    expected: "above zero and representable as an instant",
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Admits `request` (waiting in the queue if the bulkhead queues), runs `work` on this
+    /// thread with a [`RunContext`], and releases: on success with the usage
+    /// `options.usage` takes from the result (else the last report), on error and on panic
+    /// with the last report. Nothing leaks, whatever `work` does.
+    ///
+    /// With a borrowed-concurrency deadline (applies only when the admission's slot was
+    /// borrowed), expiry abandons the slot (cause `deadline`) and sets
+    /// [`RunContext::stop_requested`]; when `work` returns, its tokens are settled and the
+    /// answer is [`RunError::Deadline`] (the result is dropped). A deadline that finds the slot
+    /// already abandoned does nothing.
+    ///
+    /// # When the caller hears of the deadline
+    /// Here, only when `work` returns: it runs on the caller's thread, so nothing can answer
+    /// the caller before it does. This differs from the seed, where the caller is rejected at
+    /// expiry and the callback goes on in the background: a blocking closure cannot be
+    /// detached from the thread that runs it. Work that must answer at expiry polls
+    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns.
+    /// The async [`run`](Self::run) can answer at expiry; see there.
+    ///
+    /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
+    /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
+    /// own events and `stats().observe`. `shutdown` and `aborted` are still answered.
+    ///
+    /// # Errors
+    /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
+    /// [`RunError::Deadline`], or the work's own error as [`RunError::Work`].
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, Reservation, Usage};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(500).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(Reservation::new(250, 250).unwrap()));
+    /// let options = RunOptions::default().with_usage(|u: &Usage| Some(*u));
+    /// let u = llm.run_blocking(&LlmRequest::default(), options, |_| Ok::<_, ()>(Usage::new(80, 40))).unwrap();
+    /// let t = llm.bulkhead().stats().token_budget.unwrap();
+    /// assert_eq!((t.in_flight_tokens, t.total_consumed, t.total_refunded), (0, 120, 380));
+    /// # let _ = u;
+    /// ```
+    pub fn run_blocking<R, E, U, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+    ) -> Result<R, RunError<E>>
+    where
+        U: UsageFrom<R>,
+        F: FnOnce(&mut RunContext) -> Result<R, E>,
+    {
+        Self::check_deadline(&options.borrowed_concurrency_deadline)?;
+        Self::check_no_detach(&options)?;
+        let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
+        let RunOptions {
+            wait,
+            borrowed_concurrency_deadline,
+            usage,
+            mode,
+            ..
+        } = options;
+        let caller = wait.cancel.clone();
+        let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
+            Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
+            None => match mode {
+                Mode::Enforce => {
+                    let a = self
+                        .bulkhead
+                        .acquire_blocking(demand, wait)
+                        .map_err(RunError::Rejected)?;
+                    RunContext::new(a, borrowed_concurrency_deadline)
+                }
+                Mode::Observe(shadow) => self
+                    .observe_blocking(demand, wait, shadow, borrowed_concurrency_deadline)
+                    .map_err(RunError::Rejected)?,
+            },
+        };
+        ctx.set_caller(caller);
+        let out = work(&mut ctx);
+        settle(ctx, out, &usage)
+    }
+
+    /// The observe-mode decision of `run_blocking` after the fast decision declined (see
+    /// [`Mode`]): the advisory check, the real acquire, and the bypass.
+    #[inline(never)]
+    pub(in crate::llm) fn observe_blocking(
+        &self,
+        demand: Demand,
+        wait: WaitOptions,
+        shadow: ShadowReasons,
+        deadline: Option<Deadline>,
+    ) -> Result<RunContext, Rejection> {
+        let advised = match self.advise(&demand, shadow) {
+            Ok(admits) => admits,
+            Err(rej) => return self.bypass(&demand, &wait, rej, false),
+        };
+        match self.bulkhead.acquire_blocking(demand, wait.clone()) {
+            Ok(a) => Ok(RunContext::new(a, deadline)),
+            Err(rej) if shadow.contains(rej.reason) => self.bypass(&demand, &wait, rej, advised),
+            Err(rej) => Err(rej),
+        }
+    }
+
+    /// The async [`observe_blocking`](Self::observe_blocking).
+    pub(in crate::llm) async fn observe_async(
+        &self,
+        demand: Demand,
+        wait: WaitOptions,
+        shadow: ShadowReasons,
+        deadline: Option<Deadline>,
+    ) -> Result<RunContext, Rejection> {
+        let advised = match self.advise(&demand, shadow) {
+            Ok(admits) => admits,
+            Err(rej) => return self.bypass(&demand, &wait, rej, false),
+        };
+        match self.bulkhead.acquire(demand, wait.clone()).await {
+            Ok(a) => Ok(RunContext::new(a, deadline)),
+            Err(rej) if shadow.contains(rej.reason) => self.bypass(&demand, &wait, rej, advised),
+            Err(rej) => Err(rej),
+        }
+    }
+
+    /// The advisory step of observe mode: `Err` with the refusal when it refuses for a shadow
+    /// reason (bypass at once), else whether it said "admit".
+    pub(in crate::llm) fn advise(
+        &self,
+        demand: &Demand,
+        shadow: ShadowReasons,
+    ) -> Result<bool, Rejection> {
+        match self.bulkhead.would_admit(demand) {
+            Advice::Refuse(rej) if shadow.contains(rej.reason) => Err(rej),
+            advice => Ok(advice.admits()),
+        }
+    }
+
+    /// Runs the work of `demand`, refused with `rejection`, as bypassed: after the hard check
+    /// (`aborted`, `shutdown`), which is never bypassed.
+    #[cold]
+    pub(in crate::llm) fn bypass(
+        &self,
+        demand: &Demand,
+        wait: &WaitOptions,
+        rejection: Rejection,
+        raced: bool,
+    ) -> Result<RunContext, Rejection> {
+        if let Some(hard) = hard_refusal(&self.bulkhead, demand, wait) {
+            return Err(hard);
+        }
+        Ok(RunContext::bypassed(Bypassed::begin(
+            &self.bulkhead,
+            demand,
+            rejection,
+            raced,
+        )))
+    }
+
+    /// The async [`run_blocking`](Self::run_blocking): waits for a slot with the async
+    /// [`acquire`](Bulkhead::acquire), then awaits `work(&mut ctx)`. Works on any executor
+    /// (deadlines run on the crate's timer thread). The request is validated and estimated
+    /// when `run` is called, so the future does not borrow it.
+    ///
+    /// # When the caller hears of the deadline
+    /// When `work` returns, as with [`run_blocking`](Self::run_blocking), unless the work
+    /// races [`RunContext::stopped`] against its provider call: then the caller is answered
+    /// [`RunError::Deadline`] at expiry, whatever the work returns:
+    ///
+    /// ```
+    /// use futures_lite::future;
+    /// use llm_bulkhead::llm::{Deadline, DeadlineTrigger, LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, ClassLimits};
+    /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default())
+    ///     .default_class("batch").build().unwrap(); // every slot borrowed
+    /// let llm = LlmBulkhead::new(b, NaiveEstimator);
+    /// let trigger = DeadlineTrigger::new();
+    /// let options = RunOptions { borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())), ..RunOptions::default() };
+    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |ctx| {
+    ///     let provider_call = future::pending::<Result<&str, ()>>(); // never answers
+    ///     trigger.fire(); // (a clock deadline fires on the timer thread)
+    ///     future::or(provider_call, async { ctx.stopped().await; Err(()) }).await
+    /// }));
+    /// assert!(matches!(r, Err(RunError::Deadline(_))));
+    /// ```
+    ///
+    /// The provider call is then dropped, not detached: the work's future borrows its context
+    /// and is not `'static`, so it cannot outlive the run, and the tokens are settled at once
+    /// with the last usage report. The seed's detached callback, which keeps its tokens until
+    /// it settles, needs work that owns its context and an executor to go on running on:
+    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] offers it
+    /// (the caller is answered at expiry and the work is handed to the application's
+    /// spawner); `run` refuses that option.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
+    /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
+    /// the work's future and the context, which releases the admission with the last usage
+    /// report, disarms the deadline and fires the run's [`StopSignal`] with
+    /// [`StopCause::Ended`] (observe mode: a bypassed run is settled with its last report, and
+    /// a `bypass_release` event says so).
+    ///
+    /// # Errors
+    /// As [`run_blocking`](Self::run_blocking).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::{Bulkhead, Usage};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(2).token_budget(10_000).build().unwrap(), NaiveEstimator);
+    /// let fut = llm.run(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), async |ctx| {
+    ///     ctx.report_usage(Usage::new(1, 5), None).unwrap();
+    ///     Ok::<_, ()>("done")
+    /// });
+    /// assert_eq!(futures_lite::future::block_on(fut).unwrap(), "done");
+    /// let t = llm.bulkhead().stats().token_budget.unwrap();
+    /// assert_eq!((t.in_flight_tokens, t.total_consumed), (0, 6));
+    /// ```
+    pub fn run<'a, R, E, U, F>(
+        &'a self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+    ) -> impl Future<Output = Result<R, RunError<E>>> + 'a
+    where
+        R: 'a,
+        E: 'a,
+        U: UsageFrom<R> + 'a,
+        F: AsyncFnOnce(&mut RunContext) -> Result<R, E> + 'a,
+    {
+        // Validation and estimation happen now, so the future does not borrow the request.
+        let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
+            .and_then(|()| Self::check_no_detach(&options))
+            .and_then(|()| self.demand(request, &options).map_err(RunError::Invalid));
+        async move {
+            let demand = prepared?;
+            let RunOptions {
+                wait,
+                borrowed_concurrency_deadline,
+                usage,
+                mode,
+                ..
+            } = options;
+            let caller = wait.cancel.clone();
+            let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
+                Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
+                None => match mode {
+                    Mode::Enforce => {
+                        // Boxed: the queue node is large, and the future of every run would
+                        // carry it.
+                        let a = Box::pin(self.bulkhead.acquire(demand, wait))
+                            .await
+                            .map_err(RunError::Rejected)?;
+                        RunContext::new(a, borrowed_concurrency_deadline)
+                    }
+                    // Boxed for the same reason.
+                    Mode::Observe(shadow) => Box::pin(self.observe_async(
+                        demand,
+                        wait,
+                        shadow,
+                        borrowed_concurrency_deadline,
+                    ))
+                    .await
+                    .map_err(RunError::Rejected)?,
+                },
+            };
+            ctx.set_caller(caller);
+            let out = work(&mut ctx).await;
+            settle(ctx, out, &usage)
+        }
+    }
+}
+
+/// The fast decision alone (no cancellation token): the admission if a slot is free and
+/// nobody waits, else `None`, having changed and counted nothing, so that the waiting acquire
+/// decides again (and counts its refusal) exactly as without this step. It saves building a
+/// queue node when none is needed.
+///
+/// With classes it is the fast attempt of the class protocol (`classed::try_fast`, which
+/// declines whenever anyone waits and undoes anything it did when it declines), counted as
+/// [`Bulkhead::try_acquire`] counts its success; the full protocol is left to the waiting
+/// acquire. Not [`Bulkhead::try_acquire`] itself: its refusal is counted and reported, and the
+/// waiting acquire would then count the same demand's refusal a second time.
+#[inline]
+pub(in crate::llm) fn admit_now(
+    b: &Bulkhead,
+    demand: &Demand,
+    wait: &WaitOptions,
+) -> Option<Admission> {
+    let shared = &*b.shared;
+    if wait.cancel.is_some() {
+        return None;
+    }
+    let reservation = shared
+        .has_budget
+        .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+    let r = reservation.map_or(0, |r| r.total());
+    let priority = demand.priority();
+    let g = if shared.classed {
+        let k = b.class_index(demand.class());
+        let a = crate::protocol::classed::try_fast(shared, k, r, priority)?;
+        b.count_class_admission(k, r, a.revision, a.resources)
+    } else {
+        b.try_decide(r, priority).ok()?
+    };
+    Some(b.admission_from(g, priority, reservation))
+}
+
+/// Releases the admission of a finished work and builds the answer.
+pub(in crate::llm) fn settle<R, E, U: UsageFrom<R>>(
+    ctx: RunContext,
+    out: Result<R, E>,
+    usage: &U,
+) -> Result<R, RunError<E>> {
+    match out {
+        Ok(r) => match ctx.finish(usage.usage_from(&r)) {
+            Some(d) => Err(RunError::Deadline(d)),
+            None => Ok(r),
+        },
+        Err(e) => Err(match ctx.finish(None) {
+            Some(d) => RunError::Deadline(d),
+            None => RunError::Work(e),
+        }),
+    }
+}

@@ -1,0 +1,133 @@
+//! The class protocol's queue side: the class slot return, the queue flags on the class words
+//! and the shared word, and the class pump (`crate::wait::waiting`, "With admission classes").
+
+use crate::protocol::classed::Refused;
+use crate::shared::{Shared, SlotRef, SlowPathRef};
+use crate::sync::Ordering;
+use crate::vocab::rejection::RejectReason;
+use crate::wait::list::{Outcome, Queue, WakeList};
+use crate::words::state::{Word, WAITERS};
+
+impl SlotRef {
+    /// Returns a class slot of class `k` and `tokens` held tokens (class mode); if this was the
+    /// last owner, drops the owners' lifetime reference (which frees the state unless a slow
+    /// path still holds it). Nothing may touch the state after this.
+    #[inline(always)]
+    pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
+        // SAFETY: we hold the class slot being returned (this `SlotRef` stands for it) and touch
+        // the state afterwards only to count down when the release says so.
+        if unsafe { crate::protocol::classed::release(self.get(), k, tokens) }
+            && crate::shared::count_down(self.get())
+        {
+            // SAFETY: this release emptied a detached class word, and `alive` reached zero:
+            // every other class word is empty and the last handle is gone. We are the unique
+            // thread that saw it (`crate::protocol::classed`, "Lifetime").
+            unsafe { self.owners_gone() }
+        }
+    }
+}
+
+/// Raises or lowers `C_QUEUE` on every class word (`queue_flag`) and `WAITERS` on the shared
+/// word (`waiters`). Caller holds the mutex (`q`); `C_QUEUE` goes up before `WAITERS`.
+pub(crate) fn set_class_flags(shared: &Shared, q: &mut Queue, queue_flag: bool, waiters: bool) {
+    use crate::words::class_word::C_QUEUE;
+    if queue_flag && !q.class_flags {
+        for cw in shared.class_words.iter() {
+            cw.fetch_or(C_QUEUE, Ordering::SeqCst);
+        }
+        q.class_flags = true;
+    }
+    let up = Word(shared.word.load(Ordering::SeqCst)).waiters();
+    if waiters && !up {
+        shared.word.fetch_or(WAITERS, Ordering::SeqCst);
+    } else if !waiters && up {
+        shared.word.fetch_and(!WAITERS, Ordering::SeqCst);
+    }
+    if !queue_flag && q.class_flags {
+        for cw in shared.class_words.iter() {
+            cw.fetch_and(!C_QUEUE, Ordering::SeqCst);
+        }
+        q.class_flags = false;
+    }
+}
+
+/// The flags the queue needs now: both while waiters are queued, `C_QUEUE` alone while only
+/// drainers wait, neither otherwise.
+pub(crate) fn sync_class_flags(shared: &Shared, q: &mut Queue) {
+    let waiters = q.len() > 0;
+    set_class_flags(shared, q, waiters || q.has_drainers(), waiters);
+}
+
+/// Wakes the drainers if nobody is queued and the class words hold nothing.
+pub(crate) fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut WakeList) {
+    if q.has_drainers() && q.len() == 0 {
+        let (_, g, t) = crate::protocol::classed::collect(shared);
+        if g == 0 && t == 0 {
+            for n in q.drainers() {
+                wake.push(n);
+            }
+        }
+    }
+}
+
+/// Class mode's hand-off: a decrease found the queue flagged. Decides head waiters under the
+/// mutex until one has to keep waiting (module docs, "With admission classes"), then wakes
+/// drainers if the bulkhead is idle. The caller keeps the shared state alive (a handle, or a
+/// release's pending-return mark).
+#[cold]
+#[inline(never)]
+pub(crate) fn pump_classed(shared: &Shared) {
+    let mut wake = WakeList::new();
+    // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
+    // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
+    // gives back only after this returns (`crate::protocol::classed::release_pending`).
+    let guard = unsafe { SlowPathRef::borrowed(shared) };
+    let shared = &*guard;
+    let mut q = guard.lock_queue();
+    while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
+        if wake.is_full() {
+            // A batch: wake it outside the lock, then decide the head again.
+            drop(q);
+            wake.wake_all();
+            q = guard.lock_queue();
+            continue;
+        }
+        match crate::protocol::classed::acquire_in_queue(shared, k, r, priority) {
+            Ok(a) => wake.push(q.answer_front(Outcome::Granted {
+                revision: a.revision,
+                resources: a.resources,
+            })),
+            Err(f) => {
+                // Token waiting: a head short only of tokens that fits once nothing else is
+                // held stays too (`crate::protocol::token_wait`).
+                let stays = f.reason != RejectReason::Shutdown
+                    && (may_wait(&f)
+                        || f.summary.g >= f.lim.max_concurrent
+                        || crate::protocol::token_wait::classed_waits_for_tokens(
+                            shared, &f, k, r, priority,
+                        ));
+                if stays {
+                    break;
+                }
+                wake.push(q.answer_front(Outcome::RefusedAs(f.reason, f.constraint)));
+            }
+        }
+    }
+    sync_class_flags(shared, &mut q);
+    wake_class_drainers_if_idle(shared, &q, &mut wake);
+    drop(q);
+    wake.wake_all();
+}
+
+/// Whether a class refusal lets the demand wait: no free global slot, or a refusal no collect
+/// confirmed (another decider's step was in flight; it visits the queue when it lands or is
+/// taken back).
+pub(crate) fn may_wait(f: &Refused) -> bool {
+    waits_for_slot(f) || f.stored_shared.is_some()
+}
+
+/// Whether a class refusal means "no free global slot" (row 6), the one refusal that waits.
+pub(crate) fn waits_for_slot(f: &Refused) -> bool {
+    f.reason == RejectReason::ConcurrencyLimit
+        && f.constraint == Some(crate::vocab::rejection::Constraint::Global)
+}

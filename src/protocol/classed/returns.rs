@@ -1,0 +1,175 @@
+//! The class protocol's returns of capacity: undoing a step, the class decrease and its
+//! migration to the current floors, the release, usage growth (`super`, "Lifetime").
+
+use super::*;
+
+/// Takes back a class step of one slot and `r` tokens. The step's own amount is already in the
+/// shared word (a borrower adds it first; a protected step's amount is zero), so this is an
+/// ordinary decrease: class word first, then the amount it computes.
+pub(super) fn undo(shared: &Shared, k: usize, r: u64, in_queue: bool) {
+    class_decrease(shared, k, 1, r, in_queue);
+}
+
+/// A decrease of class `k` by `slots` (0 or 1) and `tokens` that is not a release (the caller
+/// keeps the state alive by other means: a handle, or a decision in progress): class word
+/// first, then the shared-word amount it computes from the word it replaced; visits the queue
+/// if either word was flagged (unless the caller holds the queue mutex, `in_queue`).
+pub(super) fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64, in_queue: bool) {
+    let _op = crate::grace::op();
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let (n, t) = (c.in_flight(), c.tokens());
+        debug_assert!(n >= slots && t >= tokens, "class word underflow: {c:?}");
+        let (du, dv) = delta(&l, n, t, n - slots, t - tokens);
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
+        match cw.compare_exchange_weak(c.0, c.0 - slots * C_ONE - tokens, SeqCst, SeqCst) {
+            Ok(_) => {
+                let visit = shared_decrease(shared, du, dv) | c.queue();
+                return visit_queue(shared, visit, in_queue);
+            }
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// Migrates class `k` (found at `seen`) to the current tag, if the shared word's tag is one
+/// ahead of it; otherwise does nothing (the caller starts again with fresh reads).
+pub(super) fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: bool) {
+    let g = GWord(shared.word.load(SeqCst));
+    if seen.ctag() == g.tag().wrapping_sub(1) % CTAG_MOD {
+        let visit = migrate(shared, k, g.tag());
+        visit_queue(shared, visit, in_queue);
+    }
+}
+
+/// Moves class `k`'s accounting to the floors of `tag` (module docs, "Reconfiguration"):
+/// one CAS on the class word, then the exact change replaces the reconfigurer's advance.
+/// Returns whether that decrease found `WAITERS` set (the caller visits the queue).
+#[must_use]
+pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
+    let _op = crate::grace::op();
+    let cw = &*shared.class_words[k];
+    let new = shared.ring.read_class(tag, k);
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        if c.ctag() != tag.wrapping_sub(1) % CTAG_MOD {
+            return false; // already migrated (or not ours to do)
+        }
+        let old = floors_of(shared, c, k);
+        let (n, t) = (c.in_flight(), c.tokens());
+        match cw.compare_exchange_weak(c.0, c.with_ctag(tag).0, SeqCst, SeqCst) {
+            Ok(_) => {
+                let du = n.max(new.pc) as i64 - n.max(old.pc) as i64;
+                let dv = t.max(new.pt) as i64 - t.max(old.pt) as i64;
+                let adv_u = new.pc.saturating_sub(old.pc) as i64;
+                let adv_v = new.pt.saturating_sub(old.pt) as i64;
+                return shared_decrease(shared, du - adv_u, dv - adv_v);
+            }
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}
+
+/// Returns one class slot and `held` tokens of class `k` (a release). The last step is on the
+/// class word; returns whether it emptied a detached class word (the caller then counts down
+/// `alive`, and whoever reaches zero ends the owners' lifetime reference).
+///
+/// # Safety
+/// The caller holds the class slot of class `k` being returned (it keeps `shared` alive until
+/// this returns) and does not touch `shared` afterwards except to count down when this
+/// returns true.
+///
+/// A release that has a decrease for the shared word, or finds the queue flag on its class
+/// word, marks a pending return in the same CAS: the mark keeps the state alive while it
+/// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::wait::waiting`).
+#[inline(always)]
+pub(crate) unsafe fn release(shared: &Shared, k: usize, held: u64) -> bool {
+    // A grace-period operation (`crate::grace`): the floors read below are those of the class
+    // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
+    // the last reference is given away touches nothing freed.
+    let _op = crate::grace::op();
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let (n, t) = (c.in_flight(), c.tokens());
+        debug_assert!(
+            n >= 1 && t >= held,
+            "class word underflow: {c:?} - (1, {held})"
+        );
+        let (du, dv) = delta(&l, n, t, n - 1, t - held);
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
+        if du == 0 && dv == 0 && !c.queue() {
+            match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
+                Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),
+                Err(actual) => c = CWord(actual),
+            }
+        } else {
+            match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
+                Ok(_) => return release_pending(shared, k, du, dv, c.queue()),
+                Err(actual) => c = CWord(actual),
+            }
+        }
+    }
+}
+
+/// The rest of a release that marked a pending return: the shared decrease, the queue visit,
+/// then the mark's removal (the release's last step).
+#[inline(always)]
+pub(super) fn release_pending(shared: &Shared, k: usize, du: i64, dv: i64, queue: bool) -> bool {
+    let visit = shared_decrease(shared, du, dv) | queue;
+    visit_queue(shared, visit, false);
+    let p = CWord(shared.class_words[k].fetch_sub(C_PEND, SeqCst));
+    debug_assert!(p.pending() >= 1, "pending-return underflow: {p:?}");
+    CWord(p.0 - C_PEND).emptied_detached()
+}
+
+/// Returns one class slot of class `k` but keeps its tokens (abandonment). The caller holds a
+/// handle, so ordering is free of lifetime concerns.
+pub(crate) fn return_slot_only(shared: &Shared, k: usize) {
+    class_decrease(shared, k, 1, 0, false);
+}
+
+/// Returns `amount` tokens of class `k` (usage shrinkage, or the release of an abandoned
+/// admission, whose handle keeps the state alive).
+pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
+    class_decrease(shared, k, 0, amount, false);
+}
+
+/// Adds `amount` tokens to class `k`'s hold with no admission check (usage growth): `V` first
+/// by the whole amount, then the class word, then the exact correction.
+///
+/// # Errors
+/// `Err(())` when the stored `V` would pass its field's room; nothing changed.
+pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), ()> {
+    let _op = crate::grace::op();
+    let word = &*shared.word;
+    let mut s = GWord(word.load(SeqCst));
+    loop {
+        if s.v().checked_add(amount).is_none_or(|v| v > V_GROWTH_CAP) {
+            return Err(());
+        }
+        match word.compare_exchange_weak(s.0, s.0 + amount, SeqCst, SeqCst) {
+            Ok(_) => break,
+            Err(actual) => s = GWord(actual),
+        }
+    }
+    let cw = &*shared.class_words[k];
+    let mut c = CWord(cw.load(SeqCst));
+    loop {
+        let l = floors_of(shared, c, k);
+        let t = c.tokens();
+        let (_, dv) = delta(&l, 0, t, 0, t + amount);
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
+        match cw.compare_exchange_weak(c.0, c.0 + amount, SeqCst, SeqCst) {
+            Ok(_) => {
+                let visit = shared_decrease(shared, 0, dv - amount as i64);
+                visit_queue(shared, visit, false);
+                return Ok(());
+            }
+            Err(actual) => c = CWord(actual),
+        }
+    }
+}

@@ -1,0 +1,661 @@
+//! Waiting for a slot: blocking and async acquire, hand-off, cancellation and timeouts
+//! (CONTRACT.md §2 rows 6–7, §3 and §7).
+//!
+//! # Protocol
+//!
+//! * **Enter.** A demand first makes the ordinary fast decision. Only when that says "no free
+//!   slot" and queueing is possible (`max_concurrent > 0`, `max_queue > 0`) does it take the
+//!   queue mutex and decide again under it: a slot freed meanwhile is taken; budget refusals
+//!   stay fail-fast (a request that does not fit is never queued) unless the bulkhead waits
+//!   for tokens (`crate::protocol::token_wait`, opt-in); a full queue gives
+//!   `queue_limit`; otherwise one CAS on the state word sets `WAITERS` (or re-validates it)
+//!   while the word still shows every slot taken, and the node joins the tail.
+//! * **Hand-off.** A release whose CAS finds `WAITERS` set (and the queue-length mirror
+//!   non-zero) keeps its slot, counts a `SlowPathRef` while the slot still makes it an owner
+//!   (the guard, not the slot, keeps the shared state alive until its unlock: the slot is given
+//!   away midway, see `crate::shared`, "Slow paths"), takes the mutex and performs the head
+//!   waiter's whole decision with
+//!   that slot against the limits current at that moment: the budget check with the waiter's
+//!   reservation in place of the leaver's hold, in the same CAS that moves the tokens. A head
+//!   that no longer fits is answered with its reason and the next waiter is considered
+//!   (CONTRACT.md §3, §9.4). If `max_concurrent` was lowered below the slots in use, the slot is
+//!   returned instead (shrink by attrition) and the waiters keep waiting. Whoever empties the
+//!   queue clears `WAITERS` in the same CAS.
+//! * **No lost wake-up.** `WAITERS` changes only under the mutex. Either the release's CAS comes
+//!   first in the word's modification order (then the enqueuer's CAS sees the free slot and
+//!   takes it) or the enqueuer's comes first (then the release's CAS fails, it sees the flag and
+//!   hands off).
+//! * **Leaving.** A waiter that times out or is cancelled takes the mutex: if it was answered
+//!   meanwhile it takes the answer (a granted slot is then its admission, or, for a dropped
+//!   future, released at once, which hands it to the next waiter); otherwise it unlinks itself.
+//!   Nothing leaks: a waiter holds nothing while it waits.
+//! * **Close** answers every waiter with `shutdown` under the mutex and clears `WAITERS`.
+//!   Wake-ups are collected under the mutex and delivered after it, in batches of
+//!   [`WAKE_BATCH`](crate::wait::list::WAKE_BATCH) (32): a long loop unlocks, wakes and locks again.
+//! * **Drain.** A drainer raises `WAITERS` too, so that the release that leaves the bulkhead
+//!   idle wakes it. While only drainers wait, the flag must not make the decision path a
+//!   locked one: `Shared::queued` mirrors the queue's length (stored under the mutex at every
+//!   unlock, and by an enqueuer *before* its queueing CAS). A decider that sees the flag with a
+//!   free slot reads the mirror after the word and admits with a CAS if it is zero; a release
+//!   that sees the flag and a zero mirror returns its slot with a CAS and then reads the
+//!   mirror again (the enqueuer writes the mirror then CASes the word, the release CASes the
+//!   word then reads the mirror: `SeqCst` on both sides, so one of them sees the other), and
+//!   locks only if a waiter queued meanwhile (it pumps: the free slot goes to the head) or the
+//!   bulkhead is now idle (it wakes the drainers).
+//! * **Unwinding.** Every deadline is computed with checked arithmetic before anything can
+//!   unwind (a timeout too large to add to now is no deadline), and a blocked waiter's linked
+//!   node is guarded: an unwind leaves the queue (and releases a slot granted meanwhile)
+//!   before the frame goes.
+//! * **A raised limit** (`apply_limits`) pumps: under the mutex, new slots go to head waiters
+//!   while `slots < max_concurrent`.
+//!
+//! Blocked threads park (`std::thread::park`, a futex wait on Linux) and are unparked with an
+//! owned `Thread` handle, so a granter never touches a node after answering it (see
+//! `crate::wait::list`). Timeouts of blocking waiters are timed parks against a deadline; async
+//! waiters are woken through their `Waker`.
+//!
+//! # With admission classes
+//!
+//! The queue is the same single FIFO (CONTRACT.md §3: no per-class queues); only the word
+//! protocol differs, because a class release changes its class word, not the shared word
+//! (`crate::protocol::classed`).
+//!
+//! * **Flags.** While waiters are queued, `WAITERS` is up on the shared word (newcomers see it
+//!   and do not barge), and `C_QUEUE` is up on **every class word**; while only drainers wait,
+//!   only `C_QUEUE`. Both change only under the queue mutex, `C_QUEUE` first when raised.
+//! * **Visiting the queue.** Every decrease (release, abandonment, token return, a decider's
+//!   undo, a borrower's returned reservation, a migration) whose class-word CAS replaced a word
+//!   carrying `C_QUEUE`, or whose shared-word `fetch_sub` replaced a word carrying `WAITERS`,
+//!   pumps the queue afterwards. A release keeps the state alive meanwhile with a pending-return
+//!   mark taken in the same CAS (`crate::protocol::classed`, "Lifetime"), so a protected release pays the
+//!   mark only while the queue is flagged.
+//! * **The pump** decides the head under the mutex with the full class protocol, `WAITERS`
+//!   excepted: admitted → granted (with its attribution); no free global slot → it stays;
+//!   checks 1–5 fail while a slot is free → answered with that reason and constraint, and the
+//!   next is considered. A refusal the collects never confirmed (another decider's step in
+//!   flight) leaves the head queued: that step's own undo or completion visits the queue again.
+//! * **No lost wake-up.** An enqueuer raises the flags (RMWs on every class word and the
+//!   shared word) and then decides; a decrease is an RMW on one of those words. Whichever comes
+//!   first in that word's modification order, either the enqueuer's decision sees the decrease
+//!   or the decrease sees the flag and pumps after the enqueuer has released the mutex.
+//! * **Drain** raises only `C_QUEUE`, so class releases visit the queue and wake drainers once
+//!   nothing is held, with no polling and nothing paid on the fast path when nobody drains.
+
+use crate::handle::admission::Admission;
+use crate::handle::bulkhead::{Bulkhead, Granted};
+use crate::protocol::class_pump::{
+    may_wait, pump_classed, set_class_flags, sync_class_flags, wake_class_drainers_if_idle,
+};
+use crate::protocol::classed::Precheck;
+use crate::protocol::handoff::{clear_waiters, pending, pump, wake_drainers_if_idle};
+use crate::protocol::token_wait::fits_when_idle;
+use crate::sync::Ordering;
+use crate::vocab::demand::{Demand, Priority, Reservation};
+use crate::vocab::rejection::{RejectReason, Rejection};
+use crate::wait::list::{Notify, Outcome, Waiter, WakeList};
+use crate::words::state::{Word, WAITERS};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+mod classed;
+mod drain;
+mod future;
+use crate::wait::cancel::CancelToken;
+pub use drain::{Drain, DrainReport};
+pub use future::{Acquire, AcquireTimed};
+
+/// A result with the timing of the decision that produced it (see
+/// [`Bulkhead::acquire_blocking_timed`]).
+///
+/// ```
+/// use llm_bulkhead::{Timed, Timing};
+/// let t = Timed { value: 1, timing: Timing::default() };
+/// assert_eq!((t.value, t.timing.queue_wait_ns), (1, 0));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timed<T> {
+    /// The admission or the rejection.
+    pub value: T,
+    /// How long the decision took.
+    pub timing: Timing,
+}
+
+/// How long a decision took, in nanoseconds: deciding (without the queue), and waiting in the
+/// queue (0 if it never queued).
+///
+/// ```
+/// assert_eq!(llm_bulkhead::Timing::default().decision_ns, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Timing {
+    /// Time spent deciding, outside the queue.
+    pub decision_ns: u64,
+    /// Time spent queued.
+    pub queue_wait_ns: u64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Options of a waiting acquire.
+///
+/// ```
+/// use llm_bulkhead::{CancelToken, WaitOptions};
+/// use std::time::Duration;
+/// let o = WaitOptions { timeout: Some(Duration::from_millis(250)), cancel: Some(CancelToken::new()) };
+/// assert!(WaitOptions::default().timeout.is_none());
+/// # let _ = o;
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct WaitOptions {
+    /// Give up with `timeout` after this long in the queue (the bulkhead's default timeout
+    /// when `None`). A timeout too large to add to the current instant (`Duration::MAX`, say)
+    /// means no deadline: the demand waits until it is answered or cancelled.
+    pub timeout: Option<Duration>,
+    /// Cancels the wait (`aborted`); a token already cancelled refuses at once.
+    pub cancel: Option<CancelToken>,
+}
+
+/// The deadline `timeout` from now: `None` (no deadline) without a timeout, or when the
+/// timeout is too large to add to the current instant (`Duration::MAX`, say). Never panics:
+/// every waiting call computes its deadline with this, so nothing a caller passes can unwind
+/// out of a frame whose node is queued.
+fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// A blocked waiter's node while it is linked: if the frame unwinds before the wait ends
+/// (`armed`), its drop leaves the queue, and releases at once a slot granted meanwhile, so the
+/// queue never keeps a pointer into a dead stack frame and no slot leaks.
+struct Linked<'a> {
+    bulkhead: &'a Bulkhead,
+    node: Pin<&'a Waiter>,
+    demand: &'a Demand,
+    reservation: Option<Reservation>,
+    armed: bool,
+}
+
+impl Drop for Linked<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let b = self.bulkhead;
+        let outcome = b.leave(self.node, RejectReason::Aborted);
+        if let Outcome::Granted { .. } = outcome {
+            drop(b.finish(outcome, self.demand, self.node.priority, self.reservation));
+        }
+    }
+}
+
+/// How entering the queue ended.
+pub(crate) enum Enter {
+    Granted(Granted),
+    Refused(Rejection),
+    Queued,
+}
+
+impl Bulkhead {
+    /// Admits `demand`, waiting in the FIFO queue (on this thread) if no slot is free and the
+    /// queue has room. Budget and class refusals are fail-fast: a demand that does not fit is
+    /// never queued.
+    ///
+    /// # Errors
+    /// A [`Rejection`]: `shutdown`, `budget_limit`, `concurrency_limit` (no queue, or
+    /// `max_concurrent` 0), `queue_limit`, `timeout` (after `options.timeout` in the queue),
+    /// `aborted` (the token was or became cancelled), or the reason a hand-off's checks failed.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, RejectReason, WaitOptions};
+    /// use std::time::Duration;
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).build().unwrap();
+    /// let held = b.acquire_blocking(Demand::slot(), WaitOptions::default()).unwrap();
+    /// let b2 = b.clone();
+    /// let waiter = std::thread::spawn(move || b2.acquire_blocking(Demand::slot(), WaitOptions::default()).map(|a| a.revision()));
+    /// while b.stats().pending == 0 { std::thread::yield_now() } // the waiter is queued
+    /// drop(held); // hands the slot to the waiter
+    /// assert_eq!(waiter.join().unwrap(), Ok(0));
+    /// let zero = WaitOptions { timeout: Some(Duration::ZERO), ..Default::default() };
+    /// let _again = b.acquire_blocking(Demand::slot(), WaitOptions::default()).unwrap();
+    /// assert_eq!(b.acquire_blocking(Demand::slot(), zero).unwrap_err().reason, RejectReason::Timeout);
+    /// ```
+    pub fn acquire_blocking(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+    ) -> Result<Admission, Rejection> {
+        self.acquire_blocking_inner(demand, options, None)
+    }
+
+    /// [`acquire_blocking`](Self::acquire_blocking), also reporting how long the decision
+    /// took and how long of that was spent in the queue. The clocks are read only for this
+    /// call; `acquire_blocking` reads none on its fast path.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Self::acquire_blocking), inside [`Timed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(1).build().unwrap();
+    /// let t = b.acquire_blocking_timed(Demand::slot(), WaitOptions::default());
+    /// assert!(t.value.is_ok());
+    /// assert_eq!(t.timing.queue_wait_ns, 0); // a free slot: no queue
+    /// ```
+    pub fn acquire_blocking_timed(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+    ) -> Timed<Result<Admission, Rejection>> {
+        let start = Instant::now();
+        let mut queued = None;
+        let value = self.acquire_blocking_inner(demand, options, Some(&mut queued));
+        let total = start.elapsed();
+        let wait = queued.unwrap_or_default();
+        Timed {
+            value,
+            timing: Timing {
+                decision_ns: nanos(total.saturating_sub(wait)),
+                queue_wait_ns: nanos(wait),
+            },
+        }
+    }
+
+    /// [`try_acquire`](Self::try_acquire), also reporting how long the decision took (the
+    /// clock is read only for this call; `try_acquire` reads none).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire), inside [`Timed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let t = b.try_acquire_timed(Demand::slot());
+    /// assert!(t.value.is_ok());
+    /// assert_eq!(t.timing.queue_wait_ns, 0); // try_acquire never queues
+    /// ```
+    pub fn try_acquire_timed(&self, demand: Demand) -> Timed<Result<Admission, Rejection>> {
+        let start = Instant::now();
+        let value = self.try_acquire(demand);
+        Timed {
+            value,
+            timing: Timing {
+                decision_ns: nanos(start.elapsed()),
+                queue_wait_ns: 0,
+            },
+        }
+    }
+
+    /// [`acquire`](Self::acquire), also reporting how long the decision took and how long of
+    /// that was spent in the queue (clocks read only for this call). The decision starts at
+    /// the first poll.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire): dropping the future removes its waiter; a slot granted
+    /// meanwhile passes on.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), inside [`Timed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(1).build().unwrap();
+    /// let t = futures_lite::future::block_on(b.acquire_timed(Demand::slot(), WaitOptions::default()));
+    /// assert!(t.value.is_ok());
+    /// assert_eq!(t.timing.queue_wait_ns, 0); // a free slot: no queue
+    /// ```
+    pub fn acquire_timed(&self, demand: Demand, options: WaitOptions) -> AcquireTimed<'_> {
+        let mut inner = self.acquire(demand, options);
+        inner.timed = true;
+        AcquireTimed { inner, start: None }
+    }
+
+    /// The body of `acquire_blocking`; with `timing`, the time spent queued is written there.
+    fn acquire_blocking_inner(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+        timing: Option<&mut Option<Duration>>,
+    ) -> Result<Admission, Rejection> {
+        let shared = &*self.shared;
+        if options
+            .cancel
+            .as_ref()
+            .is_some_and(CancelToken::is_cancelled)
+        {
+            return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
+        }
+        let (r, k, priority, reservation) = self.demand_parts(&demand);
+        let timeout = options.timeout.or(shared.default_timeout);
+        let node = Waiter::new(r, k, priority);
+        // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
+        // unlinked itself: every path below ends in one of the two before returning, and an
+        // unwind does too (`linked` below is dropped before `node`).
+        let node = unsafe { Pin::new_unchecked(&node) };
+        let notify = || Notify::Thread(crate::sync::thread::current());
+        match self.enter(node, notify) {
+            Enter::Granted(g) => return Ok(self.admission_from(g, priority, reservation)),
+            Enter::Refused(rej) => return Err(rej),
+            Enter::Queued => {}
+        }
+        // From here until the wait ends the node is linked: an unwind leaves the queue.
+        let mut linked = Linked {
+            bulkhead: self,
+            node,
+            demand: &demand,
+            reservation,
+            armed: true,
+        };
+        let since = if timing.is_some() {
+            Some(Instant::now())
+        } else {
+            wait_started(self)
+        };
+        let deadline = deadline_after(timeout);
+        if let Some(token) = &options.cancel {
+            token.register(crate::sync::thread::current());
+        }
+        let outcome = loop {
+            if node.is_done() {
+                // SAFETY: `is_done` returned true on this thread.
+                break unsafe { node.outcome() };
+            }
+            if options
+                .cancel
+                .as_ref()
+                .is_some_and(CancelToken::is_cancelled)
+            {
+                break self.leave(node, RejectReason::Aborted);
+            }
+            match deadline {
+                None => crate::sync::thread::park(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break self.leave(node, RejectReason::Timeout);
+                    }
+                    crate::sync::thread::park_timeout(d - now);
+                }
+            }
+        };
+        linked.armed = false;
+        if let Some(token) = &options.cancel {
+            token.unregister_current();
+        }
+        if let (Some(t), Some(since)) = (timing, since) {
+            *t = Some(since.elapsed());
+        }
+        book_wait(self, since);
+        self.finish(outcome, &demand, priority, reservation)
+    }
+
+    /// Admits `demand`, waiting in the FIFO queue if no slot is free: the async counterpart of
+    /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor; its
+    /// timeout runs on the crate's own timer thread (started on first use, see
+    /// `src/wait/timer.rs`), so it needs no runtime either.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes its waiter from the queue; if it was dropped after being
+    /// handed a slot, that slot passes on to the next waiter. Nothing leaks either way.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Self::acquire_blocking).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(1).build().unwrap();
+    /// let a = futures_lite::future::block_on(b.acquire(Demand::slot(), WaitOptions::default())).unwrap();
+    /// assert_eq!(a.revision(), 0);
+    /// ```
+    pub fn acquire(&self, demand: Demand, options: WaitOptions) -> Acquire<'_> {
+        let (r, k, priority, reservation) = self.demand_parts(&demand);
+        Acquire {
+            bulkhead: self,
+            demand,
+            options,
+            reservation,
+            node: Waiter::new(r, k, priority),
+            queued: false,
+            finished: false,
+            deadline: None,
+            timer: None,
+            cancel_reg: None,
+            since: None,
+            timed: false,
+            queue_wait: None,
+        }
+    }
+
+    /// Tokens, class index (0 without classes), priority and reservation of `demand`.
+    fn demand_parts(&self, demand: &Demand) -> (u64, usize, Priority, Option<Reservation>) {
+        let reservation = self
+            .shared
+            .has_budget
+            .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+        (
+            reservation.map_or(0, |x| x.total()),
+            self.class_index(demand.class()),
+            demand.priority(),
+            reservation,
+        )
+    }
+
+    /// The fast decision, then (if it found no free slot and queueing is possible) the decision
+    /// under the queue mutex, which takes a slot, refuses, or queues `node`.
+    fn enter(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
+        let shared = &*self.shared;
+        if shared.classed {
+            return self.enter_classed(node, notify);
+        }
+        let (r, priority) = (node.r, node.priority);
+        let (w, lim, reason) = match self.try_decide(r, priority) {
+            Ok(g) => return Enter::Granted(g),
+            Err(e) => e,
+        };
+        // Token waiting (`crate::protocol::token_wait`): a demand short only of tokens that fits
+        // once nothing else is held decides again under the mutex, like one short of a slot.
+        let waits_for_tokens = reason == RejectReason::BudgetLimit
+            && shared.wait_for_tokens
+            && fits_when_idle(&lim, r, priority);
+        if !(reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
+            || lim.max_concurrent == 0
+            || lim.max_queue == 0
+        {
+            return match self.refusal(w, &lim, reason, r, priority) {
+                Some(rej) => Enter::Refused(rej),
+                None => self.enter(node, notify),
+            };
+        }
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
+        let word = &*shared.word;
+        let mut w = Word(word.load(Ordering::Acquire));
+        loop {
+            let lim = shared.ring.read(w.tag());
+            let short = lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e);
+            // Short of tokens but able to fit later: it queues under the option, as long as a
+            // queue is possible (`crate::protocol::token_wait`).
+            let waits_for_tokens = short
+                && shared.wait_for_tokens
+                && fits_when_idle(&lim, r, priority)
+                && lim.max_concurrent > 0
+                && lim.max_queue > 0;
+            let reason = if w.closed() {
+                Some(RejectReason::Shutdown)
+            } else if short && !waits_for_tokens {
+                Some(RejectReason::BudgetLimit)
+            } else if !short && q.len() == 0 && w.slots() < lim.max_concurrent {
+                // A slot freed meanwhile (or the flag is up only for drainers), and nobody is
+                // queued: take it.
+                match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        drop(q);
+                        return Enter::Granted(self.count_admission(lim.revision, r));
+                    }
+                    Err(actual) => {
+                        w = Word(actual);
+                        continue;
+                    }
+                }
+            } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
+                Some(RejectReason::ConcurrencyLimit)
+            } else if q.len() as u64 >= lim.max_queue {
+                Some(RejectReason::QueueLimit)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                let pending = q.len();
+                drop(q);
+                return match self.refusal(w, &lim, reason, r, priority) {
+                    Some(mut rej) => {
+                        rej.detail.pending = pending as u64;
+                        Enter::Refused(rej)
+                    }
+                    None => self.enter(node, notify),
+                };
+            }
+            // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
+            // The length mirror counts us first: a decider or a release that reads the word
+            // after this CAS then sees us in the mirror (module docs, "Drain").
+            shared.queued.store(q.len() + 1, Ordering::SeqCst);
+            crate::sync::loom_sc_fence();
+            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::SeqCst, Ordering::Acquire) {
+                Ok(_) => {
+                    node.set_notify(&q, notify());
+                    // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
+                    // it is dropped; we hold the mutex.
+                    unsafe { q.push_back(&node) };
+                    return Enter::Queued;
+                }
+                Err(actual) => {
+                    shared.queued.store(q.len(), Ordering::SeqCst);
+                    w = Word(actual);
+                }
+            }
+        }
+    }
+
+    /// Leaves the queue (timeout or cancellation): the answer if one came meanwhile, otherwise
+    /// `Refused(reason)` after unlinking.
+    fn leave(&self, node: Pin<&Waiter>, reason: RejectReason) -> Outcome {
+        let shared = &*self.shared;
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
+        if node.is_done() {
+            // SAFETY: `is_done` returned true on this thread.
+            return unsafe { node.outcome() };
+        }
+        // SAFETY: `node` is alive (pinned by the caller) and linked into this bulkhead's
+        // queue, whose lock `q` is, or into none.
+        unsafe { q.remove(&node) };
+        let mut wake = WakeList::new();
+        if shared.classed {
+            sync_class_flags(shared, &mut q);
+            wake_class_drainers_if_idle(shared, &q, &mut wake);
+        } else {
+            clear_waiters(shared, &q);
+            wake_drainers_if_idle(Word(shared.word.load(Ordering::Acquire)), &q, &mut wake);
+        }
+        drop(q);
+        wake.wake_all();
+        if shared.wait_for_tokens {
+            // Token waiting: the waiter behind may fit where this one did not
+            // (`crate::protocol::token_wait`). `self` is a handle: the state stays alive.
+            if shared.classed {
+                pump_classed(shared);
+            } else {
+                pump(shared);
+            }
+        }
+        Outcome::Refused(reason)
+    }
+
+    /// Turns a waiter's outcome into its result.
+    fn finish(
+        &self,
+        outcome: Outcome,
+        demand: &Demand,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Result<Admission, Rejection> {
+        let r = reservation.map_or(0, |x| x.total());
+        match outcome {
+            Outcome::Granted {
+                revision,
+                resources,
+            } => {
+                let g = if self.shared.classed {
+                    let k = self.class_index(demand.class());
+                    self.count_class_admission(k, r, revision, resources)
+                } else {
+                    self.count_admission(revision, r)
+                };
+                Ok(self.admission_from(g, priority, reservation))
+            }
+            Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
+            Outcome::RefusedAs(reason, constraint) => {
+                let k = self.class_index(demand.class());
+                let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
+                rej.detail.pending = pending(&self.shared) as u64;
+                Err(rej)
+            }
+            Outcome::Pending => unreachable!("a finished waiter has an outcome"),
+        }
+    }
+}
+
+/// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
+/// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
+/// (`None`: someone is, or the state changed; the caller refuses). Lock-free, so a drain does
+/// not turn the decision path into a locked one (module docs, "Drain").
+#[cold]
+#[inline(never)]
+pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) -> Option<Granted> {
+    let shared = &*b.shared;
+    let word = &*shared.word;
+    let mut w = Word(word.load(Ordering::SeqCst));
+    loop {
+        // After the word load: if `w` is from after an enqueuer's queueing CAS, its mirror
+        // store (sequenced before that CAS) is visible here.
+        crate::sync::loom_sc_fence();
+        if shared.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let lim = shared.ring.read(w.tag());
+        if w.closed()
+            || w.slots() >= lim.max_concurrent
+            || lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e)
+        {
+            return None;
+        }
+        match word.compare_exchange(w.0, w.plus(r).0, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return Some(b.count_admission(lim.revision, r)),
+            Err(actual) => w = Word(actual),
+        }
+    }
+}
+
+/// When a wait begins: `Some(now)` only if the bulkhead measures queue waits (a clock read
+/// costs about a tenth of an async hand-off, so it is opt-in).
+fn wait_started(b: &Bulkhead) -> Option<Instant> {
+    b.shared.measure_waits.then(Instant::now)
+}
+
+/// Books one ended wait (and its duration, if it was measured).
+fn book_wait(b: &Bulkhead, since: Option<Instant>) {
+    let c = b.shared.counters.local(crate::record::stats::Counters::new);
+    c.waits.add(1);
+    if let Some(since) = since {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        c.wait_ns.add(ns);
+        c.wait_max_ns.raise(ns);
+    }
+}

@@ -1,0 +1,110 @@
+//! Class mode of the waits' enqueue (`super`, "With admission classes").
+
+use super::*;
+use crate::protocol::token_wait::classed_waits_for_tokens;
+
+// ---- class mode (module docs, "With admission classes") ----
+
+impl Bulkhead {
+    /// Class mode of `enter`: the fast class decision, then under the mutex (raising the flags
+    /// first when the queue is empty) a decision for the would-be head, or a place at the tail.
+    #[inline(never)]
+    pub(super) fn enter_classed(
+        &self,
+        node: Pin<&Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
+        let shared = &*self.shared;
+        let (k, r, priority) = (node.k, node.r, node.priority);
+        // Rows 1–5 pass and there is no free slot, or waiters are queued: straight to the
+        // queue (a decision of our own would only be refused, and explained at a cost).
+        let w = Word(shared.word.load(Ordering::SeqCst));
+        let lim = shared.ring.read(w.tag());
+        let pre = crate::protocol::classed::precheck(shared, k, r, priority);
+        let to_queue = lim.max_concurrent > 0
+            && lim.max_queue > 0
+            && (pre == Precheck::NoSlot || (pre == Precheck::Fits && w.waiters()));
+        if !to_queue {
+            match crate::protocol::classed::acquire(shared, k, r, priority) {
+                Ok(a) => {
+                    return Enter::Granted(self.count_class_admission(
+                        k,
+                        r,
+                        a.revision,
+                        a.resources,
+                    ))
+                }
+                // No free slot, or a refusal no collect confirmed (another decider's step was
+                // in flight): decide again under the mutex, and wait if need be.
+                Err(f)
+                    if (may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority))
+                        && f.lim.max_concurrent > 0
+                        && f.lim.max_queue > 0 => {}
+                Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
+            }
+        }
+        let guard = self.shared.slow_path();
+        let mut q = guard.lock_queue();
+        if q.len() == 0 {
+            // Become the head: flags up first, then decide (no lost wake-up). A collect after
+            // the flags that finds no free slot is that decision: any release it missed comes
+            // later in its word's order, sees the flags and pumps.
+            set_class_flags(shared, &mut q, true, true);
+            if crate::protocol::classed::precheck(shared, k, r, priority) != Precheck::NoSlot {
+                match crate::protocol::classed::acquire_in_queue(shared, k, r, priority) {
+                    Ok(a) => {
+                        sync_class_flags(shared, &mut q);
+                        drop(q);
+                        return Enter::Granted(self.count_class_admission(
+                            k,
+                            r,
+                            a.revision,
+                            a.resources,
+                        ));
+                    }
+                    // An unconfirmed refusal waits too: the step that caused it visits the
+                    // queue when it lands or is taken back, and the flags are already up.
+                    Err(f)
+                        if may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority) => {
+                    }
+                    Err(f) => {
+                        sync_class_flags(shared, &mut q);
+                        drop(q);
+                        return Enter::Refused(self.class_refusal(k, f, r, priority));
+                    }
+                }
+            }
+        }
+        let w = Word(shared.word.load(Ordering::SeqCst));
+        let lim = shared.ring.read(w.tag());
+        let refuse = if w.closed() {
+            Some((RejectReason::Shutdown, None))
+        } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
+            Some((
+                RejectReason::ConcurrencyLimit,
+                Some(crate::vocab::rejection::Constraint::Global),
+            ))
+        } else if q.len() as u64 >= lim.max_queue {
+            Some((
+                RejectReason::QueueLimit,
+                Some(crate::vocab::rejection::Constraint::Global),
+            ))
+        } else {
+            None
+        };
+        if let Some((reason, constraint)) = refuse {
+            let pending = q.len() as u64;
+            sync_class_flags(shared, &mut q);
+            drop(q);
+            let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
+            rej.detail.pending = pending;
+            return Enter::Refused(rej);
+        }
+        node.set_notify(&q, notify());
+        // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before it is
+        // dropped; we hold the mutex.
+        unsafe { q.push_back(&node) };
+        sync_class_flags(shared, &mut q);
+        Enter::Queued
+    }
+}

@@ -1,0 +1,152 @@
+//! The class-mode words (layouts only; the protocol that changes them is
+//! `crate::protocol::classed`, whose module docs explain every field): one **class word** per
+//! class, `[tokens t_k:32][in flight n_k:14 @32][pending returns:14 @46][ctag:2 @60][DETACHED
+//! @62][QUEUE @63]`, and the **shared word**, `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED
+//! @63]` (tag and flags where the no-class word of `crate::words::state` has them).
+
+// ---- class word ----
+
+pub(crate) const CT_MASK: u64 = 0xffff_ffff;
+pub(crate) const CN_SHIFT: u32 = 32;
+pub(crate) const CN_MASK: u64 = ((1 << 14) - 1) << CN_SHIFT;
+pub(crate) const CP_SHIFT: u32 = 46;
+pub(crate) const CP_MASK: u64 = ((1 << 14) - 1) << CP_SHIFT;
+pub(crate) const CTAG_SHIFT: u32 = 60;
+/// The class tag is the limits tag modulo `CTAG_MOD` (one bit under loom, so that a model with
+/// two installs brings it back to the value an operation read: see `crate::grace`).
+pub(crate) const CTAG_MOD: usize = if cfg!(loom) { 2 } else { 4 };
+pub(crate) const CTAG_MASK: u64 = ((CTAG_MOD - 1) as u64) << CTAG_SHIFT;
+/// Set on every class word once the last handle is gone.
+pub(crate) const C_DETACHED: u64 = 1 << 62;
+/// One class slot.
+pub(crate) const C_ONE: u64 = 1 << CN_SHIFT;
+/// One pending return.
+pub(crate) const C_PEND: u64 = 1 << CP_SHIFT;
+/// Set on every class word while waiters are queued or drainers wait (under the queue mutex):
+/// a decrease that replaces a word carrying it must visit the queue (`crate::wait::waiting`).
+pub(crate) const C_QUEUE: u64 = 1 << 63;
+
+/// A decoded class word.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct CWord(pub(crate) u64);
+
+impl CWord {
+    #[inline]
+    pub(crate) fn tokens(self) -> u64 {
+        self.0 & CT_MASK
+    }
+    #[inline]
+    pub(crate) fn in_flight(self) -> u64 {
+        (self.0 & CN_MASK) >> CN_SHIFT
+    }
+    #[inline]
+    pub(crate) fn pending(self) -> u64 {
+        (self.0 & CP_MASK) >> CP_SHIFT
+    }
+    /// The limits tag (mod 4) whose floors this class is accounted under.
+    #[inline]
+    pub(crate) fn ctag(self) -> usize {
+        ((self.0 & CTAG_MASK) >> CTAG_SHIFT) as usize
+    }
+    #[inline]
+    pub(crate) fn detached(self) -> bool {
+        self.0 & C_DETACHED != 0
+    }
+    #[inline]
+    pub(crate) fn with_ctag(self, tag: usize) -> CWord {
+        CWord((self.0 & !CTAG_MASK) | (((tag % CTAG_MOD) as u64) << CTAG_SHIFT))
+    }
+    /// Whether a decrease replacing this word must visit the queue.
+    #[inline]
+    pub(crate) fn queue(self) -> bool {
+        self.0 & C_QUEUE != 0
+    }
+    /// Whether this word, after a return, leaves a detached class holding nothing.
+    #[inline]
+    pub(crate) fn emptied_detached(self) -> bool {
+        self.detached() && self.in_flight() == 0 && self.pending() == 0
+    }
+}
+
+/// The class word a class starts with under limits tag `tag`.
+pub(crate) fn initial_class_word(tag: usize) -> u64 {
+    CWord(0).with_ctag(tag).0
+}
+
+// ---- shared word ----
+
+pub(crate) const V_MASK: u64 = 0xffff_ffff;
+pub(crate) const U_SHIFT: u32 = 32;
+pub(crate) const U_MASK: u64 = 0xffff << U_SHIFT;
+/// One unit of `U`.
+pub(crate) const G_ONE: u64 = 1 << U_SHIFT;
+
+/// A decoded shared word (class mode).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GWord(pub(crate) u64);
+
+impl GWord {
+    /// `V`, as stored (never below the true value).
+    #[inline]
+    pub(crate) fn v(self) -> u64 {
+        self.0 & V_MASK
+    }
+    /// `U`, as stored (never below the true value).
+    #[inline]
+    pub(crate) fn u(self) -> u64 {
+        (self.0 & U_MASK) >> U_SHIFT
+    }
+    #[inline]
+    pub(crate) fn tag(self) -> usize {
+        crate::words::state::Word(self.0).tag()
+    }
+    #[inline]
+    pub(crate) fn closed(self) -> bool {
+        crate::words::state::Word(self.0).closed()
+    }
+    #[inline]
+    pub(crate) fn waiters(self) -> bool {
+        crate::words::state::Word(self.0).waiters()
+    }
+}
+
+impl std::fmt::Debug for GWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWord")
+            .field("U", &self.u())
+            .field("V", &self.v())
+            .field("tag", &self.tag())
+            .field("closed", &self.closed())
+            .finish()
+    }
+}
+
+/// The largest `max_concurrent` (and class concurrency limit) of a bulkhead with classes.
+pub const MAX_CLASSED_SLOTS: u32 = (1 << 14) - 1;
+/// The largest token budget (and class token limit) of a bulkhead with classes.
+pub const MAX_CLASSED_TOKENS: u64 = (1 << 30) - 1;
+/// Usage growth (`report_usage`) of a bulkhead with classes is refused once
+/// `Σ_k max(tokens_k, protected_tokens_k)` would pass this; the rest of the 32-bit field is
+/// room for a reconfiguration's advance on raised token floors (at most
+/// [`MAX_CLASSED_TOKENS`]).
+pub const MAX_CLASSED_HOLD: u64 = V_MASK - MAX_CLASSED_TOKENS;
+pub(crate) const V_GROWTH_CAP: u64 = MAX_CLASSED_HOLD;
+
+/// The shared word of a new bulkhead with limits `first`: `U = Σ pc`, `V = Σ pt`, tag 0.
+pub(crate) fn initial_shared_word(first: &crate::LimitsSnapshot) -> u64 {
+    let (u, v) = first.classes.floor_sums();
+    (u << U_SHIFT) + v
+}
+
+/// The advance a reconfiguration adds to the shared word with its tag bump.
+pub(crate) fn floor_advance(old: &crate::LimitsSnapshot, new: &crate::LimitsSnapshot) -> u64 {
+    let (mut u, mut v) = (0u64, 0u64);
+    for (a, b) in old.classes.iter().zip(new.classes.iter()) {
+        u += u64::from(
+            b.protected_concurrent
+                .saturating_sub(a.protected_concurrent),
+        );
+        v += b.protected_tokens.saturating_sub(a.protected_tokens);
+    }
+    (u << U_SHIFT) + v
+}
