@@ -282,7 +282,9 @@ fn close_answers_token_waiters_and_drain_waits_for_them() {
 /// Threads acquire with waiting for tokens (some with a zero timeout), refund part of their
 /// hold, and release; an independent tally, raised only after an acquire returned and lowered
 /// before a release or refund, never exceeds the limits, and every demand (all fit when idle)
-/// is admitted or times out: none is refused for tokens.
+/// is admitted or times out: none is refused for tokens. The run starts with the whole budget
+/// held until a thread is seen queued, so the queue is exercised whatever the scheduler does
+/// (on a loaded machine the threads may otherwise run one after another and never meet).
 fn stress(b: Bulkhead, max: u64, budget: u64) {
     const THREADS: usize = 4;
     const ITERS: u64 = 20_000;
@@ -292,6 +294,7 @@ fn stress(b: Bulkhead, max: u64, budget: u64) {
     let admitted = AtomicU64::new(0);
     let timeouts = AtomicU64::new(0);
     let start = Barrier::new(THREADS);
+    let hold = b.try_acquire(t(budget)).unwrap();
     std::thread::scope(|s| {
         for th in 0..THREADS as u64 {
             let (b, slots, tokens, violations) = (&b, &slots, &tokens, &violations);
@@ -338,10 +341,15 @@ fn stress(b: Bulkhead, max: u64, budget: u64) {
                 }
             });
         }
+        // Synchronised on the bulkhead's state, not on time: someone waits for tokens.
+        while b.stats().pending == 0 {
+            std::thread::yield_now();
+        }
+        drop(hold);
     });
     assert_eq!(violations.load(SeqCst), 0);
     let s = b.stats();
-    assert_eq!(s.admitted, admitted.load(SeqCst));
+    assert_eq!(s.admitted, admitted.load(SeqCst) + 1); // and the initial hold
     assert_eq!(s.rejected, timeouts.load(SeqCst));
     assert_eq!(s.rejected_by_reason.budget_limit, 0);
     assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
