@@ -159,11 +159,13 @@ pub(crate) fn after_refund(shared: &Shared, prev: Word) {
     }
 }
 
-/// Under loom, `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1` skips the refund's pump: the deliberately
-/// broken variant the token-waiting models (`loom-tests/tests/token_wait.rs`) are shown to
-/// fail on (a waiter short of tokens is never woken by a refund: loom reports the deadlock).
+/// Under loom, `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1` skips the refund's pump (no classes,
+/// [`after_refund`]) and a class token return's visit of the queue
+/// (`crate::protocol::classed::return_tokens`): the deliberately broken variant the
+/// token-waiting models (`loom-tests/tests/token_wait.rs`) are shown to fail on (a waiter short
+/// of tokens is never woken by a refund: loom reports the deadlock).
 #[inline]
-fn broken_for_loom() -> bool {
+pub(crate) fn broken_for_loom() -> bool {
     #[cfg(loom)]
     {
         std::env::var_os("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP").is_some_and(|v| v == "1")
