@@ -457,6 +457,9 @@ pub enum PausePoint {
     /// A no-class hand-off has given its slot away (granted it to the head waiter, or
     /// returned it to the word) and still holds the queue lock.
     HandOffGiven,
+    /// A waiting acquire (`acquire_blocking`, `acquire`) found no place by its fast decision
+    /// and is about to take the queue lock to decide again (and perhaps queue).
+    EnterQueue,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

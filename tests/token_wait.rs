@@ -385,3 +385,53 @@ fn stress_with_classes_against_an_independent_tally() {
         .unwrap();
     stress(b, 3, 1_000);
 }
+
+/// A newcomer whose demand a reconfiguration makes impossible while it is between its fast
+/// decision and the queue lock (held there by `PausePoint::EnterQueue`, where the shrink runs)
+/// is refused with `budget_limit` under the lock, not queued behind the waiter already there,
+/// with and without classes. Without the under-lock check the class newcomer stayed queued
+/// (until it reached the head or the next sweep).
+#[cfg(feature = "testing")]
+#[test]
+fn a_newcomer_made_impossible_by_a_racing_reconfiguration_is_refused_under_the_lock() {
+    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    for classed in [false, true] {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent(3)
+            .max_queue(4)
+            .token_budget(1_000)
+            .wait_for_tokens(true);
+        if classed {
+            builder = builder
+                .class("only", ClassLimits::default())
+                .default_class("only");
+        }
+        let b = builder.build().unwrap();
+        let held = b.try_acquire(t(900)).unwrap();
+        // A waiter that still fits once the budget shrinks to 300 keeps the queue non-empty.
+        let mut first = queue(&b, t(200), WaitOptions::default());
+        let b2 = b.clone();
+        let mut shrunk = false;
+        set_pause_hook(move |p| {
+            if p == PausePoint::EnterQueue && !shrunk {
+                shrunk = true;
+                b2.set_budget(300).unwrap();
+            }
+        });
+        // 400 fits an idle budget of 1,000 (so it goes for the queue), never one of 300.
+        let mut newcomer = Box::pin(b.acquire(t(400), WaitOptions::default()));
+        let got = poll(&mut newcomer);
+        clear_pause_hook();
+        assert_eq!(b.limits().token_budget.unwrap().budget, 300, "the hook ran");
+        match got {
+            Poll::Ready(Err(e)) => {
+                assert_eq!(e.reason, RejectReason::BudgetLimit, "{e:?}");
+                assert_eq!(e.detail.pending, 1, "{e:?}");
+            }
+            other => panic!("classed {classed}: the newcomer was not refused: {other:?}"),
+        }
+        assert_eq!(b.stats().pending, 1);
+        drop(held);
+        assert!(matches!(poll(&mut first), Poll::Ready(Ok(_))));
+    }
+}

@@ -13,7 +13,12 @@
 //!    release that would have fed it: the waiter ends admitted or with `budget_limit`, never
 //!    hangs, nothing leaks;
 //! 4. with classes: a refund inside a class token ceiling against a waiter queueing for that
-//!    ceiling (the classed decrease visits the queue).
+//!    ceiling (the classed decrease visits the queue). The same variable breaks the class
+//!    refund (its token return does not visit the queue), and loom finds the deadlock here too.
+//!
+//! Run the broken variant one model at a time (a deadlock panic inside loom aborts the run):
+//! `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1 ... --test token_wait a_refund_wakes` and
+//! `... --test token_wait with_classes`.
 #![cfg(loom)]
 
 mod common;

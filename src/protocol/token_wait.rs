@@ -43,7 +43,12 @@
 //! A demand that could not fit even with nothing else held (more than the effective budget for
 //! its priority, more than its class's token ceiling, or more than the budget left after the
 //! other classes' token floors) is refused with `budget_limit` at once, never queued
-//! ([`fits_when_idle`], [`classed_idle_refusal`]).
+//! ([`fits_when_idle`], [`classed_idle_refusal`]). The check that decides is made under the
+//! queue mutex, with the limits read there (no classes: in `enter`'s locked loop; with
+//! classes: before a newcomer joins the tail, `enter_classed`), so a reconfiguration that
+//! lands between a newcomer's fast decision and its lock cannot leave a never-fitting demand
+//! queued: its sweep ([`sweep_never_fit`]) takes the same mutex after installing, so either
+//! the sweep finds the newcomer queued or the newcomer reads the new limits.
 //!
 //! # Why per bulkhead
 //!
@@ -159,11 +164,13 @@ pub(crate) fn after_refund(shared: &Shared, prev: Word) {
     }
 }
 
-/// Under loom, `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1` skips the refund's pump: the deliberately
-/// broken variant the token-waiting models (`loom-tests/tests/token_wait.rs`) are shown to
-/// fail on (a waiter short of tokens is never woken by a refund: loom reports the deadlock).
+/// Under loom, `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1` skips the refund's pump (no classes,
+/// [`after_refund`]) and a class token return's visit of the queue
+/// (`crate::protocol::classed::return_tokens`): the deliberately broken variant the
+/// token-waiting models (`loom-tests/tests/token_wait.rs`) are shown to fail on (a waiter short
+/// of tokens is never woken by a refund: loom reports the deadlock).
 #[inline]
-fn broken_for_loom() -> bool {
+pub(crate) fn broken_for_loom() -> bool {
     #[cfg(loom)]
     {
         std::env::var_os("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP").is_some_and(|v| v == "1")

@@ -469,6 +469,7 @@ impl Bulkhead {
                 None => self.enter(node, notify),
             };
         }
+        crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
         let word = &*shared.word;
