@@ -1094,7 +1094,7 @@ fn final_checks(gw: &Gateway, tallies: &[Tally]) -> bool {
                 t.refused_total()
             )
         });
-        for reason in llm_bulkhead::RejectReason::ALL {
+        for reason in llm_bulkhead::RejectReason::COUNTED {
             let ours: u64 = t
                 .refused
                 .iter()

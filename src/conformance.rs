@@ -212,7 +212,10 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
         builder.build(),
         Model::with_classes(first, &name_refs, default_class),
     ) {
-        (Ok(e), Ok(m)) => (e, m),
+        (Ok(e), Ok(mut m)) => {
+            m.class_owner = e.shared.class_owner;
+            (e, m)
+        }
         (Err(e), Err(m)) => return same(0, e, m),
         (e, m) => {
             return same(
@@ -302,7 +305,10 @@ fn in_class(engine: &Bulkhead, d: Demand, class: u8) -> Demand {
     if n == 0 {
         d
     } else {
-        d.in_class(crate::ClassId((usize::from(class) % n) as u8))
+        d.in_class(crate::ClassId::new(
+            engine.shared.class_owner,
+            usize::from(class) % n,
+        ))
     }
 }
 
@@ -497,7 +503,7 @@ fn apply_op(
             let mut table = cur.classes;
             if let Some(new) = classes {
                 for (i, l) in new.iter().enumerate().take(table.len()) {
-                    table.set(crate::ClassId(i as u8), *l);
+                    table.set(crate::ClassId::new(engine.shared.class_owner, i), *l);
                 }
             }
             let snap = LimitsSnapshot {

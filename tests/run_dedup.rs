@@ -294,8 +294,9 @@ fn the_class_is_an_automatic_partition_and_an_unknown_class_is_refused_before_jo
     let mut p2 =
         boxed(llm.run_shared(&request(), in_class(Some(premium)), call(&calls, None, "-")));
     assert!(poll(&mut p2).is_pending());
-    // A class id this bulkhead does not have: refused before joining anything.
-    let unknown: ClassId = serde_json::from_str("7").unwrap();
+    // A class id this bulkhead does not have (another bulkhead's): refused before joining
+    // anything.
+    let unknown: ClassId = classed().class_id("premium").unwrap();
     let mut bad =
         boxed(llm.run_shared(&request(), in_class(Some(unknown)), call(&calls, None, "-")));
     match ready(&mut bad) {

@@ -298,7 +298,8 @@ impl Admission {
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().class(), Some(b.class_id("a").unwrap()));
     /// ```
     pub fn class(&self) -> Option<ClassId> {
-        self.class.index().map(|k| ClassId(k as u8))
+        let k = self.class.index()?;
+        self.shared().map(|s| ClassId::new(s.class_owner, k))
     }
 
     /// How the admission's capacity was attributed at its decision: whether its slot and how
@@ -609,6 +610,8 @@ impl Admission {
                 });
             }
         }
+        // Before settling: the class id carries the bulkhead's identity, read through the slot.
+        let class = self.class();
         let s = self.settle(usage).unwrap_or(Settled {
             held: 0,
             consumed: None,
@@ -618,7 +621,7 @@ impl Admission {
         Ok(ReleaseReport {
             admission_id: self.id,
             revision: self.revision,
-            class: self.class(),
+            class,
             reserved: self.reservation.map_or(0, |r| r.total()),
             held: s.held,
             refunded: s.refunded,

@@ -283,8 +283,8 @@ impl LlmBulkhead {
             };
         }
         match class {
-            None => Ok(Some(ClassId(shared.default_class as u8))),
-            Some(c) if c.index() < shared.class_words.len() => Ok(Some(c)),
+            None => Ok(Some(ClassId::new(shared.class_owner, shared.default_class))),
+            Some(c) if c.owner == shared.class_owner => Ok(Some(c)),
             Some(_) => Err(EstimateError::InvalidSetting {
                 field: "class",
                 expected: "a class of this bulkhead",

@@ -427,15 +427,24 @@ impl Bulkhead {
         }
     }
 
-    /// Tokens, class index (0 without classes), priority and reservation of `demand`.
+    /// Tokens, class index (0 without classes; [`UNKNOWN_CLASS`] for a class this bulkhead
+    /// does not have, which [`enter`](Self::enter) refuses), priority and reservation of
+    /// `demand`.
     fn demand_parts(&self, demand: &Demand) -> (u64, usize, Priority, Option<Reservation>) {
         let reservation = self
             .shared
             .has_budget
             .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+        let k = if self.shared.classed {
+            self.class_index(demand.class()).unwrap_or(UNKNOWN_CLASS)
+        } else if demand.class().is_some() {
+            UNKNOWN_CLASS
+        } else {
+            0
+        };
         (
             reservation.map_or(0, |x| x.total()),
-            self.class_index(demand.class()),
+            k,
             demand.priority(),
             reservation,
         )
@@ -445,6 +454,9 @@ impl Bulkhead {
     /// under the queue mutex, which takes a slot, refuses, or queues `node`.
     fn enter(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
         let shared = &*self.shared;
+        if node.k == UNKNOWN_CLASS {
+            return Enter::Refused(crate::handle::bulkhead::unknown_class());
+        }
         if shared.classed {
             return self.enter_classed(node, notify);
         }
@@ -566,7 +578,9 @@ impl Bulkhead {
                 resources,
             } => {
                 let g = if self.shared.classed {
-                    let k = self.class_index(demand.class());
+                    let k = self
+                        .class_index(demand.class())
+                        .unwrap_or(self.shared.default_class);
                     self.count_class_admission(k, r, revision, resources)
                 } else {
                     self.count_admission(revision, r)
@@ -575,7 +589,9 @@ impl Bulkhead {
             }
             Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
             Outcome::RefusedAs(reason, constraint) => {
-                let k = self.class_index(demand.class());
+                let k = self
+                    .class_index(demand.class())
+                    .unwrap_or(self.shared.default_class);
                 let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
                 rej.detail.pending = pending(&self.shared) as u64;
                 Err(rej)
@@ -584,6 +600,10 @@ impl Bulkhead {
         }
     }
 }
+
+/// The class index of a waiter whose demand names a class this bulkhead does not have: it is
+/// refused on entry, before it is queued or anything is counted.
+pub(super) const UNKNOWN_CLASS: usize = usize::MAX;
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
 /// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued

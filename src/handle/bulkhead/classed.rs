@@ -14,7 +14,9 @@ impl Bulkhead {
         priority: Priority,
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
-        let k = self.class_index(class);
+        let Some(k) = self.class_index(class) else {
+            return Err(unknown_class());
+        };
         match crate::protocol::classed::try_fast(shared, k, r, priority) {
             Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             None => self.try_acquire_classed_contended(k, r, priority),
@@ -36,14 +38,28 @@ impl Bulkhead {
         }
     }
 
-    /// The class index a demand's class resolves to (the default class when it names none;
-    /// 0 without classes).
+    /// The class index a demand's class resolves to on a bulkhead with classes: the default
+    /// class when it names none, `None` for a class of another bulkhead (one compare; an id
+    /// carrying this bulkhead's serial was made by [`class_id`](Self::class_id), so its index
+    /// is in the table).
     #[inline]
-    pub(crate) fn class_index(&self, class: Option<ClassId>) -> usize {
+    pub(crate) fn class_index(&self, class: Option<ClassId>) -> Option<usize> {
         let shared = &*self.shared;
         match class {
-            Some(c) if c.index() < shared.class_words.len() => c.index(),
-            _ => shared.default_class,
+            None => Some(shared.default_class),
+            Some(c) if c.owner == shared.class_owner => Some(c.index()),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether `class` is a class this bulkhead can decide in: any on a bulkhead with classes
+    /// resolves ([`class_index`](Self::class_index)), none on one without.
+    #[inline]
+    pub(crate) fn class_is_valid(&self, class: Option<ClassId>) -> bool {
+        if self.shared.classed {
+            self.class_index(class).is_some()
+        } else {
+            class.is_none()
         }
     }
 
@@ -145,7 +161,7 @@ impl Bulkhead {
             .class_names
             .iter()
             .position(|n| n == key)
-            .map(|i| ClassId(i as u8))
+            .map(|i| ClassId::new(self.shared.class_owner, i))
             .ok_or_else(|| UnknownClass(name.to_owned()))
     }
 
@@ -167,4 +183,13 @@ impl Bulkhead {
     pub fn class_names(&self) -> &[String] {
         &self.shared.class_names
     }
+}
+
+/// The refusal of a demand whose class this bulkhead does not have (another bulkhead's, or any
+/// class without classes): decided before anything changed, so nothing is counted or
+/// published.
+#[cold]
+#[inline(never)]
+pub(crate) fn unknown_class() -> Rejection {
+    Rejection::unknown_class()
 }
