@@ -208,6 +208,7 @@ fn t01_validates_a_fixed_class_table_and_refuses_unbounded_class_creation() {
         }
     );
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .class("  ", ClassLimits::default())
         .default_class("  ")
         .build()
@@ -217,6 +218,7 @@ fn t01_validates_a_fixed_class_table_and_refuses_unbounded_class_creation() {
         ConfigProblem::ClassTable("a class name must not be empty")
     );
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .class("a", ClassLimits::default())
         .class("a", ClassLimits::default())
         .default_class("a")
@@ -227,6 +229,7 @@ fn t01_validates_a_fixed_class_table_and_refuses_unbounded_class_creation() {
         ConfigProblem::ClassTable("class names must be unique")
     );
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .class("a", ClassLimits::default())
         .build()
         .unwrap_err();

@@ -42,11 +42,13 @@ fn invalid_configuration_names_field_and_bound() {
     );
     assert!(e.to_string().contains("32767"), "{e}");
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .token_budget(MAX_TOKENS + 1)
         .build()
         .unwrap_err();
     assert_eq!(e.field, "token_budget.budget");
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .token_budget(10)
         .high_priority_reserve(11)
         .build()
@@ -432,8 +434,8 @@ fn reconf_fixture() -> Bulkhead {
 
 #[test]
 fn fail_closed_construction_and_later_activation() {
-    // #1
-    let b = Bulkhead::builder().build().unwrap();
+    // #1: an explicit 0 is the fail-closed start (a forgotten limit is an error, below).
+    let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
     assert_eq!(
         b.try_acquire(Demand::slot()).unwrap_err().reason,
         RejectReason::ConcurrencyLimit

@@ -417,7 +417,7 @@ impl Bulkhead {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let b = Bulkhead::builder().token_budget(100).initial_revision(7).build().unwrap();
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(100).initial_revision(7).build().unwrap();
     /// b.set_budget(50).unwrap();
     /// assert_eq!((b.limits().revision, b.limits().token_budget.unwrap().budget), (8, 50));
     /// ```

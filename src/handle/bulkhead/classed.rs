@@ -150,7 +150,7 @@ impl Bulkhead {
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let b = Bulkhead::builder().class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
+    /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
     /// assert!(b.class_id("batch").is_ok());
     /// assert!(b.class_id("tenant-42").is_err());
     /// ```
