@@ -440,7 +440,7 @@ fn apply_op(
                 safety_margin,
             });
             let (a, h) = &mut live[i];
-            let e = a.report_usage(usage, rc);
+            let e = a.report_usage_reconciled(usage, rc);
             let m = model.report_usage(*h, usage, rc);
             match (e, m) {
                 (Ok(e), Ok(m)) => same(

@@ -415,12 +415,12 @@ fn t04_enforces_and_progressively_reconciles_class_token_ceilings() {
     );
 
     let report = s1
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 10),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 50,
                 safety_margin: 10,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(s1.class(), Some(standard)); // the reference's report carries admissionClass
@@ -1282,12 +1282,12 @@ fn hold_changes_fill_the_floor_first_and_come_off_the_borrowed_part_first() {
 
     // Progressive report on #1 → hold 100: 500 = 500 protected + 0 borrowed.
     let r = a1
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 0),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 100,
                 safety_margin: 0,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(r.held, 100);
@@ -1302,7 +1302,7 @@ fn hold_changes_fill_the_floor_first_and_come_off_the_borrowed_part_first() {
     );
 
     // Overrun on #2 (+300): 800 = 500 + 300.
-    let r = a2.report_usage(Usage::new(100, 600), None).unwrap();
+    let r = a2.report_usage(Usage::new(100, 600)).unwrap();
     assert_eq!((r.held, r.over_reservation), (700, true));
     let s = class_stats(&b, "a");
     assert_eq!(
@@ -1524,12 +1524,12 @@ fn a_class_without_a_floor_can_always_abandon() {
     // The abandoned admission's hold is still accounted: a report still moves it, in the
     // class and globally.
     let r = s1
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 0),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 100,
                 safety_margin: 0,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(r.held, 100);

@@ -100,19 +100,33 @@ impl BulkheadBuilder {
         self
     }
 
-    /// The default time a waiter stays queued before it gets `timeout` (reference §11's
-    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A timeout
-    /// too large to add to the current instant (`Duration::MAX`) means no deadline.
+    /// The default time a waiter stays queued before it is refused with `timeout`
+    /// (reference §11's `timeoutMs`). It bounds the wait in the queue only, not the call that
+    /// runs once admitted. A per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A
+    /// timeout too large to add to the current instant (`Duration::MAX`) means no deadline.
     ///
     /// ```
     /// use llm_bulkhead::Bulkhead;
     /// use std::time::Duration;
-    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).timeout(Duration::from_secs(5)).build().unwrap();
-    /// assert_eq!(b.default_timeout(), Some(Duration::from_secs(5)));
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).queue_timeout(Duration::from_secs(5)).build().unwrap();
+    /// assert_eq!(b.default_queue_timeout(), Some(Duration::from_secs(5)));
     /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
+    }
+
+    /// The old name of [`queue_timeout`](Self::queue_timeout), which it calls.
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// # use std::time::Duration;
+    /// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(1).queue_timeout(Duration::from_secs(1)).build().unwrap();
+    /// assert_eq!(b.default_queue_timeout(), Some(Duration::from_secs(1)));
+    /// ```
+    #[deprecated(note = "it is the queue wait, not a call timeout: use `queue_timeout`")]
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.queue_timeout(timeout)
     }
 
     /// Times every queue wait for `stats().queue_waits` (total and longest, in ns). Off by
@@ -137,7 +151,7 @@ impl BulkheadBuilder {
     /// use llm_bulkhead::{Bulkhead, Profile};
     /// use std::time::Duration;
     /// let b = Bulkhead::builder().max_concurrent(4).profile(Profile::Batch).build().unwrap();
-    /// assert_eq!((b.limits().max_queue, b.default_timeout()), (20, Some(Duration::from_secs(30))));
+    /// assert_eq!((b.limits().max_queue, b.default_queue_timeout()), (20, Some(Duration::from_secs(30))));
     /// let b = Bulkhead::builder().max_queue(3).max_concurrent(4).profile(Profile::Batch).build().unwrap();
     /// assert_eq!(b.limits().max_queue, 3);
     /// ```

@@ -433,7 +433,7 @@ impl Bypassed {
 
     /// Validates and clamps like [`Admission::report_usage`](crate::Admission::report_usage),
     /// but holds nothing; the sequence moves only when the clamped usage changes.
-    pub(crate) fn report_usage(
+    pub(crate) fn report_usage_reconciled(
         &mut self,
         usage: Usage,
         reconcile: Option<Reconcile>,

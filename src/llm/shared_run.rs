@@ -437,7 +437,10 @@ impl LlmBulkhead {
                 return Path::Solo(llm, demand, options, work);
             };
             let follower = FollowerOptions {
-                timeout: options.wait.timeout,
+                timeout: match options.wait.timeout {
+                    crate::QueueTimeout::After(d) => Some(d),
+                    crate::QueueTimeout::Default | crate::QueueTimeout::Unbounded => None,
+                },
             };
             let call = move || async move {
                 let out = llm.execute(demand, options, work).await;

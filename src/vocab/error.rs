@@ -148,7 +148,7 @@ impl std::error::Error for ConfigError {}
 /// use llm_bulkhead::{Usage, UsageError, Bulkhead, Demand, Reservation, Reconcile};
 /// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap();
 /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 100).unwrap())).unwrap();
-/// let err = a.report_usage(Usage::new(10, 0), Some(Reconcile { remaining_output: 500, safety_margin: 0 }));
+/// let err = a.report_usage_reconciled(Usage::new(10, 0), Reconcile { remaining_output: 500, safety_margin: 0 });
 /// assert!(matches!(err, Err(UsageError::RemainingExceedsCap { remaining: 500, cap: 100 })));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

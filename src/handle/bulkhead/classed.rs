@@ -165,12 +165,14 @@ impl Bulkhead {
             .ok_or_else(|| UnknownClass(name.to_owned()))
     }
 
-    /// The default waiter timeout (from the builder's `timeout` or profile).
+    /// The default time a waiter may stay queued (from the builder's `queue_timeout` or
+    /// profile); `None`: no deadline.
     ///
     /// ```
-    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_timeout(), None);
+    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_queue_timeout(), None);
     /// ```
-    pub fn default_timeout(&self) -> Option<Duration> {
+    #[must_use]
+    pub fn default_queue_timeout(&self) -> Option<Duration> {
         self.shared.default_timeout
     }
 

@@ -383,7 +383,7 @@ impl LlmBulkhead {
     /// use llm_bulkhead::{Bulkhead, Usage};
     /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(2).token_budget(10_000).build().unwrap(), NaiveEstimator);
     /// let fut = llm.run(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), async |ctx| {
-    ///     ctx.report_usage(Usage::new(1, 5), None).unwrap();
+    ///     ctx.report_usage(Usage::new(1, 5)).unwrap();
     ///     Ok::<_, ()>("done")
     /// });
     /// assert_eq!(futures_lite::future::block_on(fut).unwrap(), "done");
