@@ -34,13 +34,17 @@
 //!     borrows a slot and its whole reservation: one CAS on the shared word and one on the
 //!     class word to acquire, and a release with a pending-return mark): one pair per
 //!     iteration on one thread;
-//!   * `two_threads_parking_lot`, `two_threads_ours_slots_tokens`, `two_threads_protected` (the
-//!     two threads in different classes, each inside its floors) and `two_threads_borrowing`
-//!     (context: both threads borrow, in different classes): as in `two_threads`.
+//!   * `two_threads_parking_lot`, `two_threads_tokio`, `two_threads_ours_slots_tokens`,
+//!     `two_threads_protected` (the two threads in different classes, each inside its floors),
+//!     `two_threads_protected_same_class` (both inside the floors of one class),
+//!     `two_threads_borrowing` (both threads borrow, in different classes) and
+//!     `two_threads_borrowing_same_class` (both borrow in one class): as in `two_threads`, so
+//!     that every pair kind runs on two threads beside both anchors in one group.
 //!
 //! Limits are large enough that no pair in the first two groups is ever refused; the two-thread
-//! runs count refusals and assert that there were none. `benches/ratios.py` turns the results
-//! into tables of ratios.
+//! runs count refusals and assert that there were none. `scripts/perf-table` runs this target
+//! with the others behind the README's figures and prints the README's tables (ratios to the
+//! anchors of the same run, with their spread).
 
 use criterion::{black_box, criterion_main, Criterion, Throughput};
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, RejectReason, Reservation};
@@ -273,6 +277,103 @@ fn uncontended_pair(c: &mut Criterion) {
     assert_eq!((s.rejected, s.in_flight), (0, 0));
 }
 
+/// Where the two threads of a two-thread run run, and whether they ran at once.
+///
+/// On a shared 2-core machine the scheduler may run both threads on one core in turn (another
+/// process holds the other), which measures no contention at all. On Linux each thread is
+/// pinned to its own CPU of the process's affinity set (unless `BENCH_NO_PIN` is set), and the
+/// threads' CPU time over the wall time of the run is recorded: 2.00 means both threads ran
+/// for the whole run, 1.00 that they took turns. Each two-thread benchmark prints it as
+/// `two-thread parallelism GROUP/BENCH: X` (`scripts/perf-table` shows it beside the figure).
+mod placement {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static CPU_NS: AtomicU64 = AtomicU64::new(0);
+    static WALL_NS: AtomicU64 = AtomicU64::new(0);
+
+    /// Pins the calling thread to the `i`-th CPU the process may use, when it may use two.
+    #[cfg(target_os = "linux")]
+    pub fn pin(i: usize) {
+        if std::env::var_os("BENCH_NO_PIN").is_some() {
+            return;
+        }
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: `cpu_set_t` is plain data for which all zeroes is the empty set; both calls
+        // get a pointer to a live set of the size passed, and pid 0 is the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size, &mut set) != 0 {
+                return;
+            }
+            let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
+            if cpus.len() < 2 {
+                return;
+            }
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpus[i % cpus.len()], &mut one);
+            libc::sched_setaffinity(0, size, &one);
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn pin(_: usize) {}
+
+    /// CPU time of the calling thread, in ns (0 where it cannot be read).
+    #[cfg(target_os = "linux")]
+    pub fn thread_cpu_ns() -> u64 {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `t` is a live, writable timespec.
+        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) } == 0;
+        if ok {
+            t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+        } else {
+            0
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn thread_cpu_ns() -> u64 {
+        0
+    }
+
+    /// Adds one run: both threads' CPU time and its wall time.
+    pub fn record(cpu_ns: u64, wall_ns: u64) {
+        CPU_NS.fetch_add(cpu_ns, Ordering::Relaxed);
+        WALL_NS.fetch_add(wall_ns, Ordering::Relaxed);
+    }
+
+    /// Prints the parallelism of the runs since the last report, if there were any.
+    pub fn report(id: &str) {
+        let (cpu, wall) = (
+            CPU_NS.swap(0, Ordering::Relaxed),
+            WALL_NS.swap(0, Ordering::Relaxed),
+        );
+        if cpu > 0 && wall > 0 {
+            eprintln!(
+                "two-thread parallelism {id}: {:.2}",
+                cpu as f64 / wall as f64
+            );
+        }
+    }
+}
+
+/// `g.bench_function(name, ...)` of a two-thread run, then its parallelism (see [`placement`]).
+fn bench_two(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    group: &str,
+    name: &str,
+    mut run: impl FnMut(u64) -> Duration,
+) {
+    placement::report("(before)"); // drops anything left over
+    g.bench_function(name, |b| b.iter_custom(&mut run));
+    placement::report(&format!("{group}/{name}"));
+}
+
 /// Runs `iters` pairs on each of two threads against `shared` and returns the wall time from
 /// the moment both threads are released by the barrier to the moment the last one finishes
 /// (thread spawning and joining are not measured). Panics if any pair was refused.
@@ -289,71 +390,78 @@ fn two_thread_run_indexed<S: Sync>(
 ) -> Duration {
     let barrier = Barrier::new(2);
     let (barrier, pair) = (&barrier, &pair);
-    let (spans, refused): (Vec<(Instant, Instant)>, u64) = std::thread::scope(|s| {
+    let (spans, refused, cpu): (Vec<(Instant, Instant)>, u64, u64) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..2)
             .map(|i| {
                 s.spawn(move || {
+                    placement::pin(i);
                     let mut refused = 0u64;
                     barrier.wait();
+                    let cpu = placement::thread_cpu_ns();
                     let start = Instant::now();
                     for _ in 0..iters {
                         if !pair(black_box(shared), i) {
                             refused += 1;
                         }
                     }
-                    ((start, Instant::now()), refused)
+                    let end = Instant::now();
+                    let cpu = placement::thread_cpu_ns().saturating_sub(cpu);
+                    ((start, end), refused, cpu)
                 })
             })
             .collect();
         workers
             .into_iter()
             .map(|w| w.join().expect("worker panicked"))
-            .fold((Vec::new(), 0), |(mut v, n), (span, r)| {
+            .fold((Vec::new(), 0, 0), |(mut v, n, c), (span, r, cpu)| {
                 v.push(span);
-                (v, n + r)
+                (v, n + r, c + cpu)
             })
     });
     assert_eq!(refused, 0, "a pair was refused; raise the limits");
     let start = spans.iter().map(|s| s.0).min().expect("two spans");
     let end = spans.iter().map(|s| s.1).max().expect("two spans");
-    end - start
+    let wall = end - start;
+    placement::record(cpu, u64::try_from(wall.as_nanos()).unwrap_or(u64::MAX));
+    wall
 }
 
 fn two_threads(c: &mut Criterion) {
-    let mut g = c.benchmark_group("two_threads");
+    const GROUP: &str = "two_threads";
+    let mut g = c.benchmark_group(GROUP);
     // One iteration = one pair on each of the two threads.
     g.throughput(Throughput::Elements(2));
 
     let floor = BareAtomic::new(u64::from(MAX_CONCURRENT));
-    g.bench_function("bare_atomic_floor", |b| {
-        b.iter_custom(|iters| two_thread_run(&floor, iters, BareAtomic::pair))
+    bench_two(&mut g, GROUP, "bare_atomic_floor", |iters| {
+        two_thread_run(&floor, iters, BareAtomic::pair)
     });
 
     let sem = Semaphore::new(MAX_CONCURRENT as usize);
-    g.bench_function("tokio_semaphore", |b| {
-        b.iter_custom(|iters| two_thread_run(&sem, iters, tokio_pair))
+    bench_two(&mut g, GROUP, "tokio_semaphore", |iters| {
+        two_thread_run(&sem, iters, tokio_pair)
     });
 
     let owned = Arc::new(Semaphore::new(MAX_CONCURRENT as usize));
-    g.bench_function("tokio_semaphore_owned", |b| {
-        b.iter_custom(|iters| two_thread_run(&owned, iters, tokio_owned_pair))
+    bench_two(&mut g, GROUP, "tokio_semaphore_owned", |iters| {
+        two_thread_run(&owned, iters, tokio_owned_pair)
     });
 
     let locked = LockBulkhead::new(u64::from(MAX_CONCURRENT), BUDGET);
     let r = INPUT + MAX_OUTPUT;
-    g.bench_function("parking_lot_bulkhead", |b| {
-        b.iter_custom(|iters| two_thread_run(&locked, iters, |l| l.pair(black_box(r))))
+    bench_two(&mut g, GROUP, "parking_lot_bulkhead", |iters| {
+        two_thread_run(&locked, iters, |l| l.pair(black_box(r)))
     });
 
     let ours = slots_bulkhead();
-    g.bench_function("ours_slots", |b| {
-        b.iter_custom(|iters| two_thread_run(&ours, iters, |o| ours_pair(o, Demand::slot())))
+    bench_two(&mut g, GROUP, "ours_slots", |iters| {
+        two_thread_run(&ours, iters, |o| ours_pair(o, Demand::slot()))
     });
 
     let ours_t = tokens_bulkhead();
     let d = token_demand();
-    g.bench_function("ours_slots_tokens", |b| {
-        b.iter_custom(|iters| two_thread_run(&ours_t, iters, |o| ours_pair(o, d)))
+    bench_two(&mut g, GROUP, "ours_slots_tokens", |iters| {
+        two_thread_run(&ours_t, iters, |o| ours_pair(o, d))
     });
 
     g.finish();
@@ -519,7 +627,8 @@ fn use_up_floors(b: &Bulkhead, name: &str) -> Vec<llm_bulkhead::Admission> {
 }
 
 fn classes(c: &mut Criterion) {
-    let mut g = c.benchmark_group("classes");
+    const GROUP: &str = "classes";
+    let mut g = c.benchmark_group(GROUP);
 
     // One thread, one pair per iteration.
     g.throughput(Throughput::Elements(1));
@@ -550,22 +659,30 @@ fn classes(c: &mut Criterion) {
     g.throughput(Throughput::Elements(2));
     let locked = LockBulkhead::new(u64::from(CLASS_MAX_CONCURRENT), BUDGET);
     let r = INPUT + MAX_OUTPUT;
-    g.bench_function("two_threads_parking_lot", |b| {
-        b.iter_custom(|iters| two_thread_run(&locked, iters, |l| l.pair(black_box(r))))
+    bench_two(&mut g, GROUP, "two_threads_parking_lot", |iters| {
+        two_thread_run(&locked, iters, |l| l.pair(black_box(r)))
     });
 
-    g.bench_function("two_threads_ours_slots_tokens", |b| {
-        b.iter_custom(|iters| two_thread_run(&ours_t, iters, |o| ours_pair(o, d)))
+    let sem = Semaphore::new(MAX_CONCURRENT as usize);
+    bench_two(&mut g, GROUP, "two_threads_tokio", |iters| {
+        two_thread_run(&sem, iters, tokio_pair)
+    });
+
+    bench_two(&mut g, GROUP, "two_threads_ours_slots_tokens", |iters| {
+        two_thread_run(&ours_t, iters, |o| ours_pair(o, d))
     });
 
     let two = [
         class_demand(&protected, "premium"),
         class_demand(&protected, "standard"),
     ];
-    g.bench_function("two_threads_protected", |b| {
-        b.iter_custom(|iters| {
-            two_thread_run_indexed(&protected, iters, |o, i| ours_pair(o, two[i]))
-        })
+    bench_two(&mut g, GROUP, "two_threads_protected", |iters| {
+        two_thread_run_indexed(&protected, iters, |o, i| ours_pair(o, two[i]))
+    });
+
+    // Both threads in one class, inside its floors: one class word written by both.
+    bench_two(&mut g, GROUP, "two_threads_protected_same_class", |iters| {
+        two_thread_run(&protected, iters, |o| ours_pair(o, dp))
     });
 
     let held_two = [
@@ -576,10 +693,14 @@ fn classes(c: &mut Criterion) {
         class_demand(&borrowing, "premium"),
         class_demand(&borrowing, "standard"),
     ];
-    g.bench_function("two_threads_borrowing", |b| {
-        b.iter_custom(|iters| {
-            two_thread_run_indexed(&borrowing, iters, |o, i| ours_pair(o, two_b[i]))
-        })
+    bench_two(&mut g, GROUP, "two_threads_borrowing", |iters| {
+        two_thread_run_indexed(&borrowing, iters, |o, i| ours_pair(o, two_b[i]))
+    });
+
+    // Both threads borrow in one class (`batch`, whose floors `held` uses up): the shared word
+    // and one class word written by both.
+    bench_two(&mut g, GROUP, "two_threads_borrowing_same_class", |iters| {
+        two_thread_run(&borrowing, iters, |o| ours_pair(o, db))
     });
 
     g.finish();

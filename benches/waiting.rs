@@ -11,7 +11,13 @@
 //! * `classes`: the async hand-off and the saturated queue on a bulkhead with two admission
 //!   classes (one with a floor), beside the same no-class runs: the cost of class queueing.
 //!
-//! `benches/ratios.py` does not read these; the README quotes them.
+//! * `async_acquire_no_wait`: `acquire().await` that never waits (free slots), dropped at once,
+//!   in a loop inside one task on a current-thread tokio runtime (what a tokio/axum handler pays
+//!   on every request when there is room): ours for a slot and for a slot with a token
+//!   reservation, beside tokio's `Semaphore::acquire().await` and our synchronous
+//!   `try_acquire` pair in the same loop.
+//!
+//! `scripts/perf-table` runs this target and prints the README's tables from it.
 
 use criterion::{criterion_main, Criterion, Throughput};
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, WaitOptions};
@@ -243,8 +249,83 @@ fn queued_plain(max_concurrent: u32, max_queue: u32) -> Bulkhead {
         .unwrap()
 }
 
+/// Runs `iters` awaits of `turn()` in one task on the current-thread runtime `rt`; returns the
+/// time of the loop (the runtime's `block_on` entry is outside it).
+fn current_thread_loop<F, Fut>(rt: &tokio::runtime::Runtime, iters: u64, turn: F) -> Duration
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    rt.block_on(async {
+        let start = Instant::now();
+        let mut ok = 0u64;
+        for _ in 0..iters {
+            ok += u64::from(turn().await);
+        }
+        let t = start.elapsed();
+        assert_eq!(ok, iters, "an acquire failed");
+        t
+    })
+}
+
+fn async_acquire_no_wait(c: &mut Criterion) {
+    let mut g = c.benchmark_group("async_acquire_no_wait");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let b = Bulkhead::builder()
+        .max_concurrent(1024)
+        .max_queue(16)
+        .token_budget(1 << 30)
+        .build()
+        .unwrap();
+    let tokens = Demand::tokens(llm_bulkhead::Reservation::new(1_200, 800).unwrap());
+    g.bench_function("tokio_semaphore", |bench| {
+        let sem = Semaphore::new(1024);
+        bench.iter_custom(|iters| {
+            current_thread_loop(&rt, iters, || async {
+                let p = std::hint::black_box(&sem).acquire().await;
+                p.is_ok()
+            })
+        })
+    });
+    g.bench_function("ours_slot", |bench| {
+        bench.iter_custom(|iters| {
+            current_thread_loop(&rt, iters, || async {
+                let a = std::hint::black_box(&b)
+                    .acquire(std::hint::black_box(Demand::slot()), WaitOptions::default())
+                    .await;
+                a.is_ok()
+            })
+        })
+    });
+    g.bench_function("ours_slots_tokens", |bench| {
+        bench.iter_custom(|iters| {
+            current_thread_loop(&rt, iters, || async {
+                let a = std::hint::black_box(&b)
+                    .acquire(std::hint::black_box(tokens), WaitOptions::default())
+                    .await;
+                a.is_ok()
+            })
+        })
+    });
+    g.bench_function("ours_try_acquire_slot", |bench| {
+        bench.iter_custom(|iters| {
+            current_thread_loop(&rt, iters, || async {
+                std::hint::black_box(&b)
+                    .try_acquire(std::hint::black_box(Demand::slot()))
+                    .is_ok()
+            })
+        })
+    });
+    g.finish();
+    let s = b.stats();
+    assert_eq!((s.in_flight, s.rejected), (0, 0));
+}
+
 fn benches() {
     let mut c = config().configure_from_args();
+    async_acquire_no_wait(&mut c);
     handoff_blocking(&mut c);
     handoff_async(&mut c);
     saturated_queue(&mut c);

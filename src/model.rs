@@ -31,6 +31,7 @@ use crate::{
 use std::collections::{BTreeMap, VecDeque};
 
 mod queue;
+mod token_wait;
 
 /// A handle to an admission held by the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -122,6 +123,8 @@ pub struct Model {
     /// Answers not yet taken by their waiters.
     answers: BTreeMap<u64, Answer>,
     next_wait: u64,
+    /// Token waiting (`BulkheadBuilder::wait_for_tokens`): a demand short only of tokens waits.
+    wait_for_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -221,6 +224,7 @@ impl Model {
             queue: VecDeque::new(),
             answers: BTreeMap::new(),
             next_wait: 0,
+            wait_for_tokens: false,
         })
     }
 
@@ -611,6 +615,8 @@ impl Model {
                     self.classes[k].totals.refunded.wrapping_add(delta);
             }
         }
+        // Refunded tokens go to the queued head first (token waiting).
+        let pump = self.wait_for_tokens && hold < a.held;
         let changed = a.reported != Some(clamped) || hold != a.held;
         let sequence = a.sequence + u64::from(changed);
         self.live.insert(
@@ -622,6 +628,9 @@ impl Model {
                 ..a.clone()
             },
         );
+        if pump {
+            self.pump();
+        }
         let reserved = a.reservation.map_or(0, |r| r.total());
         Ok(UsageReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
@@ -723,6 +732,7 @@ impl Model {
         }
         next.validate(self.has_budget, &self.names)?;
         let previous = std::mem::replace(&mut self.limits, next);
+        self.sweep_never_fit();
         self.pump();
         Ok(LimitsChange {
             previous,

@@ -107,6 +107,9 @@ pub(crate) struct Shared {
     pub(crate) default_timeout: Option<std::time::Duration>,
     /// Whether queue waits are timed (`BulkheadBuilder::measure_queue_waits`).
     pub(crate) measure_waits: bool,
+    /// Whether a demand refused only for tokens waits in the queue
+    /// (`BulkheadBuilder::wait_for_tokens`, `crate::protocol::token_wait`).
+    pub(crate) wait_for_tokens: bool,
     /// Event subscribers (`crate::record::events`). Read-mostly: the hooks read only its flag, which
     /// is never on the state word's cache line (`word` is padded to a line of its own).
     pub(crate) events: crate::record::events::Subscribers,
@@ -158,6 +161,7 @@ unsafe fn owners_gone(ptr: NonNull<Shared>) {
 pub(crate) struct WaitSettings {
     pub(crate) default_timeout: Option<std::time::Duration>,
     pub(crate) measure_waits: bool,
+    pub(crate) wait_for_tokens: bool,
 }
 
 /// A counted handle: what a `Bulkhead` holds.
@@ -213,6 +217,7 @@ impl Handle {
             alive: AtomicUsize::new(0),
             default_timeout: settings.default_timeout,
             measure_waits: settings.measure_waits,
+            wait_for_tokens: settings.wait_for_tokens,
             events: crate::record::events::Subscribers::new(),
         };
         // Before the state is published: every thread that reaches it sees the barrier mode.

@@ -22,6 +22,30 @@
 //!   a process-wide serial is no protocol.
 //! * Timed parks are yields ([`thread::park_timeout`]); models use zero deadlines.
 //!
+//! ## Why blocking waits park the thread and do not use `atomic-wait`
+//!
+//! A blocked `acquire_blocking` or `drain_blocking` parks its thread (`std::thread::park`,
+//! itself a futex wait on Linux) and is woken by `Thread::unpark` from the waker side. The
+//! `atomic-wait` crate (a futex/`WaitOnAddress`/`ulock` wait on an `AtomicU32`) was considered
+//! and is not used, for four reasons:
+//!
+//! * **No timed wait.** Its `wait(&AtomicU32, value)` has no timeout, and every blocking wait
+//!   here has one (the queue timeout, a drain's deadline); `park_timeout` has.
+//! * **32-bit words.** It waits on an `AtomicU32`; the state words that change when capacity
+//!   returns are 64-bit, so a waiter would need a word of its own anyway, which is what a
+//!   thread's parker already is.
+//! * **A node its owner may already have freed.** A waker that wakes a word inside a waiter's
+//!   node races with that waiter returning and freeing the node (the hazard the wait layer's
+//!   hand-off protocol is built around, `crate::wait::list`). `unpark` goes through a cloned
+//!   `Thread` handle, which keeps the parker alive by reference count, so the waker never
+//!   touches the node after the grant; with a futex word in the node, the wake would have to
+//!   be ordered before the grant becomes visible or rely on waking a possibly-freed address.
+//! * **Model checking.** loom models `park`/`unpark` ([`thread`]), not futex waits, so the
+//!   loom suite would not see the blocking path.
+//!
+//! The cost is one `Thread` clone (a reference-count increment) per blocking waiter; the
+//! fast path never blocks, so this touches only waiters.
+//!
 //! [loom]: https://docs.rs/loom
 
 // Type aliases and wrapper functions rather than re-exports: `clippy::disallowed_types`

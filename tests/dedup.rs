@@ -196,6 +196,7 @@ fn a_follower_leaves_by_drop_or_timeout_without_cancelling_the_call() {
     drop(dropped);
     let zero = FollowerOptions {
         timeout: Some(Duration::ZERO),
+        ..FollowerOptions::default()
     };
     let mut timed = d.run(k, zero, not_called());
     assert_eq!(poll(&mut timed), Poll::Ready(Err(DedupError::Timeout)));

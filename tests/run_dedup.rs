@@ -523,6 +523,7 @@ fn the_composable_dedup_counts_its_unshareable_followers_and_timeouts() {
         k,
         FollowerOptions {
             timeout: Some(Duration::ZERO),
+            ..FollowerOptions::default()
         },
         || async { 3 },
     );

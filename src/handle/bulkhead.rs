@@ -389,6 +389,11 @@ impl Bulkhead {
         crate::grace::grace_period(&shared.counters);
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
+        // Token waiting: a waiter whose demand can no longer fit at all is answered now
+        // (`crate::protocol::token_wait`); a no-op without the option.
+        if Word(shared.word.load(Ordering::Acquire)).waiters() {
+            crate::protocol::token_wait::sweep_never_fit(shared);
+        }
         // A raised limit admits queued waiters at once (CONTRACT.md §6).
         let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
         if shared.classed {

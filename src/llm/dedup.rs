@@ -19,8 +19,10 @@
 //! result untouched; followers get shares made when the call completes. A leader's failure is
 //! part of `T` (typically a `Result`) and reaches its followers the same way.
 //!
-//! Followers wait with their own cancellation (drop the future) and an explicit per-call
-//! timeout only (a bulkhead's default timeout does not apply to them).
+//! Followers wait with their own cancellation (a [`CancelToken`](crate::CancelToken) in
+//! [`FollowerOptions::cancel`], or dropping the future) and an explicit per-call timeout only
+//! (a bulkhead's default timeout does not apply to them). A follower that leaves does not
+//! cancel the call: the leader and the other followers go on.
 //!
 //! ```
 //! use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions, LlmRequest};
@@ -46,6 +48,7 @@
 use super::request::{Content, LlmRequest, Message};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::ClassId;
+use crate::wait::cancel::CancelWake;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -324,20 +327,24 @@ impl Canon {
     }
 }
 
-/// A follower's wait options: only an explicit timeout caps it (cancellation: drop the
-/// future).
+/// A follower's wait options: an explicit timeout and a cancellation token (dropping the
+/// future also leaves). Neither cancels the shared call: only this follower leaves.
 ///
 /// ```
 /// use llm_bulkhead::llm::FollowerOptions;
+/// use llm_bulkhead::CancelToken;
 /// use std::time::Duration;
-/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)) };
+/// let o = FollowerOptions { timeout: Some(Duration::from_secs(5)), cancel: Some(CancelToken::new()) };
 /// assert!(FollowerOptions::default().timeout.is_none());
 /// # let _ = o;
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct FollowerOptions {
     /// Give up waiting on the leader's call after this long (`timeout`); the call goes on.
     pub timeout: Option<Duration>,
+    /// Give up waiting once this token is cancelled ([`DedupError::Cancelled`]); the call goes
+    /// on for the leader and the other followers. A cancellation wakes the follower at once.
+    pub cancel: Option<crate::CancelToken>,
 }
 
 /// Why a follower got no result.
@@ -352,6 +359,8 @@ pub enum DedupError {
     Timeout,
     /// The share function panicked for this follower (the leader's result is untouched).
     Unshareable,
+    /// The follower's own cancellation token fired first; the shared call was not cancelled.
+    Cancelled,
 }
 
 impl std::fmt::Display for DedupError {
@@ -359,6 +368,7 @@ impl std::fmt::Display for DedupError {
         match self {
             DedupError::Timeout => f.write_str("timed out waiting for the shared call"),
             DedupError::Unshareable => f.write_str("the shared result could not be shared"),
+            DedupError::Cancelled => f.write_str("cancelled waiting for the shared call"),
         }
     }
 }
@@ -388,9 +398,17 @@ pub struct DedupStats {
     pub unshareable: u64,
     /// Followers that gave up at their own timeout (the shared call went on).
     pub timeouts: u64,
+    /// Followers whose own cancellation token fired while they waited (the shared call went
+    /// on).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub cancelled: u64,
 }
 
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A follower deadline for a timeout too large to add to the current instant: about a
+/// century, so it never expires in practice.
+const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// The map's keys are already uniform 128-bit hashes: hash them by taking their low 64 bits.
 #[derive(Clone, Copy, Default)]
@@ -449,6 +467,7 @@ pub(super) struct Inner<T> {
     full: AtomicU64,
     unshareable: AtomicU64,
     timeouts: AtomicU64,
+    cancelled: AtomicU64,
 }
 
 impl<T: Clone + Send + 'static> Dedup<T> {
@@ -488,6 +507,7 @@ impl<T: Send + 'static> Dedup<T> {
                 full: AtomicU64::new(0),
                 unshareable: AtomicU64::new(0),
                 timeouts: AtomicU64::new(0),
+                cancelled: AtomicU64::new(0),
             }),
         }
     }
@@ -543,6 +563,7 @@ impl<T: Send + 'static> Dedup<T> {
                     timeout: options.timeout,
                     deadline: None,
                     timer: None,
+                    cancel: options.cancel.map(CancelWake::new),
                 };
             }
             // Settled, its entry not yet removed: this call starts a new flight.
@@ -564,8 +585,8 @@ impl<T: Send + 'static> Dedup<T> {
                 followers: HashMap::new(),
                 next_follower: 0,
                 participants: 1,
+                wakers: Wakers::default(),
             }),
-            notifier: Notifier::new(),
         });
         map.insert(key.0, f.clone());
         drop(map);
@@ -579,6 +600,7 @@ impl<T: Send + 'static> Dedup<T> {
             timeout: None,
             deadline: None,
             timer: None,
+            cancel: None,
         }
     }
 
@@ -596,6 +618,7 @@ impl<T: Send + 'static> Dedup<T> {
             full: self.inner.full.load(Ordering::Relaxed),
             unshareable: self.inner.unshareable.load(Ordering::Relaxed),
             timeouts: self.inner.timeouts.load(Ordering::Relaxed),
+            cancelled: self.inner.cancelled.load(Ordering::Relaxed),
         }
     }
 }

@@ -30,12 +30,15 @@
 //!
 //! # Where it differs from the reference
 //! Every call is validated and estimated, followers too (the reference lets a follower skip
-//! validation, its B11). A follower's failures (its own timeout, an unshareable result) are
-//! [`RunError::Shared`], counted in [`DedupStats`] (`timeouts`, `unshareable`) and seen as a
-//! `dedup` event, not as admission refusals: the bulkhead did not refuse anything, so they are
-//! not in `Stats::rejected_by_reason` and carry no capacity detail. A follower waits with an
-//! explicit `wait.timeout` only, and leaves when its future is dropped (`wait.cancel` is not
-//! observed while following).
+//! validation, its B11). A follower's failures (its own timeout, its own cancellation,
+//! an unshareable result) are [`RunError::Shared`], counted in [`DedupStats`] (`timeouts`,
+//! `cancelled`, `unshareable`) and seen as a `dedup` event (outcomes `timeout`, `cancelled`,
+//! `unshareable`), not as admission refusals: the bulkhead did not refuse anything, so they
+//! are not in `Stats::rejected_by_reason` and carry no capacity detail. A follower waits with
+//! an explicit `wait.timeout` only; it leaves at once when its own `wait.cancel` token fires
+//! (the token wakes it) or when its future is dropped, and neither cancels the leader's call
+//! or the other followers. The leader's token is the leader's, as in `run`: it cancels the
+//! leader's wait for admission and reaches its work's stop signal.
 
 use super::dedup::{Dedup, DedupError, DedupKey, DedupStats, FollowerOptions};
 use super::observe::Mode;
@@ -305,7 +308,10 @@ impl LlmBulkhead {
     /// the call its followers wait on; it is dropped when every participant is gone (which
     /// releases its admission, as dropping a `run` does). A follower waits at most
     /// `options.wait.timeout` (only when given explicitly), then answers
-    /// [`RunError::Shared`]`(Timeout)` while the call goes on.
+    /// [`RunError::Shared`]`(Timeout)` while the call goes on; when its own
+    /// `options.wait.cancel` token fires it answers [`RunError::Shared`]`(Cancelled)` at once
+    /// (counted in `DedupStats::cancelled`, a `dedup` event with outcome `cancelled`), and the
+    /// leader and the other followers go on.
     ///
     /// # Cancel safety
     /// Dropping the future leaves the flight (see above); nothing leaks.
@@ -441,6 +447,7 @@ impl LlmBulkhead {
                     crate::QueueTimeout::After(d) => Some(d),
                     crate::QueueTimeout::Default | crate::QueueTimeout::Unbounded => None,
                 },
+                cancel: options.wait.cancel.clone(),
             };
             let call = move || async move {
                 let out = llm.execute(demand, options, work).await;
@@ -483,6 +490,10 @@ impl LlmBulkhead {
                 Err(DedupError::Timeout) => {
                     emit_dedup(&bulkhead, class, DedupOutcome::Timeout);
                     Err(RunError::Shared(DedupError::Timeout))
+                }
+                Err(DedupError::Cancelled) => {
+                    emit_dedup(&bulkhead, class, DedupOutcome::Cancelled);
+                    Err(RunError::Shared(DedupError::Cancelled))
                 }
             }
         }

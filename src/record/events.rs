@@ -392,6 +392,8 @@ pub enum DedupOutcome {
     Unshareable,
     /// A follower gave up at its own timeout; the shared call goes on.
     Timeout,
+    /// A follower's own cancellation token fired while it waited; the shared call goes on.
+    Cancelled,
 }
 
 impl DedupOutcome {
@@ -405,6 +407,7 @@ impl DedupOutcome {
             DedupOutcome::Joined => "joined",
             DedupOutcome::Unshareable => "unshareable",
             DedupOutcome::Timeout => "timeout",
+            DedupOutcome::Cancelled => "cancelled",
         }
     }
 }

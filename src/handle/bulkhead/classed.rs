@@ -165,6 +165,18 @@ impl Bulkhead {
             .ok_or_else(|| UnknownClass(name.to_owned()))
     }
 
+    /// Whether a demand refused only for tokens waits in the queue
+    /// ([`BulkheadBuilder::wait_for_tokens`](crate::BulkheadBuilder::wait_for_tokens)).
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// assert!(!Bulkhead::new(1).unwrap().waits_for_tokens());
+    /// assert!(Bulkhead::builder().max_concurrent(1).wait_for_tokens(true).build().unwrap().waits_for_tokens());
+    /// ```
+    pub fn waits_for_tokens(&self) -> bool {
+        self.shared.wait_for_tokens
+    }
+
     /// The default time a waiter may stay queued (from the builder's `queue_timeout` or
     /// profile); `None`: no deadline.
     ///

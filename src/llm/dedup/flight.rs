@@ -7,7 +7,6 @@ use super::*;
 /// wakes every participant.
 pub(in crate::llm) struct Flight<T> {
     pub(in crate::llm) st: Mutex<FlightState<T>>,
-    pub(in crate::llm) notifier: Notifier,
 }
 
 pub(in crate::llm) struct FlightState<T> {
@@ -22,55 +21,56 @@ pub(in crate::llm) struct FlightState<T> {
     pub(in crate::llm) followers: HashMap<u64, Option<Result<T, DedupError>>>,
     pub(in crate::llm) next_follower: u64,
     pub(in crate::llm) participants: usize,
+    /// The participants' wakers, under the same lock as the state they wait on (one lock per
+    /// poll, not two). Never woken with the lock held.
+    pub(in crate::llm) wakers: Wakers,
 }
 
 /// The participants' wakers (the first inline: a flight usually has one participant).
-pub(in crate::llm) struct Notifier {
-    pub(in crate::llm) wakers: Mutex<(Option<Waker>, Vec<Waker>)>,
+#[derive(Default)]
+pub(in crate::llm) struct Wakers {
+    pub(in crate::llm) first: Option<Waker>,
+    pub(in crate::llm) rest: Vec<Waker>,
 }
 
-impl Notifier {
-    pub(in crate::llm) fn new() -> Notifier {
-        Notifier {
-            wakers: Mutex::new((None, Vec::new())),
-        }
-    }
-
-    pub(in crate::llm) fn register(&self, w: &Waker) {
-        let mut ws = lock(&self.wakers);
-        let (first, rest) = &mut *ws;
-        match first {
+impl Wakers {
+    pub(in crate::llm) fn register(&mut self, w: &Waker) {
+        match &self.first {
             Some(f) if f.will_wake(w) => {}
             Some(_) => {
-                if !rest.iter().any(|x| x.will_wake(w)) {
-                    rest.push(w.clone());
+                if !self.rest.iter().any(|x| x.will_wake(w)) {
+                    self.rest.push(w.clone());
                 }
             }
-            None => *first = Some(w.clone()),
+            None => self.first = Some(w.clone()),
         }
     }
 
+    pub(in crate::llm) fn wake(self) {
+        if let Some(w) = self.first {
+            w.wake();
+        }
+        for w in self.rest {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Flight<T> {
+    /// Wakes every registered participant (outside the lock).
     pub(in crate::llm) fn wake_all(&self) {
-        let (first, rest) = {
-            let mut ws = lock(&self.wakers);
-            (ws.0.take(), std::mem::take(&mut ws.1))
-        };
-        if let Some(w) = first {
-            w.wake();
-        }
-        for w in rest {
-            w.wake();
-        }
+        let wakers = std::mem::take(&mut lock(&self.st).wakers);
+        wakers.wake();
     }
 }
 
 impl<T: Send + 'static> Wake for Flight<T> {
     fn wake(self: Arc<Self>) {
-        self.notifier.wake_all();
+        self.wake_all();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.notifier.wake_all();
+        self.wake_all();
     }
 }
 
@@ -106,6 +106,8 @@ pub struct DedupRun<T> {
     pub(in crate::llm) timeout: Option<Duration>,
     pub(in crate::llm) deadline: Option<Instant>,
     pub(in crate::llm) timer: Option<u64>,
+    /// A follower's registration with its own cancellation token.
+    pub(in crate::llm) cancel: Option<CancelWake>,
 }
 
 impl<T> std::fmt::Debug for DedupRun<T> {
@@ -142,6 +144,7 @@ impl<T> DedupRun<T> {
             timeout: None,
             deadline: None,
             timer: None,
+            cancel: None,
         }
     }
 
@@ -207,14 +210,21 @@ pub(in crate::llm) fn take_result<T>(
 }
 
 impl<T: Send + 'static> DedupRun<T> {
-    pub(in crate::llm) fn poll_flight(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<T, DedupError>> {
-        let (flight, key, follower) = match &self.role {
-            Role::Leader { flight, key } => (flight.clone(), *key, None),
-            Role::Follower { flight, key, id } => (flight.clone(), *key, Some(*id)),
-            _ => unreachable!(),
+    fn poll_flight(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, DedupError>> {
+        // The role is taken out (no reference-count traffic on the flight) and put back on
+        // every `Pending`; nothing between can unwind (the work and the share functions run
+        // under `catch_unwind`), and a `Ready` leaves it `Finished`.
+        let (flight, key, follower) = match std::mem::replace(&mut self.role, Role::Finished) {
+            Role::Leader { flight, key } => (flight, key, None),
+            Role::Follower { flight, key, id } => (flight, key, Some(id)),
+            _ => unreachable!("poll_flight is called for leaders and followers"),
+        };
+        let pending = |this: &mut Self, flight: Arc<Flight<T>>| {
+            this.role = match follower {
+                None => Role::Leader { flight, key },
+                Some(id) => Role::Follower { flight, key, id },
+            };
+            Poll::Pending
         };
         {
             let mut st = lock(&flight.st);
@@ -226,14 +236,30 @@ impl<T: Send + 'static> DedupRun<T> {
                 return Poll::Ready(out);
             }
             if let Some(id) = follower {
+                // A follower's own cancellation: registered with the token (a cancel wakes
+                // this task), checked before it waits or drives the call.
+                if let Some(c) = self.cancel.as_mut() {
+                    if c.poll_cancelled(cx).is_ready() {
+                        st.followers.remove(&id);
+                        drop(st);
+                        self.inner.cancelled.fetch_add(1, Ordering::Relaxed);
+                        self.leave(&flight, key, false);
+                        self.finish();
+                        return Poll::Ready(Err(DedupError::Cancelled));
+                    }
+                }
                 // A follower's own deadline, from its first poll.
                 if let Some(t) = self.timeout {
-                    let at = *self.deadline.get_or_insert_with(|| Instant::now() + t);
-                    if Instant::now() >= at {
+                    // A timeout too large for an instant never expires (and never panics).
+                    let now = Instant::now();
+                    let at = *self
+                        .deadline
+                        .get_or_insert_with(|| now.checked_add(t).unwrap_or(now + FAR));
+                    if now >= at {
                         st.followers.remove(&id);
                         drop(st);
                         self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
-                        self.leave(&flight, key);
+                        self.leave(&flight, key, false);
                         self.finish();
                         return Poll::Ready(Err(DedupError::Timeout));
                     }
@@ -245,13 +271,15 @@ impl<T: Send + 'static> DedupRun<T> {
                     }
                 }
             }
-            flight.notifier.register(cx.waker());
+            st.wakers.register(cx.waker());
             if st.polling {
                 // Another participant drives the call; it wakes everyone when it stops.
-                return Poll::Pending;
+                drop(st);
+                return pending(self, flight);
             }
             let Some(mut work) = st.work.take() else {
-                return Poll::Pending;
+                drop(st);
+                return pending(self, flight);
             };
             st.polling = true;
             drop(st);
@@ -264,7 +292,8 @@ impl<T: Send + 'static> DedupRun<T> {
             match polled {
                 Ok(Poll::Pending) => {
                     st.work = Some(work);
-                    Poll::Pending
+                    drop(st);
+                    pending(self, flight)
                 }
                 Ok(Poll::Ready(result)) => {
                     self.complete(&mut st, result);
@@ -275,7 +304,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     drop(work);
                     self.remove_key(&flight, key);
                     if others {
-                        flight.notifier.wake_all();
+                        flight.wake_all();
                     }
                     self.finish();
                     Poll::Ready(out)
@@ -288,7 +317,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     st.participants -= 1;
                     drop(st);
                     self.remove_key(&flight, key);
-                    flight.notifier.wake_all();
+                    flight.wake_all();
                     self.finish();
                     std::panic::resume_unwind(panic);
                 }
@@ -298,7 +327,7 @@ impl<T: Send + 'static> DedupRun<T> {
 
     /// The call completed with `result`: shares for the followers, the original for the
     /// leader (or dropped if the leader left).
-    pub(in crate::llm) fn complete(&self, st: &mut FlightState<T>, result: T) {
+    fn complete(&self, st: &mut FlightState<T>, result: T) {
         st.done = true;
         let share = &self.inner.share;
         for slot in st.followers.values_mut() {
@@ -314,7 +343,7 @@ impl<T: Send + 'static> DedupRun<T> {
     }
 
     /// Removes `key` from the map if it still names `flight`.
-    pub(in crate::llm) fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
+    fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
         let mut map = lock(&self.inner.flights);
         if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
             map.remove(&key);
@@ -323,14 +352,14 @@ impl<T: Send + 'static> DedupRun<T> {
 
     /// A participant leaves before completion: the last one drops the work and frees the key;
     /// otherwise the others are woken in case this one was driving.
-    pub(in crate::llm) fn leave(&self, flight: &Arc<Flight<T>>, key: u128) {
+    fn leave(&self, flight: &Arc<Flight<T>>, key: u128, leader: bool) {
         let mut st = lock(&flight.st);
         if st.done {
             st.participants -= 1;
             return;
         }
         st.participants -= 1;
-        if matches!(self.role, Role::Leader { .. }) {
+        if leader {
             st.leader_present = false;
         }
         let last = st.participants == 0;
@@ -343,14 +372,15 @@ impl<T: Send + 'static> DedupRun<T> {
         if last {
             self.remove_key(flight, key);
         } else {
-            flight.notifier.wake_all();
+            flight.wake_all();
         }
     }
 
-    pub(in crate::llm) fn finish(&mut self) {
+    fn finish(&mut self) {
         if let Some(t) = self.timer.take() {
             crate::wait::timer::cancel(t);
         }
+        self.cancel = None;
         self.role = Role::Finished;
     }
 }
@@ -390,7 +420,7 @@ impl<T> Drop for DedupRun<T> {
             }
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
-            flight.notifier.wake_all();
+            flight.wake_all();
         }
     }
 }

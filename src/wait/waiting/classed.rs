@@ -1,6 +1,7 @@
 //! Class mode of the waits' enqueue (`super`, "With admission classes").
 
 use super::*;
+use crate::protocol::token_wait::classed_waits_for_tokens;
 
 // ---- class mode (module docs, "With admission classes") ----
 
@@ -35,7 +36,10 @@ impl Bulkhead {
                 }
                 // No free slot, or a refusal no collect confirmed (another decider's step was
                 // in flight): decide again under the mutex, and wait if need be.
-                Err(f) if may_wait(&f) && f.lim.max_concurrent > 0 && f.lim.max_queue > 0 => {}
+                Err(f)
+                    if (may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority))
+                        && f.lim.max_concurrent > 0
+                        && f.lim.max_queue > 0 => {}
                 Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
             }
         }
@@ -60,7 +64,9 @@ impl Bulkhead {
                     }
                     // An unconfirmed refusal waits too: the step that caused it visits the
                     // queue when it lands or is taken back, and the flags are already up.
-                    Err(f) if may_wait(&f) => {}
+                    Err(f)
+                        if may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority) => {
+                    }
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
