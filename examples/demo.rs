@@ -23,8 +23,8 @@
 
 use llm_bulkhead::llm::{LlmRequest, ModelAwareEstimator, TokenEstimator};
 use llm_bulkhead::{
-    Admission, Bulkhead, ClassId, ClassLimits, Demand, Reconcile, Rejection, Reservation, Stats,
-    Usage, WaitOptions,
+    Admission, Bulkhead, ClassId, ClassLimits, Demand, QueueTimeout, Reconcile, Rejection,
+    Reservation, Stats, Usage, WaitOptions,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -552,7 +552,7 @@ fn worker(gw: &Gateway, k: usize, w: usize) -> Tally {
             }
             Mode::Wait(timeout) => {
                 let options = WaitOptions {
-                    timeout: Some(timeout),
+                    timeout: QueueTimeout::After(timeout),
                     cancel: None,
                 };
                 let t = gw.bulkhead.acquire_blocking_timed(demand, options);
@@ -667,12 +667,12 @@ fn provider_call(
     let after = remaining_output + margin;
     gw.ledger.shrinking(k, before - after);
     let report = admission
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(call.input, half),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output,
                 safety_margin: margin,
-            }),
+            },
         )
         .expect("valid usage");
     if k == INTERACTIVE {
@@ -1096,7 +1096,7 @@ fn final_checks(gw: &Gateway, tallies: &[Tally]) -> bool {
                 t.refused_total()
             )
         });
-        for reason in llm_bulkhead::RejectReason::ALL {
+        for reason in llm_bulkhead::RejectReason::COUNTED {
             let ours: u64 = t
                 .refused
                 .iter()

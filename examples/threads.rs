@@ -93,12 +93,12 @@ fn main() {
                             let half = Usage::new(input, output / 2);
                             let remaining = max_output.saturating_sub(output / 2);
                             admission
-                                .report_usage(
+                                .report_usage_reconciled(
                                     half,
-                                    Some(Reconcile {
+                                    Reconcile {
                                         remaining_output: remaining,
                                         safety_margin: 32,
-                                    }),
+                                    },
                                 )
                                 .expect("valid usage");
                             sink.fetch_add(provider_work(output), Ordering::Relaxed);

@@ -71,7 +71,7 @@ use std::time::Duration;
 /// }"#)?;
 /// let b = config.build()?;
 /// assert_eq!((b.limits().max_concurrent, b.limits().max_queue), (8, 4));
-/// assert_eq!(b.default_timeout(), Some(std::time::Duration::from_millis(2500)));
+/// assert_eq!(b.default_queue_timeout(), Some(std::time::Duration::from_millis(2500)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,9 +83,16 @@ pub struct BulkheadConfig {
     /// Wait queue bound (absent: the profile's, else 0, fail-fast).
     #[serde(default, alias = "maxQueue", skip_serializing_if = "Option::is_none")]
     pub max_queue: Option<u32>,
-    /// Default queue-wait timeout in milliseconds (absent: the profile's, else none).
-    #[serde(default, alias = "timeoutMs", skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
+    /// How long a waiter may stay queued by default, in milliseconds (absent: the profile's,
+    /// else no deadline): the builder's `queue_timeout`. `queue_timeout_ms` (its old name) and the
+    /// reference's `timeoutMs` are accepted as aliases.
+    #[serde(
+        default,
+        alias = "timeout_ms",
+        alias = "timeoutMs",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub queue_timeout_ms: Option<u64>,
     /// `interactive` (fail-fast) or `batch` (queue 20, 30 s); explicit fields win.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<Profile>,
@@ -440,8 +447,8 @@ impl BulkheadConfig {
         if let Some(q) = self.max_queue {
             b = b.max_queue(q);
         }
-        if let Some(ms) = self.timeout_ms {
-            b = b.timeout(Duration::from_millis(ms));
+        if let Some(ms) = self.queue_timeout_ms {
+            b = b.queue_timeout(Duration::from_millis(ms));
         }
         if let Some(p) = self.profile {
             b = b.profile(p);
@@ -490,8 +497,8 @@ impl BulkheadConfig {
         BulkheadConfig {
             max_concurrent: l.max_concurrent,
             max_queue: (l.max_queue > 0).then_some(l.max_queue),
-            timeout_ms: bulkhead
-                .default_timeout()
+            queue_timeout_ms: bulkhead
+                .default_queue_timeout()
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             profile: None,
             initial_revision: l.revision,

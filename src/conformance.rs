@@ -234,7 +234,10 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
         Model::with_classes(first, &name_refs, default_class)
             .map(|m| m.with_token_waiting(setup.wait_for_tokens)),
     ) {
-        (Ok(e), Ok(m)) => (e, m),
+        (Ok(e), Ok(mut m)) => {
+            m.class_owner = e.shared.class_owner;
+            (e, m)
+        }
         (Err(e), Err(m)) => return same(0, e, m),
         (e, m) => {
             return same(
@@ -275,7 +278,11 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
                 );
                 let token = crate::CancelToken::new();
                 let options = crate::WaitOptions {
-                    timeout: expiring.then_some(std::time::Duration::ZERO),
+                    timeout: if expiring {
+                        crate::QueueTimeout::After(std::time::Duration::ZERO)
+                    } else {
+                        crate::QueueTimeout::Default
+                    },
                     cancel: Some(token.clone()),
                 };
                 let mut f = Box::pin(engine.acquire(d, options));
@@ -350,7 +357,10 @@ fn in_class(engine: &Bulkhead, d: Demand, class: u8) -> Demand {
     if n == 0 {
         d
     } else {
-        d.in_class(crate::ClassId((usize::from(class) % n) as u8))
+        d.in_class(crate::ClassId::new(
+            engine.shared.class_owner,
+            usize::from(class) % n,
+        ))
     }
 }
 
@@ -505,7 +515,7 @@ fn apply_op(
                 safety_margin,
             });
             let (a, h) = &mut live[i];
-            let e = a.report_usage(usage, rc);
+            let e = a.report_usage_reconciled(usage, rc);
             let m = model.report_usage(*h, usage, rc);
             match (e, m) {
                 (Ok(e), Ok(m)) => same(
@@ -568,7 +578,7 @@ fn apply_op(
             let mut table = cur.classes;
             if let Some(new) = classes {
                 for (i, l) in new.iter().enumerate().take(table.len()) {
-                    table.set(crate::ClassId(i as u8), *l);
+                    table.set(crate::ClassId::new(engine.shared.class_owner, i), *l);
                 }
             }
             let snap = LimitsSnapshot {

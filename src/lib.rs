@@ -170,7 +170,9 @@ pub use vocab::rejection::{
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,
 };
 pub use wait::cancel::{CancelToken, Cancelled};
-pub use wait::waiting::{Acquire, AcquireTimed, Drain, DrainReport, Timed, Timing, WaitOptions};
+pub use wait::waiting::{
+    Acquire, AcquireTimed, Drain, DrainReport, QueueTimeout, Timed, Timing, WaitOptions,
+};
 pub use words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 pub use words::classes::{ClassLimits, ClassTable};
 pub use words::limits::{

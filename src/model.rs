@@ -97,6 +97,9 @@ struct ClassState {
 /// `u64::MAX` tokens, so a sum of them can exceed any fixed width.
 #[derive(Clone, Debug)]
 pub struct Model {
+    /// The identity its [`ClassId`]s carry (the harness gives it the engine's, so that reports
+    /// compare equal).
+    pub(crate) class_owner: std::num::NonZeroU32,
     limits: LimitsSnapshot,
     has_budget: bool,
     names: Vec<String>,
@@ -199,6 +202,7 @@ impl Model {
             }
         }
         Ok(Model {
+            class_owner: crate::vocab::class::next_owner(),
             limits: first,
             has_budget: first.token_budget.is_some(),
             classes: vec![ClassState::default(); names.len()],
@@ -476,7 +480,7 @@ impl Model {
     /// ```
     pub fn resources(&self, h: Handle) -> Option<(Option<ClassId>, Resources)> {
         self.live.get(&h).map(|a| match a.class {
-            Some((k, res)) => (Some(ClassId(k as u8)), res),
+            Some((k, res)) => (Some(ClassId::new(self.class_owner, k)), res),
             None => (None, Resources::default()),
         })
     }
@@ -631,7 +635,7 @@ impl Model {
         Ok(UsageReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
-            class: a.class.map(|(k, _)| ClassId(k as u8)),
+            class: a.class.map(|(k, _)| ClassId::new(self.class_owner, k)),
             sequence,
             reserved,
             held: hold,
@@ -697,7 +701,7 @@ impl Model {
         Ok(ReleaseReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
             revision: a.revision,
-            class: a.class.map(|(k, _)| ClassId(k as u8)),
+            class: a.class.map(|(k, _)| ClassId::new(self.class_owner, k)),
             reserved: a.reservation.map_or(0, |r| r.total()),
             held: a.held,
             refunded,

@@ -329,7 +329,7 @@ mod metrics_part {
             let by_reason = |metric: &'static str| -> Vec<[Counter; 6]> {
                 keys.iter()
                     .map(|k| {
-                        RejectReason::ALL
+                        RejectReason::COUNTED
                             .map(|r| counter!(metric, labels(name, *k, &[("reason", r.as_str())])))
                     })
                     .collect()
@@ -358,7 +358,10 @@ mod metrics_part {
         }
 
         fn reason(r: RejectReason) -> usize {
-            RejectReason::ALL.iter().position(|x| *x == r).unwrap_or(0)
+            RejectReason::COUNTED
+                .iter()
+                .position(|x| *x == r)
+                .unwrap_or(0)
         }
 
         pub(super) fn count(&self, event: &Event) {

@@ -56,7 +56,7 @@ fn usage_and_release_reports_carry_the_class() {
     let standard = b.class_id("standard").unwrap();
 
     let mut a = b.try_acquire(tokens(100, 200).in_class(premium)).unwrap();
-    let u = a.report_usage(Usage::new(10, 5), None).unwrap();
+    let u = a.report_usage(Usage::new(10, 5)).unwrap();
     assert_eq!(u.class, Some(premium));
     assert_eq!(u.class, a.class());
     let r = a.release(Some(Usage::new(10, 20))).unwrap();
@@ -65,7 +65,7 @@ fn usage_and_release_reports_carry_the_class() {
     // The default class, chosen by omission, is named on the reports as the default.
     let mut a = b.try_acquire(tokens(100, 200)).unwrap();
     assert_eq!(
-        a.report_usage(Usage::new(1, 1), None).unwrap().class,
+        a.report_usage(Usage::new(1, 1)).unwrap().class,
         Some(standard)
     );
     assert_eq!(a.release(None).unwrap().class, Some(standard));
@@ -77,7 +77,7 @@ fn usage_and_release_reports_carry_the_class() {
         .build()
         .unwrap();
     let mut a = plain.try_acquire(tokens(100, 200)).unwrap();
-    assert_eq!(a.report_usage(Usage::new(1, 1), None).unwrap().class, None);
+    assert_eq!(a.report_usage(Usage::new(1, 1)).unwrap().class, None);
     assert_eq!(a.release(None).unwrap().class, None);
 }
 
@@ -87,7 +87,7 @@ fn reports_serialise_their_class() {
     let b = classed();
     let premium = b.class_id("premium").unwrap();
     let mut a = b.try_acquire(tokens(100, 200).in_class(premium)).unwrap();
-    let u = serde_json::to_value(a.report_usage(Usage::new(1, 1), None).unwrap()).unwrap();
+    let u = serde_json::to_value(a.report_usage(Usage::new(1, 1)).unwrap()).unwrap();
     assert_eq!(u["class"], 0);
     let r = serde_json::to_value(a.release(None).unwrap()).unwrap();
     assert_eq!(r["class"], 0);
@@ -190,7 +190,7 @@ fn reject_and_usage_events_carry_the_class() {
         .unwrap_err();
     assert_eq!(too_big.reason, RejectReason::BudgetLimit);
     let mut p = b.try_acquire(tokens(100, 100).in_class(premium)).unwrap();
-    p.report_usage(Usage::new(50, 10), None).unwrap();
+    p.report_usage(Usage::new(50, 10)).unwrap();
     drop((s1, s2, p));
     let events = log.lock().unwrap().clone();
     let rejects: Vec<_> = events
@@ -242,7 +242,7 @@ fn reject_and_usage_events_without_classes_have_none() {
     let (log, _sub) = record(&b);
     let mut a = b.try_acquire(tokens(100, 100)).unwrap();
     assert!(b.try_acquire(tokens(1, 1)).is_err());
-    a.report_usage(Usage::new(1, 1), None).unwrap();
+    a.report_usage(Usage::new(1, 1)).unwrap();
     drop(a);
     for e in log.lock().unwrap().iter() {
         let class = match e {
@@ -363,7 +363,7 @@ fn bounded_drain_while_a_deadline_abandoned_run_is_still_working() {
             }
         );
         assert_eq!(b.stats().in_flight, 0);
-        let u = ctx.report_usage(Usage::new(10, 10), None).unwrap();
+        let u = ctx.report_usage(Usage::new(10, 10)).unwrap();
         assert_eq!(u.class, Some(standard));
         Ok::<_, ()>(())
     });

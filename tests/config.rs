@@ -110,7 +110,7 @@ fn json_and_toml_round_trip_every_field() {
     assert_eq!(b.limits().max_queue, 5);
     assert_eq!(b.limits().revision, 3);
     assert_eq!(
-        b.default_timeout(),
+        b.default_queue_timeout(),
         Some(std::time::Duration::from_millis(1500))
     );
     // What a built bulkhead reports round-trips too (without the LLM-only fields).

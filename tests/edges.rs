@@ -99,3 +99,23 @@ fn a_class_refusal_explains_itself_with_the_class_numbers() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_builder_without_max_concurrent_is_an_error_and_an_explicit_zero_is_the_kill_switch() {
+    // Before issue 13 this built a bulkhead that refused everything.
+    let e = Bulkhead::builder()
+        .token_budget(1_000)
+        .max_queue(4)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        (e.field, &e.problem),
+        ("max_concurrent", &ConfigProblem::Missing)
+    );
+    assert_eq!(e.to_string(), "max_concurrent is required");
+    let off = Bulkhead::builder().max_concurrent(0).build().unwrap();
+    assert_eq!(
+        off.try_acquire(Demand::slot()).unwrap_err().reason,
+        llm_bulkhead::RejectReason::ConcurrencyLimit
+    );
+}

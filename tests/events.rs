@@ -71,21 +71,10 @@ fn usage_events_have_monotonic_sequences_and_skip_stale_reports() {
     let mut a = b
         .try_acquire(tokens(100, 1_000).with_priority(Priority::High))
         .unwrap();
-    assert_eq!(
-        a.report_usage(Usage::new(50, 10), None).unwrap().sequence,
-        1
-    );
-    assert_eq!(a.report_usage(Usage::new(40, 5), None).unwrap().sequence, 1);
-    assert_eq!(
-        a.report_usage(Usage::new(50, 20), None).unwrap().sequence,
-        2
-    );
-    assert_eq!(
-        a.report_usage(Usage::new(50, 1_200), None)
-            .unwrap()
-            .sequence,
-        3
-    );
+    assert_eq!(a.report_usage(Usage::new(50, 10)).unwrap().sequence, 1);
+    assert_eq!(a.report_usage(Usage::new(40, 5)).unwrap().sequence, 1);
+    assert_eq!(a.report_usage(Usage::new(50, 20)).unwrap().sequence, 2);
+    assert_eq!(a.report_usage(Usage::new(50, 1_200)).unwrap().sequence, 3);
     let usage: Vec<_> = log
         .lock()
         .unwrap()
@@ -148,7 +137,7 @@ fn usage_events_without_a_budget() {
     let b = Bulkhead::new(1).unwrap();
     let (log, _sub) = record(&b);
     let mut a = b.try_acquire(Demand::slot()).unwrap();
-    a.report_usage(Usage::new(3, 4), None).unwrap();
+    a.report_usage(Usage::new(3, 4)).unwrap();
     let e = log.lock().unwrap()[1].clone();
     match e {
         Event::Usage(u) => {
@@ -294,7 +283,7 @@ fn an_admit_listener_may_reconfigure_without_relabelling_the_admission() {
     let mut a = b.try_acquire(tokens(100, 100)).unwrap();
     assert_eq!(b.limits().revision, 8);
     assert_eq!(a.revision(), 7);
-    a.report_usage(Usage::new(10, 10), None).unwrap();
+    a.report_usage(Usage::new(10, 10)).unwrap();
     drop(a);
     let revisions: Vec<(&str, u64)> = log
         .lock()

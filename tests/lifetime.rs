@@ -31,7 +31,7 @@ fn admissions_outlive_every_handle() {
             .enumerate()
             .map(|(i, mut a)| {
                 std::thread::spawn(move || {
-                    a.report_usage(Usage::new(1, 1), None).unwrap();
+                    a.report_usage(Usage::new(1, 1)).unwrap();
                     if (i + round) % 2 == 0 {
                         a.release(Some(Usage::new(2, 2))).unwrap();
                     } else {
@@ -75,7 +75,7 @@ fn admissions_settle_after_every_handle_is_gone() {
             .into_iter()
             .map(|mut a| {
                 std::thread::spawn(move || {
-                    a.report_usage(Usage::new(20, 1), None).unwrap();
+                    a.report_usage(Usage::new(20, 1)).unwrap();
                     a.release(None).unwrap();
                 })
             })

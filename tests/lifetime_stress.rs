@@ -14,7 +14,7 @@
 //! every access to the shared state and the waiter nodes for use after free and data races.
 //! Natively it runs more rounds. Nothing here sleeps or times anything.
 
-use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, Demand, WaitOptions};
+use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, Demand, QueueTimeout, WaitOptions};
 use std::thread;
 
 const ROUNDS: usize = if cfg!(miri) { 2 } else { 200 };
@@ -56,7 +56,7 @@ fn round(classes: bool, witness: bool, seed: usize) {
         let d = demand(&b, classes, i + seed);
         threads.push(thread::spawn(move || {
             let options = WaitOptions {
-                timeout: None,
+                timeout: QueueTimeout::Default,
                 cancel: Some(token),
             };
             let got = if (i + seed) % 3 == 0 {

@@ -10,7 +10,7 @@
 //! Nothing here sleeps or times anything: a test waits for a waiter to be queued by looking
 //! at `stats().pending`, and ends its waits by releasing.
 
-use llm_bulkhead::{Bulkhead, Demand, WaitOptions};
+use llm_bulkhead::{Bulkhead, Demand, QueueTimeout, WaitOptions};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +28,7 @@ fn queued(max_concurrent: u32) -> Bulkhead {
 
 fn forever() -> WaitOptions {
     WaitOptions {
-        timeout: Some(Duration::MAX),
+        timeout: QueueTimeout::After(Duration::MAX),
         cancel: None,
     }
 }
@@ -67,7 +67,7 @@ fn the_builder_default_timeout_of_duration_max_has_no_deadline() {
     let b = Bulkhead::builder()
         .max_concurrent(1)
         .max_queue(4)
-        .timeout(Duration::MAX)
+        .queue_timeout(Duration::MAX)
         .build()
         .unwrap();
     let held = b.try_acquire(Demand::slot()).unwrap();
@@ -204,7 +204,7 @@ fn a_subscriber_that_panics_while_a_node_is_linked_leaves_nothing_behind() {
         .acquire_blocking(
             Demand::slot(),
             WaitOptions {
-                timeout: Some(Duration::ZERO),
+                timeout: QueueTimeout::After(Duration::ZERO),
                 cancel: None,
             },
         )

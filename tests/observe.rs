@@ -13,8 +13,8 @@ use llm_bulkhead::llm::{
     AdmissionKind, LlmBulkhead, LlmRequest, Mode, ModeError, RunError, RunOptions, ShadowReasons,
 };
 use llm_bulkhead::{
-    Bulkhead, CancelToken, ClassLimits, Constraint, Demand, Event, ObserveStats, Reconcile,
-    RejectCounts, RejectReason, Reservation, Usage, UsageError, WaitOptions,
+    Bulkhead, CancelToken, ClassLimits, Constraint, Demand, Event, ObserveStats, QueueTimeout,
+    Reconcile, RejectCounts, RejectReason, Reservation, Usage, UsageError, WaitOptions,
 };
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -47,7 +47,7 @@ fn observe() -> RunOptions {
 
 fn zero_timeout() -> WaitOptions {
     WaitOptions {
-        timeout: Some(Duration::ZERO),
+        timeout: QueueTimeout::After(Duration::ZERO),
         cancel: None,
     }
 }
@@ -109,7 +109,7 @@ fn t1_bypasses_a_budget_rejection_and_records_usage_without_holding_capacity() {
         assert!(ctx.admission_id().to_string().starts_with("shadow-"));
         let t = ctx.bypass_detail().unwrap().detail().token_budget.unwrap();
         assert_eq!((t.budget, t.requested), (0, 10));
-        let u = ctx.report_usage(Usage::new(3, 2), None).unwrap();
+        let u = ctx.report_usage(Usage::new(3, 2)).unwrap();
         assert_eq!(
             (u.sequence, u.held, u.consumed, u.output_remaining),
             (1, 0, 5, Some(3))
@@ -204,7 +204,7 @@ fn t4_does_not_bypass_an_already_aborted_signal_even_when_budget_is_exhausted() 
     token.cancel();
     let options = RunOptions {
         wait: WaitOptions {
-            timeout: None,
+            timeout: QueueTimeout::Default,
             cancel: Some(token),
         },
         ..observe()
@@ -325,7 +325,7 @@ fn t7_retains_reported_usage_when_bypassed_work_throws() {
     let llm = budgeted(0);
     let (log, _sub) = record(llm.bulkhead());
     let r = llm.run_blocking(&req(), observe(), |ctx| {
-        ctx.report_usage(Usage::new(7, 4), None).unwrap();
+        ctx.report_usage(Usage::new(7, 4)).unwrap();
         Err::<(), _>("upstream failed")
     });
     assert!(matches!(r, Err(RunError::Work("upstream failed"))));
@@ -490,7 +490,7 @@ fn a_cancelled_queued_observe_run_is_aborted_not_bypassed() {
     let token = CancelToken::new();
     let options = RunOptions {
         wait: WaitOptions {
-            timeout: None,
+            timeout: QueueTimeout::Default,
             cancel: Some(token.clone()),
         },
         ..observe()
@@ -561,7 +561,7 @@ fn bypassed_work_leaves_capacity_at_zero_while_it_runs() {
         assert_eq!((t.in_flight_tokens, t.total_reserved), (0, 0));
         assert_eq!(s.observe.unwrap().in_flight, 1);
         // Usage reports hold nothing: growth past the reservation books no overrun.
-        let r = ctx.report_usage(Usage::new(50, 500), None).unwrap();
+        let r = ctx.report_usage(Usage::new(50, 500)).unwrap();
         assert_eq!((r.held, r.consumed, r.over_reservation), (0, 550, true));
         assert!(!ctx.abandon_borrowed_concurrency());
         assert!(!ctx.stop_requested());
@@ -586,28 +586,25 @@ fn bypassed_usage_is_validated_and_clamped_like_an_admissions() {
     let (log, _sub) = record(llm.bulkhead());
     llm.run_blocking(&req(), observe(), |ctx| {
         // Clamped: neither field decreases.
-        ctx.report_usage(Usage::new(4, 3), None).unwrap();
-        let r = ctx.report_usage(Usage::new(2, 5), None).unwrap();
+        ctx.report_usage(Usage::new(4, 3)).unwrap();
+        let r = ctx.report_usage(Usage::new(2, 5)).unwrap();
         assert_eq!((r.sequence, r.consumed), (2, 9));
         // The same clamped usage: the sequence stays (no event).
-        let r = ctx.report_usage(Usage::new(1, 1), None).unwrap();
+        let r = ctx.report_usage(Usage::new(1, 1)).unwrap();
         assert_eq!(r.sequence, 2);
         // A progressive report is validated against the output cap (5), changes nothing.
         let e = ctx
-            .report_usage(
+            .report_usage_reconciled(
                 Usage::new(4, 5),
-                Some(Reconcile {
+                Reconcile {
                     remaining_output: 6,
                     safety_margin: 0,
-                }),
+                },
             )
             .unwrap_err();
         assert!(matches!(e, UsageError::RemainingExceedsCap { .. }), "{e:?}");
-        assert!(ctx.report_usage(Usage::new(u64::MAX, 1), None).is_err());
-        assert_eq!(
-            ctx.report_usage(Usage::new(4, 5), None).unwrap().sequence,
-            2
-        );
+        assert!(ctx.report_usage(Usage::new(u64::MAX, 1)).is_err());
+        assert_eq!(ctx.report_usage(Usage::new(4, 5)).unwrap().sequence, 2);
         Ok::<_, ()>(())
     })
     .unwrap();
@@ -630,7 +627,7 @@ fn a_panic_inside_bypassed_work_leaks_nothing() {
     let (log, _sub) = record(llm.bulkhead());
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = llm.run_blocking(&req(), observe(), |ctx| -> Result<(), ()> {
-            ctx.report_usage(Usage::new(2, 1), None).unwrap();
+            ctx.report_usage(Usage::new(2, 1)).unwrap();
             panic!("work panicked")
         });
     }));
@@ -658,7 +655,7 @@ fn dropping_a_bypassed_run_future_settles_it() {
     let (log, _sub) = record(llm.bulkhead());
     {
         let mut fut = pin!(llm.run(&req(), observe(), async |ctx| {
-            ctx.report_usage(Usage::new(1, 1), None).unwrap();
+            ctx.report_usage(Usage::new(1, 1)).unwrap();
             std::future::pending::<()>().await;
             Ok::<_, ()>(())
         }));
@@ -725,12 +722,12 @@ fn bypass_events_serialise_with_snake_case_fields() {
     let (log, _sub) = record(llm.bulkhead());
     let options = observe().with_usage(|u: &Usage| Some(*u));
     llm.run_blocking(&req(), options, |ctx| {
-        ctx.report_usage(
+        ctx.report_usage_reconciled(
             Usage::new(3, 1),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 2,
                 safety_margin: 1,
-            }),
+            },
         )
         .unwrap();
         Ok::<_, ()>(Usage::new(3, 2))

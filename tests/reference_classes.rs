@@ -208,6 +208,7 @@ fn t01_validates_a_fixed_class_table_and_refuses_unbounded_class_creation() {
         }
     );
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .class("  ", ClassLimits::default())
         .default_class("  ")
         .build()
@@ -217,6 +218,7 @@ fn t01_validates_a_fixed_class_table_and_refuses_unbounded_class_creation() {
         ConfigProblem::ClassTable("a class name must not be empty")
     );
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .class("a", ClassLimits::default())
         .class("a", ClassLimits::default())
         .default_class("a")
@@ -227,6 +229,7 @@ fn t01_validates_a_fixed_class_table_and_refuses_unbounded_class_creation() {
         ConfigProblem::ClassTable("class names must be unique")
     );
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .class("a", ClassLimits::default())
         .build()
         .unwrap_err();
@@ -412,12 +415,12 @@ fn t04_enforces_and_progressively_reconciles_class_token_ceilings() {
     );
 
     let report = s1
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 10),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 50,
                 safety_margin: 10,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(s1.class(), Some(standard)); // the reference's report carries admissionClass
@@ -1279,12 +1282,12 @@ fn hold_changes_fill_the_floor_first_and_come_off_the_borrowed_part_first() {
 
     // Progressive report on #1 → hold 100: 500 = 500 protected + 0 borrowed.
     let r = a1
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 0),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 100,
                 safety_margin: 0,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(r.held, 100);
@@ -1299,7 +1302,7 @@ fn hold_changes_fill_the_floor_first_and_come_off_the_borrowed_part_first() {
     );
 
     // Overrun on #2 (+300): 800 = 500 + 300.
-    let r = a2.report_usage(Usage::new(100, 600), None).unwrap();
+    let r = a2.report_usage(Usage::new(100, 600)).unwrap();
     assert_eq!((r.held, r.over_reservation), (700, true));
     let s = class_stats(&b, "a");
     assert_eq!(
@@ -1521,12 +1524,12 @@ fn a_class_without_a_floor_can_always_abandon() {
     // The abandoned admission's hold is still accounted: a report still moves it, in the
     // class and globally.
     let r = s1
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 0),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 100,
                 safety_margin: 0,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(r.held, 100);

@@ -42,11 +42,13 @@ fn invalid_configuration_names_field_and_bound() {
     );
     assert!(e.to_string().contains("32767"), "{e}");
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .token_budget(MAX_TOKENS + 1)
         .build()
         .unwrap_err();
     assert_eq!(e.field, "token_budget.budget");
     let e = Bulkhead::builder()
+        .max_concurrent(1)
         .token_budget(10)
         .high_priority_reserve(11)
         .build()
@@ -203,12 +205,12 @@ fn consumption_is_counted_even_when_the_hold_is_zero() {
     let b = budgeted(1, 2_000);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
     let r = a
-        .report_usage(
+        .report_usage_reconciled(
             Usage::new(100, 1_000),
-            Some(Reconcile {
+            Reconcile {
                 remaining_output: 0,
                 safety_margin: 0,
-            }),
+            },
         )
         .unwrap();
     assert_eq!(r.held, 0);
@@ -293,17 +295,14 @@ fn legacy_report_refund_and_overrun() {
     // budget 1200, 100+1000: report {20,5} → hold 1020, refund 80, available 180.
     let b = budgeted(2, 1_200);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
-    let r = a.report_usage(Usage::new(20, 5), None).unwrap();
+    let r = a.report_usage(Usage::new(20, 5)).unwrap();
     assert_eq!(r.held, 1_020);
     assert_eq!((tokens(&b).total_refunded, tokens(&b).available), (80, 180));
     drop(a);
     // budget 2400: {100,1400} → hold 1500, overrun 400; the next 1100 is refused.
     let b = budgeted(2, 2_400);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
-    assert_eq!(
-        a.report_usage(Usage::new(100, 1_400), None).unwrap().held,
-        1_500
-    );
+    assert_eq!(a.report_usage(Usage::new(100, 1_400)).unwrap().held, 1_500);
     assert_eq!(tokens(&b).total_overrun, 400);
     assert_eq!(
         b.try_acquire(res(100, 1_000)).unwrap_err().reason,
@@ -322,20 +321,22 @@ fn progressive_reconciliation() {
     let b = budgeted(2, 2_400);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
     assert_eq!(
-        a.report_usage(Usage::new(20, 100), rc(900, 50))
+        a.report_usage_reconciled(Usage::new(20, 100), rc(900, 50))
             .unwrap()
             .held,
         950
     );
     assert_eq!(tokens(&b).total_refunded, 150);
-    let r = a.report_usage(Usage::new(20, 400), rc(600, 50)).unwrap();
+    let r = a
+        .report_usage_reconciled(Usage::new(20, 400), rc(600, 50))
+        .unwrap();
     assert_eq!((r.held, r.sequence), (650, 2));
     assert_eq!(tokens(&b).total_refunded, 450);
     drop(a);
     // {100,1200} with 0/100 → 100 + 200 overrun = 300.
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
     assert_eq!(
-        a.report_usage(Usage::new(100, 1_200), rc(0, 100))
+        a.report_usage_reconciled(Usage::new(100, 1_200), rc(0, 100))
             .unwrap()
             .held,
         300
@@ -348,13 +349,13 @@ fn usage_sequence_and_clamping() {
     // {50,1200} seq3 hold 1250, output_remaining 0, over_reservation; release seq 3, held 1250.
     let b = budgeted(1, 5_000);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
-    let r = a.report_usage(Usage::new(50, 10), None).unwrap();
+    let r = a.report_usage(Usage::new(50, 10)).unwrap();
     assert_eq!((r.sequence, r.held), (1, 1_050));
-    let r = a.report_usage(Usage::new(40, 5), None).unwrap();
+    let r = a.report_usage(Usage::new(40, 5)).unwrap();
     assert_eq!((r.sequence, r.held, r.consumed), (1, 1_050, 60));
-    let r = a.report_usage(Usage::new(50, 20), None).unwrap();
+    let r = a.report_usage(Usage::new(50, 20)).unwrap();
     assert_eq!((r.sequence, r.held), (2, 1_050));
-    let r = a.report_usage(Usage::new(50, 1_200), None).unwrap();
+    let r = a.report_usage(Usage::new(50, 1_200)).unwrap();
     assert_eq!(
         (r.sequence, r.held, r.output_remaining, r.over_reservation),
         (3, 1_250, Some(0), true)
@@ -378,7 +379,7 @@ fn a_hold_only_change_increments_the_sequence() {
     let seq: Vec<_> = [rc(900, 0), rc(800, 0), rc(800, 0), rc(900, 55)]
         .into_iter()
         .map(|r| {
-            let x = a.report_usage(u, r).unwrap();
+            let x = a.report_usage_reconciled(u, r).unwrap();
             (x.sequence, x.held)
         })
         .collect();
@@ -391,17 +392,17 @@ fn re_inflation_is_booked_as_overrun_without_admission_check() {
     let b = budgeted(2, 1_200);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
     let u = Usage::new(100, 100);
-    a.report_usage(
+    a.report_usage_reconciled(
         u,
-        Some(Reconcile {
+        Reconcile {
             remaining_output: 500,
             safety_margin: 0,
-        }),
+        },
     )
     .unwrap();
     let _other = b.try_acquire(res(600, 0)).unwrap();
     assert_eq!(tokens(&b).in_flight_tokens, 1_100);
-    assert_eq!(a.report_usage(u, None).unwrap().held, 1_100);
+    assert_eq!(a.report_usage(u).unwrap().held, 1_100);
     assert_eq!(
         (tokens(&b).total_overrun, tokens(&b).in_flight_tokens),
         (600, 1_700)
@@ -413,7 +414,7 @@ fn release_examples() {
     // After report {100,250}, release() → consumed 350, refund 750 (hold 1100).
     let b = budgeted(1, 2_000);
     let mut a = b.try_acquire(res(100, 1_000)).unwrap();
-    a.report_usage(Usage::new(100, 250), None).unwrap();
+    a.report_usage(Usage::new(100, 250)).unwrap();
     let r = a.release(None).unwrap();
     assert_eq!((r.consumed, r.refunded, r.held), (Some(350), 750, 1_100));
 }
@@ -432,8 +433,8 @@ fn reconf_fixture() -> Bulkhead {
 
 #[test]
 fn fail_closed_construction_and_later_activation() {
-    // #1
-    let b = Bulkhead::builder().build().unwrap();
+    // #1: an explicit 0 is the fail-closed start (a forgotten limit is an error, below).
+    let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
     assert_eq!(
         b.try_acquire(Demand::slot()).unwrap_err().reason,
         RejectReason::ConcurrencyLimit
@@ -628,7 +629,7 @@ fn close_refuses_new_work_but_not_in_flight_work() {
         b.try_acquire(res(1, 1)).unwrap_err().reason,
         RejectReason::Shutdown
     );
-    a.report_usage(Usage::new(50, 50), None).unwrap();
+    a.report_usage(Usage::new(50, 50)).unwrap();
     a.release(None).unwrap();
     let s = b.stats();
     assert!(s.closed);

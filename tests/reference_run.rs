@@ -11,7 +11,7 @@ use llm_bulkhead::llm::{
     ModelAwareEstimator, RunError, RunOptions, TokenEstimator,
 };
 use llm_bulkhead::{
-    Bulkhead, Event, Priority, Profile, RejectReason, Reservation, Usage, WaitOptions,
+    Bulkhead, Event, Priority, Profile, QueueTimeout, RejectReason, Reservation, Usage, WaitOptions,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -281,7 +281,7 @@ fn run_context_reports_usage() {
     // during the work; T 0 afterwards.
     let llm = LlmBulkhead::new(budget(10, 1_200), fixed(100, 1_000));
     llm.run_blocking(&req(), RunOptions::default(), |ctx| {
-        let r = ctx.report_usage(Usage::new(20, 5), None).unwrap();
+        let r = ctx.report_usage(Usage::new(20, 5)).unwrap();
         assert_eq!(r.held, 1_020);
         let t = llm.bulkhead().stats().token_budget.unwrap();
         assert_eq!((t.total_refunded, t.in_flight_tokens), (80, 1_020));
@@ -303,10 +303,8 @@ fn mixed_report_and_release_traffic_returns_to_zero() {
                 for j in 0..10u64 {
                     let i = t * 10 + j;
                     llm.run_blocking(&req(), RunOptions::default(), |ctx| {
-                        ctx.report_usage(Usage::new(30 + i % 5, 3 * i), None)
-                            .unwrap();
-                        ctx.report_usage(Usage::new(30 + i % 5, 7 * i), None)
-                            .unwrap();
+                        ctx.report_usage(Usage::new(30 + i % 5, 3 * i)).unwrap();
+                        ctx.report_usage(Usage::new(30 + i % 5, 7 * i)).unwrap();
                         Ok::<_, ()>(())
                     })
                     .unwrap();
@@ -613,7 +611,7 @@ fn profiles() {
                 // A zero timeout proves it would wait rather than be refused at once.
                 let zero = RunOptions {
                     wait: WaitOptions {
-                        timeout: Some(std::time::Duration::ZERO),
+                        timeout: QueueTimeout::After(std::time::Duration::ZERO),
                         ..WaitOptions::default()
                     },
                     ..RunOptions::default()

@@ -81,7 +81,7 @@ fn deadline_abandons_the_borrowed_slot_and_keeps_tokens_until_the_work_ends() {
         assert_eq!(s.token_budget.unwrap().in_flight_tokens, 300);
         assert_eq!(s.borrowed_concurrency_abandoned_by_cause.deadline, 1);
         // Usage reports still work while the work finishes.
-        ctx.report_usage(Usage::new(100, 20), None).unwrap();
+        ctx.report_usage(Usage::new(100, 20)).unwrap();
         Ok::<_, ()>(Usage::new(100, 50))
     });
     let e = match r {
@@ -274,7 +274,7 @@ fn a_panicking_work_leaks_nothing() {
     );
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _ = llm.run_blocking(&req(), RunOptions::default(), |ctx| {
-            ctx.report_usage(Usage::new(10, 10), None).unwrap();
+            ctx.report_usage(Usage::new(10, 10)).unwrap();
             panic!("work bug");
             #[allow(unreachable_code)]
             Ok::<_, ()>(())
@@ -338,7 +338,7 @@ fn dropping_the_run_future_while_the_work_runs_releases() {
     );
     {
         let fut = llm.run(&req(), RunOptions::default(), async |ctx| {
-            ctx.report_usage(Usage::new(10, 5), None).unwrap();
+            ctx.report_usage(Usage::new(10, 5)).unwrap();
             future::pending::<()>().await;
             Ok::<_, ()>(())
         });
@@ -547,7 +547,7 @@ proptest! {
         let mut held = Vec::new();
         for (tokens, high, release_first) in ops {
             if release_first && !held.is_empty() {
-                held.remove(0);
+                drop(held.remove(0));
             }
             let d = llm_bulkhead::Demand::tokens(Reservation::new(tokens, 1).unwrap())
                 .with_priority(if high { llm_bulkhead::Priority::High } else { llm_bulkhead::Priority::Normal });
@@ -599,7 +599,7 @@ fn deadlines_racing_completion_stay_consistent() {
                                 1 => tx.send(trigger.clone()).unwrap(),
                                 _ => {}
                             }
-                            ctx.report_usage(Usage::new(10, i % 50), None).unwrap();
+                            ctx.report_usage(Usage::new(10, i % 50)).unwrap();
                             Ok::<_, ()>(Usage::new(10, i % 70))
                         });
                         if fired_inside.get() {

@@ -5,7 +5,8 @@
 
 use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunError, RunOptions};
 use llm_bulkhead::{
-    Bulkhead, ClassLimits, Constraint, Demand, Event, RejectReason, Reservation, WaitOptions,
+    Bulkhead, ClassLimits, Constraint, Demand, Event, QueueTimeout, RejectReason, Reservation,
+    WaitOptions,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -116,7 +117,7 @@ fn a_classed_async_run_is_counted_once_when_refused_with_a_queue() {
         RunOptions {
             class: Some(premium),
             wait: WaitOptions {
-                timeout: Some(Duration::ZERO),
+                timeout: QueueTimeout::After(Duration::ZERO),
                 cancel: None,
             },
             ..RunOptions::default()

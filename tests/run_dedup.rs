@@ -9,7 +9,9 @@ use llm_bulkhead::llm::{
     BoxWork, DedupError, DedupKey, DedupSettings, EstimateError, LlmBulkhead, LlmRequest,
     NaiveEstimator, RunContext, RunError, RunOptions,
 };
-use llm_bulkhead::{Bulkhead, ClassId, ClassLimits, DedupOutcome, Event, RejectReason};
+use llm_bulkhead::{
+    Bulkhead, ClassId, ClassLimits, DedupOutcome, Event, QueueTimeout, RejectReason,
+};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -294,8 +296,9 @@ fn the_class_is_an_automatic_partition_and_an_unknown_class_is_refused_before_jo
     let mut p2 =
         boxed(llm.run_shared(&request(), in_class(Some(premium)), call(&calls, None, "-")));
     assert!(poll(&mut p2).is_pending());
-    // A class id this bulkhead does not have: refused before joining anything.
-    let unknown: ClassId = serde_json::from_str("7").unwrap();
+    // A class id this bulkhead does not have (another bulkhead's): refused before joining
+    // anything.
+    let unknown: ClassId = classed().class_id("premium").unwrap();
     let mut bad =
         boxed(llm.run_shared(&request(), in_class(Some(unknown)), call(&calls, None, "-")));
     match ready(&mut bad) {
@@ -412,7 +415,7 @@ fn unshareable_results_and_follower_timeouts_are_counted_and_seen() {
     // A follower with a zero timeout gives up at its first poll; the call goes on.
     let impatient = RunOptions {
         wait: llm_bulkhead::WaitOptions {
-            timeout: Some(Duration::ZERO),
+            timeout: QueueTimeout::After(Duration::ZERO),
             cancel: None,
         },
         ..RunOptions::default()
@@ -492,8 +495,7 @@ fn a_shared_run_is_send_and_static_and_reports_usage_from_the_context() {
             RunOptions::default(),
             |ctx: &mut RunContext| -> BoxWork<'_, u64, ()> {
                 Box::pin(async move {
-                    ctx.report_usage(llm_bulkhead::Usage::new(5, 7), None)
-                        .unwrap();
+                    ctx.report_usage(llm_bulkhead::Usage::new(5, 7)).unwrap();
                     Ok(ctx.held())
                 })
             },

@@ -70,7 +70,7 @@ fn work(
 fn with_token(t: &CancelToken) -> RunOptions {
     RunOptions {
         wait: WaitOptions {
-            timeout: None,
+            timeout: llm_bulkhead::QueueTimeout::Default,
             cancel: Some(t.clone()),
         },
         ..RunOptions::default()

@@ -9,7 +9,7 @@ use llm_bulkhead::llm::{
     Deadline, DeadlineTrigger, LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions,
     StopCause, StopSignal,
 };
-use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, WaitOptions};
+use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, QueueTimeout, WaitOptions};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
@@ -106,7 +106,7 @@ fn the_callers_token_is_read_by_the_signal() {
     let token = CancelToken::new();
     let options = RunOptions {
         wait: WaitOptions {
-            timeout: None,
+            timeout: QueueTimeout::Default,
             cancel: Some(token.clone()),
         },
         ..RunOptions::default()
@@ -174,7 +174,7 @@ fn run_shared_answers_at_the_deadline_and_detaches_the_work() {
         move |ctx: &mut RunContext| -> BoxWork<'_, u32, ()> {
             Box::pin(async move {
                 gate.await; // the provider call, which ignores the stop signal
-                ctx.report_usage(Usage::new(100, 10), None).unwrap();
+                ctx.report_usage(Usage::new(100, 10)).unwrap();
                 Ok(1)
             })
         }

@@ -130,7 +130,7 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
                                 remaining_output: cap.saturating_sub(used.output),
                                 safety_margin: 50,
                             });
-                            let rep = a.report_usage(used, reconcile).unwrap();
+                            let rep = a.report_usage_reconciled(used, reconcile).unwrap();
                             assert_eq!(rep.held, new_hold);
                             if new_hold > old {
                                 tally.raise_tokens(new_hold - old);

@@ -6,7 +6,7 @@
 //! test in this binary owns the process-wide timer.
 #![cfg(feature = "testing")]
 
-use llm_bulkhead::{testing, Bulkhead, Demand, RejectReason, WaitOptions};
+use llm_bulkhead::{testing, Bulkhead, Demand, QueueTimeout, RejectReason, WaitOptions};
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
@@ -22,7 +22,7 @@ fn cancelled_waits_leave_the_timer_empty() {
     let held = b.try_acquire(Demand::slot()).unwrap();
     let mut cx = Context::from_waker(Waker::noop());
     let wait = || WaitOptions {
-        timeout: Some(Duration::from_secs(30)),
+        timeout: QueueTimeout::After(Duration::from_secs(30)),
         cancel: None,
     };
     assert_eq!(testing::timer_entries(), 0);

@@ -4,8 +4,8 @@
 //! Deterministic: async futures polled by hand with a no-op waker, no sleeps, no timing.
 
 use llm_bulkhead::{
-    Admission, Bulkhead, CancelToken, ClassLimits, Demand, Priority, Reconcile, RejectReason,
-    Reservation, Usage, WaitOptions,
+    Admission, Bulkhead, CancelToken, ClassLimits, Demand, Priority, QueueTimeout, Reconcile,
+    RejectReason, Reservation, Usage, WaitOptions,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -61,7 +61,7 @@ fn refund_to(a: &mut Admission, hold: u64) {
         safety_margin: 0,
     };
     assert_eq!(
-        a.report_usage(Usage::new(0, 0), Some(r)).unwrap().held,
+        a.report_usage_reconciled(Usage::new(0, 0), r).unwrap().held,
         hold
     );
 }
@@ -114,7 +114,7 @@ fn completion_order_is_arrival_order() {
     while futs.iter().any(Option::is_some) {
         collect(&mut futs, &mut order, &mut held);
         if futs.iter().any(Option::is_some) {
-            held.remove(0); // releases hand tokens on
+            drop(held.remove(0)); // releases hand tokens on
         }
     }
     assert_eq!(order, (0..sizes.len()).collect::<Vec<_>>());
@@ -169,7 +169,7 @@ fn the_same_order_with_classes() {
     while futs.iter().any(Option::is_some) {
         collect(&mut futs, &mut order, &mut held);
         if futs.iter().any(Option::is_some) {
-            held.remove(0);
+            drop(held.remove(0));
         }
     }
     assert_eq!(order, vec![0, 1, 2, 3]);
@@ -237,7 +237,7 @@ fn a_leaving_head_lets_the_next_in() {
         .acquire_blocking(
             t(500),
             WaitOptions {
-                timeout: Some(Duration::ZERO),
+                timeout: QueueTimeout::After(Duration::ZERO),
                 ..WaitOptions::default()
             },
         )
@@ -316,7 +316,9 @@ fn stress(b: Bulkhead, max: u64, budget: u64) {
                 start.wait();
                 for _ in 0..ITERS {
                     let n = next() % (budget / 2) + 1;
-                    let timeout = (next() % 8 == 0).then_some(Duration::ZERO);
+                    let timeout = (next() % 8 == 0)
+                        .then_some(Duration::ZERO)
+                        .map_or(QueueTimeout::Default, QueueTimeout::After);
                     let o = WaitOptions {
                         timeout,
                         ..WaitOptions::default()

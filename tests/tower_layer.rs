@@ -435,6 +435,41 @@ fn a_custom_classifier_sees_the_parts() {
 }
 
 #[test]
+fn a_classifier_built_for_another_bulkhead_is_a_500_that_reaches_nothing() {
+    run(async {
+        let build = || {
+            Bulkhead::builder()
+                .max_concurrent(4)
+                .class("premium", ClassLimits::default())
+                .default_class("premium")
+                .build()
+                .unwrap()
+        };
+        let (bulkhead, other) = (build(), build());
+        // Resolved on `other`: before issue 13 it silently became `bulkhead`'s class 0.
+        let classify = HeaderClassifier::new(&other).class_header("x-traffic-class");
+        let (inner, _bodies, seen) = streaming();
+        let svc = BulkheadLayer::new(bulkhead.clone(), classify).layer(inner);
+        let resp = svc
+            .oneshot(
+                Request::get("/")
+                    .header("x-traffic-class", "premium")
+                    .body(())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(json_of(resp).await["error"]["reason"], "unknown_class");
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            (bulkhead.stats().admitted, bulkhead.stats().rejected),
+            (0, 0)
+        );
+    });
+}
+
+#[test]
 fn every_layer_call_and_clone_shares_one_limit() {
     run(async {
         let bulkhead = Bulkhead::new(3).unwrap();

@@ -4,7 +4,8 @@
 //! queued when `stats().pending` says so, and timeouts use `Duration::ZERO`.
 
 use llm_bulkhead::{
-    Admission, Bulkhead, CancelToken, Demand, RejectReason, Rejection, Reservation, WaitOptions,
+    Admission, Bulkhead, CancelToken, Demand, QueueTimeout, RejectReason, Rejection, Reservation,
+    WaitOptions,
 };
 use std::sync::mpsc;
 use std::thread;
@@ -189,7 +190,7 @@ fn a_zero_timeout_leaves_the_queue_with_timeout_and_nothing_leaks() {
     let b = queued(1, 4);
     let holder = b.try_acquire(Demand::slot()).unwrap();
     let zero = WaitOptions {
-        timeout: Some(Duration::ZERO),
+        timeout: QueueTimeout::After(Duration::ZERO),
         ..wait()
     };
     let r = b.acquire_blocking(Demand::slot(), zero).unwrap_err();
@@ -250,7 +251,7 @@ fn a_token_reused_for_many_waits_still_cancels_the_current_one() {
     let holder = b.try_acquire(Demand::slot()).unwrap();
     for _ in 0..3 {
         let zero = WaitOptions {
-            timeout: Some(Duration::ZERO),
+            timeout: QueueTimeout::After(Duration::ZERO),
             cancel: Some(token.clone()),
         };
         assert_eq!(
@@ -497,7 +498,11 @@ fn a_saturated_bulkhead_with_a_queue_settles_everything() {
                 let (mut ok, mut refused) = (0u64, 0u64);
                 for j in 0..2_000 {
                     let options = WaitOptions {
-                        timeout: (j % 7 == 0).then_some(Duration::ZERO),
+                        timeout: if j % 7 == 0 {
+                            QueueTimeout::After(Duration::ZERO)
+                        } else {
+                            QueueTimeout::Default
+                        },
                         ..WaitOptions::default()
                     };
                     match b.acquire_blocking(Demand::slot(), options) {
@@ -642,7 +647,7 @@ mod drain_and_profiles {
         let b = Bulkhead::builder()
             .max_concurrent(1)
             .max_queue(2)
-            .timeout(Duration::from_millis(1))
+            .queue_timeout(Duration::from_millis(1))
             .build()
             .unwrap();
         let _held = b.try_acquire(Demand::slot()).unwrap();
@@ -660,7 +665,7 @@ mod drain_and_profiles {
             .build()
             .unwrap();
         assert_eq!(batch.limits().max_queue, 20);
-        assert_eq!(batch.default_timeout(), Some(Duration::from_secs(30)));
+        assert_eq!(batch.default_queue_timeout(), Some(Duration::from_secs(30)));
         let interactive = Bulkhead::builder()
             .max_concurrent(1)
             .profile(Profile::Interactive)
@@ -675,14 +680,14 @@ mod drain_and_profiles {
             RejectReason::ConcurrencyLimit
         );
         let custom = Bulkhead::builder()
-            .timeout(Duration::from_secs(2))
+            .queue_timeout(Duration::from_secs(2))
             .profile(Profile::Batch)
             .max_queue(5)
             .max_concurrent(1)
             .build()
             .unwrap();
         assert_eq!(
-            (custom.limits().max_queue, custom.default_timeout()),
+            (custom.limits().max_queue, custom.default_queue_timeout()),
             (5, Some(Duration::from_secs(2)))
         );
     }

@@ -4,8 +4,8 @@
 //! waker, so every step is deterministic: no sleeps, no clocks.
 
 use llm_bulkhead::{
-    Admission, Bulkhead, ClassId, ClassLimits, Constraint, Demand, RejectReason, Rejection,
-    Reservation, WaitOptions,
+    Admission, Bulkhead, ClassId, ClassLimits, Constraint, Demand, QueueTimeout, RejectReason,
+    Rejection, Reservation, WaitOptions,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -178,7 +178,7 @@ fn a_class_head_that_no_longer_fits_is_answered_and_the_next_is_served() {
     assert!(poll_once(small.as_mut()).is_pending());
     // Usage growth is booked without a check: the budget now has 300 tokens left.
     grower
-        .report_usage(llm_bulkhead::Usage::new(50, 650), None)
+        .report_usage(llm_bulkhead::Usage::new(50, 650))
         .unwrap();
     drop(other);
     let e = refused(poll_once(big.as_mut()));
@@ -227,7 +227,7 @@ fn bounds_timeouts_and_close_with_classes() {
     assert!(full.detail().classes.is_some());
     // A zero timeout: queued on the first poll, timed out on the next.
     let zero = WaitOptions {
-        timeout: Some(Duration::ZERO),
+        timeout: QueueTimeout::After(Duration::ZERO),
         ..WaitOptions::default()
     };
     drop(first);

@@ -39,7 +39,7 @@ fn acquire_against_close_with_work_in_flight() {
                 assert!(b.is_closed());
                 // Work admitted before the close goes on: usage (3, 3) grows the hold to
                 // 3 + max(2, 3) = 6 (overrun of 2, no admission check), then it releases.
-                let rep = in_flight.report_usage(Usage::new(3, 3), None).unwrap();
+                let rep = in_flight.report_usage(Usage::new(3, 3)).unwrap();
                 assert_eq!((rep.held, rep.sequence, rep.consumed), (6, 1, 6));
                 assert!(rep.over_reservation);
                 let rel = in_flight.release(Some(Usage::new(3, 3))).unwrap();
@@ -58,7 +58,7 @@ fn acquire_against_close_with_work_in_flight() {
                         assert_eq!(a.revision(), 0);
                         // It raced and won; it may now be running after the close: usage (0, 0)
                         // shrinks the hold to 0 + max(1, 0) = 1 (refund 1), then release.
-                        let rep = a.report_usage(Usage::new(0, 0), None).unwrap();
+                        let rep = a.report_usage(Usage::new(0, 0)).unwrap();
                         assert_eq!(rep.held, 1);
                         let rel = a.release(None).unwrap();
                         assert_eq!((rel.held, rel.consumed, rel.refunded), (1, Some(0), 1));

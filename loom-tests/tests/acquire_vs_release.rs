@@ -36,7 +36,7 @@ fn race_acquire_with_settlement(release_by_drop: bool) {
                 let s = b.stats();
                 assert!(s.in_flight <= 1, "over-admission: {s:?}");
                 // Usage (1, 0) makes the hold 1 + max(2, 0) = 3: a refund of 1.
-                let rep = held.report_usage(Usage::new(1, 0), None).unwrap();
+                let rep = held.report_usage(Usage::new(1, 0)).unwrap();
                 assert_eq!((rep.held, rep.sequence), (3, 1));
                 if release_by_drop {
                     drop(held);

@@ -877,9 +877,7 @@ fn protected_tokens_against_a_shrinking_report_and_a_borrow() {
         let (b, [cp, cb]) = build(3, Some(6), [("p", token_floor(2)), ("b", token_floor(0))]);
         let mut b0 = b.try_acquire(classed_tokens(cb, 2, 2)).unwrap();
         let reporter = thread::spawn(move || {
-            let rep = b0
-                .report_usage(llm_bulkhead::Usage::new(0, 0), None)
-                .unwrap();
+            let rep = b0.report_usage(llm_bulkhead::Usage::new(0, 0)).unwrap();
             assert_eq!(rep.held, 2);
             b0
         });

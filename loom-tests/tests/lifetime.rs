@@ -19,7 +19,7 @@
 mod common;
 
 use common::model;
-use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, Demand, WaitOptions};
+use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, Demand, QueueTimeout, WaitOptions};
 use loom::thread;
 use std::future::Future;
 use std::pin::pin;
@@ -135,7 +135,7 @@ fn cancel_against_grant(b: Bulkhead) {
         let mut f = pin!(b.acquire(
             Demand::slot(),
             WaitOptions {
-                timeout: None,
+                timeout: QueueTimeout::Default,
                 cancel: Some(token),
             },
         ));

@@ -65,7 +65,7 @@ fn admission_released_on_another_thread_while_two_handles_drop() {
             let mut a = b.try_acquire(tokens(2, 2)).unwrap();
             let worker = thread::spawn(move || {
                 // Usage (1, 1): hold 1 + max(2, 1) = 3, then release.
-                assert_eq!(a.report_usage(Usage::new(1, 1), None).unwrap().held, 3);
+                assert_eq!(a.report_usage(Usage::new(1, 1)).unwrap().held, 3);
                 let rel = a.release(None).unwrap();
                 assert_eq!((rel.held, rel.consumed, rel.refunded), (3, Some(2), 1));
             });
@@ -125,7 +125,7 @@ fn two_admissions_outlive_every_handle_and_settle_concurrently() {
             let mut y = b.try_acquire(tokens(2, 2)).unwrap();
             let tx = thread::spawn(move || drop(x));
             let ty = thread::spawn(move || {
-                assert_eq!(y.report_usage(Usage::new(1, 3), None).unwrap().held, 4);
+                assert_eq!(y.report_usage(Usage::new(1, 3)).unwrap().held, 4);
                 y.release(None).unwrap();
             });
             drop(b);

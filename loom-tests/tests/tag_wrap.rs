@@ -161,7 +161,7 @@ fn a_usage_growth_never_lands_on_a_wrapped_class_tag() {
             let b = b.clone();
             thread::spawn(move || install_two(&b, a, token_floor(4)))
         };
-        held.report_usage(Usage::new(1, 3), None).unwrap();
+        held.report_usage(Usage::new(1, 3)).unwrap();
         installer.join().unwrap();
         drop(held);
         // V exact: with a's token floor of 4 idle, b can take exactly the other 4 tokens.
@@ -207,7 +207,8 @@ fn a_token_return_never_lands_on_a_wrapped_class_tag() {
             remaining_output: 0,
             safety_margin: 0,
         };
-        held.report_usage(Usage::new(2, 0), Some(shrink)).unwrap();
+        held.report_usage_reconciled(Usage::new(2, 0), shrink)
+            .unwrap();
         installer.join().unwrap();
         drop(held);
         // V exact: with a's token floor of 4 idle, b borrows exactly the other 4 tokens.

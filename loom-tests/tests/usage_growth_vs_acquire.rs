@@ -42,7 +42,7 @@ fn usage_growth_against_acquire() {
             let grown = grown.clone();
             thread::spawn(move || {
                 // Usage (5, 2): hold 5 + max(2, 2) = 7, growth 3, never refused for budget.
-                let rep = hold_b.report_usage(Usage::new(5, 2), None).unwrap();
+                let rep = hold_b.report_usage(Usage::new(5, 2)).unwrap();
                 assert_eq!((rep.held, rep.sequence, rep.consumed), (7, 1, 7));
                 assert!(rep.over_reservation);
                 grown.store(true, Ordering::SeqCst);
@@ -128,7 +128,7 @@ fn usage_shrink_against_acquire() {
             let shrunk = shrunk.clone();
             thread::spawn(move || {
                 // Usage (1, 0): hold 1 + max(2, 0) = 3, a refund of 1.
-                let rep = hold_b.report_usage(Usage::new(1, 0), None).unwrap();
+                let rep = hold_b.report_usage(Usage::new(1, 0)).unwrap();
                 assert_eq!(rep.held, 3);
                 shrunk.store(true, Ordering::SeqCst);
                 hold_b

@@ -14,7 +14,7 @@
 mod common;
 
 use common::{assert_quiescent, model, scenarios};
-use llm_bulkhead::{Bulkhead, Demand, RejectReason, WaitOptions};
+use llm_bulkhead::{Bulkhead, Demand, QueueTimeout, RejectReason, WaitOptions};
 use loom::thread;
 use std::task::Poll;
 use std::time::Duration;
@@ -40,7 +40,7 @@ fn a_timing_out_waiter_against_the_hand_off() {
         let b2 = b.clone();
         let t = thread::spawn(move || {
             let zero = WaitOptions {
-                timeout: Some(Duration::ZERO),
+                timeout: QueueTimeout::After(Duration::ZERO),
                 ..WaitOptions::default()
             };
             match b2.acquire_blocking(Demand::slot(), zero) {

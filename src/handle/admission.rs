@@ -22,7 +22,7 @@ use settle::*;
 /// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
 /// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_200).build().unwrap();
 /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
-/// let r = a.report_usage(Usage::new(20, 5), None).unwrap();
+/// let r = a.report_usage(Usage::new(20, 5)).unwrap();
 /// assert_eq!((r.sequence, r.held, r.consumed, r.output_remaining), (1, 1_020, 25, Some(995)));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl std::error::Error for ReleaseError {
 /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(1_000, 500).unwrap())).unwrap();
 /// assert_eq!((a.revision(), a.held()), (0, 1_500));
 /// std::thread::spawn(move || {
-///     a.report_usage(Usage::new(900, 100), None).unwrap();
+///     a.report_usage(Usage::new(900, 100)).unwrap();
 ///     a.release(Some(Usage::new(900, 300))).unwrap();
 /// }).join().unwrap();
 /// assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 0);
@@ -158,6 +158,7 @@ impl std::error::Error for ReleaseError {
 /// let _next = b.try_acquire(Demand::slot()).unwrap(); // reuses the slot
 /// assert_eq!(data.load(Ordering::Relaxed), 42);
 /// ```
+#[must_use = "dropping an Admission releases its slot and tokens at once"]
 pub struct Admission {
     /// The slot (and the pointer to the shared state it keeps alive); `None` once released.
     slot: Option<SlotRef>,
@@ -298,7 +299,8 @@ impl Admission {
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().class(), Some(b.class_id("a").unwrap()));
     /// ```
     pub fn class(&self) -> Option<ClassId> {
-        self.class.index().map(|k| ClassId(k as u8))
+        let k = self.class.index()?;
+        self.shared().map(|s| ClassId::new(s.class_owner, k))
     }
 
     /// How the admission's capacity was attributed at its decision: whether its slot and how
@@ -466,7 +468,31 @@ impl Admission {
         self.sequence
     }
 
-    /// Reports cumulative usage and corrects the hold (CONTRACT.md §5).
+    /// Reports cumulative usage and corrects the hold (CONTRACT.md §5): the hold becomes
+    /// `input + max(max_output, output)`. To reconcile progressively (release processed input
+    /// and generated output from the hold) use
+    /// [`report_usage_reconciled`](Self::report_usage_reconciled).
+    ///
+    /// Usage is clamped so neither field decreases. Growth is booked as overrun with no
+    /// admission check; shrinkage as refund. The sequence increments whenever the clamped
+    /// usage or the hold changes.
+    ///
+    /// # Errors
+    /// [`UsageError`] for sums that overflow, or a hold that cannot be held at all; nothing
+    /// changes.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
+    /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
+    /// assert_eq!(a.report_usage(Usage::new(20, 100)).unwrap().held, 1_020);
+    /// ```
+    pub fn report_usage(&mut self, usage: Usage) -> Result<UsageReport, UsageError> {
+        self.report_usage_reconciled(usage, None)
+    }
+
+    /// [`report_usage`](Self::report_usage) with progressive reconciliation (`reconcile`: a
+    /// [`Reconcile`], or an `Option` of one, `None` being `report_usage`).
     ///
     /// Usage is clamped so neither field decreases. Without `reconcile` the hold becomes
     /// `input + max(max_output, output)`; with it, `remaining_output + safety_margin +
@@ -482,15 +508,16 @@ impl Admission {
     /// use llm_bulkhead::{Bulkhead, Demand, Reconcile, Reservation, Usage};
     /// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
     /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
-    /// let r = a.report_usage(Usage::new(20, 100), Some(Reconcile { remaining_output: 900, safety_margin: 50 })).unwrap();
+    /// let r = a.report_usage_reconciled(Usage::new(20, 100), Reconcile { remaining_output: 900, safety_margin: 50 }).unwrap();
     /// assert_eq!(r.held, 950);
     /// assert_eq!(b.stats().token_budget.unwrap().total_refunded, 150);
     /// ```
-    pub fn report_usage(
+    pub fn report_usage_reconciled(
         &mut self,
         usage: Usage,
-        reconcile: Option<Reconcile>,
+        reconcile: impl Into<Option<Reconcile>>,
     ) -> Result<UsageReport, UsageError> {
+        let reconcile = reconcile.into();
         let (clamped, consumed) =
             checked_report(usage, self.reported, self.reservation, reconcile)?;
         let released = self.slot.is_none();
@@ -598,7 +625,7 @@ impl Admission {
     /// use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
     /// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
     /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
-    /// a.report_usage(Usage::new(100, 250), None).unwrap();
+    /// a.report_usage(Usage::new(100, 250)).unwrap();
     /// let r = a.release(None).unwrap(); // falls back to the last report
     /// assert_eq!((r.consumed, r.refunded), (Some(350), 750));
     /// ```
@@ -611,6 +638,8 @@ impl Admission {
                 });
             }
         }
+        // Before settling: the class id carries the bulkhead's identity, read through the slot.
+        let class = self.class();
         let s = self.settle(usage).unwrap_or(Settled {
             held: 0,
             consumed: None,
@@ -620,7 +649,7 @@ impl Admission {
         Ok(ReleaseReport {
             admission_id: self.id,
             revision: self.revision,
-            class: self.class(),
+            class,
             reserved: self.reservation.map_or(0, |r| r.total()),
             held: s.held,
             refunded: s.refunded,

@@ -109,6 +109,9 @@ impl Bulkhead {
     /// ```
     pub fn would_admit(&self, demand: &Demand) -> Advice {
         let shared = &*self.shared;
+        if !self.class_is_valid(demand.class()) {
+            return Advice::Refuse(crate::handle::bulkhead::unknown_class());
+        }
         let r = if shared.has_budget {
             demand.reservation().unwrap_or(Reservation::ZERO).total()
         } else {
@@ -135,10 +138,9 @@ impl Bulkhead {
         let closed = w.closed();
         if shared.classed {
             let (classes, g, t) = crate::protocol::classed::collect(shared);
-            let k = match demand.class() {
-                Some(c) if c.index() < classes.len() => c.index(),
-                _ => shared.default_class,
-            };
+            let k = self
+                .class_index(demand.class())
+                .unwrap_or(shared.default_class);
             let limits: Vec<HotClass> = snap.classes.iter().map(|&l| l.into()).collect();
             let view = ClassView {
                 g,

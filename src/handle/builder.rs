@@ -24,7 +24,7 @@ use std::time::Duration;
 #[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct BulkheadBuilder {
-    max_concurrent: u32,
+    max_concurrent: Option<u32>,
     max_queue: Option<u32>,
     timeout: Option<Duration>,
     profile: Option<Profile>,
@@ -38,15 +38,19 @@ pub struct BulkheadBuilder {
 }
 
 impl BulkheadBuilder {
-    /// Global concurrency limit (default 0: a fail-closed start that admits nothing until a
-    /// snapshot raises it). At most [`MAX_SLOTS`](crate::MAX_SLOTS).
+    /// Global concurrency limit: required (as in the reference, a forgotten limit is an
+    /// error, not a bulkhead that refuses everything). An explicit 0 is the fail-closed start,
+    /// admitting nothing until a snapshot raises it. At most [`MAX_SLOTS`](crate::MAX_SLOTS).
     ///
     /// ```
-    /// # use llm_bulkhead::Bulkhead;
+    /// use llm_bulkhead::{Bulkhead, ConfigProblem};
     /// assert_eq!(Bulkhead::builder().max_concurrent(3).build().unwrap().limits().max_concurrent, 3);
+    /// assert_eq!(Bulkhead::builder().max_concurrent(0).build().unwrap().limits().max_concurrent, 0);
+    /// let e = Bulkhead::builder().max_queue(4).build().unwrap_err();
+    /// assert_eq!((e.field, &e.problem), ("max_concurrent", &ConfigProblem::Missing));
     /// ```
     pub fn max_concurrent(mut self, n: u32) -> Self {
-        self.max_concurrent = n;
+        self.max_concurrent = Some(n);
         self
     }
 
@@ -55,7 +59,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// assert_eq!(Bulkhead::builder().max_queue(8).build().unwrap().limits().max_queue, 8);
+    /// assert_eq!(Bulkhead::builder().max_concurrent(1).max_queue(8).build().unwrap().limits().max_queue, 8);
     /// ```
     pub fn max_queue(mut self, n: u32) -> Self {
         self.max_queue = Some(n);
@@ -67,7 +71,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let b = Bulkhead::builder().token_budget(1_000).build().unwrap();
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap();
     /// assert_eq!(b.limits().token_budget.unwrap().budget, 1_000);
     /// ```
     pub fn token_budget(mut self, budget: u64) -> Self {
@@ -79,7 +83,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// assert!(Bulkhead::builder().high_priority_reserve(5).build().is_err());
+    /// assert!(Bulkhead::builder().max_concurrent(1).high_priority_reserve(5).build().is_err());
     /// ```
     pub fn high_priority_reserve(mut self, reserve: u64) -> Self {
         self.reserve = Some(reserve);
@@ -90,26 +94,40 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// assert_eq!(Bulkhead::builder().initial_revision(7).build().unwrap().limits().revision, 7);
+    /// assert_eq!(Bulkhead::builder().max_concurrent(1).initial_revision(7).build().unwrap().limits().revision, 7);
     /// ```
     pub fn initial_revision(mut self, revision: u64) -> Self {
         self.initial_revision = revision;
         self
     }
 
-    /// The default time a waiter stays queued before it gets `timeout` (reference §11's
-    /// `timeoutMs`); a per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A timeout
-    /// too large to add to the current instant (`Duration::MAX`) means no deadline.
+    /// The default time a waiter stays queued before it is refused with `timeout`
+    /// (reference §11's `timeoutMs`). It bounds the wait in the queue only, not the call that
+    /// runs once admitted. A per-call [`WaitOptions::timeout`](crate::WaitOptions) wins. A
+    /// timeout too large to add to the current instant (`Duration::MAX`) means no deadline.
     ///
     /// ```
     /// use llm_bulkhead::Bulkhead;
     /// use std::time::Duration;
-    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).timeout(Duration::from_secs(5)).build().unwrap();
-    /// assert_eq!(b.default_timeout(), Some(Duration::from_secs(5)));
+    /// let b = Bulkhead::builder().max_concurrent(1).max_queue(4).queue_timeout(Duration::from_secs(5)).build().unwrap();
+    /// assert_eq!(b.default_queue_timeout(), Some(Duration::from_secs(5)));
     /// ```
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub fn queue_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
+    }
+
+    /// The old name of [`queue_timeout`](Self::queue_timeout), which it calls.
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// # use std::time::Duration;
+    /// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(1).queue_timeout(Duration::from_secs(1)).build().unwrap();
+    /// assert_eq!(b.default_queue_timeout(), Some(Duration::from_secs(1)));
+    /// ```
+    #[deprecated(note = "it is the queue wait, not a call timeout: use `queue_timeout`")]
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.queue_timeout(timeout)
     }
 
     /// Times every queue wait for `stats().queue_waits` (total and longest, in ns). Off by
@@ -166,7 +184,7 @@ impl BulkheadBuilder {
     /// use llm_bulkhead::{Bulkhead, Profile};
     /// use std::time::Duration;
     /// let b = Bulkhead::builder().max_concurrent(4).profile(Profile::Batch).build().unwrap();
-    /// assert_eq!((b.limits().max_queue, b.default_timeout()), (20, Some(Duration::from_secs(30))));
+    /// assert_eq!((b.limits().max_queue, b.default_queue_timeout()), (20, Some(Duration::from_secs(30))));
     /// let b = Bulkhead::builder().max_queue(3).max_concurrent(4).profile(Profile::Batch).build().unwrap();
     /// assert_eq!(b.limits().max_queue, 3);
     /// ```
@@ -196,7 +214,7 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let e = Bulkhead::builder().class("a", ClassLimits::default()).default_class("missing").build().unwrap_err();
+    /// let e = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("missing").build().unwrap_err();
     /// assert_eq!(e.field, "default_class");
     /// ```
     pub fn default_class(mut self, name: impl Into<String>) -> Self {
@@ -212,10 +230,16 @@ impl BulkheadBuilder {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let err = Bulkhead::builder().token_budget(1 << 40).build().unwrap_err();
+    /// let err = Bulkhead::builder().max_concurrent(1).token_budget(1 << 40).build().unwrap_err();
     /// assert_eq!(err.field, "token_budget.budget");
     /// ```
     pub fn build(self) -> Result<Bulkhead, ConfigError> {
+        let Some(max_concurrent) = self.max_concurrent else {
+            return Err(ConfigError {
+                field: "max_concurrent",
+                problem: ConfigProblem::Missing,
+            });
+        };
         let token_budget = match (self.budget, self.reserve) {
             (None, None) => None,
             (None, Some(_)) => {
@@ -269,7 +293,7 @@ impl BulkheadBuilder {
         };
         let first = LimitsSnapshot {
             revision: self.initial_revision,
-            max_concurrent: self.max_concurrent,
+            max_concurrent,
             max_queue: self
                 .max_queue
                 .unwrap_or(self.profile.map_or(0, |p| p.max_queue())),

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 mod classed;
 use crate::handle::builder::BulkheadBuilder;
+pub(crate) use classed::unknown_class;
 
 /// A lock-free admission controller: global concurrency slots and an in-flight token budget.
 ///
@@ -136,6 +137,9 @@ impl Bulkhead {
         let g = if shared.classed {
             self.try_acquire_classed(demand.class(), r, priority)?
         } else {
+            if demand.class().is_some() {
+                return Err(classed::unknown_class());
+            }
             loop {
                 match self.try_decide(r, priority) {
                     Ok(g) => break g,
@@ -282,6 +286,11 @@ impl Bulkhead {
     #[cold]
     pub(crate) fn waiter_refusal(&self, reason: RejectReason, demand: &Demand) -> Rejection {
         let shared = &*self.shared;
+        // A demand in a class this bulkhead does not have is refused as such before anything
+        // else (a cancelled one too): nothing is counted.
+        if !self.class_is_valid(demand.class()) {
+            return unknown_class();
+        }
         let r = if shared.has_budget {
             demand.reservation().unwrap_or(Reservation::ZERO).total()
         } else {
@@ -292,7 +301,9 @@ impl Bulkhead {
                 RejectReason::Shutdown | RejectReason::Aborted => None,
                 _ => Some(crate::vocab::rejection::Constraint::Global),
             };
-            let k = self.class_index(demand.class());
+            let k = self
+                .class_index(demand.class())
+                .unwrap_or(shared.default_class);
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, demand.priority());
             rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
             return rej;
@@ -415,7 +426,7 @@ impl Bulkhead {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let b = Bulkhead::builder().token_budget(100).initial_revision(7).build().unwrap();
+    /// let b = Bulkhead::builder().max_concurrent(1).token_budget(100).initial_revision(7).build().unwrap();
     /// b.set_budget(50).unwrap();
     /// assert_eq!((b.limits().revision, b.limits().token_budget.unwrap().budget), (8, 50));
     /// ```

@@ -207,14 +207,14 @@ impl ShadowReasons {
         self.0 & (1 << reason as u8) != 0
     }
 
-    /// The reasons in the set, in the order of [`RejectReason::ALL`].
+    /// The reasons in the set, in the order of [`RejectReason::COUNTED`].
     ///
     /// ```
     /// use llm_bulkhead::llm::ShadowReasons;
     /// assert_eq!(ShadowReasons::ALL.iter().count(), 4);
     /// ```
     pub fn iter(self) -> impl Iterator<Item = RejectReason> {
-        RejectReason::ALL
+        RejectReason::COUNTED
             .into_iter()
             .filter(move |r| self.contains(*r))
     }
@@ -261,7 +261,7 @@ impl FromStr for ShadowReasons {
     fn from_str(s: &str) -> Result<ShadowReasons, ModeError> {
         let mut set = ShadowReasons::NONE;
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let reason = RejectReason::ALL
+            let reason = RejectReason::COUNTED
                 .into_iter()
                 .find(|r| r.as_str() == name)
                 .ok_or_else(|| ModeError::NotShadowable(name.to_owned()))?;
@@ -386,7 +386,10 @@ impl Bypassed {
         let id = AdmissionId::new_shadow(shared.id_prefix, c.key, n);
         let class = shared.classed.then(|| {
             // A class index is below `MAX_CLASSES`, which fits a `u8`.
-            ClassId(b.class_index(demand.class()) as u8)
+            let k = b
+                .class_index(demand.class())
+                .unwrap_or(shared.default_class);
+            ClassId::new(shared.class_owner, k)
         });
         let bypassed = Bypassed {
             bulkhead: b.clone(),
@@ -430,7 +433,7 @@ impl Bypassed {
 
     /// Validates and clamps like [`Admission::report_usage`](crate::Admission::report_usage),
     /// but holds nothing; the sequence moves only when the clamped usage changes.
-    pub(crate) fn report_usage(
+    pub(crate) fn report_usage_reconciled(
         &mut self,
         usage: Usage,
         reconcile: Option<Reconcile>,

@@ -20,7 +20,7 @@
 //!
 //! // Async work, on any executor.
 //! let n = futures_lite::future::block_on(llm.run(&request, RunOptions::default(), async |ctx| {
-//!     ctx.report_usage(Usage::new(3, 0), None).unwrap();
+//!     ctx.report_usage(Usage::new(3, 0)).unwrap();
 //!     Ok::<_, std::io::Error>(42)
 //! }))?;
 //! assert_eq!(n, 42);

@@ -286,8 +286,8 @@ impl LlmBulkhead {
             };
         }
         match class {
-            None => Ok(Some(ClassId(shared.default_class as u8))),
-            Some(c) if c.index() < shared.class_words.len() => Ok(Some(c)),
+            None => Ok(Some(ClassId::new(shared.class_owner, shared.default_class))),
+            Some(c) if c.owner == shared.class_owner => Ok(Some(c)),
             Some(_) => Err(EstimateError::InvalidSetting {
                 field: "class",
                 expected: "a class of this bulkhead",
@@ -443,7 +443,10 @@ impl LlmBulkhead {
                 return Path::Solo(llm, demand, options, work);
             };
             let follower = FollowerOptions {
-                timeout: options.wait.timeout,
+                timeout: match options.wait.timeout {
+                    crate::QueueTimeout::After(d) => Some(d),
+                    crate::QueueTimeout::Default | crate::QueueTimeout::Unbounded => None,
+                },
                 cancel: options.wait.cancel.clone(),
             };
             let call = move || async move {

@@ -151,7 +151,7 @@ pub struct RejectEvent {
 /// let b = Bulkhead::builder().max_concurrent(1).token_budget(2_000).build().unwrap();
 /// let sub = b.subscribe(|e: &Event| if let Event::Usage(u) = e { assert_eq!(u.delta_tokens, -80) });
 /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 1_000).unwrap())).unwrap();
-/// a.report_usage(Usage::new(20, 5), None).unwrap();
+/// a.report_usage(Usage::new(20, 5)).unwrap();
 /// # drop(sub);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,7 +304,7 @@ pub struct BypassEvent {
 ///     assert_eq!((u.sequence, u.usage), (1, Usage::new(3, 2)));
 /// });
 /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
-/// llm.run_blocking(&LlmRequest::default(), observe, |ctx| ctx.report_usage(Usage::new(3, 2), None)).unwrap();
+/// llm.run_blocking(&LlmRequest::default(), observe, |ctx| ctx.report_usage(Usage::new(3, 2))).unwrap();
 /// # drop(sub);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

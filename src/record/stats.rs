@@ -125,6 +125,7 @@ impl RejectCounts {
             RejectReason::Timeout => self.timeout,
             RejectReason::Aborted => self.aborted,
             RejectReason::Shutdown => self.shutdown,
+            RejectReason::UnknownClass => 0,
         }
     }
 
@@ -135,7 +136,7 @@ impl RejectCounts {
     /// assert_eq!(RejectCounts { timeout: 2, shutdown: 1, ..Default::default() }.total(), 3);
     /// ```
     pub fn total(&self) -> u64 {
-        RejectReason::ALL.iter().map(|r| self.get(*r)).sum()
+        RejectReason::COUNTED.iter().map(|r| self.get(*r)).sum()
     }
 
     pub(crate) fn slot(&mut self, reason: RejectReason) -> &mut u64 {
@@ -146,6 +147,8 @@ impl RejectCounts {
             RejectReason::Timeout => &mut self.timeout,
             RejectReason::Aborted => &mut self.aborted,
             RejectReason::Shutdown => &mut self.shutdown,
+            // Only called for `RejectReason::COUNTED`, which does not hold it.
+            RejectReason::UnknownClass => unreachable!("unknown_class is never counted"),
         }
     }
 }
@@ -512,7 +515,7 @@ impl Totals {
             *sum = sum.wrapping_add(s.get());
         }
         acc(&mut self.admitted, &c.admitted);
-        for r in RejectReason::ALL {
+        for r in RejectReason::COUNTED {
             acc(self.rejected.slot(r), &c.rejected[r.index()]);
         }
         acc(&mut self.total_reserved, &c.total_reserved);
@@ -528,7 +531,7 @@ impl Totals {
         let o = &mut self.observe;
         acc(&mut o.bypassed, &c.bypassed);
         acc(&mut o.race_bypassed, &c.race_bypassed);
-        for r in RejectReason::ALL {
+        for r in RejectReason::COUNTED {
             acc(
                 o.bypassed_by_reason.slot(r),
                 &c.bypassed_by_reason[r.index()],
@@ -541,7 +544,7 @@ impl Totals {
         for (t, cc) in self.classes.iter_mut().zip(&c.classes).take(classes) {
             acc(&mut t.admitted, &cc.admitted);
             acc(&mut t.abandoned_settled, &cc.abandoned_settled);
-            for r in RejectReason::ALL {
+            for r in RejectReason::COUNTED {
                 acc(t.rejected.slot(r), &cc.rejected[r.index()]);
             }
             acc(&mut t.reserved, &cc.reserved);

@@ -131,9 +131,9 @@ impl Held {
                 // An invalid report (it cannot be, with `remaining_output: 0`) changes nothing;
                 // the release settles with the last valid one.
                 let _ = match &mut self.hold {
-                    Hold::Admitted(a) => a.report_usage(u.usage, u.reconcile),
+                    Hold::Admitted(a) => a.report_usage_reconciled(u.usage, u.reconcile),
                     #[cfg(feature = "llm")]
-                    Hold::Bypassed(b) => b.report_usage(u.usage, u.reconcile),
+                    Hold::Bypassed(b) => b.report_usage_reconciled(u.usage, u.reconcile),
                 };
             }
         }

@@ -616,7 +616,7 @@ where
             let inner = std::mem::replace(&mut self.inner, clone);
             let bulkhead = self.settings.bulkhead.clone();
             let options = WaitOptions {
-                timeout,
+                timeout: timeout.map_or(crate::QueueTimeout::Default, crate::QueueTimeout::After),
                 cancel: None,
             };
             let wait = Box::pin(async move { bulkhead.acquire(demand, options).await });

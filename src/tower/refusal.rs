@@ -30,7 +30,9 @@ pub enum Refusal {
 impl Refusal {
     /// The status of the response mode: 503 for `shutdown` (the bulkhead is closed) and
     /// `aborted`, 429 for every capacity refusal (`concurrency_limit`, `queue_limit`,
-    /// `budget_limit`, `timeout`), and the classifier's status for its refusals. Never 500.
+    /// `budget_limit`, `timeout`), and the classifier's status for its refusals. 500 only for
+    /// `unknown_class`: a classifier that returned a class of another bulkhead (the gateway's
+    /// own bug, not the client's and not a capacity refusal).
     ///
     /// ```
     /// use llm_bulkhead::tower::{ClassifyError, Refusal};
@@ -45,6 +47,8 @@ impl Refusal {
                 | RejectReason::QueueLimit
                 | RejectReason::BudgetLimit
                 | RejectReason::Timeout => StatusCode::TOO_MANY_REQUESTS,
+                // The classifier chose a class of another bulkhead: the gateway's own error.
+                RejectReason::UnknownClass => StatusCode::INTERNAL_SERVER_ERROR,
             },
             Refusal::Unclassified(e) => e.status,
         }

@@ -29,6 +29,8 @@ pub enum ConfigProblem {
     },
     /// A snapshot omits the token budget although the bulkhead was built with one.
     Required,
+    /// A required setting was not given ([`BulkheadBuilder::max_concurrent`](crate::BulkheadBuilder::max_concurrent)).
+    Missing,
     /// A snapshot sets a token budget although the bulkhead was built without one.
     MustBeOmitted,
     /// The field needs a token budget, and none is configured.
@@ -69,7 +71,7 @@ pub enum ConfigProblem {
 ///
 /// ```
 /// use llm_bulkhead::Bulkhead;
-/// let err = Bulkhead::builder().token_budget(100).high_priority_reserve(200).build().unwrap_err();
+/// let err = Bulkhead::builder().max_concurrent(1).token_budget(100).high_priority_reserve(200).build().unwrap_err();
 /// assert_eq!(err.field, "token_budget.high_priority_reserve");
 /// assert!(err.to_string().contains("exceeds"));
 /// ```
@@ -120,6 +122,7 @@ impl ConfigError {
                 "{} = {reserve} exceeds token_budget.budget = {budget}",
                 self.field
             ),
+            ConfigProblem::Missing => write!(f, "{} is required", self.field),
             ConfigProblem::Required => write!(
                 f,
                 "{} is required because the bulkhead was built with a token budget",
@@ -145,7 +148,7 @@ impl std::error::Error for ConfigError {}
 /// use llm_bulkhead::{Usage, UsageError, Bulkhead, Demand, Reservation, Reconcile};
 /// let b = Bulkhead::builder().max_concurrent(1).token_budget(1_000).build().unwrap();
 /// let mut a = b.try_acquire(Demand::tokens(Reservation::new(100, 100).unwrap())).unwrap();
-/// let err = a.report_usage(Usage::new(10, 0), Some(Reconcile { remaining_output: 500, safety_margin: 0 }));
+/// let err = a.report_usage_reconciled(Usage::new(10, 0), Reconcile { remaining_output: 500, safety_margin: 0 });
 /// assert!(matches!(err, Err(UsageError::RemainingExceedsCap { remaining: 500, cap: 100 })));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -24,11 +24,23 @@ pub enum RejectReason {
     Aborted,
     /// The bulkhead is closed.
     Shutdown,
+    /// The demand named a class this bulkhead does not have: a [`ClassId`](crate::ClassId) of
+    /// another bulkhead, or any class on a bulkhead without classes. The caller's error, not a
+    /// capacity refusal: decided before anything changed, it is not counted in
+    /// [`Stats`](crate::Stats), publishes no event, is never bypassed by observe mode, and its
+    /// [`Rejection`] carries revision 0 and an empty capacity.
+    UnknownClass,
 }
 
 impl RejectReason {
-    /// Every reason, in the order used by statistics.
-    pub const ALL: [RejectReason; 6] = [
+    /// Every reason statistics count, in their order: all but
+    /// [`UnknownClass`](RejectReason::UnknownClass) (a caller's error, never counted).
+    ///
+    /// ```
+    /// use llm_bulkhead::RejectReason;
+    /// assert!(!RejectReason::COUNTED.contains(&RejectReason::UnknownClass));
+    /// ```
+    pub const COUNTED: [RejectReason; 6] = [
         RejectReason::ConcurrencyLimit,
         RejectReason::QueueLimit,
         RejectReason::BudgetLimit,
@@ -51,10 +63,14 @@ impl RejectReason {
             RejectReason::Timeout => "timeout",
             RejectReason::Aborted => "aborted",
             RejectReason::Shutdown => "shutdown",
+            RejectReason::UnknownClass => "unknown_class",
         }
     }
 
+    /// The position in [`COUNTED`](Self::COUNTED) (statistics arrays). Never called for
+    /// `UnknownClass`, which is not counted.
     pub(crate) fn index(self) -> usize {
+        debug_assert!(self != RejectReason::UnknownClass);
         self as usize
     }
 }
@@ -587,6 +603,9 @@ impl fmt::Display for Rejection {
                 t.requested, t.available, t.effective_budget
             ),
             (RejectReason::Shutdown | RejectReason::Aborted, _) => Ok(()),
+            (RejectReason::UnknownClass, _) => {
+                f.write_str(": the demand's class is not a class of this bulkhead")
+            }
             _ => write!(
                 f,
                 ": {} of {} slots in use, {} of {} queued",
@@ -597,3 +616,23 @@ impl fmt::Display for Rejection {
 }
 
 impl std::error::Error for Rejection {}
+
+impl Rejection {
+    /// The refusal of a demand in a class the bulkhead does not have
+    /// ([`RejectReason::UnknownClass`]): no revision, no capacity.
+    pub(crate) fn unknown_class() -> Rejection {
+        Rejection {
+            reason: RejectReason::UnknownClass,
+            constraint: None,
+            revision: 0,
+            detail: CapacityDetail {
+                in_flight: 0,
+                pending: 0,
+                max_concurrent: 0,
+                max_queue: 0,
+                token_budget: None,
+                classes: None,
+            },
+        }
+    }
+}

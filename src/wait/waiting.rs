@@ -141,23 +141,114 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Options of a waiting acquire.
+/// How long a waiting acquire may stay queued.
 ///
 /// ```
-/// use llm_bulkhead::{CancelToken, WaitOptions};
+/// use llm_bulkhead::QueueTimeout;
 /// use std::time::Duration;
-/// let o = WaitOptions { timeout: Some(Duration::from_millis(250)), cancel: Some(CancelToken::new()) };
-/// assert!(WaitOptions::default().timeout.is_none());
-/// # let _ = o;
+/// let default = Some(Duration::from_secs(30));
+/// assert_eq!(QueueTimeout::Default.resolve(default), default);
+/// assert_eq!(QueueTimeout::After(Duration::ZERO).resolve(default), Some(Duration::ZERO));
+/// assert_eq!(QueueTimeout::Unbounded.resolve(default), None);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum QueueTimeout {
+    /// The bulkhead's default ([`BulkheadBuilder::queue_timeout`](crate::BulkheadBuilder::queue_timeout)
+    /// or its profile's; no deadline if it has none).
+    #[default]
+    Default,
+    /// Give up with `timeout` after this long in the queue. A duration too large to add to the
+    /// current instant (`Duration::MAX`, say) means no deadline.
+    After(Duration),
+    /// No deadline, whatever the bulkhead's default: the demand waits until it is answered or
+    /// cancelled.
+    Unbounded,
+}
+
+impl QueueTimeout {
+    /// The wait's limit given the bulkhead's default (`None`: no deadline).
+    ///
+    /// ```
+    /// # use llm_bulkhead::QueueTimeout;
+    /// assert_eq!(QueueTimeout::Default.resolve(None), None);
+    /// ```
+    #[must_use]
+    pub fn resolve(self, default: Option<Duration>) -> Option<Duration> {
+        match self {
+            QueueTimeout::Default => default,
+            QueueTimeout::After(d) => Some(d),
+            QueueTimeout::Unbounded => None,
+        }
+    }
+}
+
+/// Options of a waiting acquire: how long it may stay queued ([`QueueTimeout`]) and what
+/// cancels it. Build them with the methods, or with a literal and `..Default::default()`
+/// (fields may be added; the default of a new field keeps today's behaviour).
+///
+/// ```
+/// use llm_bulkhead::{CancelToken, QueueTimeout, WaitOptions};
+/// use std::time::Duration;
+/// let o = WaitOptions::new().timeout(Duration::from_millis(250)).cancel(CancelToken::new());
+/// assert_eq!(o.timeout, QueueTimeout::After(Duration::from_millis(250)));
+/// assert_eq!(WaitOptions::new().no_timeout().timeout, QueueTimeout::Unbounded);
+/// assert_eq!(WaitOptions::default().timeout, QueueTimeout::Default);
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct WaitOptions {
-    /// Give up with `timeout` after this long in the queue (the bulkhead's default timeout
-    /// when `None`). A timeout too large to add to the current instant (`Duration::MAX`, say)
-    /// means no deadline: the demand waits until it is answered or cancelled.
-    pub timeout: Option<Duration>,
+    /// How long the demand may stay queued (default: the bulkhead's default).
+    pub timeout: QueueTimeout,
     /// Cancels the wait (`aborted`); a token already cancelled refuses at once.
     pub cancel: Option<CancelToken>,
+}
+
+impl WaitOptions {
+    /// The defaults: the bulkhead's queue timeout, no cancellation.
+    ///
+    /// ```
+    /// # use llm_bulkhead::WaitOptions;
+    /// assert!(WaitOptions::new().cancel.is_none());
+    /// ```
+    pub fn new() -> WaitOptions {
+        WaitOptions::default()
+    }
+
+    /// Give up with `timeout` after `timeout` in the queue ([`QueueTimeout::After`]).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{QueueTimeout, WaitOptions};
+    /// # use std::time::Duration;
+    /// assert_eq!(WaitOptions::new().timeout(Duration::ZERO).timeout, QueueTimeout::After(Duration::ZERO));
+    /// ```
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> WaitOptions {
+        self.timeout = QueueTimeout::After(timeout);
+        self
+    }
+
+    /// Wait without a deadline, whatever the bulkhead's default ([`QueueTimeout::Unbounded`]).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{QueueTimeout, WaitOptions};
+    /// assert_eq!(WaitOptions::new().no_timeout().timeout, QueueTimeout::Unbounded);
+    /// ```
+    #[must_use]
+    pub fn no_timeout(mut self) -> WaitOptions {
+        self.timeout = QueueTimeout::Unbounded;
+        self
+    }
+
+    /// Cancelled by `token` (`aborted`).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{CancelToken, WaitOptions};
+    /// assert!(WaitOptions::new().cancel(CancelToken::new()).cancel.is_some());
+    /// ```
+    #[must_use]
+    pub fn cancel(mut self, token: CancelToken) -> WaitOptions {
+        self.cancel = Some(token);
+        self
+    }
 }
 
 /// The deadline `timeout` from now: `None` (no deadline) without a timeout, or when the
@@ -219,7 +310,7 @@ impl Bulkhead {
     /// while b.stats().pending == 0 { std::thread::yield_now() } // the waiter is queued
     /// drop(held); // hands the slot to the waiter
     /// assert_eq!(waiter.join().unwrap(), Ok(0));
-    /// let zero = WaitOptions { timeout: Some(Duration::ZERO), ..Default::default() };
+    /// let zero = WaitOptions::new().timeout(Duration::ZERO);
     /// let _again = b.acquire_blocking(Demand::slot(), WaitOptions::default()).unwrap();
     /// assert_eq!(b.acquire_blocking(Demand::slot(), zero).unwrap_err().reason, RejectReason::Timeout);
     /// ```
@@ -329,7 +420,7 @@ impl Bulkhead {
             return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
         }
         let (r, k, priority, reservation) = self.demand_parts(&demand);
-        let timeout = options.timeout.or(shared.default_timeout);
+        let timeout = options.timeout.resolve(shared.default_timeout);
         let node = Waiter::new(r, k, priority);
         // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
         // unlinked itself: every path below ends in one of the two before returning, and an
@@ -429,15 +520,24 @@ impl Bulkhead {
         }
     }
 
-    /// Tokens, class index (0 without classes), priority and reservation of `demand`.
+    /// Tokens, class index (0 without classes; [`UNKNOWN_CLASS`] for a class this bulkhead
+    /// does not have, which [`enter`](Self::enter) refuses), priority and reservation of
+    /// `demand`.
     fn demand_parts(&self, demand: &Demand) -> (u64, usize, Priority, Option<Reservation>) {
         let reservation = self
             .shared
             .has_budget
             .then(|| demand.reservation().unwrap_or(Reservation::ZERO));
+        let k = if self.shared.classed {
+            self.class_index(demand.class()).unwrap_or(UNKNOWN_CLASS)
+        } else if demand.class().is_some() {
+            UNKNOWN_CLASS
+        } else {
+            0
+        };
         (
             reservation.map_or(0, |x| x.total()),
-            self.class_index(demand.class()),
+            k,
             demand.priority(),
             reservation,
         )
@@ -447,6 +547,9 @@ impl Bulkhead {
     /// under the queue mutex, which takes a slot, refuses, or queues `node`.
     fn enter(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
         let shared = &*self.shared;
+        if node.k == UNKNOWN_CLASS {
+            return Enter::Refused(crate::handle::bulkhead::unknown_class());
+        }
         if shared.classed {
             return self.enter_classed(node, notify);
         }
@@ -592,7 +695,9 @@ impl Bulkhead {
                 resources,
             } => {
                 let g = if self.shared.classed {
-                    let k = self.class_index(demand.class());
+                    let k = self
+                        .class_index(demand.class())
+                        .unwrap_or(self.shared.default_class);
                     self.count_class_admission(k, r, revision, resources)
                 } else {
                     self.count_admission(revision, r)
@@ -601,7 +706,9 @@ impl Bulkhead {
             }
             Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
             Outcome::RefusedAs(reason, constraint) => {
-                let k = self.class_index(demand.class());
+                let k = self
+                    .class_index(demand.class())
+                    .unwrap_or(self.shared.default_class);
                 let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
                 rej.set_pending(pending(&self.shared) as u64);
                 Err(rej)
@@ -610,6 +717,10 @@ impl Bulkhead {
         }
     }
 }
+
+/// The class index of a waiter whose demand names a class this bulkhead does not have: it is
+/// refused on entry, before it is queued or anything is counted.
+pub(super) const UNKNOWN_CLASS: usize = usize::MAX;
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
 /// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued

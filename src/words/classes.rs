@@ -78,7 +78,7 @@ impl ClassTable {
     ///
     /// ```
     /// # use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// # let b = Bulkhead::builder().class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// # let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
     /// assert!(b.limits().classes.get(b.class_id("a").unwrap()).is_some());
     /// ```
     pub fn get(&self, id: ClassId) -> Option<&ClassLimits> {

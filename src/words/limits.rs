@@ -101,7 +101,7 @@ impl LimitsSnapshot {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let s = Bulkhead::builder().build().unwrap().limits().with_revision(9);
+    /// let s = Bulkhead::builder().max_concurrent(1).build().unwrap().limits().with_revision(9);
     /// assert_eq!(s.revision, 9);
     /// ```
     pub fn with_revision(mut self, revision: u64) -> Self {
@@ -113,7 +113,7 @@ impl LimitsSnapshot {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let s = Bulkhead::builder().build().unwrap().limits().with_max_concurrent(0);
+    /// let s = Bulkhead::builder().max_concurrent(1).build().unwrap().limits().with_max_concurrent(0);
     /// assert_eq!(s.max_concurrent, 0);
     /// ```
     pub fn with_max_concurrent(mut self, max_concurrent: u32) -> Self {
@@ -125,7 +125,7 @@ impl LimitsSnapshot {
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
-    /// let s = Bulkhead::builder().build().unwrap().limits().with_max_queue(3);
+    /// let s = Bulkhead::builder().max_concurrent(1).build().unwrap().limits().with_max_queue(3);
     /// assert_eq!(s.max_queue, 3);
     /// ```
     pub fn with_max_queue(mut self, max_queue: u32) -> Self {
@@ -138,7 +138,7 @@ impl LimitsSnapshot {
     ///
     /// ```
     /// # use llm_bulkhead::{Bulkhead, BudgetLimits};
-    /// let s = Bulkhead::builder().token_budget(10).build().unwrap().limits()
+    /// let s = Bulkhead::builder().max_concurrent(1).token_budget(10).build().unwrap().limits()
     ///     .with_token_budget(Some(BudgetLimits { budget: 5, high_priority_reserve: 0 }));
     /// assert_eq!(s.token_budget.unwrap().budget, 5);
     /// ```

@@ -14,7 +14,9 @@ impl Bulkhead {
         priority: Priority,
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
-        let k = self.class_index(class);
+        let Some(k) = self.class_index(class) else {
+            return Err(unknown_class());
+        };
         match crate::protocol::classed::try_fast(shared, k, r, priority) {
             Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             None => self.try_acquire_classed_contended(k, r, priority),
@@ -36,14 +38,28 @@ impl Bulkhead {
         }
     }
 
-    /// The class index a demand's class resolves to (the default class when it names none;
-    /// 0 without classes).
+    /// The class index a demand's class resolves to on a bulkhead with classes: the default
+    /// class when it names none, `None` for a class of another bulkhead (one compare; an id
+    /// carrying this bulkhead's serial was made by [`class_id`](Self::class_id), so its index
+    /// is in the table).
     #[inline]
-    pub(crate) fn class_index(&self, class: Option<ClassId>) -> usize {
+    pub(crate) fn class_index(&self, class: Option<ClassId>) -> Option<usize> {
         let shared = &*self.shared;
         match class {
-            Some(c) if c.index() < shared.class_words.len() => c.index(),
-            _ => shared.default_class,
+            None => Some(shared.default_class),
+            Some(c) if c.owner == shared.class_owner => Some(c.index()),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether `class` is a class this bulkhead can decide in: any on a bulkhead with classes
+    /// resolves ([`class_index`](Self::class_index)), none on one without.
+    #[inline]
+    pub(crate) fn class_is_valid(&self, class: Option<ClassId>) -> bool {
+        if self.shared.classed {
+            self.class_index(class).is_some()
+        } else {
+            class.is_none()
         }
     }
 
@@ -124,7 +140,7 @@ impl Bulkhead {
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let b = Bulkhead::builder().class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
+    /// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default()).default_class("batch").build().unwrap();
     /// assert!(b.class_id("batch").is_ok());
     /// assert!(b.class_id("tenant-42").is_err());
     /// ```
@@ -135,7 +151,7 @@ impl Bulkhead {
             .class_names
             .iter()
             .position(|n| n == key)
-            .map(|i| ClassId(i as u8))
+            .map(|i| ClassId::new(self.shared.class_owner, i))
             .ok_or_else(|| UnknownClass(name.to_owned()))
     }
 
@@ -151,12 +167,14 @@ impl Bulkhead {
         self.shared.wait_for_tokens
     }
 
-    /// The default waiter timeout (from the builder's `timeout` or profile).
+    /// The default time a waiter may stay queued (from the builder's `queue_timeout` or
+    /// profile); `None`: no deadline.
     ///
     /// ```
-    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_timeout(), None);
+    /// assert_eq!(llm_bulkhead::Bulkhead::new(1).unwrap().default_queue_timeout(), None);
     /// ```
-    pub fn default_timeout(&self) -> Option<Duration> {
+    #[must_use]
+    pub fn default_queue_timeout(&self) -> Option<Duration> {
         self.shared.default_timeout
     }
 
@@ -169,4 +187,13 @@ impl Bulkhead {
     pub fn class_names(&self) -> &[String] {
         &self.shared.class_names
     }
+}
+
+/// The refusal of a demand whose class this bulkhead does not have (another bulkhead's, or any
+/// class without classes): decided before anything changed, so nothing is counted or
+/// published.
+#[cold]
+#[inline(never)]
+pub(crate) fn unknown_class() -> Rejection {
+    Rejection::unknown_class()
 }

@@ -12,7 +12,7 @@ use super::*;
 /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(5_000).build().unwrap(), NaiveEstimator);
 /// llm.run_blocking(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), |ctx| {
 ///     assert_eq!((ctx.revision(), ctx.held()), (0, 1 + 2_048));
-///     let r = ctx.report_usage(Usage::new(1, 10), None).unwrap();
+///     let r = ctx.report_usage(Usage::new(1, 10)).unwrap();
 ///     assert_eq!(r.held, 1 + 2_048);
 ///     assert!(!ctx.stop_requested());
 ///     Ok::<_, ()>(())
@@ -349,18 +349,38 @@ impl RunContext {
     /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(1_200).build().unwrap(),
     ///     |_: &LlmRequest| Ok(llm_bulkhead::Reservation::new(100, 1_000).unwrap()));
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
-    ///     assert_eq!(ctx.report_usage(Usage::new(20, 5), None).unwrap().held, 1_020);
+    ///     assert_eq!(ctx.report_usage(Usage::new(20, 5)).unwrap().held, 1_020);
     ///     Ok::<_, ()>(()) }).unwrap();
     /// ```
-    pub fn report_usage(
+    pub fn report_usage(&mut self, usage: Usage) -> Result<UsageReport, UsageError> {
+        self.report_usage_reconciled(usage, None)
+    }
+
+    /// [`report_usage`](Self::report_usage) with progressive reconciliation
+    /// ([`Admission::report_usage_reconciled`]).
+    ///
+    /// # Errors
+    /// As [`Admission::report_usage_reconciled`]; nothing changes.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::{Bulkhead, Reconcile, Usage};
+    /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(1_200).build().unwrap(),
+    ///     |_: &LlmRequest| Ok(llm_bulkhead::Reservation::new(100, 1_000).unwrap()));
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     let rc = Reconcile { remaining_output: 900, safety_margin: 0 };
+    ///     assert_eq!(ctx.report_usage_reconciled(Usage::new(20, 100), rc).unwrap().held, 900);
+    ///     Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    pub fn report_usage_reconciled(
         &mut self,
         usage: Usage,
-        reconcile: Option<Reconcile>,
+        reconcile: impl Into<Option<Reconcile>>,
     ) -> Result<UsageReport, UsageError> {
+        let reconcile = reconcile.into();
         if let Inner::Bypassed(b) = &mut self.inner {
-            return b.report_usage(usage, reconcile);
+            return b.report_usage_reconciled(usage, reconcile);
         }
-        match self.with(|a| a.report_usage(usage, reconcile)) {
+        match self.with(|a| a.report_usage_reconciled(usage, reconcile)) {
             Some(r) => r,
             // Unreachable while the work runs: the admission is settled only after it.
             None => Err(UsageError::Overflow { field: "admission" }),

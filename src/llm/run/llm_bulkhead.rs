@@ -79,7 +79,9 @@ impl LlmBulkhead {
     /// estimator's answer. Changes nothing.
     ///
     /// # Errors
-    /// [`EstimateError`] from the estimator or the override, naming the field.
+    /// [`EstimateError`] from the estimator or the override, naming the field;
+    /// [`EstimateError::InvalidSetting`] with field `class` for a class of another bulkhead
+    /// (or any class on a bulkhead without classes), checked first.
     ///
     /// ```
     /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ReservationOverride, RunOptions};
@@ -96,6 +98,12 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: &RunOptions<U>,
     ) -> Result<Option<Reservation>, EstimateError> {
+        if !self.bulkhead.class_is_valid(options.class) {
+            return Err(EstimateError::InvalidSetting {
+                field: "class",
+                expected: "a class of this bulkhead (none on a bulkhead without classes)",
+            });
+        }
         if !self.bulkhead.shared.has_budget {
             return Ok(None);
         }
@@ -375,7 +383,7 @@ impl LlmBulkhead {
     /// use llm_bulkhead::{Bulkhead, Usage};
     /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(2).token_budget(10_000).build().unwrap(), NaiveEstimator);
     /// let fut = llm.run(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), async |ctx| {
-    ///     ctx.report_usage(Usage::new(1, 5), None).unwrap();
+    ///     ctx.report_usage(Usage::new(1, 5)).unwrap();
     ///     Ok::<_, ()>("done")
     /// });
     /// assert_eq!(futures_lite::future::block_on(fut).unwrap(), "done");
@@ -463,9 +471,11 @@ pub(in crate::llm) fn admit_now(
     let r = reservation.map_or(0, |r| r.total());
     let priority = demand.priority();
     let g = if shared.classed {
-        let k = b.class_index(demand.class());
+        let k = b.class_index(demand.class())?;
         let a = crate::protocol::classed::try_fast(shared, k, r, priority)?;
         b.count_class_admission(k, r, a.revision, a.resources)
+    } else if demand.class().is_some() {
+        return None;
     } else {
         b.try_decide(r, priority).ok()?
     };

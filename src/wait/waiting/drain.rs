@@ -39,10 +39,10 @@ impl Bulkhead {
     /// assert!(b.drain_blocking(None).drained);
     /// t.join().unwrap();
     /// ```
-    pub fn drain_blocking(&self, deadline: Option<Duration>) -> DrainReport {
-        let until = deadline_after(deadline);
+    pub fn drain_blocking(&self, timeout: Option<Duration>) -> DrainReport {
+        let until = deadline_after(timeout);
         let report = self.drain_report();
-        if report.drained || deadline == Some(Duration::ZERO) {
+        if report.drained || timeout == Some(Duration::ZERO) {
             return report;
         }
         let id = self.register_drainer(Notify::Thread(crate::sync::thread::current()));
@@ -86,11 +86,11 @@ impl Bulkhead {
     /// let b = Bulkhead::new(1).unwrap();
     /// assert!(futures_lite::future::block_on(b.drain(None)).drained);
     /// ```
-    pub fn drain(&self, deadline: Option<Duration>) -> Drain<'_> {
+    pub fn drain(&self, timeout: Option<Duration>) -> Drain<'_> {
         Drain {
             bulkhead: self,
-            zero: deadline == Some(Duration::ZERO),
-            until: deadline_after(deadline),
+            zero: timeout == Some(Duration::ZERO),
+            until: deadline_after(timeout),
             drainer: None,
             timer: None,
         }

@@ -91,7 +91,7 @@ impl Future for Acquire<'_> {
                         wait_started(b)
                     };
                     this.deadline =
-                        deadline_after(this.options.timeout.or(b.shared.default_timeout));
+                        deadline_after(this.options.timeout.resolve(b.shared.default_timeout));
                     if let Some(at) = this.deadline {
                         this.timer = Some(crate::wait::timer::register(at, cx.waker().clone()));
                     }

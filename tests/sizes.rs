@@ -1,0 +1,20 @@
+//! The sizes of the values every decision returns (issue 13 §2), pinned so that a growth is
+//! a visible decision: change the numbers here, and say why in the commit.
+
+use llm_bulkhead::{Admission, ClassId, Demand, Rejection};
+use std::mem::size_of;
+
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn decision_values_keep_their_sizes() {
+    let sizes = (
+        size_of::<Admission>(),
+        size_of::<Rejection>(),
+        size_of::<Result<Admission, Rejection>>(),
+        size_of::<Demand>(),
+        size_of::<Option<ClassId>>(),
+    );
+    // Admission 104 (tokio's permit: 16), Rejection 104, the Result 112; Demand grew from 32
+    // to 40 when `ClassId` took its bulkhead's 32-bit identity (issue 13 §3).
+    assert_eq!(sizes, (104, 104, 112, 40, 8), "{sizes:?}");
+}
