@@ -463,7 +463,7 @@ fn a_token_hand_off_and_a_leaving_waiter_visit_the_queue_mutex_once() {
         drop((a1, a2));
         // A head that leaves lets the waiter behind it in (it fitted, but not past the head).
         let held = b.try_acquire(t(70)).unwrap();
-        let mut head = queue(&b, t(60), WaitOptions::default());
+        let head = queue(&b, t(60), WaitOptions::default());
         let mut behind = queue(&b, t(30), WaitOptions::default());
         let before = queue_locks();
         drop(head);
