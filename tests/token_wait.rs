@@ -437,3 +437,50 @@ fn a_newcomer_made_impossible_by_a_racing_reconfiguration_is_refused_under_the_l
         assert!(matches!(poll(&mut first), Poll::Ready(Ok(_))));
     }
 }
+
+/// Mutex visits of a token hand-off (`testing::queue_locks`, this thread's count): a release
+/// that hands its tokens to the head, and to the waiter behind it that then fits too, locks
+/// the queue once (the pump after the grant runs under the hand-off's lock); a waiter that
+/// leaves and lets the one behind it in locks once too; with and without classes.
+#[cfg(feature = "testing")]
+#[test]
+fn a_token_hand_off_and_a_leaving_waiter_visit_the_queue_mutex_once() {
+    use llm_bulkhead::testing::queue_locks;
+    for classed in [false, true] {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent(4)
+            .max_queue(4)
+            .token_budget(100)
+            .wait_for_tokens(true);
+        if classed {
+            builder = builder
+                .class("only", ClassLimits::default())
+                .default_class("only");
+        }
+        let b = builder.build().unwrap();
+        // A release feeds two waiters.
+        let held = b.try_acquire(t(100)).unwrap();
+        let mut w1 = queue(&b, t(50), WaitOptions::default());
+        let mut w2 = queue(&b, t(50), WaitOptions::default());
+        let before = queue_locks();
+        drop(held);
+        assert_eq!(queue_locks() - before, 1, "classed {classed}: release");
+        let (Poll::Ready(Ok(a1)), Poll::Ready(Ok(a2))) = (poll(&mut w1), poll(&mut w2)) else {
+            panic!("classed {classed}: both fit after the release")
+        };
+        drop((a1, a2));
+        // A head that leaves lets the waiter behind it in (it fitted, but not past the head).
+        let held = b.try_acquire(t(70)).unwrap();
+        let head = queue(&b, t(60), WaitOptions::default());
+        let mut behind = queue(&b, t(30), WaitOptions::default());
+        let before = queue_locks();
+        drop(head);
+        assert_eq!(queue_locks() - before, 1, "classed {classed}: leave");
+        let Poll::Ready(Ok(a)) = poll(&mut behind) else {
+            panic!("classed {classed}: the waiter behind was not let in")
+        };
+        drop((a, held));
+        let s = b.stats();
+        assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
+    }
+}

@@ -15,6 +15,8 @@
 //! 4. with classes: a refund inside a class token ceiling against a waiter queueing for that
 //!    ceiling (the classed decrease visits the queue). The same variable breaks the class
 //!    refund (its token return does not visit the queue), and loom finds the deadlock here too.
+//! 5. a release feeding two waiters (the second pumped under the hand-off's lock) against a
+//!    newcomer.
 //!
 //! Run the broken variant one model at a time (a deadlock panic inside loom aborts the run):
 //! `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1 ... --test token_wait a_refund_wakes` and
@@ -164,5 +166,35 @@ fn with_classes_a_refund_wakes_a_waiter_at_its_class_ceiling() {
         drop(held);
         let s = b.stats();
         assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
+    });
+}
+
+/// 5. A release that feeds two waiters (the head, then the one behind it, pumped under the
+///    hand-off's lock) against a newcomer: both waiters are admitted, the newcomer never is
+///    (nothing is free that the queue does not take first), nothing leaks.
+#[test]
+fn a_release_feeds_two_waiters_under_one_lock_against_a_newcomer() {
+    model(|| {
+        let b = token_waiting(100);
+        let held = b.try_acquire(tokens(0, 100)).unwrap();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut w1 = pin!(b.acquire(tokens(0, 50), WaitOptions::default()));
+        let mut w2 = pin!(b.acquire(tokens(0, 50), WaitOptions::default()));
+        assert!(w1.as_mut().poll(&mut cx).is_pending());
+        assert!(w2.as_mut().poll(&mut cx).is_pending());
+        let b2 = b.clone();
+        let newcomer = thread::spawn(move || b2.try_acquire(tokens(0, 50)).map(drop).is_ok());
+        drop(held);
+        assert!(
+            !newcomer.join().unwrap(),
+            "a newcomer took tokens freed for the queue"
+        );
+        let (Poll::Ready(Ok(a1)), Poll::Ready(Ok(a2))) =
+            (w1.as_mut().poll(&mut cx), w2.as_mut().poll(&mut cx))
+        else {
+            panic!("the release did not feed both waiters")
+        };
+        drop((a1, a2));
+        assert_quiescent(&b, 3, 1);
     });
 }

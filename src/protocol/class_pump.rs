@@ -2,7 +2,7 @@
 //! and the shared word, and the class pump (`crate::wait::waiting`, "With admission classes").
 
 use crate::protocol::classed::Refused;
-use crate::shared::{Shared, SlotRef, SlowPathRef};
+use crate::shared::{QueueGuard, Shared, SlotRef, SlowPathRef};
 use crate::sync::Ordering;
 use crate::vocab::rejection::RejectReason;
 use crate::wait::list::{Outcome, Queue, WakeList};
@@ -82,8 +82,21 @@ pub(crate) fn pump_classed(shared: &Shared) {
     // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
     // gives back only after this returns (`crate::protocol::classed::release_pending`).
     let guard = unsafe { SlowPathRef::borrowed(shared) };
-    let shared = &*guard;
-    let mut q = guard.lock_queue();
+    let q = pump_classed_locked(&guard, guard.lock_queue(), &mut wake);
+    drop(q);
+    wake.wake_all();
+}
+
+/// [`pump_classed`]'s work for a caller that already holds the queue lock `q` of `guard`'s
+/// state (token waiting: a waiter that left), so the pump costs no second visit of the
+/// mutex. It may unlock and lock again to deliver a full batch of wake-ups; returns the lock,
+/// with the flags synchronised and the drainers' wake-ups in `wake` if nothing is held.
+pub(crate) fn pump_classed_locked<'g>(
+    guard: &'g SlowPathRef<'_>,
+    mut q: QueueGuard<'g>,
+    wake: &mut WakeList,
+) -> QueueGuard<'g> {
+    let shared = &**guard;
     while let Some((k, r, priority)) = q.front().map(|h| (h.k, h.r, h.priority)) {
         if wake.is_full() {
             // A batch: wake it outside the lock, then decide the head again.
@@ -114,9 +127,8 @@ pub(crate) fn pump_classed(shared: &Shared) {
         }
     }
     sync_class_flags(shared, &mut q);
-    wake_class_drainers_if_idle(shared, &q, &mut wake);
-    drop(q);
-    wake.wake_all();
+    wake_class_drainers_if_idle(shared, &q, wake);
+    q
 }
 
 /// Whether a class refusal lets the demand wait: no free global slot, or a refusal no collect

@@ -3,7 +3,7 @@
 //! "Protocol", explains the waiters flag and the FIFO order; the waits that enqueue are there).
 
 use crate::protocol::class_pump::sync_class_flags;
-use crate::shared::{Shared, SlotRef, SlowPathRef};
+use crate::shared::{QueueGuard, Shared, SlotRef, SlowPathRef};
 use crate::sync::Ordering;
 use crate::vocab::rejection::RejectReason;
 use crate::wait::list::{Outcome, Queue, WakeList};
@@ -181,14 +181,13 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
         }
     }
     // Token waiting: slots may be free while waiters wait, so after a grant the next head may
-    // fit too (`crate::protocol::token_wait`).
-    let more = shared.wait_for_tokens && last.is_none() && q.len() > 0;
+    // fit too (`crate::protocol::token_wait`): pumped under the same lock. `guard` keeps the
+    // state alive, as in `release_while_draining`.
+    if shared.wait_for_tokens && last.is_none() && q.len() > 0 {
+        q = pump_locked(&guard, q, &mut wake);
+    }
     drop(q);
     wake.wake_all();
-    if more {
-        // `guard` keeps the state alive, as in `release_while_draining`.
-        pump(&guard);
-    }
     // `guard` goes last: the free, if this was the last reference.
 }
 
@@ -251,8 +250,22 @@ pub(crate) fn pump(shared: &Shared) {
     // SAFETY: every caller is an owner for the whole call (a handle, a counted guard, or the
     // slot of the admission that refunds).
     let guard = unsafe { SlowPathRef::borrowed(shared) };
-    let shared = &*guard;
-    let mut q = guard.lock_queue();
+    let q = pump_locked(&guard, guard.lock_queue(), &mut wake);
+    drop(q);
+    wake.wake_all();
+}
+
+/// [`pump`]'s work for a caller that already holds the queue lock `q` of `guard`'s state
+/// (token waiting: a hand-off that granted, a waiter that left), so the pump costs no second
+/// visit of the mutex. It may unlock and lock again to deliver a full batch of wake-ups;
+/// returns the lock, with the waiters flag cleared if nobody needs it and the drainers'
+/// wake-ups in `wake` if the bulkhead is idle.
+pub(crate) fn pump_locked<'g>(
+    guard: &'g SlowPathRef<'_>,
+    mut q: QueueGuard<'g>,
+    wake: &mut WakeList,
+) -> QueueGuard<'g> {
+    let shared = &**guard;
     let word = &*shared.word;
     let mut w = Word(word.load(Ordering::Acquire));
     while let Some((r, priority)) = q.front().map(|h| (h.r, h.priority)) {
@@ -281,15 +294,14 @@ pub(crate) fn pump(shared: &Shared) {
             wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
             continue;
         }
-        match grant_head(word, &mut q, w, w.plus(r).0, lim.revision, &mut wake) {
+        match grant_head(word, &mut q, w, w.plus(r).0, lim.revision, wake) {
             Ok(next) => w = Word(next),
             Err(actual) => w = actual,
         }
     }
     clear_waiters(shared, &q);
-    wake_drainers_if_idle(Word(word.load(Ordering::Acquire)), &q, &mut wake);
-    drop(q);
-    wake.wake_all();
+    wake_drainers_if_idle(Word(word.load(Ordering::Acquire)), &q, wake);
+    q
 }
 
 /// `close()`'s part: answers every waiter with `shutdown` and clears `WAITERS`.

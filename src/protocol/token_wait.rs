@@ -23,15 +23,21 @@
 //! * a **release** that sees `WAITERS` hands its slot to the head under the queue mutex
 //!   (`hand_off`), deciding the head with the leaver's tokens already counted as free, in the
 //!   same CAS that moves them. A head whose tokens still do not fit keeps waiting; the slot and
-//!   the tokens go back to the word with `WAITERS` still up, so no newcomer can take them;
+//!   the tokens go back to the word with `WAITERS` still up, so no newcomer can take them. A
+//!   head that was granted may leave tokens (and slots) the next head fits: the hand-off then
+//!   pumps under the same lock (`pump_locked`), one visit of the mutex per release;
 //! * a **usage refund** (a `report_usage` that shrinks a hold) is one RMW on the word; if the
 //!   word it replaced carried `WAITERS`, it pumps the queue (no classes: [`after_refund`];
 //!   with classes, every decrease already visits a flagged queue);
 //! * a **reconfiguration** (`apply_limits`, `set_budget`) first answers every queued waiter
 //!   whose demand can no longer fit at all ([`sweep_never_fit`]) with the typed `budget_limit`
 //!   refusal, then pumps as it does for slots;
-//! * a waiter that **leaves** (timeout, cancellation, a dropped future) pumps after unlinking
-//!   itself: the waiter behind it may fit where it did not.
+//! * a waiter that **leaves** (timeout, cancellation, a dropped future) pumps under the lock it
+//!   unlinked itself with (`pump_locked`, `pump_classed_locked`): the waiter behind it may fit
+//!   where it did not.
+//!
+//! Mutex visits (`tests/token_wait.rs` counts them): one per enqueue, one per release or
+//! refund that finds waiters, one per waiter that leaves; none on the fast paths.
 //!
 //! No lost wake-up: an enqueuer raises `WAITERS` with a CAS that validates the exact word it
 //! decided on (tokens included) under the queue mutex. A release or refund ordered before that

@@ -84,10 +84,10 @@
 use crate::handle::admission::Admission;
 use crate::handle::bulkhead::{Bulkhead, Granted};
 use crate::protocol::class_pump::{
-    may_wait, pump_classed, set_class_flags, sync_class_flags, wake_class_drainers_if_idle,
+    may_wait, pump_classed_locked, set_class_flags, sync_class_flags, wake_class_drainers_if_idle,
 };
 use crate::protocol::classed::Precheck;
-use crate::protocol::handoff::{clear_waiters, pending, pump, wake_drainers_if_idle};
+use crate::protocol::handoff::{clear_waiters, pending, pump_locked, wake_drainers_if_idle};
 use crate::protocol::token_wait::fits_when_idle;
 use crate::sync::Ordering;
 use crate::vocab::demand::{Demand, Priority, Reservation};
@@ -659,7 +659,17 @@ impl Bulkhead {
         // queue, whose lock `q` is, or into none.
         unsafe { q.remove(&node) };
         let mut wake = WakeList::new();
-        if shared.classed {
+        if shared.wait_for_tokens {
+            // Token waiting: the waiter behind may fit where this one did not
+            // (`crate::protocol::token_wait`): pumped under this lock, which the pump ends as
+            // the branches below do (flags, drainers). `self` is a handle: the state stays
+            // alive.
+            q = if shared.classed {
+                pump_classed_locked(&guard, q, &mut wake)
+            } else {
+                pump_locked(&guard, q, &mut wake)
+            };
+        } else if shared.classed {
             sync_class_flags(shared, &mut q);
             wake_class_drainers_if_idle(shared, &q, &mut wake);
         } else {
@@ -668,15 +678,6 @@ impl Bulkhead {
         }
         drop(q);
         wake.wake_all();
-        if shared.wait_for_tokens {
-            // Token waiting: the waiter behind may fit where this one did not
-            // (`crate::protocol::token_wait`). `self` is a handle: the state stays alive.
-            if shared.classed {
-                pump_classed(shared);
-            } else {
-                pump(shared);
-            }
-        }
         Outcome::Refused(reason)
     }
 

@@ -46,6 +46,8 @@ impl Bulkhead {
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
+        // Whether the "never fits" check below was made under this lock already.
+        let mut fit_checked = false;
         if q.len() == 0 {
             // Become the head: flags up first, then decide (no lost wake-up). A collect after
             // the flags that finds no free slot is that decision: any release it missed comes
@@ -65,8 +67,11 @@ impl Bulkhead {
                     }
                     // An unconfirmed refusal waits too: the step that caused it visits the
                     // queue when it lands or is taken back, and the flags are already up.
-                    Err(f)
-                        if may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority) => {
+                    Err(f) if may_wait(&f) => {}
+                    // Short of tokens under the option: the check below is made already
+                    // (under this lock).
+                    Err(f) if classed_waits_for_tokens(shared, &f, k, r, priority) => {
+                        fit_checked = true;
                     }
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
@@ -82,7 +87,7 @@ impl Bulkhead {
         // mutex, is refused, not queued. The fast decision's check ran before the lock, and a
         // reconfiguration may have landed since; its sweep (`sweep_never_fit`) takes this mutex
         // after installing, so either it sees this waiter queued or this read sees its limits.
-        let never_fits = if shared.wait_for_tokens {
+        let never_fits = if shared.wait_for_tokens && !fit_checked {
             classed_never_fits(shared, w.tag(), k, r, priority)
         } else {
             None
