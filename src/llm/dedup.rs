@@ -45,11 +45,10 @@
 //! assert_eq!(dedup.stats().hits, 1);
 //! ```
 
-use super::request::{Content, LlmRequest, Message};
+use super::request::LlmRequest;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::ClassId;
 use crate::wait::cancel::CancelWake;
-use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -57,9 +56,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
-use xxhash_rust::xxh3::xxh3_128;
 
+mod canon;
 mod flight;
+use canon::Canon;
 pub use flight::DedupRun;
 use flight::*;
 
@@ -154,176 +154,6 @@ impl DedupKey {
     /// ```
     pub fn as_u128(self) -> u128 {
         self.0
-    }
-}
-
-/// An injective encoding of JSON-like values, written into a reused per-thread buffer and
-/// hashed in one pass with XXH3-128 (one-shot hashing of a contiguous buffer is several
-/// times faster than feeding a streaming hasher many small pieces).
-struct Canon {
-    buf: Vec<u8>,
-}
-
-thread_local! {
-    static CANON_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-impl Canon {
-    fn new() -> Canon {
-        let mut buf = CANON_BUF.with(std::cell::Cell::take);
-        buf.clear();
-        Canon { buf }
-    }
-
-    fn raw(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(b);
-    }
-
-    fn tag(&mut self, t: u8) {
-        self.raw(&[t]);
-    }
-
-    fn len(&mut self, n: usize) {
-        self.raw(&(n as u64).to_le_bytes());
-    }
-
-    fn bytes(&mut self, b: &[u8]) {
-        self.len(b.len());
-        self.raw(b);
-    }
-
-    fn str(&mut self, s: &str) {
-        self.bytes(s.as_bytes());
-    }
-
-    fn opt_str(&mut self, s: Option<&str>) {
-        match s {
-            None => self.tag(0),
-            Some(s) => {
-                self.tag(1);
-                self.str(s);
-            }
-        }
-    }
-
-    fn opt_u64(&mut self, v: Option<u64>) {
-        match v {
-            None => self.tag(0),
-            Some(v) => {
-                self.tag(1);
-                self.raw(&v.to_le_bytes());
-            }
-        }
-    }
-
-    fn value(&mut self, v: &Value) {
-        match v {
-            Value::Null => self.tag(0),
-            Value::Bool(b) => self.raw(&[1, u8::from(*b)]),
-            Value::Number(n) => {
-                // The number's exact value, typed: an integer and a float never collide (as
-                // `1` and `1.0` differ in JSON), and no text is formatted.
-                if let Some(u) = n.as_u64() {
-                    self.tag(2);
-                    self.raw(&u.to_le_bytes());
-                } else if let Some(i) = n.as_i64() {
-                    self.tag(11);
-                    self.raw(&i.to_le_bytes());
-                } else {
-                    self.tag(12);
-                    self.raw(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
-                }
-            }
-            Value::String(s) => {
-                self.tag(3);
-                self.str(s);
-            }
-            Value::Array(a) => {
-                self.tag(4);
-                self.len(a.len());
-                for x in a {
-                    self.value(x);
-                }
-            }
-            Value::Object(o) => self.object(o),
-        }
-    }
-
-    /// An object, keys in sorted order (`serde_json::Map` is ordered by key).
-    fn object(&mut self, o: &Map<String, Value>) {
-        self.tag(5);
-        self.len(o.len());
-        for (k, v) in o {
-            self.str(k);
-            self.value(v);
-        }
-    }
-
-    fn content(&mut self, c: &Content) {
-        match c {
-            // The same encoding as the JSON it came from.
-            Content::Text(s) => {
-                self.tag(3);
-                self.str(s);
-            }
-            Content::Blocks(blocks) => {
-                self.tag(4);
-                self.len(blocks.len());
-                for b in blocks {
-                    self.value(b.json());
-                }
-            }
-            Content::Other(v) => self.value(v),
-        }
-    }
-
-    fn message(&mut self, m: &Message) {
-        self.tag(6);
-        self.str(&m.role);
-        self.content(&m.content);
-        self.object(&m.extra);
-    }
-
-    fn finish(self) -> u128 {
-        let h = xxh3_128(&self.buf);
-        // Keep the buffer for the next key on this thread, unless it grew unusually large.
-        if self.buf.capacity() <= 1 << 16 {
-            CANON_BUF.with(|c| c.set(self.buf));
-        }
-        h
-    }
-}
-
-impl Canon {
-    fn partition(&mut self, scope: &str, class: Option<ClassId>) {
-        self.str(scope);
-        match class {
-            None => self.tag(0),
-            Some(c) => {
-                self.tag(1);
-                self.len(c.index());
-            }
-        }
-    }
-
-    fn request(&mut self, request: &LlmRequest) {
-        let h = self;
-        h.tag(7);
-        h.opt_str(request.model.as_deref());
-        h.len(request.messages.len());
-        for m in &request.messages {
-            h.message(m);
-        }
-        match &request.system {
-            None => h.tag(0),
-            Some(c) => {
-                h.tag(1);
-                h.content(c);
-            }
-        }
-        h.opt_u64(request.max_tokens);
-        h.opt_u64(request.extra_input_tokens);
-        h.object(&request.extra);
     }
 }
 
