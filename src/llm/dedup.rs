@@ -49,7 +49,7 @@ use super::request::LlmRequest;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::ClassId;
 use crate::wait::cancel::CancelWake;
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -288,13 +288,19 @@ impl<T> std::fmt::Debug for Dedup<T> {
     }
 }
 
+/// The flights in flight, and the counters that change only with the map, kept under its
+/// lock (plain integers: no atomic operation of their own).
+struct Registry<T> {
+    map: FlightMap<T>,
+    hits: u64,
+    leaders: u64,
+    full: u64,
+}
+
 pub(super) struct Inner<T> {
-    flights: Mutex<FlightMap<T>>,
+    flights: Mutex<Registry<T>>,
     max_in_flight: usize,
     share: ShareFn<T>,
-    hits: AtomicU64,
-    leaders: AtomicU64,
-    full: AtomicU64,
     unshareable: AtomicU64,
     timeouts: AtomicU64,
     cancelled: AtomicU64,
@@ -329,12 +335,14 @@ impl<T: Send + 'static> Dedup<T> {
     ) -> Dedup<T> {
         Dedup {
             inner: Arc::new(Inner {
-                flights: Mutex::new(FlightMap::default()),
+                flights: Mutex::new(Registry {
+                    map: FlightMap::default(),
+                    hits: 0,
+                    leaders: 0,
+                    full: 0,
+                }),
                 max_in_flight,
                 share: Box::new(share),
-                hits: AtomicU64::new(0),
-                leaders: AtomicU64::new(0),
-                full: AtomicU64::new(0),
                 unshareable: AtomicU64::new(0),
                 timeouts: AtomicU64::new(0),
                 cancelled: AtomicU64::new(0),
@@ -372,61 +380,67 @@ impl<T: Send + 'static> Dedup<T> {
         let Some(key) = key else {
             return DedupRun::solo(inner, Box::pin(work()));
         };
-        let mut map = lock(&inner.flights);
-        if let Some(f) = map.get(&key.0).cloned() {
-            let mut st = lock(&f.st);
-            if !st.done {
-                let id = st.next_follower;
-                st.next_follower += 1;
-                st.followers.insert(id, None);
-                st.participants += 1;
+        let mut reg = lock(&inner.flights);
+        let len = reg.map.len();
+        // One probe of the map: the entry is looked up and, when free, filled in place.
+        let vacant = match reg.map.entry(key.0) {
+            Entry::Occupied(e) => {
+                let mut st = lock(&e.get().st);
+                if !st.done {
+                    let id = st.followers.len();
+                    st.followers.push(Share::Waiting);
+                    st.participants += 1;
+                    drop(st);
+                    let flight = e.get().clone();
+                    reg.hits += 1;
+                    drop(reg);
+                    return DedupRun {
+                        inner,
+                        role: Role::Follower { key: key.0, flight, id },
+                        timeout: options.timeout,
+                        deadline: None,
+                        timer: None,
+                        cancel: options.cancel.map(CancelWake::new),
+                    };
+                }
+                // Settled, its entry not yet removed: this call starts a new flight in its
+                // place (the settled one does not count against the bound).
                 drop(st);
-                drop(map);
-                inner.hits.fetch_add(1, Ordering::Relaxed);
-                return DedupRun {
-                    inner,
-                    role: Role::Follower {
-                        key: key.0,
-                        flight: f,
-                        id,
-                    },
-                    timeout: options.timeout,
-                    deadline: None,
-                    timer: None,
-                    cancel: options.cancel.map(CancelWake::new),
-                };
+                if len - 1 >= inner.max_in_flight {
+                    e.remove();
+                    None
+                } else {
+                    Some(Entry::Occupied(e))
+                }
             }
-            // Settled, its entry not yet removed: this call starts a new flight.
-            drop(st);
-            map.remove(&key.0);
-        }
-        if map.len() >= inner.max_in_flight {
-            drop(map);
-            inner.full.fetch_add(1, Ordering::Relaxed);
+            Entry::Vacant(e) => (len < inner.max_in_flight).then_some(Entry::Vacant(e)),
+        };
+        let Some(slot) = vacant else {
+            reg.full += 1;
+            drop(reg);
             return DedupRun::solo(inner, Box::pin(work()));
-        }
-        let f = Arc::new(Flight {
+        };
+        let flight = Arc::new(Flight {
             st: Mutex::new(FlightState {
                 work: Some(Box::pin(work())),
                 polling: false,
                 done: false,
                 leader_present: true,
                 leader_result: None,
-                followers: HashMap::new(),
-                next_follower: 0,
+                followers: Vec::new(),
                 participants: 1,
                 wakers: Wakers::default(),
             }),
         });
-        map.insert(key.0, f.clone());
-        drop(map);
-        inner.leaders.fetch_add(1, Ordering::Relaxed);
+        match slot {
+            Entry::Occupied(mut e) => drop(e.insert(flight.clone())),
+            Entry::Vacant(e) => drop(e.insert(flight.clone())),
+        }
+        reg.leaders += 1;
+        drop(reg);
         DedupRun {
             inner,
-            role: Role::Leader {
-                key: key.0,
-                flight: f,
-            },
+            role: Role::Leader { key: key.0, flight },
             timeout: None,
             deadline: None,
             timer: None,
@@ -441,11 +455,15 @@ impl<T: Send + 'static> Dedup<T> {
     /// assert_eq!((d.stats().active, d.stats().hits), (0, 0));
     /// ```
     pub fn stats(&self) -> DedupStats {
+        let (active, hits, leaders, full) = {
+            let reg = lock(&self.inner.flights);
+            (reg.map.len(), reg.hits, reg.leaders, reg.full)
+        };
         DedupStats {
-            active: lock(&self.inner.flights).len(),
-            hits: self.inner.hits.load(Ordering::Relaxed),
-            leaders: self.inner.leaders.load(Ordering::Relaxed),
-            full: self.inner.full.load(Ordering::Relaxed),
+            active,
+            hits,
+            leaders,
+            full,
             unshareable: self.inner.unshareable.load(Ordering::Relaxed),
             timeouts: self.inner.timeouts.load(Ordering::Relaxed),
             cancelled: self.inner.cancelled.load(Ordering::Relaxed),
