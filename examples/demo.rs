@@ -175,7 +175,9 @@ fn build_bulkhead() -> Bulkhead {
     }
     // No queue: the gateway fails fast and lets the batch tenant retry. (With floors, a
     // borrower that finds no free slot is refused for protection, CONTRACT.md §2 row 4, rather
-    // than queued; only requests inside their floors would ever wait in the one FIFO.)
+    // than queued; only requests inside their floors would ever wait in the one FIFO.) Nor does
+    // it wait for tokens (`wait_for_tokens`): the one FIFO's head blocks every class, so a batch
+    // demand waiting for tokens would hold back interactive requests inside their floors.
     builder
         .max_queue(0)
         .default_class(SPECS[STANDARD].name)

@@ -95,6 +95,10 @@ pub struct BulkheadConfig {
     /// Time queue waits for `stats().queue_waits` (default off).
     #[serde(default, alias = "measureQueueWaits", skip_serializing_if = "is_false")]
     pub measure_queue_waits: bool,
+    /// Let a demand refused only for tokens wait in the queue (default off: fail-fast; see
+    /// [`BulkheadBuilder::wait_for_tokens`]).
+    #[serde(default, alias = "waitForTokens", skip_serializing_if = "is_false")]
+    pub wait_for_tokens: bool,
     /// `enforce` (default) or `observe`: what `LlmBulkhead::run` does with refusals
     /// ([`BulkheadConfig::run_mode`], feature `llm`).
     #[serde(default, skip_serializing_if = "RolloutMode::is_enforce")]
@@ -431,7 +435,8 @@ impl BulkheadConfig {
         let mut b = Bulkhead::builder()
             .max_concurrent(self.max_concurrent)
             .initial_revision(self.initial_revision)
-            .measure_queue_waits(self.measure_queue_waits);
+            .measure_queue_waits(self.measure_queue_waits)
+            .wait_for_tokens(self.wait_for_tokens);
         if let Some(q) = self.max_queue {
             b = b.max_queue(q);
         }
@@ -491,6 +496,7 @@ impl BulkheadConfig {
             profile: None,
             initial_revision: l.revision,
             measure_queue_waits: false,
+            wait_for_tokens: bulkhead.waits_for_tokens(),
             mode: RolloutMode::Enforce,
             shadow_reasons: None,
             model: None,

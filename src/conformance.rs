@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use llm_bulkhead::conformance::{run, Op, Setup};
-//! let setup = Setup { max_concurrent: 1, max_queue: 0, budget: Some((1_000, 100)), initial_revision: 0, classes: vec![], default_class: 0 };
+//! let setup = Setup { max_concurrent: 1, max_queue: 0, budget: Some((1_000, 100)), initial_revision: 0, classes: vec![], default_class: 0, wait_for_tokens: false };
 //! let ops = [
 //!     Op::Acquire { input: 600, max_output: 300, high: false, class: 0 },
 //!     Op::Acquire { input: 0, max_output: 0, high: true, class: 0 },
@@ -44,6 +44,8 @@ pub struct Setup {
     pub classes: Vec<ClassLimits>,
     /// The default class (modulo the number of classes).
     pub default_class: usize,
+    /// Token waiting ([`BulkheadBuilder::wait_for_tokens`](crate::BulkheadBuilder::wait_for_tokens)).
+    pub wait_for_tokens: bool,
 }
 
 /// One operation. `pick` selects a live admission by index modulo the number live (the
@@ -128,6 +130,24 @@ pub enum Op {
         /// Which waiter.
         pick: usize,
     },
+    /// Cancel a queued `acquire`'s [`CancelToken`](crate::CancelToken) and poll it: it leaves
+    /// with `aborted` (the model's [`Model::leave_wait`]).
+    AbortWait {
+        /// Which waiter.
+        pick: usize,
+    },
+    /// As [`Op::Wait`] with a zero timeout: if it queues, it times out at its next poll,
+    /// after this operation (the model's [`Model::leave_wait`] with `timeout`).
+    WaitExpiring {
+        /// Input tokens of the reservation.
+        input: u64,
+        /// Output cap of the reservation.
+        max_output: u64,
+        /// High priority.
+        high: bool,
+        /// The class (modulo the number of classes; ignored without classes).
+        class: u8,
+    },
 }
 
 /// Where engine and model disagreed.
@@ -190,7 +210,8 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
     let mut builder = Bulkhead::builder()
         .max_concurrent(setup.max_concurrent)
         .max_queue(setup.max_queue)
-        .initial_revision(setup.initial_revision);
+        .initial_revision(setup.initial_revision)
+        .wait_for_tokens(setup.wait_for_tokens);
     for (name, limits) in names.iter().zip(&setup.classes) {
         table.push(*limits);
         builder = builder.class(name.clone(), *limits);
@@ -210,7 +231,8 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
     };
     let (engine, mut model) = match (
         builder.build(),
-        Model::with_classes(first, &name_refs, default_class),
+        Model::with_classes(first, &name_refs, default_class)
+            .map(|m| m.with_token_waiting(setup.wait_for_tokens)),
     ) {
         (Ok(e), Ok(m)) => (e, m),
         (Err(e), Err(m)) => return same(0, e, m),
@@ -231,7 +253,14 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
                 max_output,
                 high,
                 class,
+            }
+            | Op::WaitExpiring {
+                input,
+                max_output,
+                high,
+                class,
             } => {
+                let expiring = matches!(op, Op::WaitExpiring { .. });
                 let Ok(r) = Reservation::new(input, max_output) else {
                     continue;
                 };
@@ -244,13 +273,23 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
                     }),
                     class,
                 );
-                let mut f = Box::pin(engine.acquire(d, crate::WaitOptions::default()));
+                let token = crate::CancelToken::new();
+                let options = crate::WaitOptions {
+                    timeout: expiring.then_some(std::time::Duration::ZERO),
+                    cancel: Some(token.clone()),
+                };
+                let mut f = Box::pin(engine.acquire(d, options));
                 match (poll_once(f.as_mut()), model.acquire_wait(d)) {
                     (Poll::Ready(Ok(a)), Ok(Waited::Admitted(h))) => {
                         admitted(step, a, h, &model, &mut live)?
                     }
                     (Poll::Ready(Err(e)), Err(m)) => same(step, e, m)?,
-                    (Poll::Pending, Ok(Waited::Queued(id))) => waiting.push((f, id)),
+                    (Poll::Pending, Ok(Waited::Queued(id))) => waiting.push(Waiting {
+                        future: f,
+                        id,
+                        token,
+                        expiring,
+                    }),
                     (e, m) => same(
                         step,
                         format!("{:?}", e.map(|r| r.map(|a| a.revision()))),
@@ -260,9 +299,18 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
             }
             Op::CancelWait { pick: p } => {
                 if !waiting.is_empty() {
-                    let (f, id) = waiting.swap_remove(p % waiting.len());
-                    drop(f);
-                    model.cancel_wait(id);
+                    let w = waiting.swap_remove(p % waiting.len());
+                    drop(w.future);
+                    model.cancel_wait(w.id);
+                }
+            }
+            Op::AbortWait { pick: p } => {
+                if !waiting.is_empty() {
+                    let mut w = waiting.remove(p % waiting.len());
+                    w.token.cancel();
+                    let e = poll_once(w.future.as_mut());
+                    let m = model.leave_wait(w.id, crate::RejectReason::Aborted);
+                    finished(step, e, m, &mut model, &mut live)?;
                 }
             }
             op => apply_op(step, op, &engine, &mut model, &mut live)?,
@@ -271,9 +319,9 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
         same(step, comparable(engine.stats()), model.stats())?;
     }
     let end = ops.len();
-    for (f, id) in waiting.drain(..) {
-        drop(f);
-        model.cancel_wait(id);
+    for w in waiting.drain(..) {
+        drop(w.future);
+        model.cancel_wait(w.id);
     }
     for (a, h) in live.drain(..) {
         let e = a.release(None).map_err(|e| e.error);
@@ -332,7 +380,33 @@ fn admitted(
 }
 
 /// A queued `acquire` future of the engine and its waiter in the model.
-type Waiting<'a> = (Pin<Box<crate::Acquire<'a>>>, WaitId);
+struct Waiting<'a> {
+    future: Pin<Box<crate::Acquire<'a>>>,
+    id: WaitId,
+    /// The future's cancel token ([`Op::AbortWait`]).
+    token: crate::CancelToken,
+    /// Queued with a zero timeout ([`Op::WaitExpiring`]): it times out at its next poll.
+    expiring: bool,
+}
+
+/// A future that finished (`e`) against the model's answer (`m`).
+fn finished(
+    step: usize,
+    e: Poll<Result<Admission, crate::Rejection>>,
+    m: Option<Result<Handle, crate::Rejection>>,
+    model: &mut Model,
+    live: &mut Vec<(Admission, Handle)>,
+) -> Result<(), Divergence> {
+    match (e, m) {
+        (Poll::Ready(Ok(a)), Some(Ok(h))) => admitted(step, a, h, model, live),
+        (Poll::Ready(Err(e)), Some(Err(m))) => same(step, e, m),
+        (e, m) => same(
+            step,
+            format!("{:?}", e.map(|r| r.map(|a| a.revision()))),
+            format!("{:?}", m.map(|r| r.map(|_| ()))),
+        ),
+    }
+}
 
 fn poll_once<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {
     f.poll(&mut Context::from_waker(Waker::noop()))
@@ -348,24 +422,21 @@ fn poll_waiting(
 ) -> Result<(), Divergence> {
     let mut i = 0;
     while i < waiting.len() {
-        let id = waiting[i].1;
-        match poll_once(waiting[i].0.as_mut()) {
+        let id = waiting[i].id;
+        match poll_once(waiting[i].future.as_mut()) {
             Poll::Pending => {
                 same(step, false, model.answered(id))?;
                 i += 1;
             }
             Poll::Ready(e) => {
-                let m = model.take_answer(id);
+                // An expiring waiter that was not answered left with `timeout`.
+                let m = if waiting[i].expiring {
+                    model.leave_wait(id, crate::RejectReason::Timeout)
+                } else {
+                    model.take_answer(id)
+                };
                 drop(waiting.remove(i));
-                match (e, m) {
-                    (Ok(a), Some(Ok(h))) => admitted(step, a, h, model, live)?,
-                    (Err(e), Some(Err(m))) => same(step, e, m)?,
-                    (e, m) => same(
-                        step,
-                        format!("{:?}", e.map(|a| a.revision())),
-                        format!("{:?}", m.map(|r| r.map(|_| ()))),
-                    )?,
-                }
+                finished(step, Poll::Ready(e), m, model, live)?;
             }
         }
     }
@@ -537,7 +608,10 @@ fn apply_op(
             model.close();
         }
         // Handled by `run`, which owns the queued futures.
-        Op::Wait { .. } | Op::CancelWait { .. } => {}
+        Op::Wait { .. }
+        | Op::WaitExpiring { .. }
+        | Op::CancelWait { .. }
+        | Op::AbortWait { .. } => {}
     }
     Ok(())
 }
@@ -553,7 +627,8 @@ fn apply_op(
 pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
     let mut cur = Cursor(bytes);
     let flags = cur.byte();
-    let max_concurrent = u32::from(cur.byte() % 9);
+    let mc = cur.byte();
+    let max_concurrent = u32::from((mc & 0x7f) % 9);
     let budget = (flags & 1 == 1).then(|| (cur.tokens(), cur.tokens() / 4));
     let mut classes = Vec::new();
     let mut default_class = 0;
@@ -571,6 +646,7 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
         initial_revision: u64::from(flags >> 1 & 3),
         classes,
         default_class,
+        wait_for_tokens: mc & 0x80 != 0,
     };
     let mut ops = Vec::new();
     while !cur.0.is_empty() {
@@ -622,6 +698,15 @@ pub fn decode(bytes: &[u8]) -> (Setup, Vec<Op>) {
                 max_output: cur.tokens(),
                 high: tag & 0x10 != 0,
                 class: tag >> 5 & 1,
+            },
+            _ if tag & 0xc0 == 0xc0 && tag & 0x30 == 0x30 => Op::WaitExpiring {
+                input: cur.tokens(),
+                max_output: cur.tokens(),
+                high: false,
+                class: 0,
+            },
+            _ if tag & 0xc0 == 0xc0 && tag & 0x20 != 0 => Op::AbortWait {
+                pick: cur.byte().into(),
             },
             _ if tag & 0xc0 == 0xc0 => Op::CancelWait {
                 pick: cur.byte().into(),

@@ -31,6 +31,7 @@ use crate::{
 use std::collections::{BTreeMap, VecDeque};
 
 mod queue;
+mod token_wait;
 
 /// A handle to an admission held by the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -119,6 +120,8 @@ pub struct Model {
     /// Answers not yet taken by their waiters.
     answers: BTreeMap<u64, Answer>,
     next_wait: u64,
+    /// Token waiting (`BulkheadBuilder::wait_for_tokens`): a demand short only of tokens waits.
+    wait_for_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -217,6 +220,7 @@ impl Model {
             queue: VecDeque::new(),
             answers: BTreeMap::new(),
             next_wait: 0,
+            wait_for_tokens: false,
         })
     }
 
@@ -385,11 +389,11 @@ impl Model {
             };
             Box::new(view.detail(k, &self.names[k], r))
         });
-        Rejection {
+        Rejection::with_detail(
             reason,
             constraint,
-            revision: self.limits.revision,
-            detail: CapacityDetail {
+            self.limits.revision,
+            CapacityDetail {
                 in_flight: self.in_flight,
                 pending,
                 max_concurrent: self.limits.max_concurrent.into(),
@@ -397,7 +401,7 @@ impl Model {
                 token_budget: self.token_capacity(p, r),
                 classes,
             },
-        }
+        )
     }
 
     /// Admits `r` tokens in class `k` with attribution `borrow`.
@@ -607,6 +611,8 @@ impl Model {
                     self.classes[k].totals.refunded.wrapping_add(delta);
             }
         }
+        // Refunded tokens go to the queued head first (token waiting).
+        let pump = self.wait_for_tokens && hold < a.held;
         let changed = a.reported != Some(clamped) || hold != a.held;
         let sequence = a.sequence + u64::from(changed);
         self.live.insert(
@@ -618,6 +624,9 @@ impl Model {
                 ..a.clone()
             },
         );
+        if pump {
+            self.pump();
+        }
         let reserved = a.reservation.map_or(0, |r| r.total());
         Ok(UsageReport {
             admission_id: AdmissionId::from_u128(h.0.into()),
@@ -719,6 +728,7 @@ impl Model {
         }
         next.validate(self.has_budget, &self.names)?;
         let previous = std::mem::replace(&mut self.limits, next);
+        self.sweep_never_fit();
         self.pump();
         Ok(LimitsChange {
             previous,

@@ -93,6 +93,8 @@ pub(crate) struct Shared {
     pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
     /// Class names, in construction order.
     pub(crate) class_names: Box<[String]>,
+    /// The same names, interned (`crate::sync::intern`): what a refusal names its class with.
+    pub(crate) class_ids: Box<[&'static str]>,
     /// The class of demands that name none.
     pub(crate) default_class: usize,
     /// Whether the bulkhead has classes (then `word` is the shared word of
@@ -104,6 +106,9 @@ pub(crate) struct Shared {
     pub(crate) default_timeout: Option<std::time::Duration>,
     /// Whether queue waits are timed (`BulkheadBuilder::measure_queue_waits`).
     pub(crate) measure_waits: bool,
+    /// Whether a demand refused only for tokens waits in the queue
+    /// (`BulkheadBuilder::wait_for_tokens`, `crate::protocol::token_wait`).
+    pub(crate) wait_for_tokens: bool,
     /// Event subscribers (`crate::record::events`). Read-mostly: the hooks read only its flag, which
     /// is never on the state word's cache line (`word` is padded to a line of its own).
     pub(crate) events: crate::record::events::Subscribers,
@@ -155,6 +160,7 @@ unsafe fn owners_gone(ptr: NonNull<Shared>) {
 pub(crate) struct WaitSettings {
     pub(crate) default_timeout: Option<std::time::Duration>,
     pub(crate) measure_waits: bool,
+    pub(crate) wait_for_tokens: bool,
 }
 
 /// A counted handle: what a `Bulkhead` holds.
@@ -203,12 +209,14 @@ impl Handle {
             has_budget,
             id_prefix: crate::vocab::id::prefix(),
             class_words,
+            class_ids: class_names.iter().map(|n| crate::sync::intern(n)).collect(),
             class_names: class_names.into_boxed_slice(),
             default_class,
             classed,
             alive: AtomicUsize::new(0),
             default_timeout: settings.default_timeout,
             measure_waits: settings.measure_waits,
+            wait_for_tokens: settings.wait_for_tokens,
             events: crate::record::events::Subscribers::new(),
         };
         // Before the state is published: every thread that reaches it sees the barrier mode.

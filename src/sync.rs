@@ -22,6 +22,30 @@
 //!   a process-wide serial is no protocol.
 //! * Timed parks are yields ([`thread::park_timeout`]); models use zero deadlines.
 //!
+//! ## Why blocking waits park the thread and do not use `atomic-wait`
+//!
+//! A blocked `acquire_blocking` or `drain_blocking` parks its thread (`std::thread::park`,
+//! itself a futex wait on Linux) and is woken by `Thread::unpark` from the waker side. The
+//! `atomic-wait` crate (a futex/`WaitOnAddress`/`ulock` wait on an `AtomicU32`) was considered
+//! and is not used, for four reasons:
+//!
+//! * **No timed wait.** Its `wait(&AtomicU32, value)` has no timeout, and every blocking wait
+//!   here has one (the queue timeout, a drain's deadline); `park_timeout` has.
+//! * **32-bit words.** It waits on an `AtomicU32`; the state words that change when capacity
+//!   returns are 64-bit, so a waiter would need a word of its own anyway, which is what a
+//!   thread's parker already is.
+//! * **A node its owner may already have freed.** A waker that wakes a word inside a waiter's
+//!   node races with that waiter returning and freeing the node (the hazard the wait layer's
+//!   hand-off protocol is built around, `crate::wait::list`). `unpark` goes through a cloned
+//!   `Thread` handle, which keeps the parker alive by reference count, so the waker never
+//!   touches the node after the grant; with a futex word in the node, the wake would have to
+//!   be ordered before the grant becomes visible or rely on waking a possibly-freed address.
+//! * **Model checking.** loom models `park`/`unpark` ([`thread`]), not futex waits, so the
+//!   loom suite would not see the blocking path.
+//!
+//! The cost is one `Thread` clone (a reference-count increment) per blocking waiter; the
+//! fast path never blocks, so this touches only waiters.
+//!
 //! [loom]: https://docs.rs/loom
 
 // Type aliases and wrapper functions rather than re-exports: `clippy::disallowed_types`
@@ -64,6 +88,25 @@ pub(crate) fn fence(order: Ordering) {
 }
 
 pub(crate) use std::sync::atomic::Ordering;
+
+/// `name` as a `&'static str`, interned process-wide: a refusal names its class with this
+/// pointer, so that refusing allocates nothing. Called only when a bulkhead is built (never on
+/// a decision), so its lock is plain `std` under loom too (it is no part of any protocol). Each
+/// distinct class name is kept once for the life of the process, however many bulkheads use it
+/// (class names are configuration, at most `MAX_CLASSES` per bulkhead).
+pub(crate) fn intern(name: &str) -> &'static str {
+    #[allow(clippy::disallowed_types)]
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&n) = names.iter().find(|&&n| n == name) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.push(n);
+    n
+}
 
 /// A process-wide serial (never reused): numbers `Stripes` and admission-id prefixes.
 pub(crate) fn next_serial() -> u64 {
@@ -414,6 +457,9 @@ pub enum PausePoint {
     /// A no-class hand-off has given its slot away (granted it to the head waiter, or
     /// returned it to the word) and still holds the queue lock.
     HandOffGiven,
+    /// A waiting acquire (`acquire_blocking`, `acquire`) found no place by its fast decision
+    /// and is about to take the queue lock to decide again (and perhaps queue).
+    EnterQueue,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

@@ -203,7 +203,7 @@ mod tracing_part {
             ),
             Event::Reject(e) => {
                 let r = &e.rejection;
-                let d = &r.detail;
+                let d = &r.detail();
                 let t = d.token_budget;
                 info!(
                     target: "llm_bulkhead",

@@ -190,11 +190,11 @@ fn reject_events_carry_reason_and_detail() {
         .collect();
     assert_eq!(rejects.len(), 1);
     assert_eq!(rejects[0].rejection.reason, RejectReason::BudgetLimit);
-    assert_eq!(rejects[0].rejection.detail.max_concurrent, 10);
+    assert_eq!(rejects[0].rejection.detail().max_concurrent, 10);
     assert_eq!(
         rejects[0]
             .rejection
-            .detail
+            .detail()
             .token_budget
             .unwrap()
             .in_flight_tokens,

@@ -65,6 +65,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 initial_revision,
                 classes: Vec::new(),
                 default_class: 0,
+                wait_for_tokens: false,
             },
         )
 }
@@ -86,6 +87,47 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Close),
         3 => (tokens(), tokens(), any::<bool>(), 0u8..3).prop_map(|(input, max_output, high, class)| Op::Wait { input, max_output, high, class }),
         1 => any::<usize>().prop_map(|pick| Op::CancelWait { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::AbortWait { pick }),
+        1 => (tokens(), tokens(), any::<bool>(), 0u8..3).prop_map(|(input, max_output, high, class)| Op::WaitExpiring { input, max_output, high, class }),
+    ]
+}
+
+/// Token waiting (issue 15, item 8): a setup with the option on and a queue, and an operation
+/// mix heavy in waits, refunds (usage reports that shrink holds), releases, timeouts,
+/// cancellations and budget changes, so heads short of tokens are common, leave, and are
+/// answered when a reconfiguration makes them impossible.
+fn token_setup(classed: bool) -> impl Strategy<Value = Setup> {
+    let base = if classed {
+        classed_setup().boxed()
+    } else {
+        setup().boxed()
+    };
+    (base, 1u32..=4, (5u64..=30).prop_map(|b| b * 100)).prop_map(|(s, q, b)| Setup {
+        max_queue: q,
+        max_concurrent: s.max_concurrent.max(1),
+        budget: Some((b, s.budget.map_or(0, |(_, h)| h.min(b)))),
+        wait_for_tokens: true,
+        ..s
+    })
+}
+
+fn token_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (tokens(), tokens(), any::<bool>(), any::<u8>()).prop_map(|(input, max_output, high, class)| Op::Acquire { input, max_output, high, class }),
+        6 => (tokens(), tokens(), any::<bool>(), 0u8..3).prop_map(|(input, max_output, high, class)| Op::Wait { input, max_output, high, class }),
+        4 => (any::<usize>(), tokens(), tokens(), prop::option::of((tokens(), (0u64..=3).prop_map(|m| m * 50))))
+            .prop_map(|(pick, input, output, reconcile)| Op::Report { pick, input, output, reconcile }),
+        4 => (any::<usize>(), prop::option::of((tokens(), tokens()))).prop_map(|(pick, usage)| Op::Release { pick, usage }),
+        1 => any::<usize>().prop_map(|pick| Op::Abandon { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::CancelWait { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::AbortWait { pick }),
+        1 => (tokens(), tokens(), any::<bool>(), 0u8..3).prop_map(|(input, max_output, high, class)| Op::WaitExpiring { input, max_output, high, class }),
+        2 => tokens().prop_map(|budget| Op::SetBudget { budget }),
+        1 => (0u64..=1, 0u32..=6, 0u32..=4,
+              prop::option::weighted(0.95, ((0u64..=30).prop_map(|b| b * 100), (0u64..=8).prop_map(|h| h * 100))),
+              prop::option::of([class_limits(true), class_limits(true), class_limits(true)]))
+            .prop_map(|(step, max_concurrent, max_queue, budget, classes)| Op::Apply { step, max_concurrent, max_queue, budget, classes }),
+        1 => Just(Op::Close),
     ]
 }
 
@@ -124,6 +166,20 @@ proptest! {
     }
 
     #[test]
+    fn token_waiting_matches_the_model(setup in token_setup(false), ops in prop::collection::vec(token_op(), 0..60)) {
+        if let Err(d) = run(&setup, &ops) {
+            prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
+        }
+    }
+
+    #[test]
+    fn token_waiting_with_classes_matches_the_model(setup in token_setup(true), ops in prop::collection::vec(token_op(), 0..60)) {
+        if let Err(d) = run(&setup, &ops) {
+            prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
+        }
+    }
+
+    #[test]
     fn engine_matches_model_with_classes(setup in classed_setup(), ops in prop::collection::vec(op(), 0..60)) {
         if let Err(d) = run(&setup, &ops) {
             prop_assert!(false, "{d}\nsetup: {setup:?}\nops: {ops:?}");
@@ -142,6 +198,7 @@ fn exact_fills_and_zero_token_demands() {
         initial_revision: 0,
         classes: Vec::new(),
         default_class: 0,
+        wait_for_tokens: false,
     };
     let ops = [
         Op::Acquire {
@@ -214,6 +271,7 @@ fn floor_changes_with_capacity_in_use_match_the_model() {
                     initial_revision: 0,
                     classes: vec![a(p0, t0), ClassLimits::default(), a(1, 100)],
                     default_class: 0,
+                    wait_for_tokens: false,
                 };
                 let mut ops: Vec<Op> = (0..held).map(|_| borrow(0)).collect();
                 ops.push(Op::Apply {

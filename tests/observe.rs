@@ -107,7 +107,7 @@ fn t1_bypasses_a_budget_rejection_and_records_usage_without_holding_capacity() {
         assert_eq!((r.input(), r.max_output(), r.total()), (5, 5, 10));
         assert!(ctx.admission_id().is_shadow());
         assert!(ctx.admission_id().to_string().starts_with("shadow-"));
-        let t = ctx.bypass_detail().unwrap().detail.token_budget.unwrap();
+        let t = ctx.bypass_detail().unwrap().detail().token_budget.unwrap();
         assert_eq!((t.budget, t.requested), (0, 10));
         let u = ctx.report_usage(Usage::new(3, 2), None).unwrap();
         assert_eq!(
@@ -229,7 +229,7 @@ fn t4_does_not_bypass_an_already_aborted_signal_even_when_budget_is_exhausted() 
         panic!()
     };
     assert_eq!(r.rejection.reason, RejectReason::Aborted);
-    assert_eq!(r.rejection.detail.token_budget.unwrap().requested, 10);
+    assert_eq!(r.rejection.detail().token_budget.unwrap().requested, 10);
 }
 
 #[test]

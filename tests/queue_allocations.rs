@@ -92,3 +92,73 @@ fn an_async_waiter_allocates_nothing_of_its_own() {
     drop(got.unwrap());
     assert_eq!(used, 0, "queueing, hand-off and completion allocated");
 }
+
+/// A no-class refusal allocates nothing and a class refusal one box (its class numbers; the
+/// explanation is computed only when asked, and the class is named by an interned
+/// `&'static str`: before, two allocations, the detail's box and the name's `String`); asking
+/// for the explanation still gives the whole detail.
+#[test]
+fn refusals_allocate_nothing_until_explained() {
+    use llm_bulkhead::{ClassLimits, Constraint, RejectReason};
+    let plain = Bulkhead::builder()
+        .max_concurrent(0)
+        .token_budget(100)
+        .build()
+        .unwrap();
+    let classed = Bulkhead::builder()
+        .max_concurrent(4)
+        .class(
+            "capped",
+            ClassLimits {
+                max_concurrent: Some(1),
+                ..ClassLimits::default()
+            },
+        )
+        .class(
+            "floored",
+            ClassLimits {
+                protected_concurrent: 2,
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("capped")
+        .build()
+        .unwrap();
+    let capped = Demand::slot().in_class(classed.class_id("capped").unwrap());
+    let held = classed.try_acquire(capped).unwrap();
+    // This thread's statistics entries, made once.
+    assert!(plain.try_acquire(Demand::slot()).is_err());
+    assert!(classed.try_acquire(capped).is_err());
+    let before = allocs();
+    let mut slots = None;
+    for _ in 0..100 {
+        slots = plain.try_acquire(Demand::slot()).err();
+    }
+    assert_eq!(allocs() - before, 0, "a no-class refusal allocated");
+    let before = allocs();
+    let mut class = None;
+    for _ in 0..100 {
+        class = classed.try_acquire(capped).err();
+    }
+    assert_eq!(
+        allocs() - before,
+        100,
+        "a class refusal allocates its one box"
+    );
+    let (slots, class) = (slots.unwrap(), class.unwrap());
+    assert_eq!(slots.reason, RejectReason::ConcurrencyLimit);
+    let d = slots.detail();
+    assert_eq!((d.in_flight, d.max_concurrent), (0, 0));
+    assert_eq!(d.token_budget.unwrap().available, 100);
+    assert_eq!(class.constraint, Some(Constraint::AdmissionClass));
+    let d = class.detail();
+    let c = &d.classes.as_ref().expect("the class numbers").class;
+    assert_eq!(
+        (c.id.as_str(), c.in_flight, c.max_concurrent),
+        ("capped", 1, Some(1))
+    );
+    assert!(class
+        .to_string()
+        .contains("class capped: 1 of its ceiling of 1 slots in use"));
+    drop(held);
+}

@@ -69,7 +69,7 @@ fn class_stats(b: &Bulkhead, name: &str) -> ClassStats {
 }
 
 fn class_detail(r: &Rejection) -> ClassDetail {
-    *r.detail
+    *r.detail()
         .classes
         .clone()
         .expect("a class refusal carries class numbers")
@@ -288,7 +288,7 @@ fn t02_supports_concurrency_only_classes_without_a_token_budget() {
     assert_eq!(d.class.id, "standard");
     assert_eq!(d.class.token_budget, None);
     assert_eq!(d.shared.token_budget, None);
-    assert_eq!(r.detail.token_budget, None);
+    assert_eq!(r.detail().token_budget, None);
 
     let premium = b.try_acquire(into(&b, "premium", est())).unwrap();
     assert_eq!(premium.class(), Some(b.class_id("premium").unwrap()));
@@ -311,12 +311,12 @@ fn t03_enforces_class_concurrency_without_consuming_another_classs_headroom() {
     assert_eq!(r.constraint, Some(Constraint::AdmissionClass));
     assert_eq!(r.revision, 0);
     // The whole detail (behaviour §10.1), from the state after the refusal.
-    assert_eq!(r.detail.in_flight, 1);
-    assert_eq!(r.detail.pending, 0);
-    assert_eq!(r.detail.max_concurrent, 4);
-    assert_eq!(r.detail.max_queue, 0);
+    assert_eq!(r.detail().in_flight, 1);
+    assert_eq!(r.detail().pending, 0);
+    assert_eq!(r.detail().max_concurrent, 4);
+    assert_eq!(r.detail().max_queue, 0);
     assert_eq!(
-        r.detail.token_budget,
+        r.detail().token_budget,
         Some(TokenCapacity {
             budget: 2_000,
             in_flight_tokens: 400,
@@ -459,7 +459,7 @@ fn t05_distinguishes_global_and_class_capacity_constraints() {
     let r = b.try_acquire(into(&b, "standard", est())).unwrap_err();
     assert_eq!(r.reason, RejectReason::ConcurrencyLimit);
     assert_eq!(r.constraint, Some(Constraint::Global));
-    assert_eq!((r.detail.in_flight, r.detail.max_concurrent), (1, 1));
+    assert_eq!((r.detail().in_flight, r.detail().max_concurrent), (1, 1));
     let d = class_detail(&r);
     assert_eq!((d.class.id.as_str(), d.class.in_flight), ("standard", 0));
     // The tentative class step was undone: standard holds nothing.
@@ -875,9 +875,9 @@ fn t11_protects_class_concurrency_floors_and_accounts_shared_borrowing() {
     assert_eq!(r.constraint, Some(Constraint::AdmissionClassProtection));
     assert_eq!(
         (
-            r.detail.in_flight,
-            r.detail.max_concurrent,
-            r.detail.token_budget
+            r.detail().in_flight,
+            r.detail().max_concurrent,
+            r.detail().token_budget
         ),
         (3, 4, None)
     );
@@ -980,7 +980,7 @@ fn t12_protects_token_floors_and_reports_borrowed_token_reservations() {
     assert_eq!(r.reason, RejectReason::BudgetLimit);
     assert_eq!(r.constraint, Some(Constraint::AdmissionClassProtection));
     assert_eq!(
-        r.detail.token_budget,
+        r.detail().token_budget,
         Some(TokenCapacity {
             budget: 2_000,
             in_flight_tokens: 1_200,
@@ -1350,7 +1350,7 @@ fn token_floors_and_the_high_priority_reserve() {
     assert_eq!(r.reason, RejectReason::BudgetLimit);
     assert_eq!(r.constraint, Some(Constraint::Global));
     assert_eq!(
-        r.detail.token_budget,
+        r.detail().token_budget,
         Some(TokenCapacity {
             budget: 1_000,
             in_flight_tokens: 300,

@@ -270,7 +270,7 @@ fn high_priority_reserve_worked_example() {
     let _n1 = b.try_acquire(res(100, 1_000)).unwrap();
     let r = b.try_acquire(res(100, 1_000)).unwrap_err();
     assert_eq!(r.reason, RejectReason::BudgetLimit);
-    let t = r.detail.token_budget.unwrap();
+    let t = r.detail().token_budget.unwrap();
     assert_eq!(
         (
             t.budget,
@@ -532,7 +532,7 @@ fn shrink_by_attrition_and_kill_switch() {
     .unwrap();
     let r = b.try_acquire(Demand::slot()).unwrap_err();
     assert_eq!(
-        (r.reason, r.revision, r.detail.pending),
+        (r.reason, r.revision, r.detail().pending),
         (RejectReason::ConcurrencyLimit, 2, 0)
     );
 }

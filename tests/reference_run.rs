@@ -113,7 +113,7 @@ fn override_participates_in_budget_refusals() {
     match r {
         Err(RunError::Rejected(rej)) => {
             assert_eq!(rej.reason, RejectReason::BudgetLimit);
-            assert_eq!(rej.detail.token_budget.unwrap().requested, 110);
+            assert_eq!(rej.detail().token_budget.unwrap().requested, 110);
         }
         other => panic!("{other:?}"),
     }
@@ -328,8 +328,8 @@ fn concurrency_rejection_carries_slot_detail() {
         match llm.run_blocking(&req(), RunOptions::default(), |_| Ok::<_, ()>(())) {
             Err(RunError::Rejected(r)) => {
                 assert_eq!(r.reason, RejectReason::ConcurrencyLimit);
-                assert_eq!((r.detail.in_flight, r.detail.max_concurrent), (1, 1));
-                assert!(r.detail.token_budget.is_none());
+                assert_eq!((r.detail().in_flight, r.detail().max_concurrent), (1, 1));
+                assert!(r.detail().token_budget.is_none());
             }
             other => panic!("{other:?}"),
         }

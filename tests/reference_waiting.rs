@@ -85,7 +85,10 @@ fn case_45_budget_refusals_are_never_queued() {
     let r = b
         .acquire_blocking(tokens(30, 30), WaitOptions::default())
         .unwrap_err();
-    assert_eq!((r.reason, r.detail.pending), (RejectReason::BudgetLimit, 0));
+    assert_eq!(
+        (r.reason, r.detail().pending),
+        (RejectReason::BudgetLimit, 0)
+    );
     assert_eq!(b.stats().pending, 0);
 }
 

@@ -452,7 +452,7 @@ fn would_admit_with_classes_names_the_constraint() {
                     r.constraint,
                     Some(llm_bulkhead::Constraint::AdmissionClassProtection)
                 );
-                assert!(r.detail.classes.is_some());
+                assert!(r.detail().classes.is_some());
             }
             other => panic!("{other:?}"),
         }

@@ -98,12 +98,12 @@ fn slots_and_tokens_never_exceed_limits_and_return_to_zero() {
                                 RejectReason::BudgetLimit | RejectReason::ConcurrencyLimit
                             ));
                             // The refusal is explained by the state it saw.
-                            let t = r.detail.token_budget.unwrap();
+                            let t = r.detail().token_budget.unwrap();
                             match r.reason {
                                 RejectReason::BudgetLimit => {
                                     assert!(t.in_flight_tokens + input + cap > BUDGET)
                                 }
-                                _ => assert!(r.detail.in_flight >= MAX),
+                                _ => assert!(r.detail().in_flight >= MAX),
                             }
                             tally.refused.fetch_add(1, SeqCst);
                         }

@@ -310,7 +310,8 @@ fn demand(b: &Bulkhead, class: usize, r: u64) -> Demand {
 
 /// Whether a protection refusal is explained by the state its own detail reports.
 fn explained(rej: &Rejection) -> bool {
-    let d = rej.detail.classes.as_ref().expect("class detail");
+    let detail = rej.detail();
+    let d = detail.classes.as_ref().expect("class detail");
     let amount = match rej.reason {
         RejectReason::ConcurrencyLimit => d.shared.concurrency,
         RejectReason::BudgetLimit => d.shared.token_budget.expect("a budget"),

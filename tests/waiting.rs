@@ -146,7 +146,7 @@ fn queue_bounds_and_fail_fast_reasons() {
     let holder = b.try_acquire(tokens(10, 10)).unwrap();
     let over = b.acquire_blocking(tokens(60, 60), wait()).unwrap_err();
     assert_eq!(
-        (over.reason, over.detail.pending),
+        (over.reason, over.detail().pending),
         (RejectReason::BudgetLimit, 0)
     );
     let (tx, rx) = mpsc::channel();
@@ -154,7 +154,7 @@ fn queue_bounds_and_fail_fast_reasons() {
     until_pending(&b, 1);
     let full = b.acquire_blocking(tokens(10, 10), wait()).unwrap_err();
     assert_eq!(
-        (full.reason, full.detail.pending),
+        (full.reason, full.detail().pending),
         (RejectReason::QueueLimit, 1)
     );
     drop(holder);

@@ -187,7 +187,7 @@ fn a_class_head_that_no_longer_fits_is_answered_and_the_next_is_served() {
         (RejectReason::BudgetLimit, Some(Constraint::Global))
     );
     // The same hand-off went on to admit `small` (100 tokens) before `big` looked.
-    assert_eq!(e.detail.token_budget.unwrap().in_flight_tokens, 800);
+    assert_eq!(e.detail().token_budget.unwrap().in_flight_tokens, 800);
     let s = ready(poll_once(small.as_mut())).unwrap();
     assert_eq!((s.class(), s.held()), (Some(q), 100));
     let st = b.stats();
@@ -221,10 +221,10 @@ fn bounds_timeouts_and_close_with_classes() {
         Box::pin(b.acquire(Demand::slot(), wait())).as_mut(),
     ));
     assert_eq!(
-        (full.reason, full.constraint, full.detail.pending),
+        (full.reason, full.constraint, full.detail().pending),
         (RejectReason::QueueLimit, Some(Constraint::Global), 1)
     );
-    assert!(full.detail.classes.is_some());
+    assert!(full.detail().classes.is_some());
     // A zero timeout: queued on the first poll, timed out on the next.
     let zero = WaitOptions {
         timeout: Some(Duration::ZERO),

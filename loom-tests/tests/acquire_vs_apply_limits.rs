@@ -185,7 +185,7 @@ fn run(sc: Scenario) {
                             );
                             assert_eq!(r.constraint, None);
                             assert_eq!(
-                                r.detail,
+                                r.detail(),
                                 CapacityDetail {
                                     in_flight: slots,
                                     pending: 0,

@@ -69,11 +69,11 @@ fn acquire_against_close_with_work_in_flight() {
                         // 10) always suffice: only the close can refuse.
                         assert_eq!(r.reason, RejectReason::Shutdown, "{r:?}");
                         assert_eq!(r.revision, 0);
-                        let t = r.detail.token_budget.unwrap();
+                        let t = r.detail().token_budget.unwrap();
                         // The in-flight admission before its report, after it, or released.
                         assert!(
                             matches!(
-                                (r.detail.in_flight, t.in_flight_tokens),
+                                (r.detail().in_flight, t.in_flight_tokens),
                                 (1, 4) | (1, 6) | (0, 0)
                             ),
                             "refusal not explained by a real state: {r:?}"
@@ -144,8 +144,8 @@ fn two_acquirers_against_close() {
                             RejectReason::Shutdown => {}
                             // Not closed yet, but the other acquirer holds the last slot.
                             RejectReason::ConcurrencyLimit => {
-                                assert_eq!(r.detail.in_flight, 2, "{r:?}");
-                                assert_eq!(r.detail.token_budget.unwrap().in_flight_tokens, 4);
+                                assert_eq!(r.detail().in_flight, 2, "{r:?}");
+                                assert_eq!(r.detail().token_budget.unwrap().in_flight_tokens, 4);
                             }
                             other => panic!("unexpected reason {other}: {r:?}"),
                         },

@@ -74,7 +74,7 @@ fn race_acquire_with_settlement(release_by_drop: bool) {
                         );
                         assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
                         assert_eq!(r.revision, 0);
-                        let d = &r.detail;
+                        let d = &r.detail();
                         assert_eq!((d.in_flight, d.max_concurrent), (1, 1), "{r:?}");
                         let t = d.token_budget.unwrap();
                         // B's hold before (4) or after (3) its refund; never a mix.

@@ -262,7 +262,7 @@ fn two_classes_race_for_the_last_shared_slot() {
             assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
             assert_eq!(r.revision, 0);
             let d = r
-                .detail
+                .detail()
                 .classes
                 .as_ref()
                 .expect("a class refusal has class detail");
@@ -365,7 +365,7 @@ fn two_classes_race_for_the_last_shared_tokens() {
         for (k, r) in &lost {
             assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
             let d = r
-                .detail
+                .detail()
                 .classes
                 .as_ref()
                 .expect("a class refusal has class detail");
@@ -449,7 +449,8 @@ fn protected_admission_against_a_borrower_at_the_boundary() {
                     Some(Constraint::AdmissionClassProtection),
                     "{r:?}"
                 );
-                let d = r.detail.classes.as_ref().unwrap();
+                let detail = r.detail();
+                let d = detail.classes.as_ref().unwrap();
                 assert_eq!((d.class.id.as_str(), d.class.in_flight), ("b", 1), "{r:?}");
                 assert_eq!(d.shared.concurrency.capacity, 1, "{r:?}");
                 first

@@ -78,7 +78,7 @@ fn two_acquirers_race_for_the_last_slot() {
         assert_eq!(r.revision, 0);
         // The only state that refuses this demand: the winner and `held` in, 4 tokens held.
         assert_eq!(
-            r.detail,
+            r.detail(),
             CapacityDetail {
                 in_flight: 2,
                 pending: 0,
@@ -144,7 +144,7 @@ fn two_acquirers_race_for_the_last_tokens() {
         assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
         assert_eq!(r.revision, 0);
         assert_eq!(
-            r.detail,
+            r.detail(),
             CapacityDetail {
                 in_flight: 2,
                 pending: 0,

@@ -68,11 +68,11 @@ fn usage_growth_against_acquire() {
                     }
                     Err(r) => {
                         assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
-                        let t = r.detail.token_budget.unwrap();
+                        let t = r.detail().token_budget.unwrap();
                         // Only the grown hold refuses 6 tokens.
                         assert_eq!(
                             (
-                                r.detail.in_flight,
+                                r.detail().in_flight,
                                 t.in_flight_tokens,
                                 t.available,
                                 t.requested
@@ -150,7 +150,7 @@ fn usage_shrink_against_acquire() {
                     Err(r) => {
                         assert!(!after_shrink, "refused after the refund returned: {r:?}");
                         assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
-                        let t = r.detail.token_budget.unwrap();
+                        let t = r.detail().token_budget.unwrap();
                         assert_eq!((t.in_flight_tokens, t.available, t.requested), (4, 6, 7));
                         None
                     }

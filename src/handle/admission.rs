@@ -527,6 +527,8 @@ impl Admission {
                         );
                         // This admission's hold is in T, so T ≥ delta: no borrow from the slots.
                         debug_assert!(prev.tokens() >= delta, "token field underflow");
+                        // Token waiting: refunded tokens go to the queued head first.
+                        crate::protocol::token_wait::after_refund(shared, prev);
                     }
                     Some(k) => {
                         crate::protocol::classed::return_tokens(shared, k, delta);

@@ -65,16 +65,17 @@ impl Advice {
         }
     }
 
-    /// The capacity detail (present for both answers, as the reference's `detail: true`).
+    /// The capacity detail (present for both answers, as the reference's `detail: true`),
+    /// by value: a refusal computes it from the numbers it kept ([`Rejection::detail`]).
     ///
     /// ```
     /// # use llm_bulkhead::{Bulkhead, Demand};
     /// assert_eq!(Bulkhead::new(3).unwrap().would_admit(&Demand::slot()).detail().max_concurrent, 3);
     /// ```
-    pub fn detail(&self) -> &CapacityDetail {
+    pub fn detail(&self) -> CapacityDetail {
         match self {
-            Advice::Admit { detail, .. } => detail,
-            Advice::Refuse(r) => &r.detail,
+            Advice::Admit { detail, .. } => detail.clone(),
+            Advice::Refuse(r) => r.detail(),
         }
     }
 }
@@ -178,7 +179,7 @@ impl Bulkhead {
                 r,
                 priority,
             )
-            .detail;
+            .detail();
             detail.pending = pending;
             if verdict.is_none_or(|v| v.0 != RejectReason::Shutdown) {
                 detail.classes = Some(Box::new(view.detail(k, &shared.class_names[k], r)));
@@ -189,12 +190,12 @@ impl Bulkhead {
                     revision: hot.revision,
                     detail,
                 },
-                Some((reason, constraint)) => Advice::Refuse(Rejection {
+                Some((reason, constraint)) => Advice::Refuse(Rejection::with_detail(
                     reason,
                     constraint,
-                    revision: hot.revision,
+                    hot.revision,
                     detail,
-                }),
+                )),
             };
         }
         let (slots, tokens) = (w.slots(), w.tokens());
@@ -213,12 +214,12 @@ impl Bulkhead {
         };
         let reason = verdict.err().unwrap_or(RejectReason::ConcurrencyLimit);
         let mut rej = crate::handle::bulkhead::rejection(slots, tokens, &hot, reason, r, priority);
-        rej.detail.pending = pending;
+        rej.set_pending(pending);
         match verdict {
             Ok(would_queue) => Advice::Admit {
                 would_queue,
                 revision: hot.revision,
-                detail: rej.detail,
+                detail: rej.detail(),
             },
             Err(_) => Advice::Refuse(rej),
         }

@@ -29,6 +29,7 @@ pub struct BulkheadBuilder {
     timeout: Option<Duration>,
     profile: Option<Profile>,
     measure_waits: bool,
+    wait_for_tokens: bool,
     budget: Option<u64>,
     reserve: Option<u64>,
     initial_revision: u64,
@@ -122,6 +123,38 @@ impl BulkheadBuilder {
     /// ```
     pub fn measure_queue_waits(mut self, on: bool) -> Self {
         self.measure_waits = on;
+        self
+    }
+
+    /// Lets a demand refused only for tokens wait (default off: fail-fast). With it,
+    /// `acquire_blocking` and `acquire` queue a demand that does not fit the token budget, its
+    /// class's token ceiling, the other classes' token floors or the high-priority reserve, in
+    /// the same bounded FIFO queue as slot waiters, with the same timeout, cancellation, close
+    /// and drain semantics, until its tokens and a slot fit. Strict FIFO: while anyone waits,
+    /// newcomers queue behind (or, with `try_acquire`, are refused), so a large demand at the
+    /// head is never starved by small ones, as with tokio's `Semaphore::acquire_many`.
+    /// Releases, usage refunds and raised budgets hand their tokens to the head first. A demand
+    /// that could not fit even with nothing held is still refused at once, and a
+    /// reconfiguration that shrinks the budget below a waiter's demand answers it with
+    /// `budget_limit`. `try_acquire` never waits. See `src/protocol/token_wait.rs` for the
+    /// protocol.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Reservation, WaitOptions};
+    /// let b = Bulkhead::builder().max_concurrent(4).max_queue(4).token_budget(1_000)
+    ///     .wait_for_tokens(true).build().unwrap();
+    /// let big = b.try_acquire(Demand::tokens(Reservation::new(0, 800).unwrap())).unwrap();
+    /// let b2 = b.clone();
+    /// let waiter = std::thread::spawn(move || {
+    ///     let d = Demand::tokens(Reservation::new(0, 500).unwrap());
+    ///     b2.acquire_blocking(d, WaitOptions::default()).map(|a| a.held())
+    /// });
+    /// while b.stats().pending == 0 { std::thread::yield_now() } // it waits for tokens
+    /// drop(big); // hands 500 of the 800 tokens to the waiter
+    /// assert_eq!(waiter.join().unwrap(), Ok(500));
+    /// ```
+    pub fn wait_for_tokens(mut self, on: bool) -> Self {
+        self.wait_for_tokens = on;
         self
     }
 
@@ -267,6 +300,7 @@ impl BulkheadBuilder {
             crate::shared::WaitSettings {
                 default_timeout: self.timeout.or(self.profile.and_then(Profile::timeout)),
                 measure_waits: self.measure_waits,
+                wait_for_tokens: self.wait_for_tokens,
             },
         );
         Ok(Bulkhead { shared })

@@ -8,7 +8,7 @@ use crate::vocab::class::{ClassId, UnknownClass};
 use crate::vocab::demand::{Demand, Reservation};
 use crate::vocab::error::{ConfigError, ConfigProblem};
 use crate::vocab::id::AdmissionId;
-use crate::vocab::rejection::{CapacityDetail, RejectReason, Rejection, TokenCapacity};
+use crate::vocab::rejection::{Counts, RejectReason, Rejection};
 use crate::words::limits::{ApplyLimitsError, LimitsChange};
 use crate::words::limits::{BudgetLimits, Hot, LimitsSnapshot};
 use crate::words::state::{Word, CLOSED};
@@ -139,10 +139,10 @@ impl Bulkhead {
             loop {
                 match self.try_decide(r, priority) {
                     Ok(g) => break g,
-                    Err((w, lim, reason)) => {
-                        if reason == RejectReason::ConcurrencyLimit
-                            && w.waiters()
-                            && w.slots() < lim.max_concurrent
+                    Err(f) => {
+                        if f.reason == RejectReason::ConcurrencyLimit
+                            && f.w.waiters()
+                            && f.w.slots() < f.lim.max_concurrent
                         {
                             // The flag may be up only for `drain` callers.
                             if let Some(g) =
@@ -151,7 +151,7 @@ impl Bulkhead {
                                 break g;
                             }
                         }
-                        if let Some(rejection) = self.refusal(w, &lim, reason, r, priority) {
+                        if let Some(rejection) = self.refusal(&f, r, priority) {
                             return Err(rejection);
                         }
                     }
@@ -199,11 +199,7 @@ impl Bulkhead {
     /// The no-class fast decision: rows 0, 1 and 6 in one CAS. `Err` carries the word and the
     /// limits that refused, for [`Bulkhead::refusal`] (which re-checks the tag).
     #[inline(always)]
-    pub(crate) fn try_decide(
-        &self,
-        r: u64,
-        priority: Priority,
-    ) -> Result<Granted, (Word, Hot, RejectReason)> {
+    pub(crate) fn try_decide(&self, r: u64, priority: Priority) -> Result<Granted, Refusal<'_>> {
         let shared = &*self.shared;
         let word = &*shared.word;
         // Before the first read of the tag (`crate::grace`): no install can bring the tag
@@ -232,7 +228,7 @@ impl Bulkhead {
                         }
                     }
                 }
-                Decision::Refuse(reason) => return Err((w, lim, reason)),
+                Decision::Refuse(reason) => return Err(Refusal { w, lim, reason, c }),
             }
         }
     }
@@ -259,10 +255,17 @@ impl Bulkhead {
         }
     }
 
-    /// Counts and explains a no-class refusal decided on `w`; `None` if the tag moved since
-    /// (the limits may have been torn: decide again).
+    /// Counts and explains a no-class refusal `f`; `None` if the tag moved since (the limits
+    /// may have been torn: decide again).
     #[inline(always)]
-    pub(crate) fn refusal(
+    pub(crate) fn refusal(&self, f: &Refusal<'_>, r: u64, priority: Priority) -> Option<Rejection> {
+        refuse(&self.shared, f.c, f.w, &f.lim, f.reason, r, priority)
+    }
+
+    /// [`refusal`](Self::refusal) of a decision made outside `try_decide` (under the queue
+    /// lock), which looks up this thread's counters entry.
+    #[cold]
+    pub(crate) fn refusal_of(
         &self,
         w: Word,
         lim: &Hot,
@@ -270,7 +273,8 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Option<Rejection> {
-        refuse(&self.shared, w, lim, reason, r, priority).ok()
+        let c = self.shared.counters.local(Counters::new);
+        refuse(&self.shared, c, w, lim, reason, r, priority)
     }
 
     /// Counts and explains the refusal of a waiter (or of a request refused before it could
@@ -290,7 +294,7 @@ impl Bulkhead {
             };
             let k = self.class_index(demand.class());
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, demand.priority());
-            rej.detail.pending = crate::protocol::handoff::pending(shared) as u64;
+            rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
             return rej;
         }
         let w = Word(shared.word.load(Ordering::Acquire));
@@ -304,7 +308,7 @@ impl Bulkhead {
             (w.slots(), w.tokens())
         };
         let mut rej = rejection(slots, tokens, &lim, reason, r, demand.priority());
-        rej.detail.pending = crate::protocol::handoff::pending(shared) as u64;
+        rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
         if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
             rej.constraint = Some(crate::vocab::rejection::Constraint::Global);
         }
@@ -378,6 +382,11 @@ impl Bulkhead {
         crate::grace::grace_period(&shared.counters);
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
+        // Token waiting: a waiter whose demand can no longer fit at all is answered now
+        // (`crate::protocol::token_wait`); a no-op without the option.
+        if Word(shared.word.load(Ordering::Acquire)).waiters() {
+            crate::protocol::token_wait::sweep_never_fit(shared);
+        }
         // A raised limit admits queued waiters at once (CONTRACT.md §6).
         let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
         if shared.classed {
@@ -553,30 +562,35 @@ impl Bulkhead {
 
 /// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
 /// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
-/// refusal and builds the rejection, or returns the new word to retry with.
+/// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
+/// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
+/// the tag moved (decide again).
 #[cold]
 #[inline(never)]
 fn refuse(
     shared: &Shared,
+    c: &Counters,
     w: Word,
     lim: &Hot,
     reason: RejectReason,
     r: u64,
     priority: Priority,
-) -> Result<Rejection, Word> {
-    let now = Word(shared.word.load(Ordering::Acquire));
-    if now.tag() != w.tag() {
-        return Err(now);
+) -> Option<Rejection> {
+    if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
+        return None;
     }
-    shared.counters.local(Counters::new).rejected[reason.index()].add(1);
+    c.rejected[reason.index()].add(1);
     // Built in the return value's place; the hook reads it there (only when subscribed).
-    let out = Ok(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
-    if let Ok(rej) = &out {
+    let out = Some(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
+    if let Some(rej) = &out {
         crate::handle::events::rejected(shared, None, rej);
     }
     out
 }
 
+/// The refusal of a demand of `r` tokens at `priority`, explained by `slots` and `tokens` in
+/// use under `lim` (no class numbers; the queue length 0 until the caller sets it).
+#[inline(always)]
 pub(crate) fn rejection(
     slots: u64,
     tokens: u64,
@@ -585,28 +599,35 @@ pub(crate) fn rejection(
     r: u64,
     priority: Priority,
 ) -> Rejection {
-    Rejection {
+    use crate::vocab::rejection::n32;
+    Rejection::counted(
         reason,
-        constraint: None,
-        revision: lim.revision,
-        detail: CapacityDetail {
-            in_flight: slots,
+        None,
+        lim.revision,
+        Counts {
+            requested: r,
+            tokens,
+            in_flight: n32(slots),
             pending: 0,
-            max_concurrent: lim.max_concurrent,
-            max_queue: lim.max_queue,
-            token_budget: lim.budget.map(|budget| {
+            max_concurrent: n32(lim.max_concurrent),
+            max_queue: n32(lim.max_queue),
+            budget: lim.budget.map(|budget| {
                 let eff = lim.effective(priority).unwrap_or(budget);
-                TokenCapacity {
-                    budget,
-                    in_flight_tokens: tokens,
-                    effective_budget: eff,
-                    available: eff.saturating_sub(tokens),
-                    requested: r,
-                }
+                (n32(budget), n32(eff))
             }),
-            classes: None,
+            class: None,
         },
-    }
+    )
+}
+
+/// What a refused no-class decision hands back: the word and the limits that refused, the
+/// reason, and the thread's counters entry the decision looked up (the refusal is counted
+/// there, without a second lookup).
+pub(crate) struct Refusal<'a> {
+    pub(crate) w: Word,
+    pub(crate) lim: Hot,
+    pub(crate) reason: RejectReason,
+    c: &'a Counters,
 }
 
 /// What a successful decision hands back, to build the admission from (see `try_acquire`).

@@ -42,15 +42,23 @@ pub(crate) fn admitted(
     });
 }
 
-/// The `reject` hook.
-#[inline]
+/// The `reject` hook: one relaxed load unless subscribed.
+#[inline(always)]
 pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
-    emit(shared, || {
+    if shared.events.on() {
+        emit_rejected(shared, class, rejection);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn emit_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
+    shared.events.emit(|| {
         let mut rejection = rejection.clone();
         if !shared.classed {
             // A refusal at queue entry gets its queue length from the caller after it is
             // built; report the queue as it is now (no caller holds the queue lock here).
-            rejection.detail.pending = crate::protocol::handoff::pending(shared) as u64;
+            rejection.set_pending(crate::protocol::handoff::pending(shared) as u64);
         }
         Event::Reject(RejectEvent {
             class: class_name(shared, class),

@@ -411,7 +411,7 @@ impl Bypassed {
                 class: bypassed.class_name(shared),
                 reason: r.reason,
                 constraint: r.constraint,
-                detail: r.detail.clone(),
+                detail: r.detail(),
                 reservation: bypassed.reservation,
                 raced,
             }))

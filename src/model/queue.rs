@@ -26,7 +26,12 @@ impl Model {
         let p = d.priority();
         let k = self.class_of(&d);
         let free = self.in_flight < u64::from(self.limits.max_concurrent);
-        if self.check(k, r, p, false).is_err() || (free && self.queue.is_empty()) {
+        let checked = self.check(k, r, p, false);
+        // Token waiting: short only of tokens, able to fit later, and a queue is possible.
+        let for_tokens = matches!(checked, Err((reason, _)) if self.waits_for_tokens(k, r, p, reason))
+            && self.limits.max_concurrent > 0
+            && self.limits.max_queue > 0;
+        if (checked.is_err() && !for_tokens) || (checked.is_ok() && free && self.queue.is_empty()) {
             return self.try_acquire(d).map(Waited::Admitted);
         }
         let global = (!self.names.is_empty()).then_some(Constraint::Global);
@@ -91,26 +96,37 @@ impl Model {
     /// # let _ = h;
     /// ```
     pub fn cancel_wait(&mut self, id: WaitId) {
+        let before = self.queue.len();
         self.queue.retain(|w| w.id != id.0);
         if let Some(Answer::Admitted(h)) = self.answers.remove(&id.0) {
             let _ = self.release(h, None);
+        }
+        if self.wait_for_tokens && self.queue.len() < before {
+            // The waiter behind may fit where this one did not.
+            self.pump();
         }
     }
 
     /// Hands free slots to head waiters, performing each one's whole decision (rows 1–5): a
     /// head that fails it is answered with its reason and the next is considered, as the
     /// engine's hand-off and pump do.
+    ///
+    /// Under token waiting a head refused only for tokens that fits once nothing else is held
+    /// stays at the head, and nobody behind it is considered (strict FIFO).
     pub(super) fn pump(&mut self) {
         while !self.closed && self.in_flight < u64::from(self.limits.max_concurrent) {
-            let Some(w) = self.queue.pop_front() else {
+            let Some(&w) = self.queue.front() else {
                 break;
             };
             match self.check(w.k, w.r, w.priority, false) {
                 Ok(borrow) => {
+                    self.queue.pop_front();
                     let h = self.admit(w.k, w.r, w.reservation, borrow);
                     self.answers.insert(w.id, Answer::Admitted(h));
                 }
+                Err((reason, _)) if self.waits_for_tokens(w.k, w.r, w.priority, reason) => break,
                 Err((reason, constraint)) => {
+                    self.queue.pop_front();
                     self.answers.insert(
                         w.id,
                         Answer::Refused(reason, constraint, w.k, w.r, w.priority),

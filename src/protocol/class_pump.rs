@@ -98,8 +98,14 @@ pub(crate) fn pump_classed(shared: &Shared) {
                 resources: a.resources,
             })),
             Err(f) => {
+                // Token waiting: a head short only of tokens that fits once nothing else is
+                // held stays too (`crate::protocol::token_wait`).
                 let stays = f.reason != RejectReason::Shutdown
-                    && (may_wait(&f) || f.summary.g >= f.lim.max_concurrent);
+                    && (may_wait(&f)
+                        || f.summary.g >= f.lim.max_concurrent
+                        || crate::protocol::token_wait::classed_waits_for_tokens(
+                            shared, &f, k, r, priority,
+                        ));
                 if stays {
                     break;
                 }

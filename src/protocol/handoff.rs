@@ -120,10 +120,25 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
         match head {
             Some((r, priority)) if !w.closed() && w.slots() <= lim.max_concurrent => {
                 let t = w.tokens() - held;
-                if lim
+                let short = lim
                     .effective(priority)
-                    .is_some_and(|e| t.saturating_add(r) > e)
+                    .is_some_and(|e| t.saturating_add(r) > e);
+                if short
+                    && shared.wait_for_tokens
+                    && crate::protocol::token_wait::fits_when_idle(&lim, r, priority)
                 {
+                    // Token waiting: the head keeps waiting for tokens; the slot and the
+                    // tokens go back to the word below, with `WAITERS` still up, so no
+                    // newcomer can take them before the head (`crate::protocol::token_wait`).
+                    match return_to_word(word, &q, w, held, &mut wake) {
+                        Ok(()) => break Some(w),
+                        Err(actual) => {
+                            w = actual;
+                            continue;
+                        }
+                    }
+                }
+                if short {
                     // The head no longer fits: answered, not re-queued; next waiter.
                     // (With the queue now empty, the next turn returns the slot and clears
                     // the flag in one CAS.)
@@ -147,16 +162,9 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
             _ => {
                 // Nobody to hand to (or shrunk, or closed): return the slot; clear the flag if
                 // the queue is empty.
-                let mut next = w.0 - ONE_SLOT - held;
-                if !q.flag_needed() {
-                    next &= !WAITERS;
-                }
-                match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        wake_drainers_if_idle(Word(next), &q, &mut wake);
-                        break Some(w);
-                    }
-                    Err(actual) => w = Word(actual),
+                match return_to_word(word, &q, w, held, &mut wake) {
+                    Ok(()) => break Some(w),
+                    Err(actual) => w = actual,
                 }
             }
         }
@@ -172,9 +180,39 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
             unsafe { guard.owners_gone() }
         }
     }
+    // Token waiting: slots may be free while waiters wait, so after a grant the next head may
+    // fit too (`crate::protocol::token_wait`).
+    let more = shared.wait_for_tokens && last.is_none() && q.len() > 0;
     drop(q);
     wake.wake_all();
+    if more {
+        // `guard` keeps the state alive, as in `release_while_draining`.
+        pump(&guard);
+    }
     // `guard` goes last: the free, if this was the last reference.
+}
+
+/// A hand-off's return of its slot and `held` tokens to the word with the CAS from `w`,
+/// clearing `WAITERS` if nobody needs it; wakes the drainers if that left the bulkhead idle.
+/// `Err`: the word moved.
+fn return_to_word(
+    word: &crate::sync::AtomicU64,
+    q: &Queue,
+    w: Word,
+    held: u64,
+    wake: &mut WakeList,
+) -> Result<(), Word> {
+    let mut next = w.0 - ONE_SLOT - held;
+    if !q.flag_needed() {
+        next &= !WAITERS;
+    }
+    match word.compare_exchange(w.0, next, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            wake_drainers_if_idle(Word(next), q, wake);
+            Ok(())
+        }
+        Err(actual) => Err(Word(actual)),
+    }
 }
 
 /// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
@@ -204,11 +242,14 @@ pub(crate) fn grant_head(
 
 /// Pumps: free slots for head waiters while `slots < max_concurrent`, then wakes the drainers
 /// if the bulkhead is idle. Called after `apply_limits` raised the limit (the caller holds a
-/// handle) and by a drain-time release that returned its slot to the word
-/// ([`release_while_draining`], which holds a counted guard).
+/// handle), by a drain-time release that returned its slot to the word
+/// ([`release_while_draining`], which holds a counted guard), and with token waiting by a usage
+/// refund (its admission holds a slot), a waiter that left (it holds a handle) and a hand-off
+/// that granted (its counted guard).
 pub(crate) fn pump(shared: &Shared) {
     let mut wake = WakeList::new();
-    // SAFETY: the caller (`apply_limits`) holds a handle for the whole call.
+    // SAFETY: every caller is an owner for the whole call (a handle, a counted guard, or the
+    // slot of the admission that refunds).
     let guard = unsafe { SlowPathRef::borrowed(shared) };
     let shared = &*guard;
     let mut q = guard.lock_queue();
@@ -231,6 +272,12 @@ pub(crate) fn pump(shared: &Shared) {
             .effective(priority)
             .is_some_and(|e| w.tokens().saturating_add(r) > e)
         {
+            if shared.wait_for_tokens
+                && crate::protocol::token_wait::fits_when_idle(&lim, r, priority)
+            {
+                // Token waiting: the head keeps waiting; nobody behind it is considered.
+                break;
+            }
             wake.push(q.answer_front(Outcome::Refused(RejectReason::BudgetLimit)));
             continue;
         }

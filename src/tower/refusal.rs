@@ -443,7 +443,7 @@ impl RefusalBody {
                 capacity: None,
             },
             Refusal::Rejected(r) => {
-                let d = &r.detail;
+                let d = &r.detail();
                 let classes = d.classes.as_deref();
                 RefusalError {
                     kind: "admission_rejected",

@@ -126,7 +126,7 @@ pub struct TokenCapacity {
 /// ```
 /// use llm_bulkhead::{Bulkhead, Demand};
 /// let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
-/// let d = b.try_acquire(Demand::slot()).unwrap_err().detail;
+/// let d = b.try_acquire(Demand::slot()).unwrap_err().detail();
 /// assert_eq!((d.in_flight, d.max_concurrent), (0, 0));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -233,15 +233,25 @@ pub struct ClassTokenCapacity {
 /// A refused demand. Implements [`std::error::Error`] and, with the default `serde` feature,
 /// serialises to a body a gateway can send with a 429 or 503. No retry-after is invented.
 ///
+/// A refusal keeps the numbers its decision saw in a small record (a no-class refusal
+/// allocates nothing; a class refusal boxes its class numbers once, and names its class with
+/// a `&'static str` interned when the bulkhead is built), and
+/// [`detail`](Rejection::detail), `Display` and serialisation compute the explanation from
+/// them when asked: refusing, the hot path under overload, builds no explanation nobody reads.
+///
 /// ```
 /// use llm_bulkhead::{Bulkhead, Demand, RejectReason, Reservation};
 /// let b = Bulkhead::builder().max_concurrent(2).token_budget(1_000).build().unwrap();
 /// let r = b.try_acquire(Demand::tokens(Reservation::new(900, 200).unwrap())).unwrap_err();
 /// assert_eq!(r.reason, RejectReason::BudgetLimit);
-/// assert_eq!(r.detail.token_budget.unwrap().requested, 1_100);
+/// assert_eq!(r.detail().token_budget.unwrap().requested, 1_100);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(into = "RejectionBody", from = "RejectionBody")
+)]
 pub struct Rejection {
     /// Why.
     pub reason: RejectReason,
@@ -249,8 +259,267 @@ pub struct Rejection {
     pub constraint: Option<Constraint>,
     /// The revision of the limits the decision used.
     pub revision: u64,
-    /// The capacity the decision saw.
-    pub detail: CapacityDetail,
+    seen: Seen,
+}
+
+/// The wire form of a [`Rejection`] (its fields and its computed detail).
+#[cfg(feature = "serde")]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RejectionBody {
+    reason: RejectReason,
+    constraint: Option<Constraint>,
+    revision: u64,
+    detail: CapacityDetail,
+}
+
+#[cfg(feature = "serde")]
+impl From<Rejection> for RejectionBody {
+    fn from(r: Rejection) -> RejectionBody {
+        RejectionBody {
+            detail: r.detail(),
+            reason: r.reason,
+            constraint: r.constraint,
+            revision: r.revision,
+        }
+    }
+}
+
+#[cfg(feature = "serde")]
+impl From<RejectionBody> for Rejection {
+    fn from(b: RejectionBody) -> Rejection {
+        Rejection::with_detail(b.reason, b.constraint, b.revision, b.detail)
+    }
+}
+
+/// What a refusal saw: the raw counts of a decision, or (deserialised, or from the model) a
+/// whole detail.
+#[derive(Clone, Debug)]
+enum Seen {
+    Counts(Counts),
+    Given(Box<CapacityDetail>),
+}
+
+/// The numbers a decision saw, as the engine had them; [`Rejection::detail`] derives the rest.
+/// Narrow fields hold values the state words bound (slots in 16 bits, budgets and class tokens
+/// in 32).
+#[derive(Clone, Debug)]
+pub(crate) struct Counts {
+    /// The demand's reservation.
+    pub(crate) requested: u64,
+    /// Tokens held (all classes).
+    pub(crate) tokens: u64,
+    /// Slots in use (all classes).
+    pub(crate) in_flight: u32,
+    /// Waiters queued.
+    pub(crate) pending: u32,
+    pub(crate) max_concurrent: u32,
+    pub(crate) max_queue: u32,
+    /// The budget and the demand's effective budget, when a budget is configured.
+    pub(crate) budget: Option<(u32, u32)>,
+    /// The class's numbers, with classes (not for `shutdown`); boxed, so that the common
+    /// refusal stays small enough to move in registers.
+    pub(crate) class: Option<Box<ClassCounts>>,
+}
+
+/// A class refusal's own numbers and the shared remainder's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClassCounts {
+    pub(crate) name: &'static str,
+    /// Capacity of the shared remainder (slots) and what is borrowed of it.
+    pub(crate) shared_slots: u32,
+    pub(crate) shared_slots_in_use: u32,
+    /// Whether the demand would borrow a slot.
+    pub(crate) borrows_slot: bool,
+    /// The class's slots in use, its floor and its ceiling.
+    pub(crate) in_flight: u32,
+    pub(crate) protected_concurrent: u32,
+    pub(crate) max_concurrent: Option<u32>,
+    /// The class's tokens, token floor and token ceiling.
+    pub(crate) tokens: u32,
+    pub(crate) protected_tokens: u32,
+    pub(crate) max_tokens: Option<u32>,
+    /// The shared remainder's tokens: capacity, borrowed, what the demand would borrow.
+    pub(crate) shared_tokens: u32,
+    pub(crate) shared_tokens_in_use: u64,
+    pub(crate) borrows_tokens: u64,
+}
+
+/// `x` in 32 bits (the callers' values are bounded by the state words; saturates otherwise).
+#[inline(always)]
+pub(crate) fn n32(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+impl Counts {
+    fn detail(&self) -> CapacityDetail {
+        let r = self.requested;
+        CapacityDetail {
+            in_flight: self.in_flight.into(),
+            pending: self.pending.into(),
+            max_concurrent: self.max_concurrent.into(),
+            max_queue: self.max_queue.into(),
+            token_budget: self.budget.map(|(budget, eff)| {
+                let eff = u64::from(eff);
+                TokenCapacity {
+                    budget: budget.into(),
+                    in_flight_tokens: self.tokens,
+                    effective_budget: eff,
+                    available: eff.saturating_sub(self.tokens),
+                    requested: r,
+                }
+            }),
+            classes: self
+                .class
+                .as_ref()
+                .map(|c| Box::new(c.detail(self.budget.is_some(), r))),
+        }
+    }
+}
+
+impl ClassCounts {
+    fn detail(&self, budget: bool, r: u64) -> ClassDetail {
+        let amount = |capacity: u64, in_use: u64, requested_borrowed: u64| SharedAmount {
+            capacity,
+            in_use,
+            available: capacity.saturating_sub(in_use),
+            requested_borrowed,
+        };
+        let (i, pc) = (
+            u64::from(self.in_flight),
+            u64::from(self.protected_concurrent),
+        );
+        let (t, pt) = (u64::from(self.tokens), u64::from(self.protected_tokens));
+        let mc = self.max_concurrent.map(u64::from);
+        let mt = self.max_tokens.map(u64::from);
+        ClassDetail {
+            shared: SharedCapacity {
+                concurrency: amount(
+                    self.shared_slots.into(),
+                    self.shared_slots_in_use.into(),
+                    u64::from(self.borrows_slot),
+                ),
+                token_budget: budget.then(|| {
+                    amount(
+                        self.shared_tokens.into(),
+                        self.shared_tokens_in_use,
+                        self.borrows_tokens,
+                    )
+                }),
+            },
+            class: ClassCapacity {
+                id: self.name.to_owned(),
+                in_flight: i,
+                protected_concurrent: pc,
+                protected_concurrent_in_use: i.min(pc),
+                borrowed_concurrent: i - i.min(pc),
+                available_protected_concurrent: pc.saturating_sub(i),
+                max_concurrent: mc,
+                available_concurrent: mc.map(|m| m.saturating_sub(i)),
+                token_budget: budget.then(|| ClassTokenCapacity {
+                    in_flight_tokens: t,
+                    protected_tokens: pt,
+                    protected_tokens_in_use: t.min(pt),
+                    borrowed_tokens: t - t.min(pt),
+                    available_protected_tokens: pt.saturating_sub(t),
+                    max_tokens: mt,
+                    available: mt.map(|m| m.saturating_sub(t)),
+                    requested: r,
+                }),
+            },
+        }
+    }
+}
+
+impl Rejection {
+    /// A refusal explained by the counts its decision saw.
+    #[inline(always)]
+    pub(crate) fn counted(
+        reason: RejectReason,
+        constraint: Option<Constraint>,
+        revision: u64,
+        counts: Counts,
+    ) -> Rejection {
+        Rejection {
+            reason,
+            constraint,
+            revision,
+            seen: Seen::Counts(counts),
+        }
+    }
+
+    /// A refusal with a whole detail (deserialised, or the model's).
+    pub(crate) fn with_detail(
+        reason: RejectReason,
+        constraint: Option<Constraint>,
+        revision: u64,
+        detail: CapacityDetail,
+    ) -> Rejection {
+        Rejection {
+            reason,
+            constraint,
+            revision,
+            seen: Seen::Given(Box::new(detail)),
+        }
+    }
+
+    /// Adds a class refusal's numbers.
+    pub(crate) fn set_class(&mut self, class: ClassCounts) {
+        if let Seen::Counts(c) = &mut self.seen {
+            c.class = Some(Box::new(class));
+        }
+    }
+
+    /// Sets the queue length the refusal reports (`detail().pending`).
+    pub(crate) fn set_pending(&mut self, pending: u64) {
+        match &mut self.seen {
+            Seen::Counts(c) => c.pending = n32(pending),
+            Seen::Given(d) => d.pending = pending,
+        }
+    }
+
+    /// The capacity the decision saw: the state that explains it (computed from the numbers
+    /// the refusal kept; this allocates only for a class refusal's `classes` entry).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand};
+    /// let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
+    /// let d = b.try_acquire(Demand::slot()).unwrap_err().detail();
+    /// assert_eq!((d.in_flight, d.max_concurrent, d.token_budget), (0, 0, None));
+    /// ```
+    pub fn detail(&self) -> CapacityDetail {
+        match &self.seen {
+            Seen::Counts(c) => c.detail(),
+            Seen::Given(d) => (**d).clone(),
+        }
+    }
+}
+
+impl PartialEq for Rejection {
+    fn eq(&self, other: &Rejection) -> bool {
+        (self.reason, self.constraint, self.revision)
+            == (other.reason, other.constraint, other.revision)
+            && self.detail() == other.detail()
+    }
+}
+
+impl Eq for Rejection {}
+
+impl std::hash::Hash for Rejection {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.reason, self.constraint, self.revision).hash(state);
+        self.detail().hash(state);
+    }
+}
+
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejection")
+            .field("reason", &self.reason)
+            .field("constraint", &self.constraint)
+            .field("revision", &self.revision)
+            .field("detail", &self.detail())
+            .finish()
+    }
 }
 
 impl fmt::Display for Rejection {
@@ -263,7 +532,7 @@ impl fmt::Display for Rejection {
         if let Some(c) = self.constraint {
             write!(f, " [{}]", c.as_str())?;
         }
-        let d = &self.detail;
+        let d = &self.detail();
         // A class limit is explained with the class's numbers (or the shared remainder's), not
         // the global ones.
         if let Some(cd) = d.classes.as_deref() {

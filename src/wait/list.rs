@@ -387,7 +387,41 @@ impl Queue {
         assert!(!w.is_null(), "answer_front on an empty queue");
         // SAFETY: `w` is the linked head, alive until unlinked; we hold the mutex.
         let w = unsafe { &*w };
-        // SAFETY: `w` is alive and linked into this queue.
+        self.answer(w, outcome)
+    }
+}
+
+impl Queue {
+    /// Answers, in FIFO order, every waiter for which `answer` gives an outcome (unlinking it),
+    /// collecting the wake-ups into `wake`; stops once `wake` holds a full batch. Returns
+    /// whether it stopped early (the caller unlocks, wakes and calls again). Used by the
+    /// token-waiting sweep after a reconfiguration (`crate::protocol::token_wait::sweep_never_fit`).
+    pub(crate) fn answer_matching(
+        &mut self,
+        wake: &mut WakeList,
+        mut answer: impl FnMut(&Waiter) -> Option<Outcome>,
+    ) -> bool {
+        let mut cur = self.head;
+        while !cur.is_null() {
+            if wake.is_full() {
+                return true;
+            }
+            // SAFETY: `cur` is a linked node of this queue, alive until unlinked under the mutex
+            // we hold (`&mut self`); its `next` is read before it may be unlinked.
+            let w = unsafe { &*cur };
+            // SAFETY: as above: links are read under the mutex.
+            let next = w.links.with(|l| unsafe { (*l).next });
+            if let Some(outcome) = answer(w) {
+                wake.push(self.answer(w, outcome));
+            }
+            cur = next;
+        }
+        false
+    }
+
+    /// Unlinks linked node `w` and answers it with `outcome` (as [`Queue::answer_front`]).
+    fn answer(&mut self, w: &Waiter, outcome: Outcome) -> Notify {
+        // SAFETY: `w` is alive and linked into this queue (the caller found it there).
         unsafe { self.remove(w) };
         // SAFETY: under the mutex; the owner reads these only after seeing `DONE`.
         w.outcome.with_mut(|o| unsafe { *o = outcome });

@@ -6,7 +6,8 @@
 //! * **Enter.** A demand first makes the ordinary fast decision. Only when that says "no free
 //!   slot" and queueing is possible (`max_concurrent > 0`, `max_queue > 0`) does it take the
 //!   queue mutex and decide again under it: a slot freed meanwhile is taken; budget refusals
-//!   stay fail-fast (a request that does not fit is never queued); a full queue gives
+//!   stay fail-fast (a request that does not fit is never queued) unless the bulkhead waits
+//!   for tokens (`crate::protocol::token_wait`, opt-in); a full queue gives
 //!   `queue_limit`; otherwise one CAS on the state word sets `WAITERS` (or re-validates it)
 //!   while the word still shows every slot taken, and the node joins the tail.
 //! * **Hand-off.** A release whose CAS finds `WAITERS` set (and the queue-length mirror
@@ -83,10 +84,11 @@
 use crate::handle::admission::Admission;
 use crate::handle::bulkhead::{Bulkhead, Granted};
 use crate::protocol::class_pump::{
-    may_wait, set_class_flags, sync_class_flags, wake_class_drainers_if_idle,
+    may_wait, pump_classed, set_class_flags, sync_class_flags, wake_class_drainers_if_idle,
 };
 use crate::protocol::classed::Precheck;
-use crate::protocol::handoff::{clear_waiters, pending, wake_drainers_if_idle};
+use crate::protocol::handoff::{clear_waiters, pending, pump, wake_drainers_if_idle};
+use crate::protocol::token_wait::fits_when_idle;
 use crate::sync::Ordering;
 use crate::vocab::demand::{Demand, Priority, Reservation};
 use crate::vocab::rejection::{RejectReason, Rejection};
@@ -449,31 +451,46 @@ impl Bulkhead {
             return self.enter_classed(node, notify);
         }
         let (r, priority) = (node.r, node.priority);
-        let (w, lim, reason) = match self.try_decide(r, priority) {
+        let f = match self.try_decide(r, priority) {
             Ok(g) => return Enter::Granted(g),
-            Err(e) => e,
+            Err(f) => f,
         };
-        if reason != RejectReason::ConcurrencyLimit || lim.max_concurrent == 0 || lim.max_queue == 0
+        // Token waiting (`crate::protocol::token_wait`): a demand short only of tokens that fits
+        // once nothing else is held decides again under the mutex, like one short of a slot.
+        let waits_for_tokens = f.reason == RejectReason::BudgetLimit
+            && shared.wait_for_tokens
+            && fits_when_idle(&f.lim, r, priority);
+        if !(f.reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
+            || f.lim.max_concurrent == 0
+            || f.lim.max_queue == 0
         {
-            return match self.refusal(w, &lim, reason, r, priority) {
+            return match self.refusal(&f, r, priority) {
                 Some(rej) => Enter::Refused(rej),
                 None => self.enter(node, notify),
             };
         }
+        crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
         let word = &*shared.word;
         let mut w = Word(word.load(Ordering::Acquire));
         loop {
             let lim = shared.ring.read(w.tag());
+            let short = lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e);
+            // Short of tokens but able to fit later: it queues under the option, as long as a
+            // queue is possible (`crate::protocol::token_wait`).
+            let waits_for_tokens = short
+                && shared.wait_for_tokens
+                && fits_when_idle(&lim, r, priority)
+                && lim.max_concurrent > 0
+                && lim.max_queue > 0;
             let reason = if w.closed() {
                 Some(RejectReason::Shutdown)
-            } else if lim
-                .effective(priority)
-                .is_some_and(|e| w.tokens().saturating_add(r) > e)
-            {
+            } else if short && !waits_for_tokens {
                 Some(RejectReason::BudgetLimit)
-            } else if q.len() == 0 && w.slots() < lim.max_concurrent {
+            } else if !short && q.len() == 0 && w.slots() < lim.max_concurrent {
                 // A slot freed meanwhile (or the flag is up only for drainers), and nobody is
                 // queued: take it.
                 match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
@@ -496,9 +513,9 @@ impl Bulkhead {
             if let Some(reason) = reason {
                 let pending = q.len();
                 drop(q);
-                return match self.refusal(w, &lim, reason, r, priority) {
+                return match self.refusal_of(w, &lim, reason, r, priority) {
                     Some(mut rej) => {
-                        rej.detail.pending = pending as u64;
+                        rej.set_pending(pending as u64);
                         Enter::Refused(rej)
                     }
                     None => self.enter(node, notify),
@@ -548,6 +565,15 @@ impl Bulkhead {
         }
         drop(q);
         wake.wake_all();
+        if shared.wait_for_tokens {
+            // Token waiting: the waiter behind may fit where this one did not
+            // (`crate::protocol::token_wait`). `self` is a handle: the state stays alive.
+            if shared.classed {
+                pump_classed(shared);
+            } else {
+                pump(shared);
+            }
+        }
         Outcome::Refused(reason)
     }
 
@@ -577,7 +603,7 @@ impl Bulkhead {
             Outcome::RefusedAs(reason, constraint) => {
                 let k = self.class_index(demand.class());
                 let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
-                rej.detail.pending = pending(&self.shared) as u64;
+                rej.set_pending(pending(&self.shared) as u64);
                 Err(rej)
             }
             Outcome::Pending => unreachable!("a finished waiter has an outcome"),

@@ -111,17 +111,7 @@ impl Bulkhead {
         let mut rej = rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
         rej.constraint = f.constraint;
         if f.reason != RejectReason::Shutdown {
-            let mut detail = f.summary.detail(&shared.class_names[k], r);
-            if let Some((slots, tokens)) = f.stored_shared {
-                let c = &mut detail.shared.concurrency;
-                c.in_use = c.in_use.max(slots);
-                c.available = c.capacity.saturating_sub(c.in_use);
-                if let Some(t) = detail.shared.token_budget.as_mut() {
-                    t.in_use = t.in_use.max(tokens);
-                    t.available = t.capacity.saturating_sub(t.in_use);
-                }
-            }
-            rej.detail.classes = Some(Box::new(detail));
+            rej.set_class(f.summary.counts(shared.class_ids[k], r, f.stored_shared));
         }
         crate::handle::events::rejected(shared, Some(k), &rej);
         rej
@@ -147,6 +137,18 @@ impl Bulkhead {
             .position(|n| n == key)
             .map(|i| ClassId(i as u8))
             .ok_or_else(|| UnknownClass(name.to_owned()))
+    }
+
+    /// Whether a demand refused only for tokens waits in the queue
+    /// ([`BulkheadBuilder::wait_for_tokens`](crate::BulkheadBuilder::wait_for_tokens)).
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// assert!(!Bulkhead::new(1).unwrap().waits_for_tokens());
+    /// assert!(Bulkhead::builder().max_concurrent(1).wait_for_tokens(true).build().unwrap().waits_for_tokens());
+    /// ```
+    pub fn waits_for_tokens(&self) -> bool {
+        self.shared.wait_for_tokens
     }
 
     /// The default waiter timeout (from the builder's `timeout` or profile).

@@ -220,7 +220,7 @@ impl RunContext {
     /// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
     /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
     /// llm.run_blocking(&LlmRequest::default(), observe, |ctx| {
-    ///     assert_eq!(ctx.bypass_detail().unwrap().detail.max_concurrent, 0);
+    ///     assert_eq!(ctx.bypass_detail().unwrap().detail().max_concurrent, 0);
     ///     Ok::<_, ()>(()) }).unwrap();
     /// ```
     pub fn bypass_detail(&self) -> Option<&crate::Rejection> {

@@ -133,9 +133,14 @@ pub(crate) fn return_slot_only(shared: &Shared, k: usize) {
 }
 
 /// Returns `amount` tokens of class `k` (usage shrinkage, or the release of an abandoned
-/// admission, whose handle keeps the state alive).
+/// admission, whose handle keeps the state alive). Like every decrease it visits a flagged
+/// queue, which is how a class usage refund feeds a head waiting for tokens
+/// (`crate::protocol::token_wait`).
 pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
-    class_decrease(shared, k, 0, amount, false);
+    // Under loom, `LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP=1` skips the visit (as if the caller held
+    // the queue mutex): the broken variant the classed token-waiting model is shown to fail on.
+    let skip_visit = crate::protocol::token_wait::broken_for_loom();
+    class_decrease(shared, k, 0, amount, skip_visit);
 }
 
 /// Adds `amount` tokens to class `k`'s hold with no admission check (usage growth): `V` first

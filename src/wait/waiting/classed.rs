@@ -1,6 +1,7 @@
 //! Class mode of the waits' enqueue (`super`, "With admission classes").
 
 use super::*;
+use crate::protocol::token_wait::{classed_never_fits, classed_waits_for_tokens};
 
 // ---- class mode (module docs, "With admission classes") ----
 
@@ -35,10 +36,14 @@ impl Bulkhead {
                 }
                 // No free slot, or a refusal no collect confirmed (another decider's step was
                 // in flight): decide again under the mutex, and wait if need be.
-                Err(f) if may_wait(&f) && f.lim.max_concurrent > 0 && f.lim.max_queue > 0 => {}
+                Err(f)
+                    if (may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority))
+                        && f.lim.max_concurrent > 0
+                        && f.lim.max_queue > 0 => {}
                 Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
             }
         }
+        crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
         if q.len() == 0 {
@@ -60,7 +65,9 @@ impl Bulkhead {
                     }
                     // An unconfirmed refusal waits too: the step that caused it visits the
                     // queue when it lands or is taken back, and the flags are already up.
-                    Err(f) if may_wait(&f) => {}
+                    Err(f)
+                        if may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority) => {
+                    }
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
@@ -71,8 +78,19 @@ impl Bulkhead {
         }
         let w = Word(shared.word.load(Ordering::SeqCst));
         let lim = shared.ring.read(w.tag());
+        // Token waiting: a demand that can never fit under the limits read here, under the
+        // mutex, is refused, not queued. The fast decision's check ran before the lock, and a
+        // reconfiguration may have landed since; its sweep (`sweep_never_fit`) takes this mutex
+        // after installing, so either it sees this waiter queued or this read sees its limits.
+        let never_fits = if shared.wait_for_tokens {
+            classed_never_fits(shared, w.tag(), k, r, priority)
+        } else {
+            None
+        };
         let refuse = if w.closed() {
             Some((RejectReason::Shutdown, None))
+        } else if let Some(c) = never_fits {
+            Some((RejectReason::BudgetLimit, Some(c)))
         } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
             Some((
                 RejectReason::ConcurrencyLimit,
@@ -91,7 +109,7 @@ impl Bulkhead {
             sync_class_flags(shared, &mut q);
             drop(q);
             let mut rej = self.class_answer_refusal(k, reason, constraint, r, priority);
-            rej.detail.pending = pending;
+            rej.set_pending(pending);
             return Enter::Refused(rej);
         }
         node.set_notify(&q, notify());

@@ -1,0 +1,276 @@
+//! Instruction counts of the hot paths beside their anchors, for callgrind (stable on a
+//! shared, noisy machine where wall time is not). Each operation runs `n` times in a loop:
+//!
+//! ```text
+//! cargo bench --bench instructions --no-run
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/instructions-* OP N
+//! ```
+//!
+//! `.ci/instructions` runs every operation at two counts and prints the difference per
+//! operation (the start-up cost cancels), with the anchors' counts and the ratios.
+//! Without arguments (as `cargo bench` runs it) every operation runs a few times, as a check.
+
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, WaitOptions};
+use std::hint::black_box;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+const OPS: &[&str] = &[
+    "tokio_try_acquire_empty",
+    "refuse_slot",
+    "refuse_budget",
+    "refuse_class_ceiling",
+    "refuse_class_protection",
+    "tokio_pair",
+    "pair_slot",
+    "pair_tokens",
+    "pair_protected",
+    "pair_borrowing",
+    "tokio_acquire_await",
+    "acquire_await",
+    "tokio_handoff_async",
+    "handoff_async",
+];
+
+fn token_demand() -> Demand {
+    Demand::tokens(Reservation::new(200, 800).expect("no overflow"))
+}
+
+/// Three classes with floors of 8 slots and 8 reservations, ceilings of 48 slots, on 64 slots
+/// (as `benches/core.rs`'s `classes` group).
+fn classes_bulkhead() -> Bulkhead {
+    let limits = ClassLimits {
+        protected_concurrent: 8,
+        max_concurrent: Some(48),
+        protected_tokens: 8 * 1_000,
+        max_tokens: Some(llm_bulkhead::MAX_CLASSED_TOKENS / 2),
+    };
+    ["premium", "standard", "batch"]
+        .iter()
+        .fold(
+            Bulkhead::builder()
+                .max_concurrent(64)
+                .token_budget(llm_bulkhead::MAX_CLASSED_TOKENS),
+            |b, name| b.class(*name, limits),
+        )
+        .default_class("standard")
+        .build()
+        .unwrap()
+}
+
+#[inline(never)]
+fn ours_loop(b: &Bulkhead, d: Demand, n: u64) -> u64 {
+    let mut ok = 0;
+    for _ in 0..n {
+        match b.try_acquire(black_box(d)) {
+            Ok(a) => {
+                drop(a);
+                ok += 1;
+            }
+            Err(r) => drop(r),
+        }
+    }
+    ok
+}
+
+#[inline(never)]
+fn tokio_loop(s: &Semaphore, n: u64) -> u64 {
+    let mut ok = 0;
+    for _ in 0..n {
+        if black_box(s).try_acquire().is_ok() {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+}
+
+/// Two tasks on one current-thread runtime share one slot: each holds it across a yield, so
+/// the other queues, and every release is a hand-off to a queued task (one per iteration).
+fn handoff<F, Fut>(n: u64, turn: F)
+where
+    F: Fn() -> Fut + Clone + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let rt = current_thread();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let turn = turn.clone();
+                tokio::task::spawn_local(async move {
+                    for _ in 0..n / 2 {
+                        turn().await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
+
+fn run(op: &str, n: u64) {
+    match op {
+        "tokio_try_acquire_empty" => {
+            let s = Semaphore::new(0);
+            assert_eq!(tokio_loop(&s, n), 0);
+        }
+        "tokio_pair" => {
+            let s = Semaphore::new(64);
+            assert_eq!(tokio_loop(&s, n), n);
+        }
+        "refuse_slot" => {
+            let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
+            assert_eq!(ours_loop(&b, Demand::slot(), n), 0);
+        }
+        "refuse_budget" => {
+            let b = Bulkhead::builder()
+                .max_concurrent(64)
+                .token_budget(500)
+                .build()
+                .unwrap();
+            assert_eq!(ours_loop(&b, token_demand(), n), 0);
+        }
+        "refuse_class_ceiling" => {
+            let b = Bulkhead::builder()
+                .max_concurrent(4)
+                .class(
+                    "capped",
+                    ClassLimits {
+                        protected_concurrent: 0,
+                        max_concurrent: Some(1),
+                        ..ClassLimits::default()
+                    },
+                )
+                .class(
+                    "floored",
+                    ClassLimits {
+                        protected_concurrent: 2,
+                        ..ClassLimits::default()
+                    },
+                )
+                .default_class("capped")
+                .build()
+                .unwrap();
+            let d = Demand::slot().in_class(b.class_id("capped").unwrap());
+            let _held = b.try_acquire(d).unwrap();
+            assert_eq!(ours_loop(&b, d, n), 0);
+        }
+        "refuse_class_protection" => {
+            let b = Bulkhead::builder()
+                .max_concurrent(3)
+                .class("a", ClassLimits::default())
+                .class(
+                    "b",
+                    ClassLimits {
+                        protected_concurrent: 2,
+                        ..ClassLimits::default()
+                    },
+                )
+                .default_class("a")
+                .build()
+                .unwrap();
+            let d = Demand::slot().in_class(b.class_id("a").unwrap());
+            let _held = b.try_acquire(d).unwrap();
+            assert_eq!(ours_loop(&b, d, n), 0);
+        }
+        "pair_slot" => {
+            let b = Bulkhead::new(64).unwrap();
+            assert_eq!(ours_loop(&b, Demand::slot(), n), n);
+        }
+        "pair_tokens" => {
+            let b = Bulkhead::builder()
+                .max_concurrent(64)
+                .token_budget(1 << 30)
+                .build()
+                .unwrap();
+            assert_eq!(ours_loop(&b, token_demand(), n), n);
+        }
+        "pair_protected" => {
+            let b = classes_bulkhead();
+            let d = token_demand().in_class(b.class_id("premium").unwrap());
+            assert_eq!(ours_loop(&b, d, n), n);
+        }
+        "pair_borrowing" => {
+            let b = classes_bulkhead();
+            let d = token_demand().in_class(b.class_id("batch").unwrap());
+            let held: Vec<_> = (0..8).map(|_| b.try_acquire(d).unwrap()).collect();
+            assert_eq!(ours_loop(&b, d, n), n);
+            assert!(b.try_acquire(d).unwrap().resources().borrowed_concurrency);
+            drop(held);
+        }
+        "tokio_acquire_await" => {
+            let s = Semaphore::new(64);
+            current_thread().block_on(async {
+                for _ in 0..n {
+                    drop(black_box(&s).acquire().await.unwrap());
+                }
+            });
+        }
+        "acquire_await" => {
+            let b = Bulkhead::builder()
+                .max_concurrent(64)
+                .max_queue(64)
+                .build()
+                .unwrap();
+            current_thread().block_on(async {
+                for _ in 0..n {
+                    drop(
+                        black_box(&b)
+                            .acquire(Demand::slot(), WaitOptions::default())
+                            .await
+                            .unwrap(),
+                    );
+                }
+            });
+        }
+        "tokio_handoff_async" => {
+            let s = Arc::new(Semaphore::new(1));
+            handoff(n, move || {
+                let s = s.clone();
+                async move {
+                    let p = s.acquire().await.unwrap();
+                    tokio::task::yield_now().await;
+                    drop(p);
+                }
+            });
+        }
+        "handoff_async" => {
+            let b = Bulkhead::builder()
+                .max_concurrent(1)
+                .max_queue(2)
+                .build()
+                .unwrap();
+            let probe = b.clone();
+            handoff(n, move || {
+                let b = b.clone();
+                async move {
+                    let a = b.acquire(Demand::slot(), WaitOptions::default()).await;
+                    tokio::task::yield_now().await;
+                    drop(a.unwrap());
+                }
+            });
+            assert!(probe.stats().queued_total >= n / 2);
+        }
+        other => panic!("unknown operation {other}"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [op, n] if !op.starts_with('-') => run(op, n.parse().expect("a count")),
+        _ => {
+            for op in OPS {
+                run(op, 16);
+            }
+        }
+    }
+}
