@@ -426,7 +426,7 @@ fn a_newcomer_made_impossible_by_a_racing_reconfiguration_is_refused_under_the_l
         match got {
             Poll::Ready(Err(e)) => {
                 assert_eq!(e.reason, RejectReason::BudgetLimit, "{e:?}");
-                assert_eq!(e.detail.pending, 1, "{e:?}");
+                assert_eq!(e.detail().pending, 1, "{e:?}");
             }
             other => panic!("classed {classed}: the newcomer was not refused: {other:?}"),
         }
