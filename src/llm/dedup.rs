@@ -396,7 +396,11 @@ impl<T: Send + 'static> Dedup<T> {
                     drop(reg);
                     return DedupRun {
                         inner,
-                        role: Role::Follower { key: key.0, flight, id },
+                        role: Role::Follower {
+                            key: key.0,
+                            flight,
+                            id,
+                        },
                         timeout: options.timeout,
                         deadline: None,
                         timer: None,
@@ -406,7 +410,7 @@ impl<T: Send + 'static> Dedup<T> {
                 // Settled, its entry not yet removed: this call starts a new flight in its
                 // place (the settled one does not count against the bound).
                 drop(st);
-                if len - 1 >= inner.max_in_flight {
+                if len > inner.max_in_flight {
                     e.remove();
                     None
                 } else {

@@ -110,7 +110,20 @@ impl Reference {
 /// Requests with every kind of piece, short and long.
 fn requests() -> Vec<LlmRequest> {
     let mut out = vec![LlmRequest::default(), LlmRequest::new("m", &["hi"])];
-    for len in [0, 1, 64 - 1, 64, 64 + 1, 200, 255, 256, 257, 511, 1_000, 5_000] {
+    for len in [
+        0,
+        1,
+        64 - 1,
+        64,
+        64 + 1,
+        200,
+        255,
+        256,
+        257,
+        511,
+        1_000,
+        5_000,
+    ] {
         let text: String = "abcdefghij".repeat(len / 10 + 1)[..len].to_owned();
         let long_key = "k".repeat(len);
         let json = serde_json::json!({

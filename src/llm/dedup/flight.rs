@@ -231,7 +231,11 @@ pub(in crate::llm) fn take_result<T>(
 ) -> Result<T, DedupError> {
     match follower {
         None => Ok(st.leader_result.take().expect("the leader's result")),
-        Some(id) => match st.followers.get_mut(id).map(|s| std::mem::replace(s, Share::Gone)) {
+        Some(id) => match st
+            .followers
+            .get_mut(id)
+            .map(|s| std::mem::replace(s, Share::Gone))
+        {
             Some(Share::Ready(r)) => r,
             _ => panic!("a share for every follower"),
         },
