@@ -45,21 +45,21 @@
 //! assert_eq!(dedup.stats().hits, 1);
 //! ```
 
-use super::request::{Content, LlmRequest, Message};
+use super::request::LlmRequest;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::ClassId;
 use crate::wait::cancel::CancelWake;
-use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
-use xxhash_rust::xxh3::xxh3_128;
 
+mod canon;
 mod flight;
+use canon::Canon;
 pub use flight::DedupRun;
 use flight::*;
 
@@ -154,176 +154,6 @@ impl DedupKey {
     /// ```
     pub fn as_u128(self) -> u128 {
         self.0
-    }
-}
-
-/// An injective encoding of JSON-like values, written into a reused per-thread buffer and
-/// hashed in one pass with XXH3-128 (one-shot hashing of a contiguous buffer is several
-/// times faster than feeding a streaming hasher many small pieces).
-struct Canon {
-    buf: Vec<u8>,
-}
-
-thread_local! {
-    static CANON_BUF: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-impl Canon {
-    fn new() -> Canon {
-        let mut buf = CANON_BUF.with(std::cell::Cell::take);
-        buf.clear();
-        Canon { buf }
-    }
-
-    fn raw(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(b);
-    }
-
-    fn tag(&mut self, t: u8) {
-        self.raw(&[t]);
-    }
-
-    fn len(&mut self, n: usize) {
-        self.raw(&(n as u64).to_le_bytes());
-    }
-
-    fn bytes(&mut self, b: &[u8]) {
-        self.len(b.len());
-        self.raw(b);
-    }
-
-    fn str(&mut self, s: &str) {
-        self.bytes(s.as_bytes());
-    }
-
-    fn opt_str(&mut self, s: Option<&str>) {
-        match s {
-            None => self.tag(0),
-            Some(s) => {
-                self.tag(1);
-                self.str(s);
-            }
-        }
-    }
-
-    fn opt_u64(&mut self, v: Option<u64>) {
-        match v {
-            None => self.tag(0),
-            Some(v) => {
-                self.tag(1);
-                self.raw(&v.to_le_bytes());
-            }
-        }
-    }
-
-    fn value(&mut self, v: &Value) {
-        match v {
-            Value::Null => self.tag(0),
-            Value::Bool(b) => self.raw(&[1, u8::from(*b)]),
-            Value::Number(n) => {
-                // The number's exact value, typed: an integer and a float never collide (as
-                // `1` and `1.0` differ in JSON), and no text is formatted.
-                if let Some(u) = n.as_u64() {
-                    self.tag(2);
-                    self.raw(&u.to_le_bytes());
-                } else if let Some(i) = n.as_i64() {
-                    self.tag(11);
-                    self.raw(&i.to_le_bytes());
-                } else {
-                    self.tag(12);
-                    self.raw(&n.as_f64().unwrap_or(f64::NAN).to_bits().to_le_bytes());
-                }
-            }
-            Value::String(s) => {
-                self.tag(3);
-                self.str(s);
-            }
-            Value::Array(a) => {
-                self.tag(4);
-                self.len(a.len());
-                for x in a {
-                    self.value(x);
-                }
-            }
-            Value::Object(o) => self.object(o),
-        }
-    }
-
-    /// An object, keys in sorted order (`serde_json::Map` is ordered by key).
-    fn object(&mut self, o: &Map<String, Value>) {
-        self.tag(5);
-        self.len(o.len());
-        for (k, v) in o {
-            self.str(k);
-            self.value(v);
-        }
-    }
-
-    fn content(&mut self, c: &Content) {
-        match c {
-            // The same encoding as the JSON it came from.
-            Content::Text(s) => {
-                self.tag(3);
-                self.str(s);
-            }
-            Content::Blocks(blocks) => {
-                self.tag(4);
-                self.len(blocks.len());
-                for b in blocks {
-                    self.value(b.json());
-                }
-            }
-            Content::Other(v) => self.value(v),
-        }
-    }
-
-    fn message(&mut self, m: &Message) {
-        self.tag(6);
-        self.str(&m.role);
-        self.content(&m.content);
-        self.object(&m.extra);
-    }
-
-    fn finish(self) -> u128 {
-        let h = xxh3_128(&self.buf);
-        // Keep the buffer for the next key on this thread, unless it grew unusually large.
-        if self.buf.capacity() <= 1 << 16 {
-            CANON_BUF.with(|c| c.set(self.buf));
-        }
-        h
-    }
-}
-
-impl Canon {
-    fn partition(&mut self, scope: &str, class: Option<ClassId>) {
-        self.str(scope);
-        match class {
-            None => self.tag(0),
-            Some(c) => {
-                self.tag(1);
-                self.len(c.index());
-            }
-        }
-    }
-
-    fn request(&mut self, request: &LlmRequest) {
-        let h = self;
-        h.tag(7);
-        h.opt_str(request.model.as_deref());
-        h.len(request.messages.len());
-        for m in &request.messages {
-            h.message(m);
-        }
-        match &request.system {
-            None => h.tag(0),
-            Some(c) => {
-                h.tag(1);
-                h.content(c);
-            }
-        }
-        h.opt_u64(request.max_tokens);
-        h.opt_u64(request.extra_input_tokens);
-        h.object(&request.extra);
     }
 }
 
@@ -458,13 +288,19 @@ impl<T> std::fmt::Debug for Dedup<T> {
     }
 }
 
+/// The flights in flight, and the counters that change only with the map, kept under its
+/// lock (plain integers: no atomic operation of their own).
+struct Registry<T> {
+    map: FlightMap<T>,
+    hits: u64,
+    leaders: u64,
+    full: u64,
+}
+
 pub(super) struct Inner<T> {
-    flights: Mutex<FlightMap<T>>,
+    flights: Mutex<Registry<T>>,
     max_in_flight: usize,
     share: ShareFn<T>,
-    hits: AtomicU64,
-    leaders: AtomicU64,
-    full: AtomicU64,
     unshareable: AtomicU64,
     timeouts: AtomicU64,
     cancelled: AtomicU64,
@@ -499,12 +335,14 @@ impl<T: Send + 'static> Dedup<T> {
     ) -> Dedup<T> {
         Dedup {
             inner: Arc::new(Inner {
-                flights: Mutex::new(FlightMap::default()),
+                flights: Mutex::new(Registry {
+                    map: FlightMap::default(),
+                    hits: 0,
+                    leaders: 0,
+                    full: 0,
+                }),
                 max_in_flight,
                 share: Box::new(share),
-                hits: AtomicU64::new(0),
-                leaders: AtomicU64::new(0),
-                full: AtomicU64::new(0),
                 unshareable: AtomicU64::new(0),
                 timeouts: AtomicU64::new(0),
                 cancelled: AtomicU64::new(0),
@@ -542,61 +380,71 @@ impl<T: Send + 'static> Dedup<T> {
         let Some(key) = key else {
             return DedupRun::solo(inner, Box::pin(work()));
         };
-        let mut map = lock(&inner.flights);
-        if let Some(f) = map.get(&key.0).cloned() {
-            let mut st = lock(&f.st);
-            if !st.done {
-                let id = st.next_follower;
-                st.next_follower += 1;
-                st.followers.insert(id, None);
-                st.participants += 1;
+        let mut reg = lock(&inner.flights);
+        let len = reg.map.len();
+        // One probe of the map: the entry is looked up and, when free, filled in place.
+        let vacant = match reg.map.entry(key.0) {
+            Entry::Occupied(e) => {
+                let mut st = lock(&e.get().st);
+                if !st.done {
+                    let id = st.followers.len();
+                    st.followers.push(Share::Waiting);
+                    st.participants += 1;
+                    drop(st);
+                    let flight = e.get().clone();
+                    reg.hits += 1;
+                    drop(reg);
+                    return DedupRun {
+                        inner,
+                        role: Role::Follower {
+                            key: key.0,
+                            flight,
+                            id,
+                        },
+                        timeout: options.timeout,
+                        deadline: None,
+                        timer: None,
+                        cancel: options.cancel.map(CancelWake::new),
+                    };
+                }
+                // Settled, its entry not yet removed: this call starts a new flight in its
+                // place (the settled one does not count against the bound).
                 drop(st);
-                drop(map);
-                inner.hits.fetch_add(1, Ordering::Relaxed);
-                return DedupRun {
-                    inner,
-                    role: Role::Follower {
-                        key: key.0,
-                        flight: f,
-                        id,
-                    },
-                    timeout: options.timeout,
-                    deadline: None,
-                    timer: None,
-                    cancel: options.cancel.map(CancelWake::new),
-                };
+                if len > inner.max_in_flight {
+                    e.remove();
+                    None
+                } else {
+                    Some(Entry::Occupied(e))
+                }
             }
-            // Settled, its entry not yet removed: this call starts a new flight.
-            drop(st);
-            map.remove(&key.0);
-        }
-        if map.len() >= inner.max_in_flight {
-            drop(map);
-            inner.full.fetch_add(1, Ordering::Relaxed);
+            Entry::Vacant(e) => (len < inner.max_in_flight).then_some(Entry::Vacant(e)),
+        };
+        let Some(slot) = vacant else {
+            reg.full += 1;
+            drop(reg);
             return DedupRun::solo(inner, Box::pin(work()));
-        }
-        let f = Arc::new(Flight {
+        };
+        let flight = Arc::new(Flight {
             st: Mutex::new(FlightState {
                 work: Some(Box::pin(work())),
                 polling: false,
                 done: false,
                 leader_present: true,
                 leader_result: None,
-                followers: HashMap::new(),
-                next_follower: 0,
+                followers: Vec::new(),
                 participants: 1,
                 wakers: Wakers::default(),
             }),
         });
-        map.insert(key.0, f.clone());
-        drop(map);
-        inner.leaders.fetch_add(1, Ordering::Relaxed);
+        match slot {
+            Entry::Occupied(mut e) => drop(e.insert(flight.clone())),
+            Entry::Vacant(e) => drop(e.insert(flight.clone())),
+        }
+        reg.leaders += 1;
+        drop(reg);
         DedupRun {
             inner,
-            role: Role::Leader {
-                key: key.0,
-                flight: f,
-            },
+            role: Role::Leader { key: key.0, flight },
             timeout: None,
             deadline: None,
             timer: None,
@@ -611,11 +459,15 @@ impl<T: Send + 'static> Dedup<T> {
     /// assert_eq!((d.stats().active, d.stats().hits), (0, 0));
     /// ```
     pub fn stats(&self) -> DedupStats {
+        let (active, hits, leaders, full) = {
+            let reg = lock(&self.inner.flights);
+            (reg.map.len(), reg.hits, reg.leaders, reg.full)
+        };
         DedupStats {
-            active: lock(&self.inner.flights).len(),
-            hits: self.inner.hits.load(Ordering::Relaxed),
-            leaders: self.inner.leaders.load(Ordering::Relaxed),
-            full: self.inner.full.load(Ordering::Relaxed),
+            active,
+            hits,
+            leaders,
+            full,
             unshareable: self.inner.unshareable.load(Ordering::Relaxed),
             timeouts: self.inner.timeouts.load(Ordering::Relaxed),
             cancelled: self.inner.cancelled.load(Ordering::Relaxed),

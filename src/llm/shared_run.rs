@@ -193,11 +193,11 @@ pub(super) struct SharedDedup {
 /// What a shared run does once registered: run on its own, or take part in a flight.
 enum Path<U, F> {
     Solo(LlmBulkhead, crate::Demand, RunOptions<U>, F),
+    /// A flight, with what a follower needs to count and report its own failures (a leader
+    /// always gets its own result, so it takes no reference to them).
     Flight(
         super::dedup::DedupRun<Erased>,
-        Option<ClassId>,
-        Arc<SharedDedup>,
-        crate::Bulkhead,
+        Option<(Option<ClassId>, Arc<SharedDedup>, crate::Bulkhead)>,
     ),
 }
 
@@ -457,44 +457,46 @@ impl LlmBulkhead {
                 }
             };
             let flight = d.flights.run(Some(key), follower, call);
-            if flight.is_follower() {
+            let follower = flight.is_follower().then(|| {
                 self.dedup_event(class, DedupOutcome::Joined);
-            }
-            Path::Flight(flight, class, d.clone(), self.bulkhead.clone())
+                (class, d.clone(), self.bulkhead.clone())
+            });
+            Path::Flight(flight, follower)
         });
         async move {
-            let (flight, class, dedup, bulkhead) = match joined? {
+            let (flight, follower) = match joined? {
                 Path::Solo(llm, demand, options, work) => {
                     return llm.execute(demand, options, work).await;
                 }
-                Path::Flight(flight, class, dedup, bulkhead) => (flight, class, dedup, bulkhead),
+                Path::Flight(flight, follower) => (flight, follower),
             };
-            let unshareable = || {
-                dedup.flights.count_unshareable();
-                emit_dedup(&bulkhead, class, DedupOutcome::Unshareable);
-                Err(RunError::Shared(DedupError::Unshareable))
+            // A follower's failure, counted and reported (a leader has none: it gets its own
+            // result, never a share, a timeout or a cancellation of its own).
+            let failed = |e: DedupError, count: bool| {
+                if let Some((class, dedup, bulkhead)) = &follower {
+                    if count {
+                        dedup.flights.count_unshareable();
+                    }
+                    let outcome = match e {
+                        DedupError::Unshareable => DedupOutcome::Unshareable,
+                        DedupError::Timeout => DedupOutcome::Timeout,
+                        DedupError::Cancelled => DedupOutcome::Cancelled,
+                    };
+                    emit_dedup(bulkhead, *class, outcome);
+                }
+                Err(RunError::Shared(e))
             };
             match flight.await {
                 Ok(Erased { value: Some(v), .. }) => match v.downcast::<Result<R, RunError<E>>>() {
                     Ok(out) => *out,
                     // Unreachable: keys are typed by the result type.
-                    Err(_) => unshareable(),
+                    Err(_) => failed(DedupError::Unshareable, true),
                 },
                 // The share function declined for this follower.
-                Ok(Erased { value: None, .. }) => unshareable(),
-                // A share function that panicked (counted by the map).
-                Err(DedupError::Unshareable) => {
-                    emit_dedup(&bulkhead, class, DedupOutcome::Unshareable);
-                    Err(RunError::Shared(DedupError::Unshareable))
-                }
-                Err(DedupError::Timeout) => {
-                    emit_dedup(&bulkhead, class, DedupOutcome::Timeout);
-                    Err(RunError::Shared(DedupError::Timeout))
-                }
-                Err(DedupError::Cancelled) => {
-                    emit_dedup(&bulkhead, class, DedupOutcome::Cancelled);
-                    Err(RunError::Shared(DedupError::Cancelled))
-                }
+                Ok(Erased { value: None, .. }) => failed(DedupError::Unshareable, true),
+                // A share function that panicked (counted by the map), the follower's own
+                // timeout or cancellation (counted by the map too).
+                Err(e) => failed(e, false),
             }
         }
     }

@@ -2,6 +2,7 @@
 //! leader and of each follower.
 
 use super::*;
+use std::mem::ManuallyDrop;
 
 /// One call in flight. As a `Waker` (the one the work is polled with, whoever polls it) it
 /// wakes every participant.
@@ -17,13 +18,31 @@ pub(in crate::llm) struct FlightState<T> {
     pub(in crate::llm) leader_present: bool,
     /// The original result, for the leader.
     pub(in crate::llm) leader_result: Option<T>,
-    /// Each follower's share (`None` until done; `Err` if sharing panicked).
-    pub(in crate::llm) followers: HashMap<u64, Option<Result<T, DedupError>>>,
-    pub(in crate::llm) next_follower: u64,
+    /// Each follower's share, by follower id (its index; a solo leader allocates nothing).
+    pub(in crate::llm) followers: Vec<Share<T>>,
     pub(in crate::llm) participants: usize,
     /// The participants' wakers, under the same lock as the state they wait on (one lock per
     /// poll, not two). Never woken with the lock held.
     pub(in crate::llm) wakers: Wakers,
+}
+
+/// A follower's place in a flight.
+pub(in crate::llm) enum Share<T> {
+    /// It left (or took its share, or the call panicked): nothing is made for it.
+    Gone,
+    /// It waits for the call.
+    Waiting,
+    /// Its share (`Err` if sharing panicked).
+    Ready(Result<T, DedupError>),
+}
+
+impl<T> FlightState<T> {
+    /// Follower `id` leaves: no share is made for it, and one made is dropped.
+    pub(in crate::llm) fn forget(&mut self, id: usize) {
+        if let Some(s) = self.followers.get_mut(id) {
+            *s = Share::Gone;
+        }
+    }
 }
 
 /// The participants' wakers (the first inline: a flight usually has one participant).
@@ -74,6 +93,17 @@ impl<T: Send + 'static> Wake for Flight<T> {
     }
 }
 
+/// The flight as a waker for one poll of its work, without a reference count of its own: the
+/// caller's `flight` outlives it. A work that keeps the waker clones it, and the clone counts.
+fn borrowed_waker<T: Send + 'static>(flight: &Arc<Flight<T>>) -> ManuallyDrop<Waker> {
+    // SAFETY: `Arc::from_raw` is given the pointer of a live `Arc<Flight<T>>` (`flight`), so it
+    // names a valid allocation; the `Arc` it makes is turned into a `Waker` that is never
+    // dropped (`ManuallyDrop`, and `Waker` has no other way to release it), so the strong count
+    // it did not take is never given back. The waker is used only while `flight` is borrowed;
+    // the work can only clone it (which increments the count) or wake it by reference.
+    ManuallyDrop::new(Waker::from(unsafe { Arc::from_raw(Arc::as_ptr(flight)) }))
+}
+
 pub(in crate::llm) enum Role<T> {
     Solo(Option<Work<T>>),
     Leader {
@@ -83,7 +113,7 @@ pub(in crate::llm) enum Role<T> {
     Follower {
         key: u128,
         flight: Arc<Flight<T>>,
-        id: u64,
+        id: usize,
     },
     Finished,
 }
@@ -197,15 +227,18 @@ impl<T: Send + 'static> Future for DedupRun<T> {
 /// A finished flight's result for the leader (`follower: None`) or a follower.
 pub(in crate::llm) fn take_result<T>(
     st: &mut FlightState<T>,
-    follower: Option<u64>,
+    follower: Option<usize>,
 ) -> Result<T, DedupError> {
     match follower {
         None => Ok(st.leader_result.take().expect("the leader's result")),
-        Some(id) => st
+        Some(id) => match st
             .followers
-            .remove(&id)
-            .flatten()
-            .expect("a share for every follower"),
+            .get_mut(id)
+            .map(|s| std::mem::replace(s, Share::Gone))
+        {
+            Some(Share::Ready(r)) => r,
+            _ => panic!("a share for every follower"),
+        },
     }
 }
 
@@ -240,7 +273,7 @@ impl<T: Send + 'static> DedupRun<T> {
                 // this task), checked before it waits or drives the call.
                 if let Some(c) = self.cancel.as_mut() {
                     if c.poll_cancelled(cx).is_ready() {
-                        st.followers.remove(&id);
+                        st.forget(id);
                         drop(st);
                         self.inner.cancelled.fetch_add(1, Ordering::Relaxed);
                         self.leave(&flight, key, false);
@@ -256,7 +289,7 @@ impl<T: Send + 'static> DedupRun<T> {
                         .deadline
                         .get_or_insert_with(|| now.checked_add(t).unwrap_or(now + FAR));
                     if now >= at {
-                        st.followers.remove(&id);
+                        st.forget(id);
                         drop(st);
                         self.inner.timeouts.fetch_add(1, Ordering::Relaxed);
                         self.leave(&flight, key, false);
@@ -283,7 +316,7 @@ impl<T: Send + 'static> DedupRun<T> {
             };
             st.polling = true;
             drop(st);
-            let waker = Waker::from(flight.clone());
+            let waker = borrowed_waker(&flight);
             let polled = catch_unwind(AssertUnwindSafe(|| {
                 work.as_mut().poll(&mut Context::from_waker(&waker))
             }));
@@ -313,7 +346,7 @@ impl<T: Send + 'static> DedupRun<T> {
                     // The shared call panicked: nobody gets a result; the panic goes on in
                     // this participant, the others are woken and find the flight gone.
                     st.done = true;
-                    st.followers.clear();
+                    st.followers.iter_mut().for_each(|s| *s = Share::Gone);
                     st.participants -= 1;
                     drop(st);
                     self.remove_key(&flight, key);
@@ -330,12 +363,15 @@ impl<T: Send + 'static> DedupRun<T> {
     fn complete(&self, st: &mut FlightState<T>, result: T) {
         st.done = true;
         let share = &self.inner.share;
-        for slot in st.followers.values_mut() {
+        for slot in st.followers.iter_mut() {
+            if !matches!(slot, Share::Waiting) {
+                continue;
+            }
             let shared = catch_unwind(AssertUnwindSafe(|| share(&result)));
             if shared.is_err() {
                 self.inner.unshareable.fetch_add(1, Ordering::Relaxed);
             }
-            *slot = Some(shared.map_err(|_| DedupError::Unshareable));
+            *slot = Share::Ready(shared.map_err(|_| DedupError::Unshareable));
         }
         if st.leader_present {
             st.leader_result = Some(result);
@@ -344,9 +380,9 @@ impl<T: Send + 'static> DedupRun<T> {
 
     /// Removes `key` from the map if it still names `flight`.
     fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
-        let mut map = lock(&self.inner.flights);
-        if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            map.remove(&key);
+        let mut reg = lock(&self.inner.flights);
+        if reg.map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
+            reg.map.remove(&key);
         }
     }
 
@@ -397,7 +433,7 @@ impl<T> Drop for DedupRun<T> {
         };
         let mut st = lock(&flight.st);
         if let Some(id) = follower {
-            st.followers.remove(&id);
+            st.forget(id);
         } else {
             st.leader_present = false;
             st.leader_result = None;
@@ -414,9 +450,9 @@ impl<T> Drop for DedupRun<T> {
         drop(st);
         drop(work);
         if last {
-            let mut map = lock(&self.inner.flights);
-            if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
-                map.remove(&key);
+            let mut reg = lock(&self.inner.flights);
+            if reg.map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
+                reg.map.remove(&key);
             }
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
