@@ -621,18 +621,20 @@ impl Rejection {
     /// The refusal of a demand in a class the bulkhead does not have
     /// ([`RejectReason::UnknownClass`]): no revision, no capacity.
     pub(crate) fn unknown_class() -> Rejection {
-        Rejection {
-            reason: RejectReason::UnknownClass,
-            constraint: None,
-            revision: 0,
-            detail: CapacityDetail {
+        Rejection::counted(
+            RejectReason::UnknownClass,
+            None,
+            0,
+            Counts {
+                requested: 0,
+                tokens: 0,
                 in_flight: 0,
                 pending: 0,
                 max_concurrent: 0,
                 max_queue: 0,
-                token_budget: None,
-                classes: None,
+                budget: None,
+                class: None,
             },
-        }
+        )
     }
 }

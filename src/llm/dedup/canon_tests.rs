@@ -162,7 +162,11 @@ fn the_encoding_is_the_reference_encoding() {
 #[test]
 fn partitions_and_bytes_match_the_reference() {
     for scope in ["", "t", &"s".repeat(64), &"s".repeat(300)] {
-        for class in [None, Some(ClassId(0)), Some(ClassId(3))] {
+        for class in [
+            None,
+            Some(ClassId::new(std::num::NonZeroU32::MIN, 0)),
+            Some(ClassId::new(std::num::NonZeroU32::MIN, 3)),
+        ] {
             let mut reference = Reference::default();
             reference.tag(10);
             reference.str(scope);
