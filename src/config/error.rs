@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 /// assert_eq!(Format::from_path("limits.yaml".as_ref()), None);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Format {
     /// JSON (feature `json`).
     Json,

@@ -206,6 +206,7 @@ text_methods!(LimitsConfig, "a limits snapshot");
 /// assert!(!o.applied());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FileOutcome {
     /// The file's snapshot was newer and is now installed (boxed: two snapshots are large).
     Applied(Box<LimitsChange>),

@@ -27,6 +27,7 @@ use settle::*;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct UsageReport {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -61,6 +62,7 @@ pub struct UsageReport {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ReleaseReport {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -95,6 +97,7 @@ pub struct ReleaseReport {
 /// assert_eq!(b.stats().in_flight, 0);
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct ReleaseError {
     /// What was wrong.
     pub error: UsageError,

@@ -25,6 +25,7 @@ use crate::Bulkhead;
     derive(serde::Serialize),
     serde(rename_all = "snake_case")
 )]
+#[non_exhaustive]
 pub enum Advice {
     /// It would be admitted.
     Admit {

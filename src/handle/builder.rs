@@ -341,6 +341,7 @@ impl BulkheadBuilder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Profile {
     /// Fail fast: no queue, no timeout.
     Interactive,

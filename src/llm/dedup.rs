@@ -184,6 +184,7 @@ pub struct FollowerOptions {
 /// assert_eq!(DedupError::Timeout.to_string(), "timed out waiting for the shared call");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DedupError {
     /// The follower's own timeout passed first; the shared call was not cancelled.
     Timeout,
@@ -213,6 +214,7 @@ impl std::error::Error for DedupError {}
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct DedupStats {
     /// Keys in flight now.
     pub active: usize,

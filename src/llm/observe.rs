@@ -283,6 +283,7 @@ impl FromStr for ShadowReasons {
 /// assert!(e.to_string().starts_with("shadow_reasons may contain only"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ModeError {
     /// A mode name other than `enforce` or `observe`.
     UnknownMode(String),

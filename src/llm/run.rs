@@ -356,6 +356,7 @@ impl<U> fmt::Debug for RunOptions<U> {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct DeadlineExpired {
     /// The configured duration (`None` for a manual deadline).
     pub deadline: Option<Duration>,
@@ -390,6 +391,7 @@ impl std::error::Error for DeadlineExpired {}
 /// assert!(matches!(r, Err(RunError::Rejected(ref x)) if x.reason == RejectReason::ConcurrencyLimit));
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum RunError<E> {
     /// Refused (the rejection carries the reason and the capacity detail).
     Rejected(Rejection),
@@ -489,6 +491,7 @@ impl Lease {
     derive(serde::Serialize),
     serde(rename_all = "snake_case")
 )]
+#[non_exhaustive]
 pub enum StopCause {
     /// The borrowed-concurrency deadline expired (the slot was abandoned).
     Deadline,

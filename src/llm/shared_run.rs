@@ -140,6 +140,7 @@ impl fmt::Debug for DedupSettings {
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LlmStats {
     /// [`Bulkhead::stats`](crate::Bulkhead::stats).
     #[cfg_attr(feature = "serde", serde(flatten))]

@@ -130,6 +130,7 @@ pub struct Timed<T> {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct Timing {
     /// Time spent deciding, outside the queue.
     pub decision_ns: u64,

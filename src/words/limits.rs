@@ -526,6 +526,7 @@ impl Ring {
 /// assert!(matches!(b.apply_limits(stale), Err(ApplyLimitsError::StaleRevision { .. })));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ApplyLimitsError {
     /// The snapshot's revision is not newer than the current one. Checked first: a stale
     /// snapshot is refused whatever else it contains.
@@ -577,6 +578,7 @@ impl From<ConfigError> for ApplyLimitsError {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LimitsChange {
     /// The snapshot that was current before.
     pub previous: LimitsSnapshot,

@@ -8,10 +8,12 @@ use super::*;
 /// ```
 /// use llm_bulkhead::{Bulkhead, DrainReport};
 /// let r = Bulkhead::new(1).unwrap().drain_blocking(None);
-/// assert_eq!(r, DrainReport { drained: true, in_flight: 0, pending: 0 });
+/// let r: DrainReport = r;
+/// assert_eq!((r.drained, r.in_flight, r.pending), (true, 0, 0));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct DrainReport {
     /// Nothing in flight, nobody queued, no token hold left.
     pub drained: bool,
