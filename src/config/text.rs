@@ -226,6 +226,7 @@ impl FileOutcome {
     /// # use llm_bulkhead::config::FileOutcome;
     /// assert!(!FileOutcome::NotNewer { file_revision: 1, current_revision: 1 }.applied());
     /// ```
+    #[must_use]
     pub fn applied(&self) -> bool {
         matches!(self, FileOutcome::Applied(_))
     }

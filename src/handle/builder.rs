@@ -355,6 +355,7 @@ impl Profile {
     /// ```
     /// assert_eq!(llm_bulkhead::Profile::Batch.max_queue(), 20);
     /// ```
+    #[must_use]
     pub fn max_queue(self) -> u32 {
         match self {
             Profile::Interactive => 0,
@@ -368,6 +369,7 @@ impl Profile {
     /// # use std::time::Duration;
     /// assert_eq!(llm_bulkhead::Profile::Batch.timeout(), Some(Duration::from_secs(30)));
     /// ```
+    #[must_use]
     pub fn timeout(self) -> Option<Duration> {
         match self {
             Profile::Interactive => None,

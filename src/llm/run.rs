@@ -123,6 +123,7 @@ impl DeadlineTrigger {
     /// ```
     /// assert!(!llm_bulkhead::llm::DeadlineTrigger::new().is_fired());
     /// ```
+    #[must_use]
     pub fn new() -> DeadlineTrigger {
         DeadlineTrigger::default()
     }
@@ -152,6 +153,7 @@ impl DeadlineTrigger {
     /// # use llm_bulkhead::llm::DeadlineTrigger;
     /// assert!(!DeadlineTrigger::new().is_fired());
     /// ```
+    #[must_use]
     pub fn is_fired(&self) -> bool {
         lock(&self.0).fired
     }
@@ -608,6 +610,7 @@ impl StopSignal {
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
     ///     assert_eq!(ctx.stop_signal().cause(), None); Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn cause(&self) -> Option<StopCause> {
         self.state.cause().or_else(|| {
             self.caller
@@ -625,6 +628,7 @@ impl StopSignal {
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
     ///     assert!(!ctx.stop_signal().is_stopped()); Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn is_stopped(&self) -> bool {
         self.cause().is_some()
     }

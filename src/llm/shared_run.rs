@@ -266,6 +266,7 @@ impl LlmBulkhead {
     /// let llm = LlmBulkhead::new(Bulkhead::new(2).unwrap(), NaiveEstimator);
     /// assert_eq!(llm.stats().bulkhead.limits.max_concurrent, 2);
     /// ```
+    #[must_use = "stats() is a snapshot: reading it changes nothing"]
     pub fn stats(&self) -> LlmStats {
         LlmStats {
             bulkhead: self.bulkhead.stats(),

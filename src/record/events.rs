@@ -90,6 +90,7 @@ impl AbandonCause {
     /// ```
     /// assert_eq!(llm_bulkhead::AbandonCause::Manual.as_str(), "manual");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             AbandonCause::Manual => "manual",
@@ -411,6 +412,7 @@ impl DedupOutcome {
     /// ```
     /// assert_eq!(llm_bulkhead::DedupOutcome::Unshareable.as_str(), "unshareable");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             DedupOutcome::Joined => "joined",
@@ -497,6 +499,7 @@ impl Event {
     /// let change = b.apply_limits(next).unwrap();
     /// assert_eq!(Event::Reconfigure(Box::new(change)).name(), "reconfigure");
     /// ```
+    #[must_use]
     pub fn name(&self) -> &'static str {
         match self {
             Event::Admit(_) => "admit",

@@ -118,6 +118,7 @@ impl RejectCounts {
     /// # use llm_bulkhead::{RejectCounts, RejectReason};
     /// assert_eq!(RejectCounts::default().get(RejectReason::Timeout), 0);
     /// ```
+    #[must_use]
     pub fn get(&self, reason: RejectReason) -> u64 {
         match reason {
             RejectReason::ConcurrencyLimit => self.concurrency_limit,
@@ -138,6 +139,7 @@ impl RejectCounts {
     /// (c.timeout, c.shutdown) = (2, 1);
     /// assert_eq!(c.total(), 3);
     /// ```
+    #[must_use]
     pub fn total(&self) -> u64 {
         RejectReason::COUNTED.iter().map(|r| self.get(*r)).sum()
     }

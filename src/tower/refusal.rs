@@ -40,6 +40,7 @@ impl Refusal {
     /// let r = Refusal::Unclassified(ClassifyError::bad_request("unknown_admission_class", "no such class"));
     /// assert_eq!(r.status(), http::StatusCode::BAD_REQUEST);
     /// ```
+    #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
             Refusal::Rejected(r) => match r.reason {
@@ -65,6 +66,7 @@ impl Refusal {
     /// assert_eq!(json["error"]["reason"], "concurrency_limit");
     /// assert_eq!(json["error"]["capacity"]["max_concurrent"], 0);
     /// ```
+    #[must_use]
     pub fn json(&self) -> Bytes {
         // Serialising these plain structs (string keys, integers) cannot fail.
         Bytes::from(serde_json::to_vec(&RefusalBody::of(self)).unwrap_or_default())

@@ -56,6 +56,7 @@ impl RejectReason {
     /// # use llm_bulkhead::RejectReason;
     /// assert_eq!(RejectReason::ConcurrencyLimit.as_str(), "concurrency_limit");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             RejectReason::ConcurrencyLimit => "concurrency_limit",
@@ -108,6 +109,7 @@ impl Constraint {
     /// # use llm_bulkhead::Constraint;
     /// assert_eq!(Constraint::Global.as_str(), "global");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Constraint::Global => "global",
@@ -515,6 +517,7 @@ impl Rejection {
     /// let d = b.try_acquire(Demand::slot()).unwrap_err().detail();
     /// assert_eq!((d.in_flight, d.max_concurrent, d.token_budget), (0, 0, None));
     /// ```
+    #[must_use]
     pub fn detail(&self) -> CapacityDetail {
         match &self.seen {
             Seen::Counts(c) => c.detail(),

@@ -210,6 +210,7 @@ impl WaitOptions {
     /// # use llm_bulkhead::WaitOptions;
     /// assert!(WaitOptions::new().cancel.is_none());
     /// ```
+    #[must_use]
     pub fn new() -> WaitOptions {
         WaitOptions::default()
     }
@@ -337,6 +338,7 @@ impl Bulkhead {
     /// assert!(t.value.is_ok());
     /// assert_eq!(t.timing.queue_wait_ns, 0); // a free slot: no queue
     /// ```
+    #[must_use = "dropping the result releases an admission at once"]
     pub fn acquire_blocking_timed(
         &self,
         demand: Demand,
@@ -369,6 +371,7 @@ impl Bulkhead {
     /// assert!(t.value.is_ok());
     /// assert_eq!(t.timing.queue_wait_ns, 0); // try_acquire never queues
     /// ```
+    #[must_use = "dropping the result releases an admission at once"]
     pub fn try_acquire_timed(&self, demand: Demand) -> Timed<Result<Admission, Rejection>> {
         let start = Instant::now();
         let value = self.try_acquire(demand);

@@ -188,6 +188,7 @@ impl<T> DedupRun<T> {
     /// let b = d.run(k, FollowerOptions::default(), || async { 2 });
     /// assert!(a.is_leader() && b.is_follower());
     /// ```
+    #[must_use]
     pub fn is_leader(&self) -> bool {
         matches!(self.role, Role::Leader { .. })
     }
@@ -199,6 +200,7 @@ impl<T> DedupRun<T> {
     /// let d: Dedup<u8> = Dedup::new(8);
     /// assert!(!d.run(None, FollowerOptions::default(), || async { 1 }).is_follower());
     /// ```
+    #[must_use]
     pub fn is_follower(&self) -> bool {
         matches!(self.role, Role::Follower { .. })
     }
