@@ -388,6 +388,10 @@ impl Bulkhead {
     /// that was spent in the queue (clocks read only for this call). The decision starts at
     /// the first poll.
     ///
+    /// # Panics
+    /// If the process-wide deadline timer thread (started by the first wait with a deadline)
+    /// cannot be spawned, because the OS refuses a thread: a resource failure, not bad input.
+    ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire): dropping the future removes its waiter; a slot granted
     /// meanwhile passes on.
@@ -491,6 +495,10 @@ impl Bulkhead {
     /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor; its
     /// timeout runs on the crate's own timer thread (started on first use, see
     /// `src/wait/timer.rs`), so it needs no runtime either.
+    ///
+    /// # Panics
+    /// If the process-wide deadline timer thread (started by the first wait with a deadline)
+    /// cannot be spawned, because the OS refuses a thread: a resource failure, not bad input.
     ///
     /// # Cancel safety
     /// Dropping the future removes its waiter from the queue; if it was dropped after being

@@ -120,6 +120,9 @@ pub(in crate::llm) enum Role<T> {
 
 /// The future of [`Dedup::run`]: the caller's result, or (followers only) why it has none.
 ///
+/// # Panics
+/// If polled again after it returned `Ready` (the `Future` contract forbids it).
+///
 /// # Cancel safety
 /// Dropping it leaves the flight; the shared call goes on while any participant remains.
 ///

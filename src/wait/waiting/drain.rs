@@ -80,6 +80,10 @@ impl Bulkhead {
     /// The async counterpart of [`drain_blocking`](Self::drain_blocking); its deadline runs on
     /// the crate's timer thread, so it works on any executor.
     ///
+    /// # Panics
+    /// With a timeout, if the process-wide deadline timer thread cannot be spawned (the OS
+    /// refuses a thread: a resource failure, not bad input).
+    ///
     /// # Cancel safety
     /// Dropping the future unregisters it; nothing else changes.
     ///
@@ -137,6 +141,10 @@ impl Bulkhead {
 }
 
 /// The future of [`Bulkhead::drain`].
+///
+/// # Panics
+/// With a timeout, if the process-wide deadline timer thread cannot be spawned (the OS
+/// refuses a thread: a resource failure, not bad input).
 ///
 /// # Cancel safety
 /// Dropping it unregisters it; nothing else changes.
