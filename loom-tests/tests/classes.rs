@@ -261,8 +261,8 @@ fn two_classes_race_for_the_last_shared_slot() {
         for (k, r) in &lost {
             assert_eq!(r.reason, RejectReason::ConcurrencyLimit, "{r:?}");
             assert_eq!(r.revision, 0);
-            let d = r
-                .detail()
+            let detail = r.detail();
+            let d = detail
                 .classes
                 .as_ref()
                 .expect("a class refusal has class detail");
@@ -364,8 +364,8 @@ fn two_classes_race_for_the_last_shared_tokens() {
 
         for (k, r) in &lost {
             assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
-            let d = r
-                .detail()
+            let detail = r.detail();
+            let d = detail
                 .classes
                 .as_ref()
                 .expect("a class refusal has class detail");

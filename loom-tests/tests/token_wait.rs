@@ -48,7 +48,7 @@ fn refund_all(a: &mut llm_bulkhead::Admission) {
         remaining_output: 0,
         safety_margin: 0,
     };
-    let r = a.report_usage(Usage::new(0, 0), Some(none)).unwrap();
+    let r = a.report_usage_reconciled(Usage::new(0, 0), none).unwrap();
     assert_eq!(r.held, 0);
 }
 

@@ -180,3 +180,27 @@ impl DrainReport {
         }
     }
 }
+
+/// Mirrors [`lb::CapacityDetail`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityDetail {
+    pub in_flight: u64,
+    pub pending: u64,
+    pub max_concurrent: u64,
+    pub max_queue: u64,
+    pub token_budget: Option<TokenCapacity>,
+    pub classes: Option<ClassDetail>,
+}
+
+impl CapacityDetail {
+    pub fn of(d: &lb::CapacityDetail) -> Self {
+        CapacityDetail {
+            in_flight: d.in_flight,
+            pending: d.pending,
+            max_concurrent: d.max_concurrent,
+            max_queue: d.max_queue,
+            token_budget: TokenCapacity::of_opt(&d.token_budget),
+            classes: d.classes.as_deref().map(ClassDetail::of),
+        }
+    }
+}
