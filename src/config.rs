@@ -285,6 +285,7 @@ impl ClassMap {
     /// let m: ClassMap = [("a", ClassConfig::default())].into_iter().collect();
     /// assert!(m.get("a").is_some() && m.get("b").is_none());
     /// ```
+    #[must_use]
     pub fn get(&self, name: &str) -> Option<&ClassConfig> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, c)| c)
     }
@@ -316,6 +317,7 @@ impl ClassMap {
     /// ```
     /// assert_eq!(llm_bulkhead::config::ClassMap::default().len(), 0);
     /// ```
+    #[must_use]
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -325,6 +327,7 @@ impl ClassMap {
     /// ```
     /// assert!(llm_bulkhead::config::ClassMap::default().is_empty());
     /// ```
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -425,6 +428,7 @@ impl RolloutMode {
     /// ```
     /// assert!(!llm_bulkhead::config::RolloutMode::Observe.is_enforce());
     /// ```
+    #[must_use]
     pub fn is_enforce(&self) -> bool {
         *self == RolloutMode::Enforce
     }
@@ -491,6 +495,7 @@ impl BulkheadConfig {
     /// let config = BulkheadConfig { max_concurrent: 7, ..Default::default() };
     /// assert_eq!(BulkheadConfig::of(&config.build().unwrap()), config);
     /// ```
+    #[must_use]
     pub fn of(bulkhead: &Bulkhead) -> BulkheadConfig {
         let l = bulkhead.limits();
         let stats_default = bulkhead.stats().classes.map(|c| c.default_class);

@@ -3,12 +3,16 @@
 //! with and without classes; and a bounded drain while an abandoned borrowed admission is still
 //! unreleased. Nothing sleeps: threads are synchronised with channels.
 
-use llm_bulkhead::{
-    Bulkhead, ClassLimits, Demand, DrainReport, Event, RejectReason, Reservation, Resources, Usage,
-};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Event, RejectReason, Reservation, Usage};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+// `DrainReport` and `Resources` are `#[non_exhaustive]`: expected values are literals of
+// test-side mirrors.
+#[path = "support/detail.rs"]
+mod detail;
+use detail::{DrainReport, Resources};
 
 type Log = Arc<Mutex<Vec<Event>>>;
 
@@ -110,8 +114,8 @@ fn admit_and_release_events_carry_resources_without_classes() {
     );
     match (&events[0], &events[1]) {
         (Event::Admit(x), Event::Release(y)) => {
-            assert_eq!(x.resources, Resources::default());
-            assert_eq!(y.resources, Resources::default());
+            assert_eq!(Resources::of(x.resources), Resources::default());
+            assert_eq!(Resources::of(y.resources), Resources::default());
             assert_eq!((x.class.as_deref(), y.class.as_deref()), (None, None));
         }
         other => panic!("{other:?}"),
@@ -130,7 +134,7 @@ fn admit_and_release_events_carry_resources_and_class_with_classes() {
     // Standard has no floor: all borrowed.
     let std_one = b.try_acquire(tokens(10, 20)).unwrap();
     assert_eq!(
-        inside.resources(),
+        Resources::of(inside.resources()),
         Resources {
             borrowed_concurrency: false,
             borrowed_tokens: 0
@@ -139,7 +143,7 @@ fn admit_and_release_events_carry_resources_and_class_with_classes() {
     assert!(past.resources().borrowed_concurrency);
     assert_eq!(past.resources().borrowed_tokens, 200);
     assert_eq!(
-        std_one.resources(),
+        Resources::of(std_one.resources()),
         Resources {
             borrowed_concurrency: true,
             borrowed_tokens: 30
@@ -276,10 +280,18 @@ fn bounded_drain_reports_an_abandoned_unreleased_admission() {
         pending: 0,
     };
     // A snapshot, and a real bound that passes (the admission is never released meanwhile).
-    assert_eq!(b.drain_blocking(Some(Duration::ZERO)), report);
-    assert_eq!(b.drain_blocking(Some(Duration::from_millis(5))), report);
     assert_eq!(
-        futures_lite::future::block_on(b.drain(Some(Duration::from_millis(5)))),
+        DrainReport::of(b.drain_blocking(Some(Duration::ZERO))),
+        report
+    );
+    assert_eq!(
+        DrainReport::of(b.drain_blocking(Some(Duration::from_millis(5)))),
+        report
+    );
+    assert_eq!(
+        DrainReport::of(futures_lite::future::block_on(
+            b.drain(Some(Duration::from_millis(5)))
+        )),
         report
     );
     // The slot count stayed 0 throughout; the release settles the admission and a drain
@@ -287,7 +299,7 @@ fn bounded_drain_reports_an_abandoned_unreleased_admission() {
     assert_eq!(b.stats().in_flight, 0);
     a.release(None).unwrap();
     assert_eq!(
-        b.drain_blocking(None),
+        DrainReport::of(b.drain_blocking(None)),
         DrainReport {
             drained: true,
             in_flight: 0,
@@ -315,7 +327,7 @@ fn bounded_drain_while_another_thread_holds_the_abandoned_admission() {
     };
     ready_rx.recv().unwrap();
     b.close();
-    let r = b.drain_blocking(Some(Duration::from_millis(5)));
+    let r = DrainReport::of(b.drain_blocking(Some(Duration::from_millis(5))));
     assert_eq!(
         r,
         DrainReport {
@@ -355,7 +367,7 @@ fn bounded_drain_while_a_deadline_abandoned_run_is_still_working() {
         let b = llm.bulkhead();
         b.close();
         assert_eq!(
-            b.drain_blocking(Some(Duration::from_millis(5))),
+            DrainReport::of(b.drain_blocking(Some(Duration::from_millis(5)))),
             DrainReport {
                 drained: false,
                 in_flight: 1,

@@ -22,6 +22,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+/// Counts with the given ones set (`RejectCounts` is `#[non_exhaustive]`: no literal outside
+/// the crate).
+fn counts(set: impl FnOnce(&mut RejectCounts)) -> RejectCounts {
+    let mut c = RejectCounts::default();
+    set(&mut c);
+    c
+}
+
 /// The reference fixture `budgeted(B)`: mc1, est 5/5.
 fn budgeted(budget: u64) -> LlmBulkhead {
     LlmBulkhead::new(
@@ -123,20 +131,18 @@ fn t1_bypasses_a_budget_rejection_and_records_usage_without_holding_capacity() {
     assert_eq!((s.admitted, s.released, s.rejected), (0, 0, 0));
     let t = s.token_budget.unwrap();
     assert_eq!((t.in_flight_tokens, t.total_reserved), (0, 0));
+    let o: ObserveStats = s.observe.unwrap();
     assert_eq!(
-        s.observe,
-        Some(ObserveStats {
-            bypassed: 1,
-            race_bypassed: 0,
-            bypassed_by_reason: RejectCounts {
-                budget_limit: 1,
-                ..RejectCounts::default()
-            },
-            in_flight: 0,
-            usage_reported: 1,
-            total_input_tokens: 3,
-            total_output_tokens: 2,
-        })
+        (
+            o.bypassed,
+            o.race_bypassed,
+            o.bypassed_by_reason,
+            o.in_flight,
+            o.usage_reported,
+            o.total_input_tokens,
+            o.total_output_tokens
+        ),
+        (1, 0, counts(|c| c.budget_limit = 1), 0, 1, 3, 2)
     );
     assert_eq!(names(&log), ["bypass", "bypass_usage", "bypass_release"]);
     let log = log.lock().unwrap().clone();
@@ -186,13 +192,7 @@ fn t3_does_not_bypass_shutdown() {
     assert_eq!(rej.reason, RejectReason::Shutdown);
     let s = llm.bulkhead().stats();
     assert_eq!(s.observe, None);
-    assert_eq!(
-        s.rejected_by_reason,
-        RejectCounts {
-            shutdown: 1,
-            ..RejectCounts::default()
-        }
-    );
+    assert_eq!(s.rejected_by_reason, counts(|c| c.shutdown = 1));
 }
 
 #[test]
@@ -216,13 +216,7 @@ fn t4_does_not_bypass_an_already_aborted_signal_even_when_budget_is_exhausted() 
     assert_eq!(rej.reason, RejectReason::Aborted);
     let s = llm.bulkhead().stats();
     assert_eq!(s.observe, None);
-    assert_eq!(
-        s.rejected_by_reason,
-        RejectCounts {
-            aborted: 1,
-            ..RejectCounts::default()
-        }
-    );
+    assert_eq!(s.rejected_by_reason, counts(|c| c.aborted = 1));
     // The hard refusal is reported with its detail.
     assert_eq!(names(&log), ["reject"]);
     let Event::Reject(r) = &log.lock().unwrap()[0] else {
@@ -266,13 +260,7 @@ fn assert_timeout_race(llm: &LlmBulkhead) {
     let s = llm.bulkhead().stats();
     let o = s.observe.unwrap();
     assert_eq!((o.bypassed, o.race_bypassed), (1, 1));
-    assert_eq!(
-        o.bypassed_by_reason,
-        RejectCounts {
-            timeout: 1,
-            ..RejectCounts::default()
-        }
-    );
+    assert_eq!(o.bypassed_by_reason, counts(|c| c.timeout = 1));
     assert_eq!(s.rejected_by_reason.timeout, 1);
     assert_eq!((s.in_flight, s.pending, s.admitted), (1, 0, 1)); // only the held slot
 }

@@ -13,10 +13,18 @@
 //! differs from the reference, the test says so and asserts the contract.
 
 use llm_bulkhead::{
-    Admission, ApplyLimitsError, BudgetLimits, Bulkhead, ClassCapacity, ClassDetail, ClassLimits,
-    ClassStats, ClassTokenCapacity, ConfigError, ConfigProblem, Constraint, Demand, LimitsSnapshot,
-    Priority, Reconcile, RejectReason, Rejection, Reservation, Resources, SharedAmount,
-    SharedCapacity, TokenCapacity, Usage, MAX_CLASSED_SLOTS, MAX_CLASSES,
+    Admission, ApplyLimitsError, BudgetLimits, Bulkhead, ClassLimits, ClassStats, ConfigError,
+    ConfigProblem, Constraint, Demand, LimitsSnapshot, Priority, Reconcile, RejectReason,
+    Rejection, Reservation, Usage, MAX_CLASSED_SLOTS, MAX_CLASSES,
+};
+
+// The refusal detail types are `#[non_exhaustive]`: the expected values are written as
+// literals of exhaustive test-side mirrors.
+#[path = "support/detail.rs"]
+mod detail;
+use detail::{
+    ClassCapacity, ClassDetail, ClassTokenCapacity, Resources, SharedAmount, SharedCapacity,
+    TokenCapacity,
 };
 
 fn res(input: u64, max_output: u64) -> Demand {
@@ -69,10 +77,12 @@ fn class_stats(b: &Bulkhead, name: &str) -> ClassStats {
 }
 
 fn class_detail(r: &Rejection) -> ClassDetail {
-    *r.detail()
-        .classes
-        .clone()
-        .expect("a class refusal carries class numbers")
+    ClassDetail::of(
+        r.detail()
+            .classes
+            .as_deref()
+            .expect("a class refusal carries class numbers"),
+    )
 }
 
 fn tokens_in_flight(b: &Bulkhead) -> u64 {
@@ -319,7 +329,7 @@ fn t03_enforces_class_concurrency_without_consuming_another_classs_headroom() {
     assert_eq!(r.detail().max_concurrent, 4);
     assert_eq!(r.detail().max_queue, 0);
     assert_eq!(
-        r.detail().token_budget,
+        TokenCapacity::of_opt(&r.detail().token_budget),
         Some(TokenCapacity {
             budget: 2_000,
             in_flight_tokens: 400,
@@ -912,7 +922,7 @@ fn t11_protects_class_concurrency_floors_and_accounts_shared_borrowing() {
 
     // Standard is admitted inside its floor.
     let s1 = b.try_acquire(Demand::slot()).unwrap();
-    assert_eq!(s1.resources(), Resources::default());
+    assert_eq!(Resources::of(s1.resources()), Resources::default());
     let shared = b.stats().classes.unwrap().shared;
     assert_eq!(
         (
@@ -971,7 +981,10 @@ fn t12_protects_token_floors_and_reports_borrowed_token_reservations() {
         .unwrap();
     let premium: Vec<_> = admit_n(&b, 3, into(&b, "premium", est()));
     // Behaviour §4.4: borrowT 0, 400, 400; no concurrency floor, so every slot is borrowed.
-    let attributed: Vec<Resources> = premium.iter().map(|a| a.resources()).collect();
+    let attributed: Vec<Resources> = premium
+        .iter()
+        .map(|a| Resources::of(a.resources()))
+        .collect();
     let borrowed = |t| Resources {
         borrowed_concurrency: true,
         borrowed_tokens: t,
@@ -983,7 +996,7 @@ fn t12_protects_token_floors_and_reports_borrowed_token_reservations() {
     assert_eq!(r.reason, RejectReason::BudgetLimit);
     assert_eq!(r.constraint, Some(Constraint::AdmissionClassProtection));
     assert_eq!(
-        r.detail().token_budget,
+        TokenCapacity::of_opt(&r.detail().token_budget),
         Some(TokenCapacity {
             budget: 2_000,
             in_flight_tokens: 1_200,
@@ -1034,7 +1047,7 @@ fn t12_protects_token_floors_and_reports_borrowed_token_reservations() {
 
     let standard: Vec<_> = admit_n(&b, 2, est());
     for a in &standard {
-        assert_eq!(a.resources(), borrowed(0)); // inside standard's token floor
+        assert_eq!(Resources::of(a.resources()), borrowed(0)); // inside standard's token floor
     }
     let p = class_stats(&b, "premium");
     assert_eq!(
@@ -1223,7 +1236,7 @@ fn resources_without_floors_mark_everything_borrowed() {
         .unwrap();
     let a = b.try_acquire(res(1, 1)).unwrap();
     assert_eq!(
-        a.resources(),
+        Resources::of(a.resources()),
         Resources {
             borrowed_concurrency: true,
             borrowed_tokens: 2
@@ -1244,7 +1257,7 @@ fn resources_without_floors_mark_everything_borrowed() {
         .build()
         .unwrap();
     let a = plain.try_acquire(res(1, 1)).unwrap();
-    assert_eq!(a.resources(), Resources::default());
+    assert_eq!(Resources::of(a.resources()), Resources::default());
     assert_eq!(a.class(), None);
 }
 
@@ -1353,7 +1366,7 @@ fn token_floors_and_the_high_priority_reserve() {
     assert_eq!(r.reason, RejectReason::BudgetLimit);
     assert_eq!(r.constraint, Some(Constraint::Global));
     assert_eq!(
-        r.detail().token_budget,
+        TokenCapacity::of_opt(&r.detail().token_budget),
         Some(TokenCapacity {
             budget: 1_000,
             in_flight_tokens: 300,
@@ -1442,7 +1455,7 @@ fn manual_abandonment_returns_a_borrowed_slot_and_keeps_the_tokens() {
     let mut p1 = b.try_acquire(into(&b, "premium", res(100, 200))).unwrap();
     // False for a protected slot (no token floor: the whole reservation is borrowed tokens).
     assert_eq!(
-        p1.resources(),
+        Resources::of(p1.resources()),
         Resources {
             borrowed_concurrency: false,
             borrowed_tokens: 300
@@ -1638,7 +1651,7 @@ fn seed_worked_example_protected_and_shared_remainders() {
     for (i, a) in premium.iter().enumerate() {
         let borrowed = i >= 6;
         assert_eq!(
-            a.resources(),
+            Resources::of(a.resources()),
             Resources {
                 borrowed_concurrency: borrowed,
                 borrowed_tokens: if borrowed { 2_000 } else { 0 }
@@ -1663,7 +1676,7 @@ fn seed_worked_example_protected_and_shared_remainders() {
     // Standard still has them, inside its floors.
     let standard: Vec<_> = admit_n(&b, 2, res(1_000, 1_000));
     for a in &standard {
-        assert_eq!(a.resources(), Resources::default());
+        assert_eq!(Resources::of(a.resources()), Resources::default());
     }
     assert_eq!((b.stats().in_flight, tokens_in_flight(&b)), (12, 24_000));
     let s = class_stats(&b, "standard");
@@ -1755,7 +1768,7 @@ fn seed_worked_example_floors_alone_protect_standard() {
     );
     assert_eq!(class_detail(&r).shared.concurrency.requested_borrowed, 0);
     let s = b.try_acquire(res(2_000, 2_000)).unwrap();
-    assert_eq!(s.resources(), Resources::default());
+    assert_eq!(Resources::of(s.resources()), Resources::default());
     assert_eq!(tokens_in_flight(&b), 24_000);
     drop((premium, s));
     assert_eq!(tokens_in_flight(&b), 0);

@@ -184,22 +184,31 @@ fn run(sc: Scenario) {
                                 "refusal not explained by the limits of its revision: {r:?}"
                             );
                             assert_eq!(r.constraint, None);
+                            // `CapacityDetail` and `TokenCapacity` are `#[non_exhaustive]`:
+                            // compare their fields.
+                            let d: CapacityDetail = r.detail();
                             assert_eq!(
-                                r.detail(),
-                                CapacityDetail {
-                                    in_flight: slots,
-                                    pending: 0,
-                                    max_concurrent: u64::from(lim.max),
-                                    max_queue: 0,
-                                    token_budget: Some(TokenCapacity {
-                                        budget: lim.budget,
-                                        in_flight_tokens: tokens_held,
-                                        effective_budget: lim.budget,
-                                        available: lim.budget.saturating_sub(tokens_held),
-                                        requested: R,
-                                    }),
-                                    classes: None
-                                },
+                                (d.in_flight, d.pending, d.max_concurrent, d.max_queue),
+                                (slots, 0, u64::from(lim.max), 0),
+                                "refusal detail is not one real state: {r:?}"
+                            );
+                            assert!(d.classes.is_none(), "{r:?}");
+                            let t: TokenCapacity = d.token_budget.expect("a budget refusal");
+                            assert_eq!(
+                                (
+                                    t.budget,
+                                    t.in_flight_tokens,
+                                    t.effective_budget,
+                                    t.available,
+                                    t.requested
+                                ),
+                                (
+                                    lim.budget,
+                                    tokens_held,
+                                    lim.budget,
+                                    lim.budget.saturating_sub(tokens_held),
+                                    R
+                                ),
                                 "refusal detail is not one real state: {r:?}"
                             );
                             refused += 1;

@@ -13,10 +13,14 @@
 mod common;
 
 use common::{assert_quiescent, model, token_stats, tokens};
-use llm_bulkhead::{
-    Admission, Bulkhead, CapacityDetail, Priority, RejectReason, Rejection, TokenCapacity, Usage,
-};
+use llm_bulkhead::{Admission, Bulkhead, Priority, RejectReason, Rejection, Usage};
 use loom::thread;
+
+// The refusal detail types are `#[non_exhaustive]`: the expected values are literals of the
+// main crate's test-side mirrors.
+#[path = "../../tests/support/detail.rs"]
+mod detail;
+use detail::{CapacityDetail, TokenCapacity};
 
 /// Spawns `n` acquirers of `demand` against `b`; each checks the state it sees right after a
 /// successful admission with `check_won` and hands its result back.
@@ -78,7 +82,7 @@ fn two_acquirers_race_for_the_last_slot() {
         assert_eq!(r.revision, 0);
         // The only state that refuses this demand: the winner and `held` in, 4 tokens held.
         assert_eq!(
-            r.detail(),
+            CapacityDetail::of(&r.detail()),
             CapacityDetail {
                 in_flight: 2,
                 pending: 0,
@@ -144,7 +148,7 @@ fn two_acquirers_race_for_the_last_tokens() {
         assert_eq!(r.reason, RejectReason::BudgetLimit, "{r:?}");
         assert_eq!(r.revision, 0);
         assert_eq!(
-            r.detail(),
+            CapacityDetail::of(&r.detail()),
             CapacityDetail {
                 in_flight: 2,
                 pending: 0,

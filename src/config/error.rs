@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 /// assert_eq!(Format::from_path("limits.yaml".as_ref()), None);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Format {
     /// JSON (feature `json`).
     Json,
@@ -27,6 +28,7 @@ impl Format {
     /// # use llm_bulkhead::config::Format;
     /// assert_eq!(Format::from_path("a/b.Toml".as_ref()), Some(Format::Toml));
     /// ```
+    #[must_use]
     pub fn from_path(path: &Path) -> Option<Format> {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
@@ -41,6 +43,7 @@ impl Format {
     /// ```
     /// assert_eq!(llm_bulkhead::config::Format::Toml.as_str(), "toml");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Json => "json",

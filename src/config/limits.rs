@@ -86,6 +86,7 @@ impl LimitsConfig {
     /// let l = LimitsConfig::of(&b);
     /// assert_eq!((l.max_concurrent, l.token_budget.unwrap().budget), (4, 100));
     /// ```
+    #[must_use]
     pub fn of(bulkhead: &Bulkhead) -> LimitsConfig {
         let l = bulkhead.limits();
         LimitsConfig {

@@ -206,6 +206,7 @@ text_methods!(LimitsConfig, "a limits snapshot");
 /// assert!(!o.applied());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FileOutcome {
     /// The file's snapshot was newer and is now installed (boxed: two snapshots are large).
     Applied(Box<LimitsChange>),
@@ -225,6 +226,7 @@ impl FileOutcome {
     /// # use llm_bulkhead::config::FileOutcome;
     /// assert!(!FileOutcome::NotNewer { file_revision: 1, current_revision: 1 }.applied());
     /// ```
+    #[must_use]
     pub fn applied(&self) -> bool {
         matches!(self, FileOutcome::Applied(_))
     }

@@ -27,6 +27,7 @@ use settle::*;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct UsageReport {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -61,6 +62,7 @@ pub struct UsageReport {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ReleaseReport {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -95,6 +97,7 @@ pub struct ReleaseReport {
 /// assert_eq!(b.stats().in_flight, 0);
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct ReleaseError {
     /// What was wrong.
     pub error: UsageError,
@@ -298,6 +301,7 @@ impl Admission {
     /// let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().class(), Some(b.class_id("a").unwrap()));
     /// ```
+    #[must_use]
     pub fn class(&self) -> Option<ClassId> {
         let k = self.class.index()?;
         self.shared().map(|s| ClassId::new(s.class_owner, k))
@@ -314,6 +318,7 @@ impl Admission {
     /// let second = b.try_acquire(Demand::slot()).unwrap();
     /// assert!(!first.resources().borrowed_concurrency && second.resources().borrowed_concurrency);
     /// ```
+    #[must_use]
     pub fn resources(&self) -> Resources {
         self.class.resources()
     }
@@ -409,6 +414,7 @@ impl Admission {
     /// let b = Bulkhead::new(1).unwrap();
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().id().to_string().len(), 36);
     /// ```
+    #[must_use]
     pub fn id(&self) -> AdmissionId {
         self.id
     }
@@ -420,6 +426,7 @@ impl Admission {
     /// let b = Bulkhead::builder().max_concurrent(1).initial_revision(7).build().unwrap();
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().revision(), 7);
     /// ```
+    #[must_use]
     pub fn revision(&self) -> u64 {
         self.revision
     }
@@ -431,6 +438,7 @@ impl Admission {
     /// let b = Bulkhead::new(1).unwrap();
     /// assert_eq!(b.try_acquire(Demand::slot()).unwrap().priority(), Priority::Normal);
     /// ```
+    #[must_use]
     pub fn priority(&self) -> Priority {
         self.class.priority()
     }
@@ -442,6 +450,7 @@ impl Admission {
     /// let d = Demand::tokens(Reservation::new(5, 5).unwrap());
     /// assert_eq!(Bulkhead::new(1).unwrap().try_acquire(d).unwrap().reservation(), None);
     /// ```
+    #[must_use]
     pub fn reservation(&self) -> Option<Reservation> {
         self.reservation
     }
@@ -454,6 +463,7 @@ impl Admission {
     /// let a = b.try_acquire(Demand::tokens(Reservation::new(30, 20).unwrap())).unwrap();
     /// assert_eq!(a.held(), 50);
     /// ```
+    #[must_use]
     pub fn held(&self) -> u64 {
         self.held
     }
@@ -464,6 +474,7 @@ impl Admission {
     /// # use llm_bulkhead::{Bulkhead, Demand};
     /// assert_eq!(Bulkhead::new(1).unwrap().try_acquire(Demand::slot()).unwrap().sequence(), 0);
     /// ```
+    #[must_use]
     pub fn sequence(&self) -> u64 {
         self.sequence
     }

@@ -25,6 +25,7 @@ use crate::Bulkhead;
     derive(serde::Serialize),
     serde(rename_all = "snake_case")
 )]
+#[non_exhaustive]
 pub enum Advice {
     /// It would be admitted.
     Admit {
@@ -46,6 +47,7 @@ impl Advice {
     /// # use llm_bulkhead::{Bulkhead, Demand};
     /// assert!(!Bulkhead::new(0).unwrap().would_admit(&Demand::slot()).admits());
     /// ```
+    #[must_use]
     pub fn admits(&self) -> bool {
         matches!(self, Advice::Admit { .. })
     }
@@ -58,6 +60,7 @@ impl Advice {
     /// b.close();
     /// assert_eq!(b.would_admit(&Demand::slot()).reason(), Some(RejectReason::Shutdown));
     /// ```
+    #[must_use]
     pub fn reason(&self) -> Option<RejectReason> {
         match self {
             Advice::Admit { .. } => None,
@@ -72,6 +75,7 @@ impl Advice {
     /// # use llm_bulkhead::{Bulkhead, Demand};
     /// assert_eq!(Bulkhead::new(3).unwrap().would_admit(&Demand::slot()).detail().max_concurrent, 3);
     /// ```
+    #[must_use]
     pub fn detail(&self) -> CapacityDetail {
         match self {
             Advice::Admit { detail, .. } => detail.clone(),
@@ -107,6 +111,7 @@ impl Bulkhead {
     /// assert_eq!(b.stats().rejected, 0); // nothing counted
     /// # drop(a);
     /// ```
+    #[must_use = "would_admit only answers: it admits nothing and holds nothing (use try_acquire)"]
     pub fn would_admit(&self, demand: &Demand) -> Advice {
         let shared = &*self.shared;
         if !self.class_is_valid(demand.class()) {

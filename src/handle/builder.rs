@@ -341,6 +341,7 @@ impl BulkheadBuilder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Profile {
     /// Fail fast: no queue, no timeout.
     Interactive,
@@ -354,6 +355,7 @@ impl Profile {
     /// ```
     /// assert_eq!(llm_bulkhead::Profile::Batch.max_queue(), 20);
     /// ```
+    #[must_use]
     pub fn max_queue(self) -> u32 {
         match self {
             Profile::Interactive => 0,
@@ -367,6 +369,7 @@ impl Profile {
     /// # use std::time::Duration;
     /// assert_eq!(llm_bulkhead::Profile::Batch.timeout(), Some(Duration::from_secs(30)));
     /// ```
+    #[must_use]
     pub fn timeout(self) -> Option<Duration> {
         match self {
             Profile::Interactive => None,

@@ -481,6 +481,7 @@ impl Bulkhead {
     /// let b = Bulkhead::new(1).unwrap();
     /// assert!(!b.is_closed());
     /// ```
+    #[must_use]
     pub fn is_closed(&self) -> bool {
         Word(self.shared.word.load(Ordering::Acquire)).closed()
     }
@@ -491,6 +492,7 @@ impl Bulkhead {
     /// # use llm_bulkhead::Bulkhead;
     /// assert_eq!(Bulkhead::new(3).unwrap().limits().max_concurrent, 3);
     /// ```
+    #[must_use = "limits() is a snapshot: reading it changes nothing"]
     pub fn limits(&self) -> LimitsSnapshot {
         lock(&self.shared.reconfig).current
     }
@@ -506,6 +508,7 @@ impl Bulkhead {
     /// assert_eq!((s.in_flight, s.token_budget.unwrap().available), (1, 100));
     /// # drop(a);
     /// ```
+    #[must_use = "stats() is a snapshot: reading it changes nothing"]
     pub fn stats(&self) -> Stats {
         let shared = &*self.shared;
         let limits = self.limits();

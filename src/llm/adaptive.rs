@@ -20,6 +20,7 @@ use crate::{Reservation, Usage};
 
 /// One model's correction, as [`AdaptiveEstimator::corrections`] reports it.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Correction {
     /// The model key (lower-cased).
     pub model: String,

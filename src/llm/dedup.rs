@@ -82,6 +82,7 @@ impl DedupKey {
     /// The default key: the whole request (model, messages with their roles, content and
     /// every other field, system prompt, `max_tokens`, `extra_input_tokens`, and every
     /// unknown top-level field), with object keys in sorted order.
+    #[must_use]
     pub fn of_request(request: &LlmRequest) -> DedupKey {
         let mut h = Canon::new();
         h.request(request);
@@ -98,6 +99,7 @@ impl DedupKey {
     /// assert_eq!(DedupKey::for_request(&r, "t", None), DedupKey::for_request(&r, "t", None));
     /// assert_ne!(DedupKey::for_request(&r, "t", None), DedupKey::for_request(&r, "u", None));
     /// ```
+    #[must_use]
     pub fn for_request(request: &LlmRequest, scope: &str, class: Option<ClassId>) -> DedupKey {
         let mut h = Canon::new();
         h.tag(10);
@@ -113,6 +115,7 @@ impl DedupKey {
     /// assert!(DedupKey::of_bytes(b"").is_none());
     /// assert_eq!(DedupKey::of_bytes(b"same"), DedupKey::of_bytes(b"same"));
     /// ```
+    #[must_use]
     pub fn of_bytes(raw: &[u8]) -> Option<DedupKey> {
         if raw.is_empty() {
             return None;
@@ -132,6 +135,7 @@ impl DedupKey {
     /// assert_ne!(k.partition("", None), k);
     /// assert_eq!(k.partition("a", None), k.partition("a", None));
     /// ```
+    #[must_use]
     pub fn partition(self, scope: &str, class: Option<ClassId>) -> DedupKey {
         let mut h = Canon::new();
         h.tag(9);
@@ -152,6 +156,7 @@ impl DedupKey {
     /// # use llm_bulkhead::llm::DedupKey;
     /// assert_ne!(DedupKey::of_bytes(b"x").unwrap().as_u128(), 0);
     /// ```
+    #[must_use]
     pub fn as_u128(self) -> u128 {
         self.0
     }
@@ -184,6 +189,7 @@ pub struct FollowerOptions {
 /// assert_eq!(DedupError::Timeout.to_string(), "timed out waiting for the shared call");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DedupError {
     /// The follower's own timeout passed first; the shared call was not cancelled.
     Timeout,
@@ -213,6 +219,7 @@ impl std::error::Error for DedupError {}
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct DedupStats {
     /// Keys in flight now.
     pub active: usize,
@@ -458,6 +465,7 @@ impl<T: Send + 'static> Dedup<T> {
     /// let d: llm_bulkhead::llm::Dedup<u8> = llm_bulkhead::llm::Dedup::new(8);
     /// assert_eq!((d.stats().active, d.stats().hits), (0, 0));
     /// ```
+    #[must_use = "stats() is a snapshot: reading it changes nothing"]
     pub fn stats(&self) -> DedupStats {
         let (active, hits, leaders, full) = {
             let reg = lock(&self.inner.flights);

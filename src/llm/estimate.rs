@@ -195,6 +195,7 @@ impl OpaqueBlockTokens {
     }
 
     /// The cost of one block of type `kind`.
+    #[must_use]
     pub fn cost(&self, kind: Option<&str>) -> u64 {
         match self {
             OpaqueBlockTokens::Flat(n) => *n,
@@ -341,6 +342,7 @@ impl ModelAwareEstimator {
     /// let e = ModelAwareEstimator::builder().default_model("gpt-4o").build().unwrap();
     /// assert_eq!(e.default_model(), Some("gpt-4o"));
     /// ```
+    #[must_use]
     pub fn default_model(&self) -> Option<&str> {
         self.default_model.as_deref()
     }
@@ -354,6 +356,7 @@ impl ModelAwareEstimator {
     /// assert_eq!(e.ratio_for("O1-PREVIEW"), (3.7, true));
     /// assert_eq!(e.ratio_for("unknown"), (4.0, false));
     /// ```
+    #[must_use]
     pub fn ratio_for(&self, model: &str) -> (f64, bool) {
         if !self.overrides.is_empty() {
             let exact = self.overrides.get(model);

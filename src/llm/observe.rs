@@ -97,6 +97,7 @@ impl Mode {
     /// use llm_bulkhead::llm::Mode;
     /// assert!(matches!(Mode::observe(), Mode::Observe(r) if r.len() == 4));
     /// ```
+    #[must_use]
     pub const fn observe() -> Mode {
         Mode::Observe(ShadowReasons::ALL)
     }
@@ -106,6 +107,7 @@ impl Mode {
     /// ```
     /// assert_eq!(llm_bulkhead::llm::Mode::Enforce.as_str(), "enforce");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Enforce => "enforce",
@@ -203,6 +205,7 @@ impl ShadowReasons {
     /// assert!(!ShadowReasons::ALL.contains(RejectReason::Shutdown));
     /// ```
     #[inline]
+    #[must_use]
     pub fn contains(self, reason: RejectReason) -> bool {
         self.0 & (1 << reason as u8) != 0
     }
@@ -224,6 +227,7 @@ impl ShadowReasons {
     /// ```
     /// assert_eq!(llm_bulkhead::llm::ShadowReasons::NONE.len(), 0);
     /// ```
+    #[must_use]
     pub fn len(self) -> usize {
         self.0.count_ones() as usize
     }
@@ -233,6 +237,7 @@ impl ShadowReasons {
     /// ```
     /// assert!(llm_bulkhead::llm::ShadowReasons::NONE.is_empty());
     /// ```
+    #[must_use]
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -283,6 +288,7 @@ impl FromStr for ShadowReasons {
 /// assert!(e.to_string().starts_with("shadow_reasons may contain only"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ModeError {
     /// A mode name other than `enforce` or `observe`.
     UnknownMode(String),
@@ -333,6 +339,7 @@ impl AdmissionKind {
     /// ```
     /// assert_eq!(llm_bulkhead::llm::AdmissionKind::Admitted.as_str(), "admitted");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             AdmissionKind::Admitted => "admitted",

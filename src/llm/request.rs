@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 /// ```
 /// assert_eq!(llm_bulkhead::llm::utf16_len("😀😀😀😀é"), 9);
 /// ```
+#[must_use]
 pub fn utf16_len(s: &str) -> u64 {
     // Every char is one UTF-16 unit, except those outside the BMP (4-byte UTF-8, lead byte
     // ≥ 0xF0), which are two. So count the bytes that start a char (not `0b10xx_xxxx`) plus
@@ -81,6 +82,7 @@ impl ContentBlock {
     }
 
     /// A block of another type (image, document, audio, …) with no other fields.
+    #[must_use]
     pub fn of_type(kind: &str) -> ContentBlock {
         let mut m = Map::new();
         m.insert("type".into(), Value::from(kind));
@@ -92,17 +94,20 @@ impl ContentBlock {
     }
 
     /// The block's JSON, as given.
+    #[must_use]
     pub fn json(&self) -> &Value {
         &self.json
     }
 
     /// The block's `type`, when it is a string.
+    #[must_use]
     pub fn kind(&self) -> Option<&str> {
         self.kind.as_deref()
     }
 
     /// The text of a well-formed text block (`type` is `"text"` and `text` is a string);
     /// `None` for every other block, malformed text blocks included.
+    #[must_use]
     pub fn text(&self) -> Option<&str> {
         self.text.as_deref()
     }
@@ -194,6 +199,7 @@ fn null_content() -> Content {
 
 impl Message {
     /// A user message with string content.
+    #[must_use]
     pub fn user(text: &str) -> Message {
         Message {
             role: "user".into(),
@@ -259,6 +265,7 @@ impl LlmRequest {
     /// let r = LlmRequest::new("gpt-4o", &["hello", "world"]);
     /// assert_eq!(r.text_len(), 10);
     /// ```
+    #[must_use]
     pub fn new(model: &str, user_messages: &[&str]) -> LlmRequest {
         LlmRequest {
             model: Some(model.to_owned()),

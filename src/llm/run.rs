@@ -123,6 +123,7 @@ impl DeadlineTrigger {
     /// ```
     /// assert!(!llm_bulkhead::llm::DeadlineTrigger::new().is_fired());
     /// ```
+    #[must_use]
     pub fn new() -> DeadlineTrigger {
         DeadlineTrigger::default()
     }
@@ -152,6 +153,7 @@ impl DeadlineTrigger {
     /// # use llm_bulkhead::llm::DeadlineTrigger;
     /// assert!(!DeadlineTrigger::new().is_fired());
     /// ```
+    #[must_use]
     pub fn is_fired(&self) -> bool {
         lock(&self.0).fired
     }
@@ -356,6 +358,7 @@ impl<U> fmt::Debug for RunOptions<U> {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct DeadlineExpired {
     /// The configured duration (`None` for a manual deadline).
     pub deadline: Option<Duration>,
@@ -390,6 +393,7 @@ impl std::error::Error for DeadlineExpired {}
 /// assert!(matches!(r, Err(RunError::Rejected(ref x)) if x.reason == RejectReason::ConcurrencyLimit));
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum RunError<E> {
     /// Refused (the rejection carries the reason and the capacity detail).
     Rejected(Rejection),
@@ -489,6 +493,7 @@ impl Lease {
     derive(serde::Serialize),
     serde(rename_all = "snake_case")
 )]
+#[non_exhaustive]
 pub enum StopCause {
     /// The borrowed-concurrency deadline expired (the slot was abandoned).
     Deadline,
@@ -605,6 +610,7 @@ impl StopSignal {
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
     ///     assert_eq!(ctx.stop_signal().cause(), None); Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn cause(&self) -> Option<StopCause> {
         self.state.cause().or_else(|| {
             self.caller
@@ -622,6 +628,7 @@ impl StopSignal {
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
     ///     assert!(!ctx.stop_signal().is_stopped()); Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn is_stopped(&self) -> bool {
         self.cause().is_some()
     }

@@ -140,6 +140,7 @@ impl fmt::Debug for DedupSettings {
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LlmStats {
     /// [`Bulkhead::stats`](crate::Bulkhead::stats).
     #[cfg_attr(feature = "serde", serde(flatten))]
@@ -265,6 +266,7 @@ impl LlmBulkhead {
     /// let llm = LlmBulkhead::new(Bulkhead::new(2).unwrap(), NaiveEstimator);
     /// assert_eq!(llm.stats().bulkhead.limits.max_concurrent, 2);
     /// ```
+    #[must_use = "stats() is a snapshot: reading it changes nothing"]
     pub fn stats(&self) -> LlmStats {
         LlmStats {
             bulkhead: self.bulkhead.stats(),

@@ -76,6 +76,7 @@ use std::sync::Arc;
     derive(serde::Serialize, serde::Deserialize),
     serde(rename_all = "snake_case")
 )]
+#[non_exhaustive]
 pub enum AbandonCause {
     /// The application called `abandon_borrowed_concurrency`.
     Manual,
@@ -89,6 +90,7 @@ impl AbandonCause {
     /// ```
     /// assert_eq!(llm_bulkhead::AbandonCause::Manual.as_str(), "manual");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             AbandonCause::Manual => "manual",
@@ -108,6 +110,7 @@ impl AbandonCause {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct AdmitEvent {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -136,6 +139,7 @@ pub struct AdmitEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct RejectEvent {
     /// The class the demand was for (with classes).
     pub class: Option<String>,
@@ -156,6 +160,7 @@ pub struct RejectEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct UsageEvent {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -199,6 +204,7 @@ pub struct UsageEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ReleaseEvent {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -237,6 +243,7 @@ pub struct ReleaseEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct AbandonEvent {
     /// The admission.
     pub admission_id: AdmissionId,
@@ -271,6 +278,7 @@ pub struct AbandonEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct BypassEvent {
     /// The bypass's shadow id ([`AdmissionId::is_shadow`]).
     pub admission_id: AdmissionId,
@@ -309,6 +317,7 @@ pub struct BypassEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct BypassUsageEvent {
     /// The bypass's shadow id.
     pub admission_id: AdmissionId,
@@ -352,6 +361,7 @@ pub struct BypassUsageEvent {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct BypassReleaseEvent {
     /// The bypass's shadow id.
     pub admission_id: AdmissionId,
@@ -374,9 +384,8 @@ pub struct BypassReleaseEvent {
 /// What happened to a de-duplicated `run` (the LLM layer's `LlmBulkhead::run_shared`).
 ///
 /// ```
-/// use llm_bulkhead::{DedupEvent, DedupOutcome};
-/// let e = DedupEvent { class: None, outcome: DedupOutcome::Joined };
-/// assert_eq!(e.outcome.as_str(), "joined");
+/// use llm_bulkhead::DedupOutcome;
+/// assert_eq!(DedupOutcome::Joined.as_str(), "joined");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(
@@ -384,6 +393,7 @@ pub struct BypassReleaseEvent {
     derive(serde::Serialize, serde::Deserialize),
     serde(rename_all = "snake_case")
 )]
+#[non_exhaustive]
 pub enum DedupOutcome {
     /// The call joined an identical call in flight (a follower): it runs nothing and takes no
     /// admission of its own (the reference's `dedup` event).
@@ -402,6 +412,7 @@ impl DedupOutcome {
     /// ```
     /// assert_eq!(llm_bulkhead::DedupOutcome::Unshareable.as_str(), "unshareable");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             DedupOutcome::Joined => "joined",
@@ -417,11 +428,13 @@ impl DedupOutcome {
 ///
 /// ```
 /// use llm_bulkhead::{DedupEvent, DedupOutcome};
-/// let e = DedupEvent { class: Some("premium".into()), outcome: DedupOutcome::Joined };
-/// assert_eq!(e.class.as_deref(), Some("premium"));
+/// fn joined_in(e: &DedupEvent) -> Option<&str> {
+///     (e.outcome == DedupOutcome::Joined).then_some(e.class.as_deref()).flatten()
+/// }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct DedupEvent {
     /// The class of the follower's partition (with classes).
     pub class: Option<String>,
@@ -479,10 +492,14 @@ impl Event {
     /// The snake_case name of the kind.
     ///
     /// ```
-    /// # use llm_bulkhead::{Event, LimitsSnapshot, LimitsChange};
-    /// # let l = llm_bulkhead::Bulkhead::new(1).unwrap().limits();
-    /// assert_eq!(Event::Reconfigure(Box::new(LimitsChange { previous: l, current: l })).name(), "reconfigure");
+    /// # use llm_bulkhead::{Bulkhead, Event};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let mut next = b.limits();
+    /// next.revision += 1;
+    /// let change = b.apply_limits(next).unwrap();
+    /// assert_eq!(Event::Reconfigure(Box::new(change)).name(), "reconfigure");
     /// ```
+    #[must_use]
     pub fn name(&self) -> &'static str {
         match self {
             Event::Admit(_) => "admit",

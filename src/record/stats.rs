@@ -95,6 +95,7 @@ impl Counters {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct RejectCounts {
     /// `concurrency_limit` refusals.
     pub concurrency_limit: u64,
@@ -117,6 +118,7 @@ impl RejectCounts {
     /// # use llm_bulkhead::{RejectCounts, RejectReason};
     /// assert_eq!(RejectCounts::default().get(RejectReason::Timeout), 0);
     /// ```
+    #[must_use]
     pub fn get(&self, reason: RejectReason) -> u64 {
         match reason {
             RejectReason::ConcurrencyLimit => self.concurrency_limit,
@@ -133,8 +135,11 @@ impl RejectCounts {
     ///
     /// ```
     /// # use llm_bulkhead::RejectCounts;
-    /// assert_eq!(RejectCounts { timeout: 2, shutdown: 1, ..Default::default() }.total(), 3);
+    /// let mut c = RejectCounts::default();
+    /// (c.timeout, c.shutdown) = (2, 1);
+    /// assert_eq!(c.total(), 3);
     /// ```
+    #[must_use]
     pub fn total(&self) -> u64 {
         RejectReason::COUNTED.iter().map(|r| self.get(*r)).sum()
     }
@@ -165,6 +170,7 @@ impl RejectCounts {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct TokenStats {
     /// The budget `B`.
     pub budget: u64,
@@ -197,6 +203,7 @@ pub struct TokenStats {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct Stats {
     /// The current limits.
     pub limits: LimitsSnapshot,
@@ -259,6 +266,7 @@ pub struct Stats {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ObserveStats {
     /// Runs bypassed.
     pub bypassed: u64,
@@ -288,6 +296,7 @@ pub struct ObserveStats {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct AbandonCauses {
     /// Abandoned by the application.
     pub manual: u64,
@@ -298,6 +307,7 @@ pub struct AbandonCauses {
 /// Statistics of the class table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ClassesStats {
     /// The default class.
     pub default_class: String,
@@ -311,6 +321,7 @@ pub struct ClassesStats {
 /// as in the reference).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct SharedStats {
     /// Shared slots.
     pub max_concurrent: u64,
@@ -325,6 +336,7 @@ pub struct SharedStats {
 /// Shared tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct SharedTokenStats {
     /// `max(0, B − Σ token floors)`.
     pub budget: u64,
@@ -337,6 +349,7 @@ pub struct SharedTokenStats {
 /// One class's statistics (reference §10.3).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ClassStats {
     /// The class.
     pub name: String,
@@ -385,6 +398,7 @@ pub struct ClassStats {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct QueueWaits {
     /// Waits that ended.
     pub ended: u64,

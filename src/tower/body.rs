@@ -35,6 +35,7 @@ impl UsageUpdate {
     /// # use llm_bulkhead::{tower::UsageUpdate, Usage};
     /// assert_eq!(UsageUpdate::last(Usage::new(1, 2)).usage, Usage::new(1, 2));
     /// ```
+    #[must_use]
     pub fn last(usage: Usage) -> UsageUpdate {
         UsageUpdate {
             usage,
@@ -73,6 +74,7 @@ pub type UsageHook = Arc<dyn Fn(&[u8]) -> Option<UsageUpdate> + Send + Sync>;
 /// let anthropic = br#"{"type":"message_delta","usage":{"output_tokens":15}}"#;
 /// assert_eq!(openai_usage(anthropic).unwrap().usage, Usage::new(0, 15));
 /// ```
+#[must_use]
 pub fn openai_usage(frame: &[u8]) -> Option<UsageUpdate> {
     const NEEDLE: &[u8] = b"\"usage\"";
     if !frame.windows(NEEDLE.len()).any(|w| w == NEEDLE) {

@@ -169,6 +169,7 @@ impl HeaderClassifier {
     /// let c = HeaderClassifier::new(&llm_bulkhead::Bulkhead::new(1).unwrap());
     /// # let _ = c;
     /// ```
+    #[must_use]
     pub fn new(bulkhead: &Bulkhead) -> HeaderClassifier {
         let classes = bulkhead
             .class_names()
@@ -193,6 +194,7 @@ impl HeaderClassifier {
     /// let c = HeaderClassifier::new(&llm_bulkhead::Bulkhead::new(1).unwrap()).class_header("x-traffic-class");
     /// # let _ = c;
     /// ```
+    #[must_use = "returns the changed classifier; the original is moved"]
     pub fn class_header(mut self, header: &'static str) -> HeaderClassifier {
         self.class_header = Some(HeaderName::from_static(header));
         self
@@ -208,6 +210,7 @@ impl HeaderClassifier {
     /// let c = HeaderClassifier::new(&llm_bulkhead::Bulkhead::new(1).unwrap()).priority_header("x-priority");
     /// # let _ = c;
     /// ```
+    #[must_use = "returns the changed classifier; the original is moved"]
     pub fn priority_header(mut self, header: &'static str) -> HeaderClassifier {
         self.priority_header = Some(HeaderName::from_static(header));
         self
@@ -221,6 +224,7 @@ impl HeaderClassifier {
     /// let (parts, ()) = http::Request::new(()).into_parts();
     /// assert_eq!(c.classify(&parts).unwrap_err().code, "missing_estimate");
     /// ```
+    #[must_use = "returns the changed classifier; the original is moved"]
     pub fn require_estimate(mut self, on: bool) -> HeaderClassifier {
         self.require_estimate = on;
         self

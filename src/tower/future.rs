@@ -41,6 +41,7 @@ pin_project! {
     /// drop(future); // a timeout outside, or a client gone
     /// assert_eq!(b.stats().in_flight, 0);
     /// ```
+    #[must_use = "futures do nothing unless polled (dropping it releases the admission)"]
     pub struct ResponseFuture<S, RB, M>
     where
         S: Service<Request<RB>>,

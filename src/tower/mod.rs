@@ -359,6 +359,7 @@ impl BulkheadLayerBuilder {
     /// let layer = BulkheadLayer::builder(llm_bulkhead::Bulkhead::new(2).unwrap()).build();
     /// # let _ = layer;
     /// ```
+    #[must_use = "the layer does nothing until it wraps a service"]
     pub fn build(self) -> BulkheadLayer {
         BulkheadLayer {
             settings: Arc::new(self.settings),
@@ -438,6 +439,7 @@ impl BulkheadLayer {
     /// let layer = BulkheadLayer::slots(llm_bulkhead::Bulkhead::new(3).unwrap());
     /// assert_eq!(layer.bulkhead().limits().max_concurrent, 3);
     /// ```
+    #[must_use]
     pub fn slots(bulkhead: Bulkhead) -> BulkheadLayer {
         BulkheadLayer::builder(bulkhead).build()
     }
@@ -451,6 +453,7 @@ impl<M> BulkheadLayer<M> {
     /// let layer: BulkheadLayer<Fail> = BulkheadLayer::slots(llm_bulkhead::Bulkhead::new(3).unwrap()).refuse_with_error();
     /// # let _ = layer;
     /// ```
+    #[must_use = "returns the changed layer; the original is moved"]
     pub fn refuse_with_error(self) -> BulkheadLayer<Fail> {
         BulkheadLayer {
             settings: self.settings,
@@ -465,6 +468,7 @@ impl<M> BulkheadLayer<M> {
     /// let layer: BulkheadLayer<Respond> = BulkheadLayer::slots(llm_bulkhead::Bulkhead::new(3).unwrap()).refuse_with_error().respond();
     /// # let _ = layer;
     /// ```
+    #[must_use = "returns the changed layer; the original is moved"]
     pub fn respond(self) -> BulkheadLayer<Respond> {
         BulkheadLayer {
             settings: self.settings,
@@ -479,6 +483,7 @@ impl<M> BulkheadLayer<M> {
     /// let layer = BulkheadLayer::slots(llm_bulkhead::Bulkhead::new(3).unwrap());
     /// assert_eq!(layer.bulkhead().stats().in_flight, 0);
     /// ```
+    #[must_use]
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.settings.bulkhead
     }

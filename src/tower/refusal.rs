@@ -20,6 +20,7 @@ use std::fmt;
 /// assert_eq!(r.status(), http::StatusCode::TOO_MANY_REQUESTS);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Refusal {
     /// The bulkhead refused the demand (boxed: the detail is large).
     Rejected(Box<Rejection>),
@@ -39,6 +40,7 @@ impl Refusal {
     /// let r = Refusal::Unclassified(ClassifyError::bad_request("unknown_admission_class", "no such class"));
     /// assert_eq!(r.status(), http::StatusCode::BAD_REQUEST);
     /// ```
+    #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
             Refusal::Rejected(r) => match r.reason {
@@ -64,6 +66,7 @@ impl Refusal {
     /// assert_eq!(json["error"]["reason"], "concurrency_limit");
     /// assert_eq!(json["error"]["capacity"]["max_concurrent"], 0);
     /// ```
+    #[must_use]
     pub fn json(&self) -> Bytes {
         // Serialising these plain structs (string keys, integers) cannot fail.
         Bytes::from(serde_json::to_vec(&RefusalBody::of(self)).unwrap_or_default())
@@ -112,6 +115,7 @@ impl std::error::Error for Refusal {}
 /// assert!(e.refusal().is_some());
 /// ```
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Refused<E> {
     /// The layer refused the request; the inner service never saw it.
     Refusal(Refusal),
@@ -256,6 +260,7 @@ impl<E> RefusalMode<E> for Fail {
 /// assert_eq!(body.error.capacity.unwrap().tokens.unwrap().requested, 20);
 /// ```
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RefusalBody {
     /// The refusal.
     pub error: RefusalError,
@@ -271,6 +276,7 @@ pub struct RefusalBody {
 /// assert_eq!((body.error.kind, body.error.revision), ("admission_rejected", Some(0)));
 /// ```
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RefusalError {
     /// `admission_rejected` (the bulkhead) or `invalid_request` (the classifier).
     #[serde(rename = "type")]
@@ -303,6 +309,7 @@ pub struct RefusalError {
 /// assert_eq!(body.error.capacity.unwrap().max_concurrent, 0);
 /// ```
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct CapacityBody {
     /// Slots in use.
     pub in_flight: u64,
@@ -333,6 +340,7 @@ pub struct CapacityBody {
 /// assert_eq!(body.error.capacity.unwrap().tokens.unwrap().budget, 10);
 /// ```
 #[derive(Clone, Copy, Debug, Serialize)]
+#[non_exhaustive]
 pub struct TokensBody {
     /// The budget `B`.
     pub budget: u64,
@@ -356,6 +364,7 @@ pub struct TokensBody {
 /// assert!(body.error.capacity.unwrap().shared.is_none());
 /// ```
 #[derive(Clone, Copy, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SharedBody {
     /// Slots.
     pub concurrency: crate::SharedAmount,
@@ -374,6 +383,7 @@ pub struct SharedBody {
 /// assert!(body.error.capacity.unwrap().class.is_none());
 /// ```
 #[derive(Clone, Copy, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ClassBody {
     /// Its admissions in flight.
     pub in_flight: u64,
@@ -406,6 +416,7 @@ pub struct ClassBody {
 /// assert!(body.error.capacity.unwrap().class.and_then(|c| c.tokens).is_none());
 /// ```
 #[derive(Clone, Copy, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ClassTokensBody {
     /// Its tokens in flight.
     pub in_flight: u64,

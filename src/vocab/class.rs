@@ -79,10 +79,12 @@ pub(crate) fn next_owner() -> std::num::NonZeroU32 {
 ///
 /// ```
 /// use llm_bulkhead::Resources;
-/// assert_eq!(Resources::default(), Resources { borrowed_concurrency: false, borrowed_tokens: 0 });
+/// let r = Resources::default();
+/// assert_eq!((r.borrowed_concurrency, r.borrowed_tokens), (false, 0));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct Resources {
     /// The slot came from the shared remainder (always true for a class without a floor).
     pub borrowed_concurrency: bool,

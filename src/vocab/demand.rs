@@ -65,6 +65,7 @@ impl Reservation {
     /// # use llm_bulkhead::Reservation;
     /// assert_eq!(Reservation::new(3, 4).unwrap().input(), 3);
     /// ```
+    #[must_use]
     pub fn input(&self) -> u64 {
         self.input
     }
@@ -75,6 +76,7 @@ impl Reservation {
     /// # use llm_bulkhead::Reservation;
     /// assert_eq!(Reservation::new(3, 4).unwrap().max_output(), 4);
     /// ```
+    #[must_use]
     pub fn max_output(&self) -> u64 {
         self.max_output
     }
@@ -85,6 +87,7 @@ impl Reservation {
     /// # use llm_bulkhead::Reservation;
     /// assert_eq!(Reservation::new(3, 4).unwrap().total(), 7);
     /// ```
+    #[must_use]
     pub fn total(&self) -> u64 {
         // Cannot overflow: checked in `new`.
         self.input + self.max_output
@@ -113,6 +116,7 @@ impl Demand {
     /// # use llm_bulkhead::Demand;
     /// assert_eq!(Demand::slot(), Demand::default());
     /// ```
+    #[must_use]
     pub fn slot() -> Self {
         Demand::default()
     }
@@ -125,6 +129,7 @@ impl Demand {
     /// let d = Demand::tokens(Reservation::new(1, 2).unwrap());
     /// assert_eq!(d.reservation().unwrap().total(), 3);
     /// ```
+    #[must_use]
     pub fn tokens(reservation: Reservation) -> Self {
         Demand {
             reservation: Some(reservation),
@@ -138,6 +143,7 @@ impl Demand {
     /// # use llm_bulkhead::{Demand, Priority};
     /// assert_eq!(Demand::slot().with_priority(Priority::High).priority(), Priority::High);
     /// ```
+    #[must_use = "with_priority returns the changed demand; the original is moved"]
     pub fn with_priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
         self
@@ -149,6 +155,7 @@ impl Demand {
     /// # use llm_bulkhead::Demand;
     /// assert!(Demand::slot().reservation().is_none());
     /// ```
+    #[must_use]
     pub fn reservation(&self) -> Option<Reservation> {
         self.reservation
     }
@@ -159,6 +166,7 @@ impl Demand {
     /// # use llm_bulkhead::{Demand, Priority};
     /// assert_eq!(Demand::slot().priority(), Priority::Normal);
     /// ```
+    #[must_use]
     pub fn priority(&self) -> Priority {
         self.priority
     }
@@ -178,6 +186,7 @@ impl Demand {
     /// assert!(b.try_acquire(Demand::slot()).is_ok()); // the default class still fits
     /// # drop(a);
     /// ```
+    #[must_use = "in_class returns the changed demand; the original is moved"]
     pub fn in_class(mut self, class: crate::ClassId) -> Self {
         self.class = Some(class);
         self
@@ -189,6 +198,7 @@ impl Demand {
     /// # use llm_bulkhead::Demand;
     /// assert_eq!(Demand::slot().class(), None);
     /// ```
+    #[must_use]
     pub fn class(&self) -> Option<crate::ClassId> {
         self.class
     }
@@ -217,6 +227,7 @@ impl Usage {
     /// # use llm_bulkhead::Usage;
     /// assert_eq!(Usage::new(1, 2), Usage { input: 1, output: 2 });
     /// ```
+    #[must_use]
     pub fn new(input: u64, output: u64) -> Self {
         Usage { input, output }
     }
@@ -227,6 +238,7 @@ impl Usage {
     /// # use llm_bulkhead::Usage;
     /// assert_eq!(Usage::new(u64::MAX, 1).total(), None);
     /// ```
+    #[must_use]
     pub fn total(&self) -> Option<u64> {
         self.input.checked_add(self.output)
     }

@@ -76,6 +76,7 @@ pub enum ConfigProblem {
 /// assert!(err.to_string().contains("exceeds"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The offending field, as a dotted path.
     pub field: &'static str,

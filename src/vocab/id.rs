@@ -44,6 +44,7 @@ impl AdmissionId {
     /// let a = b.try_acquire(Demand::slot()).unwrap();
     /// assert_eq!(a.id().as_u128() >> 76 & 0xf, 8);
     /// ```
+    #[must_use]
     pub fn as_u128(self) -> u128 {
         (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
     }
@@ -61,6 +62,7 @@ impl AdmissionId {
     /// assert!(id.to_string().starts_with("shadow-"));
     /// assert_eq!(id.to_string().len(), 7 + 36);
     /// ```
+    #[must_use]
     pub fn is_shadow(self) -> bool {
         self.0[1] >> 62 == 0b11
     }

@@ -11,6 +11,7 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum RejectReason {
     /// No free slot (or `max_concurrent` is 0, or queueing is not possible).
     ConcurrencyLimit,
@@ -55,6 +56,7 @@ impl RejectReason {
     /// # use llm_bulkhead::RejectReason;
     /// assert_eq!(RejectReason::ConcurrencyLimit.as_str(), "concurrency_limit");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             RejectReason::ConcurrencyLimit => "concurrency_limit",
@@ -90,6 +92,7 @@ impl fmt::Display for RejectReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum Constraint {
     /// A global limit (slots, queue, budget).
     Global,
@@ -106,6 +109,7 @@ impl Constraint {
     /// # use llm_bulkhead::Constraint;
     /// assert_eq!(Constraint::Global.as_str(), "global");
     /// ```
+    #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Constraint::Global => "global",
@@ -118,12 +122,17 @@ impl Constraint {
 /// The token budget as a refusal saw it.
 ///
 /// ```
-/// use llm_bulkhead::TokenCapacity;
-/// let t = TokenCapacity { budget: 2_400, in_flight_tokens: 1_100, effective_budget: 2_000, available: 900, requested: 1_100 };
-/// assert_eq!(t.available, t.effective_budget - t.in_flight_tokens);
+/// use llm_bulkhead::{Bulkhead, Demand, Reservation, TokenCapacity};
+/// let b = Bulkhead::builder().max_concurrent(2).token_budget(1_000).build().unwrap();
+/// let held = b.try_acquire(Demand::tokens(Reservation::new(600, 100).unwrap())).unwrap();
+/// let r = b.try_acquire(Demand::tokens(Reservation::new(300, 100).unwrap())).unwrap_err();
+/// let t: TokenCapacity = r.detail().token_budget.unwrap();
+/// assert_eq!((t.budget, t.in_flight_tokens, t.available, t.requested), (1_000, 700, 300, 400));
+/// # drop(held);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct TokenCapacity {
     /// The budget `B`.
     pub budget: u64,
@@ -147,6 +156,7 @@ pub struct TokenCapacity {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct CapacityDetail {
     /// Slots in use.
     pub in_flight: u64,
@@ -169,6 +179,7 @@ pub struct CapacityDetail {
 /// Capacity a class decision saw: the shared remainder and the class's own numbers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct ClassDetail {
     /// The shared remainder (`max_concurrent − Σ floors`, and for tokens `eff − Σ token floors`).
     pub shared: SharedCapacity,
@@ -179,6 +190,7 @@ pub struct ClassDetail {
 /// The shared remainder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct SharedCapacity {
     /// Shared slots.
     pub concurrency: SharedAmount,
@@ -189,6 +201,7 @@ pub struct SharedCapacity {
 /// One resource of the shared remainder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct SharedAmount {
     /// Capacity of the remainder.
     pub capacity: u64,
@@ -203,6 +216,7 @@ pub struct SharedAmount {
 /// A class's own numbers in a refusal.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct ClassCapacity {
     /// The class.
     pub id: String,
@@ -227,6 +241,7 @@ pub struct ClassCapacity {
 /// A class's token numbers in a refusal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct ClassTokenCapacity {
     /// Tokens the class holds.
     pub in_flight_tokens: u64,
@@ -502,6 +517,7 @@ impl Rejection {
     /// let d = b.try_acquire(Demand::slot()).unwrap_err().detail();
     /// assert_eq!((d.in_flight, d.max_concurrent, d.token_budget), (0, 0, None));
     /// ```
+    #[must_use]
     pub fn detail(&self) -> CapacityDetail {
         match &self.seen {
             Seen::Counts(c) => c.detail(),

@@ -37,6 +37,7 @@ impl CancelToken {
     /// ```
     /// assert!(!llm_bulkhead::CancelToken::new().is_cancelled());
     /// ```
+    #[must_use]
     pub fn new() -> CancelToken {
         CancelToken::default()
     }
@@ -66,6 +67,7 @@ impl CancelToken {
     /// ```
     /// assert!(!llm_bulkhead::CancelToken::new().is_cancelled());
     /// ```
+    #[must_use]
     pub fn is_cancelled(&self) -> bool {
         self.0.cancelled.load(Ordering::Acquire)
     }

@@ -130,6 +130,7 @@ pub struct Timed<T> {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct Timing {
     /// Time spent deciding, outside the queue.
     pub decision_ns: u64,
@@ -209,6 +210,7 @@ impl WaitOptions {
     /// # use llm_bulkhead::WaitOptions;
     /// assert!(WaitOptions::new().cancel.is_none());
     /// ```
+    #[must_use]
     pub fn new() -> WaitOptions {
         WaitOptions::default()
     }
@@ -336,6 +338,7 @@ impl Bulkhead {
     /// assert!(t.value.is_ok());
     /// assert_eq!(t.timing.queue_wait_ns, 0); // a free slot: no queue
     /// ```
+    #[must_use = "dropping the result releases an admission at once"]
     pub fn acquire_blocking_timed(
         &self,
         demand: Demand,
@@ -368,6 +371,7 @@ impl Bulkhead {
     /// assert!(t.value.is_ok());
     /// assert_eq!(t.timing.queue_wait_ns, 0); // try_acquire never queues
     /// ```
+    #[must_use = "dropping the result releases an admission at once"]
     pub fn try_acquire_timed(&self, demand: Demand) -> Timed<Result<Admission, Rejection>> {
         let start = Instant::now();
         let value = self.try_acquire(demand);
@@ -383,6 +387,10 @@ impl Bulkhead {
     /// [`acquire`](Self::acquire), also reporting how long the decision took and how long of
     /// that was spent in the queue (clocks read only for this call). The decision starts at
     /// the first poll.
+    ///
+    /// # Panics
+    /// If the process-wide deadline timer thread (started by the first wait with a deadline)
+    /// cannot be spawned, because the OS refuses a thread: a resource failure, not bad input.
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire): dropping the future removes its waiter; a slot granted
@@ -487,6 +495,10 @@ impl Bulkhead {
     /// [`acquire_blocking`](Self::acquire_blocking). The future works on any executor; its
     /// timeout runs on the crate's own timer thread (started on first use, see
     /// `src/wait/timer.rs`), so it needs no runtime either.
+    ///
+    /// # Panics
+    /// If the process-wide deadline timer thread (started by the first wait with a deadline)
+    /// cannot be spawned, because the OS refuses a thread: a resource failure, not bad input.
     ///
     /// # Cancel safety
     /// Dropping the future removes its waiter from the queue; if it was dropped after being

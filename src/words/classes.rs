@@ -61,6 +61,7 @@ impl ClassTable {
     /// ```
     /// assert_eq!(llm_bulkhead::ClassTable::default().len(), 0);
     /// ```
+    #[must_use]
     pub fn len(&self) -> usize {
         usize::from(self.len)
     }
@@ -70,6 +71,7 @@ impl ClassTable {
     /// ```
     /// assert!(llm_bulkhead::ClassTable::default().is_empty());
     /// ```
+    #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -81,6 +83,7 @@ impl ClassTable {
     /// # let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
     /// assert!(b.limits().classes.get(b.class_id("a").unwrap()).is_some());
     /// ```
+    #[must_use]
     pub fn get(&self, id: ClassId) -> Option<&ClassLimits> {
         self.entries[..self.len()].get(id.index())
     }

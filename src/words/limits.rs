@@ -60,6 +60,7 @@ impl BudgetLimits {
     /// let b = BudgetLimits { budget: 100, high_priority_reserve: 300 };
     /// assert_eq!((b.effective(Priority::Normal), b.effective(Priority::High)), (0, 100));
     /// ```
+    #[must_use]
     pub fn effective(&self, priority: Priority) -> u64 {
         match priority {
             Priority::High => self.budget,
@@ -104,6 +105,7 @@ impl LimitsSnapshot {
     /// let s = Bulkhead::builder().max_concurrent(1).build().unwrap().limits().with_revision(9);
     /// assert_eq!(s.revision, 9);
     /// ```
+    #[must_use = "returns the changed snapshot; the original is moved"]
     pub fn with_revision(mut self, revision: u64) -> Self {
         self.revision = revision;
         self
@@ -116,6 +118,7 @@ impl LimitsSnapshot {
     /// let s = Bulkhead::builder().max_concurrent(1).build().unwrap().limits().with_max_concurrent(0);
     /// assert_eq!(s.max_concurrent, 0);
     /// ```
+    #[must_use = "returns the changed snapshot; the original is moved"]
     pub fn with_max_concurrent(mut self, max_concurrent: u32) -> Self {
         self.max_concurrent = max_concurrent;
         self
@@ -128,6 +131,7 @@ impl LimitsSnapshot {
     /// let s = Bulkhead::builder().max_concurrent(1).build().unwrap().limits().with_max_queue(3);
     /// assert_eq!(s.max_queue, 3);
     /// ```
+    #[must_use = "returns the changed snapshot; the original is moved"]
     pub fn with_max_queue(mut self, max_queue: u32) -> Self {
         self.max_queue = max_queue;
         self
@@ -142,6 +146,7 @@ impl LimitsSnapshot {
     ///     .with_token_budget(Some(BudgetLimits { budget: 5, high_priority_reserve: 0 }));
     /// assert_eq!(s.token_budget.unwrap().budget, 5);
     /// ```
+    #[must_use = "returns the changed snapshot; the original is moved"]
     pub fn with_token_budget(mut self, token_budget: Option<BudgetLimits>) -> Self {
         self.token_budget = token_budget;
         self
@@ -159,6 +164,7 @@ impl LimitsSnapshot {
     /// b.apply_limits(s).unwrap();
     /// assert_eq!(b.limits().classes.get(a).unwrap().max_concurrent, Some(1));
     /// ```
+    #[must_use = "returns the changed snapshot; the original is moved"]
     pub fn with_class(mut self, class: ClassId, limits: ClassLimits) -> Self {
         self.classes.set(class, limits);
         self
@@ -526,6 +532,7 @@ impl Ring {
 /// assert!(matches!(b.apply_limits(stale), Err(ApplyLimitsError::StaleRevision { .. })));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ApplyLimitsError {
     /// The snapshot's revision is not newer than the current one. Checked first: a stale
     /// snapshot is refused whatever else it contains.
@@ -577,6 +584,7 @@ impl From<ConfigError> for ApplyLimitsError {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LimitsChange {
     /// The snapshot that was current before.
     pub previous: LimitsSnapshot,

@@ -163,6 +163,7 @@ impl Bulkhead {
     /// assert!(!Bulkhead::new(1).unwrap().waits_for_tokens());
     /// assert!(Bulkhead::builder().max_concurrent(1).wait_for_tokens(true).build().unwrap().waits_for_tokens());
     /// ```
+    #[must_use]
     pub fn waits_for_tokens(&self) -> bool {
         self.shared.wait_for_tokens
     }
@@ -184,6 +185,7 @@ impl Bulkhead {
     /// # use llm_bulkhead::Bulkhead;
     /// assert!(Bulkhead::new(1).unwrap().class_names().is_empty());
     /// ```
+    #[must_use]
     pub fn class_names(&self) -> &[String] {
         &self.shared.class_names
     }

@@ -120,6 +120,9 @@ pub(in crate::llm) enum Role<T> {
 
 /// The future of [`Dedup::run`]: the caller's result, or (followers only) why it has none.
 ///
+/// # Panics
+/// If polled again after it returned `Ready` (the `Future` contract forbids it).
+///
 /// # Cancel safety
 /// Dropping it leaves the flight; the shared call goes on while any participant remains.
 ///
@@ -188,6 +191,7 @@ impl<T> DedupRun<T> {
     /// let b = d.run(k, FollowerOptions::default(), || async { 2 });
     /// assert!(a.is_leader() && b.is_follower());
     /// ```
+    #[must_use]
     pub fn is_leader(&self) -> bool {
         matches!(self.role, Role::Leader { .. })
     }
@@ -199,6 +203,7 @@ impl<T> DedupRun<T> {
     /// let d: Dedup<u8> = Dedup::new(8);
     /// assert!(!d.run(None, FollowerOptions::default(), || async { 1 }).is_follower());
     /// ```
+    #[must_use]
     pub fn is_follower(&self) -> bool {
         matches!(self.role, Role::Follower { .. })
     }

@@ -189,6 +189,7 @@ impl RunContext {
     ///     assert_eq!(ctx.admission_kind(), AdmissionKind::Admitted); // a slot was free
     ///     Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn admission_kind(&self) -> AdmissionKind {
         match &self.inner {
             Inner::Bypassed(_) => AdmissionKind::Bypassed,
@@ -207,6 +208,7 @@ impl RunContext {
     ///     assert_eq!(ctx.bypass_reason(), Some(RejectReason::ConcurrencyLimit));
     ///     Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn bypass_reason(&self) -> Option<crate::RejectReason> {
         self.bypass_detail().map(|r| r.reason)
     }
@@ -223,6 +225,7 @@ impl RunContext {
     ///     assert_eq!(ctx.bypass_detail().unwrap().detail().max_concurrent, 0);
     ///     Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn bypass_detail(&self) -> Option<&crate::Rejection> {
         match &self.inner {
             Inner::Bypassed(b) => Some(&b.rejection),
@@ -242,6 +245,7 @@ impl RunContext {
     ///     assert_eq!(ctx.bypass_raced(), Some(false)); // the advisory check refused
     ///     Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn bypass_raced(&self) -> Option<bool> {
         match &self.inner {
             Inner::Bypassed(b) => Some(b.raced),
@@ -415,6 +419,7 @@ impl RunContext {
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
     ///     assert!(!ctx.stop_requested()); Ok::<_, ()>(()) }).unwrap();
     /// ```
+    #[must_use]
     pub fn stop_requested(&self) -> bool {
         let expired = match &self.inner {
             Inner::Owned(_) | Inner::Bypassed(_) => false,

@@ -70,6 +70,7 @@ impl LlmBulkhead {
     /// let llm = LlmBulkhead::new(Bulkhead::new(3).unwrap(), NaiveEstimator);
     /// assert_eq!(llm.bulkhead().limits().max_concurrent, 3);
     /// ```
+    #[must_use]
     pub fn bulkhead(&self) -> &Bulkhead {
         &self.bulkhead
     }

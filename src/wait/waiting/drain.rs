@@ -8,10 +8,12 @@ use super::*;
 /// ```
 /// use llm_bulkhead::{Bulkhead, DrainReport};
 /// let r = Bulkhead::new(1).unwrap().drain_blocking(None);
-/// assert_eq!(r, DrainReport { drained: true, in_flight: 0, pending: 0 });
+/// let r: DrainReport = r;
+/// assert_eq!((r.drained, r.in_flight, r.pending), (true, 0, 0));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct DrainReport {
     /// Nothing in flight, nobody queued, no token hold left.
     pub drained: bool,
@@ -78,6 +80,10 @@ impl Bulkhead {
     /// The async counterpart of [`drain_blocking`](Self::drain_blocking); its deadline runs on
     /// the crate's timer thread, so it works on any executor.
     ///
+    /// # Panics
+    /// With a timeout, if the process-wide deadline timer thread cannot be spawned (the OS
+    /// refuses a thread: a resource failure, not bad input).
+    ///
     /// # Cancel safety
     /// Dropping the future unregisters it; nothing else changes.
     ///
@@ -135,6 +141,10 @@ impl Bulkhead {
 }
 
 /// The future of [`Bulkhead::drain`].
+///
+/// # Panics
+/// With a timeout, if the process-wide deadline timer thread cannot be spawned (the OS
+/// refuses a thread: a resource failure, not bad input).
 ///
 /// # Cancel safety
 /// Dropping it unregisters it; nothing else changes.

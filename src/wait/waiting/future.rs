@@ -5,6 +5,10 @@ use super::*;
 
 /// The future of [`Bulkhead::acquire`].
 ///
+/// # Panics
+/// If the process-wide deadline timer thread (started by the first wait with a deadline)
+/// cannot be spawned, because the OS refuses a thread: a resource failure, not bad input.
+///
 /// # Cancel safety
 /// Dropping it removes its waiter from the queue; if it had already been handed a slot, the
 /// slot is released at once and passes to the next waiter.
@@ -196,6 +200,10 @@ impl Drop for Acquire<'_> {
 }
 
 /// The future of [`Bulkhead::acquire_timed`]: an [`Acquire`] that also reports its timing.
+///
+/// # Panics
+/// If the process-wide deadline timer thread (started by the first wait with a deadline)
+/// cannot be spawned, because the OS refuses a thread: a resource failure, not bad input.
 ///
 /// # Cancel safety
 /// As [`Acquire`]: dropping it removes its waiter; a slot granted meanwhile passes on.
