@@ -341,6 +341,14 @@ impl Bulkhead {
     /// # Errors
     /// [`ApplyLimitsError::StaleRevision`] or [`ApplyLimitsError::Invalid`]; nothing changed.
     ///
+    /// # Panics
+    /// Only if the kernel breaks its own contract: on Linux the grace period's barrier is
+    /// `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, registered when the first bulkhead is
+    /// built (a failed registration selects the fence fallback instead). If that call failed
+    /// after a successful registration, waiting out the grace period would not be sound, so it
+    /// panics rather than install limits that stopped decisions might still commit against.
+    /// No input reaches it.
+    ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, Demand, RejectReason};
     /// let b = Bulkhead::new(2).unwrap();
@@ -423,6 +431,10 @@ impl Bulkhead {
     /// [`ConfigProblem::MustBeOmitted`] without a budget; a range error above
     /// [`MAX_TOKENS`](crate::MAX_TOKENS); a range error on `revision` if the revision is already
     /// [`MAX_REVISION`](crate::MAX_REVISION).
+    ///
+    /// # Panics
+    /// As [`apply_limits`](Bulkhead::apply_limits) (a kernel barrier failing after
+    /// registration); no input reaches it.
     ///
     /// ```
     /// # use llm_bulkhead::Bulkhead;
