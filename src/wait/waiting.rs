@@ -419,6 +419,10 @@ impl Bulkhead {
         {
             return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
         }
+        // The fast decision first (`try_acquire`'s): the node is built only if it must wait.
+        if let Some(answer) = self.decide_or_wait(&demand) {
+            return answer;
+        }
         let (r, k, priority, reservation) = self.demand_parts(&demand);
         let timeout = options.timeout.resolve(shared.default_timeout);
         let node = Waiter::new(r, k, priority);
@@ -427,7 +431,7 @@ impl Bulkhead {
         // unwind does too (`linked` below is dropped before `node`).
         let node = unsafe { Pin::new_unchecked(&node) };
         let notify = || Notify::Thread(crate::sync::thread::current());
-        match self.enter(node, notify) {
+        match self.enter_after_fast(k, r, priority, || node, notify) {
             Enter::Granted(g) => return Ok(self.admission_from(g, priority, reservation)),
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
@@ -501,29 +505,62 @@ impl Bulkhead {
     /// let a = futures_lite::future::block_on(b.acquire(Demand::slot(), WaitOptions::default())).unwrap();
     /// assert_eq!(a.revision(), 0);
     /// ```
+    // Inlined: the future is then written in place (it is moved once more by `.await`).
+    #[inline(always)]
     pub fn acquire(&self, demand: Demand, options: WaitOptions) -> Acquire<'_> {
-        let (r, k, priority, reservation) = self.demand_parts(&demand);
         Acquire {
             bulkhead: self,
             demand,
             options,
-            reservation,
-            node: Waiter::new(r, k, priority),
             queued: false,
             finished: false,
-            deadline: None,
-            timer: None,
-            cancel_reg: None,
-            since: None,
             timed: false,
-            queue_wait: None,
+            wait: None,
+        }
+    }
+
+    /// The first decision of a waiting acquire, without a node: `try_acquire`'s decision (the
+    /// same checks, the same no-barging rule: while waiters are queued the fast CAS refuses),
+    /// answered at once unless the demand could queue (no free slot, or short only of tokens
+    /// under token waiting, with a queue possible), which is `None`: the caller builds its node
+    /// and enters the queue ([`enter_queue`](Self::enter_queue), which decides again under the
+    /// mutex). With classes (or a class this bulkhead does not have) always `None`: the class
+    /// enter ([`enter`](Self::enter)) makes its own fast decision.
+    #[inline(always)]
+    pub(crate) fn decide_or_wait(&self, demand: &Demand) -> Option<Result<Admission, Rejection>> {
+        let shared = &*self.shared;
+        if shared.classed || demand.class().is_some() {
+            return None;
+        }
+        let reservation = if shared.has_budget {
+            Some(demand.reservation().unwrap_or(Reservation::ZERO))
+        } else {
+            None
+        };
+        let r = reservation.map_or(0, |x| x.total());
+        let priority = demand.priority();
+        loop {
+            match self.try_decide(r, priority) {
+                Ok(g) => return Some(Ok(self.admission_from(g, priority, reservation))),
+                Err(f) => {
+                    if may_queue(shared, &f, r, priority) {
+                        return None;
+                    }
+                    if let Some(rej) = self.refusal(&f, r, priority) {
+                        return Some(Err(rej));
+                    }
+                }
+            }
         }
     }
 
     /// Tokens, class index (0 without classes; [`UNKNOWN_CLASS`] for a class this bulkhead
     /// does not have, which [`enter`](Self::enter) refuses), priority and reservation of
     /// `demand`.
-    fn demand_parts(&self, demand: &Demand) -> (u64, usize, Priority, Option<Reservation>) {
+    pub(super) fn demand_parts(
+        &self,
+        demand: &Demand,
+    ) -> (u64, usize, Priority, Option<Reservation>) {
         let reservation = self
             .shared
             .has_budget
@@ -544,34 +581,66 @@ impl Bulkhead {
     }
 
     /// The fast decision, then (if it found no free slot and queueing is possible) the decision
-    /// under the queue mutex, which takes a slot, refuses, or queues `node`.
-    fn enter(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
+    /// under the queue mutex, which takes a slot, refuses, or queues the node `node()` makes
+    /// (called under the mutex, only when the demand queues: a demand answered at once never
+    /// builds its node).
+    fn enter<'n>(
+        &self,
+        k: usize,
+        r: u64,
+        priority: Priority,
+        node: impl FnOnce() -> Pin<&'n Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
         let shared = &*self.shared;
-        if node.k == UNKNOWN_CLASS {
+        if k == UNKNOWN_CLASS {
             return Enter::Refused(crate::handle::bulkhead::unknown_class());
         }
         if shared.classed {
-            return self.enter_classed(node, notify);
+            return self.enter_classed(k, r, priority, node, notify);
         }
-        let (r, priority) = (node.r, node.priority);
         let f = match self.try_decide(r, priority) {
             Ok(g) => return Enter::Granted(g),
             Err(f) => f,
         };
-        // Token waiting (`crate::protocol::token_wait`): a demand short only of tokens that fits
-        // once nothing else is held decides again under the mutex, like one short of a slot.
-        let waits_for_tokens = f.reason == RejectReason::BudgetLimit
-            && shared.wait_for_tokens
-            && fits_when_idle(&f.lim, r, priority);
-        if !(f.reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
-            || f.lim.max_concurrent == 0
-            || f.lim.max_queue == 0
-        {
+        if !may_queue(shared, &f, r, priority) {
             return match self.refusal(&f, r, priority) {
                 Some(rej) => Enter::Refused(rej),
-                None => self.enter(node, notify),
+                None => self.enter(k, r, priority, node, notify),
             };
         }
+        self.enter_queue(r, priority, node, notify)
+    }
+
+    /// [`enter`](Self::enter) after [`decide_or_wait`](Self::decide_or_wait) said "wait":
+    /// without classes straight to the decision under the mutex (the fast one was made).
+    pub(crate) fn enter_after_fast<'n>(
+        &self,
+        k: usize,
+        r: u64,
+        priority: Priority,
+        node: impl FnOnce() -> Pin<&'n Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
+        if self.shared.classed || k == UNKNOWN_CLASS {
+            self.enter(k, r, priority, node, notify)
+        } else {
+            self.enter_queue(r, priority, node, notify)
+        }
+    }
+
+    /// The no-class decision under the queue mutex, after a fast decision found no free slot
+    /// (or, under token waiting, too few tokens) with a queue possible: takes a slot freed
+    /// meanwhile, refuses, or queues `node()`.
+    #[inline(never)]
+    fn enter_queue<'n>(
+        &self,
+        r: u64,
+        priority: Priority,
+        node: impl FnOnce() -> Pin<&'n Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
+        let shared = &*self.shared;
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
@@ -621,7 +690,7 @@ impl Bulkhead {
                         rej.set_pending(pending as u64);
                         Enter::Refused(rej)
                     }
-                    None => self.enter(node, notify),
+                    None => self.enter(0, r, priority, node, notify),
                 };
             }
             // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
@@ -631,6 +700,7 @@ impl Bulkhead {
             crate::sync::loom_sc_fence();
             match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::SeqCst, Ordering::Acquire) {
                 Ok(_) => {
+                    let node = node();
                     node.set_notify(&q, notify());
                     // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
                     // it is dropped; we hold the mutex.
@@ -722,6 +792,25 @@ impl Bulkhead {
 /// The class index of a waiter whose demand names a class this bulkhead does not have: it is
 /// refused on entry, before it is queued or anything is counted.
 pub(super) const UNKNOWN_CLASS: usize = usize::MAX;
+
+/// Whether a no-class fast refusal `f` of a demand of `r` tokens at `priority` is one to decide
+/// again under the queue mutex (and perhaps wait): no free slot, or (token waiting,
+/// `crate::protocol::token_wait`) short only of tokens it would have once nothing else is
+/// held; and a queue is possible (`max_concurrent > 0`, `max_queue > 0`).
+#[inline(always)]
+fn may_queue(
+    shared: &crate::shared::Shared,
+    f: &crate::handle::bulkhead::Refusal<'_>,
+    r: u64,
+    priority: Priority,
+) -> bool {
+    let waits_for_tokens = f.reason == RejectReason::BudgetLimit
+        && shared.wait_for_tokens
+        && fits_when_idle(&f.lim, r, priority);
+    (f.reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
+        && f.lim.max_concurrent > 0
+        && f.lim.max_queue > 0
+}
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
 /// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
