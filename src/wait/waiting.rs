@@ -101,9 +101,11 @@ use std::time::{Duration, Instant};
 
 mod classed;
 mod drain;
+mod fast;
 mod future;
 use crate::wait::cancel::CancelToken;
 pub use drain::{Drain, DrainReport};
+use fast::may_queue;
 pub use future::{Acquire, AcquireTimed};
 
 /// A result with the timing of the decision that produced it (see
@@ -519,41 +521,6 @@ impl Bulkhead {
         }
     }
 
-    /// The first decision of a waiting acquire, without a node: `try_acquire`'s decision (the
-    /// same checks, the same no-barging rule: while waiters are queued the fast CAS refuses),
-    /// answered at once unless the demand could queue (no free slot, or short only of tokens
-    /// under token waiting, with a queue possible), which is `None`: the caller builds its node
-    /// and enters the queue ([`enter_queue`](Self::enter_queue), which decides again under the
-    /// mutex). With classes (or a class this bulkhead does not have) always `None`: the class
-    /// enter ([`enter`](Self::enter)) makes its own fast decision.
-    #[inline(always)]
-    pub(crate) fn decide_or_wait(&self, demand: &Demand) -> Option<Result<Admission, Rejection>> {
-        let shared = &*self.shared;
-        if shared.classed || demand.class().is_some() {
-            return None;
-        }
-        let reservation = if shared.has_budget {
-            Some(demand.reservation().unwrap_or(Reservation::ZERO))
-        } else {
-            None
-        };
-        let r = reservation.map_or(0, |x| x.total());
-        let priority = demand.priority();
-        loop {
-            match self.try_decide(r, priority) {
-                Ok(g) => return Some(Ok(self.admission_from(g, priority, reservation))),
-                Err(f) => {
-                    if may_queue(shared, &f, r, priority) {
-                        return None;
-                    }
-                    if let Some(rej) = self.refusal(&f, r, priority) {
-                        return Some(Err(rej));
-                    }
-                }
-            }
-        }
-    }
-
     /// Tokens, class index (0 without classes; [`UNKNOWN_CLASS`] for a class this bulkhead
     /// does not have, which [`enter`](Self::enter) refuses), priority and reservation of
     /// `demand`.
@@ -584,7 +551,7 @@ impl Bulkhead {
     /// under the queue mutex, which takes a slot, refuses, or queues the node `node()` makes
     /// (called under the mutex, only when the demand queues: a demand answered at once never
     /// builds its node).
-    fn enter<'n>(
+    pub(super) fn enter<'n>(
         &self,
         k: usize,
         r: u64,
@@ -612,28 +579,11 @@ impl Bulkhead {
         self.enter_queue(r, priority, node, notify)
     }
 
-    /// [`enter`](Self::enter) after [`decide_or_wait`](Self::decide_or_wait) said "wait":
-    /// without classes straight to the decision under the mutex (the fast one was made).
-    pub(crate) fn enter_after_fast<'n>(
-        &self,
-        k: usize,
-        r: u64,
-        priority: Priority,
-        node: impl FnOnce() -> Pin<&'n Waiter>,
-        notify: impl FnOnce() -> Notify,
-    ) -> Enter {
-        if self.shared.classed || k == UNKNOWN_CLASS {
-            self.enter(k, r, priority, node, notify)
-        } else {
-            self.enter_queue(r, priority, node, notify)
-        }
-    }
-
     /// The no-class decision under the queue mutex, after a fast decision found no free slot
     /// (or, under token waiting, too few tokens) with a queue possible: takes a slot freed
     /// meanwhile, refuses, or queues `node()`.
     #[inline(never)]
-    fn enter_queue<'n>(
+    pub(super) fn enter_queue<'n>(
         &self,
         r: u64,
         priority: Priority,
@@ -792,25 +742,6 @@ impl Bulkhead {
 /// The class index of a waiter whose demand names a class this bulkhead does not have: it is
 /// refused on entry, before it is queued or anything is counted.
 pub(super) const UNKNOWN_CLASS: usize = usize::MAX;
-
-/// Whether a no-class fast refusal `f` of a demand of `r` tokens at `priority` is one to decide
-/// again under the queue mutex (and perhaps wait): no free slot, or (token waiting,
-/// `crate::protocol::token_wait`) short only of tokens it would have once nothing else is
-/// held; and a queue is possible (`max_concurrent > 0`, `max_queue > 0`).
-#[inline(always)]
-fn may_queue(
-    shared: &crate::shared::Shared,
-    f: &crate::handle::bulkhead::Refusal<'_>,
-    r: u64,
-    priority: Priority,
-) -> bool {
-    let waits_for_tokens = f.reason == RejectReason::BudgetLimit
-        && shared.wait_for_tokens
-        && fits_when_idle(&f.lim, r, priority);
-    (f.reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
-        && f.lim.max_concurrent > 0
-        && f.lim.max_queue > 0
-}
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
 /// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
