@@ -1,7 +1,7 @@
 //! The sizes of the values every decision returns (issue 13 §2), pinned so that a growth is
 //! a visible decision: change the numbers here, and say why in the commit.
 
-use llm_bulkhead::{Admission, ClassId, Demand, Rejection};
+use llm_bulkhead::{Acquire, Admission, ClassId, Demand, Rejection};
 use std::mem::size_of;
 
 #[test]
@@ -19,4 +19,13 @@ fn decision_values_keep_their_sizes() {
     // 112); Demand grew from 32 to 40 when `ClassId` took its bulkhead's 32-bit identity
     // (issue 13 §3).
     assert_eq!(sizes, (104, 72, 104, 40, 8), "{sizes:?}");
+}
+
+/// The future of `acquire`: its node is built in place only when the demand must wait, but it
+/// lives inside the future (the queue allocates nothing: `tests/queue_allocations.rs`), so the
+/// future carries its size. Was 272 bytes.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn the_acquire_future_keeps_its_size() {
+    assert_eq!(size_of::<Acquire<'static>>(), 256, "the future's size");
 }

@@ -101,9 +101,11 @@ use std::time::{Duration, Instant};
 
 mod classed;
 mod drain;
+mod fast;
 mod future;
 use crate::wait::cancel::CancelToken;
 pub use drain::{Drain, DrainReport};
+use fast::may_queue;
 pub use future::{Acquire, AcquireTimed};
 
 /// A result with the timing of the decision that produced it (see
@@ -427,6 +429,10 @@ impl Bulkhead {
         {
             return Err(self.waiter_refusal(RejectReason::Aborted, &demand));
         }
+        // The fast decision first (`try_acquire`'s): the node is built only if it must wait.
+        if let Some(answer) = self.decide_or_wait(&demand) {
+            return answer;
+        }
         let (r, k, priority, reservation) = self.demand_parts(&demand);
         let timeout = options.timeout.resolve(shared.default_timeout);
         let node = Waiter::new(r, k, priority);
@@ -435,7 +441,7 @@ impl Bulkhead {
         // unwind does too (`linked` below is dropped before `node`).
         let node = unsafe { Pin::new_unchecked(&node) };
         let notify = || Notify::Thread(crate::sync::thread::current());
-        match self.enter(node, notify) {
+        match self.enter_after_fast(k, r, priority, || node, notify) {
             Enter::Granted(g) => return Ok(self.admission_from(g, priority, reservation)),
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
@@ -513,29 +519,27 @@ impl Bulkhead {
     /// let a = futures_lite::future::block_on(b.acquire(Demand::slot(), WaitOptions::default())).unwrap();
     /// assert_eq!(a.revision(), 0);
     /// ```
+    // Inlined: the future is then written in place (it is moved once more by `.await`).
+    #[inline(always)]
     pub fn acquire(&self, demand: Demand, options: WaitOptions) -> Acquire<'_> {
-        let (r, k, priority, reservation) = self.demand_parts(&demand);
         Acquire {
             bulkhead: self,
             demand,
             options,
-            reservation,
-            node: Waiter::new(r, k, priority),
             queued: false,
             finished: false,
-            deadline: None,
-            timer: None,
-            cancel_reg: None,
-            since: None,
             timed: false,
-            queue_wait: None,
+            wait: None,
         }
     }
 
     /// Tokens, class index (0 without classes; [`UNKNOWN_CLASS`] for a class this bulkhead
     /// does not have, which [`enter`](Self::enter) refuses), priority and reservation of
     /// `demand`.
-    fn demand_parts(&self, demand: &Demand) -> (u64, usize, Priority, Option<Reservation>) {
+    pub(super) fn demand_parts(
+        &self,
+        demand: &Demand,
+    ) -> (u64, usize, Priority, Option<Reservation>) {
         let reservation = self
             .shared
             .has_budget
@@ -556,34 +560,49 @@ impl Bulkhead {
     }
 
     /// The fast decision, then (if it found no free slot and queueing is possible) the decision
-    /// under the queue mutex, which takes a slot, refuses, or queues `node`.
-    fn enter(&self, node: Pin<&Waiter>, notify: impl FnOnce() -> Notify) -> Enter {
+    /// under the queue mutex, which takes a slot, refuses, or queues the node `node()` makes
+    /// (called under the mutex, only when the demand queues: a demand answered at once never
+    /// builds its node).
+    pub(super) fn enter<'n>(
+        &self,
+        k: usize,
+        r: u64,
+        priority: Priority,
+        node: impl FnOnce() -> Pin<&'n Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
         let shared = &*self.shared;
-        if node.k == UNKNOWN_CLASS {
+        if k == UNKNOWN_CLASS {
             return Enter::Refused(crate::handle::bulkhead::unknown_class());
         }
         if shared.classed {
-            return self.enter_classed(node, notify);
+            return self.enter_classed(k, r, priority, node, notify);
         }
-        let (r, priority) = (node.r, node.priority);
         let f = match self.try_decide(r, priority) {
             Ok(g) => return Enter::Granted(g),
             Err(f) => f,
         };
-        // Token waiting (`crate::protocol::token_wait`): a demand short only of tokens that fits
-        // once nothing else is held decides again under the mutex, like one short of a slot.
-        let waits_for_tokens = f.reason == RejectReason::BudgetLimit
-            && shared.wait_for_tokens
-            && fits_when_idle(&f.lim, r, priority);
-        if !(f.reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
-            || f.lim.max_concurrent == 0
-            || f.lim.max_queue == 0
-        {
+        if !may_queue(shared, &f, r, priority) {
             return match self.refusal(&f, r, priority) {
                 Some(rej) => Enter::Refused(rej),
-                None => self.enter(node, notify),
+                None => self.enter(k, r, priority, node, notify),
             };
         }
+        self.enter_queue(r, priority, node, notify)
+    }
+
+    /// The no-class decision under the queue mutex, after a fast decision found no free slot
+    /// (or, under token waiting, too few tokens) with a queue possible: takes a slot freed
+    /// meanwhile, refuses, or queues `node()`.
+    #[inline(never)]
+    pub(super) fn enter_queue<'n>(
+        &self,
+        r: u64,
+        priority: Priority,
+        node: impl FnOnce() -> Pin<&'n Waiter>,
+        notify: impl FnOnce() -> Notify,
+    ) -> Enter {
+        let shared = &*self.shared;
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
@@ -633,7 +652,7 @@ impl Bulkhead {
                         rej.set_pending(pending as u64);
                         Enter::Refused(rej)
                     }
-                    None => self.enter(node, notify),
+                    None => self.enter(0, r, priority, node, notify),
                 };
             }
             // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
@@ -643,6 +662,7 @@ impl Bulkhead {
             crate::sync::loom_sc_fence();
             match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::SeqCst, Ordering::Acquire) {
                 Ok(_) => {
+                    let node = node();
                     node.set_notify(&q, notify());
                     // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
                     // it is dropped; we hold the mutex.

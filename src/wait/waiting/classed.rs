@@ -9,13 +9,15 @@ impl Bulkhead {
     /// Class mode of `enter`: the fast class decision, then under the mutex (raising the flags
     /// first when the queue is empty) a decision for the would-be head, or a place at the tail.
     #[inline(never)]
-    pub(super) fn enter_classed(
+    pub(super) fn enter_classed<'n>(
         &self,
-        node: Pin<&Waiter>,
+        k: usize,
+        r: u64,
+        priority: Priority,
+        node: impl FnOnce() -> Pin<&'n Waiter>,
         notify: impl FnOnce() -> Notify,
     ) -> Enter {
         let shared = &*self.shared;
-        let (k, r, priority) = (node.k, node.r, node.priority);
         // Rows 1–5 pass and there is no free slot, or waiters are queued: straight to the
         // queue (a decision of our own would only be refused, and explained at a cost).
         let w = Word(shared.word.load(Ordering::SeqCst));
@@ -117,6 +119,7 @@ impl Bulkhead {
             rej.set_pending(pending);
             return Enter::Refused(rej);
         }
+        let node = node();
         node.set_notify(&q, notify());
         // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before it is
         // dropped; we hold the mutex.

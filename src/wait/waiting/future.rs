@@ -27,20 +27,27 @@ pub struct Acquire<'a> {
     pub(super) bulkhead: &'a Bulkhead,
     pub(super) demand: Demand,
     pub(super) options: WaitOptions,
-    pub(super) reservation: Option<Reservation>,
-    pub(super) node: Waiter,
+    /// It entered the queue (`wait` is then `Some`).
     pub(super) queued: bool,
     pub(super) finished: bool,
-    /// When the wait times out (`options.timeout` from the first poll).
-    pub(super) deadline: Option<Instant>,
-    /// The timer entry that wakes this future at its deadline.
-    pub(super) timer: Option<u64>,
-    /// Its waker's registration with `options.cancel`, while queued.
-    pub(super) cancel_reg: Option<u64>,
-    /// When it joined the queue.
-    pub(super) since: Option<Instant>,
     /// Timing requested ([`Bulkhead::acquire_timed`]): the queue wait is measured.
     pub(super) timed: bool,
+    /// The waiter and its registrations: built only when the first poll's fast decision says
+    /// the demand must wait (a demand answered at once never builds a node).
+    pub(super) wait: Option<Wait>,
+}
+
+/// A queued [`Acquire`]'s state (structurally pinned: `node` is linked by address).
+pub(super) struct Wait {
+    node: Waiter,
+    /// When the wait times out (`options.timeout` from when it queued).
+    deadline: Option<Instant>,
+    /// The timer entry that wakes this future at its deadline.
+    timer: Option<u64>,
+    /// Its waker's registration with `options.cancel`, while queued.
+    cancel_reg: Option<u64>,
+    /// When it joined the queue (if measured).
+    since: Option<Instant>,
     /// How long it was queued, once it finished (measured only if `timed` or the bulkhead
     /// measures queue waits).
     pub(super) queue_wait: Option<Duration>,
@@ -58,65 +65,116 @@ impl std::fmt::Debug for Acquire<'_> {
 impl Future for Acquire<'_> {
     type Output = Result<Admission, Rejection>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `node` is never moved out of the pinned future; the other fields are plain
-        // data that are not structurally pinned.
+        // SAFETY: `wait` (the node) is never moved out of the pinned future (it is written in
+        // place, once, while `None`); the other fields are plain data, not structurally pinned.
         let this = unsafe { self.get_unchecked_mut() };
         assert!(!this.finished, "Acquire polled after completion");
+        if this.queued {
+            return this.poll_queued(cx);
+        }
         let b = this.bulkhead;
-        // SAFETY: `this` is pinned, so `node` is too.
-        let node = unsafe { Pin::new_unchecked(&this.node) };
-        let priority = node.priority;
-        if !this.queued {
-            if this
-                .options
-                .cancel
-                .as_ref()
-                .is_some_and(CancelToken::is_cancelled)
-            {
-                this.finished = true;
-                return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
+        if this
+            .options
+            .cancel
+            .as_ref()
+            .is_some_and(CancelToken::is_cancelled)
+        {
+            this.finished = true;
+            return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
+        }
+        // The first poll: `try_acquire`'s decision, and nothing else unless it must wait.
+        if let Some(answer) = b.decide_or_wait(&this.demand) {
+            this.finished = true;
+            return Poll::Ready(answer);
+        }
+        this.start_waiting(cx)
+    }
+}
+
+impl Acquire<'_> {
+    /// The first poll found no free slot: builds the node (in place) and enters the queue,
+    /// which decides again under the mutex. `self` is pinned (called from `poll` only).
+    #[inline(never)]
+    fn start_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, Rejection>> {
+        let b = self.bulkhead;
+        let (r, k, priority, reservation) = b.demand_parts(&self.demand);
+        let slot = &mut self.wait;
+        let make = node_maker(move || {
+            let w = slot.insert(Wait {
+                node: Waiter::new(r, k, priority),
+                deadline: None,
+                timer: None,
+                cancel_reg: None,
+                since: None,
+                queue_wait: None,
+            });
+            // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned
+            // was moved or dropped by this write.
+            unsafe { Pin::new_unchecked(&w.node) }
+        });
+        // The waker is cloned only if the demand queues.
+        match b.enter_after_fast(k, r, priority, make, || Notify::Waker(cx.waker().clone())) {
+            Enter::Granted(g) => {
+                self.finished = true;
+                Poll::Ready(Ok(b.admission_from(g, priority, reservation)))
             }
-            // The waker is cloned only if the demand queues.
-            match b.enter(node, || Notify::Waker(cx.waker().clone())) {
-                Enter::Granted(g) => {
-                    this.finished = true;
-                    return Poll::Ready(Ok(b.admission_from(g, priority, this.reservation)));
+            Enter::Refused(rej) => {
+                self.finished = true;
+                Poll::Ready(Err(rej))
+            }
+            Enter::Queued => {
+                self.queued = true;
+                let Some(w) = self.wait.as_mut() else {
+                    unreachable!("a queued waiter has its node")
+                };
+                w.since = if self.timed {
+                    Some(Instant::now())
+                } else {
+                    wait_started(b)
+                };
+                w.deadline = deadline_after(self.options.timeout.resolve(b.shared.default_timeout));
+                if let Some(at) = w.deadline {
+                    w.timer = Some(crate::wait::timer::register(at, cx.waker().clone()));
                 }
-                Enter::Refused(rej) => {
-                    this.finished = true;
-                    return Poll::Ready(Err(rej));
-                }
-                Enter::Queued => {
-                    this.queued = true;
-                    this.since = if this.timed {
-                        Some(Instant::now())
-                    } else {
-                        wait_started(b)
-                    };
-                    this.deadline =
-                        deadline_after(this.options.timeout.resolve(b.shared.default_timeout));
-                    if let Some(at) = this.deadline {
-                        this.timer = Some(crate::wait::timer::register(at, cx.waker().clone()));
+                if let Some(tok) = &self.options.cancel {
+                    w.cancel_reg = Some(tok.register_waker(None, cx.waker()));
+                    if tok.is_cancelled() {
+                        // Cancelled before the registration: look again at once.
+                        cx.waker().wake_by_ref();
                     }
-                    if let Some(tok) = &this.options.cancel {
-                        this.cancel_reg = Some(tok.register_waker(None, cx.waker()));
-                        if tok.is_cancelled() {
-                            // Cancelled before the registration: look again at once.
-                            cx.waker().wake_by_ref();
-                        }
-                    }
-                    return Poll::Pending;
                 }
+                Poll::Pending
             }
         }
+    }
+
+    /// A later poll of a queued waiter. `self` is pinned (called from `poll` only).
+    #[inline(never)]
+    fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, Rejection>> {
+        let b = self.bulkhead;
+        let Some(Wait {
+            node,
+            deadline,
+            timer,
+            cancel_reg,
+            since,
+            queue_wait,
+        }) = self.wait.as_mut()
+        else {
+            unreachable!("a queued waiter has its node")
+        };
+        // SAFETY: the future is pinned, so `wait.node` is too.
+        let node = unsafe { Pin::new_unchecked(&*node) };
+        let (_, _, priority, reservation) = b.demand_parts(&self.demand);
         if !node.is_done() {
-            let cancelled = this
+            let cancelled = self
                 .options
                 .cancel
                 .as_ref()
                 .is_some_and(CancelToken::is_cancelled);
-            let timed_out = this.deadline.is_some_and(|d| Instant::now() >= d);
+            let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
             if cancelled || timed_out {
                 let reason = if cancelled {
                     RejectReason::Aborted
@@ -124,20 +182,16 @@ impl Future for Acquire<'_> {
                     RejectReason::Timeout
                 };
                 let outcome = b.leave(node, reason);
-                this.finished = true;
-                end_registrations(
-                    &mut this.timer,
-                    this.options.cancel.as_ref(),
-                    &mut this.cancel_reg,
-                );
-                this.queue_wait = this.since.map(|s| s.elapsed());
-                book_wait(b, this.since);
-                return Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation));
+                self.finished = true;
+                end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
+                *queue_wait = since.map(|s| s.elapsed());
+                book_wait(b, *since);
+                return Poll::Ready(b.finish(outcome, &self.demand, priority, reservation));
             }
-            if let Some(t) = this.timer {
+            if let Some(t) = *timer {
                 crate::wait::timer::update(t, cx.waker());
             }
-            if let (Some(tok), Some(id)) = (&this.options.cancel, this.cancel_reg) {
+            if let (Some(tok), Some(id)) = (&self.options.cancel, *cancel_reg) {
                 tok.register_waker(Some(id), cx.waker());
             }
             let guard = b.shared.slow_path();
@@ -149,19 +203,20 @@ impl Future for Acquire<'_> {
                 return Poll::Pending;
             }
         }
-        this.finished = true;
-        end_registrations(
-            &mut this.timer,
-            this.options.cancel.as_ref(),
-            &mut this.cancel_reg,
-        );
-        this.queue_wait = this.since.map(|s| s.elapsed());
-        book_wait(b, this.since);
+        self.finished = true;
+        end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
+        *queue_wait = since.map(|s| s.elapsed());
+        book_wait(b, *since);
         // SAFETY: `is_done` returned true on this thread (the branch above, or the check
         // under the lock).
         let outcome = unsafe { node.outcome() };
-        Poll::Ready(b.finish(outcome, &this.demand, priority, this.reservation))
+        Poll::Ready(b.finish(outcome, &self.demand, priority, reservation))
     }
+}
+
+/// Pins down a node-making closure's type as `FnOnce` (it returns a borrow of what it owns).
+fn node_maker<'n, F: FnOnce() -> Pin<&'n Waiter>>(f: F) -> F {
+    f
 }
 
 /// Ends a waiter's timer entry and its cancellation registration (the wait is over).
@@ -175,26 +230,42 @@ fn end_registrations(timer: &mut Option<u64>, cancel: Option<&CancelToken>, reg:
 }
 
 impl Drop for Acquire<'_> {
+    #[inline]
     fn drop(&mut self) {
+        if self.queued {
+            self.drop_queued();
+        }
+    }
+}
+
+impl Acquire<'_> {
+    /// The drop of a future that entered the queue: ends its registrations and, if it is
+    /// still waiting, leaves the queue (releasing a slot handed to it meanwhile).
+    #[cold]
+    #[inline(never)]
+    fn drop_queued(&mut self) {
+        let b = self.bulkhead;
+        let Some(w) = self.wait.as_mut() else {
+            return;
+        };
         end_registrations(
-            &mut self.timer,
+            &mut w.timer,
             self.options.cancel.as_ref(),
-            &mut self.cancel_reg,
+            &mut w.cancel_reg,
         );
-        if !self.queued || self.finished {
+        if self.finished {
             return;
         }
-        let b = self.bulkhead;
         // SAFETY: the future is being dropped in place: `node` has not moved since it was
         // pinned and is still alive here.
-        let node = unsafe { Pin::new_unchecked(&self.node) };
+        let node = unsafe { Pin::new_unchecked(&w.node) };
         let outcome = b.leave(node, RejectReason::Aborted);
-        book_wait(b, self.since);
+        book_wait(b, w.since);
         if let Outcome::Granted { .. } = outcome {
             // Handed a slot after it stopped waiting: take it and release it at once, which
             // passes it to the next waiter.
-            let priority = node.priority;
-            drop(b.finish(outcome, &self.demand, priority, self.reservation));
+            let (_, _, priority, reservation) = b.demand_parts(&self.demand);
+            drop(b.finish(outcome, &self.demand, priority, reservation));
         }
     }
 }
@@ -237,7 +308,9 @@ impl Future for AcquireTimed<'_> {
             Poll::Pending => Poll::Pending,
             Poll::Ready(value) => {
                 let total = start.elapsed();
-                let wait = this.inner.queue_wait.unwrap_or_default();
+                let wait = (this.inner.wait.as_ref())
+                    .and_then(|w| w.queue_wait)
+                    .unwrap_or_default();
                 Poll::Ready(Timed {
                     value,
                     timing: Timing {
