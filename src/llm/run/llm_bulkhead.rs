@@ -168,6 +168,18 @@ impl LlmBulkhead {
         }
     }
 
+    /// What `run` and `run_blocking` check before anything changes: the deadline option, that
+    /// nothing asks to detach, and the demand (estimation and class).
+    fn prepare<U, E>(
+        &self,
+        request: &LlmRequest,
+        options: &RunOptions<U>,
+    ) -> Result<Demand, RunError<E>> {
+        Self::check_deadline(&options.borrowed_concurrency_deadline)?;
+        Self::check_no_detach(options)?;
+        self.demand(request, options).map_err(RunError::Invalid)
+    }
+
     pub(in crate::llm) fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
         if let Some(Deadline::After(d)) = d {
             if d.is_zero() || Instant::now().checked_add(*d).is_none() {
@@ -228,9 +240,7 @@ impl LlmBulkhead {
         U: UsageFrom<R>,
         F: FnOnce(&mut RunContext) -> Result<R, E>,
     {
-        Self::check_deadline(&options.borrowed_concurrency_deadline)?;
-        Self::check_no_detach(&options)?;
-        let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
+        let demand = self.prepare(request, &options)?;
         let RunOptions {
             wait,
             borrowed_concurrency_deadline,
@@ -404,9 +414,7 @@ impl LlmBulkhead {
         F: AsyncFnOnce(&mut RunContext) -> Result<R, E> + 'a,
     {
         // Validation and estimation happen now, so the future does not borrow the request.
-        let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
-            .and_then(|()| Self::check_no_detach(&options))
-            .and_then(|()| self.demand(request, &options).map_err(RunError::Invalid));
+        let prepared = self.prepare(request, &options);
         async move {
             let demand = prepared?;
             let RunOptions {
