@@ -7,8 +7,16 @@
 //! * `interactive` (6 workers, chat with streaming): a floor of 4 slots and 4,400 tokens, which
 //!   the control plane raises to 6 slots and 6,600 tokens mid-run with `apply_limits`;
 //! * `standard` (3 workers, the default class): a floor of 2 slots and 3,000 tokens;
-//! * `batch`, the noisy tenant (16 workers for at most 10 slots, long documents): no floor, so
-//!   it only ever borrows the shared remainder, and it retries a refusal after 2 ms.
+//! * `batch`, the noisy tenant (10 workers for at most 10 slots, long documents): no floor, so
+//!   it only ever borrows the shared remainder. Its binding constraint is tokens (ten long
+//!   documents want more than its 36,000-token ceiling), and it waits for them: the bulkhead
+//!   has a queue and `wait_for_tokens(true)`, and batch calls `acquire_blocking` with a 50 ms
+//!   timeout, so a batch demand short of tokens waits in the FIFO until releases and refunds
+//!   feed it. Slot refusals stay fail-fast by contract (the protection of the other floors,
+//!   row 4; with ten workers the class ceiling, row 3, never refuses), and batch retries those
+//!   and its queue timeouts after 2 ms. The interactive and standard tenants are not held
+//!   back by a batch waiter while they stay inside their floors: such newcomers bypass the
+//!   queue (CONTRACT.md §2 as `src/contract.rs` states it).
 //!
 //! Requests are `LlmRequest`s built in code and estimated with `ModelAwareEstimator`; holds are
 //! corrected midway for streamed calls (`report_usage` with `Reconcile`) and settled with the
@@ -37,6 +45,8 @@ use std::time::{Duration, Instant};
 
 const MAX_CONCURRENT: u32 = 16;
 const TOKEN_BUDGET: u64 = 48_000;
+/// Queue places: one per batch worker (the only tenant that waits).
+const QUEUE: u32 = 10;
 
 /// The run, as fractions of its duration: the provider is slow in `[SLOW_FROM, SLOW_UNTIL)`;
 /// the control plane raises the interactive floor at `RAISE_AT` (revision 1) and restores it
@@ -58,10 +68,9 @@ const CLASSES: usize = 3;
 enum Mode {
     /// `try_acquire`: a refusal goes straight back to the client (a 429).
     FailFast,
-    /// `acquire_blocking` with this timeout. This bulkhead has no queue (`max_queue` 0, see
-    /// `build_bulkhead`), so the call decides like `try_acquire`; a refusal of any reason
-    /// (including `timeout` or `queue_limit`, should a queue be configured) is retried after
-    /// the class's backoff.
+    /// `acquire_blocking` with this timeout: the demand waits in the queue for tokens
+    /// (`wait_for_tokens`) or for a free slot; a refusal of any reason (a slot refusal for
+    /// protection, `timeout`, `queue_limit`) is retried after the class's backoff.
     Wait(Duration),
 }
 
@@ -151,7 +160,7 @@ const SPECS: [ClassSpec; CLASSES] = [
             max_tokens: Some(36_000),
         },
         raised: None,
-        workers: 16,
+        workers: 10,
         mode: Mode::Wait(Duration::from_millis(50)),
         model: "gpt-4o-mini",
         prompt_chars: (6_000, 20_000),
@@ -173,13 +182,14 @@ fn build_bulkhead() -> Bulkhead {
     for spec in &SPECS {
         builder = builder.class(spec.name, spec.limits);
     }
-    // No queue: the gateway fails fast and lets the batch tenant retry. (With floors, a
-    // borrower that finds no free slot is refused for protection, CONTRACT.md §2 row 4, rather
-    // than queued; only requests inside their floors would ever wait in the one FIFO.) Nor does
-    // it wait for tokens (`wait_for_tokens`): the one FIFO's head blocks every class, so a batch
-    // demand waiting for tokens would hold back interactive requests inside their floors.
+    // A queue, and token waiting: a batch demand short of tokens waits in the one FIFO instead
+    // of retrying. The fail-fast tenants (`try_acquire`) never queue; while a batch demand
+    // waits, their requests inside their floors bypass the queue, and those that would borrow
+    // are refused (no barging). A slot refusal for protection (CONTRACT.md §2 row 4) stays
+    // fail-fast, and batch retries it.
     builder
-        .max_queue(0)
+        .max_queue(QUEUE)
+        .wait_for_tokens(true)
         .default_class(SPECS[STANDARD].name)
         .build()
         .expect("a valid configuration")

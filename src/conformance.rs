@@ -197,6 +197,15 @@ fn budget_limits(b: Option<(u64, u64)>) -> Option<BudgetLimits> {
 /// # Errors
 /// The first [`Divergence`]. A setup both sides refuse identically is a pass.
 pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
+    run_counting(setup, ops).map(drop)
+}
+
+/// [`run`], returning how many admissions bypassed queued waiters (in-floor newcomers,
+/// [`Model::bypassed`]), so that a test can show its operation mix exercises the rule.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_counting(setup: &Setup, ops: &[Op]) -> Result<u64, Divergence> {
     let mut table = crate::ClassTable::default();
     let names: Vec<String> = (0..setup.classes.len().min(crate::MAX_CLASSES))
         .map(|i| format!("c{i}"))
@@ -238,13 +247,14 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
             m.class_owner = e.shared.class_owner;
             (e, m)
         }
-        (Err(e), Err(m)) => return same(0, e, m),
+        (Err(e), Err(m)) => return same(0, e, m).map(|()| 0),
         (e, m) => {
             return same(
                 0,
                 format!("{:?}", e.map(drop)),
                 format!("{:?}", m.map(drop)),
             )
+            .map(|()| 0)
         }
     };
     let mut live: Vec<(Admission, Handle)> = Vec::new();
@@ -326,6 +336,7 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
         same(step, comparable(engine.stats()), model.stats())?;
     }
     let end = ops.len();
+    let bypassed = model.bypassed();
     for w in waiting.drain(..) {
         drop(w.future);
         model.cancel_wait(w.id);
@@ -348,7 +359,8 @@ pub fn run(setup: &Setup, ops: &[Op]) -> Result<(), Divergence> {
     let s = comparable(engine.stats());
     same(end, s.clone(), model.stats())?;
     same(end, (s.in_flight, s.admissions_in_flight), (0, 0))?;
-    same(end, s.token_budget.map_or(0, |t| t.in_flight_tokens), 0)
+    same(end, s.token_budget.map_or(0, |t| t.in_flight_tokens), 0)?;
+    Ok(bypassed)
 }
 
 /// `d` in class `class` (modulo the number of classes; unchanged without classes).

@@ -36,7 +36,14 @@
 //!
 //! Otherwise a request with no free slot waits (waiting acquires only; `try_acquire` answers
 //! `concurrency_limit`). Filling a limit exactly is allowed. Capacity checks fail fast: a
-//! request refused by checks 1–5 never queues. While a waiter is queued nobody overtakes it.
+//! request refused by checks 1–5 never queues. While a waiter is queued nobody overtakes it,
+//! with one exception (this crate's, stated so that floors hold under token waiting): with
+//! classes, a newcomer whose demand stays inside its class's floors (it borrows neither a slot
+//! nor a token), whose class has no waiter queued, while `U ≤ max_concurrent` and
+//! `V ≤ budget − high_priority_reserve` (§4's sums of `max(held, floor)`), is admitted ahead of
+//! the queue. Every queued waiter then decides on `U`, `V` and its own class only, none of
+//! which the newcomer changes, so its admission changes no queued waiter's decision; and a
+//! class's own newcomers never pass its waiters (`crate::protocol::classed`, "Bypass").
 //!
 //! ## §3 The wait queue
 //!

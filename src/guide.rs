@@ -37,7 +37,10 @@
 //! * **Queue**: `max_queue = 0` (fail-fast, the `interactive` profile) suits interactive
 //!   traffic behind a client that retries with backoff; a small queue with a timeout (the
 //!   `batch` profile) smooths bursts for batch work. The tower layer queues only with
-//!   [`wait_in_queue`].
+//!   [`wait_in_queue`]. With `wait_for_tokens(true)` a demand short only of tokens waits too
+//!   (strict FIFO); a floor still protects its class then, because a newcomer inside its
+//!   class's floors, of a class with nobody queued, is admitted ahead of the queue while the
+//!   floors-included sums fit the global limits (CONTRACT.md §2, as stated in `contract`).
 //!
 //! The whole configuration can live in a file ([`config::BulkheadConfig`], JSON or TOML, with
 //! the reference library's camelCase names accepted): unknown fields are errors, so a typo

@@ -125,6 +125,8 @@ pub struct Model {
     next_wait: u64,
     /// Token waiting (`BulkheadBuilder::wait_for_tokens`): a demand short only of tokens waits.
     wait_for_tokens: bool,
+    /// Admissions that bypassed queued waiters ([`Model::bypassed`]).
+    bypassed: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -225,6 +227,7 @@ impl Model {
             answers: BTreeMap::new(),
             next_wait: 0,
             wait_for_tokens: false,
+            bypassed: 0,
         })
     }
 
@@ -259,7 +262,11 @@ impl Model {
         let k = self.class_of(&d);
         let p = d.priority();
         match self.check(k, r, p, true) {
-            Ok(borrow) => Ok(self.admit(k, r, reservation, borrow)),
+            Ok(borrow) => {
+                // Admitted while waiters are queued: only an in-floor bypass can be.
+                self.bypassed += u64::from(!self.queue.is_empty());
+                Ok(self.admit(k, r, reservation, borrow))
+            }
             Err((reason, constraint)) => Err(self.refuse(k, reason, constraint, r, p, 0)),
         }
     }
@@ -273,7 +280,8 @@ impl Model {
     }
 
     /// Rows 0–5 of CONTRACT.md §2 for class `k` (ignored without classes) and `r` tokens, then,
-    /// with `slot`, row 6 and the no-barging rule. `Ok`: the attribution
+    /// with `slot`, row 6 and the no-barging rule, with its one exception: an in-floor newcomer
+    /// bypasses the queue ([`Model::bypasses`]). `Ok`: the attribution
     /// `(borrowed slot, borrowed tokens)` the admission would get.
     #[allow(clippy::type_complexity)]
     fn check(
@@ -348,9 +356,10 @@ impl Model {
                 }
             }
         }
-        // Row 6, and no barging while waiters are queued.
+        // Row 6, and no barging while waiters are queued (unless the demand bypasses them).
         if slot
-            && (self.in_flight >= u64::from(self.limits.max_concurrent) || !self.queue.is_empty())
+            && (self.in_flight >= u64::from(self.limits.max_concurrent)
+                || (!self.queue.is_empty() && !self.bypasses(k, r)))
         {
             return Err((
                 RejectReason::ConcurrencyLimit,

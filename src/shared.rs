@@ -85,6 +85,13 @@ pub(crate) struct Shared {
     /// only for drainers, it lets a decider admit and a release return its slot without the
     /// mutex (`crate::wait::waiting`, "Drain").
     pub(crate) queued: AtomicUsize,
+    /// Class mode: the classes with a waiter queued, one bit per class index, written only
+    /// under the queue mutex: raised by an enqueuer of class `k` (`fetch_or`) before it
+    /// decides or joins the tail, and set to the queue's exact mask at every unlock. An
+    /// in-floor newcomer that finds `WAITERS` up reads it after its class-word CAS and
+    /// bypasses the queue only if its class's bit is clear (`crate::protocol::classed`,
+    /// "Bypass").
+    pub(crate) queued_classes: AtomicU64,
     pub(crate) has_budget: bool,
     /// The bits all admission ids of this bulkhead share (see `crate::vocab::id`).
     pub(crate) id_prefix: u128,
@@ -209,6 +216,7 @@ impl Handle {
             reconfig: Mutex::new(canonical),
             queue: Mutex::new(crate::wait::list::Queue::default()),
             queued: AtomicUsize::new(0),
+            queued_classes: AtomicU64::new(0),
             has_budget,
             id_prefix: crate::vocab::id::prefix(),
             class_words,
@@ -540,6 +548,13 @@ impl Drop for QueueGuard<'_> {
         crate::sync::lifetime::touch((self.shared as *const Shared).cast());
         // Still under the mutex: the mirror is exact at every unlock.
         self.shared.queued.store(self.q.len(), Ordering::SeqCst);
+        // So is the mask of queued classes (a bit raised for an enqueuer that was then
+        // admitted or refused comes down here).
+        let mask = self.q.class_mask();
+        if mask != self.q.published_classes {
+            self.shared.queued_classes.store(mask, Ordering::SeqCst);
+            self.q.published_classes = mask;
+        }
     }
 }
 

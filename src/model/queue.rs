@@ -31,7 +31,8 @@ impl Model {
         let for_tokens = matches!(checked, Err((reason, _)) if self.waits_for_tokens(k, r, p, reason))
             && self.limits.max_concurrent > 0
             && self.limits.max_queue > 0;
-        if (checked.is_err() && !for_tokens) || (checked.is_ok() && free && self.queue.is_empty()) {
+        let ahead = self.queue.is_empty() || self.bypasses(k, r);
+        if (checked.is_err() && !for_tokens) || (checked.is_ok() && free && ahead) {
             return self.try_acquire(d).map(Waited::Admitted);
         }
         let global = (!self.names.is_empty()).then_some(Constraint::Global);
@@ -134,6 +135,51 @@ impl Model {
                 }
             }
         }
+    }
+
+    /// Whether a newcomer of `r` tokens in class `k` may be admitted ahead of the queued
+    /// waiters (`crate::protocol::classed`, "Bypass"): classes only; its demand stays inside
+    /// its class's floors (no borrowed slot, no borrowed token); no waiter of its class is
+    /// queued; and `U = Σ max(n_j, protected_concurrent_j) ≤ max_concurrent` and
+    /// `V = Σ max(t_j, protected_tokens_j) ≤` the normal-priority effective budget. Then no
+    /// queued waiter's decision depends on it (the argument is in `crate::protocol::classed`).
+    pub(super) fn bypasses(&self, k: usize, r: u64) -> bool {
+        if self.names.is_empty() {
+            return false;
+        }
+        let lims = self.class_limits();
+        let (c, l) = (self.classes[k], lims[k]);
+        let inside =
+            c.in_flight < l.pc && c.tokens.saturating_add(r).max(l.pt) == c.tokens.max(l.pt);
+        if !inside || self.queue.iter().any(|w| w.k == k) {
+            return false;
+        }
+        let u: u64 = self
+            .classes
+            .iter()
+            .zip(&lims)
+            .map(|(s, l)| s.in_flight.max(l.pc))
+            .sum();
+        let v: u64 = self
+            .classes
+            .iter()
+            .zip(&lims)
+            .map(|(s, l)| s.tokens.max(l.pt))
+            .sum();
+        u <= u64::from(self.limits.max_concurrent)
+            && self.eff(Priority::Normal).is_none_or(|e| v <= e)
+    }
+
+    /// How many admissions bypassed queued waiters so far (in-floor newcomers admitted while
+    /// waiters of other classes were queued; see [`Model::try_acquire`]).
+    ///
+    /// ```
+    /// # use llm_bulkhead::{model::Model, LimitsSnapshot};
+    /// let m = Model::new(LimitsSnapshot { revision: 0, max_concurrent: 1, max_queue: 1, token_budget: None, classes: Default::default() }).unwrap();
+    /// assert_eq!(m.bypassed(), 0);
+    /// ```
+    pub fn bypassed(&self) -> u64 {
+        self.bypassed
     }
 
     /// The budget part of a rejection's detail in the current state.

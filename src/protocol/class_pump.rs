@@ -51,6 +51,20 @@ pub(crate) fn set_class_flags(shared: &Shared, q: &mut Queue, queue_flag: bool, 
     }
 }
 
+/// An enqueuer of class `k` holds the mutex (`q`) and is about to decide under it or join the
+/// tail: raises `k`'s bit in `Shared::queued_classes` first, so that an in-floor newcomer of
+/// class `k` whose class-word CAS comes later in the `SeqCst` order sees it and does not
+/// bypass, and one whose CAS came earlier is seen by the enqueuer's decision
+/// (`crate::protocol::classed`, "Bypass"). The unlock puts the exact mask back.
+pub(crate) fn raise_queued_class(shared: &Shared, q: &mut Queue, k: usize) {
+    let bit = 1u64 << k;
+    if q.published_classes & bit == 0 {
+        shared.queued_classes.fetch_or(bit, Ordering::SeqCst);
+        crate::sync::loom_sc_fence();
+        q.published_classes |= bit;
+    }
+}
+
 /// The flags the queue needs now: both while waiters are queued, `C_QUEUE` alone while only
 /// drainers wait, neither otherwise.
 pub(crate) fn sync_class_flags(shared: &Shared, q: &mut Queue) {

@@ -96,6 +96,17 @@
 //! undone only when the limits changed or the bulkhead closed under it, or on the rare paths
 //! below, so such refusals are rare (measured in `tests/stress_classes.rs`).
 //!
+//! # Bypass
+//!
+//! While waiters are queued (`WAITERS`), a newcomer is refused (no barging) unless it
+//! **bypasses**: its demand is protected (the branch above), no waiter of its class is queued,
+//! and the shared word shows `U ≤ max_concurrent` and `V ≤ B − H` (the lowest effective
+//! budget). Such a newcomer changes nothing any queued waiter decides on, so it delays none.
+//! The rule, the argument and the race with enqueuers of the same class (a mask of queued
+//! classes read after the class CAS) are in `bypass`. Borrowers and the collect-checked path
+//! never bypass; `first_try` (the no-waiter fast path) hands the decision on when it sees
+//! `WAITERS`, so it pays nothing for the rule.
+//!
 //! # Rare paths, checked with a collect
 //!
 //! Two conditions are not implied by the shared word: row 6 for a protected slot when `U > MC`
@@ -160,11 +171,13 @@ use crate::vocab::class::Resources;
 use crate::vocab::rejection::{Constraint, RejectReason};
 use crate::words::class_word::*;
 
+mod bypass;
 mod refusal;
 mod returns;
 use crate::words::classes::{ClassView, ShareSums, Summary};
 use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
+pub(crate) use bypass::may_bypass;
 use refusal::*;
 pub(crate) use refusal::{collect, describe, precheck, Precheck};
 use returns::*;
@@ -450,17 +463,19 @@ struct Read {
     eff: Option<u64>,
 }
 
-/// Reads the shared word and its limits; refuses at once when closed, or when `r` alone
+/// Reads the shared word and its limits; refuses at once when closed, when `r` alone
 /// exceeds the effective budget (row 1 fails whatever the state, and `r` is then small enough
-/// for the word arithmetic).
+/// for the word arithmetic), or when waiters are queued and the caller may not bypass them
+/// (`may_bypass`: only the fast paths' protected branch can, `bypass`).
 #[inline]
-fn read(shared: &Shared, req: Req) -> Result<Read, Attempt> {
+fn read(shared: &Shared, req: Req, may_bypass: bool) -> Result<Read, Attempt> {
     let g = GWord(shared.word.load(SeqCst));
     if g.closed() {
         return Err(Attempt::Refused(RejectReason::Shutdown));
     }
-    if g.waiters() && !req.in_queue {
-        // No barging: the collect in `explain` says whether rows 1–5 refuse first.
+    if g.waiters() && !req.in_queue && !may_bypass {
+        // No barging (the bypass is decided in `attempt`): the collect in `explain` says
+        // whether rows 1–5 refuse first.
         return Err(Attempt::Refused(RejectReason::ConcurrencyLimit));
     }
     let lim = shared.ring.read(g.tag());
@@ -505,10 +520,12 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
     let Req { k, r, .. } = req;
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
-    let Read { g, lim, l, eff } = match read(shared, req) {
+    let Read { g, lim, l, eff } = match read(shared, req, true) {
         Ok(x) => x,
         Err(a) => return a,
     };
+    // Waiters are queued: only the bypass of an in-floor demand can admit (`bypass`).
+    let bypassing = g.waiters() && !req.in_queue;
     let mc = lim.max_concurrent;
     let mut c = CWord(cw.load(SeqCst));
     loop {
@@ -522,6 +539,9 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             if g.u() > mc || eff.is_some_and(|e| g.v() > e) {
                 return Attempt::Slow;
             }
+            if bypassing && !(bypass::room(g, &lim) && bypass::class_not_queued(shared, k)) {
+                return Attempt::Refused(RejectReason::ConcurrencyLimit);
+            }
             match cw.compare_exchange_weak(c.0, next.0, SeqCst, SeqCst) {
                 Ok(_) => {}
                 Err(actual) => {
@@ -533,9 +553,11 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             let g2 = GWord(word.load(SeqCst));
             if g2.tag() == g.tag()
                 && !g2.closed()
-                && (req.in_queue || !g2.waiters())
                 && g2.u() <= mc
                 && eff.is_none_or(|e| g2.v() <= e)
+                && (req.in_queue
+                    || !g2.waiters()
+                    || (bypass::room(g2, &lim) && bypass::recheck(shared, k)))
             {
                 return Attempt::Admitted(Admitted {
                     revision: lim.revision,
@@ -551,7 +573,11 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                 Attempt::Slow
             };
         }
-        // Borrowing: the shared word first (rows 4 and 5), then the class word.
+        // Borrowing: the shared word first (rows 4 and 5), then the class word. A borrower
+        // never bypasses the queue.
+        if bypassing {
+            return Attempt::Refused(RejectReason::ConcurrencyLimit);
+        }
         let du = u64::from(borrow_c);
         let mut s = g;
         loop {
@@ -656,7 +682,9 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     let Req { k, r, .. } = req;
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
-    let Read { g, lim, l, eff } = match read(shared, req) {
+    // Never a bypass here: this path serves `U > MC` or `V > eff`, which condition (3) of the
+    // bypass excludes.
+    let Read { g, lim, l, eff } = match read(shared, req, false) {
         Ok(x) => x,
         Err(a) => return a,
     };

@@ -15,6 +15,12 @@
 //! (`acquire_blocking`, `acquire`), even when its own smaller demand would fit. Only the head
 //! is ever decided; the waiters behind it wait for it to be admitted or to leave.
 //!
+//! One exception, with classes: a newcomer inside its class's floors, of a class with no
+//! waiter queued, is admitted ahead of the queue while `U ≤ max_concurrent` and `V ≤ B − H`
+//! (`crate::protocol::classed`, "Bypass"). It takes nothing any queued waiter's decision
+//! depends on, so a batch demand waiting for tokens no longer holds back an interactive
+//! request that fits its floors, and the head is still never starved.
+//!
 //! # The hand-off of tokens
 //!
 //! Nothing here adds a new atomic protocol; it reuses the slot hand-off's (`crate::protocol::handoff`,

@@ -27,7 +27,7 @@
 use crate::sync::cell::UnsafeCell;
 use crate::sync::thread::Thread;
 use crate::sync::{AtomicU32, Ordering};
-use crate::vocab::class::Resources;
+use crate::vocab::class::{Resources, MAX_CLASSES};
 use crate::vocab::demand::Priority;
 use crate::vocab::rejection::{Constraint, RejectReason};
 use std::marker::PhantomPinned;
@@ -247,6 +247,13 @@ pub(crate) struct Queue {
     next_drainer: u64,
     /// Class mode: whether `C_QUEUE` is up on every class word (`crate::protocol::classed`).
     pub(crate) class_flags: bool,
+    /// Queued waiters per class index (every waiter is class 0 without classes).
+    class_counts: [u32; MAX_CLASSES],
+    /// Bit `k` set exactly when `class_counts[k] > 0`.
+    class_mask: u64,
+    /// The mask last published in `Shared::queued_classes` (under this mutex); the unlock
+    /// publishes [`Queue::class_mask`] when the two differ (`crate::shared::QueueGuard`).
+    pub(crate) published_classes: u64,
 }
 
 // SAFETY: the pointers name nodes that are pinned and outlive their link (a node unlinks itself,
@@ -263,6 +270,9 @@ impl Default for Queue {
             drainers: Vec::new(),
             next_drainer: 0,
             class_flags: false,
+            class_counts: [0; MAX_CLASSES],
+            class_mask: 0,
+            published_classes: 0,
         }
     }
 }
@@ -277,6 +287,12 @@ impl Queue {
     /// registered.
     pub(crate) fn flag_needed(&self) -> bool {
         self.len > 0 || !self.drainers.is_empty()
+    }
+
+    /// The classes with a waiter queued, one bit per class index: what an in-floor newcomer
+    /// checks before it bypasses the queue (`crate::protocol::classed`, "Bypass").
+    pub(crate) fn class_mask(&self) -> u64 {
+        self.class_mask
     }
 
     /// Whether a drainer is registered.
@@ -334,6 +350,10 @@ impl Queue {
         self.tail = p;
         self.len += 1;
         self.queued_total += 1;
+        if let Some(c) = self.class_counts.get_mut(w.k) {
+            *c += 1;
+            self.class_mask |= 1 << w.k;
+        }
     }
 
     /// The head waiter.
@@ -377,6 +397,12 @@ impl Queue {
             (*l).owner = ptr::null();
         });
         self.len -= 1;
+        if let Some(c) = self.class_counts.get_mut(w.k) {
+            *c -= 1;
+            if *c == 0 {
+                self.class_mask &= !(1 << w.k);
+            }
+        }
         true
     }
 

@@ -61,8 +61,12 @@
 //! (`crate::protocol::classed`).
 //!
 //! * **Flags.** While waiters are queued, `WAITERS` is up on the shared word (newcomers see it
-//!   and do not barge), and `C_QUEUE` is up on **every class word**; while only drainers wait,
-//!   only `C_QUEUE`. Both change only under the queue mutex, `C_QUEUE` first when raised.
+//!   and do not barge, except an in-floor newcomer of a class with none queued, which bypasses:
+//!   `crate::protocol::classed`, "Bypass"), and `C_QUEUE` is up on **every class word**; while
+//!   only drainers wait, only `C_QUEUE`. Both change only under the queue mutex, `C_QUEUE`
+//!   first when raised. So does `Shared::queued_classes`, the bypass's mask of classes with a
+//!   waiter queued: an enqueuer raises its class's bit before it decides or joins the tail,
+//!   every unlock stores the exact mask.
 //! * **Visiting the queue.** Every decrease (release, abandonment, token return, a decider's
 //!   undo, a borrower's returned reservation, a migration) whose class-word CAS replaced a word
 //!   carrying `C_QUEUE`, or whose shared-word `fetch_sub` replaced a word carrying `WAITERS`,

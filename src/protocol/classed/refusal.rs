@@ -97,8 +97,18 @@ pub(super) fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explaine
     }
     match summary.decide(req.r) {
         Some((reason, constraint)) => refused(reason, Some(constraint)),
+        // Waiters are queued: refused (no barging) unless the demand may bypass them
+        // (`super::bypass`), in which case it is decided again.
         None if g.waiters() && !req.in_queue => {
-            refused(RejectReason::ConcurrencyLimit, Some(Constraint::Global))
+            let (n, t) = summary.own;
+            if bypass::protected(&summary.limits, n, t, req.r)
+                && bypass::room(g, &lim)
+                && bypass::class_not_queued(shared, req.k)
+            {
+                Explained::Fits
+            } else {
+                refused(RejectReason::ConcurrencyLimit, Some(Constraint::Global))
+            }
         }
         None => Explained::Fits,
     }

@@ -1,6 +1,7 @@
 //! Class mode of the waits' enqueue (`super`, "With admission classes").
 
 use super::*;
+use crate::protocol::class_pump::raise_queued_class;
 use crate::protocol::token_wait::{classed_never_fits, classed_waits_for_tokens};
 
 // ---- class mode (module docs, "With admission classes") ----
@@ -18,14 +19,18 @@ impl Bulkhead {
         notify: impl FnOnce() -> Notify,
     ) -> Enter {
         let shared = &*self.shared;
-        // Rows 1–5 pass and there is no free slot, or waiters are queued: straight to the
-        // queue (a decision of our own would only be refused, and explained at a cost).
+        // Rows 1–5 pass and there is no free slot, or waiters are queued and the demand may
+        // not bypass them (`crate::protocol::classed`, "Bypass"): straight to the queue (a
+        // decision of our own would only be refused, and explained at a cost).
         let w = Word(shared.word.load(Ordering::SeqCst));
         let lim = shared.ring.read(w.tag());
         let pre = crate::protocol::classed::precheck(shared, k, r, priority);
         let to_queue = lim.max_concurrent > 0
             && lim.max_queue > 0
-            && (pre == Precheck::NoSlot || (pre == Precheck::Fits && w.waiters()));
+            && (pre == Precheck::NoSlot
+                || (pre == Precheck::Fits
+                    && w.waiters()
+                    && !crate::protocol::classed::may_bypass(shared, k, r)));
         if !to_queue {
             match crate::protocol::classed::acquire(shared, k, r, priority) {
                 Ok(a) => {
@@ -48,6 +53,9 @@ impl Bulkhead {
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
+        // Class `k` counts as queued from here (before the decision below and before joining
+        // the tail), so that no newcomer of class `k` bypasses the queue ahead of this waiter.
+        raise_queued_class(shared, &mut q, k);
         // Whether the "never fits" check below was made under this lock already.
         let mut fit_checked = false;
         if q.len() == 0 {
