@@ -283,6 +283,14 @@ impl Bulkhead {
             });
         }
         next.validate(shared.has_budget, &shared.class_names)?;
+        // Keyed by name (CONTRACT.md §4): a table read from a bulkhead with the same classes
+        // is accepted, one from a bulkhead with other classes is not. Installed with this
+        // bulkhead's provenance, so `limits()` keeps telling its ids from others'.
+        next.classes.check_origin(&canon.current.classes)?;
+        let next = LimitsSnapshot {
+            classes: next.classes.with_origin_of(&canon.current.classes),
+            ..next
+        };
         let tag = canon.tag.wrapping_add(1);
         shared.ring.write(tag, &next);
         // With classes, the tag bump also advances U and V by every raise of a floor; the

@@ -47,7 +47,7 @@ impl Bulkhead {
         let shared = &*self.shared;
         match class {
             None => Some(shared.default_class),
-            Some(c) if c.owner == shared.class_owner => Some(c.index()),
+            Some(c) if c.is_of(shared.class_owner) => Some(c.index()),
             Some(_) => None,
         }
     }
