@@ -590,7 +590,9 @@ fn apply_op(
             let mut table = cur.classes;
             if let Some(new) = classes {
                 for (i, l) in new.iter().enumerate().take(table.len()) {
-                    table.set(crate::ClassId::new(engine.shared.class_owner, i), *l);
+                    // The engine's own id of a position its table has: always set.
+                    let _ =
+                        table.set_checked(crate::ClassId::new(engine.shared.class_owner, i), *l);
                 }
             }
             let snap = LimitsSnapshot {

@@ -50,8 +50,10 @@
 //!   reconfiguration.
 //! * `src/wait/list.rs`: the waiter list; `src/shared.rs`: the state block every handle and
 //!   admission shares, and what keeps it alive.
-//! * `src/protocol/`: the class protocol (floors, ceilings, borrowing from the shared
-//!   remainder).
+//! * `src/protocol/`: how decisions change the words: the no-class protocol (`plain.rs`: the
+//!   one-CAS enter, the refusal, the returns of tokens; `handoff.rs`: the hand-off to waiters,
+//!   the pump, close) and the class protocol (`classed.rs`: floors, ceilings, borrowing from
+//!   the shared remainder).
 //! * `src/wait/`: blocking acquire, the [`Acquire`] future, [`Drain`], [`CancelToken`], the
 //!   timer.
 //! * `src/handle/`: [`Bulkhead`] (decisions, `apply_limits`, `close`, `stats`), [`Admission`]

@@ -99,7 +99,7 @@ struct ClassState {
 pub struct Model {
     /// The identity its [`ClassId`]s carry (the harness gives it the engine's, so that reports
     /// compare equal).
-    pub(crate) class_owner: std::num::NonZeroU32,
+    pub(crate) class_owner: crate::vocab::class::ClassOwner,
     limits: LimitsSnapshot,
     has_budget: bool,
     names: Vec<String>,
@@ -204,7 +204,7 @@ impl Model {
             }
         }
         Ok(Model {
-            class_owner: crate::vocab::class::next_owner(),
+            class_owner: crate::vocab::class::next_owner()?,
             limits: first,
             has_budget: first.token_budget.is_some(),
             classes: vec![ClassState::default(); names.len()],

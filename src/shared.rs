@@ -106,7 +106,7 @@ pub(crate) struct Shared {
     pub(crate) default_class: usize,
     /// This bulkhead's identity in its [`ClassId`](crate::ClassId)s (`crate::vocab::class`): a
     /// class id is valid here only if it carries it.
-    pub(crate) class_owner: std::num::NonZeroU32,
+    pub(crate) class_owner: crate::vocab::class::ClassOwner,
     /// Whether the bulkhead has classes (then `word` is the shared word of
     /// `crate::protocol::classed` and class slots keep this state alive).
     pub(crate) classed: bool,
@@ -190,6 +190,7 @@ impl Handle {
         has_budget: bool,
         class_names: Vec<String>,
         default_class: usize,
+        class_owner: crate::vocab::class::ClassOwner,
         settings: WaitSettings,
     ) -> Handle {
         let class_words = class_names
@@ -223,7 +224,7 @@ impl Handle {
             class_ids: class_names.iter().map(|n| crate::sync::intern(n)).collect(),
             class_names: class_names.into_boxed_slice(),
             default_class,
-            class_owner: crate::vocab::class::next_owner(),
+            class_owner,
             classed,
             alive: AtomicUsize::new(0),
             default_timeout: settings.default_timeout,

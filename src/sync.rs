@@ -114,6 +114,27 @@ pub(crate) fn next_serial() -> u64 {
     SERIALS.fetch_add(1, Ordering::Relaxed)
 }
 
+/// A counter of serials that stops instead of wrapping: [`next`](Self::next) hands out each
+/// value at most once. A `std` atomic in every build, as [`next_serial`] (it may be a
+/// `static`); it numbers bulkheads' class identities (`crate::vocab::class::next_owner`).
+pub(crate) struct SerialCounter(std::sync::atomic::AtomicU64);
+
+impl SerialCounter {
+    /// A counter whose first serial is `first`.
+    pub(crate) const fn new(first: u64) -> SerialCounter {
+        SerialCounter(std::sync::atomic::AtomicU64::new(first))
+    }
+
+    /// The next serial if it is at most `max`; `Err(next)` once they are used up (and from
+    /// then on), never a serial handed out before.
+    pub(crate) fn next(&self, max: u64) -> Result<u64, u64> {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n <= max).then_some(n + 1)
+            })
+    }
+}
+
 /// Interior mutability shared between threads, with loom's closure API in every build (as
 /// tokio's `loom::cell`): [`with`](cell::UnsafeCell::with) for reads and
 /// [`with_mut`](cell::UnsafeCell::with_mut) for writes, so that under loom every access is

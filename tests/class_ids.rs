@@ -152,3 +152,38 @@ fn the_llm_layer_refuses_a_foreign_class_before_estimating_or_running() {
     let s = llm.bulkhead().stats();
     assert_eq!((s.admitted, s.rejected), (0, 0));
 }
+
+/// Compiles only if `T` does not implement `DeserializeOwned` (two blanket impls of one trait
+/// make `some_item` ambiguous when it does), the way `static_assertions::assert_not_impl_any`
+/// works.
+trait AmbiguousIfDeserialize<A> {
+    fn some_item() {}
+}
+impl<T: ?Sized> AmbiguousIfDeserialize<()> for T {}
+#[allow(dead_code)]
+struct Invalid;
+impl<T: serde::de::DeserializeOwned> AmbiguousIfDeserialize<Invalid> for T {}
+
+#[test]
+fn a_class_id_cannot_be_forged_from_a_number() {
+    // Neither the id nor a demand carrying one deserialises: "7" or "0" cannot become a class.
+    <ClassId as AmbiguousIfDeserialize<_>>::some_item();
+    <Demand as AmbiguousIfDeserialize<_>>::some_item();
+    // Ids of different bulkheads differ even at the same position, and print both parts.
+    let (a, b) = (classed(), classed());
+    let (x, y) = (
+        a.class_id("premium").unwrap(),
+        b.class_id("premium").unwrap(),
+    );
+    assert_ne!(x, y);
+    assert_eq!(x.index(), y.index());
+    assert_eq!(
+        serde_json::to_string(&x).unwrap(),
+        serde_json::to_string(&y).unwrap()
+    );
+    assert!(
+        format!("{x:?}").starts_with("ClassId { index: 0, bulkhead: "),
+        "{x:?}"
+    );
+    assert_eq!(std::mem::size_of::<Option<ClassId>>(), 8);
+}

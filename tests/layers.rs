@@ -50,7 +50,7 @@ const LAYERS: &[(&str, u32, &str)] = &[
     (
         "protocol",
         5,
-        "protocols: no-class and classed decisions, returns, hand-off, pump",
+        "protocols: no-class (plain) and classed decisions, returns, hand-off, pump, hooks",
     ),
     (
         "wait",

@@ -16,8 +16,8 @@ fn decision_values_keep_their_sizes() {
     );
     // Admission 104 (tokio's permit: 16); Rejection 72 (was 104: it keeps the raw numbers its
     // decision saw and explains itself on demand), so the Result is the Admission's 104 (was
-    // 112); Demand grew from 32 to 40 when `ClassId` took its bulkhead's 32-bit identity
-    // (issue 13 §3).
+    // 112); Demand grew from 32 to 40 when `ClassId` took its bulkhead's identity (issue 13
+    // §3); `ClassId` is one `NonZeroU64` (56-bit serial, 8-bit index), so its `Option` is 8.
     assert_eq!(sizes, (104, 72, 104, 40, 8), "{sizes:?}");
 }
 

@@ -3,12 +3,11 @@
 use crate::record::events::{AbandonCause, Event, ReleaseEvent, UsageEvent};
 use crate::record::stats::Counters;
 use crate::shared::{Shared, SlotRef};
-use crate::sync::Ordering;
 use crate::vocab::class::{ClassId, Resources};
 use crate::vocab::demand::{Reconcile, Reservation, Usage};
 use crate::vocab::error::UsageError;
 use crate::vocab::id::AdmissionId;
-use crate::words::state::{Word, MAX_TOKENS};
+use crate::words::state::MAX_TOKENS;
 use crate::Priority;
 use std::fmt;
 
@@ -186,11 +185,7 @@ pub struct Admission {
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct ClassBits(u64);
 
-/// The class part of [`ClassBits`] as one plain word (0 without classes), which is how a
-/// decision hands it over: a word written and read whole (a multi-field value written by one
-/// function and read by its caller made the reads stall on store forwarding).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct ClassCode(u64);
+pub(crate) use crate::protocol::ClassCode;
 
 impl ClassCode {
     /// The class index and the resources this code records.
@@ -559,15 +554,8 @@ impl Admission {
                 let c = shared.counters.local(Counters::new);
                 match class {
                     // Release, like any return of capacity.
-                    None => {
-                        let prev = crate::words::state::Word(
-                            shared.word.fetch_sub(delta, Ordering::Release),
-                        );
-                        // This admission's hold is in T, so T ≥ delta: no borrow from the slots.
-                        debug_assert!(prev.tokens() >= delta, "token field underflow");
-                        // Token waiting: refunded tokens go to the queued head first.
-                        crate::protocol::token_wait::after_refund(shared, prev);
-                    }
+                    // Token waiting: refunded tokens go to the queued head first.
+                    None => crate::protocol::plain::return_tokens(shared, delta),
                     Some(k) => {
                         crate::protocol::classed::return_tokens(shared, k, delta);
                         c.classes[k].refunded.add(delta);

@@ -178,7 +178,7 @@ impl Bulkhead {
                     _ => None,
                 }
             };
-            let mut detail = crate::handle::bulkhead::rejection(
+            let mut detail = crate::protocol::plain::rejection(
                 g,
                 t,
                 &hot,
@@ -220,7 +220,7 @@ impl Bulkhead {
             Err(RejectReason::QueueLimit)
         };
         let reason = verdict.err().unwrap_or(RejectReason::ConcurrencyLimit);
-        let mut rej = crate::handle::bulkhead::rejection(slots, tokens, &hot, reason, r, priority);
+        let mut rej = crate::protocol::plain::rejection(slots, tokens, &hot, reason, r, priority);
         rej.set_pending(pending);
         match verdict {
             Ok(would_queue) => Advice::Admit {

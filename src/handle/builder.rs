@@ -291,7 +291,7 @@ impl BulkheadBuilder {
                 None => return table_err("default_class", "must name a configured class"),
             },
         };
-        let first = LimitsSnapshot {
+        let mut first = LimitsSnapshot {
             revision: self.initial_revision,
             max_concurrent,
             max_queue: self
@@ -312,6 +312,11 @@ impl BulkheadBuilder {
                 });
             }
         }
+        // Drawn once the settings are valid: a failed build uses no serial.
+        let owner = crate::vocab::class::next_owner()?;
+        first
+            .classes
+            .stamp(owner, crate::words::classes::keys_of(&names));
         let shared = Handle::new(
             Ring::new(&first),
             Canonical {
@@ -321,6 +326,7 @@ impl BulkheadBuilder {
             token_budget.is_some(),
             names,
             default_class,
+            owner,
             crate::shared::WaitSettings {
                 default_timeout: self.timeout.or(self.profile.and_then(Profile::timeout)),
                 measure_waits: self.measure_waits,

@@ -1,14 +1,15 @@
 //! The [`Bulkhead`]: construction, the lock-free decision, reconfiguration, close and stats.
 
 use crate::handle::admission::Admission;
+use crate::protocol::plain;
 use crate::record::stats::{Counters, Stats, TokenStats, Totals};
-use crate::shared::{Handle, Shared};
+use crate::shared::Handle;
 use crate::sync::{lock, Ordering};
 use crate::vocab::class::{ClassId, UnknownClass};
 use crate::vocab::demand::{Demand, Reservation};
 use crate::vocab::error::{ConfigError, ConfigProblem};
 use crate::vocab::id::AdmissionId;
-use crate::vocab::rejection::{Counts, RejectReason, Rejection};
+use crate::vocab::rejection::{RejectReason, Rejection};
 use crate::words::limits::{ApplyLimitsError, LimitsChange};
 use crate::words::limits::{BudgetLimits, Hot, LimitsSnapshot};
 use crate::words::state::{Word, CLOSED};
@@ -18,6 +19,8 @@ use std::time::Duration;
 
 mod classed;
 use crate::handle::builder::BulkheadBuilder;
+pub(crate) use crate::protocol::plain::Refusal;
+pub(crate) use crate::protocol::Granted;
 pub(crate) use classed::unknown_class;
 
 /// A lock-free admission controller: global concurrency slots and an in-flight token budget.
@@ -51,28 +54,6 @@ pub struct Bulkhead {
     pub(crate) shared: Handle,
 }
 
-enum Decision {
-    Admit(Word),
-    Refuse(RejectReason),
-}
-
-#[inline]
-fn decide(w: Word, lim: &Hot, r: u64, priority: Priority) -> Decision {
-    if w.closed() {
-        return Decision::Refuse(RejectReason::Shutdown);
-    }
-    if let Some(eff) = lim.effective(priority) {
-        if w.tokens().saturating_add(r) > eff {
-            return Decision::Refuse(RejectReason::BudgetLimit);
-        }
-    }
-    // Row 6 (and, for fail-fast callers, the no-barging rule while waiters are queued).
-    if w.slots() >= lim.max_concurrent || w.waiters() {
-        return Decision::Refuse(RejectReason::ConcurrencyLimit);
-    }
-    Decision::Admit(w.plus(r))
-}
-
 impl Bulkhead {
     /// A builder with every setting at its default.
     ///
@@ -104,8 +85,9 @@ impl Bulkhead {
     /// `T + r > eff(priority)` → `budget_limit`; with classes, the class's token and
     /// concurrency ceilings (`admission_class`) and the other classes' floors
     /// (`admission_class_protection`); no free slot (or waiters queued) → `concurrency_limit`.
-    /// Without classes the slot and the reservation are taken in one CAS; with classes the
-    /// decision is the multi-word protocol described in `crate::protocol::classed`.
+    /// Without classes the slot and the reservation are taken in one CAS (the protocol of
+    /// `crate::protocol::plain`); with classes the decision is the multi-word protocol described
+    /// in `crate::protocol::classed`.
     ///
     /// # Errors
     /// A [`Rejection`] explained by the state the decision saw.
@@ -200,75 +182,29 @@ impl Bulkhead {
         )
     }
 
-    /// The no-class fast decision: rows 0, 1 and 6 in one CAS. `Err` carries the word and the
-    /// limits that refused, for [`Bulkhead::refusal`] (which re-checks the tag).
+    /// The no-class fast decision (`crate::protocol::plain::try_decide`). `Err` carries the
+    /// word and the limits that refused, for [`Bulkhead::refusal`] (which re-checks the tag).
     #[inline(always)]
     pub(crate) fn try_decide(&self, r: u64, priority: Priority) -> Result<Granted, Refusal<'_>> {
-        let shared = &*self.shared;
-        let word = &*shared.word;
-        // Before the first read of the tag (`crate::grace`): no install can bring the tag
-        // back to `w`'s while this decision is in progress. The marker is in this thread's
-        // counters entry, which the admission is counted in anyway (one lookup for both); the
-        // handle behind `&self` keeps it alive for the whole decision.
-        let c = shared.counters.local(Counters::new);
-        let _op = crate::grace::enter_decision(c);
-        let mut w = Word(word.load(Ordering::Acquire));
-        let backoff = crossbeam_utils::Backoff::new();
-        loop {
-            let lim = shared.ring.read(w.tag());
-            match decide(w, &lim, r, priority) {
-                Decision::Admit(next) => {
-                    crate::sync::pause(crate::sync::PausePoint::DecisionCas);
-                    match word.compare_exchange_weak(
-                        w.0,
-                        next.0,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => return Ok(self.count_admission_in(c, lim.revision, r)),
-                        Err(actual) => {
-                            backoff.spin();
-                            w = Word(actual);
-                        }
-                    }
-                }
-                Decision::Refuse(reason) => return Err(Refusal { w, lim, reason, c }),
-            }
-        }
+        plain::try_decide(&self.shared, r, priority)
     }
 
-    /// Counts an admission (no class) and returns what builds it.
+    /// Counts an admission (no class) decided outside `try_decide` and returns what builds it.
     #[inline(always)]
     pub(crate) fn count_admission(&self, revision: u64, r: u64) -> Granted {
-        self.count_admission_in(self.shared.counters.local(Counters::new), revision, r)
-    }
-
-    /// [`count_admission`](Self::count_admission) into this thread's entry `c`.
-    #[inline(always)]
-    fn count_admission_in(&self, c: &Counters, revision: u64, r: u64) -> Granted {
-        let shared = &*self.shared;
-        let n = c.admitted.add(1);
-        if shared.has_budget {
-            c.total_reserved.add(r);
-        }
-        Granted {
-            revision,
-            key: c.key,
-            n,
-            class: Default::default(),
-        }
+        plain::count(&self.shared, revision, r)
     }
 
     /// Counts and explains a no-class refusal `f`; `None` if the tag moved since (the limits
-    /// may have been torn: decide again).
+    /// may have been torn: decide again). See `crate::protocol::plain::refusal`.
     #[inline(always)]
     pub(crate) fn refusal(&self, f: &Refusal<'_>, r: u64, priority: Priority) -> Option<Rejection> {
-        refuse(&self.shared, f.c, f.w, &f.lim, f.reason, r, priority)
+        plain::refusal(&self.shared, f, r, priority)
     }
 
     /// [`refusal`](Self::refusal) of a decision made outside `try_decide` (under the queue
-    /// lock), which looks up this thread's counters entry.
-    #[cold]
+    /// lock).
+    #[inline(always)]
     pub(crate) fn refusal_of(
         &self,
         w: Word,
@@ -277,8 +213,7 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Option<Rejection> {
-        let c = self.shared.counters.local(Counters::new);
-        refuse(&self.shared, c, w, lim, reason, r, priority)
+        plain::refusal_of(&self.shared, w, lim, reason, r, priority)
     }
 
     /// Counts and explains the refusal of a waiter (or of a request refused before it could
@@ -308,26 +243,7 @@ impl Bulkhead {
             rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
             return rej;
         }
-        let w = Word(shared.word.load(Ordering::Acquire));
-        let lim = shared.ring.read(w.tag());
-        let c = shared.counters.local(Counters::new);
-        c.rejected[reason.index()].add(1);
-        let (slots, tokens) = if shared.classed {
-            let (_, g, t) = crate::protocol::classed::collect(shared);
-            (g, t)
-        } else {
-            (w.slots(), w.tokens())
-        };
-        let mut rej = rejection(slots, tokens, &lim, reason, r, demand.priority());
-        rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
-        if shared.classed && reason != RejectReason::Shutdown && reason != RejectReason::Aborted {
-            rej.constraint = Some(crate::vocab::rejection::Constraint::Global);
-        }
-        let class = shared
-            .classed
-            .then(|| demand.class().map_or(shared.default_class, |c| c.index()));
-        crate::handle::events::rejected(shared, class, &rej);
-        rej
+        plain::waiter_refusal(shared, reason, r, demand.priority())
     }
 
     /// Installs a newer limits snapshot atomically (CONTRACT.md §6).
@@ -367,6 +283,14 @@ impl Bulkhead {
             });
         }
         next.validate(shared.has_budget, &shared.class_names)?;
+        // Keyed by name (CONTRACT.md §4): a table read from a bulkhead with the same classes
+        // is accepted, one from a bulkhead with other classes is not. Installed with this
+        // bulkhead's provenance, so `limits()` keeps telling its ids from others'.
+        next.classes.check_origin(&canon.current.classes)?;
+        let next = LimitsSnapshot {
+            classes: next.classes.with_origin_of(&canon.current.classes),
+            ..next
+        };
         let tag = canon.tag.wrapping_add(1);
         shared.ring.write(tag, &next);
         // With classes, the tag bump also advances U and V by every raise of a floor; the
@@ -584,84 +508,6 @@ impl Bulkhead {
             observe: t.observe(),
         }
     }
-}
-
-/// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
-/// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
-/// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
-/// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
-/// the tag moved (decide again).
-#[cold]
-#[inline(never)]
-fn refuse(
-    shared: &Shared,
-    c: &Counters,
-    w: Word,
-    lim: &Hot,
-    reason: RejectReason,
-    r: u64,
-    priority: Priority,
-) -> Option<Rejection> {
-    if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
-        return None;
-    }
-    c.rejected[reason.index()].add(1);
-    // Built in the return value's place; the hook reads it there (only when subscribed).
-    let out = Some(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
-    if let Some(rej) = &out {
-        crate::handle::events::rejected(shared, None, rej);
-    }
-    out
-}
-
-/// The refusal of a demand of `r` tokens at `priority`, explained by `slots` and `tokens` in
-/// use under `lim` (no class numbers; the queue length 0 until the caller sets it).
-#[inline(always)]
-pub(crate) fn rejection(
-    slots: u64,
-    tokens: u64,
-    lim: &Hot,
-    reason: RejectReason,
-    r: u64,
-    priority: Priority,
-) -> Rejection {
-    use crate::vocab::rejection::n32;
-    Rejection::counted(
-        reason,
-        None,
-        lim.revision,
-        Counts {
-            requested: r,
-            tokens,
-            in_flight: n32(slots),
-            pending: 0,
-            max_concurrent: n32(lim.max_concurrent),
-            max_queue: n32(lim.max_queue),
-            budget: lim.budget.map(|budget| {
-                let eff = lim.effective(priority).unwrap_or(budget);
-                (n32(budget), n32(eff))
-            }),
-            class: None,
-        },
-    )
-}
-
-/// What a refused no-class decision hands back: the word and the limits that refused, the
-/// reason, and the thread's counters entry the decision looked up (the refusal is counted
-/// there, without a second lookup).
-pub(crate) struct Refusal<'a> {
-    pub(crate) w: Word,
-    pub(crate) lim: Hot,
-    pub(crate) reason: RejectReason,
-    c: &'a Counters,
-}
-
-/// What a successful decision hands back, to build the admission from (see `try_acquire`).
-pub(crate) struct Granted {
-    revision: u64,
-    key: u64,
-    n: u64,
-    class: crate::handle::admission::ClassCode,
 }
 
 impl fmt::Debug for Bulkhead {

@@ -1,22 +1,15 @@
 //! The events' hooks on the paths of the handles (the subscriber list and the event types are
-//! in `crate::record::events`, which imports nothing above it), and [`Subscription`].
+//! in `crate::record::events`, which imports nothing above it; the protocols' hooks, re-exported
+//! here, in `crate::protocol::hooks`), and [`Subscription`].
 
-use crate::record::events::{AdmitEvent, Event, RejectEvent};
+pub(crate) use crate::protocol::hooks::{class_name, emit, rejected};
+use crate::record::events::{AdmitEvent, Event};
 use crate::shared::Shared;
 use crate::vocab::demand::Priority;
 use crate::vocab::id::AdmissionId;
-use crate::vocab::rejection::Rejection;
 use crate::Bulkhead;
 use std::fmt;
 use std::sync::Arc;
-
-/// Emits to the subscribers of `shared` if there are any (the hook every core path uses).
-#[inline(always)]
-pub(crate) fn emit(shared: &Shared, make: impl FnOnce() -> Event) {
-    if shared.events.on() {
-        shared.events.emit(make);
-    }
-}
 
 /// The `admit` hook (the caller checked the flag).
 #[cold]
@@ -40,36 +33,6 @@ pub(crate) fn admitted(
             resources,
         })
     });
-}
-
-/// The `reject` hook: one relaxed load unless subscribed.
-#[inline(always)]
-pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
-    if shared.events.on() {
-        emit_rejected(shared, class, rejection);
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn emit_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
-    shared.events.emit(|| {
-        let mut rejection = rejection.clone();
-        if !shared.classed {
-            // A refusal at queue entry gets its queue length from the caller after it is
-            // built; report the queue as it is now (no caller holds the queue lock here).
-            rejection.set_pending(crate::protocol::handoff::pending(shared) as u64);
-        }
-        Event::Reject(RejectEvent {
-            class: class_name(shared, class),
-            rejection,
-        })
-    });
-}
-
-/// The name of class `k` of `shared`, for an event.
-pub(crate) fn class_name(shared: &Shared, k: Option<usize>) -> Option<String> {
-    k.and_then(|k| shared.class_names.get(k).cloned())
 }
 
 /// A subscription: dropping it unsubscribes. It holds a handle to the bulkhead.

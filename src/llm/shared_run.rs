@@ -289,7 +289,7 @@ impl LlmBulkhead {
         }
         match class {
             None => Ok(Some(ClassId::new(shared.class_owner, shared.default_class))),
-            Some(c) if c.owner == shared.class_owner => Ok(Some(c)),
+            Some(c) if c.is_of(shared.class_owner) => Ok(Some(c)),
             Some(_) => Err(EstimateError::InvalidSetting {
                 field: "class",
                 expected: "a class of this bulkhead",

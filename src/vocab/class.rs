@@ -2,6 +2,9 @@
 //! admission's capacity was attributed) and [`MAX_CLASSES`]. The class table and its limits
 //! are in `crate::words::classes`.
 
+use crate::vocab::error::{ConfigError, ConfigProblem};
+use std::num::NonZeroU64;
+
 /// The most classes a bulkhead can have.
 pub const MAX_CLASSES: usize = 8;
 
@@ -27,22 +30,72 @@ pub const MAX_CLASSES: usize = 8;
 /// let foreign = Demand::slot().in_class(other.class_id("premium").unwrap());
 /// assert_eq!(b.try_acquire(foreign).unwrap_err().reason, RejectReason::UnknownClass);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClassId {
-    /// The owning bulkhead's class serial (`Shared::class_owner`), never 0.
-    pub(crate) owner: std::num::NonZeroU32,
-    pub(crate) index: u8,
+///
+/// # Identity
+///
+/// A `ClassId` is one 64-bit word, `[bulkhead serial:56][index:8]`, so `Option<ClassId>` is 8
+/// bytes. Serials are drawn from a process-wide counter that is never reset and never wraps:
+/// 2^56 − 1 of them (at one bulkhead built per nanosecond, more than two years of nothing but
+/// builds). Once they are used up, building a bulkhead fails with a [`ConfigError`] on field
+/// `"bulkheads"` ([`ConfigProblem::TooLarge`](crate::ConfigProblem::TooLarge)); a serial is
+/// never reused, so a foreign id can never be taken for one of this bulkhead's.
+///
+/// [`ConfigError`]: crate::ConfigError
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClassId(NonZeroU64);
+
+/// Bits of a [`ClassId`] that hold the class index.
+const INDEX_BITS: u32 = 8;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+/// The largest class serial: serials fill the 56 bits above the index.
+pub(crate) const MAX_OWNER: u64 = (1 << (64 - INDEX_BITS)) - 1;
+
+/// The identity a bulkhead's [`ClassId`]s carry: its class serial, in place (shifted above the
+/// index bits), never 0. Made only by [`next_owner`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ClassOwner(NonZeroU64);
+
+impl ClassOwner {
+    /// The identity of serial 1, for unit tests that need a fixed id.
+    #[cfg(test)]
+    pub(crate) const MIN: ClassOwner = match NonZeroU64::new(1 << INDEX_BITS) {
+        Some(bits) => ClassOwner(bits),
+        None => unreachable!(),
+    };
+
+    /// The identity as the bits of its ids above the index (never 0), as a class table
+    /// records its provenance (`crate::words::classes`).
+    #[inline]
+    pub(crate) fn bits(self) -> u64 {
+        self.0.get()
+    }
 }
 
 impl ClassId {
     /// The class `index` of the bulkhead whose class serial is `owner`.
     #[inline]
-    pub(crate) fn new(owner: std::num::NonZeroU32, index: usize) -> ClassId {
+    pub(crate) fn new(owner: ClassOwner, index: usize) -> ClassId {
         debug_assert!(index < MAX_CLASSES);
-        ClassId {
-            owner,
-            index: index as u8,
-        }
+        ClassId(owner.0 | (index as u64 & INDEX_MASK))
+    }
+
+    /// Whether this is a class of the bulkhead whose identity is `owner` (one compare).
+    #[inline]
+    pub(crate) fn is_of(self, owner: ClassOwner) -> bool {
+        self.0.get() & !INDEX_MASK == owner.0.get()
+    }
+
+    /// The serial of the bulkhead that issued it.
+    #[inline]
+    pub(crate) fn owner_serial(self) -> u64 {
+        self.0.get() >> INDEX_BITS
+    }
+
+    /// The issuing bulkhead's identity bits ([`ClassOwner::bits`]).
+    #[inline]
+    pub(crate) fn owner_bits(self) -> u64 {
+        self.0.get() & !INDEX_MASK
     }
 
     /// The position in the class table.
@@ -53,26 +106,62 @@ impl ClassId {
     /// assert_eq!(b.class_id("a").unwrap().index(), 0);
     /// ```
     #[must_use]
+    #[inline]
     pub fn index(self) -> usize {
-        usize::from(self.index)
+        (self.0.get() & INDEX_MASK) as usize
     }
 }
 
+/// Shows the position and the issuing bulkhead's serial: `ClassId { index: 1, bulkhead: 7 }`.
+///
+/// ```
+/// # use llm_bulkhead::{Bulkhead, ClassLimits};
+/// # let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+/// assert!(format!("{:?}", b.class_id("a").unwrap()).starts_with("ClassId { index: 0, bulkhead: "));
+/// ```
+impl std::fmt::Debug for ClassId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClassId")
+            .field("index", &self.index())
+            .field("bulkhead", &self.owner_serial())
+            .finish()
+    }
+}
+
+/// Serialises as its position (a number), for reports; there is no `Deserialize`: a class is
+/// named by [`Bulkhead::class_id`](crate::Bulkhead::class_id), never read back from a number.
 #[cfg(feature = "serde")]
 impl serde::Serialize for ClassId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u8(self.index)
+        s.serialize_u8(self.index() as u8)
     }
 }
 
-/// The next class serial: distinct for every bulkhead of the process (wrapping after 2^32 − 1
-/// bulkheads, never 0).
-pub(crate) fn next_owner() -> std::num::NonZeroU32 {
-    loop {
-        if let Some(n) = std::num::NonZeroU32::new(crate::sync::next_serial() as u32) {
-            return n;
-        }
-    }
+/// The next class serial, distinct for every bulkhead (and sequential model) of the process:
+/// a counter of its own that refuses to go past [`MAX_OWNER`] rather than wrap, so a serial is
+/// never issued twice.
+///
+/// # Errors
+/// [`ConfigProblem::TooLarge`] on field `"bulkheads"` once 2^56 − 1 serials were issued.
+pub(crate) fn next_owner() -> Result<ClassOwner, ConfigError> {
+    static SERIALS: crate::sync::SerialCounter = crate::sync::SerialCounter::new(1);
+    next_owner_from(&SERIALS)
+}
+
+/// [`next_owner`] drawing from `serials` (the next serial to issue).
+fn next_owner_from(serials: &crate::sync::SerialCounter) -> Result<ClassOwner, ConfigError> {
+    let exhausted = |value| ConfigError {
+        field: "bulkheads",
+        problem: ConfigProblem::TooLarge {
+            value,
+            max: MAX_OWNER,
+        },
+    };
+    let serial = serials.next(MAX_OWNER).map_err(exhausted)?;
+    // Serials start at 1 and stay at most MAX_OWNER, so the shifted serial is never 0.
+    NonZeroU64::new(serial << INDEX_BITS)
+        .map(ClassOwner)
+        .ok_or_else(|| exhausted(serial))
 }
 
 /// How an admission's capacity was attributed at its decision (immutable afterwards).
@@ -109,3 +198,46 @@ impl std::fmt::Display for UnknownClass {
 }
 
 impl std::error::Error for UnknownClass {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::SerialCounter;
+
+    #[test]
+    fn ids_pack_serial_and_index_and_compare_by_owner() {
+        let (a, b) = (next_owner().unwrap(), next_owner().unwrap());
+        assert_ne!(a, b);
+        let id = ClassId::new(a, 7);
+        assert_eq!(id.index(), 7);
+        assert!(id.is_of(a) && !id.is_of(b));
+        assert_eq!(id.owner_bits(), a.bits());
+        assert_eq!(std::mem::size_of::<Option<ClassId>>(), 8);
+    }
+
+    #[test]
+    fn serials_above_32_bits_keep_their_identity() {
+        // The old 32-bit serial wrapped here and made this id equal to serial 1's.
+        let high = next_owner_from(&SerialCounter::new((1 << 32) + 1)).unwrap();
+        let low = next_owner_from(&SerialCounter::new(1)).unwrap();
+        assert_eq!(ClassId::new(high, 0).owner_serial(), (1 << 32) + 1);
+        assert!(!ClassId::new(high, 0).is_of(low));
+        assert_ne!(ClassId::new(high, 0), ClassId::new(low, 0));
+    }
+
+    #[test]
+    fn exhausted_serials_are_a_typed_error_never_a_reuse() {
+        let serials = SerialCounter::new(MAX_OWNER);
+        let last = next_owner_from(&serials).unwrap();
+        assert_eq!(ClassId::new(last, 0).owner_serial(), MAX_OWNER);
+        assert_eq!(ClassId::new(last, MAX_CLASSES - 1).index(), MAX_CLASSES - 1);
+        for _ in 0..2 {
+            let e = next_owner_from(&serials).unwrap_err();
+            assert_eq!(e.field, "bulkheads");
+            assert!(matches!(
+                e.problem,
+                ConfigProblem::TooLarge { max: MAX_OWNER, .. }
+            ));
+        }
+    }
+}

@@ -65,6 +65,13 @@ pub enum ConfigProblem {
     },
     /// The class table itself is malformed (a name, the default class, the number of classes).
     ClassTable(&'static str),
+    /// [`LimitsSnapshot::with_class`](crate::LimitsSnapshot::with_class) was given a
+    /// [`ClassId`](crate::ClassId) the snapshot's table does not have: a class of another
+    /// bulkhead, or a position the table lacks.
+    UnknownClassId(crate::ClassId),
+    /// The snapshot's class table was read from a bulkhead with other class names (or given
+    /// the ids of another bulkhead): its entries would land on the wrong classes.
+    ForeignClassTable,
 }
 
 /// An invalid configuration or limits snapshot. Nothing was built or installed.
@@ -113,6 +120,20 @@ impl ConfigError {
                 self.field
             ),
             ConfigProblem::ClassTable(why) => write!(f, "{}: {why}", self.field),
+            ConfigProblem::UnknownClassId(id) => write!(
+                f,
+                "{}: class id {} (of bulkhead #{}) is not a class of this snapshot's table; \
+                 name the class with `class_id` on the bulkhead the snapshot is for",
+                self.field,
+                id.index(),
+                id.owner_serial()
+            ),
+            ConfigProblem::ForeignClassTable => write!(
+                f,
+                "{}: the snapshot's class table belongs to a bulkhead with other admission \
+                 classes",
+                self.field
+            ),
             ConfigProblem::TooLarge { value, max } => write!(
                 f,
                 "{} = {value} exceeds the largest supported value {max}",

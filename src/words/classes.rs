@@ -5,7 +5,8 @@
 //! (`max_concurrent − Σ floors`, and for tokens `eff(priority) − Σ token floors`). Floors are
 //! strict: idle protected capacity is never lent.
 
-use crate::vocab::class::{ClassId, MAX_CLASSES};
+use crate::vocab::class::{ClassId, ClassOwner, MAX_CLASSES};
+use crate::vocab::error::{ConfigError, ConfigProblem};
 
 /// One class's floors and ceilings. Every field may be 0; an absent ceiling means only the
 /// global limits apply.
@@ -31,6 +32,16 @@ pub struct ClassLimits {
 
 /// The per-class limits of a snapshot, in construction order.
 ///
+/// A table read from a bulkhead ([`Bulkhead::limits`](crate::Bulkhead::limits)) remembers
+/// where it came from: that bulkhead's identity (so [`get`](Self::get) and
+/// [`LimitsSnapshot::with_class`](crate::LimitsSnapshot::with_class) tell its
+/// [`ClassId`]s from another bulkhead's) and a fingerprint of its class names, in order (so
+/// `apply_limits` can accept a snapshot taken from another bulkhead with the same classes,
+/// CONTRACT.md §4: the key set is fixed and every snapshot names exactly those keys, and refuse
+/// one taken from a bulkhead with other classes). A deserialised table has no provenance and is
+/// positional: its entries are the classes in construction order. Provenance is not part of
+/// equality or hashing; an id refused by `with_class` is.
+///
 /// ```
 /// use llm_bulkhead::{Bulkhead, ClassLimits};
 /// let b = Bulkhead::builder().max_concurrent(4).class("a", ClassLimits::default())
@@ -38,10 +49,53 @@ pub struct ClassLimits {
 /// let t = b.limits().classes;
 /// assert_eq!((t.len(), t.get(b.class_id("a").unwrap())), (1, Some(&ClassLimits::default())));
 /// ```
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Default)]
 pub struct ClassTable {
     len: u8,
     entries: [ClassLimits; MAX_CLASSES],
+    /// The identity bits of the bulkhead whose ids this table takes (`ClassOwner::bits`): the
+    /// bulkhead it was read from, or, for a table without provenance, the issuer of the first
+    /// id `with_class` accepted; 0 if neither.
+    owner: u64,
+    /// The fingerprint of the class names of the bulkhead it was read from ([`keys_of`]).
+    keys: Option<u64>,
+    /// The first id `with_class` was given that this table does not have.
+    refused: Option<ClassId>,
+}
+
+impl PartialEq for ClassTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries[..self.len()] == other.entries[..other.len()] && self.refused == other.refused
+    }
+}
+
+impl Eq for ClassTable {}
+
+impl std::hash::Hash for ClassTable {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.entries[..self.len()].hash(state);
+        self.refused.hash(state);
+    }
+}
+
+/// A fingerprint of a bulkhead's class names, in order (64-bit FNV-1a over the names, each
+/// ended by a byte no UTF-8 text contains): the key set a snapshot's table must have.
+pub(crate) fn keys_of(names: &[String]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for name in names {
+        for &b in name.as_bytes().iter().chain(&[0xff]) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The error of a class id a table does not have (`with_class`, `apply_limits`).
+pub(crate) fn unknown_class_id(id: ClassId) -> ConfigError {
+    ConfigError {
+        field: "classes",
+        problem: ConfigProblem::UnknownClassId(id),
+    }
 }
 
 /// Lists the classes in use only (none without classes), not the table's spare room.
@@ -83,8 +137,14 @@ impl ClassTable {
     /// # let b = Bulkhead::builder().max_concurrent(1).class("a", ClassLimits::default()).default_class("a").build().unwrap();
     /// assert!(b.limits().classes.get(b.class_id("a").unwrap()).is_some());
     /// ```
+    ///
+    /// `None` for a class of another bulkhead than the one the table was read from, and for a
+    /// position the table does not have.
     #[must_use]
     pub fn get(&self, id: ClassId) -> Option<&ClassLimits> {
+        if self.owner != 0 && id.owner_bits() != self.owner {
+            return None;
+        }
         self.entries[..self.len()].get(id.index())
     }
 
@@ -106,15 +166,63 @@ impl ClassTable {
         true
     }
 
-    pub(crate) fn set(&mut self, id: ClassId, limits: ClassLimits) -> bool {
-        let len = self.len();
-        match self.entries[..len].get_mut(id.index()) {
-            Some(e) => {
-                *e = limits;
-                true
-            }
-            None => false,
+    /// Records where the table comes from: the bulkhead `owner` whose class names have the
+    /// fingerprint `keys` ([`keys_of`]).
+    pub(crate) fn stamp(&mut self, owner: ClassOwner, keys: u64) {
+        self.owner = owner.bits();
+        self.keys = Some(keys);
+    }
+
+    /// Sets class `id`'s limits if the table has that class: `Err(id)`, and nothing changed,
+    /// for an id of another bulkhead than the one whose ids the table takes, or a position it
+    /// lacks. A table without provenance takes the ids of the first id's bulkhead from then on.
+    pub(crate) fn set_checked(&mut self, id: ClassId, limits: ClassLimits) -> Result<(), ClassId> {
+        if (self.owner != 0 && id.owner_bits() != self.owner) || id.index() >= self.len() {
+            return Err(id);
         }
+        self.owner = id.owner_bits();
+        self.entries[id.index()] = limits;
+        Ok(())
+    }
+
+    /// Remembers the first id [`set_checked`](Self::set_checked) refused; validation then
+    /// refuses the snapshot.
+    pub(crate) fn refuse(&mut self, id: ClassId) {
+        self.refused.get_or_insert(id);
+    }
+
+    /// The id `with_class` refused, if any.
+    pub(crate) fn refused(&self) -> Option<ClassId> {
+        self.refused
+    }
+
+    /// Whether a snapshot with this table may be applied to the bulkhead whose current table
+    /// is `current`: a table read from a bulkhead with the same class names in the same order
+    /// (another bulkhead's too), or one without provenance whose ids (if it was given any) are
+    /// the current bulkhead's.
+    ///
+    /// # Errors
+    /// [`ConfigProblem::ForeignClassTable`] on field `classes` otherwise.
+    pub(crate) fn check_origin(&self, current: &ClassTable) -> Result<(), ConfigError> {
+        let fits = match self.keys {
+            Some(keys) => Some(keys) == current.keys,
+            None => self.owner == 0 || self.owner == current.owner,
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(ConfigError {
+                field: "classes",
+                problem: ConfigProblem::ForeignClassTable,
+            })
+        }
+    }
+
+    /// The same limits, with the provenance of `current` (what an installed snapshot carries).
+    pub(crate) fn with_origin_of(mut self, current: &ClassTable) -> ClassTable {
+        self.owner = current.owner;
+        self.keys = current.keys;
+        self
     }
 
     /// `Σ protected_concurrent`, `Σ protected_tokens`.
@@ -128,9 +236,15 @@ impl ClassTable {
     }
 }
 
+/// Serialises as the list of class limits, in construction order; a table that was given a
+/// class id it does not have ([`LimitsSnapshot::with_class`](crate::LimitsSnapshot::with_class))
+/// does not serialise (the id would be lost).
 #[cfg(feature = "serde")]
 impl serde::Serialize for ClassTable {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if let Some(id) = self.refused {
+            return Err(serde::ser::Error::custom(unknown_class_id(id)));
+        }
         s.collect_seq(self.iter())
     }
 }

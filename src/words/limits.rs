@@ -152,22 +152,64 @@ impl LimitsSnapshot {
         self
     }
 
-    /// The same snapshot with other limits for one class. A [`ClassId`] the table does not
-    /// have leaves the snapshot unchanged (and the bulkhead that issued it cannot have given
-    /// such an id).
+    /// The same snapshot with other limits for one class.
+    ///
+    /// A [`ClassId`] the snapshot's table does not have (a class of another bulkhead than the
+    /// one the snapshot was read from, or a position the table lacks) changes no limit, and
+    /// the snapshot remembers it: [`Bulkhead::apply_limits`](crate::Bulkhead::apply_limits)
+    /// then refuses the snapshot with [`ConfigProblem::UnknownClassId`] on field `classes`
+    /// (after the stale-revision check, which comes first; nothing is installed), and it does
+    /// not serialise. So a chain of `with_…` calls needs no error handling until it is applied;
+    /// [`try_with_class`](Self::try_with_class) reports the id at once instead.
     ///
     /// ```
-    /// # use llm_bulkhead::{Bulkhead, ClassLimits};
-    /// let b = Bulkhead::builder().max_concurrent(4).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// use llm_bulkhead::{ApplyLimitsError, Bulkhead, ClassLimits, ConfigProblem};
+    /// let build = || Bulkhead::builder().max_concurrent(4).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// let (b, other) = (build(), build());
     /// let a = b.class_id("a").unwrap();
-    /// let s = b.limits().with_revision(1).with_class(a, ClassLimits { max_concurrent: Some(1), ..Default::default() });
-    /// b.apply_limits(s).unwrap();
+    /// let one = ClassLimits { max_concurrent: Some(1), ..Default::default() };
+    /// b.apply_limits(b.limits().with_revision(1).with_class(a, one)).unwrap();
     /// assert_eq!(b.limits().classes.get(a).unwrap().max_concurrent, Some(1));
+    /// // Another bulkhead's id for the same name is not this bulkhead's class.
+    /// let foreign = b.limits().with_revision(2).with_class(other.class_id("a").unwrap(), one);
+    /// let Err(ApplyLimitsError::Invalid(e)) = b.apply_limits(foreign) else { panic!() };
+    /// assert!(matches!(e.problem, ConfigProblem::UnknownClassId(_)));
+    /// assert_eq!(b.limits().revision, 1); // nothing changed
     /// ```
     #[must_use = "returns the changed snapshot; the original is moved"]
     pub fn with_class(mut self, class: ClassId, limits: ClassLimits) -> Self {
-        self.classes.set(class, limits);
+        if let Err(id) = self.classes.set_checked(class, limits) {
+            self.classes.refuse(id);
+        }
         self
+    }
+
+    /// [`with_class`](Self::with_class), reporting a [`ClassId`] the table does not have at
+    /// once.
+    ///
+    /// # Errors
+    /// [`ConfigProblem::UnknownClassId`] on field `classes`, for a class of another bulkhead
+    /// than the one the snapshot was read from or a position the table lacks (the snapshot is
+    /// dropped; the caller still has nothing to undo).
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, ConfigProblem};
+    /// let b = Bulkhead::builder().max_concurrent(4).class("a", ClassLimits::default()).default_class("a").build().unwrap();
+    /// let plain = Bulkhead::new(4).unwrap();
+    /// let a = b.class_id("a").unwrap();
+    /// assert!(b.limits().try_with_class(a, ClassLimits::default()).is_ok());
+    /// let e = plain.limits().try_with_class(a, ClassLimits::default()).unwrap_err();
+    /// assert_eq!((e.field, e.problem), ("classes", ConfigProblem::UnknownClassId(a)));
+    /// ```
+    pub fn try_with_class(
+        mut self,
+        class: ClassId,
+        limits: ClassLimits,
+    ) -> Result<Self, ConfigError> {
+        self.classes
+            .set_checked(class, limits)
+            .map_err(crate::words::classes::unknown_class_id)?;
+        Ok(self)
     }
 
     /// Validates everything but staleness: ranges, the budget's shape, and the class rules of
@@ -208,6 +250,9 @@ impl LimitsSnapshot {
                     });
                 }
             }
+        }
+        if let Some(id) = self.classes.refused() {
+            return Err(crate::words::classes::unknown_class_id(id));
         }
         if self.classes.len() != names.len() {
             return Err(ConfigError {

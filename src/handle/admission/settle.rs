@@ -196,26 +196,12 @@ pub(super) fn grow_class_hold(
 }
 
 /// Adds `delta` to the tokens in flight, with no admission check, refusing only growth past
-/// what the word can hold. Lock-free.
+/// what the word can hold (`crate::protocol::plain::grow_tokens`). Lock-free.
 pub(super) fn grow_hold(shared: &Shared, delta: u64, new_hold: u64) -> Result<(), UsageError> {
-    let mut w = Word(shared.word.load(Ordering::Relaxed));
-    loop {
-        if w.tokens().checked_add(delta).is_none_or(|t| t > MAX_TOKENS) {
-            return Err(UsageError::HoldTooLarge {
-                hold: new_hold,
-                max: MAX_TOKENS,
-            });
-        }
-        match shared.word.compare_exchange_weak(
-            w.0,
-            w.0 + delta,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => break,
-            Err(actual) => w = Word(actual),
-        }
-    }
+    crate::protocol::plain::grow_tokens(shared, delta).map_err(|()| UsageError::HoldTooLarge {
+        hold: new_hold,
+        max: MAX_TOKENS,
+    })?;
     shared
         .counters
         .local(Counters::new)

@@ -47,7 +47,7 @@ impl Bulkhead {
         let shared = &*self.shared;
         match class {
             None => Some(shared.default_class),
-            Some(c) if c.owner == shared.class_owner => Some(c.index()),
+            Some(c) if c.is_of(shared.class_owner) => Some(c.index()),
             Some(_) => None,
         }
     }
@@ -124,7 +124,7 @@ impl Bulkhead {
         let c = shared.counters.local(Counters::new);
         c.rejected[f.reason.index()].add(1);
         c.classes[k].rejected[f.reason.index()].add(1);
-        let mut rej = rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
+        let mut rej = plain::rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
         rej.constraint = f.constraint;
         if f.reason != RejectReason::Shutdown {
             rej.set_class(f.summary.counts(shared.class_ids[k], r, f.stored_shared));

@@ -164,8 +164,8 @@ fn partitions_and_bytes_match_the_reference() {
     for scope in ["", "t", &"s".repeat(64), &"s".repeat(300)] {
         for class in [
             None,
-            Some(ClassId::new(std::num::NonZeroU32::MIN, 0)),
-            Some(ClassId::new(std::num::NonZeroU32::MIN, 3)),
+            Some(ClassId::new(crate::vocab::class::ClassOwner::MIN, 0)),
+            Some(ClassId::new(crate::vocab::class::ClassOwner::MIN, 3)),
         ] {
             let mut reference = Reference::default();
             reference.tag(10);

@@ -1,0 +1,46 @@
+//! The events' hooks on the protocols' paths (the subscriber list and the event types are in
+//! `crate::record::events`; the handles' hooks, which know the `Admission`, in
+//! `crate::handle::events`). Each costs one relaxed load of the subscribed flag unless someone
+//! subscribed.
+
+use crate::record::events::{Event, RejectEvent};
+use crate::shared::Shared;
+use crate::vocab::rejection::Rejection;
+
+/// Emits to the subscribers of `shared` if there are any (the hook every core path uses).
+#[inline(always)]
+pub(crate) fn emit(shared: &Shared, make: impl FnOnce() -> Event) {
+    if shared.events.on() {
+        shared.events.emit(make);
+    }
+}
+
+/// The `reject` hook of a refusal in class `class` (`None` without classes).
+#[inline(always)]
+pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
+    if shared.events.on() {
+        emit_rejected(shared, class, rejection);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn emit_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
+    shared.events.emit(|| {
+        let mut rejection = rejection.clone();
+        if !shared.classed {
+            // A refusal at queue entry gets its queue length from the caller after it is
+            // built; report the queue as it is now (no caller holds the queue lock here).
+            rejection.set_pending(crate::protocol::handoff::pending(shared) as u64);
+        }
+        Event::Reject(RejectEvent {
+            class: class_name(shared, class),
+            rejection,
+        })
+    });
+}
+
+/// The name of class `k` of `shared`, for an event.
+pub(crate) fn class_name(shared: &Shared, k: Option<usize>) -> Option<String> {
+    k.and_then(|k| shared.class_names.get(k).cloned())
+}

@@ -1,0 +1,274 @@
+//! The protocol of a bulkhead **without admission classes**: one packed 64-bit word, whose
+//! layout (tokens held `T`, slots in use `G`, the limits tag and the `DETACHED`, `WAITERS` and
+//! `CLOSED` flags), memory ordering and per-operation progress are written down in
+//! `src/words/state.rs` (`crate::words::state`). A bulkhead with classes never runs any of this
+//! (`crate::protocol::classed`); the choice is made once, at construction.
+//!
+//! # The steps
+//!
+//! * **Enter** ([`try_decide`]): enter the grace period's decision marker (`crate::grace`),
+//!   load the word, read the limits of its tag from the ring (`crate::words::limits`), check
+//!   rows 0, 1 and 6 of CONTRACT.md §2 ([`decide`]: closed, then `T + r > eff(priority)`, then
+//!   no free slot or waiters queued, the no-barging rule), and take one slot and `r` tokens
+//!   with one `AcqRel` CAS that expects the word it decided on (so a close, a tag bump or any
+//!   other change in between makes it decide again). Counted in the thread's statistics entry
+//!   the marker lives in ([`count`]).
+//! * **Refusal** ([`refuse`], out of line): re-read the word; if the tag moved since the
+//!   decision, the limits it read may be torn and the caller decides again. Otherwise count the
+//!   refusal and keep the raw numbers that explain it ([`rejection`]; the explanation is built
+//!   only when asked: [`Rejection::detail`]). A waiter's refusal ([`waiter_refusal`]) is
+//!   explained by the word as it is when the waiter is answered.
+//! * **Returns**: a release returns its slot and hold with one CAS of the word, or hands the
+//!   slot to the head waiter while waiters are queued (`SlotRef::return_slot`,
+//!   `crate::protocol::handoff`, which also holds the pump and `close`'s queue side); a usage
+//!   report that shrinks a hold is one `fetch_sub` ([`return_tokens`]), one that grows it a CAS
+//!   loop bounded only by the field ([`grow_tokens`]).
+//! * **Waiting**: the decision under the queue mutex that queues a waiter, and the drain-time
+//!   admission that reads the queue-length mirror, are the wait layer's (`crate::wait::waiting`).
+//!
+//! Every function here takes the shared block of a bulkhead its caller keeps alive (a handle,
+//! or an admission's slot) for the whole call.
+
+use crate::protocol::{ClassCode, Granted};
+use crate::record::stats::Counters;
+use crate::shared::Shared;
+use crate::sync::Ordering;
+use crate::vocab::demand::Priority;
+use crate::vocab::rejection::{n32, Counts, RejectReason, Rejection};
+use crate::words::limits::Hot;
+use crate::words::state::{Word, MAX_TOKENS};
+
+/// What a decision does with the word it read.
+enum Decision {
+    /// Replace the word with this one.
+    Admit(Word),
+    Refuse(RejectReason),
+}
+
+/// Rows 0, 1 and 6 of CONTRACT.md §2 on word `w` under limits `lim`, for `r` tokens at
+/// `priority`; first failure wins.
+#[inline]
+fn decide(w: Word, lim: &Hot, r: u64, priority: Priority) -> Decision {
+    if w.closed() {
+        return Decision::Refuse(RejectReason::Shutdown);
+    }
+    if let Some(eff) = lim.effective(priority) {
+        if w.tokens().saturating_add(r) > eff {
+            return Decision::Refuse(RejectReason::BudgetLimit);
+        }
+    }
+    // Row 6 (and, for fail-fast callers, the no-barging rule while waiters are queued).
+    if w.slots() >= lim.max_concurrent || w.waiters() {
+        return Decision::Refuse(RejectReason::ConcurrencyLimit);
+    }
+    Decision::Admit(w.plus(r))
+}
+
+/// What a refused decision hands back: the word and the limits that refused, the reason, and
+/// the thread's counters entry the decision looked up (the refusal is counted there, without a
+/// second lookup).
+pub(crate) struct Refusal<'a> {
+    pub(crate) w: Word,
+    pub(crate) lim: Hot,
+    pub(crate) reason: RejectReason,
+    c: &'a Counters,
+}
+
+/// The fast decision: rows 0, 1 and 6 in one CAS (module docs, "Enter"). `Err` carries the
+/// word and the limits that refused, for [`refusal`] (which re-checks the tag).
+#[inline(always)]
+pub(crate) fn try_decide(
+    shared: &Shared,
+    r: u64,
+    priority: Priority,
+) -> Result<Granted, Refusal<'_>> {
+    let word = &*shared.word;
+    // Before the first read of the tag (`crate::grace`): no install can bring the tag back to
+    // `w`'s while this decision is in progress. The marker is in this thread's counters entry,
+    // which the admission is counted in anyway (one lookup for both); the caller's handle keeps
+    // it alive for the whole decision.
+    let c = shared.counters.local(Counters::new);
+    let _op = crate::grace::enter_decision(c);
+    let mut w = Word(word.load(Ordering::Acquire));
+    let backoff = crossbeam_utils::Backoff::new();
+    loop {
+        let lim = shared.ring.read(w.tag());
+        match decide(w, &lim, r, priority) {
+            Decision::Admit(next) => {
+                crate::sync::pause(crate::sync::PausePoint::DecisionCas);
+                match word.compare_exchange_weak(w.0, next.0, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Ok(count_in(shared, c, lim.revision, r)),
+                    Err(actual) => {
+                        backoff.spin();
+                        w = Word(actual);
+                    }
+                }
+            }
+            Decision::Refuse(reason) => return Err(Refusal { w, lim, reason, c }),
+        }
+    }
+}
+
+/// Counts an admission of `r` tokens decided under `revision` (one decided outside
+/// [`try_decide`]: under the queue mutex, or handed over) in this thread's entry.
+#[inline(always)]
+pub(crate) fn count(shared: &Shared, revision: u64, r: u64) -> Granted {
+    count_in(shared, shared.counters.local(Counters::new), revision, r)
+}
+
+/// [`count`] into this thread's entry `c`.
+#[inline(always)]
+fn count_in(shared: &Shared, c: &Counters, revision: u64, r: u64) -> Granted {
+    let n = c.admitted.add(1);
+    if shared.has_budget {
+        c.total_reserved.add(r);
+    }
+    Granted {
+        revision,
+        key: c.key,
+        n,
+        class: ClassCode::default(),
+    }
+}
+
+/// Counts and explains the refusal `f` of a demand of `r` tokens at `priority`; `None` if the
+/// tag moved since (the limits may have been torn: decide again).
+#[inline(always)]
+pub(crate) fn refusal(
+    shared: &Shared,
+    f: &Refusal<'_>,
+    r: u64,
+    priority: Priority,
+) -> Option<Rejection> {
+    refuse(shared, f.c, f.w, &f.lim, f.reason, r, priority)
+}
+
+/// [`refusal`] of a decision made outside [`try_decide`] (under the queue mutex), which looks
+/// up this thread's counters entry.
+#[cold]
+pub(crate) fn refusal_of(
+    shared: &Shared,
+    w: Word,
+    lim: &Hot,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Option<Rejection> {
+    let c = shared.counters.local(Counters::new);
+    refuse(shared, c, w, lim, reason, r, priority)
+}
+
+/// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
+/// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
+/// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
+/// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
+/// the tag moved (decide again).
+#[cold]
+#[inline(never)]
+fn refuse(
+    shared: &Shared,
+    c: &Counters,
+    w: Word,
+    lim: &Hot,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Option<Rejection> {
+    if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
+        return None;
+    }
+    c.rejected[reason.index()].add(1);
+    // Built in the return value's place; the hook reads it there (only when subscribed).
+    let out = Some(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
+    if let Some(rej) = &out {
+        crate::protocol::hooks::rejected(shared, None, rej);
+    }
+    out
+}
+
+/// Counts and explains the refusal of a waiter (or of a request refused before it could wait:
+/// `aborted`) of `r` tokens at `priority`, with the word as it is now.
+#[cold]
+pub(crate) fn waiter_refusal(
+    shared: &Shared,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Rejection {
+    let w = Word(shared.word.load(Ordering::Acquire));
+    let lim = shared.ring.read(w.tag());
+    let c = shared.counters.local(Counters::new);
+    c.rejected[reason.index()].add(1);
+    let mut rej = rejection(w.slots(), w.tokens(), &lim, reason, r, priority);
+    rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
+    crate::protocol::hooks::rejected(shared, None, &rej);
+    rej
+}
+
+/// The refusal of a demand of `r` tokens at `priority`, explained by `slots` and `tokens` in
+/// use under `lim` (no class numbers; the queue length 0 until the caller sets it). The class
+/// protocol's refusals start from it too.
+#[inline(always)]
+pub(crate) fn rejection(
+    slots: u64,
+    tokens: u64,
+    lim: &Hot,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Rejection {
+    Rejection::counted(
+        reason,
+        None,
+        lim.revision,
+        Counts {
+            requested: r,
+            tokens,
+            in_flight: n32(slots),
+            pending: 0,
+            max_concurrent: n32(lim.max_concurrent),
+            max_queue: n32(lim.max_queue),
+            budget: lim.budget.map(|budget| {
+                let eff = lim.effective(priority).unwrap_or(budget);
+                (n32(budget), n32(eff))
+            }),
+            class: None,
+        },
+    )
+}
+
+/// A usage report shrank an admission's hold by `amount`: one `fetch_sub` of the word (the
+/// return of capacity, `Release`); with token waiting, the refunded tokens go to the queued
+/// head first (`crate::protocol::token_wait::after_refund`). The caller holds the admission's
+/// slot, whose hold contains `amount`.
+#[inline]
+pub(crate) fn return_tokens(shared: &Shared, amount: u64) {
+    let prev = Word(shared.word.fetch_sub(amount, Ordering::Release));
+    // This admission's hold is in T, so T ≥ amount: no borrow from the slots.
+    debug_assert!(prev.tokens() >= amount, "token field underflow");
+    crate::protocol::token_wait::after_refund(shared, prev);
+}
+
+/// A usage report grew an admission's hold by `amount`: added to `T` with no admission check
+/// (the work is already running), refused (`Err`, nothing changed) only if `T` would leave its
+/// field ([`MAX_TOKENS`]). A CAS loop: lock-free.
+pub(crate) fn grow_tokens(shared: &Shared, amount: u64) -> Result<(), ()> {
+    let mut w = Word(shared.word.load(Ordering::Relaxed));
+    loop {
+        if w.tokens()
+            .checked_add(amount)
+            .is_none_or(|t| t > MAX_TOKENS)
+        {
+            return Err(());
+        }
+        match shared.word.compare_exchange_weak(
+            w.0,
+            w.0 + amount,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(actual) => w = Word(actual),
+        }
+    }
+}
