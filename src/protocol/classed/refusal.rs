@@ -63,6 +63,7 @@ pub(super) enum Explained {
 
 /// Explains a refusal from one collect of every word, the way the sequential model decides
 /// (`src/model.rs`): shutdown, row 1, rows 2–3, rows 4–5, row 6.
+#[inline]
 pub(super) fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
     let g = GWord(shared.word.load(SeqCst));
     // A reconfiguration in progress keeps the stored U/V conservative until every class has
