@@ -265,7 +265,7 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-type FlightMap<T> = HashMap<u128, Arc<Flight<T>>, std::hash::BuildHasherDefault<KeyHasher>>;
+type FlightMap<T> = HashMap<u128, Flight<T>, std::hash::BuildHasherDefault<KeyHasher>>;
 type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 
 /// The calls in flight of one result type (see the module docs). Cloning shares the map.
@@ -392,7 +392,7 @@ impl<T: Send + 'static> Dedup<T> {
         // One probe of the map: the entry is looked up and, when free, filled in place.
         let vacant = match reg.map.entry(key.0) {
             Entry::Occupied(e) => {
-                let mut st = lock(&e.get().st);
+                let mut st = lock(e.get().st());
                 if !st.done {
                     let id = st.followers.len();
                     st.followers.push(Share::Waiting);
@@ -431,18 +431,7 @@ impl<T: Send + 'static> Dedup<T> {
             drop(reg);
             return DedupRun::solo(inner, Box::pin(work()));
         };
-        let flight = Arc::new(Flight {
-            st: Mutex::new(FlightState {
-                work: Some(Box::pin(work())),
-                polling: false,
-                done: false,
-                leader_present: true,
-                leader_result: None,
-                followers: Vec::new(),
-                participants: 1,
-                wakers: Wakers::default(),
-            }),
-        });
+        let flight = new_flight(work());
         match slot {
             Entry::Occupied(mut e) => drop(e.insert(flight.clone())),
             Entry::Vacant(e) => drop(e.insert(flight.clone())),
