@@ -150,7 +150,8 @@ impl DedupKey {
         DedupKey(self.0 ^ u128::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
     }
 
-    /// The key's value.
+    /// The key's value. Keys are process-local: the value may change between versions of
+    /// the crate (the encoding it hashes is no format), so do not persist it.
     ///
     /// ```
     /// # use llm_bulkhead::llm::DedupKey;
