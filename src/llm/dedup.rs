@@ -275,7 +275,9 @@ type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 /// Registration, completion and departure happen under the map's and the flight's mutexes
 /// (map before flight when both are held; completion takes them one after the other), so a
 /// follower either joins a flight before its completion (and is given a share) or finds the
-/// key free and leads a new one. Counters are relaxed statistics.
+/// key free and leads a new one. The work itself (in the flight's allocation, not boxed) is
+/// touched only by the participant that claimed it under the flight's mutex, and dropped by
+/// the one that marked the flight done. Counters are relaxed statistics.
 pub struct Dedup<T> {
     inner: Arc<Inner<T>>,
 }

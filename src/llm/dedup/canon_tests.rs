@@ -169,7 +169,7 @@ fn the_encoding_is_the_reference_encoding() {
         reference.request(&r);
         let mut c = Canon::new();
         c.request(&r);
-        assert_eq!(c.buf, reference.0);
+        assert_eq!(c.encoded(), reference.0);
         let mut c = Canon::new();
         c.request(&r);
         assert_eq!(c.finish(), xxh3_128(&reference.0));
@@ -217,11 +217,11 @@ fn lengths_are_unsigned_leb128() {
         ),
     ] {
         let mut c = Canon::new();
-        c.len(n);
-        assert_eq!(c.buf, bytes, "{n}");
+        c.pos = c.len(0, n);
+        assert_eq!(c.encoded(), bytes, "{n}");
         let mut c = Canon::new();
-        c.tag_len(9, n);
-        assert_eq!(c.buf[0], 9);
-        assert_eq!(&c.buf[1..], bytes, "{n}");
+        c.pos = c.tag_len(0, 9, n);
+        assert_eq!(c.encoded()[0], 9);
+        assert_eq!(&c.encoded()[1..], bytes, "{n}");
     }
 }
