@@ -225,3 +225,17 @@ fn lengths_are_unsigned_leb128() {
         assert_eq!(&c.encoded()[1..], bytes, "{n}");
     }
 }
+
+#[test]
+fn short_and_long_bytes_are_copied_exactly() {
+    // Every size class of `raw` (1-3, 4-7, 8-16 and longer), each byte distinct.
+    let all: Vec<u8> = (1..=64u8).collect();
+    for n in 0..=all.len() {
+        let mut c = Canon::new();
+        c.bytes(&all[..n]);
+        let mut reference = Reference::default();
+        reference.len(n);
+        reference.0.extend_from_slice(&all[..n]);
+        assert_eq!(c.encoded(), reference.0, "{n}");
+    }
+}
