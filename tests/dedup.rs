@@ -483,3 +483,30 @@ fn a_work_that_panics_is_dropped_and_frees_its_key() {
     assert!(again.is_leader());
     assert_eq!(futures_lite::future::block_on(again), Ok(2));
 }
+
+#[test]
+fn a_leader_that_completes_at_once_still_shares_with_those_who_joined() {
+    // Followers joined before the leader's first poll (one of them left again): the leader's
+    // completion makes the shares although its call never waited.
+    let d: Dedup<String> = Dedup::new(8);
+    let k = DedupKey::of_bytes(b"at once");
+    let mut leader = d.run(k, FollowerOptions::default(), || async {
+        "now".to_string()
+    });
+    let mut stays = d.run(k, FollowerOptions::default(), not_called());
+    let leaves = d.run(k, FollowerOptions::default(), not_called());
+    drop(leaves);
+    assert_eq!(poll(&mut leader), Poll::Ready(Ok("now".to_string())));
+    assert_eq!(poll(&mut stays), Poll::Ready(Ok("now".to_string())));
+    assert_eq!(d.stats().active, 0);
+    // A leader alone completes the same way and frees its key.
+    let mut alone = d.run(k, FollowerOptions::default(), || async {
+        "again".to_string()
+    });
+    assert!(alone.is_leader());
+    assert_eq!(poll(&mut alone), Poll::Ready(Ok("again".to_string())));
+    assert_eq!(
+        (d.stats().active, d.stats().leaders, d.stats().hits),
+        (0, 2, 2)
+    );
+}

@@ -266,7 +266,15 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-type FlightMap<T> = HashMap<u128, Flight<T>, std::hash::BuildHasherDefault<KeyHasher>>;
+type FlightMap<T> = HashMap<u128, Entered<T>, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A key's flight in the map, and whether a follower ever joined it (read and written under
+/// the map's lock only): a leader whose flight nobody joined completes under the map's lock
+/// alone, without the flight's (nobody else can reach the flight once its key is gone).
+struct Entered<T> {
+    flight: Flight<T>,
+    joined: bool,
+}
 type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 
 /// The calls in flight of one result type (see the module docs). Cloning shares the map.
@@ -394,14 +402,15 @@ impl<T: Send + 'static> Dedup<T> {
         let len = reg.map.len();
         // One probe of the map: the entry is looked up and, when free, filled in place.
         let vacant = match reg.map.entry(key.0) {
-            Entry::Occupied(e) => {
-                let mut st = lock(e.get().st());
+            Entry::Occupied(mut e) => {
+                let mut st = lock(e.get().flight.st());
                 if !st.done {
                     let id = st.followers.len();
                     st.followers.push(Share::Waiting);
                     st.participants += 1;
                     drop(st);
-                    let flight = e.get().clone();
+                    let flight = e.get().flight.clone();
+                    e.get_mut().joined = true;
                     reg.hits += 1;
                     drop(reg);
                     return DedupRun {
@@ -436,8 +445,14 @@ impl<T: Send + 'static> Dedup<T> {
         };
         let flight = new_flight(work());
         match slot {
-            Entry::Occupied(mut e) => drop(e.insert(flight.clone())),
-            Entry::Vacant(e) => drop(e.insert(flight.clone())),
+            Entry::Occupied(mut e) => drop(e.insert(Entered {
+                flight: flight.clone(),
+                joined: false,
+            })),
+            Entry::Vacant(e) => drop(e.insert(Entered {
+                flight: flight.clone(),
+                joined: false,
+            })),
         }
         reg.leaders += 1;
         drop(reg);

@@ -427,6 +427,11 @@ impl<T: Send + 'static> DedupRun<T> {
             st.woken = false;
             drop(st);
             let polled = flight.poll_work();
+            if follower.is_none() {
+                if let Ok(Poll::Ready(result)) = polled {
+                    return self.lead_to_end(flight, key, result);
+                }
+            }
             let mut st = lock(flight.st());
             st.polling = false;
             match polled {
@@ -471,6 +476,48 @@ impl<T: Send + 'static> DedupRun<T> {
         }
     }
 
+    /// The leader's poll completed the call with `result`: if nobody ever joined the flight,
+    /// the key is removed under the map's lock alone and the result is the leader's (nobody
+    /// else can reach the flight any more: joining takes the map's lock, so the flight's
+    /// state needs no update); otherwise the shares are made under the flight's lock.
+    fn lead_to_end(
+        &mut self,
+        flight: Flight<T>,
+        key: u128,
+        result: T,
+    ) -> Poll<Result<T, DedupError>> {
+        let solo = {
+            let mut reg = lock(&self.inner.flights);
+            match reg.map.entry(key) {
+                Entry::Occupied(e) if Arc::ptr_eq(&e.get().flight, &flight) && !e.get().joined => {
+                    e.remove();
+                    true
+                }
+                _ => false,
+            }
+        };
+        if solo {
+            // The claim is this leader's and nobody else is left: the work is its alone.
+            flight.drop_work();
+            self.finish();
+            return Poll::Ready(Ok(result));
+        }
+        let mut st = lock(flight.st());
+        st.polling = false;
+        self.complete(&mut st, result);
+        let out = take_result(&mut st, None);
+        st.participants -= 1;
+        let others = st.participants > 0;
+        drop(st);
+        flight.drop_work();
+        self.remove_key(&flight, key);
+        if others {
+            wake_all(flight.st());
+        }
+        self.finish();
+        Poll::Ready(out)
+    }
+
     /// The call completed with `result`: shares for the followers, the original for the
     /// leader (or dropped if the leader left).
     fn complete(&self, st: &mut FlightState<T>, result: T) {
@@ -494,8 +541,10 @@ impl<T: Send + 'static> DedupRun<T> {
     /// Removes `key` from the map if it still names `flight`.
     fn remove_key(&self, flight: &Flight<T>, key: u128) {
         let mut reg = lock(&self.inner.flights);
-        if reg.map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            reg.map.remove(&key);
+        if let Entry::Occupied(e) = reg.map.entry(key) {
+            if Arc::ptr_eq(&e.get().flight, flight) {
+                e.remove();
+            }
         }
     }
 
@@ -560,8 +609,10 @@ impl<T> Drop for DedupRun<T> {
         if last {
             flight.drop_work();
             let mut reg = lock(&self.inner.flights);
-            if reg.map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
-                reg.map.remove(&key);
+            if let Entry::Occupied(e) = reg.map.entry(key) {
+                if Arc::ptr_eq(&e.get().flight, &flight) {
+                    e.remove();
+                }
             }
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
