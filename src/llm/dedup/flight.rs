@@ -426,86 +426,72 @@ impl<T: Send + 'static> DedupRun<T> {
             st.polling = true;
             st.woken = false;
             drop(st);
-            let polled = flight.poll_work();
-            if follower.is_none() {
-                if let Ok(Poll::Ready(result)) = polled {
-                    return self.lead_to_end(flight, key, result);
-                }
-            }
+            let panic = match flight.poll_work() {
+                Ok(Poll::Ready(result)) => return self.end(flight, key, follower, result),
+                Ok(Poll::Pending) => None,
+                Err(panic) => Some(panic),
+            };
             let mut st = lock(flight.st());
             st.polling = false;
-            match polled {
-                Ok(Poll::Pending) => {
-                    st.wakers.register(cx.waker());
-                    let woken = st.woken;
-                    drop(st);
-                    if woken {
-                        // Woken while it polled, before its waker was there: poll again.
-                        cx.waker().wake_by_ref();
-                    }
-                    pending(self, flight)
+            let Some(panic) = panic else {
+                st.wakers.register(cx.waker());
+                let woken = st.woken;
+                drop(st);
+                if woken {
+                    // Woken while it polled, before its waker was there: poll again.
+                    cx.waker().wake_by_ref();
                 }
-                Ok(Poll::Ready(result)) => {
-                    self.complete(&mut st, result);
-                    let out = take_result(&mut st, follower);
-                    st.participants -= 1;
-                    let others = st.participants > 0;
-                    drop(st);
-                    flight.drop_work();
-                    self.remove_key(&flight, key);
-                    if others {
-                        wake_all(flight.st());
-                    }
-                    self.finish();
-                    Poll::Ready(out)
-                }
-                Err(panic) => {
-                    // The shared call panicked: nobody gets a result; the panic goes on in
-                    // this participant, the others are woken and find the flight gone.
-                    st.done = true;
-                    st.followers.iter_mut().for_each(|s| *s = Share::Gone);
-                    st.participants -= 1;
-                    drop(st);
-                    flight.drop_work();
-                    self.remove_key(&flight, key);
-                    wake_all(flight.st());
-                    self.finish();
-                    std::panic::resume_unwind(panic);
-                }
-            }
+                return pending(self, flight);
+            };
+            // The shared call panicked: nobody gets a result; the panic goes on in this
+            // participant, the others are woken and find the flight gone.
+            st.done = true;
+            st.followers.iter_mut().for_each(|s| *s = Share::Gone);
+            st.participants -= 1;
+            drop(st);
+            flight.drop_work();
+            self.remove_key(&flight, key);
+            wake_all(flight.st());
+            self.finish();
+            std::panic::resume_unwind(panic);
         }
     }
 
-    /// The leader's poll completed the call with `result`: if nobody ever joined the flight,
-    /// the key is removed under the map's lock alone and the result is the leader's (nobody
-    /// else can reach the flight any more: joining takes the map's lock, so the flight's
-    /// state needs no update); otherwise the shares are made under the flight's lock.
-    fn lead_to_end(
+    /// This participant's poll completed the call with `result`. A leader whose flight nobody
+    /// ever joined removes the key under the map's lock alone and keeps the result as it is
+    /// (nobody else can reach the flight any more: joining takes the map's lock, so the
+    /// flight's state needs no update); otherwise the shares are made under the flight's lock.
+    fn end(
         &mut self,
         flight: Flight<T>,
         key: u128,
+        follower: Option<usize>,
         result: T,
     ) -> Poll<Result<T, DedupError>> {
-        let solo = {
-            let mut reg = lock(&self.inner.flights);
-            match reg.map.entry(key) {
-                Entry::Occupied(e) if Arc::ptr_eq(&e.get().flight, &flight) && !e.get().joined => {
-                    e.remove();
-                    true
+        if follower.is_none() {
+            let solo = {
+                let mut reg = lock(&self.inner.flights);
+                match reg.map.entry(key) {
+                    Entry::Occupied(e)
+                        if Arc::ptr_eq(&e.get().flight, &flight) && !e.get().joined =>
+                    {
+                        e.remove();
+                        true
+                    }
+                    _ => false,
                 }
-                _ => false,
+            };
+            if solo {
+                // The claim is this leader's and nobody else is left: the work is its alone.
+                flight.drop_work();
+                self.finish();
+                return Poll::Ready(Ok(result));
             }
-        };
-        if solo {
-            // The claim is this leader's and nobody else is left: the work is its alone.
-            flight.drop_work();
-            self.finish();
-            return Poll::Ready(Ok(result));
         }
         let mut st = lock(flight.st());
         st.polling = false;
         self.complete(&mut st, result);
-        let out = take_result(&mut st, None);
+        let out = take_result(&mut st, follower);
         st.participants -= 1;
         let others = st.participants > 0;
         drop(st);
