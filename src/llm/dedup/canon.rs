@@ -17,16 +17,21 @@
 //! the buffered encoding spends is the traversal and the writes, so those are kept few and
 //! short: a tag and the length that follows it are one piece, an empty object (most messages'
 //! extra fields) is one piece without a walk, a string value in an object is written without a
-//! call, and the write position travels in a register (see [`Canon`]). Strings of at most
-//! 16 bytes (roles, keys) are copied with two overlapping fixed-size copies instead of a
-//! `memcpy` call: with the `Vec` encoder that measured slower in instructions (2,879 against
-//! 2,712), with this one it is fewer (2,611 against 2,657) and a few ns faster.
+//! call, the write position travels in a register (see [`Canon`]), and a string below 128
+//! bytes takes one room check for its tag, its length and its bytes. Strings of at most 16
+//! bytes (roles, keys) are copied with two overlapping fixed-size copies instead of a `memcpy`
+//! call: with the `Vec` encoder that measured slower in instructions (2,879 against 2,712),
+//! with this one it is fewer (2,611 against 2,657) and a few ns faster. Extending the
+//! one-room path to strings below 16,384 bytes (the prompt texts) measured more instructions
+//! (2,561 against 2,545) and was dropped.
 //!
-//! Per key now: 2,611 instructions (2,712 with 8-byte lengths and a `Vec`), of which the hash
-//! about 865 (XXH3 over 1 KB with SSE2; 1,036 over the 1,209 bytes before), in about 150 ns
-//! against 171 (criterion, minimum of three runs each, interleaved, on the loaded 2-core
-//! machine; the hash alone about 48 ns): the position in a register does not save
-//! instructions, it saves the wait of every piece on the length the piece before it stored.
+//! Per key now: 2,545 instructions (2,712 with 8-byte lengths and a `Vec`), of which the hash
+//! about 865 (XXH3 over 1 KB with SSE2; 1,036 over the 1,209 bytes before), in about 145 ns
+//! against 171 (criterion, minimum of several interleaved runs on the 2-core machine; the
+//! hash alone about 48 ns, the same request with one-byte texts about 110 ns: the walk of the
+//! request's structure is most of the time). The position in a register saved few
+//! instructions but much time: with a `Vec`, every piece waited on the length the piece
+//! before it stored.
 
 use crate::llm::request::{Content, LlmRequest, Message};
 use crate::vocab::class::ClassId;
@@ -87,23 +92,8 @@ impl Canon {
     /// Bytes as they are.
     #[inline(always)]
     fn raw(&mut self, p: usize, b: &[u8]) -> usize {
-        let n = b.len();
-        let dst = self.room(p, n);
-        if n > 16 {
-            dst.copy_from_slice(b);
-        } else if n >= 8 {
-            // Two overlapping 8-byte copies: short strings (roles, keys) without a call.
-            dst[..8].copy_from_slice(&b[..8]);
-            dst[n - 8..].copy_from_slice(&b[n - 8..]);
-        } else if n >= 4 {
-            dst[..4].copy_from_slice(&b[..4]);
-            dst[n - 4..].copy_from_slice(&b[n - 4..]);
-        } else if n > 0 {
-            dst[0] = b[0];
-            dst[n / 2] = b[n / 2];
-            dst[n - 1] = b[n - 1];
-        }
-        p + n
+        copy(self.room(p, b.len()), b);
+        p + b.len()
     }
 
     /// A length (or count, or class index) in unsigned LEB128: one byte below 128, two below
@@ -143,17 +133,32 @@ impl Canon {
         }
     }
 
-    /// Length-prefixed bytes.
+    /// Length-prefixed bytes (below 128 bytes, one room for the length and the bytes).
     #[inline(always)]
     fn str(&mut self, p: usize, b: &[u8]) -> usize {
-        let p = self.len(p, b.len());
+        let n = b.len();
+        if n < 0x80 {
+            let d = self.room(p, 1 + n);
+            d[0] = n as u8;
+            copy(&mut d[1..], b);
+            return p + 1 + n;
+        }
+        let p = self.len(p, n);
         self.raw(p, b)
     }
 
-    /// Tag-and-length-prefixed bytes.
+    /// Tag-and-length-prefixed bytes (below 128 bytes, one room for the three).
     #[inline(always)]
     fn tagged(&mut self, p: usize, t: u8, b: &[u8]) -> usize {
-        let p = self.tag_len(p, t, b.len());
+        let n = b.len();
+        if n < 0x80 {
+            let d = self.room(p, 2 + n);
+            d[0] = t;
+            d[1] = n as u8;
+            copy(&mut d[2..], b);
+            return p + 2 + n;
+        }
+        let p = self.tag_len(p, t, n);
         self.raw(p, b)
     }
 
@@ -297,6 +302,26 @@ impl Canon {
     #[cfg(test)]
     fn encoded(&self) -> &[u8] {
         &self.buf[..self.pos]
+    }
+}
+
+/// `b` into `dst` (of the same length): strings of at most 16 bytes (roles, keys) with two
+/// overlapping fixed-size copies instead of a `memcpy` call.
+#[inline(always)]
+fn copy(dst: &mut [u8], b: &[u8]) {
+    let n = b.len();
+    if n > 16 {
+        dst.copy_from_slice(b);
+    } else if n >= 8 {
+        dst[..8].copy_from_slice(&b[..8]);
+        dst[n - 8..].copy_from_slice(&b[n - 8..]);
+    } else if n >= 4 {
+        dst[..4].copy_from_slice(&b[..4]);
+        dst[n - 4..].copy_from_slice(&b[n - 4..]);
+    } else if n > 0 {
+        dst[0] = b[0];
+        dst[n / 2] = b[n / 2];
+        dst[n - 1] = b[n - 1];
     }
 }
 
