@@ -99,9 +99,10 @@ where
         catch_unwind(AssertUnwindSafe(|| {
             self.work.with_mut(|w| {
                 // SAFETY: the caller holds the claim, so nothing else touches the work (module
-                // docs); the work never moves: it stays in this allocation until it is
-                // dropped in place (`drop_work`, or the allocation's own drop).
+                // docs), and `w` points into this live allocation.
                 match unsafe { &mut *w } {
+                    // SAFETY: the work never moves: it stays in this allocation until it is
+                    // dropped in place (`drop_work`, or the allocation's own drop).
                     Some(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
                     None => unreachable!("a flight that is not done has its work"),
                 }
