@@ -3,11 +3,11 @@
 //! trivial future, beside the same future awaited bare, in the same run; and de-duplication
 //! inside `run` (`LlmBulkhead::run_shared` leading a flight, and opted out) beside the plain
 //! `run` of the same request. The issue's target is ≤ 200 ns for leading a flight of a 1 KB
-//! request, hashing included: missed. In instructions (`benches/llm_instructions.rs`,
-//! callgrind) the key costs 2,712 (the XXH3-128 hash alone about 1,040), a `Dedup::run` leader
-//! 3,785, a `run_shared` leader 5,623 and opted out 1,298, the plain `run` 614; on the loaded
-//! 2-core machine (`nice -n -20`, minimum of three runs) about 318, 357, 917, 268 and 99-150
-//! ns (README, "De-duplication and estimation").
+//! request, hashing included. In instructions (`benches/llm_instructions.rs`, callgrind) the
+//! key costs 2,545 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,387, a
+//! `run_shared` leader 4,967 and opted out 1,218, the plain `run` 703 (before issue 15's
+//! speed work: 2,712, 3,799, 5,959, 1,385, 703). Times: README, "De-duplication and
+//! estimation".
 
 use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::llm::{

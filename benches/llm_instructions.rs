@@ -9,9 +9,9 @@
 //! ```
 //!
 //! `benches/ratios.py`-style arithmetic is left to the reader: `(Ir(20000) - Ir(10000)) / 10000`
-//! (or with 2,000 and 12,000). Last measured (1.1 KB request): `key_1kb` 2,712,
-//! `dedup_leader_1kb` 3,785, `run_shared_leader_1kb` 5,623, `run_shared_opted_out_1kb` 1,298,
-//! `llm_run_1kb` 614.
+//! (or with 2,000 and 12,000). Last measured (1.1 KB request, at b1f7485): `key_1kb` 2,545,
+//! `dedup_leader_1kb` 3,387, `run_shared_leader_1kb` 4,967, `run_shared_opted_out_1kb` 1,218,
+//! `llm_run_1kb` 703 (at ddb2802, before: 2,712, 3,799, 5,959, 1,385, 703).
 //! Operations: `pair_slot`, `run_blocking_slot`, `pair_classed_protected`,
 //! `run_blocking_classed_protected`, `pair_classed_borrowing`,
 //! `run_blocking_classed_borrowing`, `key_1kb`, `dedup_leader_1kb`, `llm_run_1kb`,

@@ -374,3 +374,139 @@ proptest! {
         prop_assert_eq!(d.stats().active, 0);
     }
 }
+
+/// A waker that counts its wakes.
+struct CountWakes(AtomicU32);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_work_that_wakes_itself_while_polled_is_polled_again() {
+    // The work asks to be polled again during its poll (as a yield does); the participant that
+    // polled it must be woken although its own waker was not registered before the poll.
+    let d: Dedup<u32> = Dedup::new(8);
+    let mut yielded = false;
+    let work = move || {
+        std::future::poll_fn(move |cx| {
+            if yielded {
+                return Poll::Ready(5);
+            }
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+    };
+    let mut leader = d.run(
+        DedupKey::of_bytes(b"yield"),
+        FollowerOptions::default(),
+        work,
+    );
+    let counter = Arc::new(CountWakes(AtomicU32::new(0)));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    assert!(Pin::new(&mut leader).poll(&mut cx).is_pending());
+    assert_eq!(
+        counter.0.load(Ordering::SeqCst),
+        1,
+        "woken during its own poll"
+    );
+    assert_eq!(Pin::new(&mut leader).poll(&mut cx), Poll::Ready(Ok(5)));
+}
+
+#[test]
+fn a_waiting_follower_is_woken_when_the_leader_completes() {
+    let d: Dedup<u32> = Dedup::new(8);
+    let calls = Arc::new(AtomicU32::new(0));
+    let (tx, work) = gated::<u32>(&calls);
+    let k = DedupKey::of_bytes(b"wake");
+    let mut leader = d.run(k, FollowerOptions::default(), work);
+    let mut follower = d.run(k, FollowerOptions::default(), || async { 0 });
+    let counter = Arc::new(CountWakes(AtomicU32::new(0)));
+    let waker = Waker::from(counter.clone());
+    let mut cx = Context::from_waker(&waker);
+    // The follower drives the call first (its waker is then registered after its poll), then
+    // the leader.
+    assert!(Pin::new(&mut follower).poll(&mut cx).is_pending());
+    assert!(poll(&mut leader).is_pending());
+    assert_eq!(counter.0.load(Ordering::SeqCst), 0);
+    tx.send(9).unwrap();
+    assert!(
+        counter.0.load(Ordering::SeqCst) >= 1,
+        "the call's wake reaches the follower"
+    );
+    assert_eq!(poll(&mut leader), Poll::Ready(Ok(9)));
+    assert_eq!(Pin::new(&mut follower).poll(&mut cx), Poll::Ready(Ok(9)));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_work_that_panics_is_dropped_and_frees_its_key() {
+    struct Guard(Arc<AtomicU32>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let d: Dedup<u32> = Dedup::new(8);
+    let dropped = Arc::new(AtomicU32::new(0));
+    let guard = Guard(dropped.clone());
+    let work = move || async move {
+        let _g = guard;
+        if std::hint::black_box(true) {
+            panic!("the upstream call panicked");
+        }
+        1
+    };
+    let mut leader = d.run(
+        DedupKey::of_bytes(b"boom"),
+        FollowerOptions::default(),
+        work,
+    );
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poll(&mut leader)));
+    assert!(
+        out.is_err(),
+        "the panic reaches the participant that polled"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the work was dropped");
+    assert_eq!(d.stats().active, 0);
+    drop(leader);
+    // The key is free: the next call leads a new flight.
+    let again = d.run(
+        DedupKey::of_bytes(b"boom"),
+        FollowerOptions::default(),
+        || async { 2 },
+    );
+    assert!(again.is_leader());
+    assert_eq!(futures_lite::future::block_on(again), Ok(2));
+}
+
+#[test]
+fn a_leader_that_completes_at_once_still_shares_with_those_who_joined() {
+    // Followers joined before the leader's first poll (one of them left again): the leader's
+    // completion makes the shares although its call never waited.
+    let d: Dedup<String> = Dedup::new(8);
+    let k = DedupKey::of_bytes(b"at once");
+    let mut leader = d.run(k, FollowerOptions::default(), || async {
+        "now".to_string()
+    });
+    let mut stays = d.run(k, FollowerOptions::default(), not_called());
+    let leaves = d.run(k, FollowerOptions::default(), not_called());
+    drop(leaves);
+    assert_eq!(poll(&mut leader), Poll::Ready(Ok("now".to_string())));
+    assert_eq!(poll(&mut stays), Poll::Ready(Ok("now".to_string())));
+    assert_eq!(d.stats().active, 0);
+    // A leader alone completes the same way and frees its key.
+    let mut alone = d.run(k, FollowerOptions::default(), || async {
+        "again".to_string()
+    });
+    assert!(alone.is_leader());
+    assert_eq!(poll(&mut alone), Poll::Ready(Ok("again".to_string())));
+    assert_eq!(
+        (d.stats().active, d.stats().leaders, d.stats().hits),
+        (0, 2, 2)
+    );
+}

@@ -150,7 +150,8 @@ impl DedupKey {
         DedupKey(self.0 ^ u128::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
     }
 
-    /// The key's value.
+    /// The key's value. Keys are process-local: the value may change between versions of
+    /// the crate (the encoding it hashes is no format), so do not persist it.
     ///
     /// ```
     /// # use llm_bulkhead::llm::DedupKey;
@@ -265,7 +266,15 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-type FlightMap<T> = HashMap<u128, Arc<Flight<T>>, std::hash::BuildHasherDefault<KeyHasher>>;
+type FlightMap<T> = HashMap<u128, Entered<T>, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// A key's flight in the map, and whether a follower ever joined it (read and written under
+/// the map's lock only): a leader whose flight nobody joined completes under the map's lock
+/// alone, without the flight's (nobody else can reach the flight once its key is gone).
+struct Entered<T> {
+    flight: Flight<T>,
+    joined: bool,
+}
 type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 
 /// The calls in flight of one result type (see the module docs). Cloning shares the map.
@@ -274,7 +283,9 @@ type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 /// Registration, completion and departure happen under the map's and the flight's mutexes
 /// (map before flight when both are held; completion takes them one after the other), so a
 /// follower either joins a flight before its completion (and is given a share) or finds the
-/// key free and leads a new one. Counters are relaxed statistics.
+/// key free and leads a new one. The work itself (in the flight's allocation, not boxed) is
+/// touched only by the participant that claimed it under the flight's mutex, and dropped by
+/// the one that marked the flight done. Counters are relaxed statistics.
 pub struct Dedup<T> {
     inner: Arc<Inner<T>>,
 }
@@ -391,14 +402,15 @@ impl<T: Send + 'static> Dedup<T> {
         let len = reg.map.len();
         // One probe of the map: the entry is looked up and, when free, filled in place.
         let vacant = match reg.map.entry(key.0) {
-            Entry::Occupied(e) => {
-                let mut st = lock(&e.get().st);
+            Entry::Occupied(mut e) => {
+                let mut st = lock(e.get().flight.st());
                 if !st.done {
                     let id = st.followers.len();
                     st.followers.push(Share::Waiting);
                     st.participants += 1;
                     drop(st);
-                    let flight = e.get().clone();
+                    let flight = e.get().flight.clone();
+                    e.get_mut().joined = true;
                     reg.hits += 1;
                     drop(reg);
                     return DedupRun {
@@ -431,21 +443,16 @@ impl<T: Send + 'static> Dedup<T> {
             drop(reg);
             return DedupRun::solo(inner, Box::pin(work()));
         };
-        let flight = Arc::new(Flight {
-            st: Mutex::new(FlightState {
-                work: Some(Box::pin(work())),
-                polling: false,
-                done: false,
-                leader_present: true,
-                leader_result: None,
-                followers: Vec::new(),
-                participants: 1,
-                wakers: Wakers::default(),
-            }),
-        });
+        let flight = new_flight(work());
         match slot {
-            Entry::Occupied(mut e) => drop(e.insert(flight.clone())),
-            Entry::Vacant(e) => drop(e.insert(flight.clone())),
+            Entry::Occupied(mut e) => drop(e.insert(Entered {
+                flight: flight.clone(),
+                joined: false,
+            })),
+            Entry::Vacant(e) => drop(e.insert(Entered {
+                flight: flight.clone(),
+                joined: false,
+            })),
         }
         reg.leaders += 1;
         drop(reg);

@@ -451,12 +451,13 @@ impl LlmBulkhead {
                 },
                 cancel: options.wait.cancel.clone(),
             };
-            let call = move || async move {
-                let out = llm.execute(demand, options, work).await;
-                Erased {
+            // The execution itself is the flight's work (no future around it that would hold
+            // its arguments a second time).
+            let call = move || {
+                llm.execute(demand, options, work, move |out| Erased {
                     value: Some(Box::new(out)),
                     sharer,
-                }
+                })
             };
             let flight = d.flights.run(Some(key), follower, call);
             let follower = flight.is_follower().then(|| {
@@ -468,7 +469,7 @@ impl LlmBulkhead {
         async move {
             let (flight, follower) = match joined? {
                 Path::Solo(llm, demand, options, work) => {
-                    return llm.execute(demand, options, work).await;
+                    return llm.execute(demand, options, work, |out| out).await;
                 }
                 Path::Flight(flight, follower) => (flight, follower),
             };
@@ -508,13 +509,18 @@ impl LlmBulkhead {
     }
 
     /// The admission, the work and the release of a shared call (the body of `run`, with a
-    /// boxed work future so that the whole is `Send`).
-    async fn execute<R, E, U, F>(
-        &self,
+    /// boxed work future so that the whole is `Send`), its outcome handed to `finish`. It owns
+    /// the bulkhead, so that it can be a flight's work as it is.
+    ///
+    /// Not an `async fn`: the options are taken apart first, so that the future holds only
+    /// the parts it uses, once (an `async fn` would keep its argument and the parts).
+    fn execute<R, E, U, F, O>(
+        self,
         demand: crate::Demand,
         options: RunOptions<U>,
         work: F,
-    ) -> Result<R, RunError<E>>
+        finish: impl FnOnce(Result<R, RunError<E>>) -> O + Send + 'static,
+    ) -> impl Future<Output = O> + Send + 'static
     where
         R: Send + 'static,
         E: Send + 'static,
@@ -529,52 +535,56 @@ impl LlmBulkhead {
             detach_at_deadline,
             ..
         } = options;
-        let caller = wait.cancel.clone();
-        let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
-            Some(a) => RunContext::new(a, deadline),
-            None => match mode {
-                Mode::Enforce => {
-                    let a = Box::pin(self.bulkhead.acquire(demand, wait))
-                        .await
-                        .map_err(RunError::Rejected)?;
-                    RunContext::new(a, deadline)
+        async move {
+            let caller = wait.cancel.clone();
+            let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
+                Some(a) => RunContext::new(a, deadline),
+                None => {
+                    let admitted = match mode {
+                        Mode::Enforce => Box::pin(self.bulkhead.acquire(demand, wait))
+                            .await
+                            .map(|a| RunContext::new(a, deadline)),
+                        Mode::Observe(shadow) => {
+                            Box::pin(self.observe_async(demand, wait, shadow, deadline)).await
+                        }
+                    };
+                    match admitted {
+                        Ok(ctx) => ctx,
+                        Err(e) => return finish(Err(RunError::Rejected(e))),
+                    }
                 }
-                Mode::Observe(shadow) => {
-                    Box::pin(self.observe_async(demand, wait, shadow, deadline))
-                        .await
-                        .map_err(RunError::Rejected)?
-                }
-            },
-        };
-        ctx.set_caller(caller);
-        let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
-        let Some((detach, (signal, expired))) = watch else {
-            let out = work(&mut ctx).await;
-            return settle(ctx, out, &usage);
-        };
-        // The work owns its context, so that it can outlive this run if the deadline detaches it.
-        let mut body: Pin<Box<dyn Future<Output = Result<R, RunError<E>>> + Send>> =
-            Box::pin(async move {
+            };
+            ctx.set_caller(caller);
+            let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
+            let Some((detach, (signal, expired))) = watch else {
                 let out = work(&mut ctx).await;
-                settle(ctx, out, &usage)
-            });
-        std::future::poll_fn(move |cx| {
-            if let std::task::Poll::Ready(out) = body.as_mut().poll(cx) {
-                return std::task::Poll::Ready(out);
-            }
-            signal.register(cx.waker());
-            if !signal.deadline_fired() {
-                return std::task::Poll::Pending;
-            }
-            // Expired: answer now; the work goes on where the application runs it, and its
-            // tokens are settled when it ends.
-            let rest = std::mem::replace(&mut body, Box::pin(std::future::pending()));
-            detach(Box::pin(async move {
-                let _ = rest.await;
-            }));
-            std::task::Poll::Ready(Err(RunError::Deadline(expired.clone())))
-        })
-        .await
+                return finish(settle(ctx, out, &usage));
+            };
+            // The work owns its context, so that it can outlive this run if the deadline detaches it.
+            let mut body: Pin<Box<dyn Future<Output = Result<R, RunError<E>>> + Send>> =
+                Box::pin(async move {
+                    let out = work(&mut ctx).await;
+                    settle(ctx, out, &usage)
+                });
+            let out = std::future::poll_fn(move |cx| {
+                if let std::task::Poll::Ready(out) = body.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(out);
+                }
+                signal.register(cx.waker());
+                if !signal.deadline_fired() {
+                    return std::task::Poll::Pending;
+                }
+                // Expired: answer now; the work goes on where the application runs it, and its
+                // tokens are settled when it ends.
+                let rest = std::mem::replace(&mut body, Box::pin(std::future::pending()));
+                detach(Box::pin(async move {
+                    let _ = rest.await;
+                }));
+                std::task::Poll::Ready(Err(RunError::Deadline(expired.clone())))
+            })
+            .await;
+            finish(out)
+        }
     }
 }
 

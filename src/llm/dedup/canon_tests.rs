@@ -1,6 +1,9 @@
 //! The encoding against a plain reference encoder (the one it was tuned from): the same bytes
 //! in the same order, so the keys are those of the reference, and its injectivity argument
-//! (every piece typed or length-prefixed) carries over.
+//! (every piece typed or length-prefixed) carries over. The reference's lengths changed
+//! deliberately from 8 little-endian bytes to unsigned LEB128 (fewer bytes to hash; keys are
+//! process-local, so no stored key is invalidated), and `lengths_are_unsigned_leb128` pins the
+//! bytes of that code at its boundaries independently of the reference.
 
 use super::*;
 use xxhash_rust::xxh3::xxh3_128;
@@ -13,8 +16,18 @@ impl Reference {
     fn tag(&mut self, t: u8) {
         self.0.push(t);
     }
+    /// Unsigned LEB128, seven bits a byte, low bits first.
     fn len(&mut self, n: usize) {
-        self.0.extend_from_slice(&(n as u64).to_le_bytes());
+        let mut v = n as u64;
+        loop {
+            let low = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                self.0.push(low);
+                return;
+            }
+            self.0.push(low | 0x80);
+        }
     }
     fn str(&mut self, s: &str) {
         self.len(s.len());
@@ -116,6 +129,8 @@ fn requests() -> Vec<LlmRequest> {
         64 - 1,
         64,
         64 + 1,
+        127,
+        128,
         200,
         255,
         256,
@@ -123,6 +138,8 @@ fn requests() -> Vec<LlmRequest> {
         511,
         1_000,
         5_000,
+        16_383,
+        16_384,
     ] {
         let text: String = "abcdefghij".repeat(len / 10 + 1)[..len].to_owned();
         let long_key = "k".repeat(len);
@@ -152,7 +169,7 @@ fn the_encoding_is_the_reference_encoding() {
         reference.request(&r);
         let mut c = Canon::new();
         c.request(&r);
-        assert_eq!(c.buf, reference.0);
+        assert_eq!(c.encoded(), reference.0);
         let mut c = Canon::new();
         c.request(&r);
         assert_eq!(c.finish(), xxh3_128(&reference.0));
@@ -182,5 +199,43 @@ fn partitions_and_bytes_match_the_reference() {
             c.partition(scope, class);
             assert_eq!(c.finish(), xxh3_128(&reference.0));
         }
+    }
+}
+
+#[test]
+fn lengths_are_unsigned_leb128() {
+    for (n, bytes) in [
+        (0usize, &[0u8][..]),
+        (127, &[0x7f]),
+        (128, &[0x80, 0x01]),
+        (300, &[0xac, 0x02]),
+        (16_383, &[0xff, 0x7f]),
+        (16_384, &[0x80, 0x80, 0x01]),
+        (
+            u64::MAX as usize,
+            &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+        ),
+    ] {
+        let mut c = Canon::new();
+        c.pos = c.len(0, n);
+        assert_eq!(c.encoded(), bytes, "{n}");
+        let mut c = Canon::new();
+        c.pos = c.tag_len(0, 9, n);
+        assert_eq!(c.encoded()[0], 9);
+        assert_eq!(&c.encoded()[1..], bytes, "{n}");
+    }
+}
+
+#[test]
+fn short_and_long_bytes_are_copied_exactly() {
+    // Every size class of `raw` (1-3, 4-7, 8-16 and longer), each byte distinct.
+    let all: Vec<u8> = (1..=64u8).collect();
+    for n in 0..=all.len() {
+        let mut c = Canon::new();
+        c.bytes(&all[..n]);
+        let mut reference = Reference::default();
+        reference.len(n);
+        reference.0.extend_from_slice(&all[..n]);
+        assert_eq!(c.encoded(), reference.0, "{n}");
     }
 }

@@ -1,20 +1,144 @@
 //! One de-duplicated flight: its shared state, its waker, and the [`DedupRun`] future of the
 //! leader and of each follower.
+//!
+//! A flight is **one allocation**: the state every participant shares and, beside it, the work
+//! itself (not boxed), behind a trait object ([`Flight`]) so that the map and the participants
+//! need not know the work's type. The work is polled in place: whoever *claims* it (sets
+//! `polling` under the state lock while the flight is not `done`) is the only one to touch it
+//! until it gives the claim back under the same lock, and whoever turns `done` on while
+//! nobody polls (the poller that saw it finish or panic, or the last participant to leave) is
+//! the only one to drop it, in place, outside the lock.
 
 use super::*;
+use crate::sync::cell::UnsafeCell;
 use std::mem::ManuallyDrop;
 
-/// One call in flight. As a `Waker` (the one the work is polled with, whoever polls it) it
-/// wakes every participant.
-pub(in crate::llm) struct Flight<T> {
-    pub(in crate::llm) st: Mutex<FlightState<T>>,
+/// One call in flight, as the map and the participants hold it (see the module docs).
+pub(in crate::llm) type Flight<T> = Arc<dyn Shared<T>>;
+
+/// A flight's operations, whatever its work's type.
+pub(in crate::llm) trait Shared<T>: Send + Sync {
+    /// The state every participant shares.
+    fn st(&self) -> &Mutex<FlightState<T>>;
+    /// Polls the work once, with the flight as its waker, catching a panic. The caller holds
+    /// the claim (it set `polling` under the state lock, the flight not being `done`).
+    fn poll_work(&self) -> std::thread::Result<Poll<T>>;
+    /// Drops the work in place. The caller turned `done` on under the state lock while
+    /// nobody polled (so nobody will touch the work again).
+    fn drop_work(&self);
+}
+
+/// The one allocation of a flight: its state and its work `F`, made only inside an `Arc`
+/// ([`new_flight`]).
+struct FlightCell<T, F> {
+    st: Mutex<FlightState<T>>,
+    /// The work, polled in place by the claimant; `None` once dropped.
+    work: UnsafeCell<Option<F>>,
+}
+
+// SAFETY: the state is behind a mutex (`Sync` for `T: Send`); the work is touched by one
+// thread at a time only (the claimant, or the one that turned `done` on, each decided under
+// the state lock, which orders their accesses), so sharing the cell shares `F` the way a
+// `Mutex<F>` would: `F: Send` suffices.
+unsafe impl<T: Send, F: Send> Sync for FlightCell<T, F> {}
+
+/// A new flight leading with `work`, with one participant (its leader).
+pub(in crate::llm) fn new_flight<T, F>(work: F) -> Flight<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    // Written into its allocation once: `Arc::new` copies a large work twice on the way.
+    let flight = Arc::<FlightCell<T, F>>::new_uninit();
+    let place = Arc::as_ptr(&flight).cast::<FlightCell<T, F>>().cast_mut();
+    let cell = FlightCell {
+        st: Mutex::new(FlightState {
+            polling: false,
+            done: false,
+            woken: false,
+            leader_present: true,
+            leader_result: None,
+            followers: Vec::new(),
+            participants: 1,
+            wakers: Wakers::default(),
+        }),
+        work: UnsafeCell::new(Some(work)),
+    };
+    // SAFETY: the allocation is new and `flight` its only reference, so the write races with
+    // nothing (`MaybeUninit<X>` has the layout of `X`, and `Arc::as_ptr` points at the value,
+    // with the provenance `Arc::get_mut` would write through); it is initialised before
+    // `assume_init`.
+    unsafe {
+        place.write(cell);
+        flight.assume_init()
+    }
+}
+
+impl<T, F> Shared<T> for FlightCell<T, F>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    fn st(&self) -> &Mutex<FlightState<T>> {
+        &self.st
+    }
+
+    fn poll_work(&self) -> std::thread::Result<Poll<T>> {
+        // The flight as the work's waker, without a reference count of its own: the caller's
+        // `Flight` outlives this call. A work that keeps the waker clones it, and the clone
+        // counts.
+        // SAFETY: a `FlightCell` exists only inside an `Arc` (`new_flight`), and `self` is
+        // borrowed from a live one, so `Arc::from_raw` names a valid allocation of this very
+        // type; the `Arc` it makes becomes a `Waker` that is never dropped (`ManuallyDrop`),
+        // so the strong count it did not take is never given back, and it is used only for
+        // this poll, while `self` is borrowed.
+        let waker = ManuallyDrop::new(Waker::from(unsafe {
+            Arc::from_raw(std::ptr::from_ref(self))
+        }));
+        let mut cx = Context::from_waker(&waker);
+        catch_unwind(AssertUnwindSafe(|| {
+            self.work.with_mut(|w| {
+                // SAFETY: the caller holds the claim, so nothing else touches the work (module
+                // docs), and `w` points into this live allocation.
+                match unsafe { &mut *w } {
+                    // SAFETY: the work never moves: it stays in this allocation until it is
+                    // dropped in place (`drop_work`, or the allocation's own drop).
+                    Some(f) => unsafe { Pin::new_unchecked(f) }.poll(&mut cx),
+                    None => unreachable!("a flight that is not done has its work"),
+                }
+            })
+        }))
+    }
+
+    fn drop_work(&self) {
+        // SAFETY: the caller turned `done` on while nobody polled, so nobody claims the work
+        // again: this is the only access left (module docs). Dropped where it lies (not moved
+        // out first: a large future would be copied only to be dropped).
+        self.work.with_mut(|w| unsafe { *w = None });
+    }
+}
+
+impl<T, F> Wake for FlightCell<T, F>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    fn wake(self: Arc<Self>) {
+        wake_all(&self.st);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        wake_all(&self.st);
+    }
 }
 
 pub(in crate::llm) struct FlightState<T> {
-    /// The shared call; `None` while a participant polls it, and once it is done.
-    pub(in crate::llm) work: Option<Work<T>>,
+    /// A participant has claimed the work and polls it (outside the lock).
     pub(in crate::llm) polling: bool,
     pub(in crate::llm) done: bool,
+    /// The flight was woken since the work was last claimed: the claimant, which registers
+    /// its own waker only after its poll returned `Pending`, wakes itself instead.
+    pub(in crate::llm) woken: bool,
     pub(in crate::llm) leader_present: bool,
     /// The original result, for the leader.
     pub(in crate::llm) leader_result: Option<T>,
@@ -75,44 +199,25 @@ impl Wakers {
     }
 }
 
-impl<T> Flight<T> {
-    /// Wakes every registered participant (outside the lock).
-    pub(in crate::llm) fn wake_all(&self) {
-        let wakers = std::mem::take(&mut lock(&self.st).wakers);
-        wakers.wake();
-    }
-}
-
-impl<T: Send + 'static> Wake for Flight<T> {
-    fn wake(self: Arc<Self>) {
-        self.wake_all();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.wake_all();
-    }
-}
-
-/// The flight as a waker for one poll of its work, without a reference count of its own: the
-/// caller's `flight` outlives it. A work that keeps the waker clones it, and the clone counts.
-fn borrowed_waker<T: Send + 'static>(flight: &Arc<Flight<T>>) -> ManuallyDrop<Waker> {
-    // SAFETY: `Arc::from_raw` is given the pointer of a live `Arc<Flight<T>>` (`flight`), so it
-    // names a valid allocation; the `Arc` it makes is turned into a `Waker` that is never
-    // dropped (`ManuallyDrop`, and `Waker` has no other way to release it), so the strong count
-    // it did not take is never given back. The waker is used only while `flight` is borrowed;
-    // the work can only clone it (which increments the count) or wake it by reference.
-    ManuallyDrop::new(Waker::from(unsafe { Arc::from_raw(Arc::as_ptr(flight)) }))
+/// Wakes every registered participant of the flight whose state is `st` (outside the lock).
+pub(in crate::llm) fn wake_all<T>(st: &Mutex<FlightState<T>>) {
+    let wakers = {
+        let mut st = lock(st);
+        st.woken = true;
+        std::mem::take(&mut st.wakers)
+    };
+    wakers.wake();
 }
 
 pub(in crate::llm) enum Role<T> {
     Solo(Option<Work<T>>),
     Leader {
         key: u128,
-        flight: Arc<Flight<T>>,
+        flight: Flight<T>,
     },
     Follower {
         key: u128,
-        flight: Arc<Flight<T>>,
+        flight: Flight<T>,
         id: usize,
     },
     Finished,
@@ -158,7 +263,8 @@ impl<T> std::fmt::Debug for DedupRun<T> {
 }
 
 // The state is only touched through `&mut self` or under the flight's mutex; nothing is
-// structurally pinned (the work is boxed), so the future may move.
+// structurally pinned (the work lives in the flight's allocation, or boxed for a solo call),
+// so the future may move.
 impl<T> Unpin for DedupRun<T> {}
 
 impl<T> Dedup<T> {
@@ -257,7 +363,7 @@ impl<T: Send + 'static> DedupRun<T> {
             Role::Follower { flight, key, id } => (flight, key, Some(id)),
             _ => unreachable!("poll_flight is called for leaders and followers"),
         };
-        let pending = |this: &mut Self, flight: Arc<Flight<T>>| {
+        let pending = |this: &mut Self, flight: Flight<T>| {
             this.role = match follower {
                 None => Role::Leader { flight, key },
                 Some(id) => Role::Follower { flight, key, id },
@@ -265,7 +371,7 @@ impl<T: Send + 'static> DedupRun<T> {
             Poll::Pending
         };
         {
-            let mut st = lock(&flight.st);
+            let mut st = lock(flight.st());
             if st.done {
                 let out = take_result(&mut st, follower);
                 st.participants -= 1;
@@ -309,58 +415,94 @@ impl<T: Send + 'static> DedupRun<T> {
                     }
                 }
             }
-            st.wakers.register(cx.waker());
             if st.polling {
                 // Another participant drives the call; it wakes everyone when it stops.
+                st.wakers.register(cx.waker());
                 drop(st);
                 return pending(self, flight);
             }
-            let Some(mut work) = st.work.take() else {
+            // Claim the work. This participant's waker is registered only if the poll is
+            // `Pending` (a call that completes at once clones no waker); a wake meanwhile is
+            // remembered in `woken`.
+            st.polling = true;
+            st.woken = false;
+            drop(st);
+            let panic = match flight.poll_work() {
+                Ok(Poll::Ready(result)) => return self.end(flight, key, follower, result),
+                Ok(Poll::Pending) => None,
+                Err(panic) => Some(panic),
+            };
+            let mut st = lock(flight.st());
+            st.polling = false;
+            let Some(panic) = panic else {
+                st.wakers.register(cx.waker());
+                let woken = st.woken;
                 drop(st);
+                if woken {
+                    // Woken while it polled, before its waker was there: poll again.
+                    cx.waker().wake_by_ref();
+                }
                 return pending(self, flight);
             };
-            st.polling = true;
+            // The shared call panicked: nobody gets a result; the panic goes on in this
+            // participant, the others are woken and find the flight gone.
+            st.done = true;
+            st.followers.iter_mut().for_each(|s| *s = Share::Gone);
+            st.participants -= 1;
             drop(st);
-            let waker = borrowed_waker(&flight);
-            let polled = catch_unwind(AssertUnwindSafe(|| {
-                work.as_mut().poll(&mut Context::from_waker(&waker))
-            }));
-            let mut st = lock(&flight.st);
-            st.polling = false;
-            match polled {
-                Ok(Poll::Pending) => {
-                    st.work = Some(work);
-                    drop(st);
-                    pending(self, flight)
-                }
-                Ok(Poll::Ready(result)) => {
-                    self.complete(&mut st, result);
-                    let out = take_result(&mut st, follower);
-                    st.participants -= 1;
-                    let others = st.participants > 0;
-                    drop(st);
-                    drop(work);
-                    self.remove_key(&flight, key);
-                    if others {
-                        flight.wake_all();
+            flight.drop_work();
+            self.remove_key(&flight, key);
+            wake_all(flight.st());
+            self.finish();
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// This participant's poll completed the call with `result`. A leader whose flight nobody
+    /// ever joined removes the key under the map's lock alone and keeps the result as it is
+    /// (nobody else can reach the flight any more: joining takes the map's lock, so the
+    /// flight's state needs no update); otherwise the shares are made under the flight's lock.
+    fn end(
+        &mut self,
+        flight: Flight<T>,
+        key: u128,
+        follower: Option<usize>,
+        result: T,
+    ) -> Poll<Result<T, DedupError>> {
+        if follower.is_none() {
+            let solo = {
+                let mut reg = lock(&self.inner.flights);
+                match reg.map.entry(key) {
+                    Entry::Occupied(e)
+                        if Arc::ptr_eq(&e.get().flight, &flight) && !e.get().joined =>
+                    {
+                        e.remove();
+                        true
                     }
-                    self.finish();
-                    Poll::Ready(out)
+                    _ => false,
                 }
-                Err(panic) => {
-                    // The shared call panicked: nobody gets a result; the panic goes on in
-                    // this participant, the others are woken and find the flight gone.
-                    st.done = true;
-                    st.followers.iter_mut().for_each(|s| *s = Share::Gone);
-                    st.participants -= 1;
-                    drop(st);
-                    self.remove_key(&flight, key);
-                    flight.wake_all();
-                    self.finish();
-                    std::panic::resume_unwind(panic);
-                }
+            };
+            if solo {
+                // The claim is this leader's and nobody else is left: the work is its alone.
+                flight.drop_work();
+                self.finish();
+                return Poll::Ready(Ok(result));
             }
         }
+        let mut st = lock(flight.st());
+        st.polling = false;
+        self.complete(&mut st, result);
+        let out = take_result(&mut st, follower);
+        st.participants -= 1;
+        let others = st.participants > 0;
+        drop(st);
+        flight.drop_work();
+        self.remove_key(&flight, key);
+        if others {
+            wake_all(flight.st());
+        }
+        self.finish();
+        Poll::Ready(out)
     }
 
     /// The call completed with `result`: shares for the followers, the original for the
@@ -384,17 +526,19 @@ impl<T: Send + 'static> DedupRun<T> {
     }
 
     /// Removes `key` from the map if it still names `flight`.
-    fn remove_key(&self, flight: &Arc<Flight<T>>, key: u128) {
+    fn remove_key(&self, flight: &Flight<T>, key: u128) {
         let mut reg = lock(&self.inner.flights);
-        if reg.map.get(&key).is_some_and(|f| Arc::ptr_eq(f, flight)) {
-            reg.map.remove(&key);
+        if let Entry::Occupied(e) = reg.map.entry(key) {
+            if Arc::ptr_eq(&e.get().flight, flight) {
+                e.remove();
+            }
         }
     }
 
     /// A participant leaves before completion: the last one drops the work and frees the key;
     /// otherwise the others are woken in case this one was driving.
-    fn leave(&self, flight: &Arc<Flight<T>>, key: u128, leader: bool) {
-        let mut st = lock(&flight.st);
+    fn leave(&self, flight: &Flight<T>, key: u128, leader: bool) {
+        let mut st = lock(flight.st());
         if st.done {
             st.participants -= 1;
             return;
@@ -404,16 +548,15 @@ impl<T: Send + 'static> DedupRun<T> {
             st.leader_present = false;
         }
         let last = st.participants == 0;
-        let work = if last { st.work.take() } else { None };
         if last {
             st.done = true;
         }
         drop(st);
-        drop(work);
         if last {
+            flight.drop_work();
             self.remove_key(flight, key);
         } else {
-            flight.wake_all();
+            wake_all(flight.st());
         }
     }
 
@@ -436,7 +579,7 @@ impl<T> Drop for DedupRun<T> {
             Role::Follower { flight, key, id } => (flight, key, Some(id)),
             _ => return,
         };
-        let mut st = lock(&flight.st);
+        let mut st = lock(flight.st());
         if let Some(id) = follower {
             st.forget(id);
         } else {
@@ -445,23 +588,22 @@ impl<T> Drop for DedupRun<T> {
         }
         st.participants -= 1;
         let last = st.participants == 0 && !st.done;
-        let work = if last {
+        if last {
             st.done = true;
-            st.work.take()
-        } else {
-            None
-        };
+        }
         let done = st.done;
         drop(st);
-        drop(work);
         if last {
+            flight.drop_work();
             let mut reg = lock(&self.inner.flights);
-            if reg.map.get(&key).is_some_and(|f| Arc::ptr_eq(f, &flight)) {
-                reg.map.remove(&key);
+            if let Entry::Occupied(e) = reg.map.entry(key) {
+                if Arc::ptr_eq(&e.get().flight, &flight) {
+                    e.remove();
+                }
             }
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
-            flight.wake_all();
+            wake_all(flight.st());
         }
     }
 }

@@ -1,0 +1,127 @@
+//! Allocations of a de-duplication leader that nobody joins (the common case): counted by a
+//! per-thread counting global allocator, after a warm-up call (the map's capacity, the key's
+//! per-thread buffer and the thread's statistics entry are made once and reused). The bounds
+//! are the design's: a `Dedup::run` leader allocates only its flight, with the work inside it;
+//! a `run_shared` leader allocates its flight, the boxed work its caller returns and the
+//! type-erased result; a key allocates nothing.
+
+use llm_bulkhead::llm::{
+    BoxWork, Dedup, DedupKey, DedupSettings, FollowerOptions, LlmBulkhead, LlmRequest,
+    NaiveEstimator, RunContext, RunOptions,
+};
+use llm_bulkhead::Bulkhead;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards to `System`, only counting calls in a thread-local cell.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn allocs() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the measured futures complete at once"),
+    }
+}
+
+/// A chat request of about 1.1 KB of JSON (the benchmarks' request).
+fn request() -> LlmRequest {
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(5);
+    serde_json::from_value(serde_json::json!({
+        "model": "gpt-4o-2024-08-06",
+        "temperature": 0.2,
+        "max_tokens": 512,
+        "messages": [
+            {"role": "system", "content": text},
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": [{"type": "text", "text": text}]},
+        ],
+        "metadata": {"tenant": "acme", "trace": "0af7651916cd43dd8448eb211c80319c"},
+    }))
+    .unwrap()
+}
+
+/// Allocations of one call of `f`, after one warm-up call.
+fn count(mut f: impl FnMut()) -> u64 {
+    f();
+    let before = allocs();
+    f();
+    allocs() - before
+}
+
+#[test]
+fn a_key_allocates_nothing() {
+    let r = request();
+    let n = count(|| {
+        std::hint::black_box(DedupKey::for_request(&r, "tenant-a", None));
+    });
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn a_dedup_leader_allocates_only_its_flight() {
+    let r = request();
+    let d: Dedup<u64> = Dedup::new(100);
+    let n = count(|| {
+        let k = DedupKey::for_request(&r, "tenant-a", None);
+        let run = d.run(Some(k), FollowerOptions::default(), || async { 7u64 });
+        assert!(run.is_leader());
+        assert_eq!(ready(run), Ok(7));
+    });
+    eprintln!("dedup leader: {n}");
+    assert_eq!(n, 1);
+    assert_eq!(d.stats().active, 0);
+}
+
+fn work(_: &mut RunContext) -> BoxWork<'_, u64, ()> {
+    Box::pin(async { Ok(7u64) })
+}
+
+#[test]
+fn a_run_shared_leader_allocates_its_flight_its_work_and_its_result() {
+    let r = request();
+    let llm = LlmBulkhead::new(Bulkhead::new(8).unwrap(), NaiveEstimator)
+        .with_dedup(DedupSettings::default())
+        .unwrap();
+    let n = count(|| {
+        assert_eq!(
+            ready(llm.run_shared(&r, RunOptions::default(), work)).unwrap(),
+            7
+        );
+    });
+    eprintln!("run_shared leader: {n}");
+    assert!(n <= 3, "{n} allocations");
+    assert_eq!(llm.stats().dedup.unwrap().leaders, 2);
+}
