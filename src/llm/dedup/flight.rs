@@ -22,7 +22,12 @@ pub(in crate::llm) trait Shared<T>: Send + Sync {
     fn st(&self) -> &Mutex<FlightState<T>>;
     /// Polls the work once, with the flight as its waker, catching a panic. The caller holds
     /// the claim (it set `polling` under the state lock, the flight not being `done`).
-    fn poll_work(&self) -> std::thread::Result<Poll<T>>;
+    ///
+    /// # Safety
+    /// `this` is [`Arc::as_ptr`] of a live [`Flight`] whose value is `self`, cast to
+    /// `*const ()`: the waker is made from it, and a pointer derived from `&self` would not
+    /// carry the provenance of the `Arc`'s counts (Miri's Stacked Borrows refuses that).
+    unsafe fn poll_work(&self, this: *const ()) -> std::thread::Result<Poll<T>>;
     /// Drops the work in place. The caller turned `done` on under the state lock while
     /// nobody polled (so nobody will touch the work again).
     fn drop_work(&self);
@@ -83,17 +88,18 @@ where
         &self.st
     }
 
-    fn poll_work(&self) -> std::thread::Result<Poll<T>> {
+    unsafe fn poll_work(&self, this: *const ()) -> std::thread::Result<Poll<T>> {
         // The flight as the work's waker, without a reference count of its own: the caller's
         // `Flight` outlives this call. A work that keeps the waker clones it, and the clone
         // counts.
-        // SAFETY: a `FlightCell` exists only inside an `Arc` (`new_flight`), and `self` is
-        // borrowed from a live one, so `Arc::from_raw` names a valid allocation of this very
-        // type; the `Arc` it makes becomes a `Waker` that is never dropped (`ManuallyDrop`),
-        // so the strong count it did not take is never given back, and it is used only for
-        // this poll, while `self` is borrowed.
+        // SAFETY: by the caller's contract `this` is `Arc::as_ptr` of the live `Arc` whose
+        // value is `self`, a `FlightCell<T, F>` (it exists only inside an `Arc`,
+        // `new_flight`), with that allocation's provenance, so `Arc::from_raw` names a valid
+        // `Arc` of this very type; it becomes a `Waker` that is never dropped
+        // (`ManuallyDrop`), so the strong count it did not take is never given back, and it
+        // is used only for this poll, while the caller's `Arc` lives.
         let waker = ManuallyDrop::new(Waker::from(unsafe {
-            Arc::from_raw(std::ptr::from_ref(self))
+            Arc::from_raw(this.cast::<FlightCell<T, F>>())
         }));
         let mut cx = Context::from_waker(&waker);
         catch_unwind(AssertUnwindSafe(|| {
@@ -427,7 +433,9 @@ impl<T: Send + 'static> DedupRun<T> {
             st.polling = true;
             st.woken = false;
             drop(st);
-            let panic = match flight.poll_work() {
+            // SAFETY: the pointer is `Arc::as_ptr` of `flight`, which lives across the call,
+            // and whose value is the receiver.
+            let panic = match unsafe { flight.poll_work(Arc::as_ptr(&flight).cast::<()>()) } {
                 Ok(Poll::Ready(result)) => return self.end(flight, key, follower, result),
                 Ok(Poll::Pending) => None,
                 Err(panic) => Some(panic),
