@@ -166,15 +166,9 @@ pub struct Admission {
     slot: Option<SlotRef>,
     id: AdmissionId,
     revision: u64,
-    /// The reservation, packed `[max_output:32][input:32]` (meaningful only under
-    /// [`ClassBits::RESERVED`]): an admitted reservation is at most the effective budget,
-    /// which is at most `MAX_TOKENS` = 2^32 − 1, so each part fits in 32 bits. Packed, with
-    /// the two `Option` tags turned into flag bits of `class`, an `Admission` is 80 bytes
-    /// instead of 104 (`tests/sizes.rs`).
-    reservation: u64,
+    reservation: Option<Reservation>,
     held: u64,
-    /// The last clamped usage report (meaningful only under [`ClassBits::REPORTED`]).
-    reported: Usage,
+    reported: Option<Usage>,
     sequence: u64,
     /// Priority, class, attribution and abandonment, packed (see [`ClassBits`]). One word keeps
     /// `Admission` small and free of byte-sized fields, which the no-class fast path feels
@@ -183,10 +177,8 @@ pub struct Admission {
     class: ClassBits,
 }
 
-/// `[observed @63][reserved @62][reported @61][borrowed tokens @8..][high priority @7]
-/// [pinned @6][abandoned @5][borrowed slot @4][class index @1..4][has class @0]`. "Reserved"
-/// and "reported" say whether the admission's `reservation` and `reported` fields hold a
-/// value (they stand for the tags of an `Option`). "Pinned": at abandonment a `Bulkhead` handle was counted (and forgotten)
+/// `[borrowed tokens @8..][high priority @7][pinned @6][abandoned @5][borrowed slot @4]
+/// [class index @1..4][has class @0]`. "Pinned": at abandonment a `Bulkhead` handle was counted (and forgotten)
 /// to keep the shared state alive in place of the returned slot; `settle_classed` turns it
 /// back into a handle and drops it. Borrowed tokens fit: a reservation's borrowed part is at
 /// most the budget (`MAX_CLASSED_TOKENS` < 2^30).
@@ -212,12 +204,6 @@ impl ClassBits {
     /// Someone subscribed to events when it was admitted: its release goes through the
     /// observed path (`crate::record::events`), so the plain release reads no flag.
     const OBSERVED: u64 = 1 << 63;
-    /// The admission holds a reservation (a bulkhead with a token budget).
-    const RESERVED: u64 = 1 << 62;
-    /// A usage report was accepted (`Admission::reported` holds it).
-    const REPORTED: u64 = 1 << 61;
-    /// The flags above the borrowed-tokens field.
-    const HIGH_FLAGS: u64 = Self::OBSERVED | Self::RESERVED | Self::REPORTED;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
     fn of_class(k: usize, r: Resources) -> ClassBits {
@@ -258,7 +244,7 @@ impl ClassBits {
     fn resources(self) -> Resources {
         Resources {
             borrowed_concurrency: self.0 & Self::BORROWED_SLOT != 0,
-            borrowed_tokens: (self.0 & !Self::HIGH_FLAGS) >> 8,
+            borrowed_tokens: (self.0 & !Self::OBSERVED) >> 8,
         }
     }
     fn has(self, flag: u64) -> bool {
@@ -285,25 +271,15 @@ impl Admission {
         class: ClassCode,
         observed: bool,
     ) -> Admission {
-        let mut class = ClassBits::new(class, priority, observed);
-        let (packed, held) = match reservation {
-            Some(r) => {
-                debug_assert!(r.input() <= u64::from(u32::MAX));
-                debug_assert!(r.max_output() <= u64::from(u32::MAX));
-                class.0 |= ClassBits::RESERVED;
-                (r.input() | (r.max_output() << 32), r.total())
-            }
-            None => (0, 0),
-        };
         Admission {
             slot: Some(slot),
             id,
             revision,
-            reservation: packed,
-            held,
-            reported: Usage::new(0, 0),
+            reservation,
+            held: reservation.map_or(0, |r| r.total()),
+            reported: None,
             sequence: 0,
-            class,
+            class: ClassBits::new(class, priority, observed),
         }
     }
 
@@ -471,18 +447,7 @@ impl Admission {
     /// ```
     #[must_use]
     pub fn reservation(&self) -> Option<Reservation> {
-        self.class.has(ClassBits::RESERVED).then(|| {
-            Reservation::from_parts(
-                self.reservation & u64::from(u32::MAX),
-                self.reservation >> 32,
-            )
-        })
-    }
-
-    /// The last accepted usage report, clamped (`None` before the first).
-    #[inline]
-    fn reported(&self) -> Option<Usage> {
-        self.class.has(ClassBits::REPORTED).then_some(self.reported)
+        self.reservation
     }
 
     /// Tokens currently held (0 without a budget).
@@ -560,10 +525,9 @@ impl Admission {
     ) -> Result<UsageReport, UsageError> {
         let reconcile = reconcile.into();
         let (clamped, consumed) =
-            checked_report(usage, self.reported(), self.reservation(), reconcile)?;
+            checked_report(usage, self.reported, self.reservation, reconcile)?;
         let released = self.slot.is_none();
-        let reservation = self.reservation();
-        let new_hold = match reservation {
+        let new_hold = match self.reservation {
             Some(res) if !released => {
                 let cap = res.max_output();
                 let hold = match reconcile {
@@ -600,15 +564,14 @@ impl Admission {
                 c.total_refunded.add(delta);
             }
         }
-        let bumped = !released && (self.reported() != Some(clamped) || new_hold != self.held);
+        let bumped = !released && (self.reported != Some(clamped) || new_hold != self.held);
         if bumped {
             self.sequence += 1;
         }
         let previous = self.held;
         self.held = new_hold;
-        self.reported = clamped;
-        self.class.0 |= ClassBits::REPORTED;
-        let reserved = reservation.map_or(0, |r| r.total());
+        self.reported = Some(clamped);
+        let reserved = self.reservation.map_or(0, |r| r.total());
         let report = UsageReport {
             admission_id: self.id,
             revision: self.revision,
@@ -617,9 +580,11 @@ impl Admission {
             reserved,
             held: self.held,
             consumed,
-            output_cap: reservation.map(|r| r.max_output()),
-            output_remaining: reservation.map(|r| r.max_output().saturating_sub(clamped.output)),
-            over_reservation: reservation.is_some() && consumed > reserved,
+            output_cap: self.reservation.map(|r| r.max_output()),
+            output_remaining: self
+                .reservation
+                .map(|r| r.max_output().saturating_sub(clamped.output)),
+            over_reservation: self.reservation.is_some() && consumed > reserved,
         };
         if bumped {
             if let Some(shared) = self.shared() {
@@ -684,7 +649,7 @@ impl Admission {
             admission_id: self.id,
             revision: self.revision,
             class,
-            reserved: self.reservation().map_or(0, |r| r.total()),
+            reserved: self.reservation.map_or(0, |r| r.total()),
             held: s.held,
             refunded: s.refunded,
             consumed: s.consumed,
@@ -700,14 +665,9 @@ impl Admission {
     fn settle(&mut self, usage: Option<Usage>) -> Option<Settled> {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
-        // No usage given and none reported, no class, not abandoned, nobody subscribed.
+        let usage = usage.or(self.reported);
         if usage.is_none()
-            && self.class.0
-                & (ClassBits::HAS
-                    | ClassBits::ABANDONED
-                    | ClassBits::OBSERVED
-                    | ClassBits::REPORTED)
-                == 0
+            && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED) == 0
         {
             // The plain release: nothing to book, one RMW. Kept this small so that dropping
             // an admission inlines.
@@ -729,7 +689,6 @@ impl Admission {
                 revision: self.revision,
                 class: self.class,
                 reservation: self.reservation,
-                reported: self.reported,
                 sequence: self.sequence,
             },
         ))
@@ -749,7 +708,7 @@ impl fmt::Debug for Admission {
             .field("id", &self.id)
             .field("revision", &self.revision)
             .field("priority", &self.priority())
-            .field("reservation", &self.reservation())
+            .field("reservation", &self.reservation)
             .field("held", &self.held)
             .field("sequence", &self.sequence)
             .field("released", &self.slot.is_none())

@@ -48,13 +48,6 @@ impl Reservation {
         max_output: 0,
     };
 
-    /// A reservation from parts whose sum is known to fit (an admitted reservation unpacked:
-    /// each part is below 2^32).
-    #[inline]
-    pub(crate) const fn from_parts(input: u64, max_output: u64) -> Reservation {
-        Reservation { input, max_output }
-    }
-
     /// A reservation of `input` estimated input tokens and `max_output` output tokens.
     ///
     /// # Errors

@@ -9,22 +9,8 @@ pub(super) struct Described {
     pub(super) id: AdmissionId,
     pub(super) revision: u64,
     pub(super) class: ClassBits,
-    /// The packed reservation (`Admission::reservation`'s field, decoded by `reservation`).
-    pub(super) reservation: u64,
-    /// The last accepted usage report, if `class` has `REPORTED`.
-    pub(super) reported: Usage,
+    pub(super) reservation: Option<Reservation>,
     pub(super) sequence: u64,
-}
-
-impl Described {
-    fn reservation(&self) -> Option<Reservation> {
-        self.class.has(ClassBits::RESERVED).then(|| {
-            Reservation::from_parts(
-                self.reservation & u64::from(u32::MAX),
-                self.reservation >> 32,
-            )
-        })
-    }
 }
 
 /// `settle_other` for an admission made while someone subscribed: settles, then reports
@@ -38,7 +24,7 @@ pub(super) fn settle_observed(
     d: Described,
 ) -> Settled {
     let pin = slot.try_pin();
-    let s = settle_unobserved(slot, d.class, held, usage, d.class.has(ClassBits::RESERVED));
+    let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
     if let Some(shared) = pin {
         crate::handle::events::emit(&shared, || {
             Event::Release(ReleaseEvent {
@@ -46,7 +32,7 @@ pub(super) fn settle_observed(
                 revision: d.revision,
                 priority: d.class.priority(),
                 class: crate::handle::events::class_name(&shared, d.class.index()),
-                reserved_tokens: d.reservation().map_or(0, |r| r.total()),
+                reserved_tokens: d.reservation.map_or(0, |r| r.total()),
                 resources: d.class.resources(),
                 held_tokens: s.held,
                 refunded_tokens: s.refunded,
@@ -67,8 +53,7 @@ pub(super) fn signed_delta(from: u64, to: u64) -> i64 {
     }
 }
 
-/// Every other end of `Admission::settle`: with usage to book (given, or the last report),
-/// or with a class. Out of line.
+/// Every other end of `Admission::settle`: with usage to book, or with a class. Out of line.
 #[inline(never)]
 pub(super) fn settle_other(
     slot: SlotRef,
@@ -76,11 +61,10 @@ pub(super) fn settle_other(
     usage: Option<Usage>,
     d: Described,
 ) -> Settled {
-    let usage = usage.or(d.class.has(ClassBits::REPORTED).then_some(d.reported));
     if d.class.has(ClassBits::OBSERVED) {
         return settle_observed(slot, held, usage, d);
     }
-    settle_unobserved(slot, d.class, held, usage, d.class.has(ClassBits::RESERVED))
+    settle_unobserved(slot, d.class, held, usage, d.reservation.is_some())
 }
 
 /// `settle_other` without an event.
