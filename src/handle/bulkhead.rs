@@ -131,8 +131,7 @@ impl Bulkhead {
                             && f.w.slots() < f.lim.max_concurrent
                         {
                             // The flag may be up only for `drain` callers.
-                            if let Some(g) =
-                                crate::wait::waiting::admit_if_nobody_waits(self, r, priority)
+                            if let Some(g) = plain::admit_if_nobody_waits(&self.shared, r, priority)
                             {
                                 break g;
                             }

@@ -23,8 +23,11 @@
 //!   `crate::protocol::handoff`, which also holds the pump and `close`'s queue side); a usage
 //!   report that shrinks a hold is one `fetch_sub` ([`return_tokens`]), one that grows it a CAS
 //!   loop bounded only by the field ([`grow_tokens`]).
-//! * **Waiting**: the decision under the queue mutex that queues a waiter, and the drain-time
-//!   admission that reads the queue-length mirror, are the wait layer's (`crate::wait::waiting`).
+//! * **Drain-time admission** ([`admit_if_nobody_waits`]): `WAITERS` up with a slot free
+//!   means the flag may be up only for drainers; the decision reads the queue-length mirror
+//!   (written by the wait layer under the queue mutex) and admits with a CAS, without a lock.
+//! * **Waiting**: the decision under the queue mutex that queues a waiter is the wait layer's
+//!   (`crate::wait::waiting`).
 //!
 //! Every function here takes the shared block of a bulkhead its caller keeps alive (a handle,
 //! or an admission's slot) for the whole call.
@@ -105,6 +108,44 @@ pub(crate) fn try_decide(
                 }
             }
             Decision::Refuse(reason) => return Err(Refusal { w, lim, reason, c }),
+        }
+    }
+}
+
+/// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
+/// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
+/// (`None`: someone is, or the state changed; the caller refuses). Lock-free, so a drain does
+/// not turn the decision path into a locked one (`crate::wait::waiting`, "Drain"). The mirror
+/// is written by the wait layer under the queue mutex, before the enqueuer's CAS that raises
+/// `WAITERS` for it.
+#[cold]
+#[inline(never)]
+pub(crate) fn admit_if_nobody_waits(
+    shared: &Shared,
+    r: u64,
+    priority: Priority,
+) -> Option<Granted> {
+    let word = &*shared.word;
+    let mut w = Word(word.load(Ordering::SeqCst));
+    loop {
+        // After the word load: if `w` is from after an enqueuer's queueing CAS, its mirror
+        // store (sequenced before that CAS) is visible here.
+        crate::sync::loom_sc_fence();
+        if shared.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let lim = shared.ring.read(w.tag());
+        if w.closed()
+            || w.slots() >= lim.max_concurrent
+            || lim
+                .effective(priority)
+                .is_some_and(|e| w.tokens().saturating_add(r) > e)
+        {
+            return None;
+        }
+        match word.compare_exchange(w.0, w.plus(r).0, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return Some(count(shared, lim.revision, r)),
+            Err(actual) => w = Word(actual),
         }
     }
 }

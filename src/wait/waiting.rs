@@ -36,7 +36,8 @@
 //!   idle wakes it. While only drainers wait, the flag must not make the decision path a
 //!   locked one: `Shared::queued` mirrors the queue's length (stored under the mutex at every
 //!   unlock, and by an enqueuer *before* its queueing CAS). A decider that sees the flag with a
-//!   free slot reads the mirror after the word and admits with a CAS if it is zero; a release
+//!   free slot reads the mirror after the word and admits with a CAS if it is zero
+//!   (`crate::protocol::plain::admit_if_nobody_waits`); a release
 //!   that sees the flag and a zero mirror returns its slot with a CAS and then reads the
 //!   mirror again (the enqueuer writes the mirror then CASes the word, the release CASes the
 //!   word then reads the mirror: `SeqCst` on both sides, so one of them sees the other), and
@@ -758,39 +759,6 @@ impl Bulkhead {
 /// The class index of a waiter whose demand names a class this bulkhead does not have: it is
 /// refused on entry, before it is queued or anything is counted.
 pub(super) const UNKNOWN_CLASS: usize = usize::MAX;
-
-/// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
-/// drainers. Without the mutex: admit if the queue-length mirror says nobody is queued
-/// (`None`: someone is, or the state changed; the caller refuses). Lock-free, so a drain does
-/// not turn the decision path into a locked one (module docs, "Drain").
-#[cold]
-#[inline(never)]
-pub(crate) fn admit_if_nobody_waits(b: &Bulkhead, r: u64, priority: Priority) -> Option<Granted> {
-    let shared = &*b.shared;
-    let word = &*shared.word;
-    let mut w = Word(word.load(Ordering::SeqCst));
-    loop {
-        // After the word load: if `w` is from after an enqueuer's queueing CAS, its mirror
-        // store (sequenced before that CAS) is visible here.
-        crate::sync::loom_sc_fence();
-        if shared.queued.load(Ordering::SeqCst) != 0 {
-            return None;
-        }
-        let lim = shared.ring.read(w.tag());
-        if w.closed()
-            || w.slots() >= lim.max_concurrent
-            || lim
-                .effective(priority)
-                .is_some_and(|e| w.tokens().saturating_add(r) > e)
-        {
-            return None;
-        }
-        match word.compare_exchange(w.0, w.plus(r).0, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => return Some(b.count_admission(lim.revision, r)),
-            Err(actual) => w = Word(actual),
-        }
-    }
-}
 
 /// When a wait begins: `Some(now)` only if the bulkhead measures queue waits (a clock read
 /// costs about a tenth of an async hand-off, so it is opt-in).
