@@ -11,8 +11,8 @@
 
 use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::llm::{
-    BoxWork, Dedup, DedupKey, DedupSettings, FollowerOptions, LlmBulkhead, LlmRequest,
-    NaiveEstimator, RunContext, RunOptions,
+    BoxWork, Dedup, DedupKey, DedupSettings, FollowerOptions, LlmBulkhead, NaiveEstimator,
+    RunContext, RunOptions,
 };
 use llm_bulkhead::Bulkhead;
 use std::future::Future;
@@ -20,25 +20,9 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-/// A chat request of about `bytes` bytes of JSON: a system prompt, four turns, a few fields.
-fn request(bytes: usize) -> LlmRequest {
-    let turn = "The quick brown fox jumps over the lazy dog while the bulkhead keeps count. ";
-    let per = bytes / 5;
-    let text: String = turn.repeat(per / turn.len() + 1)[..per].to_string();
-    serde_json::from_value(serde_json::json!({
-        "model": "gpt-4o-2024-08-06",
-        "temperature": 0.2,
-        "max_tokens": 512,
-        "messages": [
-            {"role": "system", "content": text},
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": [{"type": "text", "text": text}]},
-        ],
-        "metadata": {"tenant": "acme", "trace": "0af7651916cd43dd8448eb211c80319c"},
-    }))
-    .unwrap()
-}
+#[path = "support/request.rs"]
+mod request;
+use request::request;
 
 fn ready<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);

@@ -27,25 +27,9 @@ use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-/// The 1.1 KB request of `benches/dedup.rs`.
-fn request(bytes: usize) -> LlmRequest {
-    let turn = "The quick brown fox jumps over the lazy dog while the bulkhead keeps count. ";
-    let per = bytes / 5;
-    let text: String = turn.repeat(per / turn.len() + 1)[..per].to_string();
-    serde_json::from_value(serde_json::json!({
-        "model": "gpt-4o-2024-08-06",
-        "temperature": 0.2,
-        "max_tokens": 512,
-        "messages": [
-            {"role": "system", "content": text},
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": [{"type": "text", "text": text}]},
-        ],
-        "metadata": {"tenant": "acme", "trace": "0af7651916cd43dd8448eb211c80319c"},
-    }))
-    .unwrap()
-}
+#[path = "support/request.rs"]
+mod request;
+use request::request;
 
 fn ready<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);

@@ -26,22 +26,12 @@ fn ready<F: Future>(f: F) -> F::Output {
     }
 }
 
-/// A chat request of about 1.1 KB of JSON (the benchmarks' request).
+#[path = "../benches/support/request.rs"]
+mod request;
+
+/// The benchmarks' 1.1 KB request.
 fn request() -> LlmRequest {
-    let text = "The quick brown fox jumps over the lazy dog. ".repeat(5);
-    serde_json::from_value(serde_json::json!({
-        "model": "gpt-4o-2024-08-06",
-        "temperature": 0.2,
-        "max_tokens": 512,
-        "messages": [
-            {"role": "system", "content": text},
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": [{"type": "text", "text": text}]},
-        ],
-        "metadata": {"tenant": "acme", "trace": "0af7651916cd43dd8448eb211c80319c"},
-    }))
-    .unwrap()
+    request::request(1_024)
 }
 
 /// Allocations of one call of `f`, after one warm-up call.
