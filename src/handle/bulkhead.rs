@@ -290,54 +290,11 @@ impl Bulkhead {
             classes: next.classes.with_origin_of(&canon.current.classes),
             ..next
         };
-        let tag = canon.tag.wrapping_add(1);
-        shared.ring.write(tag, &next);
-        // With classes, the tag bump also advances U and V by every raise of a floor; the
-        // classes then migrate to the new floors (`crate::protocol::classed`, "Reconfiguration").
-        let advance = if shared.classed {
-            crate::words::class_word::floor_advance(&canon.current, &next)
-        } else {
-            0
-        };
-        let word = &*shared.word;
-        let mut w = Word(word.load(Ordering::Acquire));
-        loop {
-            debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
-            match word.compare_exchange_weak(
-                w.0,
-                w.with_next_tag().0 + advance,
-                Ordering::SeqCst,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(actual) => w = Word(actual),
-            }
-        }
-        canon.tag = tag;
-        let mut visit = false;
-        for k in 0..shared.class_words.len() {
-            visit |= crate::protocol::classed::migrate(shared, k, tag);
-        }
-        // No operation that read the previous tag is still in progress once this returns, so
-        // no tag value or ring slot is reused under anyone (`crate::grace`). Under the lock:
-        // the next install waits for this one's grace period.
-        crate::grace::grace_period(&shared.counters);
+        // The words: ring, tag bump, class migration, grace period (`crate::protocol::install`).
+        let visit = crate::protocol::install::install(shared, &mut canon, &next);
         let previous = std::mem::replace(&mut canon.current, next);
         drop(canon);
-        // Token waiting: a waiter whose demand can no longer fit at all is answered now
-        // (`crate::protocol::token_wait`); a no-op without the option.
-        if Word(shared.word.load(Ordering::Acquire)).waiters() {
-            crate::protocol::token_wait::sweep_never_fit(shared);
-        }
-        // A raised limit admits queued waiters at once (CONTRACT.md §6).
-        let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
-        if shared.classed {
-            if waiters || visit {
-                crate::protocol::class_pump::pump_classed(shared);
-            }
-        } else if waiters {
-            crate::protocol::handoff::pump(shared);
-        }
+        crate::protocol::install::after_install(shared, visit);
         let change = LimitsChange {
             previous,
             current: next,

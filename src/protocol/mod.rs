@@ -8,6 +8,7 @@ pub(crate) mod class_pump;
 pub(crate) mod classed;
 pub(crate) mod handoff;
 pub(crate) mod hooks;
+pub(crate) mod install;
 pub(crate) mod plain;
 pub(crate) mod token_wait;
 

@@ -1,0 +1,79 @@
+//! Installing a limits snapshot (`Bulkhead::apply_limits` and the calls built on it): the
+//! protocol step of a reconfiguration, for both protocols. The handle validates the snapshot
+//! and holds the reconfiguration lock; this module changes the words:
+//!
+//! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`);
+//! 2. bump the state word's tag with one `SeqCst` CAS, which, with classes, also advances `U`
+//!    and `V` by every raise of a floor (`crate::words::class_word::floor_advance`);
+//! 3. migrate every class word to the new tag and floors (`crate::protocol::classed`,
+//!    "Reconfiguration");
+//! 4. wait out the grace period (`crate::grace`): once it returns, no decision that read the
+//!    previous tag is still in progress, so no tag value or ring slot is reused under anyone.
+//!
+//! After the lock is released, [`after_install`] answers waiters that can no longer fit
+//! (token waiting) and pumps the queue, since a raised limit admits queued waiters at once
+//! (CONTRACT.md §6).
+
+use crate::shared::{Canonical, Shared};
+use crate::sync::Ordering;
+use crate::words::limits::LimitsSnapshot;
+use crate::words::state::Word;
+
+/// Steps 1–4 of the module docs for `next` (validated, with this bulkhead's class table), under
+/// the reconfiguration lock whose content is `canon`. Returns whether a class migration asks
+/// for a visit of the queue (pass it to [`after_install`]). `canon.current` is left as it was:
+/// the caller replaces it (and keeps the previous snapshot for its report).
+///
+/// # Panics
+/// As `crate::grace::grace_period` (a kernel barrier failing after registration); no input
+/// reaches it.
+pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnapshot) -> bool {
+    let tag = canon.tag.wrapping_add(1);
+    shared.ring.write(tag, next);
+    let advance = if shared.classed {
+        crate::words::class_word::floor_advance(&canon.current, next)
+    } else {
+        0
+    };
+    let word = &*shared.word;
+    let mut w = Word(word.load(Ordering::Acquire));
+    loop {
+        debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
+        match word.compare_exchange_weak(
+            w.0,
+            w.with_next_tag().0 + advance,
+            Ordering::SeqCst,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => break,
+            Err(actual) => w = Word(actual),
+        }
+    }
+    canon.tag = tag;
+    let mut visit = false;
+    for k in 0..shared.class_words.len() {
+        visit |= crate::protocol::classed::migrate(shared, k, tag);
+    }
+    // Under the lock: the next install waits for this one's grace period.
+    crate::grace::grace_period(&shared.counters);
+    visit
+}
+
+/// The queue's side of an install, after the reconfiguration lock is released: with token
+/// waiting, a waiter whose demand can no longer fit at all is answered
+/// (`crate::protocol::token_wait::sweep_never_fit`); then queued waiters that the new limits
+/// admit are admitted (the pump), or, with classes, the queue is visited when a migration asked
+/// for it (`visit`, from [`install`]).
+pub(crate) fn after_install(shared: &Shared, visit: bool) {
+    if Word(shared.word.load(Ordering::Acquire)).waiters() {
+        crate::protocol::token_wait::sweep_never_fit(shared);
+    }
+    let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
+    if shared.classed {
+        if waiters || visit {
+            crate::protocol::class_pump::pump_classed(shared);
+        }
+    } else if waiters {
+        crate::protocol::handoff::pump(shared);
+    }
+}
