@@ -530,6 +530,14 @@ pub(crate) struct QueueGuard<'a> {
     _op: crate::grace::Op<'static>,
 }
 
+impl<'a> QueueGuard<'a> {
+    /// The shared block whose queue this guard holds locked.
+    #[inline]
+    pub(crate) fn shared(&self) -> &'a Shared {
+        self.shared
+    }
+}
+
 impl std::ops::Deref for QueueGuard<'_> {
     type Target = crate::wait::list::Queue;
     fn deref(&self) -> &crate::wait::list::Queue {

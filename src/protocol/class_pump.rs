@@ -4,7 +4,7 @@
 use crate::protocol::classed::Refused;
 use crate::shared::{QueueGuard, Shared, SlotRef, SlowPathRef};
 use crate::sync::Ordering;
-use crate::vocab::rejection::RejectReason;
+use crate::vocab::rejection::{Constraint, RejectReason};
 use crate::wait::list::{Outcome, Queue, WakeList};
 use crate::words::state::{Word, WAITERS};
 
@@ -156,4 +156,42 @@ pub(crate) fn may_wait(f: &Refused) -> bool {
 pub(crate) fn waits_for_slot(f: &Refused) -> bool {
     f.reason == RejectReason::ConcurrencyLimit
         && f.constraint == Some(crate::vocab::rejection::Constraint::Global)
+}
+
+/// The class enqueue's decision for a newcomer joining the tail, under the queue mutex held by
+/// `q` (after the would-be head's own decision, if it was the head): the refusal it gets, with
+/// its constraint, or `None` to queue. The order is: closed, a demand that can never fit
+/// (token waiting only, and only if `fit_checked` is false: the head's decision already made
+/// that check under this lock), no queue possible under the limits read here, the queue full.
+///
+/// Token waiting: the fast decision's "never fits" check ran before the lock, and a
+/// reconfiguration may have landed since; its sweep (`crate::protocol::token_wait::sweep_never_fit`)
+/// takes this mutex after installing, so either it sees this waiter queued or this read sees
+/// its limits.
+pub(crate) fn tail_refusal(
+    q: &QueueGuard<'_>,
+    k: usize,
+    r: u64,
+    priority: crate::vocab::demand::Priority,
+    fit_checked: bool,
+) -> Option<(RejectReason, Option<Constraint>)> {
+    let shared = q.shared();
+    let w = Word(shared.word.load(Ordering::SeqCst));
+    let lim = shared.ring.read(w.tag());
+    let never_fits = if shared.wait_for_tokens && !fit_checked {
+        crate::protocol::token_wait::classed_never_fits(shared, w.tag(), k, r, priority)
+    } else {
+        None
+    };
+    if w.closed() {
+        Some((RejectReason::Shutdown, None))
+    } else if let Some(c) = never_fits {
+        Some((RejectReason::BudgetLimit, Some(c)))
+    } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
+        Some((RejectReason::ConcurrencyLimit, Some(Constraint::Global)))
+    } else if q.len() as u64 >= lim.max_queue {
+        Some((RejectReason::QueueLimit, Some(Constraint::Global)))
+    } else {
+        None
+    }
 }

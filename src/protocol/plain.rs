@@ -26,8 +26,10 @@
 //! * **Drain-time admission** ([`admit_if_nobody_waits`]): `WAITERS` up with a slot free
 //!   means the flag may be up only for drainers; the decision reads the queue-length mirror
 //!   (written by the wait layer under the queue mutex) and admits with a CAS, without a lock.
-//! * **Waiting**: the decision under the queue mutex that queues a waiter is the wait layer's
-//!   (`crate::wait::waiting`).
+//! * **Queueing** ([`decide_queued`]): the decision under the queue mutex, for a demand the
+//!   fast decision could not admit with a queue possible: take a slot freed meanwhile, refuse,
+//!   or raise `WAITERS` (the length mirror first) for a newcomer. The wait layer
+//!   (`crate::wait::waiting`) holds the mutex and links the node; it decides nothing itself.
 //!
 //! Every function here takes the shared block of a bulkhead its caller keeps alive (a handle,
 //! or an admission's slot) for the whole call.
@@ -276,6 +278,99 @@ pub(crate) fn rejection(
             class: None,
         },
     )
+}
+
+/// What the decision under the queue mutex ([`decide_queued`]) did with a demand whose fast
+/// decision found no free slot (or, under token waiting, too few tokens) with a queue possible.
+pub(crate) enum QueueStep {
+    /// A slot freed meanwhile (or `WAITERS` was up only for drainers) and nobody is queued:
+    /// taken with one CAS, and counted.
+    Granted(Granted),
+    /// Refused for `reason`, on word `w` under its limits `lim` (explain it with
+    /// [`refusal_of`]; `pending` is the queue length under the mutex).
+    Refused {
+        w: Word,
+        lim: Hot,
+        reason: RejectReason,
+        pending: usize,
+    },
+    /// `WAITERS` is up and the queue-length mirror counts the newcomer: the caller links its
+    /// node at the tail before it unlocks.
+    Queue,
+}
+
+/// The no-class decision under the queue mutex held by `q` (the wait layer's enqueue): rows
+/// 0, 1 and 6 of CONTRACT.md §2 and the queue bound, on the word read under the mutex. It takes
+/// a slot freed meanwhile when nobody is queued, refuses, or raises `WAITERS` for a newcomer the
+/// caller then links.
+///
+/// The queueing CAS expects the word it decided on, so it proves, with the tag, that no slot
+/// is free (or that others wait) under the limits it read. The length mirror counts the
+/// newcomer first (stored before that CAS): a decider or a release that reads the word after
+/// the CAS then sees it in the mirror ([`admit_if_nobody_waits`]; `crate::wait::waiting`,
+/// "Drain"). Under token waiting, a demand short of tokens that can fit once capacity returns
+/// queues too, as long as a queue is possible (`crate::protocol::token_wait`).
+pub(crate) fn decide_queued(
+    q: &crate::shared::QueueGuard<'_>,
+    r: u64,
+    priority: Priority,
+) -> QueueStep {
+    let shared = q.shared();
+    let word = &*shared.word;
+    let queued = q.len();
+    let mut w = Word(word.load(Ordering::Acquire));
+    loop {
+        let lim = shared.ring.read(w.tag());
+        let short = lim
+            .effective(priority)
+            .is_some_and(|e| w.tokens().saturating_add(r) > e);
+        let waits_for_tokens = short
+            && shared.wait_for_tokens
+            && crate::protocol::token_wait::fits_when_idle(&lim, r, priority)
+            && lim.max_concurrent > 0
+            && lim.max_queue > 0;
+        let reason = if w.closed() {
+            Some(RejectReason::Shutdown)
+        } else if short && !waits_for_tokens {
+            Some(RejectReason::BudgetLimit)
+        } else if !short && queued == 0 && w.slots() < lim.max_concurrent {
+            match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return QueueStep::Granted(count(shared, lim.revision, r)),
+                Err(actual) => {
+                    w = Word(actual);
+                    continue;
+                }
+            }
+        } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
+            Some(RejectReason::ConcurrencyLimit)
+        } else if queued as u64 >= lim.max_queue {
+            Some(RejectReason::QueueLimit)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return QueueStep::Refused {
+                w,
+                lim,
+                reason,
+                pending: queued,
+            };
+        }
+        shared.queued.store(queued + 1, Ordering::SeqCst);
+        crate::sync::loom_sc_fence();
+        match word.compare_exchange(
+            w.0,
+            w.0 | crate::words::state::WAITERS,
+            Ordering::SeqCst,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return QueueStep::Queue,
+            Err(actual) => {
+                shared.queued.store(queued, Ordering::SeqCst);
+                w = Word(actual);
+            }
+        }
+    }
 }
 
 /// A usage report shrank an admission's hold by `amount`: one `fetch_sub` of the word (the

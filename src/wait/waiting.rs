@@ -93,6 +93,7 @@ use crate::protocol::class_pump::{
 };
 use crate::protocol::classed::Precheck;
 use crate::protocol::handoff::{clear_waiters, pending, pump_locked, wake_drainers_if_idle};
+use crate::protocol::plain::QueueStep;
 use crate::protocol::token_wait::fits_when_idle;
 use crate::sync::Ordering;
 use crate::vocab::demand::{Demand, Priority, Reservation};
@@ -596,9 +597,10 @@ impl Bulkhead {
         self.enter_queue(r, priority, node, notify)
     }
 
-    /// The no-class decision under the queue mutex, after a fast decision found no free slot
-    /// (or, under token waiting, too few tokens) with a queue possible: takes a slot freed
-    /// meanwhile, refuses, or queues `node()`.
+    /// The no-class enqueue, after a fast decision found no free slot (or, under token
+    /// waiting, too few tokens) with a queue possible: under the queue mutex, the protocol's
+    /// decision (`crate::protocol::plain::decide_queued`) takes a slot freed meanwhile, refuses,
+    /// or raises `WAITERS`, and then `node()` is linked at the tail.
     #[inline(never)]
     pub(super) fn enter_queue<'n>(
         &self,
@@ -607,77 +609,36 @@ impl Bulkhead {
         node: impl FnOnce() -> Pin<&'n Waiter>,
         notify: impl FnOnce() -> Notify,
     ) -> Enter {
-        let shared = &*self.shared;
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
-        let word = &*shared.word;
-        let mut w = Word(word.load(Ordering::Acquire));
-        loop {
-            let lim = shared.ring.read(w.tag());
-            let short = lim
-                .effective(priority)
-                .is_some_and(|e| w.tokens().saturating_add(r) > e);
-            // Short of tokens but able to fit later: it queues under the option, as long as a
-            // queue is possible (`crate::protocol::token_wait`).
-            let waits_for_tokens = short
-                && shared.wait_for_tokens
-                && fits_when_idle(&lim, r, priority)
-                && lim.max_concurrent > 0
-                && lim.max_queue > 0;
-            let reason = if w.closed() {
-                Some(RejectReason::Shutdown)
-            } else if short && !waits_for_tokens {
-                Some(RejectReason::BudgetLimit)
-            } else if !short && q.len() == 0 && w.slots() < lim.max_concurrent {
-                // A slot freed meanwhile (or the flag is up only for drainers), and nobody is
-                // queued: take it.
-                match word.compare_exchange(w.0, w.plus(r).0, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        drop(q);
-                        return Enter::Granted(self.count_admission(lim.revision, r));
-                    }
-                    Err(actual) => {
-                        w = Word(actual);
-                        continue;
-                    }
-                }
-            } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
-                Some(RejectReason::ConcurrencyLimit)
-            } else if q.len() as u64 >= lim.max_queue {
-                Some(RejectReason::QueueLimit)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                let pending = q.len();
+        // The decision is the protocol's (`crate::protocol::plain::decide_queued`); linking the
+        // node is ours, under the same lock.
+        match crate::protocol::plain::decide_queued(&q, r, priority) {
+            QueueStep::Granted(g) => Enter::Granted(g),
+            QueueStep::Refused {
+                w,
+                lim,
+                reason,
+                pending,
+            } => {
                 drop(q);
-                return match self.refusal_of(w, &lim, reason, r, priority) {
+                match self.refusal_of(w, &lim, reason, r, priority) {
                     Some(mut rej) => {
                         rej.set_pending(pending as u64);
                         Enter::Refused(rej)
                     }
+                    // The tag moved: decide again from the start.
                     None => self.enter(0, r, priority, node, notify),
-                };
+                }
             }
-            // Queue: the CAS proves, with the tag, that no slot is free (or that others wait).
-            // The length mirror counts us first: a decider or a release that reads the word
-            // after this CAS then sees us in the mirror (module docs, "Drain").
-            shared.queued.store(q.len() + 1, Ordering::SeqCst);
-            crate::sync::loom_sc_fence();
-            match word.compare_exchange(w.0, w.0 | WAITERS, Ordering::SeqCst, Ordering::Acquire) {
-                Ok(_) => {
-                    let node = node();
-                    node.set_notify(&q, notify());
-                    // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before
-                    // it is dropped; we hold the mutex.
-                    unsafe { q.push_back(&node) };
-                    return Enter::Queued;
-                }
-                Err(actual) => {
-                    shared.queued.store(q.len(), Ordering::SeqCst);
-                    w = Word(actual);
-                }
+            QueueStep::Queue => {
+                let node = node();
+                node.set_notify(&q, notify());
+                // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before it
+                // is dropped; we hold the mutex.
+                unsafe { q.push_back(&node) };
+                Enter::Queued
             }
         }
     }

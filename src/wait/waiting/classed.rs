@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::protocol::class_pump::raise_queued_class;
-use crate::protocol::token_wait::{classed_never_fits, classed_waits_for_tokens};
+use crate::protocol::token_wait::classed_waits_for_tokens;
 
 // ---- class mode (module docs, "With admission classes") ----
 
@@ -91,34 +91,7 @@ impl Bulkhead {
                 }
             }
         }
-        let w = Word(shared.word.load(Ordering::SeqCst));
-        let lim = shared.ring.read(w.tag());
-        // Token waiting: a demand that can never fit under the limits read here, under the
-        // mutex, is refused, not queued. The fast decision's check ran before the lock, and a
-        // reconfiguration may have landed since; its sweep (`sweep_never_fit`) takes this mutex
-        // after installing, so either it sees this waiter queued or this read sees its limits.
-        let never_fits = if shared.wait_for_tokens && !fit_checked {
-            classed_never_fits(shared, w.tag(), k, r, priority)
-        } else {
-            None
-        };
-        let refuse = if w.closed() {
-            Some((RejectReason::Shutdown, None))
-        } else if let Some(c) = never_fits {
-            Some((RejectReason::BudgetLimit, Some(c)))
-        } else if lim.max_concurrent == 0 || lim.max_queue == 0 {
-            Some((
-                RejectReason::ConcurrencyLimit,
-                Some(crate::vocab::rejection::Constraint::Global),
-            ))
-        } else if q.len() as u64 >= lim.max_queue {
-            Some((
-                RejectReason::QueueLimit,
-                Some(crate::vocab::rejection::Constraint::Global),
-            ))
-        } else {
-            None
-        };
+        let refuse = crate::protocol::class_pump::tail_refusal(&q, k, r, priority, fit_checked);
         if let Some((reason, constraint)) = refuse {
             let pending = q.len() as u64;
             sync_class_flags(shared, &mut q);
