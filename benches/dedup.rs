@@ -6,8 +6,9 @@
 //! request, hashing included. In instructions (`benches/llm_instructions.rs`, callgrind) the
 //! key costs 2,545 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,387, a
 //! `run_shared` leader 4,967 and opted out 1,218, the plain `run` 703 (before issue 15's
-//! speed work: 2,712, 3,799, 5,959, 1,385, 703). Times: README, "De-duplication and
-//! estimation".
+//! speed work: 2,712, 3,799, 5,959, 1,385, 703); at f87a84a, which trimmed the run path
+//! they share, the `run_shared` leader 4,846, opted out 1,108, the plain `run` 504. Times:
+//! README, "De-duplication and estimation".
 
 use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::llm::{

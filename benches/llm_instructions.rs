@@ -11,17 +11,25 @@
 //! `benches/ratios.py`-style arithmetic is left to the reader: `(Ir(20000) - Ir(10000)) / 10000`
 //! (or with 2,000 and 12,000). Last measured (1.1 KB request, at b1f7485): `key_1kb` 2,545,
 //! `dedup_leader_1kb` 3,387, `run_shared_leader_1kb` 4,967, `run_shared_opted_out_1kb` 1,218,
-//! `llm_run_1kb` 703 (at ddb2802, before: 2,712, 3,799, 5,959, 1,385, 703).
-//! Operations: `pair_slot`, `run_blocking_slot`, `pair_classed_protected`,
+//! `llm_run_1kb` 703 (at ddb2802, before: 2,712, 3,799, 5,959, 1,385, 703). At f87a84a, after
+//! issue 15 item 9 trimmed the run path: `llm_run_1kb` 504, `run_shared_leader_1kb` 4,846,
+//! `run_shared_opted_out_1kb` 1,108 (698, 4,940, 1,205 before it), and `run_blocking` over
+//! its pair: slot 335 against 257 (+78), tokens override 353 against 270 (+83), classed
+//! protected 590 against 538 (+52), borrowing 689 against 637 (+52) (before: +224, +235,
+//! +211, +214).
+//! Operations: `pair_slot`, `run_blocking_slot`, `pair_tokens`,
+//! `run_blocking_tokens_override` (a budget and a per-call reservation override, as
+//! `benches/run.rs`), `pair_classed_protected`,
 //! `run_blocking_classed_protected`, `pair_classed_borrowing`,
 //! `run_blocking_classed_borrowing`, `key_1kb`, `dedup_leader_1kb`, `llm_run_1kb`,
 //! `run_shared_leader_1kb`, `run_shared_opted_out_1kb`, `estimate_<model>` (200 characters).
 
 use llm_bulkhead::llm::{
     BoxWork, Dedup, DedupKey, DedupSettings, FollowerOptions, LlmBulkhead, LlmRequest,
-    ModelAwareEstimator, NaiveEstimator, RunContext, RunOptions, TokenEstimator,
+    ModelAwareEstimator, NaiveEstimator, ReservationOverride, RunContext, RunOptions,
+    TokenEstimator,
 };
-use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation};
 use std::future::Future;
 use std::hint::black_box;
 use std::pin::pin;
@@ -53,6 +61,13 @@ fn main() {
     let small = LlmRequest::new("m", &["x"]);
     let big = request(1_024);
     let slots = Bulkhead::new(1_024).unwrap();
+    // As `benches/run.rs`'s `pair_tokens` and `run_blocking_tokens_override`.
+    let tokens = Bulkhead::builder()
+        .max_concurrent(1_024)
+        .token_budget(1 << 30)
+        .build()
+        .unwrap();
+    let llm_tokens = LlmBulkhead::new(tokens.clone(), NaiveEstimator);
     let llm_slots = LlmBulkhead::new(slots.clone(), NaiveEstimator);
     let classed = Bulkhead::builder()
         .max_concurrent(1_024)
@@ -82,6 +97,25 @@ fn main() {
         }),
         "run_blocking_slot" => Box::new(|| {
             let r = llm_slots.run_blocking(black_box(&small), RunOptions::default(), |ctx| {
+                Ok::<_, ()>(ctx.revision())
+            });
+            black_box(r.unwrap());
+        }),
+        "pair_tokens" => Box::new(|| {
+            let d = Demand::tokens(Reservation::new(1_200, 800).unwrap());
+            let a = tokens.try_acquire(black_box(d)).unwrap();
+            black_box(a.release(None).is_ok());
+        }),
+        "run_blocking_tokens_override" => Box::new(|| {
+            let o = RunOptions {
+                reservation: Some(ReservationOverride {
+                    input: 1_200,
+                    max_output: 800,
+                    reserved: None,
+                }),
+                ..RunOptions::default()
+            };
+            let r = llm_tokens.run_blocking(black_box(&small), black_box(o), |ctx| {
                 Ok::<_, ()>(ctx.revision())
             });
             black_box(r.unwrap());

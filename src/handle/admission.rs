@@ -658,6 +658,17 @@ impl Admission {
         })
     }
 
+    /// Settles in place as [`release`](Self::release) does, for an owner that has no use for
+    /// the report: `usage` that overflows falls back to the last report (as `release`'s error
+    /// does once its admission is dropped). The admission is settled after it (its drop does
+    /// nothing); it is not moved, so an admission held inside a larger value is not copied.
+    /// Used by the LLM layer's run context only.
+    #[cfg(feature = "llm")]
+    #[inline(always)]
+    pub(crate) fn settle_final(&mut self, usage: Option<Usage>) {
+        self.settle(usage.filter(|u| u.total().is_some()));
+    }
+
     /// Returns the slot and the whole hold; `None` if already released. Statistics are written
     /// before the slot goes back: the return may free the shared state (see
     /// `crate::shared`).

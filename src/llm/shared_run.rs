@@ -421,7 +421,8 @@ impl LlmBulkhead {
     {
         // Validation, estimation, the class and the key now, before anything joins.
         let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
-            .and_then(|()| self.dedup_class(options.class).map_err(RunError::Invalid))
+            .and_then(|()| self.dedup_class(options.class))
+            .map_err(RunError::Invalid)
             .and_then(|class| {
                 let demand = self.demand(request, &options).map_err(RunError::Invalid)?;
                 Ok((class, demand))
@@ -558,13 +559,15 @@ impl LlmBulkhead {
             let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
             let Some((detach, (signal, expired))) = watch else {
                 let out = work(&mut ctx).await;
-                return finish(settle(ctx, out, &usage));
+                let out = settle(&mut ctx, out, &usage);
+                drop(ctx);
+                return finish(out);
             };
             // The work owns its context, so that it can outlive this run if the deadline detaches it.
             let mut body: Pin<Box<dyn Future<Output = Result<R, RunError<E>>> + Send>> =
                 Box::pin(async move {
                     let out = work(&mut ctx).await;
-                    settle(ctx, out, &usage)
+                    settle(&mut ctx, out, &usage)
                 });
             let out = std::future::poll_fn(move |cx| {
                 if let std::task::Poll::Ready(out) = body.as_mut().poll(cx) {

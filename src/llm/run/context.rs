@@ -37,14 +37,24 @@ pub(in crate::llm) enum Inner {
 }
 
 impl RunContext {
+    /// The context of `admission`, leased to `deadline` if its slot was borrowed. Inlined:
+    /// without a deadline it is the owned admission alone, built in place.
+    #[inline(always)]
     pub(in crate::llm) fn new(admission: Admission, deadline: Option<Deadline>) -> RunContext {
-        let deadline = deadline.filter(|_| admission.resources().borrowed_concurrency);
-        let Some(deadline) = deadline else {
-            return RunContext {
+        match deadline {
+            Some(d) if admission.resources().borrowed_concurrency => {
+                RunContext::leased(admission, d)
+            }
+            _ => RunContext {
                 inner: Inner::Owned(admission),
                 stop: StopGuard::default(),
-            };
-        };
+            },
+        }
+    }
+
+    /// A borrowed slot with a deadline: the admission shared with the armed deadline.
+    #[inline(never)]
+    fn leased(admission: Admission, deadline: Deadline) -> RunContext {
         let after = match &deadline {
             Deadline::After(d) => Some(*d),
             Deadline::Manual(_) => None,
@@ -457,46 +467,49 @@ impl RunContext {
     }
 
     /// Settles the admission with `usage` (invalid usage falls back to the last report) and
-    /// says whether the deadline expired. Consumes the context: nothing can read it after.
-    pub(in crate::llm) fn finish(self, usage: Option<Usage>) -> Option<DeadlineExpired> {
-        match self.inner {
+    /// says whether the deadline expired. In place (moving the context, or the admission out
+    /// of it, copied them): the caller drops the context right after, which fires the stop
+    /// signal's `ended` once the admission is settled; nothing reads it in between (a second
+    /// call would find the admission settled and do nothing).
+    #[inline(always)]
+    pub(in crate::llm) fn finish(&mut self, usage: Option<Usage>) -> Option<DeadlineExpired> {
+        match &mut self.inner {
             Inner::Owned(a) => {
-                release(a, usage);
+                a.settle_final(usage);
                 None
             }
-            Inner::Bypassed(mut b) => {
-                b.finish(usage);
-                None
-            }
-            Inner::Leased(mut g) => {
-                if let Some(a) = g.take() {
-                    release(a, usage);
-                }
-                let x = &g.lease.about;
-                g.lease
-                    .expired
-                    .load(Ordering::Acquire)
-                    .then_some(DeadlineExpired {
-                        deadline: x.deadline,
-                        admission_id: x.id,
-                        revision: x.revision,
-                        class: x.class,
-                        resources: x.resources,
-                    })
-            }
+            other => finish_shared(other, usage),
         }
     }
 }
 
-/// Releases `a` with `usage`; invalid usage falls back to the last report.
-pub(in crate::llm) fn release(a: Admission, usage: Option<Usage>) {
-    match usage {
-        // Dropping releases with the last report, as `release(None)` does.
-        None => drop(a),
-        Some(u) => {
-            if let Err(e) = a.release(Some(u)) {
-                drop(e.admission);
+/// [`RunContext::finish`] of a leased or bypassed admission (out of line: rare).
+#[inline(never)]
+fn finish_shared(inner: &mut Inner, usage: Option<Usage>) -> Option<DeadlineExpired> {
+    match inner {
+        Inner::Owned(a) => {
+            a.settle_final(usage);
+            None
+        }
+        Inner::Bypassed(b) => {
+            b.finish(usage);
+            None
+        }
+        Inner::Leased(g) => {
+            if let Some(mut a) = g.take() {
+                a.settle_final(usage);
             }
+            let x = &g.lease.about;
+            g.lease
+                .expired
+                .load(Ordering::Acquire)
+                .then_some(DeadlineExpired {
+                    deadline: x.deadline,
+                    admission_id: x.id,
+                    revision: x.revision,
+                    class: x.class,
+                    resources: x.resources,
+                })
         }
     }
 }

@@ -154,39 +154,47 @@ impl LlmBulkhead {
         Ok(self.bulkhead.would_admit(&self.demand(request, options)?))
     }
 
-    /// Validates the deadline option before anything changes.
     /// `run` and `run_blocking` cannot detach their work.
-    pub(in crate::llm) fn check_no_detach<U, E>(
-        options: &RunOptions<U>,
-    ) -> Result<(), RunError<E>> {
+    fn check_no_detach<U>(options: &RunOptions<U>) -> Result<(), EstimateError> {
         match options.detach_at_deadline {
             None => Ok(()),
-            Some(_) => Err(RunError::Invalid(EstimateError::InvalidSetting {
+            Some(_) => Err(EstimateError::InvalidSetting {
                 field: "detach_at_deadline",
                 expected: "none: only run_shared can detach its work",
-            })),
+            }),
         }
     }
 
     /// What `run` and `run_blocking` check before anything changes: the deadline option, that
-    /// nothing asks to detach, and the demand (estimation and class).
-    fn prepare<U, E>(
+    /// nothing asks to detach, and the demand (estimation and class), in that order. The two
+    /// option checks are out of line and skipped when neither option is set (the common call).
+    #[inline(always)]
+    fn prepare<U>(
         &self,
         request: &LlmRequest,
         options: &RunOptions<U>,
-    ) -> Result<Demand, RunError<E>> {
-        Self::check_deadline(&options.borrowed_concurrency_deadline)?;
-        Self::check_no_detach(options)?;
-        self.demand(request, options).map_err(RunError::Invalid)
+    ) -> Result<Demand, EstimateError> {
+        if options.borrowed_concurrency_deadline.is_some() || options.detach_at_deadline.is_some() {
+            Self::check_deadline_and_detach(options)?;
+        }
+        self.demand(request, options)
     }
 
-    pub(in crate::llm) fn check_deadline<E>(d: &Option<Deadline>) -> Result<(), RunError<E>> {
+    /// The deadline and detach checks of [`prepare`](Self::prepare), in that order.
+    #[inline(never)]
+    fn check_deadline_and_detach<U>(options: &RunOptions<U>) -> Result<(), EstimateError> {
+        Self::check_deadline(&options.borrowed_concurrency_deadline)?;
+        Self::check_no_detach(options)
+    }
+
+    /// A clock deadline must be above zero and representable as an instant.
+    pub(in crate::llm) fn check_deadline(d: &Option<Deadline>) -> Result<(), EstimateError> {
         if let Some(Deadline::After(d)) = d {
             if d.is_zero() || Instant::now().checked_add(*d).is_none() {
-                return Err(RunError::Invalid(EstimateError::InvalidSetting {
+                return Err(EstimateError::InvalidSetting {
                     field: "borrowed_concurrency_deadline",
                     expected: "above zero and representable as an instant",
-                }));
+                });
             }
         }
         Ok(())
@@ -233,40 +241,53 @@ impl LlmBulkhead {
     pub fn run_blocking<R, E, U, F>(
         &self,
         request: &LlmRequest,
-        options: RunOptions<U>,
+        mut options: RunOptions<U>,
         work: F,
     ) -> Result<R, RunError<E>>
     where
         U: UsageFrom<R>,
         F: FnOnce(&mut RunContext) -> Result<R, E>,
     {
-        let demand = self.prepare(request, &options)?;
-        let RunOptions {
-            wait,
-            borrowed_concurrency_deadline,
-            usage,
-            mode,
-            ..
-        } = options;
+        let demand = self.prepare(request, &options).map_err(RunError::Invalid)?;
+        // The fields are read in place: moving them out of `options` copied them, and the
+        // caller's token is needed only when the fast decision declines (it declines when
+        // there is one).
+        let deadline = options.borrowed_concurrency_deadline.take();
+        let mut ctx = match admit_now(&self.bulkhead, &demand, &options.wait) {
+            Some(a) => RunContext::new(a, deadline),
+            None => self
+                .admit_blocking(
+                    demand,
+                    std::mem::take(&mut options.wait),
+                    options.mode,
+                    deadline,
+                )
+                .map_err(RunError::Rejected)?,
+        };
+        let out = work(&mut ctx);
+        settle(&mut ctx, out, &options.usage)
+    }
+
+    /// `run_blocking` after the fast decision declined: the waiting acquire (enforce) or the
+    /// observe-mode decision, and the caller's token for the stop signal. Out of line: the
+    /// common call does not carry it.
+    #[inline(never)]
+    fn admit_blocking(
+        &self,
+        demand: Demand,
+        wait: WaitOptions,
+        mode: Mode,
+        deadline: Option<Deadline>,
+    ) -> Result<RunContext, Rejection> {
         let caller = wait.cancel.clone();
-        let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
-            Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
-            None => match mode {
-                Mode::Enforce => {
-                    let a = self
-                        .bulkhead
-                        .acquire_blocking(demand, wait)
-                        .map_err(RunError::Rejected)?;
-                    RunContext::new(a, borrowed_concurrency_deadline)
-                }
-                Mode::Observe(shadow) => self
-                    .observe_blocking(demand, wait, shadow, borrowed_concurrency_deadline)
-                    .map_err(RunError::Rejected)?,
-            },
+        let mut ctx = match mode {
+            Mode::Enforce => {
+                RunContext::new(self.bulkhead.acquire_blocking(demand, wait)?, deadline)
+            }
+            Mode::Observe(shadow) => self.observe_blocking(demand, wait, shadow, deadline)?,
         };
         ctx.set_caller(caller);
-        let out = work(&mut ctx);
-        settle(ctx, out, &usage)
+        Ok(ctx)
     }
 
     /// The observe-mode decision of `run_blocking` after the fast decision declined (see
@@ -416,7 +437,7 @@ impl LlmBulkhead {
         // Validation and estimation happen now, so the future does not borrow the request.
         let prepared = self.prepare(request, &options);
         async move {
-            let demand = prepared?;
+            let demand = prepared.map_err(RunError::Invalid)?;
             let RunOptions {
                 wait,
                 borrowed_concurrency_deadline,
@@ -449,7 +470,7 @@ impl LlmBulkhead {
             };
             ctx.set_caller(caller);
             let out = work(&mut ctx).await;
-            settle(ctx, out, &usage)
+            settle(&mut ctx, out, &usage)
         }
     }
 }
@@ -464,7 +485,7 @@ impl LlmBulkhead {
 /// [`Bulkhead::try_acquire`] counts its success; the full protocol is left to the waiting
 /// acquire. Not [`Bulkhead::try_acquire`] itself: its refusal is counted and reported, and the
 /// waiting acquire would then count the same demand's refusal a second time.
-#[inline]
+#[inline(always)]
 pub(in crate::llm) fn admit_now(
     b: &Bulkhead,
     demand: &Demand,
@@ -491,9 +512,11 @@ pub(in crate::llm) fn admit_now(
     Some(b.admission_from(g, priority, reservation))
 }
 
-/// Releases the admission of a finished work and builds the answer.
+/// Releases the admission of a finished work and builds the answer. The caller drops `ctx`
+/// right after (see [`RunContext::finish`]).
+#[inline(always)]
 pub(in crate::llm) fn settle<R, E, U: UsageFrom<R>>(
-    ctx: RunContext,
+    ctx: &mut RunContext,
     out: Result<R, E>,
     usage: &U,
 ) -> Result<R, RunError<E>> {
