@@ -51,8 +51,9 @@
 //! New limits are best tried without refusing anyone. With the `llm` feature,
 //! [`LlmBulkhead::run`](crate::llm::LlmBulkhead::run) in
 //! [`Mode::Observe`](crate::llm::Mode) makes every decision and counts it, but runs the work
-//! that enforce mode would refuse anyway (a *bypass*: `stats().observe`, `bypass` events,
-//! `llm_bulkhead_bypassed_total`), holding nothing for it. The configuration's `mode` and
+//! that enforce mode would refuse anyway (a *bypass*: `llm::LlmStats::of(&bulkhead).observe`,
+//! `bypass` events read with `llm::LlmEvent::of`, `llm_bulkhead_bypassed_total`), holding
+//! nothing for it. The configuration's `mode` and
 //! `shadow_reasons` give that mode ([`BulkheadConfig::run_mode`](crate::config::BulkheadConfig::run_mode)).
 //! Roll out per partition: observe a class or a route for a few days, compare the would-be
 //! refusals with your error budget, then enforce it and observe the next. The tower layer

@@ -156,11 +156,11 @@ pub use handle::builder::{BulkheadBuilder, Profile};
 pub use handle::bulkhead::Bulkhead;
 pub use handle::events::Subscription;
 pub use record::events::{
-    AbandonCause, AbandonEvent, AdmitEvent, BypassEvent, BypassReleaseEvent, BypassUsageEvent,
-    DedupEvent, DedupOutcome, Event, RejectEvent, ReleaseEvent, UsageEvent,
+    AbandonCause, AbandonEvent, AdmitEvent, Event, ExtensionEvent, RejectEvent, ReleaseEvent,
+    UsageEvent,
 };
 pub use record::stats::{
-    AbandonCauses, ClassStats, ClassesStats, ObserveStats, QueueWaits, RejectCounts, SharedStats,
+    AbandonCauses, ClassStats, ClassesStats, QueueWaits, RejectCounts, SharedStats,
     SharedTokenStats, Stats, TokenStats,
 };
 pub use vocab::class::{ClassId, Resources, UnknownClass, MAX_CLASSES};

@@ -813,7 +813,6 @@ impl Model {
             // Events are not modelled.
             subscriber_panics: 0,
             // Observe mode is an `LlmBulkhead::run` feature the model does not drive.
-            observe: None,
             classes: crate::record::stats::classes_stats(
                 &self.limits,
                 &self.names,

@@ -56,7 +56,9 @@ use crate::words::class_word::{CWord, C_DETACHED};
 use crate::words::limits::{LimitsSnapshot, Ring};
 use crate::words::state::{Word, DETACHED};
 use crossbeam_utils::CachePadded;
+use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// The canonical limits, owned by the reconfiguration lock.
 pub(crate) struct Canonical {
@@ -122,6 +124,9 @@ pub(crate) struct Shared {
     /// Event subscribers (`crate::record::events`). Read-mostly: the hooks read only its flag, which
     /// is never on the state word's cache line (`word` is padded to a line of its own).
     pub(crate) events: crate::record::events::Subscribers,
+    /// State of the layers above the core, one value per type ([`Shared::extension`]): made
+    /// on first use, dropped with the block. No decision reads it.
+    extensions: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
 }
 
 const _: () = {
@@ -231,6 +236,7 @@ impl Handle {
             measure_waits: settings.measure_waits,
             wait_for_tokens: settings.wait_for_tokens,
             events: crate::record::events::Subscribers::new(),
+            extensions: Mutex::new(Vec::new()),
         };
         // Before the state is published: every thread that reaches it sees the barrier mode.
         crate::grace::init();
@@ -426,6 +432,22 @@ impl Shared {
     /// Waiters ever queued (for statistics).
     pub(crate) fn queued_total(&self) -> u64 {
         self.lock_queue().queued_total
+    }
+
+    /// This bulkhead's one `T`, made with `T::default()` on first use: the hook through which
+    /// a layer above the core keeps state per bulkhead (its counters, say), shared by every
+    /// front end wrapping the same bulkhead. A cold path (a lock and a scan of a short list):
+    /// a layer looks its value up once and keeps the `Arc`. The value must not hold a handle
+    /// to the bulkhead, which would keep the block alive.
+    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
+    pub(crate) fn extension<T: Any + Default + Send + Sync>(&self) -> Arc<T> {
+        let mut list = crate::sync::lock(&self.extensions);
+        if let Some(t) = list.iter().find_map(|e| Arc::clone(e).downcast::<T>().ok()) {
+            return t;
+        }
+        let t = Arc::new(T::default());
+        list.push(t.clone());
+        t
     }
 }
 

@@ -261,17 +261,23 @@ mod tracing_part {
                 held_tokens = e.held_tokens,
                 "borrowed slot abandoned"
             ),
-            Event::Bypass(e) => info!(
-                target: "llm_bulkhead",
-                bulkhead,
-                admission_id = %e.admission_id,
-                class = e.class.as_deref().unwrap_or(""),
-                reason = e.reason.as_str(),
-                revision = e.revision,
-                raced = e.raced,
-                "bypassed (observe mode)"
-            ),
-            _ => {}
+            #[cfg(feature = "llm")]
+            Event::Extension(_) => {
+                if let Some(crate::llm::LlmEvent::Bypass(e)) = crate::llm::LlmEvent::of(event) {
+                    info!(
+                        target: "llm_bulkhead",
+                        bulkhead,
+                        admission_id = %e.admission_id,
+                        class = e.class.as_deref().unwrap_or(""),
+                        reason = e.reason.as_str(),
+                        revision = e.revision,
+                        raced = e.raced,
+                        "bypassed (observe mode)"
+                    )
+                }
+            }
+            #[cfg(not(feature = "llm"))]
+            Event::Extension(_) => {}
         }
     }
 }
@@ -289,6 +295,8 @@ mod metrics_part {
         released: Vec<Counter>,
         refunded: Vec<Counter>,
         rejected: Vec<[Counter; 6]>,
+        /// Registered (at zero) without the `llm` feature too, which alone makes bypasses.
+        #[cfg_attr(not(feature = "llm"), allow(dead_code))]
         bypassed: Vec<[Counter; 6]>,
         abandoned: [Counter; 2],
         reconfigured: Counter,
@@ -375,9 +383,13 @@ mod metrics_part {
                     self.released[k].increment(1);
                     self.refunded[k].increment(e.refunded_tokens);
                 }
-                Event::Bypass(e) => self.bypassed[self.class(e.class.as_deref())]
-                    [Self::reason(e.reason)]
-                .increment(1),
+                #[cfg(feature = "llm")]
+                Event::Extension(_) => {
+                    if let Some(crate::llm::LlmEvent::Bypass(e)) = crate::llm::LlmEvent::of(event) {
+                        self.bypassed[self.class(e.class.as_deref())][Self::reason(e.reason)]
+                            .increment(1);
+                    }
+                }
                 Event::BorrowedConcurrencyAbandon(e) => {
                     let i = match e.cause {
                         crate::AbandonCause::Manual => 0,

@@ -10,11 +10,12 @@
 #![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
-    AdmissionKind, LlmBulkhead, LlmRequest, Mode, ModeError, RunError, RunOptions, ShadowReasons,
+    AdmissionKind, LlmBulkhead, LlmEvent, LlmRequest, Mode, ModeError, ObserveStats, RunError,
+    RunOptions, ShadowReasons,
 };
 use llm_bulkhead::{
-    Bulkhead, CancelToken, ClassLimits, Constraint, Demand, Event, ObserveStats, QueueTimeout,
-    Reconcile, RejectCounts, RejectReason, Reservation, Usage, UsageError, WaitOptions,
+    Bulkhead, CancelToken, ClassLimits, Constraint, Demand, Event, QueueTimeout, Reconcile,
+    RejectCounts, RejectReason, Reservation, Usage, UsageError, WaitOptions,
 };
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -83,7 +84,7 @@ fn at_rest(llm: &LlmBulkhead) {
     if let Some(t) = s.token_budget {
         assert_eq!(t.in_flight_tokens, 0);
     }
-    if let Some(o) = s.observe {
+    if let Some(o) = llm.stats().observe {
         assert_eq!(o.in_flight, 0);
     }
 }
@@ -131,7 +132,7 @@ fn t1_bypasses_a_budget_rejection_and_records_usage_without_holding_capacity() {
     assert_eq!((s.admitted, s.released, s.rejected), (0, 0, 0));
     let t = s.token_budget.unwrap();
     assert_eq!((t.in_flight_tokens, t.total_reserved), (0, 0));
-    let o: ObserveStats = s.observe.unwrap();
+    let o: ObserveStats = llm.stats().observe.unwrap();
     assert_eq!(
         (
             o.bypassed,
@@ -146,13 +147,15 @@ fn t1_bypasses_a_budget_rejection_and_records_usage_without_holding_capacity() {
     );
     assert_eq!(names(&log), ["bypass", "bypass_usage", "bypass_release"]);
     let log = log.lock().unwrap().clone();
-    let Event::Bypass(b) = &log[0] else { panic!() };
+    let Some(LlmEvent::Bypass(b)) = LlmEvent::of(&log[0]) else {
+        panic!()
+    };
     assert_eq!((b.reason, b.raced), (RejectReason::BudgetLimit, false));
-    let Event::BypassUsage(u) = &log[1] else {
+    let Some(LlmEvent::BypassUsage(u)) = LlmEvent::of(&log[1]) else {
         panic!()
     };
     assert_eq!((u.sequence, u.usage), (1, Usage::new(3, 2)));
-    let Event::BypassRelease(r) = &log[2] else {
+    let Some(LlmEvent::BypassRelease(r)) = LlmEvent::of(&log[2]) else {
         panic!()
     };
     assert_eq!((r.usage_sequence, r.usage), (1, Some(Usage::new(3, 2))));
@@ -175,7 +178,7 @@ fn t2_marks_normally_admitted_observe_mode_callbacks_as_admitted() {
     })
     .unwrap();
     let s = llm.bulkhead().stats();
-    assert_eq!(s.observe, None);
+    assert_eq!(llm.stats().observe, None);
     assert_eq!((s.admitted, s.released), (1, 1));
 }
 
@@ -191,7 +194,7 @@ fn t3_does_not_bypass_shutdown() {
     }));
     assert_eq!(rej.reason, RejectReason::Shutdown);
     let s = llm.bulkhead().stats();
-    assert_eq!(s.observe, None);
+    assert_eq!(llm.stats().observe, None);
     assert_eq!(s.rejected_by_reason, counts(|c| c.shutdown = 1));
 }
 
@@ -215,7 +218,7 @@ fn t4_does_not_bypass_an_already_aborted_signal_even_when_budget_is_exhausted() 
     }));
     assert_eq!(rej.reason, RejectReason::Aborted);
     let s = llm.bulkhead().stats();
-    assert_eq!(s.observe, None);
+    assert_eq!(llm.stats().observe, None);
     assert_eq!(s.rejected_by_reason, counts(|c| c.aborted = 1));
     // The hard refusal is reported with its detail.
     assert_eq!(names(&log), ["reject"]);
@@ -240,7 +243,7 @@ fn t5_honours_a_restricted_shadow_reasons_list() {
     }));
     assert_eq!(rej.reason, RejectReason::BudgetLimit);
     let s = llm.bulkhead().stats();
-    assert_eq!(s.observe, None);
+    assert_eq!(llm.stats().observe, None);
     assert_eq!(s.rejected_by_reason.budget_limit, 1);
     assert_eq!(s.rejected, 1);
 }
@@ -258,7 +261,7 @@ fn queueing() -> (LlmBulkhead, llm_bulkhead::Admission) {
 
 fn assert_timeout_race(llm: &LlmBulkhead) {
     let s = llm.bulkhead().stats();
-    let o = s.observe.unwrap();
+    let o = llm.stats().observe.unwrap();
     assert_eq!((o.bypassed, o.race_bypassed), (1, 1));
     assert_eq!(o.bypassed_by_reason, counts(|c| c.timeout = 1));
     assert_eq!(s.rejected_by_reason.timeout, 1);
@@ -317,7 +320,7 @@ fn t7_retains_reported_usage_when_bypassed_work_throws() {
         Err::<(), _>("upstream failed")
     });
     assert!(matches!(r, Err(RunError::Work("upstream failed"))));
-    let o = llm.bulkhead().stats().observe.unwrap();
+    let o = llm.stats().observe.unwrap();
     assert_eq!(
         (
             o.usage_reported,
@@ -327,7 +330,7 @@ fn t7_retains_reported_usage_when_bypassed_work_throws() {
         (1, 7, 4)
     );
     let log = log.lock().unwrap().clone();
-    let Some(Event::BypassRelease(r)) = log.last() else {
+    let Some(LlmEvent::BypassRelease(r)) = log.last().and_then(LlmEvent::of) else {
         panic!("{log:?}")
     };
     assert_eq!(r.usage, Some(Usage::new(7, 4)));
@@ -410,7 +413,7 @@ fn classes_t9_carries_the_class_through_observe_bypasses() {
     });
     assert_eq!(out.unwrap(), "observed");
     let log = log.lock().unwrap().clone();
-    let Event::Bypass(e) = &log[0] else {
+    let Some(LlmEvent::Bypass(e)) = LlmEvent::of(&log[0]) else {
         panic!("{log:?}")
     };
     assert_eq!(e.class.as_deref(), Some("standard"));
@@ -443,7 +446,7 @@ fn observe_waits_in_the_queue_when_the_advisory_check_admits() {
         panic!("the handed slot admits it")
     };
     assert_eq!(kind.unwrap(), AdmissionKind::Admitted);
-    assert_eq!(llm.bulkhead().stats().observe, None);
+    assert_eq!(llm.stats().observe, None);
     assert!(!names(&log).contains(&"bypass"));
     at_rest(&llm);
 }
@@ -461,7 +464,10 @@ fn queue_limit_is_bypassed_without_a_race() {
     assert_eq!(out.unwrap(), (Some(RejectReason::QueueLimit), Some(false)));
     let s = llm.bulkhead().stats();
     assert_eq!(s.rejected, 0);
-    assert_eq!(s.observe.unwrap().bypassed_by_reason.queue_limit, 1);
+    assert_eq!(
+        llm.stats().observe.unwrap().bypassed_by_reason.queue_limit,
+        1
+    );
     // Enforce mode refuses the same call.
     let rej = rejected(llm.run_blocking(&req(), RunOptions::default(), |_| Ok::<_, ()>(())));
     assert_eq!(rej.reason, RejectReason::QueueLimit);
@@ -493,7 +499,10 @@ fn a_cancelled_queued_observe_run_is_aborted_not_bypassed() {
     };
     assert_eq!(rejected(r).reason, RejectReason::Aborted);
     let s = llm.bulkhead().stats();
-    assert_eq!((s.observe, s.rejected_by_reason.aborted), (None, 1));
+    assert_eq!(
+        (llm.stats().observe, s.rejected_by_reason.aborted),
+        (None, 1)
+    );
     drop(held);
     at_rest(&llm);
 }
@@ -510,7 +519,7 @@ fn close_while_queued_in_observe_mode_is_shutdown_not_bypassed() {
         panic!("close answers waiters")
     };
     assert_eq!(rejected(r).reason, RejectReason::Shutdown);
-    assert_eq!(llm.bulkhead().stats().observe, None);
+    assert_eq!(llm.stats().observe, None);
     drop(held);
     at_rest(&llm);
 }
@@ -531,7 +540,10 @@ fn a_closed_bulkhead_with_free_capacity_is_shutdown_in_observe_mode() {
         assert_eq!(rej.reason, RejectReason::Shutdown);
     }
     let s = llm.bulkhead().stats();
-    assert_eq!((s.observe, s.rejected_by_reason.shutdown), (None, 2));
+    assert_eq!(
+        (llm.stats().observe, s.rejected_by_reason.shutdown),
+        (None, 2)
+    );
 }
 
 // ---- bypassed work never touches capacity ----
@@ -547,7 +559,7 @@ fn bypassed_work_leaves_capacity_at_zero_while_it_runs() {
         );
         let t = s.token_budget.unwrap();
         assert_eq!((t.in_flight_tokens, t.total_reserved), (0, 0));
-        assert_eq!(s.observe.unwrap().in_flight, 1);
+        assert_eq!(llm.stats().observe.unwrap().in_flight, 1);
         // Usage reports hold nothing: growth past the reservation books no overrun.
         let r = ctx.report_usage(Usage::new(50, 500)).unwrap();
         assert_eq!((r.held, r.consumed, r.over_reservation), (0, 550, true));
@@ -599,13 +611,13 @@ fn bypassed_usage_is_validated_and_clamped_like_an_admissions() {
     let log = log.lock().unwrap().clone();
     let usages: Vec<_> = log
         .iter()
-        .filter_map(|e| match e {
-            Event::BypassUsage(u) => Some((u.sequence, u.usage)),
+        .filter_map(|e| match LlmEvent::of(e) {
+            Some(LlmEvent::BypassUsage(u)) => Some((u.sequence, u.usage)),
             _ => None,
         })
         .collect();
     assert_eq!(usages, [(1, Usage::new(4, 3)), (2, Usage::new(4, 5))]);
-    let o = llm.bulkhead().stats().observe.unwrap();
+    let o = llm.stats().observe.unwrap();
     assert_eq!((o.total_input_tokens, o.total_output_tokens), (4, 5));
 }
 
@@ -621,11 +633,11 @@ fn a_panic_inside_bypassed_work_leaks_nothing() {
     }));
     assert!(r.is_err());
     at_rest(&llm);
-    let o = llm.bulkhead().stats().observe.unwrap();
+    let o = llm.stats().observe.unwrap();
     assert_eq!((o.bypassed, o.in_flight, o.usage_reported), (1, 0, 1));
     assert_eq!(names(&log), ["bypass", "bypass_usage", "bypass_release"]);
     let last = log.lock().unwrap()[2].clone();
-    let Event::BypassRelease(e) = last else {
+    let Some(LlmEvent::BypassRelease(e)) = LlmEvent::of(&last) else {
         panic!("{last:?}")
     };
     assert_eq!(e.usage, Some(Usage::new(2, 1)));
@@ -648,12 +660,12 @@ fn dropping_a_bypassed_run_future_settles_it() {
             Ok::<_, ()>(())
         }));
         assert!(poll_once(fut.as_mut()).is_pending());
-        let o = llm.bulkhead().stats().observe.unwrap();
+        let o = llm.stats().observe.unwrap();
         assert_eq!((o.bypassed, o.in_flight), (1, 1));
     }
     at_rest(&llm);
     assert_eq!(names(&log), ["bypass", "bypass_usage", "bypass_release"]);
-    assert_eq!(llm.bulkhead().stats().observe.unwrap().usage_reported, 1);
+    assert_eq!(llm.stats().observe.unwrap().usage_reported, 1);
 }
 
 #[test]
@@ -677,7 +689,7 @@ fn enforce_mode_is_unchanged_by_the_option() {
     let rej = rejected(llm.run_blocking(&req(), RunOptions::default(), |_| Ok::<_, ()>(())));
     assert_eq!(rej.reason, RejectReason::BudgetLimit);
     let s = llm.bulkhead().stats();
-    assert_eq!((s.observe, s.rejected), (None, 1));
+    assert_eq!((llm.stats().observe, s.rejected), (None, 1));
     // ShadowReasons::NONE observes nothing: every refusal is answered.
     let none = RunOptions {
         mode: Mode::Observe(ShadowReasons::NONE),
@@ -685,7 +697,7 @@ fn enforce_mode_is_unchanged_by_the_option() {
     };
     let rej = rejected(llm.run_blocking(&req(), none, |_| Ok::<_, ()>(())));
     assert_eq!(rej.reason, RejectReason::BudgetLimit);
-    assert_eq!(llm.bulkhead().stats().observe, None);
+    assert_eq!(llm.stats().observe, None);
 }
 
 #[test]
@@ -699,7 +711,7 @@ fn shadow_ids_are_distinct_and_counted_per_bypass() {
         .collect();
     assert!(ids.iter().all(|id| id.is_shadow()));
     assert!(ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2]);
-    assert_eq!(llm.bulkhead().stats().observe.unwrap().bypassed, 3);
+    assert_eq!(llm.stats().observe.unwrap().bypassed, 3);
 }
 
 // ---- events for bypasses carry the fields ----
@@ -755,9 +767,9 @@ fn bypass_events_serialise_with_snake_case_fields() {
     assert_eq!(release["usage_sequence"], 1);
     assert_eq!(release["usage"]["output"], 2);
     assert_eq!(release["reservation"]["input"], 5);
-    let o = llm.bulkhead().stats().observe.unwrap();
+    let o = llm.stats().observe.unwrap();
     assert_eq!((o.total_input_tokens, o.total_output_tokens), (3, 2));
-    let stats = serde_json::to_value(llm.bulkhead().stats()).unwrap();
+    let stats = serde_json::to_value(llm.stats()).unwrap();
     assert_eq!(stats["observe"]["bypassed_by_reason"]["budget_limit"], 1);
     assert_eq!(stats["observe"]["race_bypassed"], 0);
 }
@@ -815,7 +827,7 @@ fn observe_mode_on_threads_keeps_capacity_within_limits_and_counts_every_run() {
     assert_eq!(admitted + bypassed, THREADS * RUNS);
     let s = llm.bulkhead().stats();
     assert_eq!((s.admitted, s.released), (admitted, admitted));
-    let o = s.observe.unwrap_or_default();
+    let o = llm.stats().observe.unwrap_or_default();
     assert_eq!(o.bypassed, bypassed);
     assert_eq!(o.bypassed, o.bypassed_by_reason.total());
     assert_eq!(o.usage_reported, bypassed);

@@ -259,6 +259,9 @@ fn preview_identity_and_events_agree() {
             Ok::<_, ()>(ctx.admission_id())
         })
         .unwrap();
+    let id = id
+        .admission_id()
+        .expect("an admitted run's id is its admission's");
     let events = log.lock().unwrap().clone();
     match (&events[0], &events[1]) {
         (Event::Admit(a), Event::Release(r)) => {

@@ -6,12 +6,10 @@
 #![cfg(feature = "serde")]
 
 use llm_bulkhead::llm::{
-    BoxWork, DedupError, DedupKey, DedupSettings, EstimateError, LlmBulkhead, LlmRequest,
-    NaiveEstimator, RunContext, RunError, RunOptions,
+    BoxWork, DedupError, DedupKey, DedupOutcome, DedupSettings, EstimateError, LlmBulkhead,
+    LlmEvent, LlmRequest, NaiveEstimator, RunContext, RunError, RunOptions,
 };
-use llm_bulkhead::{
-    Bulkhead, ClassId, ClassLimits, DedupOutcome, Event, QueueTimeout, RejectReason,
-};
+use llm_bulkhead::{Bulkhead, ClassId, ClassLimits, Event, QueueTimeout, RejectReason};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -113,8 +111,8 @@ fn identical_calls_in_flight_share_one_admission() {
     assert_eq!((d.leaders, d.hits, d.active), (1, 1, 0));
     let names: Vec<_> = log.lock().unwrap().iter().map(Event::name).collect();
     assert_eq!(names, ["admit", "dedup", "release"]);
-    match &log.lock().unwrap()[1] {
-        Event::Dedup(e) => assert_eq!(
+    match LlmEvent::of(&log.lock().unwrap()[1]) {
+        Some(LlmEvent::Dedup(e)) => assert_eq!(
             (e.class.as_deref(), e.outcome),
             (None, DedupOutcome::Joined)
         ),
@@ -318,8 +316,8 @@ fn the_class_is_an_automatic_partition_and_an_unknown_class_is_refused_before_jo
         .lock()
         .unwrap()
         .iter()
-        .filter_map(|e| match e {
-            Event::Dedup(d) => Some((d.class.clone(), d.outcome)),
+        .filter_map(|e| match LlmEvent::of(e) {
+            Some(LlmEvent::Dedup(d)) => Some((d.class.clone(), d.outcome)),
             _ => None,
         })
         .collect();
@@ -437,8 +435,8 @@ fn unshareable_results_and_follower_timeouts_are_counted_and_seen() {
         .lock()
         .unwrap()
         .iter()
-        .filter_map(|e| match e {
-            Event::Dedup(d) => Some(d.outcome),
+        .filter_map(|e| match LlmEvent::of(e) {
+            Some(LlmEvent::Dedup(d)) => Some(d.outcome),
             _ => None,
         })
         .collect();

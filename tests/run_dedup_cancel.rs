@@ -9,7 +9,8 @@ use llm_bulkhead::llm::{
     BoxWork, Dedup, DedupError, DedupKey, DedupSettings, FollowerOptions, LlmBulkhead, LlmRequest,
     NaiveEstimator, RunContext, RunError, RunOptions,
 };
-use llm_bulkhead::{Bulkhead, CancelToken, DedupOutcome, Event, WaitOptions};
+use llm_bulkhead::llm::{DedupOutcome, LlmEvent};
+use llm_bulkhead::{Bulkhead, CancelToken, Event, WaitOptions};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -97,8 +98,8 @@ fn dedup_outcomes(log: &Mutex<Vec<Event>>) -> Vec<DedupOutcome> {
     log.lock()
         .unwrap()
         .iter()
-        .filter_map(|e| match e {
-            Event::Dedup(d) => Some(d.outcome),
+        .filter_map(|e| match LlmEvent::of(e) {
+            Some(LlmEvent::Dedup(d)) => Some(d.outcome),
             _ => None,
         })
         .collect()

@@ -683,7 +683,7 @@ fn idle_keep_alive_connections_hold_no_slot() {
 #[cfg(feature = "llm")]
 #[test]
 fn observe_mode_lets_refused_requests_through_and_counts_them() {
-    use llm_bulkhead::llm::ShadowReasons;
+    use llm_bulkhead::llm::{LlmStats, ShadowReasons};
     run(async {
         let bulkhead = Bulkhead::builder()
             .max_concurrent(1)
@@ -720,7 +720,7 @@ fn observe_mode_lets_refused_requests_through_and_counts_them() {
             0,
             "a bypass holds nothing"
         );
-        let o = st.observe.unwrap();
+        let o = LlmStats::of(&bulkhead).observe.unwrap();
         assert_eq!((o.bypassed, o.in_flight), (1, 1));
         // Usage on a bypassed stream is counted for it; the end settles it.
         s2.send(Ok(Bytes::from_static(
@@ -731,7 +731,7 @@ fn observe_mode_lets_refused_requests_through_and_counts_them() {
         let mut body = bypassed.into_body();
         body.frame().await.unwrap().unwrap();
         assert!(body.frame().await.is_none());
-        let o = bulkhead.stats().observe.unwrap();
+        let o = LlmStats::of(&bulkhead).observe.unwrap();
         assert_eq!(
             (o.in_flight, o.total_input_tokens, o.total_output_tokens),
             (0, 70, 30)

@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use llm_bulkhead::config::{BulkheadConfig, Format, LimitsConfig, LoadError};
-use llm_bulkhead::llm::{Mode, TokenEstimator};
+use llm_bulkhead::llm::{LlmStats, Mode, TokenEstimator};
 use llm_bulkhead::telemetry::{self, Telemetry};
 use llm_bulkhead::tower::{estimate_json, openai_usage, BulkheadLayer, HeaderClassifier};
 use llm_bulkhead::{ApplyLimitsError, Bulkhead, Subscription};
@@ -189,7 +189,8 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 async fn stats(State(gw): State<Arc<Gateway>>) -> Response {
-    Json(gw.bulkhead.stats()).into_response()
+    // The bulkhead's figures and observe mode's (`observe`, when the layer observes).
+    Json(LlmStats::of(&gw.bulkhead)).into_response()
 }
 
 async fn get_limits(State(gw): State<Arc<Gateway>>) -> Response {

@@ -461,7 +461,6 @@ impl Bulkhead {
             },
             classes,
             subscriber_panics: shared.events.panics(),
-            observe: t.observe(),
         }
     }
 }

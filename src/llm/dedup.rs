@@ -58,6 +58,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 mod canon;
+pub(crate) mod events;
 mod flight;
 use canon::Canon;
 pub use flight::DedupRun;

@@ -27,17 +27,23 @@
 mod adaptive;
 mod dedup;
 mod estimate;
+mod events;
 pub(crate) mod observe;
 mod request;
 mod run;
 mod shared_run;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
+pub use dedup::events::{DedupEvent, DedupOutcome};
 pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
 pub use estimate::{
     EstimateError, ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator,
     OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,
 };
+pub use events::LlmEvent;
+pub use observe::events::{BypassEvent, BypassReleaseEvent, BypassUsageEvent};
+pub use observe::id::RunId;
+pub use observe::stats::ObserveStats;
 pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{

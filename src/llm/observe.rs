@@ -4,8 +4,13 @@
 //!
 //! A gateway rolling out limits first runs them in observe mode: every decision is made and
 //! counted as it would be, the work that enforce mode would have refused is marked *bypassed*
-//! (its own events and `stats().observe` counters), and the capacity accounting sees only the
-//! work that was really admitted. Then it switches partitions to enforce one at a time.
+//! (its own events, [`LlmEvent`](super::LlmEvent), and counters, [`ObserveStats`] in
+//! `stats().observe`), and the capacity accounting sees only the work that was really
+//! admitted. Then it switches partitions to enforce one at a time.
+//!
+//! Everything of observe mode lives in this layer: its events ([`events`]), its counters
+//! ([`stats`], one set per bulkhead in the bulkhead's extension slot) and its shadow ids
+//! ([`id`], in the core's reserved id space). The core knows none of it.
 //!
 //! ```
 //! use llm_bulkhead::llm::{AdmissionKind, LlmBulkhead, LlmRequest, Mode, RunOptions};
@@ -21,19 +26,26 @@
 //!     Ok::<_, ()>("proxied")
 //! });
 //! assert_eq!(out.unwrap(), "proxied");
-//! let s = llm.bulkhead().stats();
-//! assert_eq!((s.admitted, s.token_budget.unwrap().in_flight_tokens), (0, 0));
+//! let s = llm.stats();
+//! assert_eq!((s.bulkhead.admitted, s.bulkhead.token_budget.unwrap().in_flight_tokens), (0, 0));
 //! assert_eq!(s.observe.unwrap().bypassed, 1);
 //! ```
 
-use crate::record::stats::Counters;
 use crate::shared::Shared;
 use crate::{
-    AdmissionId, Bulkhead, CancelToken, ClassId, Demand, Event, Priority, Reconcile, RejectReason,
-    Rejection, Reservation, Usage, UsageError, UsageReport, WaitOptions,
+    Bulkhead, CancelToken, ClassId, Demand, Priority, Reconcile, RejectReason, Rejection,
+    Reservation, Usage, UsageError, UsageReport, WaitOptions,
 };
+use events::{BypassEvent, BypassReleaseEvent, BypassUsageEvent};
+use id::RunId;
+use stats::ObserveCounters;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+
+pub(crate) mod events;
+pub(crate) mod id;
+pub(crate) mod stats;
 
 /// How `run` treats a refusal: enforce it (the default), or observe it.
 ///
@@ -61,7 +73,7 @@ use std::str::FromStr;
 ///
 /// Bypassed work holds no slot and no tokens: `admitted`, `released`, `in_flight` and the
 /// token figures do not change. Its [`RunContext`](super::RunContext) says
-/// [`AdmissionKind::Bypassed`], has a shadow id ([`AdmissionId::is_shadow`]), validates and
+/// [`AdmissionKind::Bypassed`], has a shadow id ([`RunId::is_shadow`]), validates and
 /// clamps usage reports like an admission but holds 0, and cannot abandon anything. A
 /// borrowed-concurrency deadline does not apply to it (there is no slot to abandon).
 ///
@@ -364,7 +376,8 @@ pub(crate) fn hard_refusal(b: &Bulkhead, demand: &Demand, wait: &WaitOptions) ->
 /// or when dropped).
 pub(crate) struct Bypassed {
     bulkhead: Bulkhead,
-    pub(crate) id: AdmissionId,
+    counters: Arc<ObserveCounters>,
+    pub(crate) id: RunId,
     pub(super) priority: Priority,
     pub(crate) class: Option<ClassId>,
     pub(super) reservation: Option<Reservation>,
@@ -376,21 +389,18 @@ pub(crate) struct Bypassed {
 }
 
 impl Bypassed {
-    /// Counts the bypass of `demand` (refused with `rejection`) and reports it.
+    /// Counts the bypass of `demand` (refused with `rejection`) in `counters` (those of
+    /// `b`: [`ObserveCounters::of`]) and reports it.
     pub(crate) fn begin(
         b: &Bulkhead,
+        counters: &Arc<ObserveCounters>,
         demand: &Demand,
         rejection: Rejection,
         raced: bool,
     ) -> Bypassed {
         let shared = &*b.shared;
-        let c = shared.counters.local(Counters::new);
-        let n = c.bypassed.add(1);
-        if raced {
-            c.race_bypassed.add(1);
-        }
-        c.bypassed_by_reason[rejection.reason.index()].add(1);
-        let id = AdmissionId::new_shadow(shared.id_prefix, c.key, n);
+        let n = counters.bypass(rejection.reason, raced);
+        let id = RunId::shadow(shared.id_prefix, n);
         let class = shared.classed.then(|| {
             // A class index is below `MAX_CLASSES`, which fits a `u8`.
             let k = b
@@ -400,6 +410,7 @@ impl Bypassed {
         });
         let bypassed = Bypassed {
             bulkhead: b.clone(),
+            counters: Arc::clone(counters),
             id,
             priority: demand.priority(),
             class,
@@ -412,9 +423,9 @@ impl Bypassed {
             sequence: 0,
             settled: false,
         };
-        crate::handle::events::emit(shared, || {
+        super::events::emit(b, || {
             let r = &bypassed.rejection;
-            Event::Bypass(Box::new(crate::BypassEvent {
+            BypassEvent {
                 admission_id: bypassed.id,
                 revision: r.revision,
                 priority: bypassed.priority,
@@ -424,7 +435,7 @@ impl Bypassed {
                 detail: r.detail(),
                 reservation: bypassed.reservation,
                 raced,
-            }))
+            }
         });
         bypassed
     }
@@ -458,7 +469,7 @@ impl Bypassed {
         }
         let reserved = self.reservation.map_or(0, |r| r.total());
         let report = UsageReport {
-            admission_id: self.id,
+            admission_id: self.id.into(),
             revision: self.revision(),
             class: self.class,
             sequence: self.sequence,
@@ -473,21 +484,19 @@ impl Bypassed {
         };
         if bumped {
             let shared = &*self.bulkhead.shared;
-            crate::handle::events::emit(shared, || {
-                Event::BypassUsage(crate::BypassUsageEvent {
-                    admission_id: self.id,
-                    revision: self.revision(),
-                    priority: self.priority,
-                    class: self.class_name(shared),
-                    reason: self.rejection.reason,
-                    sequence: report.sequence,
-                    reservation: self.reservation,
-                    usage: clamped,
-                    output_cap: report.output_cap,
-                    output_remaining: report.output_remaining,
-                    over_reservation: report.over_reservation,
-                    progressive: reconcile,
-                })
+            super::events::emit(&self.bulkhead, || BypassUsageEvent {
+                admission_id: self.id,
+                revision: self.revision(),
+                priority: self.priority,
+                class: self.class_name(shared),
+                reason: self.rejection.reason,
+                sequence: report.sequence,
+                reservation: self.reservation,
+                usage: clamped,
+                output_cap: report.output_cap,
+                output_remaining: report.output_remaining,
+                over_reservation: report.over_reservation,
+                progressive: reconcile,
             });
         }
         Ok(report)
@@ -500,25 +509,17 @@ impl Bypassed {
             return;
         }
         let usage = usage.filter(|u| u.total().is_some()).or(self.reported);
+        self.counters.settle(usage);
         let shared = &*self.bulkhead.shared;
-        let c = shared.counters.local(Counters::new);
-        c.bypass_settled.add(1);
-        if let Some(u) = usage {
-            c.bypass_usage_reported.add(1);
-            c.bypass_input.add(u.input);
-            c.bypass_output.add(u.output);
-        }
-        crate::handle::events::emit(shared, || {
-            Event::BypassRelease(crate::BypassReleaseEvent {
-                admission_id: self.id,
-                revision: self.revision(),
-                priority: self.priority,
-                class: self.class_name(shared),
-                reason: self.rejection.reason,
-                reservation: self.reservation,
-                usage_sequence: self.sequence,
-                usage,
-            })
+        super::events::emit(&self.bulkhead, || BypassReleaseEvent {
+            admission_id: self.id,
+            revision: self.revision(),
+            priority: self.priority,
+            class: self.class_name(shared),
+            reason: self.rejection.reason,
+            reservation: self.reservation,
+            usage_sequence: self.sequence,
+            usage,
         });
     }
 }

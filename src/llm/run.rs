@@ -30,6 +30,8 @@
 
 use super::dedup::DedupError;
 use super::estimate::{EstimateError, ReservationOverride, TokenEstimator};
+use super::observe::id::RunId;
+use super::observe::stats::ObserveCounters;
 use super::observe::{hard_refusal, AdmissionKind, Bypassed, Mode, ShadowReasons};
 use super::request::LlmRequest;
 use crate::record::events::AbandonCause;

@@ -40,12 +40,13 @@
 //! or the other followers. The leader's token is the leader's, as in `run`: it cancels the
 //! leader's wait for admission and reaches its work's stop signal.
 
+use super::dedup::events::{DedupEvent, DedupOutcome};
 use super::dedup::{Dedup, DedupError, DedupKey, DedupStats, FollowerOptions};
+use super::observe::stats::{ObserveCounters, ObserveStats};
 use super::observe::Mode;
 use super::request::LlmRequest;
 use super::run::{admit_now, settle, LlmBulkhead, RunContext, RunError, RunOptions, UsageFrom};
 use super::EstimateError;
-use crate::record::events::{DedupEvent, DedupOutcome, Event};
 use crate::{ClassId, Stats};
 use std::any::{Any, TypeId};
 use std::fmt;
@@ -127,7 +128,8 @@ impl fmt::Debug for DedupSettings {
     }
 }
 
-/// The statistics of an [`LlmBulkhead`]: the bulkhead's, and de-duplication's when it is
+/// The statistics of an [`LlmBulkhead`]: the bulkhead's, observe mode's (the reference's
+/// `stats().observe`, absent before the first bypass), and de-duplication's when it is
 /// configured (the reference's `stats().deduplication`, absent when off).
 ///
 /// ```
@@ -145,8 +147,32 @@ pub struct LlmStats {
     /// [`Bulkhead::stats`](crate::Bulkhead::stats).
     #[cfg_attr(feature = "serde", serde(flatten))]
     pub bulkhead: Stats,
+    /// Observe mode's figures: `None` until the first bypass (as in the reference). Shared by
+    /// every `LlmBulkhead` and tower layer wrapping the same bulkhead.
+    pub observe: Option<ObserveStats>,
     /// De-duplication (`None` when the bulkhead has no de-duplication setting).
     pub dedup: Option<DedupStats>,
+}
+
+impl LlmStats {
+    /// The statistics of a bulkhead the LLM layer is used with but that has no
+    /// [`LlmBulkhead`] at hand (a tower layer's, say): the bulkhead's and observe mode's;
+    /// `dedup` is `None` (de-duplication belongs to an `LlmBulkhead`).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::LlmStats;
+    /// let b = llm_bulkhead::Bulkhead::new(1).unwrap();
+    /// let s = LlmStats::of(&b);
+    /// assert_eq!((s.bulkhead.in_flight, s.observe, s.dedup), (0, None, None));
+    /// ```
+    #[must_use = "a snapshot: reading it changes nothing"]
+    pub fn of(bulkhead: &crate::Bulkhead) -> LlmStats {
+        LlmStats {
+            bulkhead: bulkhead.stats(),
+            observe: ObserveCounters::of(bulkhead).stats(),
+            dedup: None,
+        }
+    }
 }
 
 /// A result of some type, with the way to share it (a type-erased flight carries any result).
@@ -258,7 +284,7 @@ impl LlmBulkhead {
         Ok(self)
     }
 
-    /// The bulkhead's statistics and, when configured, de-duplication's.
+    /// The bulkhead's statistics, observe mode's and, when configured, de-duplication's.
     ///
     /// ```
     /// use llm_bulkhead::llm::{LlmBulkhead, NaiveEstimator};
@@ -270,6 +296,7 @@ impl LlmBulkhead {
     pub fn stats(&self) -> LlmStats {
         LlmStats {
             bulkhead: self.bulkhead.stats(),
+            observe: self.observe.stats(),
             dedup: self.dedup.as_ref().map(|d| d.flights.stats()),
         }
     }
@@ -593,10 +620,8 @@ impl LlmBulkhead {
 
 fn emit_dedup(bulkhead: &crate::Bulkhead, class: Option<ClassId>, outcome: DedupOutcome) {
     let shared = &*bulkhead.shared;
-    crate::handle::events::emit(shared, || {
-        Event::Dedup(DedupEvent {
-            class: crate::handle::events::class_name(shared, class.map(ClassId::index)),
-            outcome,
-        })
+    super::events::emit(bulkhead, || DedupEvent {
+        class: crate::handle::events::class_name(shared, class.map(ClassId::index)),
+        outcome,
     });
 }

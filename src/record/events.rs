@@ -1,6 +1,6 @@
 //! Events (reference §10.2): admissions, refusals, usage reports, releases, reconfigurations,
-//! borrowed-concurrency abandonments and observe-mode bypasses, delivered synchronously to
-//! subscribers.
+//! borrowed-concurrency abandonments, and the events of the layers above the core
+//! ([`Event::Extension`]), delivered synchronously to subscribers.
 //!
 //! ```
 //! use llm_bulkhead::{Bulkhead, Demand, Event};
@@ -62,6 +62,8 @@ use crate::vocab::demand::{Priority, Reconcile, Usage};
 use crate::vocab::id::AdmissionId;
 use crate::vocab::rejection::Rejection;
 use crate::words::limits::LimitsChange;
+use std::any::Any;
+use std::fmt;
 use std::sync::Arc;
 
 /// Why a borrowed slot was abandoned.
@@ -261,189 +263,8 @@ pub struct AbandonEvent {
     pub held_tokens: u64,
 }
 
-/// Observe-mode work that runs without an admission: `LlmBulkhead::run` was refused for one of
-/// its shadow reasons and ran the work anyway, holding nothing (reference §9.4, `bypass`).
-///
-/// ```
-/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
-/// use llm_bulkhead::{Bulkhead, Event, RejectReason};
-/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
-/// let sub = llm.bulkhead().subscribe(|e: &Event| if let Event::Bypass(b) = e {
-///     assert_eq!((b.reason, b.raced), (RejectReason::ConcurrencyLimit, false));
-///     assert!(b.admission_id.is_shadow());
-/// });
-/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
-/// llm.run_blocking(&LlmRequest::default(), observe, |_| Ok::<_, ()>(())).unwrap();
-/// # drop(sub);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct BypassEvent {
-    /// The bypass's shadow id ([`AdmissionId::is_shadow`]).
-    pub admission_id: AdmissionId,
-    /// The revision of the refusal it bypassed.
-    pub revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// Its class name (with classes).
-    pub class: Option<String>,
-    /// The refusal's reason.
-    pub reason: crate::RejectReason,
-    /// The refusal's constraint (with classes).
-    pub constraint: Option<crate::Constraint>,
-    /// The capacity the refusal saw.
-    pub detail: crate::CapacityDetail,
-    /// The reservation it would have taken (`None` without a budget); nothing is held.
-    pub reservation: Option<crate::Reservation>,
-    /// The advisory check said "admit" and the real decision refused (a queue timeout, or
-    /// capacity taken in between).
-    pub raced: bool,
-}
-
-/// A usage report of bypassed work that changed its usage (reference `bypassUsage`). Nothing
-/// is held, so there is no hold or delta.
-///
-/// ```
-/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
-/// use llm_bulkhead::{Bulkhead, Event, Usage};
-/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
-/// let sub = llm.bulkhead().subscribe(|e: &Event| if let Event::BypassUsage(u) = e {
-///     assert_eq!((u.sequence, u.usage), (1, Usage::new(3, 2)));
-/// });
-/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
-/// llm.run_blocking(&LlmRequest::default(), observe, |ctx| ctx.report_usage(Usage::new(3, 2))).unwrap();
-/// # drop(sub);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct BypassUsageEvent {
-    /// The bypass's shadow id.
-    pub admission_id: AdmissionId,
-    /// The revision of the refusal it bypassed.
-    pub revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// Its class name (with classes).
-    pub class: Option<String>,
-    /// The bypassed refusal's reason.
-    pub reason: crate::RejectReason,
-    /// The new sequence number.
-    pub sequence: u64,
-    /// The reservation it would have taken (`None` without a budget).
-    pub reservation: Option<crate::Reservation>,
-    /// The clamped cumulative usage.
-    pub usage: Usage,
-    /// The reservation's `max_output` (`None` without a budget).
-    pub output_cap: Option<u64>,
-    /// `max(0, max_output − output)` (`None` without a budget).
-    pub output_remaining: Option<u64>,
-    /// `consumed > reserved` (false without a budget).
-    pub over_reservation: bool,
-    /// The progressive reconciliation, when the report had one (validated, not applied).
-    pub progressive: Option<Reconcile>,
-}
-
-/// Bypassed work finished (reference `bypassRelease`); nothing was held, nothing goes back.
-///
-/// ```
-/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
-/// use llm_bulkhead::{Bulkhead, Event, Usage};
-/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
-/// let sub = llm.bulkhead().subscribe(|e: &Event| if let Event::BypassRelease(r) = e {
-///     assert_eq!((r.usage_sequence, r.usage), (0, Some(Usage::new(3, 2))));
-/// });
-/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() }
-///     .with_usage(|u: &Usage| Some(*u));
-/// llm.run_blocking(&LlmRequest::default(), observe, |_| Ok::<_, ()>(Usage::new(3, 2))).unwrap();
-/// # drop(sub);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct BypassReleaseEvent {
-    /// The bypass's shadow id.
-    pub admission_id: AdmissionId,
-    /// The revision of the refusal it bypassed.
-    pub revision: u64,
-    /// Its priority.
-    pub priority: Priority,
-    /// Its class name (with classes).
-    pub class: Option<String>,
-    /// The bypassed refusal's reason.
-    pub reason: crate::RejectReason,
-    /// The reservation it would have taken (`None` without a budget).
-    pub reservation: Option<crate::Reservation>,
-    /// The usage sequence at the end.
-    pub usage_sequence: u64,
-    /// The final usage (from the result, else the last report).
-    pub usage: Option<Usage>,
-}
-
-/// What happened to a de-duplicated `run` (the LLM layer's `LlmBulkhead::run_shared`).
-///
-/// ```
-/// use llm_bulkhead::DedupOutcome;
-/// assert_eq!(DedupOutcome::Joined.as_str(), "joined");
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(rename_all = "snake_case")
-)]
-#[non_exhaustive]
-pub enum DedupOutcome {
-    /// The call joined an identical call in flight (a follower): it runs nothing and takes no
-    /// admission of its own (the reference's `dedup` event).
-    Joined,
-    /// A follower got no result: the leader's could not be shared with it.
-    Unshareable,
-    /// A follower gave up at its own timeout; the shared call goes on.
-    Timeout,
-    /// A follower's own cancellation token fired while it waited; the shared call goes on.
-    Cancelled,
-}
-
-impl DedupOutcome {
-    /// The snake_case name.
-    ///
-    /// ```
-    /// assert_eq!(llm_bulkhead::DedupOutcome::Unshareable.as_str(), "unshareable");
-    /// ```
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DedupOutcome::Joined => "joined",
-            DedupOutcome::Unshareable => "unshareable",
-            DedupOutcome::Timeout => "timeout",
-            DedupOutcome::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// A de-duplication event: a follower joined a call in flight, or got no result from it.
-/// Carries no request and no key (correlate by class and time).
-///
-/// ```
-/// use llm_bulkhead::{DedupEvent, DedupOutcome};
-/// fn joined_in(e: &DedupEvent) -> Option<&str> {
-///     (e.outcome == DedupOutcome::Joined).then_some(e.class.as_deref()).flatten()
-/// }
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct DedupEvent {
-    /// The class of the follower's partition (with classes).
-    pub class: Option<String>,
-    /// What happened.
-    pub outcome: DedupOutcome,
-}
-
 /// One event (reference §10.2). Serialises (feature `serde`) as an object whose `event` field
-/// names the kind in snake_case, beside the kind's own fields.
+/// names the kind in snake_case ([`Event::name`]), beside the kind's own fields.
 ///
 /// ```
 /// # #[cfg(feature = "serde")] {
@@ -459,11 +280,6 @@ pub struct DedupEvent {
 /// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(tag = "event", rename_all = "snake_case")
-)]
 #[non_exhaustive]
 pub enum Event {
     /// A successful admission.
@@ -478,18 +294,13 @@ pub enum Event {
     Reconfigure(Box<LimitsChange>),
     /// A borrowed slot was abandoned.
     BorrowedConcurrencyAbandon(AbandonEvent),
-    /// Observe mode ran refused work without an admission (boxed: it carries the detail).
-    Bypass(Box<BypassEvent>),
-    /// Bypassed work reported usage.
-    BypassUsage(BypassUsageEvent),
-    /// Bypassed work finished.
-    BypassRelease(BypassReleaseEvent),
-    /// A de-duplicated run joined a call in flight, or got no result from it.
-    Dedup(DedupEvent),
+    /// An event of a layer above the core, delivered in the same stream (the LLM layer's
+    /// events: `llm::LlmEvent::of` reads them).
+    Extension(ExtensionEvent),
 }
 
 impl Event {
-    /// The snake_case name of the kind.
+    /// The snake_case name of the kind (an extension's own name for [`Event::Extension`]).
     ///
     /// ```
     /// # use llm_bulkhead::{Bulkhead, Event};
@@ -508,11 +319,157 @@ impl Event {
             Event::Release(_) => "release",
             Event::Reconfigure(_) => "reconfigure",
             Event::BorrowedConcurrencyAbandon(_) => "borrowed_concurrency_abandon",
-            Event::Bypass(_) => "bypass",
-            Event::BypassUsage(_) => "bypass_usage",
-            Event::BypassRelease(_) => "bypass_release",
-            Event::Dedup(_) => "dedup",
+            Event::Extension(x) => x.name(),
         }
+    }
+}
+
+/// What a layer above the core puts in an [`ExtensionEvent`]: its own event type, with its
+/// name, its class (for subscribers that label by class without knowing the type), equality
+/// and, with JSON, its fields.
+pub(crate) trait Payload: Any + Send + Sync + fmt::Debug {
+    /// The event's snake_case name ([`Event::name`]).
+    fn name(&self) -> &'static str;
+    /// Its class name (with classes).
+    fn class(&self) -> Option<&str>;
+    /// Itself, for [`ExtensionEvent::downcast_ref`] and equality.
+    fn as_any(&self) -> &dyn Any;
+    /// Equality with another payload (false for one of another type).
+    fn eq_payload(&self, other: &dyn Payload) -> bool;
+    /// Its fields, as a JSON object.
+    #[cfg(feature = "json")]
+    fn to_json(&self) -> serde_json::Value;
+}
+
+/// An event of a layer above the core ([`Event::Extension`]): a name, a class, and a typed
+/// payload that the layer defining it reads back with [`downcast_ref`](Self::downcast_ref).
+/// Only the crate's own layers make them. Serialises (features `serde` and `json`) as the
+/// payload's fields beside `event`: its name.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Event};
+/// use std::sync::{Arc, Mutex};
+/// let b = Bulkhead::new(1).unwrap();
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let log = seen.clone();
+/// let sub = b.subscribe(move |e: &Event| if let Event::Extension(x) = e {
+///     log.lock().unwrap().push((x.name(), x.class().map(str::to_owned)));
+/// });
+/// drop(b.try_acquire(llm_bulkhead::Demand::slot())); // core events only
+/// assert!(seen.lock().unwrap().is_empty());
+/// # drop(sub);
+/// ```
+#[derive(Clone)]
+pub struct ExtensionEvent(Arc<dyn Payload>);
+
+impl ExtensionEvent {
+    /// Wraps `payload` (one allocation: made only when someone subscribes, inside the
+    /// `make` closure of an emit).
+    // Only the layers above make them (the `llm` layer).
+    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
+    pub(crate) fn new(payload: impl Payload) -> ExtensionEvent {
+        ExtensionEvent(Arc::new(payload))
+    }
+
+    /// The event's snake_case name (what [`Event::name`] returns).
+    ///
+    /// ```
+    /// use llm_bulkhead::Event;
+    /// fn is_extension_named(e: &Event, name: &str) -> bool {
+    ///     matches!(e, Event::Extension(x) if x.name() == name)
+    /// }
+    /// # let _ = is_extension_named;
+    /// ```
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    /// The class the event is for (with classes).
+    ///
+    /// ```
+    /// use llm_bulkhead::ExtensionEvent;
+    /// fn class(x: &ExtensionEvent) -> &str { x.class().unwrap_or("") }
+    /// # let _ = class;
+    /// ```
+    #[must_use]
+    pub fn class(&self) -> Option<&str> {
+        self.0.class()
+    }
+
+    /// The payload, if it is a `T`.
+    ///
+    /// ```
+    /// use llm_bulkhead::ExtensionEvent;
+    /// fn is_text(x: &ExtensionEvent) -> bool { x.downcast_ref::<String>().is_some() }
+    /// # let _ = is_text;
+    /// ```
+    #[must_use]
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+}
+
+impl fmt::Debug for ExtensionEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl PartialEq for ExtensionEvent {
+    fn eq(&self, other: &ExtensionEvent) -> bool {
+        self.0.eq_payload(&*other.0)
+    }
+}
+
+impl Eq for ExtensionEvent {}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for Event {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        /// The core's kinds, tagged by serde as the derive on `Event` did.
+        #[derive(serde::Serialize)]
+        #[serde(tag = "event", rename_all = "snake_case")]
+        enum Core<'a> {
+            Admit(&'a AdmitEvent),
+            Reject(&'a RejectEvent),
+            Usage(&'a UsageEvent),
+            Release(&'a ReleaseEvent),
+            Reconfigure(&'a LimitsChange),
+            BorrowedConcurrencyAbandon(&'a AbandonEvent),
+        }
+        let core = match self {
+            Event::Admit(e) => Core::Admit(e),
+            Event::Reject(e) => Core::Reject(e),
+            Event::Usage(e) => Core::Usage(e),
+            Event::Release(e) => Core::Release(e),
+            Event::Reconfigure(e) => Core::Reconfigure(e),
+            Event::BorrowedConcurrencyAbandon(e) => Core::BorrowedConcurrencyAbandon(e),
+            Event::Extension(x) => return x.serialize(s),
+        };
+        core.serialize(s)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for ExtensionEvent {
+    /// `event` (the name), then the payload's fields (with `json`; without it only the
+    /// crate's JSON-enabled layers make extension events, so there are none to write).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        #[cfg(feature = "json")]
+        let fields = match self.0.to_json() {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        #[cfg(not(feature = "json"))]
+        let fields: [(&str, ()); 0] = [];
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("event", self.name())?;
+        for (k, v) in &fields {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
     }
 }
 

@@ -45,18 +45,6 @@ pub(crate) struct Counters {
     pub(crate) wait_ns: Stripe,
     pub(crate) wait_max_ns: Stripe,
     pub(crate) classes: [ClassCounters; crate::vocab::class::MAX_CLASSES],
-    /// Observe-mode bypasses (its value before the increment numbers the shadow id).
-    pub(crate) bypassed: Stripe,
-    /// Of which raced with an advisory "admit".
-    pub(crate) race_bypassed: Stripe,
-    /// Bypasses by reason (only the four shadow reasons are ever written).
-    pub(crate) bypassed_by_reason: [Stripe; 6],
-    /// Bypassed runs that finished (the rest are in flight).
-    pub(crate) bypass_settled: Stripe,
-    /// Bypassed runs that finished with usage, and the tokens of that usage.
-    pub(crate) bypass_usage_reported: Stripe,
-    pub(crate) bypass_input: Stripe,
-    pub(crate) bypass_output: Stripe,
 }
 
 /// One thread's counters for one class.
@@ -243,47 +231,6 @@ pub struct Stats {
     /// Event subscribers that panicked (each panic caught and counted; see
     /// `crate::record::events`).
     pub subscriber_panics: u64,
-    /// Observe-mode figures: `None` until the first bypass (as in the reference).
-    pub observe: Option<ObserveStats>,
-}
-
-/// Observe (shadow) mode figures (reference §10.3 `observe`): work that `LlmBulkhead::run`
-/// ran without an admission because it was refused for one of its shadow reasons. None of
-/// it is in the capacity figures (slots, tokens, `admitted`, `released`).
-///
-/// ```
-/// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
-/// use llm_bulkhead::{Bulkhead, Usage};
-/// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
-/// assert_eq!(llm.bulkhead().stats().observe, None);
-/// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() }
-///     .with_usage(|u: &Usage| Some(*u));
-/// llm.run_blocking(&LlmRequest::default(), observe, |_| Ok::<_, ()>(Usage::new(3, 2))).unwrap();
-/// let o = llm.bulkhead().stats().observe.unwrap();
-/// assert_eq!((o.bypassed, o.bypassed_by_reason.concurrency_limit, o.in_flight), (1, 1, 0));
-/// assert_eq!((o.usage_reported, o.total_input_tokens, o.total_output_tokens), (1, 3, 2));
-/// assert_eq!(llm.bulkhead().stats().admitted, 0);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct ObserveStats {
-    /// Runs bypassed.
-    pub bypassed: u64,
-    /// Of which after the advisory check said "admit" and the real decision refused (a
-    /// queue timeout, or capacity taken in between).
-    pub race_bypassed: u64,
-    /// Bypasses by reason (only `budget_limit`, `concurrency_limit`, `queue_limit` and
-    /// `timeout` can be non-zero).
-    pub bypassed_by_reason: RejectCounts,
-    /// Bypassed runs still running (not in the reference: `bypassed` minus those finished).
-    pub in_flight: u64,
-    /// Bypassed runs that finished with usage (explicit, or the last report).
-    pub usage_reported: u64,
-    /// Input tokens of that usage.
-    pub total_input_tokens: u64,
-    /// Output tokens of that usage.
-    pub total_output_tokens: u64,
 }
 
 /// Abandoned borrowed slots by cause: `manual` (the application called
@@ -511,18 +458,9 @@ pub(crate) struct Totals {
     pub(crate) total_consumed: u64,
     pub(crate) total_refunded: u64,
     pub(crate) total_overrun: u64,
-    pub(crate) observe: ObserveStats,
-    pub(crate) bypass_settled: u64,
 }
 
 impl Totals {
-    /// The observe block: `None` before the first bypass.
-    pub(crate) fn observe(&self) -> Option<ObserveStats> {
-        let mut o = self.observe;
-        o.in_flight = o.bypassed.saturating_sub(self.bypass_settled);
-        (o.bypassed > 0).then_some(o)
-    }
-
     /// Adds one thread's counters; only the first `classes` class blocks are read.
     pub(crate) fn add(&mut self, c: &Counters, classes: usize) {
         fn acc(sum: &mut u64, s: &Stripe) {
@@ -542,19 +480,6 @@ impl Totals {
         acc(&mut self.waits.ended, &c.waits);
         acc(&mut self.waits.total_ns, &c.wait_ns);
         self.waits.max_ns = self.waits.max_ns.max(c.wait_max_ns.get());
-        let o = &mut self.observe;
-        acc(&mut o.bypassed, &c.bypassed);
-        acc(&mut o.race_bypassed, &c.race_bypassed);
-        for r in RejectReason::COUNTED {
-            acc(
-                o.bypassed_by_reason.slot(r),
-                &c.bypassed_by_reason[r.index()],
-            );
-        }
-        acc(&mut o.usage_reported, &c.bypass_usage_reported);
-        acc(&mut o.total_input_tokens, &c.bypass_input);
-        acc(&mut o.total_output_tokens, &c.bypass_output);
-        acc(&mut self.bypass_settled, &c.bypass_settled);
         for (t, cc) in self.classes.iter_mut().zip(&c.classes).take(classes) {
             acc(&mut t.admitted, &cc.admitted);
             acc(&mut t.abandoned_settled, &cc.abandoned_settled);

@@ -158,14 +158,13 @@ impl Held {
 
 impl fmt::Debug for Held {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let id = match &self.hold {
-            Hold::Admitted(a) => a.id(),
+        let mut d = f.debug_struct("Held");
+        match &self.hold {
+            Hold::Admitted(a) => d.field("admission", &a.id()),
             #[cfg(feature = "llm")]
-            Hold::Bypassed(b) => b.id,
+            Hold::Bypassed(b) => d.field("admission", &b.id),
         };
-        f.debug_struct("Held")
-            .field("admission", &id)
-            .finish_non_exhaustive()
+        d.finish_non_exhaustive()
     }
 }
 

@@ -119,8 +119,12 @@ pub(crate) struct Settings {
     hook: Option<UsageHook>,
     #[cfg(feature = "metrics")]
     metrics: Option<metrics::LayerMetrics>,
+    /// Observe mode: the shadow reasons, and the bulkhead's observe-mode counters.
     #[cfg(feature = "llm")]
-    observe: Option<crate::llm::ShadowReasons>,
+    observe: Option<(
+        crate::llm::ShadowReasons,
+        std::sync::Arc<crate::llm::observe::stats::ObserveCounters>,
+    )>,
 }
 
 impl Settings {
@@ -142,14 +146,20 @@ impl Settings {
         &self,
         demand: &crate::Demand,
         rejection: crate::Rejection,
+        counters: &std::sync::Arc<crate::llm::observe::stats::ObserveCounters>,
         raced: bool,
     ) -> Result<Held, Refusal> {
         let wait = WaitOptions::default();
         if let Some(hard) = crate::llm::observe::hard_refusal(&self.bulkhead, demand, &wait) {
             return Err(Refusal::Rejected(Box::new(hard)));
         }
-        let bypassed =
-            crate::llm::observe::Bypassed::begin(&self.bulkhead, demand, rejection, raced);
+        let bypassed = crate::llm::observe::Bypassed::begin(
+            &self.bulkhead,
+            counters,
+            demand,
+            rejection,
+            raced,
+        );
         Ok(Held {
             #[cfg(feature = "metrics")]
             _timer: self.metrics.as_ref().map(|m| m.timer(bypassed.class)),
@@ -162,19 +172,19 @@ impl Settings {
     #[inline]
     fn decide(&self, demand: crate::Demand) -> Result<Held, Refusal> {
         #[cfg(feature = "llm")]
-        if let Some(shadow) = self.observe {
+        if let Some((shadow, counters)) = &self.observe {
             // As `LlmBulkhead::run` in observe mode: the advisory check first (a refusal for a
             // shadow reason bypasses, uncounted as a rejection), then the real decision (a
             // refusal for a shadow reason, counted, bypasses with `raced`).
             let advised = match self.bulkhead.would_admit(&demand) {
                 crate::Advice::Refuse(r) if shadow.contains(r.reason) => {
-                    return self.bypass(&demand, r, false)
+                    return self.bypass(&demand, r, counters, false)
                 }
                 advice => advice.admits(),
             };
             return match self.bulkhead.try_acquire(demand) {
                 Ok(a) => Ok(self.hold(a)),
-                Err(r) if shadow.contains(r.reason) => self.bypass(&demand, r, advised),
+                Err(r) if shadow.contains(r.reason) => self.bypass(&demand, r, counters, advised),
                 Err(r) => Err(Refusal::Rejected(Box::new(r))),
             };
         }
@@ -297,7 +307,8 @@ impl BulkheadLayerBuilder {
 
     /// Observe mode (feature `llm`), for rollouts: a request refused for one of `shadow`'s
     /// reasons goes through anyway, without an admission, counted as a bypass
-    /// (`stats().observe`, `bypass` events), exactly as `LlmBulkhead::run` in
+    /// ([`LlmStats::of`](crate::llm::LlmStats::of)`(bulkhead).observe`, `bypass` events read
+    /// with [`LlmEvent`](crate::llm::LlmEvent)), exactly as `LlmBulkhead::run` in
     /// [`Mode::Observe`](crate::llm::Mode::Observe) does. A closed bulkhead still refuses (503).
     /// It applies to the fail-fast decision only: a layer built with
     /// [`wait_in_queue`](Self::wait_in_queue) waits and enforces, and ignores this setting.
@@ -311,7 +322,8 @@ impl BulkheadLayerBuilder {
     #[cfg(feature = "llm")]
     #[cfg_attr(docsrs, doc(cfg(feature = "llm")))]
     pub fn observe(mut self, shadow: crate::llm::ShadowReasons) -> Self {
-        self.settings.observe = Some(shadow);
+        let counters = crate::llm::observe::stats::ObserveCounters::of(&self.settings.bulkhead);
+        self.settings.observe = Some((shadow, counters));
         self
     }
 

@@ -14,11 +14,16 @@
 //! for 2^24 bulkheads, 2^20 concurrent threads per bulkhead and 2^62 admissions per entry, and
 //! the random salt separates processes. The result is a version-8 ("custom") RFC 9562 UUID.
 //!
-//! Observe-mode bypasses (work run without an admission, see `llm::Mode::Observe`) get
-//! *shadow* ids: the same layout numbered by the entry's bypass counter, with the two variant
-//! bits set to `11` instead of `10`. A shadow id therefore never equals an admission id, and
-//! it displays as `shadow-` followed by the UUID with the RFC variant restored (the
-//! reference's `"shadow-" + uuid`).
+//! # The reserved space
+//!
+//! Admission ids always have the variant bits `10` (RFC 9562). Ids with the variant bits `11`
+//! form a *reserved space* that the core never mints for an admission: a layer above that
+//! needs ids for work the core did not admit mints them with `AdmissionId::reserved` (the
+//! bulkhead's prefix and a counter of its own), so they can never equal an admission id of
+//! any bulkhead. The core gives them no meaning: it displays them as the UUID of their bits
+//! (with the reserved variant), and the layer that mints them names and displays them as it
+//! wants (`AdmissionId::is_reserved` tells them apart; `AdmissionId::rfc_uuid` gives the
+//! UUID with the RFC variant restored).
 
 use std::fmt;
 
@@ -49,31 +54,30 @@ impl AdmissionId {
         (u128::from(self.0[0]) << 64) | u128::from(self.0[1])
     }
 
-    /// Whether this is the id of an observe-mode bypass (displayed `shadow-…`) rather than of
-    /// an admission.
-    ///
-    /// ```
-    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, NaiveEstimator, RunOptions};
-    /// use llm_bulkhead::Bulkhead;
-    /// let llm = LlmBulkhead::new(Bulkhead::new(0).unwrap(), NaiveEstimator);
-    /// let observe = RunOptions { mode: Mode::observe(), ..RunOptions::default() };
-    /// let id = llm.run_blocking(&LlmRequest::default(), observe, |ctx| Ok::<_, ()>(ctx.admission_id())).unwrap();
-    /// assert!(id.is_shadow());
-    /// assert!(id.to_string().starts_with("shadow-"));
-    /// assert_eq!(id.to_string().len(), 7 + 36);
-    /// ```
-    #[must_use]
-    pub fn is_shadow(self) -> bool {
+    /// Whether the id is in the reserved space (variant bits `11`, see the module
+    /// documentation): never an admission's.
+    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
+    pub(crate) fn is_reserved(self) -> bool {
         self.0[1] >> 62 == 0b11
     }
 
-    /// The id of bypass number `counter` of entry `key` (see [`AdmissionId::new`]).
-    // Observe mode lives in the `llm` layer (feature `serde`).
+    /// The id in the reserved space numbered `counter` (62 bits) for the bulkhead whose
+    /// [`prefix`] is `prefix`: its layer keeps the counter, one per bulkhead, so the ids it
+    /// mints are unique within a bulkhead and never equal an admission id.
+    // Only layers above the core mint them (the `llm` layer's).
     #[cfg_attr(not(feature = "llm"), allow(dead_code))]
-    pub(crate) fn new_shadow(prefix: u128, key: u64, counter: u64) -> AdmissionId {
-        let mut id = AdmissionId::new(prefix, key, counter);
+    pub(crate) fn reserved(prefix: u128, counter: u64) -> AdmissionId {
+        let mut id = AdmissionId::new(prefix, 0, counter);
         id.0[1] |= 0b11 << 62;
         id
+    }
+
+    /// The id's bits with the RFC variant (`10`) restored: for a reserved id, the UUID its
+    /// layer displays (with a name of its own in front, so that it cannot be read as an
+    /// admission's); for an admission id, the id itself.
+    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
+    pub(crate) fn rfc_uuid(self) -> uuid::Uuid {
+        uuid::Uuid::from_u128(self.as_u128() & !(1 << 62))
     }
 
     /// Used by the sequential model, whose ids are its handle numbers.
@@ -119,11 +123,6 @@ pub(crate) fn next_key() -> u64 {
 
 impl fmt::Display for AdmissionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_shadow() {
-            // The UUID part keeps the RFC variant; the prefix says what it is.
-            let v = self.as_u128() & !(1 << 62);
-            return write!(f, "shadow-{}", uuid::Uuid::from_u128(v).hyphenated());
-        }
         fmt::Display::fmt(&uuid::Uuid::from_u128(self.as_u128()).hyphenated(), f)
     }
 }
@@ -159,18 +158,18 @@ mod tests {
         }
         let normal = all.len();
         for prefix in [p, q] {
-            for key in [0, 1, 0xfff, 0x1000, 0xf_ffff] {
-                for counter in [0, 1, (1 << 62) - 1] {
-                    let id = AdmissionId::new_shadow(prefix, key, counter);
-                    assert!(id.is_shadow());
-                    let s = id.to_string();
-                    let u = uuid::Uuid::parse_str(s.strip_prefix("shadow-").unwrap()).unwrap();
-                    assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
-                    all.push(id);
-                }
+            for counter in [0, 1, 2, (1 << 62) - 1] {
+                let id = AdmissionId::reserved(prefix, counter);
+                assert!(id.is_reserved());
+                assert_eq!(id.rfc_uuid().get_variant(), uuid::Variant::RFC4122);
+                assert_ne!(id.to_string(), id.rfc_uuid().to_string());
+                all.push(id);
             }
         }
-        assert!(all[..normal].iter().all(|id| !id.is_shadow()));
+        assert!(all[..normal].iter().all(|id| !id.is_reserved()));
+        assert!(all[..normal]
+            .iter()
+            .all(|id| id.rfc_uuid() == uuid::Uuid::from_u128(id.as_u128())));
         let set: HashSet<_> = all.iter().copied().collect();
         assert_eq!(set.len(), all.len());
         for id in &all[..normal] {

@@ -28,8 +28,8 @@ pub enum RejectReason {
     /// The demand named a class this bulkhead does not have: a [`ClassId`](crate::ClassId) of
     /// another bulkhead, or any class on a bulkhead without classes. The caller's error, not a
     /// capacity refusal: decided before anything changed, it is not counted in
-    /// [`Stats`](crate::Stats), publishes no event, is never bypassed by observe mode, and its
-    /// [`Rejection`] carries revision 0 and an empty capacity.
+    /// [`Stats`](crate::Stats), publishes no event, and its [`Rejection`] carries revision 0
+    /// and an empty capacity.
     UnknownClass,
 }
 

@@ -148,9 +148,10 @@ pub(super) fn settle_booked(
     }
 }
 
-/// The checks every usage report makes before anything changes (an admission's, and a
-/// bypassed run's in observe mode): sums that fit, the report clamped so no field decreases,
-/// and a reconciliation within the output cap. Returns the clamped usage and its total.
+/// The checks every usage report makes before anything changes (an admission's, and those of
+/// the layers above that validate usage as an admission would): sums that fit, the report
+/// clamped so no field decreases, and a reconciliation within the output cap. Returns the
+/// clamped usage and its total.
 pub(crate) fn checked_report(
     usage: Usage,
     previous: Option<Usage>,

@@ -263,7 +263,7 @@ impl RunContext {
         }
     }
 
-    /// The admission's id.
+    /// The admission's id, or a bypass's shadow id ([`RunId::is_shadow`]).
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -271,8 +271,8 @@ impl RunContext {
     /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
     ///     assert_eq!(ctx.admission_id().to_string().len(), 36); Ok::<_, ()>(()) }).unwrap();
     /// ```
-    pub fn admission_id(&self) -> crate::AdmissionId {
-        self.read(Admission::id, |x| x.id, |b| b.id)
+    pub fn admission_id(&self) -> RunId {
+        self.read(|a| RunId::from(a.id()), |x| RunId::from(x.id), |b| b.id)
     }
 
     /// The revision of the limits that authorised the admission.

@@ -21,6 +21,8 @@ pub struct LlmBulkhead {
     pub(in crate::llm) estimator: Arc<dyn TokenEstimator>,
     /// The bulkhead-level de-duplication (`None`: off), see [`LlmBulkhead::with_dedup`].
     pub(in crate::llm) dedup: Option<Arc<crate::llm::shared_run::SharedDedup>>,
+    /// The bulkhead's observe-mode counters (one set per bulkhead, looked up once here).
+    pub(in crate::llm) observe: Arc<ObserveCounters>,
 }
 
 impl fmt::Debug for LlmBulkhead {
@@ -57,6 +59,7 @@ impl LlmBulkhead {
         estimator: Arc<dyn TokenEstimator>,
     ) -> LlmBulkhead {
         LlmBulkhead {
+            observe: ObserveCounters::of(&bulkhead),
             bulkhead,
             estimator,
             dedup: None,
@@ -221,7 +224,8 @@ impl LlmBulkhead {
     ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
-    /// own events and `stats().observe`. `shutdown` and `aborted` are still answered.
+    /// own events ([`LlmEvent`](crate::llm::LlmEvent)) and `stats().observe`. `shutdown` and
+    /// `aborted` are still answered.
     ///
     /// # Errors
     /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
@@ -358,6 +362,7 @@ impl LlmBulkhead {
         }
         Ok(RunContext::bypassed(Bypassed::begin(
             &self.bulkhead,
+            &self.observe,
             demand,
             rejection,
             raced,
