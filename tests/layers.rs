@@ -382,6 +382,112 @@ fn imports_only_go_down_the_layers() {
     );
 }
 
+/// The core: every layer up to the public handles. It knows nothing of the LLM layer's observe
+/// mode (bypasses, their events, counters and shadow ids) or de-duplication: those live in
+/// `src/llm/`, and reach the core only through its generic hooks (`Event::Extension`, the
+/// extension slot of the shared block, the reserved id space).
+const CORE_MAX_RANK: u32 = 7;
+
+/// What the core must not mention, in code or comments: (needle, case-insensitive). The queue
+/// bypass of the classed protocol (`src/protocol/classed/bypass.rs`, "bypasses the queue") is
+/// another meaning of "bypass" and the core's own, so the bare word is allowed and only observe
+/// mode's identifiers are matched.
+const LLM_ONLY: &[(&str, bool)] = &[
+    ("observe mode", true),
+    ("observe-mode", true),
+    ("Mode::Observe", false),
+    ("ObserveStats", false),
+    ("ObserveCounters", false),
+    ("shadow", true),
+    ("dedup", true),
+    ("de-dup", true),
+    ("BypassEvent", false),
+    ("BypassUsage", false),
+    ("BypassRelease", false),
+    ("Event::Bypass", false),
+    ("Bypassed", false),
+    ("bypassed_by_reason", false),
+    ("race_bypassed", false),
+    ("bypass_settled", false),
+    ("bypass_usage", false),
+    ("bypass_release", false),
+    ("bypass_input", false),
+    ("bypass_output", false),
+];
+
+/// The `LLM_ONLY` needles a text mentions.
+fn llm_mentions(text: &str) -> Vec<&'static str> {
+    let lower = text.to_lowercase();
+    LLM_ONLY
+        .iter()
+        .filter(|(needle, fold)| {
+            if *fold {
+                lower.contains(&needle.to_lowercase())
+            } else {
+                text.contains(needle)
+            }
+        })
+        .map(|(needle, _)| *needle)
+        .collect()
+}
+
+#[test]
+fn the_core_knows_nothing_of_observe_mode_or_de_duplication() {
+    let mut all = Vec::new();
+    files(&src(), &mut all);
+    all.sort();
+    let mut bad = Vec::new();
+    let mut core_files = 0;
+    for path in &all {
+        let module = module_of(path);
+        let Some((rank, _, _)) = layer_of(&module) else {
+            continue; // the root, or a module the layer test reports
+        };
+        if module.is_empty() || rank > CORE_MAX_RANK {
+            continue;
+        }
+        core_files += 1;
+        let text = fs::read_to_string(path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let found = llm_mentions(line);
+            if !found.is_empty() {
+                bad.push(format!(
+                    "{}:{}: mentions {found:?}: `{}`",
+                    path.display(),
+                    n + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(core_files > 20, "only {core_files} core files found");
+    assert!(
+        bad.is_empty(),
+        "{} mentions of the LLM layer in the core:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_llm_only_check_sees_what_it_must_and_not_the_queue_bypass() {
+    assert_eq!(
+        llm_mentions("Event::Bypass(Box::new(e))"),
+        ["Event::Bypass"]
+    );
+    assert_eq!(
+        llm_mentions("pub observe: Option<ObserveStats>,"),
+        ["ObserveStats"]
+    );
+    assert_eq!(llm_mentions("AdmissionId::new_shadow(p, k, n)"), ["shadow"]);
+    assert_eq!(llm_mentions("/// Observe-mode bypasses"), ["observe-mode"]);
+    assert_eq!(llm_mentions("Event::Dedup(DedupEvent { .. })"), ["dedup"]);
+    assert_eq!(llm_mentions("c.race_bypassed.add(1)"), ["race_bypassed"]);
+    assert!(llm_mentions("//! In-floor newcomers bypass the queue").is_empty());
+    assert!(llm_mentions("pub(crate) fn may_bypass(shared: &Shared) -> bool").is_empty());
+    assert!(llm_mentions("the unique thread that observed the last owner").is_empty());
+}
+
 #[test]
 fn every_exception_is_still_needed_and_explained() {
     for (from, into, why) in EXCEPTIONS {
