@@ -174,3 +174,77 @@ fn counters_gauges_and_labels_through_the_facade() {
         0.0
     );
 }
+
+/// Observe mode's bypasses (LLM-layer events, delivered as `Event::Extension`) reach both
+/// telemetry paths under the names they always had: the tracing message
+/// "bypassed (observe mode)" and the counter `llm_bulkhead_bypassed_total`.
+#[cfg(feature = "llm")]
+#[test]
+fn bypasses_reach_tracing_and_metrics() {
+    use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, RunOptions};
+    let out = Buffer::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let id = tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&recorder, || {
+            let b = classed();
+            let batch = b.class_id("batch").unwrap();
+            let _sub = Telemetry::default().name("openai").instrument(&b);
+            let _held = b.try_acquire(Demand::slot().in_class(batch)).unwrap();
+            let llm = LlmBulkhead::new(b, |_: &LlmRequest| Ok(Reservation::new(10, 5).unwrap()));
+            let options = RunOptions {
+                mode: Mode::observe(),
+                class: Some(batch),
+                ..RunOptions::default()
+            };
+            llm.run_blocking(&LlmRequest::default(), options, |ctx| {
+                Ok::<_, ()>(ctx.admission_id())
+            })
+            .unwrap()
+        })
+    });
+    assert!(id.is_shadow());
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let bypass = text
+        .lines()
+        .find(|l| l.contains("bypassed (observe mode)"))
+        .expect(&text);
+    assert!(bypass.contains("INFO llm_bulkhead"), "{bypass}");
+    assert!(bypass.contains("bulkhead=\"openai\""), "{bypass}");
+    assert!(bypass.contains("class=\"batch\""), "{bypass}");
+    assert!(bypass.contains("reason=\"concurrency_limit\""), "{bypass}");
+    assert!(bypass.contains("raced=false"), "{bypass}");
+    assert!(bypass.contains(&format!("admission_id={id}")), "{bypass}");
+    let bypassed: Vec<(Labels, DebugValue)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, _, _, _)| k.key().name() == "llm_bulkhead_bypassed_total")
+        .map(|(k, _, _, v)| {
+            let labels = k
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (labels, v)
+        })
+        .filter(|(_, v)| *v != DebugValue::Counter(0))
+        .collect();
+    let label = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    assert_eq!(bypassed.len(), 1, "{bypassed:?}");
+    let (labels, value) = &bypassed[0];
+    assert_eq!(value, &DebugValue::Counter(1));
+    for l in [
+        label("bulkhead", "openai"),
+        label("class", "batch"),
+        label("reason", "concurrency_limit"),
+    ] {
+        assert!(labels.contains(&l), "{labels:?}");
+    }
+}
