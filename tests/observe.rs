@@ -123,6 +123,10 @@ fn t1_bypasses_a_budget_rejection_and_records_usage_without_holding_capacity() {
             (u.sequence, u.held, u.consumed, u.output_remaining),
             (1, 0, 5, Some(3))
         );
+        // The report carries the shadow id, displayed as the reference's `"shadow-" + uuid`.
+        assert_eq!(u.admission_id, ctx.admission_id());
+        assert_eq!(u.admission_id.to_string(), ctx.admission_id().to_string());
+        assert!(u.admission_id.to_string().starts_with("shadow-"));
         assert_eq!(ctx.held(), 0);
         Ok::<_, ()>("proxied")
     });

@@ -20,10 +20,11 @@
 //! form a *reserved space* that the core never mints for an admission: a layer above that
 //! needs ids for work the core did not admit mints them with `AdmissionId::reserved` (the
 //! bulkhead's prefix and a counter of its own), so they can never equal an admission id of
-//! any bulkhead. The core gives them no meaning: it displays them as the UUID of their bits
-//! (with the reserved variant), and the layer that mints them names and displays them as it
-//! wants (`AdmissionId::is_reserved` tells them apart; `AdmissionId::rfc_uuid` gives the
-//! UUID with the RFC variant restored).
+//! any bulkhead. The core gives them no meaning. The layer that mints them names the space
+//! once (`name_reserved_space`, a process-wide name, first caller wins), and every reserved
+//! id then displays as `<name>-<uuid>` with the RFC variant restored, wherever it travels (a
+//! report, an event); without a name, as the UUID of its bits. `AdmissionId::is_reserved`
+//! tells them apart.
 
 use std::fmt;
 
@@ -56,7 +57,6 @@ impl AdmissionId {
 
     /// Whether the id is in the reserved space (variant bits `11`, see the module
     /// documentation): never an admission's.
-    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
     pub(crate) fn is_reserved(self) -> bool {
         self.0[1] >> 62 == 0b11
     }
@@ -72,11 +72,10 @@ impl AdmissionId {
         id
     }
 
-    /// The id's bits with the RFC variant (`10`) restored: for a reserved id, the UUID its
-    /// layer displays (with a name of its own in front, so that it cannot be read as an
-    /// admission's); for an admission id, the id itself.
-    #[cfg_attr(not(feature = "llm"), allow(dead_code))]
-    pub(crate) fn rfc_uuid(self) -> uuid::Uuid {
+    /// The id's bits with the RFC variant (`10`) restored: for a reserved id, the UUID it
+    /// displays after its space's name (so that it cannot be read as an admission's); for an
+    /// admission id, the id itself.
+    fn rfc_uuid(self) -> uuid::Uuid {
         uuid::Uuid::from_u128(self.as_u128() & !(1 << 62))
     }
 
@@ -116,6 +115,16 @@ pub(crate) fn prefix() -> u128 {
         | (0b10 << 62)
 }
 
+/// The name reserved ids display with (module docs, "The reserved space").
+static RESERVED_NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Names the reserved space for display: every reserved id displays as `<name>-<uuid>` from
+/// now on. Process-wide and set once: the first name stays (only one layer mints them).
+#[cfg_attr(not(feature = "llm"), allow(dead_code))]
+pub(crate) fn name_reserved_space(name: &'static str) {
+    let _ = RESERVED_NAME.set(name);
+}
+
 /// Numbers the per-thread counter entries of bulkheads (once per thread and bulkhead).
 pub(crate) fn next_key() -> u64 {
     crate::sync::next_serial() & 0xf_ffff
@@ -123,6 +132,11 @@ pub(crate) fn next_key() -> u64 {
 
 impl fmt::Display for AdmissionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_reserved() {
+            if let Some(name) = RESERVED_NAME.get() {
+                return write!(f, "{name}-{}", self.rfc_uuid().hyphenated());
+            }
+        }
         fmt::Display::fmt(&uuid::Uuid::from_u128(self.as_u128()).hyphenated(), f)
     }
 }

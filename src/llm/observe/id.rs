@@ -33,6 +33,9 @@ pub struct RunId(AdmissionId);
 impl RunId {
     /// The shadow id numbered `counter` of the bulkhead whose id prefix is `prefix`.
     pub(crate) fn shadow(prefix: u128, counter: u64) -> RunId {
+        // The core's reserved space is ours: its ids display as `shadow-<uuid>` wherever they
+        // go (a `UsageReport`'s `admission_id` too).
+        crate::vocab::id::name_reserved_space("shadow");
         RunId(AdmissionId::reserved(prefix, counter))
     }
 
@@ -108,10 +111,8 @@ impl PartialEq<RunId> for AdmissionId {
 
 impl fmt::Display for RunId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_shadow() {
-            // The UUID part keeps the RFC variant; the prefix says what it is.
-            return write!(f, "shadow-{}", self.0.rfc_uuid().hyphenated());
-        }
+        // A shadow id's space is named "shadow" before its first id exists (`RunId::shadow`),
+        // so the core displays it `shadow-<uuid>`, the UUID with the RFC variant restored.
         fmt::Display::fmt(&self.0, f)
     }
 }
