@@ -46,7 +46,7 @@
 //! ```
 
 use super::request::LlmRequest;
-use crate::sync::{lock, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::vocab::class::ClassId;
 use crate::wait::cancel::CancelWake;
 use std::collections::hash_map::{Entry, HashMap};
@@ -54,14 +54,16 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 mod canon;
 mod flight;
+mod refs;
 use canon::Canon;
 pub use flight::DedupRun;
 use flight::*;
+use refs::*;
 
 /// The identity of a call for de-duplication: a 128-bit hash (XXH3-128) of a canonical
 /// encoding of the request, optionally partitioned by scope and class. Holds no text.

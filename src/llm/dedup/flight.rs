@@ -34,9 +34,8 @@
 use super::*;
 use crate::sync::cell::UnsafeCell;
 use std::mem::ManuallyDrop;
-
-/// One call in flight, as the map and the participants hold it (see the module docs).
-pub(in crate::llm) type Flight<T> = Arc<dyn Shared<T>>;
+use std::ptr::NonNull;
+use std::task::{RawWaker, RawWakerVTable};
 
 /// The claim word's bits (module docs): a participant polls the work.
 pub(in crate::llm) const POLLING: u32 = 1;
@@ -48,6 +47,8 @@ pub(in crate::llm) const WOKEN: u32 = 4;
 
 /// What every participant of a flight shares, whatever its work's type.
 pub(in crate::llm) struct Head<T> {
+    /// The flight's reference count ([`Flight`]s and the work's wakers; `super::refs`).
+    pub(in crate::llm) refs: AtomicUsize,
     /// [`POLLING`], [`DONE`], [`WOKEN`] (module docs: who changes them, and under which lock).
     pub(in crate::llm) flags: AtomicU32,
     /// The rest of the shared state.
@@ -66,9 +67,10 @@ pub(in crate::llm) trait Shared<T>: Send + Sync {
     /// the claim (it turned [`POLLING`] on, the flight not being [`DONE`]).
     ///
     /// # Safety
-    /// `this` is [`Arc::as_ptr`] of a live [`Flight`] whose value is `self`, cast to
+    /// `this` is [`Flight::as_ptr`] of a live [`Flight`] whose value is `self`, cast to
     /// `*const ()`: the waker is made from it, and a pointer derived from `&self` would not
-    /// carry the provenance of the `Arc`'s counts (Miri's Stacked Borrows refuses that).
+    /// carry the allocation's provenance, which a waker's clone may free through (Miri's
+    /// Stacked Borrows refuses that).
     unsafe fn poll_work(&self, this: *const ()) -> std::thread::Result<Poll<T>>;
     /// Drops the work in place. The caller turned [`DONE`] on while nobody else polled, or
     /// holds the claim of a flight nobody else can reach any more (so nobody will touch the
@@ -76,66 +78,8 @@ pub(in crate::llm) trait Shared<T>: Send + Sync {
     fn drop_work(&self);
 }
 
-/// A flight as the map holds it: its address, **not** a counted reference, so that entering a
-/// flight in the map and removing it cost no reference-count traffic (two locked
-/// read-modify-writes of a leader's path).
-///
-/// It stays valid by this invariant: *an entry naming a flight is removed (or overwritten)
-/// before the last counted reference to the flight is dropped.* Until the flight is settled
-/// ([`DONE`] turned on, at the latest by the last participant to leave) a participant is
-/// left, and every participant holds a counted `Flight` until it has left. The participant
-/// that settles it (its completer, the one whose poll panicked, or the last to leave) removes
-/// the key, if the entry still names this flight, before it drops its own reference; a leader
-/// whose flight nobody joined removes it, under the map's lock, before it drops its own. An
-/// entry is read, overwritten or removed only under the map's lock.
-pub(in crate::llm) struct FlightPtr<T>(*const dyn Shared<T>);
-
-// SAFETY: a `FlightPtr` stands for a reference to a live flight (the invariant above), shared
-// the way `&Flight<T>` would be, and only read under the map's lock; `dyn Shared<T>` is
-// `Send + Sync`, so sending or sharing the address is sending or sharing such a reference.
-unsafe impl<T> Send for FlightPtr<T> {}
-// SAFETY: as for `Send`.
-unsafe impl<T> Sync for FlightPtr<T> {}
-
-impl<T> FlightPtr<T> {
-    /// The address of `flight`, for the map.
-    pub(in crate::llm) fn of(flight: &Flight<T>) -> FlightPtr<T> {
-        FlightPtr(Arc::as_ptr(flight))
-    }
-
-    /// Whether this is `flight` (a comparison of addresses: `flight` is live, and a live
-    /// allocation has an address of its own).
-    pub(in crate::llm) fn is(&self, flight: &Flight<T>) -> bool {
-        std::ptr::addr_eq(self.0, Arc::as_ptr(flight))
-    }
-
-    /// The flight, borrowed.
-    ///
-    /// # Safety
-    /// The entry holding this pointer is in the map, read under the map's lock (the invariant
-    /// above makes the flight live for as long as that lock is held).
-    pub(in crate::llm) unsafe fn get(&self) -> &dyn Shared<T> {
-        // SAFETY: live by the caller's contract; only shared references are ever made.
-        unsafe { &*self.0 }
-    }
-
-    /// A counted reference to the flight, for a follower that joins it.
-    ///
-    /// # Safety
-    /// As for [`get`](Self::get).
-    pub(in crate::llm) unsafe fn counted(&self) -> Flight<T> {
-        // SAFETY: the pointer is `Arc::as_ptr` of a `Flight` (with the allocation's
-        // provenance), and that allocation is live with a strong count of at least one (the
-        // caller's contract), so one more count may be taken and owned by the new `Arc`.
-        unsafe {
-            Arc::increment_strong_count(self.0);
-            Arc::from_raw(self.0)
-        }
-    }
-}
-
-/// The one allocation of a flight: its state and its work `F`, made only inside an `Arc`
-/// ([`new_flight`]).
+/// The one allocation of a flight: its state and its work `F`, made only inside a `Box`
+/// ([`new_flight`]) and freed by its last counted reference (`super::refs`).
 struct FlightCell<T, F> {
     head: Head<T>,
     /// The work, polled in place by the claimant; `None` once dropped.
@@ -155,11 +99,18 @@ where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    // Written into its allocation once: `Arc::new` copies a large work twice on the way.
-    let flight = Arc::<FlightCell<T, F>>::new_uninit();
-    let place = Arc::as_ptr(&flight).cast::<FlightCell<T, F>>().cast_mut();
-    let cell = FlightCell {
-        head: Head {
+    // Written into its allocation field by field, the work moved once, from the argument to
+    // its place (`Box::new`, or writing a whole `FlightCell`, builds it on the stack first
+    // and copies it: a large work is copied twice).
+    let mut cell = Box::<FlightCell<T, F>>::new_uninit();
+    let place = cell.as_mut_ptr();
+    // SAFETY: `place` points at the new allocation, sized and aligned for a
+    // `FlightCell<T, F>`, and `cell` is its only reference: each field is written once,
+    // without reading or dropping what was there, and both are written before
+    // `assume_init`.
+    let cell: Box<dyn Shared<T>> = unsafe {
+        (&raw mut (*place).head).write(Head {
+            refs: AtomicUsize::new(1),
             flags: AtomicU32::new(0),
             st: Mutex::new(FlightState {
                 leader_present: true,
@@ -168,17 +119,13 @@ where
                 participants: 1,
                 wakers: Wakers::default(),
             }),
-        },
-        work: UnsafeCell::new(Some(work)),
+        });
+        (&raw mut (*place).work).write(UnsafeCell::new(Some(work)));
+        cell.assume_init()
     };
-    // SAFETY: the allocation is new and `flight` its only reference, so the write races with
-    // nothing (`MaybeUninit<X>` has the layout of `X`, and `Arc::as_ptr` points at the value,
-    // with the provenance `Arc::get_mut` would write through); it is initialised before
-    // `assume_init`.
-    unsafe {
-        place.write(cell);
-        flight.assume_init()
-    }
+    // SAFETY: the pointer is `Box::leak` of a new flight whose count is one (`Box::from_raw`
+    // may take it back: `Box::leak`'s docs), and the returned reference owns that count.
+    unsafe { Flight::adopt(NonNull::from(Box::leak(cell))) }
 }
 
 impl<T, F> Shared<T> for FlightCell<T, F>
@@ -194,15 +141,13 @@ where
         // The flight as the work's waker, without a reference count of its own: the caller's
         // `Flight` outlives this call. A work that keeps the waker clones it, and the clone
         // counts.
-        // SAFETY: by the caller's contract `this` is `Arc::as_ptr` of the live `Arc` whose
-        // value is `self`, a `FlightCell<T, F>` (it exists only inside an `Arc`,
-        // `new_flight`), with that allocation's provenance, so `Arc::from_raw` names a valid
-        // `Arc` of this very type; it becomes a `Waker` that is never dropped
-        // (`ManuallyDrop`), so the strong count it did not take is never given back, and it
-        // is used only for this poll, while the caller's `Arc` lives.
-        let waker = ManuallyDrop::new(Waker::from(unsafe {
-            Arc::from_raw(this.cast::<FlightCell<T, F>>())
-        }));
+        // SAFETY: by the caller's contract `this` is the address of the live flight whose
+        // value is `self`, a `FlightCell<T, F>`, with the allocation's provenance: what
+        // `VTABLE`'s functions require. The waker is never dropped (`ManuallyDrop`), so the
+        // count it did not take is never given back, and it is used only for this poll, while
+        // the caller's reference lives.
+        let waker =
+            ManuallyDrop::new(unsafe { Waker::from_raw(RawWaker::new(this, &Self::VTABLE)) });
         let mut cx = Context::from_waker(&waker);
         catch_unwind(AssertUnwindSafe(|| {
             self.work.with_mut(|w| {
@@ -227,17 +172,49 @@ where
     }
 }
 
-impl<T, F> Wake for FlightCell<T, F>
+/// The flight as a waker: the data pointer is the flight's address (with the allocation's
+/// provenance) and holds one count, given back by `drop` and `wake`.
+impl<T, F> FlightCell<T, F>
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    fn wake(self: Arc<Self>) {
-        wake_all(&self.head);
+    const VTABLE: RawWakerVTable = RawWakerVTable::new(
+        Self::waker_clone,
+        Self::waker_wake,
+        Self::waker_wake_by_ref,
+        Self::waker_drop,
+    );
+
+    /// # Safety (all four)
+    /// `p` is the address of a live `FlightCell<T, F>` made by `new_flight`, with its
+    /// allocation's provenance, and (for `wake` and `drop`) the waker owns a count on it.
+    unsafe fn waker_clone(p: *const ()) -> RawWaker {
+        // SAFETY: live, by the contract above; the new waker owns the count taken here.
+        retain(&unsafe { &*p.cast::<Self>() }.head);
+        RawWaker::new(p, &Self::VTABLE)
     }
 
-    fn wake_by_ref(self: &Arc<Self>) {
-        wake_all(&self.head);
+    unsafe fn waker_wake(p: *const ()) {
+        // SAFETY: the contract above.
+        unsafe {
+            Self::waker_wake_by_ref(p);
+            Self::waker_drop(p);
+        }
+    }
+
+    unsafe fn waker_wake_by_ref(p: *const ()) {
+        // SAFETY: live, by the contract above.
+        wake_all(&unsafe { &*p.cast::<Self>() }.head);
+    }
+
+    unsafe fn waker_drop(p: *const ()) {
+        // SAFETY: live, by the contract above; the reference is not used after `release`.
+        if release(&unsafe { &*p.cast::<Self>() }.head) {
+            // SAFETY: that was the last count, so nothing else refers to the flight; `p` is
+            // its address with the allocation's provenance (`Box::leak`, `new_flight`).
+            drop(unsafe { Box::from_raw(p.cast::<Self>().cast_mut()) });
+        }
     }
 }
 
@@ -554,9 +531,9 @@ impl<T: Send + 'static> DedupRun<T> {
         }
         // This participant's waker is registered only if the poll is `Pending` (a call that
         // completes at once clones no waker); a wake meanwhile is remembered in `WOKEN`.
-        // SAFETY: the pointer is `Arc::as_ptr` of `flight`, which lives across the call,
-        // and whose value is the receiver.
-        let panic = match unsafe { flight.poll_work(Arc::as_ptr(&flight).cast::<()>()) } {
+        // SAFETY: the pointer is the address of `flight`, which lives across the call, and
+        // whose value is the receiver.
+        let panic = match unsafe { flight.poll_work(flight.as_ptr().cast::<()>()) } {
             Ok(Poll::Ready(result)) => return self.end(flight, key, follower, result),
             Ok(Poll::Pending) => None,
             Err(panic) => Some(panic),
