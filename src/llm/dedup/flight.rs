@@ -166,8 +166,8 @@ where
     fn drop_work(&self) {
         // SAFETY: the caller turned `DONE` on while nobody else polled (or holds the claim of
         // a flight nobody else can reach), so nobody claims the work again: this is the only
-        // access left (module docs). Dropped where it lies (not moved
-        // out first: a large future would be copied only to be dropped).
+        // access left (module docs). Dropped where it lies (not moved out first: a large
+        // future would be copied only to be dropped).
         self.work.with_mut(|w| unsafe { *w = None });
     }
 }
