@@ -4,10 +4,10 @@
 //! inside `run` (`LlmBulkhead::run_shared` leading a flight, and opted out) beside the plain
 //! `run` of the same request. The issue's target is ≤ 200 ns for leading a flight of a 1 KB
 //! request, hashing included. In instructions (`benches/llm_instructions.rs`, callgrind) the
-//! key costs 2,545 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,387, a
-//! `run_shared` leader 4,967 and opted out 1,218, the plain `run` 703 (before issue 15's
-//! speed work: 2,712, 3,799, 5,959, 1,385, 703). Times: README, "De-duplication and
-//! estimation".
+//! key costs 2,541 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,300 with 8
+//! locked read-modify-writes, a `run_shared` leader 4,847 and opted out 1,205, the plain `run`
+//! 698 (before issue 15's speed work: 2,712, 3,799, 5,959, 1,385, 703). Times: README,
+//! "De-duplication and estimation".
 
 use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::llm::{

@@ -9,9 +9,10 @@
 //! ```
 //!
 //! `benches/ratios.py`-style arithmetic is left to the reader: `(Ir(20000) - Ir(10000)) / 10000`
-//! (or with 2,000 and 12,000). Last measured (1.1 KB request, at b1f7485): `key_1kb` 2,545,
-//! `dedup_leader_1kb` 3,387, `run_shared_leader_1kb` 4,967, `run_shared_opted_out_1kb` 1,218,
-//! `llm_run_1kb` 703 (at ddb2802, before: 2,712, 3,799, 5,959, 1,385, 703).
+//! (or with 2,000 and 12,000). Last measured (1.1 KB request, at 3b81740): `key_1kb` 2,541,
+//! `dedup_leader_1kb` 3,300, `run_shared_leader_1kb` 4,847, `run_shared_opted_out_1kb` 1,205,
+//! `llm_run_1kb` 698 (at 1916aa5, before the flight's claim word and single count: 2,545,
+//! 3,388, 4,940; at ddb2802, before issue 15's work: 2,712, 3,799, 5,959, 1,385, 703).
 //! Operations: `pair_slot`, `run_blocking_slot`, `pair_classed_protected`,
 //! `run_blocking_classed_protected`, `pair_classed_borrowing`,
 //! `run_blocking_classed_borrowing`, `key_1kb`, `dedup_leader_1kb`, `llm_run_1kb`,
