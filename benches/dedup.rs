@@ -4,11 +4,11 @@
 //! inside `run` (`LlmBulkhead::run_shared` leading a flight, and opted out) beside the plain
 //! `run` of the same request. The issue's target is ≤ 200 ns for leading a flight of a 1 KB
 //! request, hashing included. In instructions (`benches/llm_instructions.rs`, callgrind) the
-//! key costs 2,545 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,387, a
-//! `run_shared` leader 4,967 and opted out 1,218, the plain `run` 703 (before issue 15's
-//! speed work: 2,712, 3,799, 5,959, 1,385, 703); at f87a84a, which trimmed the run path
-//! they share, the `run_shared` leader 4,846, opted out 1,108, the plain `run` 504. Times:
-//! README, "De-duplication and estimation".
+//! key costs 2,541 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,300 with 8
+//! locked read-modify-writes (3,388 with 11 before the flight's claim word and single count,
+//! 3,799 before issue 15's speed work), a `run_shared` leader 4,769 and opted out 1,113, the
+//! plain `run` 504 (callgrind at the merge of the two, with the run path's trim of f87a84a). Times: README,
+//! "De-duplication and estimation".
 
 use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::llm::{

@@ -9,14 +9,13 @@
 //! ```
 //!
 //! `benches/ratios.py`-style arithmetic is left to the reader: `(Ir(20000) - Ir(10000)) / 10000`
-//! (or with 2,000 and 12,000). Last measured (1.1 KB request, at b1f7485): `key_1kb` 2,545,
-//! `dedup_leader_1kb` 3,387, `run_shared_leader_1kb` 4,967, `run_shared_opted_out_1kb` 1,218,
-//! `llm_run_1kb` 703 (at ddb2802, before: 2,712, 3,799, 5,959, 1,385, 703). At f87a84a, after
-//! issue 15 item 9 trimmed the run path: `llm_run_1kb` 504, `run_shared_leader_1kb` 4,846,
-//! `run_shared_opted_out_1kb` 1,108 (698, 4,940, 1,205 before it), and `run_blocking` over
-//! its pair: slot 335 against 257 (+78), tokens override 353 against 270 (+83), classed
-//! protected 590 against 538 (+52), borrowing 689 against 637 (+52) (before: +224, +235,
-//! +211, +214).
+//! (or with 2,000 and 12,000). Last measured (1.1 KB request, callgrind at the merge of the two, after the
+//! flight's claim word and single count and the run path's trim of f87a84a): `key_1kb` 2,541,
+//! `dedup_leader_1kb` 3,300, `run_shared_leader_1kb` 4,769, `run_shared_opted_out_1kb` 1,113,
+//! `llm_run_1kb` 504 (at 1916aa5: 2,545, 3,388, 4,940, 1,205, 698; at ddb2802, before issue
+//! 15's work: 2,712, 3,799, 5,959, 1,385, 703), and `run_blocking` over its pair: slot 335
+//! against 257 (+78), tokens override 353 against 270 (+83), classed protected 590 against
+//! 538 (+52), borrowing 689 against 637 (+52) (before: +224, +235, +211, +214).
 //! Operations: `pair_slot`, `run_blocking_slot`, `pair_tokens`,
 //! `run_blocking_tokens_override` (a budget and a per-call reservation override, as
 //! `benches/run.rs`), `pair_classed_protected`,

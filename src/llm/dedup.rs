@@ -46,7 +46,7 @@
 //! ```
 
 use super::request::LlmRequest;
-use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::vocab::class::ClassId;
 use crate::wait::cancel::CancelWake;
 use std::collections::hash_map::{Entry, HashMap};
@@ -54,15 +54,17 @@ use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 mod canon;
 pub(crate) mod events;
 mod flight;
+mod refs;
 use canon::Canon;
 pub use flight::DedupRun;
 use flight::*;
+use refs::*;
 
 /// The identity of a call for de-duplication: a 128-bit hash (XXH3-128) of a canonical
 /// encoding of the request, optionally partitioned by scope and class. Holds no text.
@@ -269,11 +271,12 @@ impl std::hash::Hasher for KeyHasher {
 
 type FlightMap<T> = HashMap<u128, Entered<T>, std::hash::BuildHasherDefault<KeyHasher>>;
 
-/// A key's flight in the map, and whether a follower ever joined it (read and written under
-/// the map's lock only): a leader whose flight nobody joined completes under the map's lock
-/// alone, without the flight's (nobody else can reach the flight once its key is gone).
+/// A key's flight in the map (its address, not a counted reference: [`FlightPtr`]), and
+/// whether a follower ever joined it (read and written under the map's lock only): a leader
+/// whose flight nobody joined completes under the map's lock alone, without the flight's
+/// (nobody else can reach the flight once its key is gone).
 struct Entered<T> {
-    flight: Flight<T>,
+    flight: FlightPtr<T>,
     joined: bool,
 }
 type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
@@ -285,8 +288,11 @@ type ShareFn<T> = Box<dyn Fn(&T) -> T + Send + Sync>;
 /// (map before flight when both are held; completion takes them one after the other), so a
 /// follower either joins a flight before its completion (and is given a share) or finds the
 /// key free and leads a new one. The work itself (in the flight's allocation, not boxed) is
-/// touched only by the participant that claimed it under the flight's mutex, and dropped by
-/// the one that marked the flight done. Counters are relaxed statistics.
+/// touched only by the participant that claimed it (an `Acquire` compare-and-swap on the
+/// flight's claim word, given back with `Release`; without the flight's mutex when nothing
+/// else is to be checked), and dropped by the one that marked the flight done. The map holds
+/// each flight's address, not a counted reference: the participant that settles a flight
+/// removes its key before it lets go of the flight. Counters are relaxed statistics.
 pub struct Dedup<T> {
     inner: Arc<Inner<T>>,
 }
@@ -404,13 +410,17 @@ impl<T: Send + 'static> Dedup<T> {
         // One probe of the map: the entry is looked up and, when free, filled in place.
         let vacant = match reg.map.entry(key.0) {
             Entry::Occupied(mut e) => {
-                let mut st = lock(e.get().flight.st());
-                if !st.done {
+                // SAFETY: the entry is in the map, read under the map's lock (`FlightPtr`).
+                let named = unsafe { e.get().flight.get() };
+                let mut st = lock(named.st());
+                // Relaxed: `DONE` is turned on under the flight's lock, held here.
+                if named.head().flags.load(Ordering::Relaxed) & DONE == 0 {
                     let id = st.followers.len();
                     st.followers.push(Share::Waiting);
                     st.participants += 1;
                     drop(st);
-                    let flight = e.get().flight.clone();
+                    // SAFETY: as above.
+                    let flight = unsafe { e.get().flight.counted() };
                     e.get_mut().joined = true;
                     reg.hits += 1;
                     drop(reg);
@@ -445,15 +455,14 @@ impl<T: Send + 'static> Dedup<T> {
             return DedupRun::solo(inner, Box::pin(work()));
         };
         let flight = new_flight(work());
+        let entered = Entered {
+            flight: FlightPtr::of(&flight),
+            joined: false,
+        };
         match slot {
-            Entry::Occupied(mut e) => drop(e.insert(Entered {
-                flight: flight.clone(),
-                joined: false,
-            })),
-            Entry::Vacant(e) => drop(e.insert(Entered {
-                flight: flight.clone(),
-                joined: false,
-            })),
+            // The settled flight's address is forgotten (it was no counted reference).
+            Entry::Occupied(mut e) => drop(e.insert(entered)),
+            Entry::Vacant(e) => drop(e.insert(entered)),
         }
         reg.leaders += 1;
         drop(reg);

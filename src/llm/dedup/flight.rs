@@ -3,47 +3,93 @@
 //!
 //! A flight is **one allocation**: the state every participant shares and, beside it, the work
 //! itself (not boxed), behind a trait object ([`Flight`]) so that the map and the participants
-//! need not know the work's type. The work is polled in place: whoever *claims* it (sets
-//! `polling` under the state lock while the flight is not `done`) is the only one to touch it
-//! until it gives the claim back under the same lock, and whoever turns `done` on while
+//! need not know the work's type. The work is polled in place: whoever *claims* it (turns
+//! [`POLLING`] on in the flight's [`Head::flags`] while neither it nor [`DONE`] is on) is the
+//! only one to touch it until it gives the claim back, and whoever turns `DONE` on while
 //! nobody polls (the poller that saw it finish or panic, or the last participant to leave) is
 //! the only one to drop it, in place, outside the lock.
+//!
+//! # The claim word
+//!
+//! `POLLING`, `DONE` and `WOKEN` live in one atomic word beside the state's mutex, so that a
+//! participant with nothing else to check (a leader, or a follower with neither a timeout nor
+//! a cancellation token) claims the work with **one compare-and-swap**, not a lock and an
+//! unlock: a leader whose work completes on its first poll never takes the flight's lock. The
+//! rules that keep the word and the mutex consistent:
+//!
+//! * The only change made **outside** the state lock is that claim: a compare-and-swap from a
+//!   value with neither `POLLING` nor `DONE` (`WOKEN` or nothing) to `POLLING` alone. It is
+//!   `Acquire`, and every give-back of the claim is `Release`, so the claimant's accesses to
+//!   the work happen after the previous claimant's.
+//! * Every other change is made **under** the state lock: giving the claim back (by its
+//!   holder), turning `DONE` on (by the claimant, or by the last participant, which holds no
+//!   claim), `WOKEN` (by a wake). A claim under the lock is the same compare-and-swap; if it
+//!   fails, the only change that can have come between is another participant's claim, so the
+//!   participant waits as it would have had it seen `POLLING` (the claimant wakes everyone
+//!   when it stops, or the work's wake does).
+//! * While `POLLING` is on, nothing outside the lock can change the word (a claim needs it
+//!   off), so its holder may rewrite it under the lock; while `DONE` is on, nothing changes it
+//!   but a wake's `WOKEN`, which nobody reads any more.
 
 use super::*;
 use crate::sync::cell::UnsafeCell;
 use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::task::{RawWaker, RawWakerVTable};
 
-/// One call in flight, as the map and the participants hold it (see the module docs).
-pub(in crate::llm) type Flight<T> = Arc<dyn Shared<T>>;
+/// The claim word's bits (module docs): a participant polls the work.
+pub(in crate::llm) const POLLING: u32 = 1;
+/// The flight is settled (completed, panicked, or left by everyone): nobody polls it again.
+pub(in crate::llm) const DONE: u32 = 2;
+/// The flight was woken since the work was last claimed: the claimant, which registers its
+/// own waker only after its poll returned `Pending`, wakes itself instead.
+pub(in crate::llm) const WOKEN: u32 = 4;
+
+/// What every participant of a flight shares, whatever its work's type.
+pub(in crate::llm) struct Head<T> {
+    /// The flight's reference count ([`Flight`]s and the work's wakers; `super::refs`).
+    pub(in crate::llm) refs: AtomicUsize,
+    /// [`POLLING`], [`DONE`], [`WOKEN`] (module docs: who changes them, and under which lock).
+    pub(in crate::llm) flags: AtomicU32,
+    /// The rest of the shared state.
+    pub(in crate::llm) st: Mutex<FlightState<T>>,
+}
 
 /// A flight's operations, whatever its work's type.
 pub(in crate::llm) trait Shared<T>: Send + Sync {
+    /// The claim word and the state every participant shares.
+    fn head(&self) -> &Head<T>;
     /// The state every participant shares.
-    fn st(&self) -> &Mutex<FlightState<T>>;
+    fn st(&self) -> &Mutex<FlightState<T>> {
+        &self.head().st
+    }
     /// Polls the work once, with the flight as its waker, catching a panic. The caller holds
-    /// the claim (it set `polling` under the state lock, the flight not being `done`).
+    /// the claim (it turned [`POLLING`] on, the flight not being [`DONE`]).
     ///
     /// # Safety
-    /// `this` is [`Arc::as_ptr`] of a live [`Flight`] whose value is `self`, cast to
+    /// `this` is [`Flight::as_ptr`] of a live [`Flight`] whose value is `self`, cast to
     /// `*const ()`: the waker is made from it, and a pointer derived from `&self` would not
-    /// carry the provenance of the `Arc`'s counts (Miri's Stacked Borrows refuses that).
+    /// carry the allocation's provenance, which a waker's clone may free through (Miri's
+    /// Stacked Borrows refuses that).
     unsafe fn poll_work(&self, this: *const ()) -> std::thread::Result<Poll<T>>;
-    /// Drops the work in place. The caller turned `done` on under the state lock while
-    /// nobody polled (so nobody will touch the work again).
+    /// Drops the work in place. The caller turned [`DONE`] on while nobody else polled, or
+    /// holds the claim of a flight nobody else can reach any more (so nobody will touch the
+    /// work again).
     fn drop_work(&self);
 }
 
-/// The one allocation of a flight: its state and its work `F`, made only inside an `Arc`
-/// ([`new_flight`]).
+/// The one allocation of a flight: its state and its work `F`, made only inside a `Box`
+/// ([`new_flight`]) and freed by its last counted reference (`super::refs`).
 struct FlightCell<T, F> {
-    st: Mutex<FlightState<T>>,
+    head: Head<T>,
     /// The work, polled in place by the claimant; `None` once dropped.
     work: UnsafeCell<Option<F>>,
 }
 
-// SAFETY: the state is behind a mutex (`Sync` for `T: Send`); the work is touched by one
-// thread at a time only (the claimant, or the one that turned `done` on, each decided under
-// the state lock, which orders their accesses), so sharing the cell shares `F` the way a
+// SAFETY: the state is behind a mutex (`Sync` for `T: Send`) and the claim word is atomic;
+// the work is touched by one thread at a time only (the claimant, or the one that turned
+// `DONE` on, each decided by the claim word, whose `Acquire` claims and `Release` give-backs,
+// or the state lock, order their accesses), so sharing the cell shares `F` the way a
 // `Mutex<F>` would: `F: Send` suffices.
 unsafe impl<T: Send, F: Send> Sync for FlightCell<T, F> {}
 
@@ -53,30 +99,33 @@ where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    // Written into its allocation once: `Arc::new` copies a large work twice on the way.
-    let flight = Arc::<FlightCell<T, F>>::new_uninit();
-    let place = Arc::as_ptr(&flight).cast::<FlightCell<T, F>>().cast_mut();
-    let cell = FlightCell {
-        st: Mutex::new(FlightState {
-            polling: false,
-            done: false,
-            woken: false,
-            leader_present: true,
-            leader_result: None,
-            followers: Vec::new(),
-            participants: 1,
-            wakers: Wakers::default(),
-        }),
-        work: UnsafeCell::new(Some(work)),
-    };
-    // SAFETY: the allocation is new and `flight` its only reference, so the write races with
-    // nothing (`MaybeUninit<X>` has the layout of `X`, and `Arc::as_ptr` points at the value,
-    // with the provenance `Arc::get_mut` would write through); it is initialised before
+    // Written into its allocation field by field, the work moved once, from the argument to
+    // its place (`Box::new`, or writing a whole `FlightCell`, builds it on the stack first
+    // and copies it: a large work is copied twice).
+    let mut cell = Box::<FlightCell<T, F>>::new_uninit();
+    let place = cell.as_mut_ptr();
+    // SAFETY: `place` points at the new allocation, sized and aligned for a
+    // `FlightCell<T, F>`, and `cell` is its only reference: each field is written once,
+    // without reading or dropping what was there, and both are written before
     // `assume_init`.
-    unsafe {
-        place.write(cell);
-        flight.assume_init()
-    }
+    let cell: Box<dyn Shared<T>> = unsafe {
+        (&raw mut (*place).head).write(Head {
+            refs: AtomicUsize::new(1),
+            flags: AtomicU32::new(0),
+            st: Mutex::new(FlightState {
+                leader_present: true,
+                leader_result: None,
+                followers: Vec::new(),
+                participants: 1,
+                wakers: Wakers::default(),
+            }),
+        });
+        (&raw mut (*place).work).write(UnsafeCell::new(Some(work)));
+        cell.assume_init()
+    };
+    // SAFETY: the pointer is `Box::leak` of a new flight whose count is one (`Box::from_raw`
+    // may take it back: `Box::leak`'s docs), and the returned reference owns that count.
+    unsafe { Flight::adopt(NonNull::from(Box::leak(cell))) }
 }
 
 impl<T, F> Shared<T> for FlightCell<T, F>
@@ -84,23 +133,21 @@ where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    fn st(&self) -> &Mutex<FlightState<T>> {
-        &self.st
+    fn head(&self) -> &Head<T> {
+        &self.head
     }
 
     unsafe fn poll_work(&self, this: *const ()) -> std::thread::Result<Poll<T>> {
         // The flight as the work's waker, without a reference count of its own: the caller's
         // `Flight` outlives this call. A work that keeps the waker clones it, and the clone
         // counts.
-        // SAFETY: by the caller's contract `this` is `Arc::as_ptr` of the live `Arc` whose
-        // value is `self`, a `FlightCell<T, F>` (it exists only inside an `Arc`,
-        // `new_flight`), with that allocation's provenance, so `Arc::from_raw` names a valid
-        // `Arc` of this very type; it becomes a `Waker` that is never dropped
-        // (`ManuallyDrop`), so the strong count it did not take is never given back, and it
-        // is used only for this poll, while the caller's `Arc` lives.
-        let waker = ManuallyDrop::new(Waker::from(unsafe {
-            Arc::from_raw(this.cast::<FlightCell<T, F>>())
-        }));
+        // SAFETY: by the caller's contract `this` is the address of the live flight whose
+        // value is `self`, a `FlightCell<T, F>`, with the allocation's provenance: what
+        // `VTABLE`'s functions require. The waker is never dropped (`ManuallyDrop`), so the
+        // count it did not take is never given back, and it is used only for this poll, while
+        // the caller's reference lives.
+        let waker =
+            ManuallyDrop::new(unsafe { Waker::from_raw(RawWaker::new(this, &Self::VTABLE)) });
         let mut cx = Context::from_waker(&waker);
         catch_unwind(AssertUnwindSafe(|| {
             self.work.with_mut(|w| {
@@ -117,34 +164,62 @@ where
     }
 
     fn drop_work(&self) {
-        // SAFETY: the caller turned `done` on while nobody polled, so nobody claims the work
-        // again: this is the only access left (module docs). Dropped where it lies (not moved
-        // out first: a large future would be copied only to be dropped).
+        // SAFETY: the caller turned `DONE` on while nobody else polled (or holds the claim of
+        // a flight nobody else can reach), so nobody claims the work again: this is the only
+        // access left (module docs). Dropped where it lies (not moved out first: a large
+        // future would be copied only to be dropped).
         self.work.with_mut(|w| unsafe { *w = None });
     }
 }
 
-impl<T, F> Wake for FlightCell<T, F>
+/// The flight as a waker: the data pointer is the flight's address (with the allocation's
+/// provenance) and holds one count, given back by `drop` and `wake`.
+impl<T, F> FlightCell<T, F>
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
-    fn wake(self: Arc<Self>) {
-        wake_all(&self.st);
+    const VTABLE: RawWakerVTable = RawWakerVTable::new(
+        Self::waker_clone,
+        Self::waker_wake,
+        Self::waker_wake_by_ref,
+        Self::waker_drop,
+    );
+
+    /// # Safety (all four)
+    /// `p` is the address of a live `FlightCell<T, F>` made by `new_flight`, with its
+    /// allocation's provenance, and (for `wake` and `drop`) the waker owns a count on it.
+    unsafe fn waker_clone(p: *const ()) -> RawWaker {
+        // SAFETY: live, by the contract above; the new waker owns the count taken here.
+        retain(&unsafe { &*p.cast::<Self>() }.head);
+        RawWaker::new(p, &Self::VTABLE)
     }
 
-    fn wake_by_ref(self: &Arc<Self>) {
-        wake_all(&self.st);
+    unsafe fn waker_wake(p: *const ()) {
+        // SAFETY: the contract above.
+        unsafe {
+            Self::waker_wake_by_ref(p);
+            Self::waker_drop(p);
+        }
+    }
+
+    unsafe fn waker_wake_by_ref(p: *const ()) {
+        // SAFETY: live, by the contract above.
+        wake_all(&unsafe { &*p.cast::<Self>() }.head);
+    }
+
+    unsafe fn waker_drop(p: *const ()) {
+        // SAFETY: live, by the contract above; the reference is not used after `release`.
+        if release(&unsafe { &*p.cast::<Self>() }.head) {
+            // SAFETY: that was the last count, so nothing else refers to the flight; `p` is
+            // its address with the allocation's provenance (`Box::leak`, `new_flight`).
+            drop(unsafe { Box::from_raw(p.cast::<Self>().cast_mut()) });
+        }
     }
 }
 
+/// A flight's state under its mutex (the claim word is beside it, [`Head`]).
 pub(in crate::llm) struct FlightState<T> {
-    /// A participant has claimed the work and polls it (outside the lock).
-    pub(in crate::llm) polling: bool,
-    pub(in crate::llm) done: bool,
-    /// The flight was woken since the work was last claimed: the claimant, which registers
-    /// its own waker only after its poll returned `Pending`, wakes itself instead.
-    pub(in crate::llm) woken: bool,
     pub(in crate::llm) leader_present: bool,
     /// The original result, for the leader.
     pub(in crate::llm) leader_result: Option<T>,
@@ -205,11 +280,13 @@ impl Wakers {
     }
 }
 
-/// Wakes every registered participant of the flight whose state is `st` (outside the lock).
-pub(in crate::llm) fn wake_all<T>(st: &Mutex<FlightState<T>>) {
+/// Wakes every registered participant of the flight whose head is `head` (outside the lock).
+pub(in crate::llm) fn wake_all<T>(head: &Head<T>) {
     let wakers = {
-        let mut st = lock(st);
-        st.woken = true;
+        let mut st = lock(&head.st);
+        // A read-modify-write, not a store: a claim outside the lock may race with it (module
+        // docs). Relaxed: the claimant reads `WOKEN` under this same lock.
+        head.flags.fetch_or(WOKEN, Ordering::Relaxed);
         std::mem::take(&mut st.wakers)
     };
     wakers.wake();
@@ -376,9 +453,25 @@ impl<T: Send + 'static> DedupRun<T> {
             };
             Poll::Pending
         };
-        {
+        let flags = &flight.head().flags;
+        // The claim without the lock (module docs, "The claim word"), for a participant with
+        // nothing to check under it (a leader, or a follower with neither a timeout nor a
+        // cancellation token): one compare-and-swap from a flight that nobody polls and that
+        // is not done. A `WOKEN` it clears is a wake this poll sees. Acquire: the previous
+        // claimant's accesses to the work (given back with `Release`) come before this one's.
+        // A failure (the flight is claimed or done, or a wake came between) takes the lock.
+        let claimed = self.cancel.is_none() && self.timeout.is_none() && {
+            let f = flags.load(Ordering::Relaxed);
+            f & (POLLING | DONE) == 0
+                && flags
+                    .compare_exchange(f, POLLING, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+        };
+        if !claimed {
             let mut st = lock(flight.st());
-            if st.done {
+            // Relaxed: `DONE` is turned on under this lock, which orders what it publishes.
+            let f = flags.load(Ordering::Relaxed);
+            if f & DONE != 0 {
                 let out = take_result(&mut st, follower);
                 st.participants -= 1;
                 drop(st);
@@ -421,55 +514,66 @@ impl<T: Send + 'static> DedupRun<T> {
                     }
                 }
             }
-            if st.polling {
-                // Another participant drives the call; it wakes everyone when it stops.
+            // Claim the work under the lock: the same compare-and-swap. If `POLLING` is on,
+            // or the swap fails (the only change that can come between the load and it, under
+            // this lock, is another participant's claim outside it), another participant
+            // drives the call: it wakes everyone when it stops, and the work's wake does.
+            if f & POLLING != 0
+                || flags
+                    .compare_exchange(f, POLLING, Ordering::Acquire, Ordering::Relaxed)
+                    .is_err()
+            {
                 st.wakers.register(cx.waker());
                 drop(st);
                 return pending(self, flight);
             }
-            // Claim the work. This participant's waker is registered only if the poll is
-            // `Pending` (a call that completes at once clones no waker); a wake meanwhile is
-            // remembered in `woken`.
-            st.polling = true;
-            st.woken = false;
             drop(st);
-            // SAFETY: the pointer is `Arc::as_ptr` of `flight`, which lives across the call,
-            // and whose value is the receiver.
-            let panic = match unsafe { flight.poll_work(Arc::as_ptr(&flight).cast::<()>()) } {
-                Ok(Poll::Ready(result)) => return self.end(flight, key, follower, result),
-                Ok(Poll::Pending) => None,
-                Err(panic) => Some(panic),
-            };
-            let mut st = lock(flight.st());
-            st.polling = false;
-            let Some(panic) = panic else {
-                st.wakers.register(cx.waker());
-                let woken = st.woken;
-                drop(st);
-                if woken {
-                    // Woken while it polled, before its waker was there: poll again.
-                    cx.waker().wake_by_ref();
-                }
-                return pending(self, flight);
-            };
-            // The shared call panicked: nobody gets a result; the panic goes on in this
-            // participant, the others are woken and find the flight gone.
-            st.done = true;
-            st.followers.iter_mut().for_each(|s| *s = Share::Gone);
-            st.participants -= 1;
-            drop(st);
-            flight.drop_work();
-            self.remove_key(&flight, key);
-            wake_all(flight.st());
-            self.finish();
-            std::panic::resume_unwind(panic);
         }
+        // This participant's waker is registered only if the poll is `Pending` (a call that
+        // completes at once clones no waker); a wake meanwhile is remembered in `WOKEN`.
+        // SAFETY: the pointer is the address of `flight`, which lives across the call, and
+        // whose value is the receiver.
+        let panic = match unsafe { flight.poll_work(flight.as_ptr().cast::<()>()) } {
+            Ok(Poll::Ready(result)) => return self.end(flight, key, follower, result),
+            Ok(Poll::Pending) => None,
+            Err(panic) => Some(panic),
+        };
+        let mut st = lock(flight.st());
+        let Some(panic) = panic else {
+            st.wakers.register(cx.waker());
+            // The claim back, and whether a wake came while this participant polled (it set
+            // `WOKEN` under this lock: either it took this waker, or it is seen here). A load
+            // and a store, not a read-modify-write: while `POLLING` is on nothing outside the
+            // lock changes the word, and a wake waits for the lock. Release: the next
+            // claimant's accesses to the work come after this poll's.
+            let woken = flags.load(Ordering::Relaxed) & WOKEN != 0;
+            flags.store(0, Ordering::Release);
+            drop(st);
+            if woken {
+                // Woken while it polled, before its waker was there: poll again.
+                cx.waker().wake_by_ref();
+            }
+            return pending(self, flight);
+        };
+        // The shared call panicked: nobody gets a result; the panic goes on in this
+        // participant, the others are woken and find the flight gone. A store: this
+        // participant holds the claim, so only this lock's holders change the word.
+        flags.store(DONE, Ordering::Release);
+        st.followers.iter_mut().for_each(|s| *s = Share::Gone);
+        st.participants -= 1;
+        drop(st);
+        flight.drop_work();
+        self.remove_key(&flight, key);
+        wake_all(flight.head());
+        self.finish();
+        std::panic::resume_unwind(panic);
     }
 
     /// This participant's poll completed the call with `result`. A leader whose flight nobody
     /// ever joined removes the key under the map's lock alone and keeps the result as it is
     /// (nobody else can reach the flight any more: joining takes the map's lock, so the
-    /// flight's state needs no update); otherwise the shares are made under the flight's lock.
+    /// flight's state and claim word need no update); otherwise the shares are made under the
+    /// flight's lock.
     fn end(
         &mut self,
         flight: Flight<T>,
@@ -481,9 +585,7 @@ impl<T: Send + 'static> DedupRun<T> {
             let solo = {
                 let mut reg = lock(&self.inner.flights);
                 match reg.map.entry(key) {
-                    Entry::Occupied(e)
-                        if Arc::ptr_eq(&e.get().flight, &flight) && !e.get().joined =>
-                    {
+                    Entry::Occupied(e) if e.get().flight.is(&flight) && !e.get().joined => {
                         e.remove();
                         true
                     }
@@ -498,7 +600,9 @@ impl<T: Send + 'static> DedupRun<T> {
             }
         }
         let mut st = lock(flight.st());
-        st.polling = false;
+        // A store: this participant holds the claim, so only this lock's holders change the
+        // word (module docs). Release: it gives the claim back, for good.
+        flight.head().flags.store(DONE, Ordering::Release);
         self.complete(&mut st, result);
         let out = take_result(&mut st, follower);
         st.participants -= 1;
@@ -507,7 +611,7 @@ impl<T: Send + 'static> DedupRun<T> {
         flight.drop_work();
         self.remove_key(&flight, key);
         if others {
-            wake_all(flight.st());
+            wake_all(flight.head());
         }
         self.finish();
         Poll::Ready(out)
@@ -516,7 +620,6 @@ impl<T: Send + 'static> DedupRun<T> {
     /// The call completed with `result`: shares for the followers, the original for the
     /// leader (or dropped if the leader left).
     fn complete(&self, st: &mut FlightState<T>, result: T) {
-        st.done = true;
         let share = &self.inner.share;
         for slot in st.followers.iter_mut() {
             if !matches!(slot, Share::Waiting) {
@@ -533,21 +636,19 @@ impl<T: Send + 'static> DedupRun<T> {
         }
     }
 
-    /// Removes `key` from the map if it still names `flight`.
+    /// Removes `key` from the map if it still names `flight` (which the caller holds, so the
+    /// map's entry for the key, if it names this flight, names a live one).
     fn remove_key(&self, flight: &Flight<T>, key: u128) {
-        let mut reg = lock(&self.inner.flights);
-        if let Entry::Occupied(e) = reg.map.entry(key) {
-            if Arc::ptr_eq(&e.get().flight, flight) {
-                e.remove();
-            }
-        }
+        remove_key(&self.inner, flight, key);
     }
 
     /// A participant leaves before completion: the last one drops the work and frees the key;
     /// otherwise the others are woken in case this one was driving.
     fn leave(&self, flight: &Flight<T>, key: u128, leader: bool) {
         let mut st = lock(flight.st());
-        if st.done {
+        let flags = &flight.head().flags;
+        // Relaxed: `DONE` is turned on under this lock.
+        if flags.load(Ordering::Relaxed) & DONE != 0 {
             st.participants -= 1;
             return;
         }
@@ -557,14 +658,17 @@ impl<T: Send + 'static> DedupRun<T> {
         }
         let last = st.participants == 0;
         if last {
-            st.done = true;
+            // This participant holds no claim (a read-modify-write, then, although with no
+            // participant left nobody can claim). The claimants' accesses to the work come
+            // before the drop below: each gave its claim back under this lock.
+            flags.fetch_or(DONE, Ordering::Relaxed);
         }
         drop(st);
         if last {
             flight.drop_work();
             self.remove_key(flight, key);
         } else {
-            wake_all(flight.st());
+            wake_all(flight.head());
         }
     }
 
@@ -574,6 +678,16 @@ impl<T: Send + 'static> DedupRun<T> {
         }
         self.cancel = None;
         self.role = Role::Finished;
+    }
+}
+
+/// Removes `key` from `inner`'s map if it still names `flight` (held by the caller).
+fn remove_key<T>(inner: &Inner<T>, flight: &Flight<T>, key: u128) {
+    let mut reg = lock(&inner.flights);
+    if let Entry::Occupied(e) = reg.map.entry(key) {
+        if e.get().flight.is(flight) {
+            e.remove();
+        }
     }
 }
 
@@ -588,6 +702,7 @@ impl<T> Drop for DedupRun<T> {
             _ => return,
         };
         let mut st = lock(flight.st());
+        let flags = &flight.head().flags;
         if let Some(id) = follower {
             st.forget(id);
         } else {
@@ -595,23 +710,21 @@ impl<T> Drop for DedupRun<T> {
             st.leader_result = None;
         }
         st.participants -= 1;
-        let last = st.participants == 0 && !st.done;
+        // Relaxed: `DONE` is turned on under this lock.
+        let done = flags.load(Ordering::Relaxed) & DONE != 0;
+        let last = st.participants == 0 && !done;
         if last {
-            st.done = true;
+            // As in `leave`: no claim is held, and the claimants gave theirs back under this
+            // lock, before the drop below.
+            flags.fetch_or(DONE, Ordering::Relaxed);
         }
-        let done = st.done;
         drop(st);
         if last {
             flight.drop_work();
-            let mut reg = lock(&self.inner.flights);
-            if let Entry::Occupied(e) = reg.map.entry(key) {
-                if Arc::ptr_eq(&e.get().flight, &flight) {
-                    e.remove();
-                }
-            }
+            remove_key(&self.inner, &flight, key);
         } else if !done {
             // This participant may have been the one driving the call: let another take over.
-            wake_all(flight.st());
+            wake_all(flight.head());
         }
     }
 }
