@@ -51,11 +51,14 @@
 //! * `src/wait/list.rs`: the waiter list; `src/shared.rs`: the state block every handle and
 //!   admission shares, and what keeps it alive.
 //! * `src/protocol/`: how decisions change the words: the no-class protocol (`plain.rs`: the
-//!   one-CAS enter, the refusal, the returns of tokens; `handoff.rs`: the hand-off to waiters,
-//!   the pump, close) and the class protocol (`classed.rs`: floors, ceilings, borrowing from
-//!   the shared remainder).
+//!   one-CAS enter, the refusal, the decision under the queue mutex, the returns of tokens;
+//!   `handoff.rs`: the hand-off to waiters, the pump, close), the class protocol (`classed.rs`:
+//!   floors, ceilings, borrowing from the shared remainder; `class_pump.rs`: its queue side),
+//!   token waiting (`token_wait.rs`) and the install of a limits snapshot (`install.rs`: the
+//!   ring, the tag bump, the class migration, the grace period).
 //! * `src/wait/`: blocking acquire, the [`Acquire`] future, [`Drain`], [`CancelToken`], the
-//!   timer.
+//!   timer: they hold the queue mutex and link or unlink nodes; every decision they need is
+//!   the protocols'.
 //! * `src/handle/`: [`Bulkhead`] (decisions, `apply_limits`, `close`, `stats`), [`Admission`]
 //!   (usage reports, release, abandonment), [`Bulkhead::would_admit`] (the advisory decision).
 //! * `model` and `conformance` (feature `testing`): the sequential reference model the engine
