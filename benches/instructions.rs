@@ -11,10 +11,25 @@
 //! Without arguments (as `cargo bench` runs it) every operation runs a few times, as a check.
 //!
 //! `acquire_await_budget_slot` and `_tokens` are `benches/waiting.rs`'s
-//! `async_acquire_no_wait` rows (a bulkhead with a budget): at 0b76b12 they count 266 and 267
-//! instructions against 238 for `acquire_await` without a budget and 241 for tokio's, yet take
-//! about twice `acquire_await`'s time (about 34 against 19 ns per loop turn by `time` on the
-//! 2-core machine, tokio about 24): the budget's cost there is a stall, not work. Unexplained.
+//! `async_acquire_no_wait` rows (a bulkhead with a budget). At 6a67e57 they counted 266 and
+//! 267 instructions against 238 for `acquire_await` and 241 for tokio's, yet took about
+//! twice `acquire_await`'s time: a stall, not work, and not the budget's. The same loop
+//! without a budget but written as these rows are (`let a = ...await; assert!(a.is_ok())`)
+//! was as slow. It was store forwarding (this Zen 4 machine has no counters; a C probe of
+//! the patterns gave ~0.4 ns for an 8-byte store read back by the same load, ~9 ns for a
+//! 16-byte load over two 8-byte stores): the out-of-line `Acquire::poll` wrote its
+//! `Poll<Result<Admission, Rejection>>` with 8-byte stores and the awaiting code read it
+//! with 16-byte loads, and the release copied `Option<Usage>` (a 16-byte load over the
+//! 8-byte `None` just written), with the release's `lock cmpxchg` waiting for them. Now
+//! `poll` is inlined and builds the admission once from `Granted` scalars (as
+//! `try_acquire` does) and the release tests `reported` before copying it: 199, 250 and
+//! 252 instructions, and by `time` (20M turns, three interleaved rounds) 0.22-0.24 s for
+//! `acquire_await` (was 0.38), 0.32-0.44 s for both budget rows (were 0.57-0.68), tokio's
+//! 0.46-0.57 s. What is left in the criterion `ours_slot` row (slower than its token row)
+//! is the bench's own `black_box(Demand::slot())` each turn: a demand built field by field
+//! into a temporary and copied out of it with 16-byte loads. Making `Demand` four whole
+//! words (32 bytes, no padding) removed that (0.44 -> 0.36 s) but slowed a constant
+//! `Demand::slot()` written straight into the future (0.23 -> 0.34 s), so it was not kept.
 
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, WaitOptions};
 use std::hint::black_box;

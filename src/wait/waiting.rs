@@ -687,22 +687,32 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Result<Admission, Rejection> {
+        let g = self.finish_granted(outcome, demand, priority, reservation)?;
+        Ok(self.admission_from(g, priority, reservation))
+    }
+
+    /// [`finish`](Self::finish) up to the admission: what builds it, or the refusal (for
+    /// [`Acquire`], which builds the admission itself, once, in its inlined `poll`).
+    fn finish_granted(
+        &self,
+        outcome: Outcome,
+        demand: &Demand,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Result<Granted, Rejection> {
         let r = reservation.map_or(0, |x| x.total());
         match outcome {
             Outcome::Granted {
                 revision,
                 resources,
-            } => {
-                let g = if self.shared.classed {
-                    let k = self
-                        .class_index(demand.class())
-                        .unwrap_or(self.shared.default_class);
-                    self.count_class_admission(k, r, revision, resources)
-                } else {
-                    self.count_admission(revision, r)
-                };
-                Ok(self.admission_from(g, priority, reservation))
-            }
+            } => Ok(if self.shared.classed {
+                let k = self
+                    .class_index(demand.class())
+                    .unwrap_or(self.shared.default_class);
+                self.count_class_admission(k, r, revision, resources)
+            } else {
+                self.count_admission(revision, r)
+            }),
             Outcome::Refused(reason) => Err(self.waiter_refusal(reason, demand)),
             Outcome::RefusedAs(reason, constraint) => {
                 let k = self

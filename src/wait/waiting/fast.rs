@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// A fast admission's parts: what builds it, its priority and its reservation.
+pub(crate) type Fast = (Granted, Priority, Option<Reservation>);
+
 impl Bulkhead {
     /// The first decision of a waiting acquire, without a node: `try_acquire`'s decision (the
     /// same checks, the same no-barging rule: while waiters are queued the fast CAS refuses),
@@ -14,20 +17,26 @@ impl Bulkhead {
     /// enter ([`enter`](Self::enter)) makes its own fast decision.
     #[inline(always)]
     pub(crate) fn decide_or_wait(&self, demand: &Demand) -> Option<Result<Admission, Rejection>> {
+        Some(match self.decide_fast(demand)? {
+            Ok((g, priority, reservation)) => Ok(self.admission_from(g, priority, reservation)),
+            Err(rej) => Err(rej),
+        })
+    }
+
+    /// [`decide_or_wait`](Self::decide_or_wait) up to the admission: what builds it, with the
+    /// priority and reservation it records ([`admission_parts`](Self::admission_parts)), a
+    /// refusal, or `None` (wait).
+    #[inline(always)]
+    pub(crate) fn decide_fast(&self, demand: &Demand) -> Option<Result<Fast, Rejection>> {
         let shared = &*self.shared;
         if shared.classed || demand.class().is_some() {
             return None;
         }
-        let reservation = if shared.has_budget {
-            Some(demand.reservation().unwrap_or(Reservation::ZERO))
-        } else {
-            None
-        };
+        let (priority, reservation) = self.admission_parts(demand);
         let r = reservation.map_or(0, |x| x.total());
-        let priority = demand.priority();
         loop {
             match self.try_decide(r, priority) {
-                Ok(g) => return Some(Ok(self.admission_from(g, priority, reservation))),
+                Ok(g) => return Some(Ok((g, priority, reservation))),
                 Err(f) => {
                     if may_queue(shared, &f, r, priority) {
                         return None;
@@ -38,6 +47,18 @@ impl Bulkhead {
                 }
             }
         }
+    }
+
+    /// The priority and the reservation an admission of `demand` records (the reservation,
+    /// zero for a slot-only demand, only with a budget).
+    #[inline(always)]
+    pub(crate) fn admission_parts(&self, demand: &Demand) -> (Priority, Option<Reservation>) {
+        let reservation = if self.shared.has_budget {
+            Some(demand.reservation().unwrap_or(Reservation::ZERO))
+        } else {
+            None
+        };
+        (demand.priority(), reservation)
     }
 
     /// [`enter`](Self::enter) after [`decide_or_wait`](Self::decide_or_wait) said "wait":

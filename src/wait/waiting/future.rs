@@ -65,31 +65,54 @@ impl std::fmt::Debug for Acquire<'_> {
 impl Future for Acquire<'_> {
     type Output = Result<Admission, Rejection>;
 
-    #[inline]
+    // Always inlined, as `try_acquire` is, and for the same reason: every path ends in the few
+    // scalars of a `Granted` (the out-of-line paths return those, not an admission) and the
+    // admission is built once, here, so the awaiting code can keep it in registers. Built in
+    // an out-of-line `poll` and returned through memory, the awaiting code read it back with
+    // loads wider than the stores that wrote it, which stalled on store forwarding.
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: `wait` (the node) is never moved out of the pinned future (it is written in
         // place, once, while `None`); the other fields are plain data, not structurally pinned.
         let this = unsafe { self.get_unchecked_mut() };
         assert!(!this.finished, "Acquire polled after completion");
-        if this.queued {
-            return this.poll_queued(cx);
-        }
         let b = this.bulkhead;
-        if this
-            .options
-            .cancel
-            .as_ref()
-            .is_some_and(CancelToken::is_cancelled)
-        {
-            this.finished = true;
-            return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
-        }
-        // The first poll: `try_acquire`'s decision, and nothing else unless it must wait.
-        if let Some(answer) = b.decide_or_wait(&this.demand) {
-            this.finished = true;
-            return Poll::Ready(answer);
-        }
-        this.start_waiting(cx)
+        let (g, priority, reservation) = 'granted: {
+            let slow = if this.queued {
+                this.poll_queued(cx)
+            } else {
+                if this
+                    .options
+                    .cancel
+                    .as_ref()
+                    .is_some_and(CancelToken::is_cancelled)
+                {
+                    this.finished = true;
+                    return Poll::Ready(Err(b.waiter_refusal(RejectReason::Aborted, &this.demand)));
+                }
+                // The first poll: `try_acquire`'s decision, and nothing else unless it must wait.
+                match b.decide_fast(&this.demand) {
+                    Some(Ok(fast)) => {
+                        this.finished = true;
+                        break 'granted fast;
+                    }
+                    Some(Err(rej)) => {
+                        this.finished = true;
+                        return Poll::Ready(Err(rej));
+                    }
+                    None => this.start_waiting(cx),
+                }
+            };
+            match slow {
+                Poll::Ready(Ok(g)) => {
+                    let (priority, reservation) = b.admission_parts(&this.demand);
+                    (g, priority, reservation)
+                }
+                Poll::Ready(Err(rej)) => return Poll::Ready(Err(rej)),
+                Poll::Pending => return Poll::Pending,
+            }
+        };
+        Poll::Ready(Ok(b.admission_from(g, priority, reservation)))
     }
 }
 
@@ -97,9 +120,9 @@ impl Acquire<'_> {
     /// The first poll found no free slot: builds the node (in place) and enters the queue,
     /// which decides again under the mutex. `self` is pinned (called from `poll` only).
     #[inline(never)]
-    fn start_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, Rejection>> {
+    fn start_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, Rejection>> {
         let b = self.bulkhead;
-        let (r, k, priority, reservation) = b.demand_parts(&self.demand);
+        let (r, k, priority, _) = b.demand_parts(&self.demand);
         let slot = &mut self.wait;
         let make = node_maker(move || {
             let w = slot.insert(Wait {
@@ -118,7 +141,7 @@ impl Acquire<'_> {
         match b.enter_after_fast(k, r, priority, make, || Notify::Waker(cx.waker().clone())) {
             Enter::Granted(g) => {
                 self.finished = true;
-                Poll::Ready(Ok(b.admission_from(g, priority, reservation)))
+                Poll::Ready(Ok(g))
             }
             Enter::Refused(rej) => {
                 self.finished = true;
@@ -152,7 +175,7 @@ impl Acquire<'_> {
 
     /// A later poll of a queued waiter. `self` is pinned (called from `poll` only).
     #[inline(never)]
-    fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<Result<Admission, Rejection>> {
+    fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, Rejection>> {
         let b = self.bulkhead;
         let Some(Wait {
             node,
@@ -186,7 +209,7 @@ impl Acquire<'_> {
                 end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
                 *queue_wait = since.map(|s| s.elapsed());
                 book_wait(b, *since);
-                return Poll::Ready(b.finish(outcome, &self.demand, priority, reservation));
+                return Poll::Ready(b.finish_granted(outcome, &self.demand, priority, reservation));
             }
             if let Some(t) = *timer {
                 crate::wait::timer::update(t, cx.waker());
@@ -210,7 +233,7 @@ impl Acquire<'_> {
         // SAFETY: `is_done` returned true on this thread (the branch above, or the check
         // under the lock).
         let outcome = unsafe { node.outcome() };
-        Poll::Ready(b.finish(outcome, &self.demand, priority, reservation))
+        Poll::Ready(b.finish_granted(outcome, &self.demand, priority, reservation))
     }
 }
 
