@@ -7,7 +7,7 @@
 //! key costs 2,541 (the XXH3-128 hash alone about 865), a `Dedup::run` leader 3,300 with 8
 //! locked read-modify-writes (3,388 with 11 before the flight's claim word and single count,
 //! 3,799 before issue 15's speed work), a `run_shared` leader 4,769 and opted out 1,113, the
-//! plain `run` 504 (callgrind at the merge of the two, with the run path's trim of f87a84a). Times: README,
+//! plain `run` 504, then 477 (callgrind at the merge of the two, with the run path's trim of f87a84a). Times: README,
 //! "De-duplication and estimation".
 
 use criterion::{black_box, criterion_main, Criterion};

@@ -12,7 +12,7 @@
 //! (or with 2,000 and 12,000). Last measured (1.1 KB request, callgrind at the merge of the two, after the
 //! flight's claim word and single count and the run path's trim of f87a84a): `key_1kb` 2,541,
 //! `dedup_leader_1kb` 3,300, `run_shared_leader_1kb` 4,769, `run_shared_opted_out_1kb` 1,113,
-//! `llm_run_1kb` 504 (at 1916aa5: 2,545, 3,388, 4,940, 1,205, 698; at ddb2802, before issue
+//! `llm_run_1kb` 504, 477 after the async `run` read its options in place (at 1916aa5: 2,545, 3,388, 4,940, 1,205, 698; at ddb2802, before issue
 //! 15's work: 2,712, 3,799, 5,959, 1,385, 703), and `run_blocking` over its pair: slot 335
 //! against 257 (+78), tokens override 353 against 270 (+83), classed protected 590 against
 //! 538 (+52), borrowing 689 against 637 (+52) (before: +224, +235, +211, +214).

@@ -441,42 +441,46 @@ impl LlmBulkhead {
     {
         // Validation and estimation happen now, so the future does not borrow the request.
         let prepared = self.prepare(request, &options);
+        let mut options = options;
         async move {
             let demand = prepared.map_err(RunError::Invalid)?;
-            let RunOptions {
-                wait,
-                borrowed_concurrency_deadline,
-                usage,
-                mode,
-                ..
-            } = options;
-            let caller = wait.cancel.clone();
-            let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
-                Some(a) => RunContext::new(a, borrowed_concurrency_deadline),
-                None => match mode {
-                    Mode::Enforce => {
-                        // Boxed: the queue node is large, and the future of every run would
-                        // carry it.
-                        let a = Box::pin(self.bulkhead.acquire(demand, wait))
-                            .await
-                            .map_err(RunError::Rejected)?;
-                        RunContext::new(a, borrowed_concurrency_deadline)
-                    }
-                    // Boxed for the same reason.
-                    Mode::Observe(shadow) => Box::pin(self.observe_async(
-                        demand,
-                        wait,
-                        shadow,
-                        borrowed_concurrency_deadline,
-                    ))
-                    .await
-                    .map_err(RunError::Rejected)?,
-                },
+            // As `run_blocking`: the fields are read in place, and the caller's token is
+            // cloned only when the fast decision declines (it declines when there is one).
+            let deadline = options.borrowed_concurrency_deadline.take();
+            let mut ctx = match admit_now(&self.bulkhead, &demand, &options.wait) {
+                Some(a) => RunContext::new(a, deadline),
+                // Boxed: the queue node is large, and the future of every run would carry it.
+                None => Box::pin(self.admit_async(
+                    demand,
+                    std::mem::take(&mut options.wait),
+                    options.mode,
+                    deadline,
+                ))
+                .await
+                .map_err(RunError::Rejected)?,
             };
-            ctx.set_caller(caller);
             let out = work(&mut ctx).await;
-            settle(&mut ctx, out, &usage)
+            settle(&mut ctx, out, &options.usage)
         }
+    }
+
+    /// `run` after the fast decision declined: the waiting acquire (enforce) or the
+    /// observe-mode decision, and the caller's token for the stop signal (the async
+    /// `admit_blocking`).
+    async fn admit_async(
+        &self,
+        demand: Demand,
+        wait: WaitOptions,
+        mode: Mode,
+        deadline: Option<Deadline>,
+    ) -> Result<RunContext, Rejection> {
+        let caller = wait.cancel.clone();
+        let mut ctx = match mode {
+            Mode::Enforce => RunContext::new(self.bulkhead.acquire(demand, wait).await?, deadline),
+            Mode::Observe(shadow) => self.observe_async(demand, wait, shadow, deadline).await?,
+        };
+        ctx.set_caller(caller);
+        Ok(ctx)
     }
 }
 
