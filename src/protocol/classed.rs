@@ -359,15 +359,18 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     let tag = g.tag();
     let lim = shared.ring.read(tag);
     let l = shared.ring.read_class(tag, k);
-    let eff = lim.effective(priority);
+    // The absent limits as `u64::MAX`, so that every row is one compare: no count or sum here
+    // comes near it (`r` is 0 without a budget, and at most `eff` once the first row passed).
+    let eff = lim.effective(priority).unwrap_or(u64::MAX);
+    let (mt, cmc) = (l.mt.unwrap_or(u64::MAX), l.mc.unwrap_or(u64::MAX));
     let mc = lim.max_concurrent;
     let c = CWord(cw.load(SeqCst));
     if g.closed()
         || g.waiters()
         || c.ctag() != tag % CTAG_MOD
-        || eff.is_some_and(|e| r > e)
-        || l.mt.is_some_and(|mt| c.tokens() + r > mt)
-        || l.mc.is_some_and(|m| c.in_flight() >= m)
+        || r > eff
+        || c.tokens() + r > mt
+        || c.in_flight() >= cmc
         || g.u() > mc
     {
         return None;
@@ -377,19 +380,14 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     let dv = (t + r).max(l.pt) - t.max(l.pt);
     let next = c.0 + C_ONE + r;
     if !borrow_c && dv == 0 {
-        if eff.is_some_and(|e| g.v() > e) {
+        if g.v() > eff {
             return None;
         }
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         cw.compare_exchange(c.0, next, SeqCst, SeqCst).ok()?;
         crate::sync::loom_sc_fence();
         let g2 = GWord(word.load(SeqCst));
-        if g2.tag() == tag
-            && !g2.closed()
-            && !g2.waiters()
-            && g2.u() <= mc
-            && eff.is_none_or(|e| g2.v() <= e)
-        {
+        if g2.tag() == tag && !g2.closed() && !g2.waiters() && g2.u() <= mc && g2.v() <= eff {
             return Some(Admitted {
                 revision: lim.revision,
                 resources: Resources::default(),
@@ -400,9 +398,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     }
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
     let du = u64::from(borrow_c);
-    if (borrow_c && g.u() + 1 > mc)
-        || eff.is_some_and(|e| if dv > 0 { g.v() + dv > e } else { g.v() > e })
-    {
+    if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
         return None;
     }
     word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
@@ -634,18 +630,55 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
 /// the class step, a decrease), so a reservation is taken back only when the class now needs
 /// more than was reserved, hit a ceiling, or migrated. `None`: the reservation was taken back.
 /// (Reserving the difference instead was measured: no better on `tests/stress_classes.rs`.)
+#[inline]
 fn class_step_after_reserve(
     shared: &Shared,
     d: &Decision,
+    c: CWord,
+    du: u64,
+    dv: u64,
+) -> Option<Resources> {
+    let cw = &*shared.class_words[d.k];
+    match cw.compare_exchange_weak(c.0, c.0 + C_ONE + d.r, SeqCst, SeqCst) {
+        // The amounts are those reserved: nothing to give back.
+        Ok(_) => Some(Resources {
+            borrowed_concurrency: du == 1,
+            borrowed_tokens: dv,
+        }),
+        Err(actual) => class_step_moved(shared, d, c, CWord(actual), du, dv),
+    }
+}
+
+/// [`class_step_after_reserve`] after its CAS expecting `c` found `a`: classifies `a`, and takes
+/// the step on it (and on every later state its CAS finds) or takes the reservation back.
+#[inline(never)]
+fn class_step_moved(
+    shared: &Shared,
+    d: &Decision,
     mut c: CWord,
+    mut a: CWord,
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
     let Decision { k, r, l, in_queue } = *d;
     let l = &l;
     let cw = &*shared.class_words[k];
-    let (mut du2, mut dv2) = (du, dv);
     loop {
+        let (n, t) = (a.in_flight(), a.tokens());
+        let du2 = u64::from(n >= l.pc);
+        let dv2 = (t + r).max(l.pt) - t.max(l.pt);
+        let ok = a.ctag() == c.ctag()
+            && l.mt.is_none_or(|mt| t + r <= mt)
+            && l.mc.is_none_or(|m| n < m)
+            && du2 <= du
+            && dv2 <= dv;
+        if !ok {
+            // No class step happened: take the whole reservation back.
+            let visit = shared_decrease(shared, -(du as i64), -(dv as i64));
+            visit_queue(shared, visit, in_queue);
+            return None;
+        }
+        c = a;
         match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
             Ok(_) => {
                 let visit = shared_decrease(shared, du2 as i64 - du as i64, dv2 as i64 - dv as i64);
@@ -655,24 +688,7 @@ fn class_step_after_reserve(
                     borrowed_tokens: dv2,
                 });
             }
-            Err(actual) => {
-                let a = CWord(actual);
-                let (n, t) = (a.in_flight(), a.tokens());
-                du2 = u64::from(n >= l.pc);
-                dv2 = (t + r).max(l.pt) - t.max(l.pt);
-                let ok = a.ctag() == c.ctag()
-                    && l.mt.is_none_or(|mt| t + r <= mt)
-                    && l.mc.is_none_or(|m| n < m)
-                    && du2 <= du
-                    && dv2 <= dv;
-                if !ok {
-                    // No class step happened: take the whole reservation back.
-                    let visit = shared_decrease(shared, -(du as i64), -(dv as i64));
-                    visit_queue(shared, visit, in_queue);
-                    return None;
-                }
-                c = a;
-            }
+            Err(actual) => a = CWord(actual),
         }
     }
 }
