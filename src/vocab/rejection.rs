@@ -379,6 +379,10 @@ pub(crate) struct ClassCounts {
     pub(crate) borrows_tokens: u64,
 }
 
+/// The has-budget flag of [`Counts::shape`] (the limits ring's layout, `crate::words::limits`,
+/// which checks that its own flag is this one).
+pub(crate) const SHAPE_HAS_BUDGET: u64 = 1 << 16;
+
 /// `x` in 32 bits (the callers' values are bounded by the state words; saturates otherwise).
 #[inline(always)]
 pub(crate) fn n32(x: u64) -> u32 {
@@ -388,22 +392,16 @@ pub(crate) fn n32(x: u64) -> u32 {
 impl Counts {
     fn detail(&self) -> CapacityDetail {
         let r = self.requested;
-        // `eff_normal` is the high half of `budget`: here the demand's effective budget.
-        let lim = crate::words::limits::Packed {
-            shape: self.shape,
-            budget: self.budget,
-            revision: 0,
-        }
-        .hot();
+        let has_budget = self.shape & SHAPE_HAS_BUDGET != 0;
         CapacityDetail {
             in_flight: self.in_flight.into(),
             pending: self.pending.into(),
-            max_concurrent: lim.max_concurrent,
-            max_queue: lim.max_queue,
-            token_budget: lim.budget.map(|budget| {
-                let eff = lim.eff_normal;
+            max_concurrent: self.shape & 0xffff,
+            max_queue: self.shape >> 32,
+            token_budget: has_budget.then(|| {
+                let eff = self.budget >> 32;
                 TokenCapacity {
-                    budget,
+                    budget: self.budget & 0xffff_ffff,
                     in_flight_tokens: self.tokens,
                     effective_budget: eff,
                     available: eff.saturating_sub(self.tokens),
@@ -413,7 +411,7 @@ impl Counts {
             classes: self
                 .class
                 .as_ref()
-                .map(|c| Box::new(c.detail(lim.budget.is_some(), r))),
+                .map(|c| Box::new(c.detail(has_budget, r))),
         }
     }
 }

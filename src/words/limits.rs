@@ -443,6 +443,8 @@ impl Hot {
 }
 
 const HAS_BUDGET: u64 = 1 << 16;
+// A refusal keeps the `shape` word as read and decodes it itself (`Counts::detail`).
+const _: () = assert!(HAS_BUDGET == crate::vocab::rejection::SHAPE_HAS_BUDGET);
 
 #[derive(Default)]
 struct Slot {
