@@ -128,7 +128,7 @@ impl Bulkhead {
                     Err(f) => {
                         if f.reason == RejectReason::ConcurrencyLimit
                             && f.w.waiters()
-                            && f.w.slots() < f.lim.max_concurrent
+                            && f.w.slots() < f.lim().max_concurrent
                         {
                             // The flag may be up only for `drain` callers.
                             if let Some(g) = plain::admit_if_nobody_waits(&self.shared, r, priority)

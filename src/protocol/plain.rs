@@ -40,7 +40,7 @@ use crate::shared::Shared;
 use crate::sync::Ordering;
 use crate::vocab::demand::Priority;
 use crate::vocab::rejection::{n32, Counts, RejectReason, Rejection};
-use crate::words::limits::Hot;
+use crate::words::limits::{Hot, Packed};
 use crate::words::state::{Word, MAX_TOKENS};
 
 /// What a decision does with the word it read.
@@ -69,14 +69,23 @@ fn decide(w: Word, lim: &Hot, r: u64, priority: Priority) -> Decision {
     Decision::Admit(w.plus(r))
 }
 
-/// What a refused decision hands back: the word and the limits that refused, the reason, and
-/// the thread's counters entry the decision looked up (the refusal is counted there, without a
-/// second lookup).
+/// What a refused decision hands back: the word and the limits that refused (the ring slot's
+/// words as read, [`Packed`]: three words, not the six of the decoded [`Hot`], so that the
+/// refusal reaches [`refuse`] in registers), the reason, and the thread's counters entry the
+/// decision looked up (the refusal is counted there, without a second lookup).
 pub(crate) struct Refusal<'a> {
     pub(crate) w: Word,
-    pub(crate) lim: Hot,
+    packed: Packed,
     pub(crate) reason: RejectReason,
     c: &'a Counters,
+}
+
+impl Refusal<'_> {
+    /// The limits that refused.
+    #[inline(always)]
+    pub(crate) fn lim(&self) -> Hot {
+        self.packed.hot()
+    }
 }
 
 /// The fast decision: rows 0, 1 and 6 in one CAS (module docs, "Enter"). `Err` carries the
@@ -97,7 +106,8 @@ pub(crate) fn try_decide(
     let mut w = Word(word.load(Ordering::Acquire));
     let backoff = crossbeam_utils::Backoff::new();
     loop {
-        let lim = shared.ring.read(w.tag());
+        let packed = shared.ring.read_packed(w.tag());
+        let lim = packed.hot();
         match decide(w, &lim, r, priority) {
             Decision::Admit(next) => {
                 crate::sync::pause(crate::sync::PausePoint::DecisionCas);
@@ -109,7 +119,14 @@ pub(crate) fn try_decide(
                     }
                 }
             }
-            Decision::Refuse(reason) => return Err(Refusal { w, lim, reason, c }),
+            Decision::Refuse(reason) => {
+                return Err(Refusal {
+                    w,
+                    packed,
+                    reason,
+                    c,
+                })
+            }
         }
     }
 }
@@ -183,7 +200,10 @@ pub(crate) fn refusal(
     r: u64,
     priority: Priority,
 ) -> Option<Rejection> {
-    refuse(shared, f.c, f.w, &f.lim, f.reason, r, priority)
+    let p = f.packed;
+    refuse(
+        shared, f.c, f.w, p.shape, p.budget, p.revision, r, f.reason, priority,
+    )
 }
 
 /// [`refusal`] of a decision made outside [`try_decide`] (under the queue mutex), which looks
@@ -198,35 +218,75 @@ pub(crate) fn refusal_of(
     priority: Priority,
 ) -> Option<Rejection> {
     let c = shared.counters.local(Counters::new);
-    refuse(shared, c, w, lim, reason, r, priority)
+    if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
+        return None;
+    }
+    c.rejected[reason.index()].add(1);
+    let rej = rejection(w.slots(), w.tokens(), lim, reason, r, priority);
+    crate::protocol::hooks::rejected(shared, None, &rej);
+    Some(rej)
 }
 
 /// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
 /// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
 /// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
 /// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
-/// the tag moved (decide again).
+/// the tag moved (decide again). The limits come as the ring slot's words (`shape`, `budget`,
+/// `revision`: [`Packed`]), by value: passing the decoded [`Hot`] by reference made the caller
+/// store all six of its words first.
 #[cold]
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn refuse(
     shared: &Shared,
     c: &Counters,
     w: Word,
-    lim: &Hot,
-    reason: RejectReason,
+    shape: u64,
+    budget: u64,
+    revision: u64,
     r: u64,
+    reason: RejectReason,
     priority: Priority,
 ) -> Option<Rejection> {
     if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
         return None;
     }
     c.rejected[reason.index()].add(1);
-    // Built in the return value's place; the hook reads it there (only when subscribed).
-    let out = Some(rejection(w.slots(), w.tokens(), lim, reason, r, priority));
-    if let Some(rej) = &out {
-        crate::protocol::hooks::rejected(shared, None, rej);
+    if shared.events.on() {
+        return observed(shared, w, shape, budget, revision, r, reason, priority);
     }
-    out
+    let packed = Packed {
+        shape,
+        budget,
+        revision,
+    };
+    Some(packed_rejection(w, packed, reason, r, priority))
+}
+
+/// The end of [`refuse`] when the reject hook is subscribed: out of line, so that the common
+/// end makes no call (it then saves no registers, and builds the refusal in the return value's
+/// place rather than on the stack where a hook could read it).
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn observed(
+    shared: &Shared,
+    w: Word,
+    shape: u64,
+    budget: u64,
+    revision: u64,
+    r: u64,
+    reason: RejectReason,
+    priority: Priority,
+) -> Option<Rejection> {
+    let packed = Packed {
+        shape,
+        budget,
+        revision,
+    };
+    let rej = packed_rejection(w, packed, reason, r, priority);
+    crate::protocol::hooks::rejected(shared, None, &rej);
+    Some(rej)
 }
 
 /// Counts and explains the refusal of a waiter (or of a request refused before it could wait:
@@ -260,6 +320,12 @@ pub(crate) fn rejection(
     r: u64,
     priority: Priority,
 ) -> Rejection {
+    let packed = Packed::pack(
+        lim.max_concurrent,
+        lim.max_queue,
+        lim.budget
+            .map(|budget| (budget, lim.effective(priority).unwrap_or(budget))),
+    );
     Rejection::counted(
         reason,
         None,
@@ -267,14 +333,42 @@ pub(crate) fn rejection(
         Counts {
             requested: r,
             tokens,
+            shape: packed.shape,
+            budget: packed.budget,
             in_flight: n32(slots),
             pending: 0,
-            max_concurrent: n32(lim.max_concurrent),
-            max_queue: n32(lim.max_queue),
-            budget: lim.budget.map(|budget| {
-                let eff = lim.effective(priority).unwrap_or(budget);
-                (n32(budget), n32(eff))
-            }),
+            class: None,
+        },
+    )
+}
+
+/// [`rejection`] on word `w` under the ring slot's words `p` as the decision read them: the
+/// limits are kept packed, with the demand's effective budget in `eff(normal)`'s place (the
+/// budget itself for `High`), and decoded only by [`Rejection::detail`].
+#[inline(always)]
+fn packed_rejection(
+    w: Word,
+    p: Packed,
+    reason: RejectReason,
+    r: u64,
+    priority: Priority,
+) -> Rejection {
+    let budget = match priority {
+        Priority::High => (p.budget & 0xffff_ffff) | (p.budget << 32),
+        Priority::Normal => p.budget,
+    };
+    Rejection::counted(
+        reason,
+        None,
+        p.revision,
+        Counts {
+            requested: r,
+            tokens: w.tokens(),
+            shape: p.shape,
+            budget,
+            // Slots fit in 15 bits (`crate::words::state`).
+            in_flight: w.slots() as u32,
+            pending: 0,
             class: None,
         },
     )

@@ -332,21 +332,25 @@ enum Seen {
 
 /// The numbers a decision saw, as the engine had them; [`Rejection::detail`] derives the rest.
 /// Narrow fields hold values the state words bound (slots in 16 bits, budgets and class tokens
-/// in 32).
+/// in 32). The limits are kept packed as the limits ring stores them
+/// (`crate::words::limits::Packed`), so that a no-class refusal copies the words it read and
+/// decodes nothing until asked.
 #[derive(Clone, Debug)]
 pub(crate) struct Counts {
     /// The demand's reservation.
     pub(crate) requested: u64,
     /// Tokens held (all classes).
     pub(crate) tokens: u64,
+    /// `max_concurrent` (16 bits) | has-budget flag (bit 16) | `max_queue` (bits 32..64): the
+    /// ring slot's `shape` word.
+    pub(crate) shape: u64,
+    /// The budget (low 32 bits) and the demand's effective budget (high 32 bits), read only
+    /// when `shape` has the has-budget flag.
+    pub(crate) budget: u64,
     /// Slots in use (all classes).
     pub(crate) in_flight: u32,
     /// Waiters queued.
     pub(crate) pending: u32,
-    pub(crate) max_concurrent: u32,
-    pub(crate) max_queue: u32,
-    /// The budget and the demand's effective budget, when a budget is configured.
-    pub(crate) budget: Option<(u32, u32)>,
     /// The class's numbers, with classes (not for `shutdown`); boxed, so that the common
     /// refusal stays small enough to move in registers.
     pub(crate) class: Option<Box<ClassCounts>>,
@@ -375,6 +379,10 @@ pub(crate) struct ClassCounts {
     pub(crate) borrows_tokens: u64,
 }
 
+/// The has-budget flag of [`Counts::shape`] (the limits ring's layout, `crate::words::limits`,
+/// which checks that its own flag is this one).
+pub(crate) const SHAPE_HAS_BUDGET: u64 = 1 << 16;
+
 /// `x` in 32 bits (the callers' values are bounded by the state words; saturates otherwise).
 #[inline(always)]
 pub(crate) fn n32(x: u64) -> u32 {
@@ -384,15 +392,16 @@ pub(crate) fn n32(x: u64) -> u32 {
 impl Counts {
     fn detail(&self) -> CapacityDetail {
         let r = self.requested;
+        let has_budget = self.shape & SHAPE_HAS_BUDGET != 0;
         CapacityDetail {
             in_flight: self.in_flight.into(),
             pending: self.pending.into(),
-            max_concurrent: self.max_concurrent.into(),
-            max_queue: self.max_queue.into(),
-            token_budget: self.budget.map(|(budget, eff)| {
-                let eff = u64::from(eff);
+            max_concurrent: self.shape & 0xffff,
+            max_queue: self.shape >> 32,
+            token_budget: has_budget.then(|| {
+                let eff = self.budget >> 32;
                 TokenCapacity {
-                    budget: budget.into(),
+                    budget: self.budget & 0xffff_ffff,
                     in_flight_tokens: self.tokens,
                     effective_budget: eff,
                     available: eff.saturating_sub(self.tokens),
@@ -402,7 +411,7 @@ impl Counts {
             classes: self
                 .class
                 .as_ref()
-                .map(|c| Box::new(c.detail(self.budget.is_some(), r))),
+                .map(|c| Box::new(c.detail(has_budget, r))),
         }
     }
 }
@@ -644,11 +653,10 @@ impl Rejection {
             Counts {
                 requested: 0,
                 tokens: 0,
+                shape: 0,
+                budget: 0,
                 in_flight: 0,
                 pending: 0,
-                max_concurrent: 0,
-                max_queue: 0,
-                budget: None,
                 class: None,
             },
         )

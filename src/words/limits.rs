@@ -28,6 +28,7 @@ use crate::sync::{fence, AtomicU64, Ordering};
 use crate::vocab::class::ClassId;
 use crate::vocab::class::MAX_CLASSES;
 use crate::vocab::error::{ConfigError, ConfigProblem};
+use crate::vocab::rejection::n32;
 use crate::words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 use crate::words::classes::{ClassLimits, ClassTable};
 use crate::words::state::{MAX_SLOTS, MAX_TOKENS};
@@ -442,6 +443,8 @@ impl Hot {
 }
 
 const HAS_BUDGET: u64 = 1 << 16;
+// A refusal keeps the `shape` word as read and decodes it itself (`Counts::detail`).
+const _: () = assert!(HAS_BUDGET == crate::vocab::rejection::SHAPE_HAS_BUDGET);
 
 #[derive(Default)]
 struct Slot {
@@ -554,12 +557,57 @@ impl Ring {
     /// when the caller commits (its CAS) or re-checks (a refusal).
     #[inline]
     pub(crate) fn read(&self, tag: usize) -> Hot {
+        self.read_packed(tag).hot()
+    }
+
+    /// [`read`](Self::read), the slot's words as they are stored (same caveat).
+    #[inline]
+    pub(crate) fn read_packed(&self, tag: usize) -> Packed {
         let slot = &self.slots[tag % RING];
-        let shape = slot.shape.load(Ordering::Acquire);
-        let budget = slot.budget.load(Ordering::Acquire);
-        let revision = slot.revision.load(Ordering::Acquire);
+        Packed {
+            shape: slot.shape.load(Ordering::Acquire),
+            budget: slot.budget.load(Ordering::Acquire),
+            revision: slot.revision.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// The words of one ring slot as read, three words where the decoded [`Hot`] is six: what a
+/// no-class refusal carries to its out-of-line explanation, in registers
+/// (`crate::protocol::plain::Refusal`). The decode is a few shifts and masks, which also show
+/// the compiler that every field fits the refusal's 32-bit counts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Packed {
+    /// `max_concurrent` | has-budget flag | `max_queue` (the slot's `shape`).
+    pub(crate) shape: u64,
+    /// budget | eff(normal).
+    pub(crate) budget: u64,
+    pub(crate) revision: u64,
+}
+
+impl Packed {
+    /// The words of limits `max_concurrent`, `max_queue` and (`Some` with a budget) the
+    /// budget with the effective budget `eff` in `eff(normal)`'s place (each saturating at
+    /// its field; the engine's values fit).
+    #[inline]
+    pub(crate) fn pack(max_concurrent: u64, max_queue: u64, budget: Option<(u64, u64)>) -> Packed {
+        let (has, budget) = match budget {
+            Some((b, eff)) => (HAS_BUDGET, u64::from(n32(b)) | (u64::from(n32(eff)) << 32)),
+            None => (0, 0),
+        };
+        Packed {
+            shape: max_concurrent.min(0xffff) | has | (u64::from(n32(max_queue)) << 32),
+            budget,
+            revision: 0,
+        }
+    }
+
+    /// The limits these words encode.
+    #[inline(always)]
+    pub(crate) fn hot(self) -> Hot {
+        let (shape, budget) = (self.shape, self.budget);
         Hot {
-            revision,
+            revision: self.revision,
             max_concurrent: shape & 0xffff,
             max_queue: shape >> 32,
             budget: (shape & HAS_BUDGET != 0).then_some(budget & 0xffff_ffff),

@@ -90,10 +90,11 @@ pub(super) fn may_queue(
     r: u64,
     priority: Priority,
 ) -> bool {
+    let lim = f.lim();
     let waits_for_tokens = f.reason == RejectReason::BudgetLimit
         && shared.wait_for_tokens
-        && fits_when_idle(&f.lim, r, priority);
+        && fits_when_idle(&lim, r, priority);
     (f.reason == RejectReason::ConcurrencyLimit || waits_for_tokens)
-        && f.lim.max_concurrent > 0
-        && f.lim.max_queue > 0
+        && lim.max_concurrent > 0
+        && lim.max_queue > 0
 }
