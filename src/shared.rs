@@ -299,7 +299,8 @@ impl Drop for Handle {
             return;
         }
         if self.classed {
-            if crate::shared::detach(self) {
+            // SAFETY: this is the last handle, being dropped (the count above reached zero).
+            if unsafe { crate::shared::detach(self.0) } {
                 // SAFETY: the last handle is gone and every class word was empty (or emptied
                 // and counted down) with no pending return; we are the unique thread that saw
                 // it (`crate::protocol::classed`, "Lifetime").
@@ -593,21 +594,37 @@ impl Drop for QueueGuard<'_> {
 
 /// The last handle is gone: detach every class word (module docs, "Lifetime"). Returns
 /// whether the caller must free the state now.
-pub(crate) fn detach(shared: &Shared) -> bool {
+///
+/// Takes the pointer, not a `&Shared`: a reference argument would have to stay valid until this
+/// returns, and once the last `count_down` below gives this thread's count away, a releaser on
+/// another thread may free the state before it does (Stacked Borrows protects a function's
+/// reference arguments for the whole call; Miri found this in `release`).
+///
+/// # Safety
+/// `ptr` is the state of the last handle, which is being dropped: its count in `alive` (set
+/// below) keeps the state allocated until the last `count_down` here, and nothing here touches
+/// it after that.
+pub(crate) unsafe fn detach(ptr: NonNull<Shared>) -> bool {
+    // SAFETY: the caller's handle keeps the state alive until our own count goes (doc above);
+    // `shared` is a local reference, last used before that count-down.
+    let shared = unsafe { ptr.as_ref() };
     let classes = shared.class_words.len();
     shared.alive.store(classes + 1, Ordering::Release);
     for cw in shared.class_words.iter() {
         let p = CWord(cw.fetch_or(C_DETACHED, Ordering::AcqRel));
         if p.in_flight() == 0 && p.pending() == 0 {
             // Cannot reach zero: this thread's own count is still in `alive`.
-            let last = count_down(shared);
+            let last = count_down(&shared.alive);
             debug_assert!(!last);
         }
     }
-    count_down(shared)
+    count_down(&shared.alive)
 }
 
-/// Counts down `alive`; true for the thread that must free.
-pub(crate) fn count_down(shared: &Shared) -> bool {
-    shared.alive.fetch_sub(1, Ordering::AcqRel) == 1
+/// Counts down `alive` (the state's `Shared::alive`); true for the thread that must free. It
+/// takes the counter, not the `&Shared`: once this thread's count is given away, another may
+/// free the state while this call returns, and a reference to interior-mutable data alone (as
+/// in `Arc`'s drop) is allowed to dangle then.
+pub(crate) fn count_down(alive: &AtomicUsize) -> bool {
+    alive.fetch_sub(1, Ordering::AcqRel) == 1
 }

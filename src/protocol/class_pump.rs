@@ -16,8 +16,8 @@ impl SlotRef {
     pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
         // SAFETY: we hold the class slot being returned (this `SlotRef` stands for it) and touch
         // the state afterwards only to count down when the release says so.
-        if unsafe { crate::protocol::classed::release(self.get(), k, tokens) }
-            && crate::shared::count_down(self.get())
+        if unsafe { crate::protocol::classed::release(&self, k, tokens) }
+            && crate::shared::count_down(&self.get().alive)
         {
             // SAFETY: this release emptied a detached class word, and `alive` reached zero:
             // every other class word is empty and the last handle is gone. We are the unique

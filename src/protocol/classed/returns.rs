@@ -2,6 +2,7 @@
 //! migration to the current floors, the release, usage growth (`super`, "Lifetime").
 
 use super::*;
+use crate::shared::SlotRef;
 
 /// Takes back a class step of one slot and `r` tokens. The step's own amount is already in the
 /// shared word (a borrower adds it first; a protected step's amount is zero), so this is an
@@ -77,15 +78,21 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 /// `alive`, and whoever reaches zero ends the owners' lifetime reference).
 ///
 /// # Safety
-/// The caller holds the class slot of class `k` being returned (it keeps `shared` alive until
-/// this returns) and does not touch `shared` afterwards except to count down when this
-/// returns true.
+/// `slot` stands for the class slot of class `k` being returned: it keeps the state alive
+/// until this release's last step on the class word. The caller does not touch the state
+/// afterwards except to count down when this returns true.
 ///
 /// A release that has a decrease for the shared word, or finds the queue flag on its class
 /// word, marks a pending return in the same CAS: the mark keeps the state alive while it
 /// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::wait::waiting`).
+///
+/// It takes the slot, not a `&Shared`: a reference argument must stay valid until the function
+/// returns, and after the class word's last CAS (or the pending mark's removal) the last handle
+/// may free the state on another thread before this returns (Miri, `tests/lifetime_stress.rs`).
+/// The state is reached through a local reference, last used before that step.
 #[inline(always)]
-pub(crate) unsafe fn release(shared: &Shared, k: usize, held: u64) -> bool {
+pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
+    let shared = slot.get();
     // A grace-period operation (`crate::grace`): the floors read below are those of the class
     // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
     // the last reference is given away touches nothing freed.
@@ -108,7 +115,7 @@ pub(crate) unsafe fn release(shared: &Shared, k: usize, held: u64) -> bool {
             }
         } else {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
-                Ok(_) => return release_pending(shared, k, du, dv, c.queue()),
+                Ok(_) => return release_pending(slot, k, du, dv, c.queue()),
                 Err(actual) => c = CWord(actual),
             }
         }
@@ -117,11 +124,16 @@ pub(crate) unsafe fn release(shared: &Shared, k: usize, held: u64) -> bool {
 
 /// The rest of a release that marked a pending return: the shared decrease, the queue visit,
 /// then the mark's removal (the release's last step).
+/// Takes the slot, not a `&Shared`, for the reason [`release`] gives: the mark's removal is
+/// the step after which the state may be freed.
 #[inline(always)]
-pub(super) fn release_pending(shared: &Shared, k: usize, du: i64, dv: i64, queue: bool) -> bool {
+pub(super) fn release_pending(slot: &SlotRef, k: usize, du: i64, dv: i64, queue: bool) -> bool {
+    let shared = slot.get();
     let visit = shared_decrease(shared, du, dv) | queue;
     visit_queue(shared, visit, false);
-    let p = CWord(shared.class_words[k].fetch_sub(C_PEND, SeqCst));
+    // The last use of `shared`: the word's address. The removal itself is on the atomic alone.
+    let cw: &crate::sync::AtomicU64 = &shared.class_words[k];
+    let p = CWord(cw.fetch_sub(C_PEND, SeqCst));
     debug_assert!(p.pending() >= 1, "pending-return underflow: {p:?}");
     CWord(p.0 - C_PEND).emptied_detached()
 }
