@@ -152,6 +152,13 @@
 //! handle no admission can start and no abandonment can pin, so each class word empties at most
 //! once after being detached.
 //!
+//! The functions that take such a last step (the release, the last handle's detach, the
+//! count-down) take the slot, the pointer or the counter, never a `&Shared` argument: a
+//! reference argument must stay valid until its function returns, and the state may be freed
+//! by another thread as soon as the last step lands. They reach the state through a local
+//! reference last used before that step (Miri's Stacked Borrows checks it; loom does not model
+//! reference validity).
+//!
 //! # Memory ordering
 //!
 //! Class-word and shared-word operations of the decision are `SeqCst` (on x86-64 this costs
