@@ -745,6 +745,28 @@ fn bypass_events_serialise_with_snake_case_fields() {
         .collect();
     assert_eq!(json.len(), 3, "{json:#?}");
     let (bypass, usage, release) = (&json[0], &json[1], &json[2]);
+    // The fields come in the event type's declaration order after `event`, as a core event's
+    // do (the payload is serialised in place, not through a map that sorts its keys).
+    let text = serde_json::to_string(&log.lock().unwrap()[0]).unwrap();
+    let at = |k: &str| {
+        text.find(&format!("\"{k}\":"))
+            .unwrap_or_else(|| panic!("{k} in {text}"))
+    };
+    let order = [
+        "event",
+        "admission_id",
+        "revision",
+        "priority",
+        "reason",
+        "constraint",
+        "detail",
+        "reservation",
+        "raced",
+    ];
+    assert!(
+        order.windows(2).all(|p| at(p[0]) < at(p[1])),
+        "fields out of declaration order: {text}"
+    );
     assert_eq!(bypass["event"], "bypass");
     let id = bypass["admission_id"].as_str().unwrap();
     assert!(id.starts_with("shadow-") && id.len() == 43, "{id}");

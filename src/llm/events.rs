@@ -103,10 +103,9 @@ macro_rules! payload {
             fn eq_payload(&self, other: &dyn crate::record::events::Payload) -> bool {
                 other.as_any().downcast_ref::<$t>() == Some(self)
             }
-            #[cfg(feature = "json")]
-            fn to_json(&self) -> serde_json::Value {
-                // Plain fields with string keys: serialising them cannot fail.
-                serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+            #[cfg(feature = "serde")]
+            fn fields(&self) -> &dyn erased_serde::Serialize {
+                self
             }
         }
     };

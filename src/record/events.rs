@@ -326,7 +326,7 @@ impl Event {
 
 /// What a layer above the core puts in an [`ExtensionEvent`]: its own event type, with its
 /// name, its class (for subscribers that label by class without knowing the type), equality
-/// and, with JSON, its fields.
+/// and, with `serde`, its fields.
 pub(crate) trait Payload: Any + Send + Sync + fmt::Debug {
     /// The event's snake_case name ([`Event::name`]).
     fn name(&self) -> &'static str;
@@ -336,14 +336,15 @@ pub(crate) trait Payload: Any + Send + Sync + fmt::Debug {
     fn as_any(&self) -> &dyn Any;
     /// Equality with another payload (false for one of another type).
     fn eq_payload(&self, other: &dyn Payload) -> bool;
-    /// Its fields, as a JSON object.
-    #[cfg(feature = "json")]
-    fn to_json(&self) -> serde_json::Value;
+    /// Itself as a type-erased serde value whose fields are written beside `event`, in the
+    /// payload type's declaration order (it must serialise as a struct or a map).
+    #[cfg(feature = "serde")]
+    fn fields(&self) -> &dyn erased_serde::Serialize;
 }
 
 /// An event of a layer above the core ([`Event::Extension`]): a name, a class, and a typed
 /// payload that the layer defining it reads back with [`downcast_ref`](Self::downcast_ref).
-/// Only the crate's own layers make them. Serialises (features `serde` and `json`) as the
+/// Only the crate's own layers make them. Serialises (feature `serde`) as the
 /// payload's fields beside `event`: its name.
 ///
 /// ```
@@ -453,23 +454,20 @@ impl serde::Serialize for Event {
 
 #[cfg(feature = "serde")]
 impl serde::Serialize for ExtensionEvent {
-    /// `event` (the name), then the payload's fields (with `json`; without it only the
-    /// crate's JSON-enabled layers make extension events, so there are none to write).
+    /// `event` (the name), then the payload's fields in their declaration order, as the core
+    /// events are written.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        #[cfg(feature = "json")]
-        let fields = match self.0.to_json() {
-            serde_json::Value::Object(m) => m,
-            _ => serde_json::Map::new(),
-        };
-        #[cfg(not(feature = "json"))]
-        let fields: [(&str, ()); 0] = [];
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("event", self.name())?;
-        for (k, v) in &fields {
-            map.serialize_entry(k, v)?;
+        #[derive(serde::Serialize)]
+        struct Flat<'a> {
+            event: &'static str,
+            #[serde(flatten)]
+            fields: &'a dyn erased_serde::Serialize,
         }
-        map.end()
+        Flat {
+            event: self.name(),
+            fields: self.0.fields(),
+        }
+        .serialize(s)
     }
 }
 
