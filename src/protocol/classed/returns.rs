@@ -110,7 +110,11 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         if du == 0 && dv == 0 && !c.queue() {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
-                Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),
+                Ok(_) => {
+                    let last = CWord(c.0 - C_ONE - held).emptied_detached();
+                    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
+                    return last;
+                }
                 Err(actual) => c = CWord(actual),
             }
         } else {
@@ -135,6 +139,7 @@ pub(super) fn release_pending(slot: &SlotRef, k: usize, du: i64, dv: i64, queue:
     let cw: &crate::sync::AtomicU64 = &shared.class_words[k];
     let p = CWord(cw.fetch_sub(C_PEND, SeqCst));
     debug_assert!(p.pending() >= 1, "pending-return underflow: {p:?}");
+    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
     CWord(p.0 - C_PEND).emptied_detached()
 }
 
