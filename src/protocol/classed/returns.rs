@@ -88,8 +88,10 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 ///
 /// It takes the slot, not a `&Shared`: a reference argument must stay valid until the function
 /// returns, and after the class word's last CAS (or the pending mark's removal) the last handle
-/// may free the state on another thread before this returns (Miri, `tests/lifetime_stress.rs`).
-/// The state is reached through a local reference, last used before that step.
+/// may free the state on another thread before this returns (found by Miri in
+/// `tests/lifetime_stress.rs`; checked deterministically by `tests/lifetime_class_release.rs`,
+/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`). The state is
+/// reached through a local reference, last used before that step.
 #[inline(always)]
 pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
     let shared = slot.get();
