@@ -626,5 +626,9 @@ pub(crate) unsafe fn detach(ptr: NonNull<Shared>) -> bool {
 /// free the state while this call returns, and a reference to interior-mutable data alone (as
 /// in `Arc`'s drop) is allowed to dangle then.
 pub(crate) fn count_down(alive: &AtomicUsize) -> bool {
-    alive.fetch_sub(1, Ordering::AcqRel) == 1
+    let last = alive.fetch_sub(1, Ordering::AcqRel) == 1;
+    if !last {
+        crate::sync::pause(crate::sync::PausePoint::CountedDown);
+    }
+    last
 }

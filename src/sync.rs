@@ -481,6 +481,15 @@ pub enum PausePoint {
     /// A waiting acquire (`acquire_blocking`, `acquire`) found no place by its fast decision
     /// and is about to take the queue lock to decide again (and perhaps queue).
     EnterQueue,
+    /// A class release has taken its last step on the class word (the CAS that returned its
+    /// slot, or the removal of its pending mark) and has not yet returned: from here the last
+    /// handle, on another thread, may free the state (`crate::protocol::classed`, "Lifetime").
+    ClassReleaseGiven,
+    /// A count-down of `alive` (class mode) has given this thread's count away without
+    /// reaching zero and has not yet returned: the thread that reaches zero may free the state
+    /// now. The last handle's detach reaches it for every class word it counts down, the last
+    /// of which is its own count; a release, when its class word emptied after the detach.
+    CountedDown,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

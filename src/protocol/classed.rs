@@ -157,7 +157,12 @@
 //! reference argument must stay valid until its function returns, and the state may be freed
 //! by another thread as soon as the last step lands. They reach the state through a local
 //! reference last used before that step (Miri's Stacked Borrows checks it; loom does not model
-//! reference validity).
+//! reference validity). `tests/lifetime_class_release.rs` (feature `testing`, run under Miri in
+//! CI) is the check: it frees the state on another thread while a release is held right after
+//! that step (`PausePoint::ClassReleaseGiven`, with and without a pending mark) and while a
+//! count-down that gave its count away is held before returning (`PausePoint::CountedDown`, in
+//! the last handle's detach and in a release); with a `&Shared` argument in any of these
+//! functions Miri reports the free as a deallocation while that protected reference is alive.
 //!
 //! # Memory ordering
 //!

@@ -88,8 +88,10 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 ///
 /// It takes the slot, not a `&Shared`: a reference argument must stay valid until the function
 /// returns, and after the class word's last CAS (or the pending mark's removal) the last handle
-/// may free the state on another thread before this returns (Miri, `tests/lifetime_stress.rs`).
-/// The state is reached through a local reference, last used before that step.
+/// may free the state on another thread before this returns (found by Miri in
+/// `tests/lifetime_stress.rs`; checked deterministically by `tests/lifetime_class_release.rs`,
+/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`). The state is
+/// reached through a local reference, last used before that step.
 #[inline(always)]
 pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
     let shared = slot.get();
@@ -110,7 +112,11 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         if du == 0 && dv == 0 && !c.queue() {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
-                Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),
+                Ok(_) => {
+                    let last = CWord(c.0 - C_ONE - held).emptied_detached();
+                    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
+                    return last;
+                }
                 Err(actual) => c = CWord(actual),
             }
         } else {
@@ -135,6 +141,7 @@ pub(super) fn release_pending(slot: &SlotRef, k: usize, du: i64, dv: i64, queue:
     let cw: &crate::sync::AtomicU64 = &shared.class_words[k];
     let p = CWord(cw.fetch_sub(C_PEND, SeqCst));
     debug_assert!(p.pending() >= 1, "pending-return underflow: {p:?}");
+    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
     CWord(p.0 - C_PEND).emptied_detached()
 }
 

@@ -1,0 +1,185 @@
+//! The class mode's last steps, with the state freed on another thread inside each of them,
+//! deterministically on real threads: a class release held at `PausePoint::ClassReleaseGiven`
+//! (its slot given back, or its pending mark removed, and the release not yet returned) while
+//! the main thread drops the last handle, which frees the state; and a count-down of `alive`
+//! held at `PausePoint::CountedDown` (its count given away, not yet returned) while the other
+//! thread reaches zero and frees, once in the last handle's detach and once in a release.
+//!
+//! What fails without the fix of the release's, the detach's and the count-down's arguments
+//! (they took a `&Shared`, which must stay valid until the function returns) is **Miri only**:
+//! under Stacked Borrows the free is a deallocation while that protected reference is alive
+//! (`.ci/run` runs this file under Miri with `--features testing`). Natively nothing reads the
+//! freed state, so no run of the old code would fail; natively these tests check that the free
+//! does happen inside the window (`testing::live_states`), so the schedule they pin is the one
+//! Miri needs to see.
+//!
+//! The tests of this file take turns (`SERIAL`): they read the process-wide `live_states`
+//! count. Nothing here sleeps or times anything: the threads meet over channels inside the
+//! pause hooks.
+#![cfg(feature = "testing")]
+
+use llm_bulkhead::testing::{clear_pause_hook, live_states, set_pause_hook, PausePoint};
+use llm_bulkhead::{Admission, Bulkhead, ClassLimits, Demand};
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::{mpsc, Mutex};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A bulkhead of two global slots with the given classes (the first is the default).
+fn build(classes: &[(&str, u32)]) -> Bulkhead {
+    let mut b = Bulkhead::builder().max_concurrent(2);
+    for &(name, floor) in classes {
+        let limits = ClassLimits {
+            protected_concurrent: floor,
+            ..ClassLimits::default()
+        };
+        b = b.class(name, limits);
+    }
+    b.default_class(classes[0].0).build().unwrap()
+}
+
+/// Releases `admission` on a new thread, held at `ClassReleaseGiven` while this thread drops
+/// `b`, the last handle: the drop must free the state there (the release's step let it go).
+fn drop_the_last_handle_inside_the_release(b: Bulkhead, admission: Admission, base: u64) {
+    let (at_point, reached) = mpsc::channel();
+    let (go, resume) = mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        set_pause_hook(move |p| {
+            if p == PausePoint::ClassReleaseGiven {
+                at_point.send(()).unwrap();
+                resume.recv().unwrap();
+            }
+        });
+        drop(admission);
+        clear_pause_hook();
+    });
+    reached.recv().unwrap();
+    assert_eq!(
+        live_states(),
+        base + 1,
+        "freed before the release let it go"
+    );
+    drop(b); // the last handle: every class word is empty, so this frees the state
+    assert_eq!(
+        live_states(),
+        base,
+        "the last handle frees the state while the release is still running"
+    );
+    go.send(()).unwrap();
+    releaser.join().unwrap();
+}
+
+/// A release with a shared-word decrease (a class with no floor: its slot was borrowed) marks a
+/// pending return; the last handle frees the state right after the mark's removal, before
+/// `release_pending` and `release` return.
+#[test]
+fn the_last_handle_frees_the_state_after_a_release_removes_its_pending_mark() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = live_states();
+    let b = build(&[("open", 0)]);
+    let admission = b.try_acquire(Demand::slot()).unwrap();
+    drop_the_last_handle_inside_the_release(b, admission, base);
+}
+
+/// A release inside its class's floor (nothing for the shared word, no queue flag) returns its
+/// slot in one CAS with no pending mark; the last handle frees the state right after that CAS,
+/// before `release` returns.
+#[test]
+fn the_last_handle_frees_the_state_after_a_protected_release_gives_its_slot_back() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = live_states();
+    let b = build(&[("protected", 1)]);
+    let admission = b.try_acquire(Demand::slot()).unwrap();
+    drop_the_last_handle_inside_the_release(b, admission, base);
+}
+
+/// The last handle's detach gives its own count away while an admission still holds its class
+/// word; held at `CountedDown` there, it lets the admission's release (on another thread)
+/// empty the detached word, count down to zero and free the state, before `count_down` and
+/// `detach` return.
+#[test]
+fn a_release_frees_the_state_while_the_last_handles_detach_is_counting_down() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = live_states();
+    let b = build(&[("open", 0)]);
+    let admission = b.try_acquire(Demand::slot()).unwrap();
+    let (go, start) = mpsc::channel::<()>();
+    let (released, done) = mpsc::channel();
+    let releaser = std::thread::spawn(move || {
+        start.recv().unwrap();
+        drop(admission); // empties the detached class word and counts `alive` down to zero
+        released.send(live_states()).unwrap();
+    });
+    // With one class, held by the admission, the detach counts down only its own count.
+    let fired = Rc::new(Cell::new(0));
+    let seen = Rc::new(Cell::new(None));
+    let (f, s) = (fired.clone(), seen.clone());
+    set_pause_hook(move |p| {
+        if p == PausePoint::CountedDown {
+            f.set(f.get() + 1);
+            go.send(()).unwrap();
+            s.set(Some(done.recv().unwrap()));
+        }
+    });
+    drop(b); // the last handle
+    clear_pause_hook();
+    assert_eq!(fired.get(), 1, "the detach's own count-down, once");
+    assert_eq!(
+        seen.get(),
+        Some(base),
+        "the release frees the state while the detach is still counting down"
+    );
+    assert_eq!(live_states(), base);
+    releaser.join().unwrap();
+}
+
+/// A release empties its class word after the last handle's detach set `DETACHED` on it but
+/// before the detach counted itself down; held at `CountedDown` in the release's count-down,
+/// it lets the detach finish, reach zero and free the state, before the release's
+/// `count_down` returns.
+#[test]
+fn the_last_handle_frees_the_state_while_a_release_is_counting_down() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = live_states();
+    // The admission holds the first class word; the detach counts the second (empty) one down
+    // before its own count, and is held there while the release runs.
+    let b = build(&[("held", 0), ("idle", 0)]);
+    let admission = b.try_acquire(Demand::slot()).unwrap();
+    let (go, start) = mpsc::channel::<()>();
+    let (at_point, reached) = mpsc::channel();
+    let (free, resume) = mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        set_pause_hook(move |p| {
+            if p == PausePoint::CountedDown {
+                at_point.send(()).unwrap();
+                resume.recv().unwrap();
+            }
+        });
+        start.recv().unwrap();
+        drop(admission);
+        clear_pause_hook();
+    });
+    let fired = Rc::new(Cell::new(0));
+    let f = fired.clone();
+    set_pause_hook(move |p| {
+        if p == PausePoint::CountedDown {
+            f.set(f.get() + 1);
+            if f.get() == 1 {
+                // The idle class's count is down; the held word is detached, our count left.
+                go.send(()).unwrap();
+                reached.recv().unwrap(); // the release gave its count away, not reaching zero
+            }
+        }
+    });
+    drop(b); // the last handle: its own count-down reaches zero and frees the state
+    clear_pause_hook();
+    assert_eq!(fired.get(), 1, "the idle class word's count-down, once");
+    assert_eq!(
+        live_states(),
+        base,
+        "the last handle frees the state while the release is still counting down"
+    );
+    free.send(()).unwrap();
+    releaser.join().unwrap();
+}
