@@ -691,6 +691,38 @@ impl Bulkhead {
         Ok(self.admission_from(g, priority, reservation))
     }
 
+    /// A queued [`Acquire`]'s end: books the ended wait (`book_wait`) and turns the outcome
+    /// into what builds the admission, or the refusal, as [`finish_granted`](Self::finish_granted).
+    /// A no-class grant (the common answer) books the wait and counts the admission in the same
+    /// entry of this thread's counters, looked up once.
+    #[inline(always)]
+    fn finish_wait(
+        &self,
+        outcome: Outcome,
+        since: Option<Instant>,
+        demand: &Demand,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Result<Granted, Rejection> {
+        let c = self
+            .shared
+            .counters
+            .local(crate::record::stats::Counters::new);
+        book_wait_in(c, since);
+        if let Outcome::Granted { revision, .. } = outcome {
+            if !self.shared.classed {
+                let r = reservation.map_or(0, |x| x.total());
+                return Ok(crate::protocol::plain::count_in(
+                    &self.shared,
+                    c,
+                    revision,
+                    r,
+                ));
+            }
+        }
+        self.finish_granted(outcome, demand, priority, reservation)
+    }
+
     /// [`finish`](Self::finish) up to the admission: what builds it, or the refusal (for
     /// [`Acquire`], which builds the admission itself, once, in its inlined `poll`).
     fn finish_granted(
@@ -739,11 +771,25 @@ fn wait_started(b: &Bulkhead) -> Option<Instant> {
 
 /// Books one ended wait (and its duration, if it was measured).
 fn book_wait(b: &Bulkhead, since: Option<Instant>) {
-    let c = b.shared.counters.local(crate::record::stats::Counters::new);
+    book_wait_in(
+        b.shared.counters.local(crate::record::stats::Counters::new),
+        since,
+    );
+}
+
+/// [`book_wait`] into this thread's counters entry `c`.
+#[inline(always)]
+fn book_wait_in(c: &crate::record::stats::Counters, since: Option<Instant>) {
     c.waits.add(1);
     if let Some(since) = since {
-        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        c.wait_ns.add(ns);
-        c.wait_max_ns.raise(ns);
+        book_wait_duration(c, since);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn book_wait_duration(c: &crate::record::stats::Counters, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    c.wait_ns.add(ns);
+    c.wait_max_ns.raise(ns);
 }
