@@ -64,6 +64,7 @@ pub(crate) enum Notify {
 
 impl Notify {
     /// Wakes the owner. Owns what it wakes, so it needs no access to the node.
+    #[inline]
     pub(crate) fn wake(self) {
         match self {
             Notify::None => {}
