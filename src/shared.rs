@@ -594,9 +594,11 @@ impl Drop for QueueGuard<'_> {
         // Still under the mutex: the mirror is exact at every unlock.
         self.shared.queued.store(self.q.len(), Ordering::SeqCst);
         // So is the mask of queued classes (a bit raised for an enqueuer that was then
-        // admitted or refused comes down here).
+        // admitted or refused comes down here). Only the class bypass reads it: without
+        // classes it is never published (each no-class enqueue and hand-off would otherwise
+        // pay a `SeqCst` store for bit 0).
         let mask = self.q.class_mask();
-        if mask != self.q.published_classes {
+        if self.shared.classed && mask != self.q.published_classes {
             self.shared.queued_classes.store(mask, Ordering::SeqCst);
             self.q.published_classes = mask;
         }

@@ -296,7 +296,8 @@ pub(crate) struct Queue {
     /// Bit `k` set exactly when `class_counts[k] > 0`.
     class_mask: u64,
     /// The mask last published in `Shared::queued_classes` (under this mutex); the unlock
-    /// publishes [`Queue::class_mask`] when the two differ (`crate::shared::QueueGuard`).
+    /// publishes [`Queue::class_mask`] when the two differ, with classes only
+    /// (`crate::shared::QueueGuard`).
     pub(crate) published_classes: u64,
 }
 
