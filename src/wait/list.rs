@@ -213,7 +213,8 @@ unsafe impl Sync for Waiter {}
 unsafe impl Send for Waiter {}
 
 impl Waiter {
-    pub(crate) fn new(r: u64, k: usize, priority: Priority) -> Waiter {
+    /// A node that is not linked yet, whose owner is woken through `notify` once it is.
+    pub(crate) fn new(r: u64, k: usize, priority: Priority, notify: Notify) -> Waiter {
         Waiter {
             r,
             k,
@@ -224,7 +225,7 @@ impl Waiter {
                 owner: ptr::null(),
             }),
             outcome: UnsafeCell::new(Outcome::Pending),
-            notify: UnsafeCell::new(Notify::None),
+            notify: UnsafeCell::new(notify),
             state: AtomicU32::new(WAITING),
             _pinned: PhantomPinned,
         }

@@ -126,9 +126,11 @@ impl Acquire<'_> {
         let b = self.bulkhead;
         let (r, k, priority, _) = b.demand_parts(&self.demand);
         let slot = &mut self.wait;
+        let waker = cx.waker();
         let make = node_maker(move || {
             let w = slot.insert(Wait {
-                node: Waiter::new(r, k, priority),
+                // The waker is cloned only here, if the demand queues.
+                node: Waiter::new(r, k, priority, Notify::Waker(waker.clone())),
                 deadline: None,
                 timer: None,
                 cancel_reg: None,
@@ -139,8 +141,7 @@ impl Acquire<'_> {
             // was moved or dropped by this write.
             unsafe { Pin::new_unchecked(&w.node) }
         });
-        // The waker is cloned only if the demand queues.
-        match b.enter_after_fast(k, r, priority, make, || Notify::Waker(cx.waker().clone())) {
+        match b.enter_after_fast(k, r, priority, make) {
             Enter::Granted(g) => {
                 self.finished = true;
                 Poll::Ready(Ok(g))
