@@ -281,6 +281,7 @@ impl std::ops::Deref for Handle {
 }
 
 impl Clone for Handle {
+    #[inline]
     fn clone(&self) -> Handle {
         // Relaxed suffices for an increment from a live handle (as in `Arc::clone`).
         let old = self.handles.fetch_add(1, Ordering::Relaxed);
@@ -294,10 +295,22 @@ impl Clone for Handle {
 }
 
 impl Drop for Handle {
+    // Inlined down to the decrement: only the last handle goes on, out of line.
+    #[inline]
     fn drop(&mut self) {
         if self.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        self.drop_last();
+    }
+}
+
+impl Handle {
+    /// The drop of the last handle (the count just reached zero): detaches the state, and
+    /// frees it if no admission holds a slot.
+    #[cold]
+    #[inline(never)]
+    fn drop_last(&mut self) {
         if self.classed {
             // SAFETY: this is the last handle, being dropped (the count above reached zero).
             if unsafe { crate::shared::detach(self.0) } {
@@ -581,9 +594,11 @@ impl Drop for QueueGuard<'_> {
         // Still under the mutex: the mirror is exact at every unlock.
         self.shared.queued.store(self.q.len(), Ordering::SeqCst);
         // So is the mask of queued classes (a bit raised for an enqueuer that was then
-        // admitted or refused comes down here).
+        // admitted or refused comes down here). Only the class bypass reads it: without
+        // classes it is never published (each no-class enqueue and hand-off would otherwise
+        // pay a `SeqCst` store for bit 0).
         let mask = self.q.class_mask();
-        if mask != self.q.published_classes {
+        if self.shared.classed && mask != self.q.published_classes {
             self.shared.queued_classes.store(mask, Ordering::SeqCst);
             self.q.published_classes = mask;
         }

@@ -216,6 +216,7 @@ fn return_to_word(
 
 /// Grants the head waiter with the CAS `w → next` under the limits of `revision`, clearing
 /// `WAITERS` if it was the last waiter and no drainer needs the flag. `Err`: the word moved.
+#[inline(always)]
 pub(crate) fn grant_head(
     word: &crate::sync::AtomicU64,
     q: &mut Queue,

@@ -178,7 +178,7 @@ pub(crate) fn count(shared: &Shared, revision: u64, r: u64) -> Granted {
 
 /// [`count`] into this thread's entry `c`.
 #[inline(always)]
-fn count_in(shared: &Shared, c: &Counters, revision: u64, r: u64) -> Granted {
+pub(crate) fn count_in(shared: &Shared, c: &Counters, revision: u64, r: u64) -> Granted {
     let n = c.admitted.add(1);
     if shared.has_budget {
         c.total_reserved.add(r);
@@ -404,6 +404,8 @@ pub(crate) enum QueueStep {
 /// the CAS then sees it in the mirror ([`admit_if_nobody_waits`]; `crate::wait::waiting`,
 /// "Drain"). Under token waiting, a demand short of tokens that can fit once capacity returns
 /// queues too, as long as a queue is possible (`crate::protocol::token_wait`).
+// Inlined into the enqueue (its one caller), which is already out of line.
+#[inline(always)]
 pub(crate) fn decide_queued(
     q: &crate::shared::QueueGuard<'_>,
     r: u64,

@@ -441,13 +441,17 @@ impl Bulkhead {
         }
         let (r, k, priority, reservation) = self.demand_parts(&demand);
         let timeout = options.timeout.resolve(shared.default_timeout);
-        let node = Waiter::new(r, k, priority);
+        let node = Waiter::new(
+            r,
+            k,
+            priority,
+            Notify::Thread(crate::sync::thread::current()),
+        );
         // SAFETY: `node` stays on this stack frame, unmoved, until it is answered or has
         // unlinked itself: every path below ends in one of the two before returning, and an
         // unwind does too (`linked` below is dropped before `node`).
         let node = unsafe { Pin::new_unchecked(&node) };
-        let notify = || Notify::Thread(crate::sync::thread::current());
-        match self.enter_after_fast(k, r, priority, || node, notify) {
+        match self.enter_after_fast(k, r, priority, || node) {
             Enter::Granted(g) => return Ok(self.admission_from(g, priority, reservation)),
             Enter::Refused(rej) => return Err(rej),
             Enter::Queued => {}
@@ -568,21 +572,20 @@ impl Bulkhead {
     /// The fast decision, then (if it found no free slot and queueing is possible) the decision
     /// under the queue mutex, which takes a slot, refuses, or queues the node `node()` makes
     /// (called under the mutex, only when the demand queues: a demand answered at once never
-    /// builds its node).
+    /// builds its node; the node carries how to wake its owner, [`Waiter::new`]).
     pub(super) fn enter<'n>(
         &self,
         k: usize,
         r: u64,
         priority: Priority,
         node: impl FnOnce() -> Pin<&'n Waiter>,
-        notify: impl FnOnce() -> Notify,
     ) -> Enter {
         let shared = &*self.shared;
         if k == UNKNOWN_CLASS {
             return Enter::Refused(crate::handle::bulkhead::unknown_class());
         }
         if shared.classed {
-            return self.enter_classed(k, r, priority, node, notify);
+            return self.enter_classed(k, r, priority, node);
         }
         let f = match self.try_decide(r, priority) {
             Ok(g) => return Enter::Granted(g),
@@ -591,10 +594,10 @@ impl Bulkhead {
         if !may_queue(shared, &f, r, priority) {
             return match self.refusal(&f, r, priority) {
                 Some(rej) => Enter::Refused(rej),
-                None => self.enter(k, r, priority, node, notify),
+                None => self.enter(k, r, priority, node),
             };
         }
-        self.enter_queue(r, priority, node, notify)
+        self.enter_queue(r, priority, node)
     }
 
     /// The no-class enqueue, after a fast decision found no free slot (or, under token
@@ -607,7 +610,6 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
         node: impl FnOnce() -> Pin<&'n Waiter>,
-        notify: impl FnOnce() -> Notify,
     ) -> Enter {
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
         let guard = self.shared.slow_path();
@@ -629,12 +631,11 @@ impl Bulkhead {
                         Enter::Refused(rej)
                     }
                     // The tag moved: decide again from the start.
-                    None => self.enter(0, r, priority, node, notify),
+                    None => self.enter(0, r, priority, node),
                 }
             }
             QueueStep::Queue => {
                 let node = node();
-                node.set_notify(&q, notify());
                 // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before it
                 // is dropped; we hold the mutex.
                 unsafe { q.push_back(&node) };
@@ -691,6 +692,38 @@ impl Bulkhead {
         Ok(self.admission_from(g, priority, reservation))
     }
 
+    /// A queued [`Acquire`]'s end: books the ended wait (`book_wait`) and turns the outcome
+    /// into what builds the admission, or the refusal, as [`finish_granted`](Self::finish_granted).
+    /// A no-class grant (the common answer) books the wait and counts the admission in the same
+    /// entry of this thread's counters, looked up once.
+    #[inline(always)]
+    fn finish_wait(
+        &self,
+        outcome: Outcome,
+        since: Option<Instant>,
+        demand: &Demand,
+        priority: Priority,
+        reservation: Option<Reservation>,
+    ) -> Result<Granted, Rejection> {
+        let c = self
+            .shared
+            .counters
+            .local(crate::record::stats::Counters::new);
+        book_wait_in(c, since);
+        if let Outcome::Granted { revision, .. } = outcome {
+            if !self.shared.classed {
+                let r = reservation.map_or(0, |x| x.total());
+                return Ok(crate::protocol::plain::count_in(
+                    &self.shared,
+                    c,
+                    revision,
+                    r,
+                ));
+            }
+        }
+        self.finish_granted(outcome, demand, priority, reservation)
+    }
+
     /// [`finish`](Self::finish) up to the admission: what builds it, or the refusal (for
     /// [`Acquire`], which builds the admission itself, once, in its inlined `poll`).
     fn finish_granted(
@@ -739,11 +772,25 @@ fn wait_started(b: &Bulkhead) -> Option<Instant> {
 
 /// Books one ended wait (and its duration, if it was measured).
 fn book_wait(b: &Bulkhead, since: Option<Instant>) {
-    let c = b.shared.counters.local(crate::record::stats::Counters::new);
+    book_wait_in(
+        b.shared.counters.local(crate::record::stats::Counters::new),
+        since,
+    );
+}
+
+/// [`book_wait`] into this thread's counters entry `c`.
+#[inline(always)]
+fn book_wait_in(c: &crate::record::stats::Counters, since: Option<Instant>) {
     c.waits.add(1);
     if let Some(since) = since {
-        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        c.wait_ns.add(ns);
-        c.wait_max_ns.raise(ns);
+        book_wait_duration(c, since);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn book_wait_duration(c: &crate::record::stats::Counters, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    c.wait_ns.add(ns);
+    c.wait_max_ns.raise(ns);
 }

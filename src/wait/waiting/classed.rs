@@ -16,7 +16,6 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
         node: impl FnOnce() -> Pin<&'n Waiter>,
-        notify: impl FnOnce() -> Notify,
     ) -> Enter {
         let shared = &*self.shared;
         // Rows 1–5 pass and there is no free slot, or waiters are queued and the demand may
@@ -101,7 +100,6 @@ impl Bulkhead {
             return Enter::Refused(rej);
         }
         let node = node();
-        node.set_notify(&q, notify());
         // SAFETY: `node` is pinned by the caller and unlinks (or is answered) before it is
         // dropped; we hold the mutex.
         unsafe { q.push_back(&node) };

@@ -69,12 +69,11 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
         node: impl FnOnce() -> Pin<&'n Waiter>,
-        notify: impl FnOnce() -> Notify,
     ) -> Enter {
         if self.shared.classed || k == UNKNOWN_CLASS {
-            self.enter(k, r, priority, node, notify)
+            self.enter(k, r, priority, node)
         } else {
-            self.enter_queue(r, priority, node, notify)
+            self.enter_queue(r, priority, node)
         }
     }
 }

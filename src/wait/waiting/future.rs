@@ -29,6 +29,8 @@ pub struct Acquire<'a> {
     pub(super) options: WaitOptions,
     /// It entered the queue (`wait` is then `Some`).
     pub(super) queued: bool,
+    /// It returned `Ready`. A future that queued sets it only once its timer entry and its
+    /// cancellation registration are gone (so its drop has nothing left to do).
     pub(super) finished: bool,
     /// Timing requested ([`Bulkhead::acquire_timed`]): the queue wait is measured.
     pub(super) timed: bool,
@@ -124,9 +126,11 @@ impl Acquire<'_> {
         let b = self.bulkhead;
         let (r, k, priority, _) = b.demand_parts(&self.demand);
         let slot = &mut self.wait;
+        let waker = cx.waker();
         let make = node_maker(move || {
             let w = slot.insert(Wait {
-                node: Waiter::new(r, k, priority),
+                // The waker is cloned only here, if the demand queues.
+                node: Waiter::new(r, k, priority, Notify::Waker(waker.clone())),
                 deadline: None,
                 timer: None,
                 cancel_reg: None,
@@ -137,8 +141,7 @@ impl Acquire<'_> {
             // was moved or dropped by this write.
             unsafe { Pin::new_unchecked(&w.node) }
         });
-        // The waker is cloned only if the demand queues.
-        match b.enter_after_fast(k, r, priority, make, || Notify::Waker(cx.waker().clone())) {
+        match b.enter_after_fast(k, r, priority, make) {
             Enter::Granted(g) => {
                 self.finished = true;
                 Poll::Ready(Ok(g))
@@ -205,11 +208,16 @@ impl Acquire<'_> {
                     RejectReason::Timeout
                 };
                 let outcome = b.leave(node, reason);
-                self.finished = true;
                 end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
+                self.finished = true;
                 *queue_wait = since.map(|s| s.elapsed());
-                book_wait(b, *since);
-                return Poll::Ready(b.finish_granted(outcome, &self.demand, priority, reservation));
+                return Poll::Ready(b.finish_wait(
+                    outcome,
+                    *since,
+                    &self.demand,
+                    priority,
+                    reservation,
+                ));
             }
             if let Some(t) = *timer {
                 crate::wait::timer::update(t, cx.waker());
@@ -226,14 +234,13 @@ impl Acquire<'_> {
                 return Poll::Pending;
             }
         }
-        self.finished = true;
         end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
+        self.finished = true;
         *queue_wait = since.map(|s| s.elapsed());
-        book_wait(b, *since);
         // SAFETY: `is_done` returned true on this thread (the branch above, or the check
         // under the lock).
         let outcome = unsafe { node.outcome() };
-        Poll::Ready(b.finish_granted(outcome, &self.demand, priority, reservation))
+        Poll::Ready(b.finish_wait(outcome, *since, &self.demand, priority, reservation))
     }
 }
 
@@ -255,15 +262,18 @@ fn end_registrations(timer: &mut Option<u64>, cancel: Option<&CancelToken>, reg:
 impl Drop for Acquire<'_> {
     #[inline]
     fn drop(&mut self) {
-        if self.queued {
+        // A future that finished after it queued ended its registrations before it set
+        // `finished` (`poll_queued`): nothing is left to do, and the common drop (of a future
+        // that was answered) costs two flag tests.
+        if self.queued && !self.finished {
             self.drop_queued();
         }
     }
 }
 
 impl Acquire<'_> {
-    /// The drop of a future that entered the queue: ends its registrations and, if it is
-    /// still waiting, leaves the queue (releasing a slot handed to it meanwhile).
+    /// The drop of a future that is still queued: ends its registrations and leaves the queue
+    /// (releasing a slot handed to it meanwhile).
     #[cold]
     #[inline(never)]
     fn drop_queued(&mut self) {
@@ -276,9 +286,6 @@ impl Acquire<'_> {
             self.options.cancel.as_ref(),
             &mut w.cancel_reg,
         );
-        if self.finished {
-            return;
-        }
         // SAFETY: the future is being dropped in place: `node` has not moved since it was
         // pinned and is still alive here.
         let node = unsafe { Pin::new_unchecked(&w.node) };
