@@ -106,14 +106,17 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
             n >= 1 && t >= held,
             "class word underflow: {c:?} - (1, {held})"
         );
-        let (du, dv) = delta(&l, n, t, n - 1, t - held);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
-        if du == 0 && dv == 0 && !c.queue() {
+        // `U` and `V` do not change (`delta` is (0, 0)) exactly when the slot was inside the
+        // floor (`n ≤ pc`) and so were the tokens (`t ≤ pt`), or none are returned: tested
+        // directly, `delta` only for the pending branch.
+        if n <= l.pc && (held == 0 || t <= l.pt) && !c.queue() {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
                 Ok(_) => return CWord(c.0 - C_ONE - held).emptied_detached(),
                 Err(actual) => c = CWord(actual),
             }
         } else {
+            let (du, dv) = delta(&l, n, t, n - 1, t - held);
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
                 Ok(_) => return release_pending(slot, k, du, dv, c.queue()),
                 Err(actual) => c = CWord(actual),
