@@ -290,9 +290,19 @@ enum Attempt {
 /// The common case of the classed `try_acquire` (see `first_try`), inside its own grace-period
 /// operation; `None`: decide with [`acquire`] (anything this did was undone). Kept apart so that
 /// the success path returns a small value, not the full refusal.
+///
+/// `c` is the calling thread's counters entry of this bulkhead, which the caller counts the
+/// admission in: the operation's marker lives there (`crate::grace::enter_decision`, one
+/// lookup for both). Only for a caller that holds a handle for the whole call.
 #[inline(always)]
-pub(crate) fn try_fast(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
-    let _op = crate::grace::op();
+pub(crate) fn try_fast(
+    shared: &Shared,
+    c: &crate::record::stats::Counters,
+    k: usize,
+    r: u64,
+    priority: Priority,
+) -> Option<Admitted> {
+    let _op = crate::grace::enter_decision(c);
     first_try(shared, k, r, priority)
 }
 

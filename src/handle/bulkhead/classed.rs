@@ -17,8 +17,11 @@ impl Bulkhead {
         let Some(k) = self.class_index(class) else {
             return Err(unknown_class());
         };
-        match crate::protocol::classed::try_fast(shared, k, r, priority) {
-            Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
+        // One lookup of this thread's counters entry: the fast attempt's grace-period marker and
+        // the admission's counts.
+        let c = shared.counters.local(Counters::new);
+        match crate::protocol::classed::try_fast(shared, c, k, r, priority) {
+            Some(a) => Ok(self.count_class_in(c, k, r, a.revision, a.resources)),
             None => self.try_acquire_classed_contended(k, r, priority),
         }
     }
@@ -71,8 +74,21 @@ impl Bulkhead {
         revision: u64,
         resources: crate::vocab::class::Resources,
     ) -> Granted {
+        let c = self.shared.counters.local(Counters::new);
+        self.count_class_in(c, k, r, revision, resources)
+    }
+
+    /// [`count_class_admission`](Self::count_class_admission) into this thread's entry `c`.
+    #[inline(always)]
+    pub(crate) fn count_class_in(
+        &self,
+        c: &Counters,
+        k: usize,
+        r: u64,
+        revision: u64,
+        resources: crate::vocab::class::Resources,
+    ) -> Granted {
         let shared = &*self.shared;
-        let c = shared.counters.local(Counters::new);
         let n = c.admitted.add(1);
         let cc = &c.classes[k];
         cc.admitted.add(1);
