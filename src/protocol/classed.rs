@@ -245,6 +245,7 @@ pub(crate) struct Admitted {
 }
 
 /// A classed refusal, with the collect that explains it (a few words: no allocation).
+#[derive(Clone, Copy)]
 pub(crate) struct Refused {
     pub(crate) reason: RejectReason,
     pub(crate) constraint: Option<Constraint>,
@@ -323,14 +324,28 @@ pub(crate) fn acquire(
     contended(shared, k, r, priority, false)
 }
 
-/// [`acquire`] after [`try_fast`] returned `None`: the full protocol only.
-pub(crate) fn acquire_after_fast(
+/// [`acquire`] after [`try_fast`] returned `None`: the full protocol only. A refusal is handed
+/// to `refused` where it was explained, by reference (a [`Refused`] is about 200 bytes; moved
+/// out through each return it was copied four times), and its answer returned.
+#[inline(always)]
+pub(crate) fn acquire_after_fast<T>(
     shared: &Shared,
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Refused> {
-    contended(shared, k, r, priority, false)
+    refused: impl Fn(&Refused) -> T,
+) -> Result<Admitted, T> {
+    let _op = crate::grace::op();
+    acquire_contended_with(
+        shared,
+        Req {
+            k,
+            r,
+            priority,
+            in_queue: false,
+        },
+        refused,
+    )
 }
 
 /// The decision for a queued head (or a newcomer to an empty queue), made under the queue
@@ -441,6 +456,17 @@ const FITS_RETRIES: u32 = 16;
 /// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
 #[inline(never)]
 fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
+    acquire_contended_with(shared, req, |f| *f)
+}
+
+/// [`acquire_contended`], with the refusal handed to `refused` by reference where it was
+/// explained.
+#[inline(always)]
+fn acquire_contended_with<T>(
+    shared: &Shared,
+    req: Req,
+    refused: impl Fn(&Refused) -> T,
+) -> Result<Admitted, T> {
     let backoff = crossbeam_utils::Backoff::new();
     let mut retries_after_refusal = 0;
     loop {
@@ -451,7 +477,7 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
         match outcome {
             Attempt::Admitted(a) => return Ok(a),
             Attempt::Retry | Attempt::Slow => backoff.spin(),
-            Attempt::Refused(reason) => match explain(shared, req, reason) {
+            Attempt::Refused(reason) => match explain(shared, req, reason, &refused) {
                 Explained::Refused(rej) => return Err(rej),
                 // The collect says the demand fits: another decider's step was in progress (a
                 // release between its two words, a reservation about to be taken back, a
@@ -461,7 +487,7 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
                     retries_after_refusal += 1;
                     backoff.snooze();
                 }
-                Explained::Fits => return Err(explain_final(shared, req, reason)),
+                Explained::Fits => return Err(refused(&explain_final(shared, req, reason))),
                 Explained::TagMoved => {}
             },
         }

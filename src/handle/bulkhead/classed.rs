@@ -40,9 +40,10 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority) {
+        let refused = |f: &_| self.class_refusal(k, f, r, priority);
+        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            Err(f) => Err(self.class_refusal(k, f, r, priority)),
+            Err(rej) => Err(rej),
         }
     }
 
@@ -128,7 +129,7 @@ impl Bulkhead {
         priority: Priority,
     ) -> Rejection {
         let f = crate::protocol::classed::describe(&self.shared, k, priority, reason, constraint);
-        self.class_refusal(k, f, r, priority)
+        self.class_refusal(k, &f, r, priority)
     }
 
     /// Counts and explains a class refusal from the collect that decided its reason.
@@ -137,7 +138,7 @@ impl Bulkhead {
     pub(crate) fn class_refusal(
         &self,
         k: usize,
-        f: crate::protocol::classed::Refused,
+        f: &crate::protocol::classed::Refused,
         r: u64,
         priority: Priority,
     ) -> Rejection {

@@ -54,17 +54,25 @@ pub(crate) fn collect(shared: &Shared) -> (Vec<(u64, u64)>, u64, u64) {
     (v, g, t)
 }
 
-pub(super) enum Explained {
-    Refused(Refused),
+pub(super) enum Explained<T> {
+    /// Refused: what the caller's `refused` made of the [`Refused`].
+    Refused(T),
     /// The collect says the demand fits: a transient step of another decider refused it.
     Fits,
     TagMoved,
 }
 
 /// Explains a refusal from one collect of every word, the way the sequential model decides
-/// (`src/model.rs`): shutdown, row 1, rows 2–3, rows 4–5, row 6.
+/// (`src/model.rs`): shutdown, row 1, rows 2–3, rows 4–5, row 6. A refusal is handed to
+/// `refused` by reference where it is built (it is about 200 bytes: moved out in the result,
+/// it was copied on each return).
 #[inline]
-pub(super) fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
+pub(super) fn explain<T>(
+    shared: &Shared,
+    req: Req,
+    hint: RejectReason,
+    refused: &impl Fn(&Refused) -> T,
+) -> Explained<T> {
     let g = GWord(shared.word.load(SeqCst));
     // A reconfiguration in progress keeps the stored U/V conservative until every class has
     // migrated: finish it (helping) before refusing because of it.
@@ -85,13 +93,13 @@ pub(super) fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explaine
         return Explained::TagMoved;
     }
     let refused = |reason, constraint| {
-        Explained::Refused(Refused {
+        Explained::Refused(refused(&Refused {
             reason,
             constraint,
             lim,
             summary,
             stored_shared: None,
-        })
+        }))
     };
     if g.closed() || hint == RejectReason::Shutdown {
         return refused(RejectReason::Shutdown, None);
