@@ -409,9 +409,10 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     }
     let (n, t) = (c.in_flight(), c.tokens());
     let borrow_c = n >= l.pc;
-    let dv = (t + r).max(l.pt) - t.max(l.pt);
     let next = c.0 + C_ONE + r;
-    if !borrow_c && dv == 0 {
+    // Protected: neither a slot nor tokens borrowed (`dv = 0`, which is `r = 0` or
+    // `t + r ≤ pt`), tested directly; `dv` is computed for the borrower only.
+    if !borrow_c && (r == 0 || t + r <= l.pt) {
         if g.v() > eff {
             return None;
         }
@@ -428,6 +429,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
         undo(shared, k, r, false);
         return None;
     }
+    let dv = (t + r).max(l.pt) - t.max(l.pt);
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
     let du = u64::from(borrow_c);
     if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
