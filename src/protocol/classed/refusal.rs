@@ -16,7 +16,17 @@ pub(super) fn summarize(
 ) -> Summary {
     let mut sums = ShareSums::default();
     let (mut g, mut t) = (0, 0);
-    let mut own = ((0, 0), shared.ring.read_class(tag, k));
+    // Filled in by the loop: class `k` is in the table (no read of its limits beforehand).
+    let mut own = (
+        (0, 0),
+        HotClass {
+            pc: 0,
+            mc: None,
+            pt: 0,
+            mt: None,
+        },
+    );
+    debug_assert!(k < shared.class_words.len());
     for (j, w) in shared.class_words.iter().enumerate() {
         let w = CWord(w.load(SeqCst));
         let c = (w.in_flight(), w.tokens());
