@@ -367,7 +367,7 @@ pub(crate) struct ClassBox(Option<Box<ClassCounts>>);
 
 #[cfg(not(loom))]
 std::thread_local! {
-    /// The thread's spare box (a scratch value no protocol shares, as `crate::llm::dedup`'s).
+    /// The thread's spare box (a scratch value no protocol shares).
     static SPARE: std::cell::Cell<Option<Box<ClassCounts>>> = const { std::cell::Cell::new(None) };
 }
 
