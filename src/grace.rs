@@ -30,10 +30,10 @@
 //! store. Operations nest (a release that pumps the queue decides for a waiter): only the
 //! outermost one moves the marker. Markers live in two places:
 //!
-//! * a no-class decision (`crate::protocol::plain::try_decide`) uses the thread's counters
-//!   entry of that bulkhead, which the decision looks up anyway to count the admission: one
-//!   lookup for both.
-//!   Its caller holds a handle, so the entry outlives the operation;
+//! * a no-class decision (`crate::protocol::plain::try_decide`) and the class protocol's fast
+//!   attempt (`crate::protocol::classed::try_fast`) use the thread's counters entry of that
+//!   bulkhead, which the decision looks up anyway to count the admission: one lookup for both.
+//!   Their callers hold a handle, so the entry outlives the operation;
 //! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a
 //!   class release may leave its operation after it gave away the last reference to the
 //!   bulkhead, so its marker must not live in the bulkhead.
@@ -248,8 +248,9 @@ pub(crate) fn op() -> Op<'static> {
     enter(reader())
 }
 
-/// Enters a no-class decision of the bulkhead whose counters entry `c` is (the calling
-/// thread's): the marker lives in that entry, which the decision looks up anyway. Only for a
+/// Enters a decision of the bulkhead whose counters entry `c` is (the calling thread's): a
+/// no-class decision, or the class fast attempt. The marker lives in that entry, which the
+/// decision looks up anyway. Only for a
 /// caller that keeps the bulkhead alive until it leaves (a handle). Under loom, where counters
 /// entries are shared by every thread, the process-wide cell instead.
 #[inline(always)]

@@ -69,10 +69,12 @@ fn an_async_waiter_allocates_nothing_of_its_own() {
     assert_eq!(used, 0, "queueing, hand-off and completion allocated");
 }
 
-/// A no-class refusal allocates nothing and a class refusal one box (its class numbers; the
-/// explanation is computed only when asked, and the class is named by an interned
-/// `&'static str`: before, two allocations, the detail's box and the name's `String`); asking
-/// for the explanation still gives the whole detail.
+/// A no-class refusal allocates nothing and a class refusal at most one box (its class
+/// numbers; the explanation is computed only when asked, and the class is named by an
+/// interned `&'static str`: before, two allocations, the detail's box and the name's
+/// `String`). The box is recycled: a class refusal dropped before the thread's next one
+/// allocates nothing, and only refusals alive at once need a box each. Asking for the
+/// explanation still gives the whole detail.
 #[test]
 fn refusals_allocate_nothing_until_explained() {
     use llm_bulkhead::{ClassLimits, Constraint, RejectReason};
@@ -112,16 +114,25 @@ fn refusals_allocate_nothing_until_explained() {
     }
     assert_eq!(allocs() - before, 0, "a no-class refusal allocated");
     let before = allocs();
-    let mut class = None;
     for _ in 0..100 {
-        class = classed.try_acquire(capped).err();
+        drop(classed.try_acquire(capped).err());
     }
     assert_eq!(
         allocs() - before,
-        100,
-        "a class refusal allocates its one box"
+        0,
+        "a class refusal dropped before the next one allocated (its box is recycled)"
     );
-    let (slots, class) = (slots.unwrap(), class.unwrap());
+    let mut alive = Vec::with_capacity(10);
+    let before = allocs();
+    for _ in 0..10 {
+        alive.push(classed.try_acquire(capped).unwrap_err());
+    }
+    assert_eq!(
+        allocs() - before,
+        9,
+        "class refusals alive at once: the spare box, then one new box each"
+    );
+    let (slots, class) = (slots.unwrap(), alive.pop().unwrap());
     assert_eq!(slots.reason, RejectReason::ConcurrencyLimit);
     let d = slots.detail();
     assert_eq!((d.in_flight, d.max_concurrent), (0, 0));

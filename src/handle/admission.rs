@@ -239,7 +239,12 @@ impl ClassBits {
 
     #[inline]
     fn index(self) -> Option<usize> {
-        (self.0 & Self::HAS != 0).then_some(((self.0 >> 1) & 7) as usize)
+        (self.0 & Self::HAS != 0).then_some(self.class_index())
+    }
+    /// The class index field (meaningful only with [`HAS`](Self::HAS) set).
+    #[inline]
+    fn class_index(self) -> usize {
+        ((self.0 >> 1) & 7) as usize
     }
     fn resources(self) -> Resources {
         Resources {
@@ -666,7 +671,31 @@ impl Admission {
     #[cfg(feature = "llm")]
     #[inline(always)]
     pub(crate) fn settle_final(&mut self, usage: Option<Usage>) {
-        self.settle(usage.filter(|u| u.total().is_some()));
+        self.settle_quietly(usage.filter(|u| u.total().is_some()));
+    }
+
+    /// Whether a release with `usage` is the plain one: no class, nothing to book, no event.
+    /// `reported` is tested before it is copied: the copy (24 bytes) is a 16-byte load, which
+    /// stalled on store forwarding over the 8-byte store of the `None` just written by an
+    /// admission built and dropped at once (an awaited `acquire` dropped at once).
+    #[inline(always)]
+    fn is_plain_release(&self, usage: Option<Usage>) -> bool {
+        usage.is_none()
+            && self.reported.is_none()
+            && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED) == 0
+    }
+
+    /// What the out-of-line ends of a release need to know of the admission: copies, not
+    /// `&self` (taking the admission's address would keep it in memory).
+    #[inline(always)]
+    fn described(&self) -> Described {
+        Described {
+            id: self.id,
+            revision: self.revision,
+            class: self.class,
+            reservation: self.reservation,
+            sequence: self.sequence,
+        }
     }
 
     /// Returns the slot and the whole hold; `None` if already released. Statistics are written
@@ -676,13 +705,7 @@ impl Admission {
     fn settle(&mut self, usage: Option<Usage>) -> Option<Settled> {
         let slot = self.slot.take()?;
         let held = std::mem::take(&mut self.held);
-        // `reported` is tested before it is copied: the copy (24 bytes) is a 16-byte load,
-        // which stalled on store forwarding over the 8-byte store of the `None` just written
-        // by an admission built and dropped at once (an awaited `acquire` dropped at once).
-        if usage.is_none()
-            && self.reported.is_none()
-            && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED) == 0
-        {
+        if self.is_plain_release(usage) {
             // The plain release: nothing to book, one RMW. Kept this small so that dropping
             // an admission inlines.
             slot.return_slot(held);
@@ -694,26 +717,32 @@ impl Admission {
             });
         }
         let usage = usage.or(self.reported);
-        // Copies, not `&self`: taking the admission's address would keep it in memory.
-        Some(settle_other(
-            slot,
-            held,
-            usage,
-            Described {
-                id: self.id,
-                revision: self.revision,
-                class: self.class,
-                reservation: self.reservation,
-                sequence: self.sequence,
-            },
-        ))
+        Some(settle_other(slot, held, usage, self.described()))
+    }
+
+    /// [`settle`](Self::settle) for a caller with no use for what it settled (the drop,
+    /// `settle_final`): the out-of-line end returns nothing, so a class release with nothing
+    /// to book (`settle_quiet`) is the class release alone, with no result to write.
+    #[inline(always)]
+    fn settle_quietly(&mut self, usage: Option<Usage>) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let held = std::mem::take(&mut self.held);
+        if self.is_plain_release(usage) {
+            // As in `settle`.
+            slot.return_slot(held);
+            return;
+        }
+        let usage = usage.or(self.reported);
+        settle_quiet(slot, held, usage, self.described());
     }
 }
 
 impl Drop for Admission {
     #[inline(always)]
     fn drop(&mut self) {
-        self.settle(None);
+        self.settle_quietly(None);
     }
 }
 

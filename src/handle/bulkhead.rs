@@ -102,7 +102,8 @@ impl Bulkhead {
     /// ```
     // Always inlined: callers then keep the admission in registers instead of writing the
     // whole `Result` to memory, which measured 15.5 → ~11 ns per pair. The refusal path is
-    // out of line (`refuse`), so the inlined code is the decision, one CAS and the guard.
+    // out of line (`refuse`), so the inlined code is the decision, one CAS and the guard, and
+    // with classes the class fast attempt (`try_acquire_classed`; the rest is out of line).
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;

@@ -250,6 +250,7 @@ pub(crate) struct Admitted {
 }
 
 /// A classed refusal, with the collect that explains it (a few words: no allocation).
+#[derive(Clone, Copy)]
 pub(crate) struct Refused {
     pub(crate) reason: RejectReason,
     pub(crate) constraint: Option<Constraint>,
@@ -295,9 +296,19 @@ enum Attempt {
 /// The common case of the classed `try_acquire` (see `first_try`), inside its own grace-period
 /// operation; `None`: decide with [`acquire`] (anything this did was undone). Kept apart so that
 /// the success path returns a small value, not the full refusal.
+///
+/// `c` is the calling thread's counters entry of this bulkhead, which the caller counts the
+/// admission in: the operation's marker lives there (`crate::grace::enter_decision`, one
+/// lookup for both). Only for a caller that holds a handle for the whole call.
 #[inline(always)]
-pub(crate) fn try_fast(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
-    let _op = crate::grace::op();
+pub(crate) fn try_fast(
+    shared: &Shared,
+    c: &crate::record::stats::Counters,
+    k: usize,
+    r: u64,
+    priority: Priority,
+) -> Option<Admitted> {
+    let _op = crate::grace::enter_decision(c);
     first_try(shared, k, r, priority)
 }
 
@@ -318,14 +329,28 @@ pub(crate) fn acquire(
     contended(shared, k, r, priority, false)
 }
 
-/// [`acquire`] after [`try_fast`] returned `None`: the full protocol only.
-pub(crate) fn acquire_after_fast(
+/// [`acquire`] after [`try_fast`] returned `None`: the full protocol only. A refusal is handed
+/// to `refused` where it was explained, by reference (a [`Refused`] is about 200 bytes; moved
+/// out through each return it was copied four times), and its answer returned.
+#[inline(always)]
+pub(crate) fn acquire_after_fast<T>(
     shared: &Shared,
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Refused> {
-    contended(shared, k, r, priority, false)
+    refused: impl Fn(&Refused) -> T,
+) -> Result<Admitted, T> {
+    let _op = crate::grace::op();
+    acquire_contended_with(
+        shared,
+        Req {
+            k,
+            r,
+            priority,
+            in_queue: false,
+        },
+        refused,
+    )
 }
 
 /// The decision for a queued head (or a newcomer to an empty queue), made under the queue
@@ -389,9 +414,10 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     }
     let (n, t) = (c.in_flight(), c.tokens());
     let borrow_c = n >= l.pc;
-    let dv = (t + r).max(l.pt) - t.max(l.pt);
     let next = c.0 + C_ONE + r;
-    if !borrow_c && dv == 0 {
+    // Protected: neither a slot nor tokens borrowed (`dv = 0`, which is `r = 0` or
+    // `t + r ≤ pt`), tested directly; `dv` is computed for the borrower only.
+    if !borrow_c && (r == 0 || t + r <= l.pt) {
         if g.v() > eff {
             return None;
         }
@@ -408,6 +434,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
         undo(shared, k, r, false);
         return None;
     }
+    let dv = (t + r).max(l.pt) - t.max(l.pt);
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
     let du = u64::from(borrow_c);
     if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
@@ -436,6 +463,17 @@ const FITS_RETRIES: u32 = 16;
 /// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
 #[inline(never)]
 fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
+    acquire_contended_with(shared, req, |f| *f)
+}
+
+/// [`acquire_contended`], with the refusal handed to `refused` by reference where it was
+/// explained.
+#[inline(always)]
+fn acquire_contended_with<T>(
+    shared: &Shared,
+    req: Req,
+    refused: impl Fn(&Refused) -> T,
+) -> Result<Admitted, T> {
     let backoff = crossbeam_utils::Backoff::new();
     let mut retries_after_refusal = 0;
     loop {
@@ -446,7 +484,7 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
         match outcome {
             Attempt::Admitted(a) => return Ok(a),
             Attempt::Retry | Attempt::Slow => backoff.spin(),
-            Attempt::Refused(reason) => match explain(shared, req, reason) {
+            Attempt::Refused(reason) => match explain(shared, req, reason, &refused) {
                 Explained::Refused(rej) => return Err(rej),
                 // The collect says the demand fits: another decider's step was in progress (a
                 // release between its two words, a reservation about to be taken back, a
@@ -456,7 +494,7 @@ fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
                     retries_after_refusal += 1;
                     backoff.snooze();
                 }
-                Explained::Fits => return Err(explain_final(shared, req, reason)),
+                Explained::Fits => return Err(refused(&explain_final(shared, req, reason))),
                 Explained::TagMoved => {}
             },
         }

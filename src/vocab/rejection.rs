@@ -265,8 +265,9 @@ pub struct ClassTokenCapacity {
 /// serialises to a body a gateway can send with a 429 or 503. No retry-after is invented.
 ///
 /// A refusal keeps the numbers its decision saw in a small record (a no-class refusal
-/// allocates nothing; a class refusal boxes its class numbers once, and names its class with
-/// a `&'static str` interned when the bulkhead is built), and
+/// allocates nothing; a class refusal boxes its class numbers once, in the thread's recycled
+/// spare box when there is one, and names its class with a `&'static str` interned when the
+/// bulkhead is built), and
 /// [`detail`](Rejection::detail), `Display` and serialisation compute the explanation from
 /// them when asked: refusing, the hot path under overload, builds no explanation nobody reads.
 ///
@@ -353,7 +354,75 @@ pub(crate) struct Counts {
     pub(crate) pending: u32,
     /// The class's numbers, with classes (not for `shutdown`); boxed, so that the common
     /// refusal stays small enough to move in registers.
-    pub(crate) class: Option<Box<ClassCounts>>,
+    pub(crate) class: Option<ClassBox>,
+}
+
+/// A class refusal's [`ClassCounts`] in a box that is recycled: dropped, the box becomes the
+/// thread's spare, and the thread's next class refusal fills the spare instead of allocating.
+/// A refusal answered and dropped before the next one (the pattern under overload) then
+/// allocates and frees nothing; a box dropped on another thread becomes that thread's spare.
+/// At most one spare per thread, freed when the thread exits. Not under loom (no per-thread
+/// state there beyond the facade's; a plain box).
+pub(crate) struct ClassBox(Option<Box<ClassCounts>>);
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The thread's spare box (a scratch value no protocol shares).
+    static SPARE: std::cell::Cell<Option<Box<ClassCounts>>> = const { std::cell::Cell::new(None) };
+}
+
+impl ClassBox {
+    /// `counts` in the thread's spare box, or in a new one.
+    #[inline]
+    pub(crate) fn new(counts: ClassCounts) -> ClassBox {
+        #[cfg(not(loom))]
+        if let Some(mut b) = SPARE.try_with(std::cell::Cell::take).ok().flatten() {
+            *b = counts;
+            return ClassBox(Some(b));
+        }
+        ClassBox(Some(Box::new(counts)))
+    }
+
+    /// The numbers (the box is taken only by the drop).
+    #[inline]
+    fn get(&self) -> &ClassCounts {
+        self.0
+            .as_deref()
+            .expect("a ClassBox keeps its box until dropped")
+    }
+}
+
+impl Drop for ClassBox {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(b) = self.0.take() {
+            keep_spare(b);
+        }
+    }
+}
+
+/// Makes `b` the thread's spare box. Out of line, so that dropping a refusal (most have no
+/// class box) stays as small as dropping an `Option<Box>`.
+#[inline(never)]
+fn keep_spare(b: Box<ClassCounts>) {
+    // A spare already there (a refusal made while this one was alive) is freed; so is this box
+    // if the thread's storage is already gone (thread exit), or under loom.
+    #[cfg(not(loom))]
+    let _ = SPARE.try_with(|s| s.set(Some(b)));
+    #[cfg(loom)]
+    drop(b);
+}
+
+impl Clone for ClassBox {
+    fn clone(&self) -> ClassBox {
+        ClassBox::new(*self.get())
+    }
+}
+
+impl fmt::Debug for ClassBox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.get().fmt(f)
+    }
 }
 
 /// A class refusal's own numbers and the shared remainder's.
@@ -411,7 +480,7 @@ impl Counts {
             classes: self
                 .class
                 .as_ref()
-                .map(|c| Box::new(c.detail(has_budget, r))),
+                .map(|c| Box::new(c.get().detail(has_budget, r))),
         }
     }
 }
@@ -505,7 +574,7 @@ impl Rejection {
     /// Adds a class refusal's numbers.
     pub(crate) fn set_class(&mut self, class: ClassCounts) {
         if let Seen::Counts(c) = &mut self.seen {
-            c.class = Some(Box::new(class));
+            c.class = Some(ClassBox::new(class));
         }
     }
 

@@ -44,6 +44,18 @@ pub(super) fn settle_observed(
     s
 }
 
+/// The out-of-line end of `Admission::settle_quietly` (a release whose result nobody reads):
+/// a class admission with nothing to book, not abandoned and not observed, returns its class
+/// slot and hold at once (`SlotRef::return_class_slot`); anything else is `settle_other`.
+#[inline(never)]
+pub(super) fn settle_quiet(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) {
+    let kind = d.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED);
+    if usage.is_none() && kind == ClassBits::HAS {
+        return slot.return_class_slot(d.class.class_index(), held);
+    }
+    settle_other(slot, held, usage, d);
+}
+
 /// `to − from` as a signed token delta (saturating; token counts stay far below `i64::MAX`).
 pub(super) fn signed_delta(from: u64, to: u64) -> i64 {
     if to >= from {
@@ -53,7 +65,8 @@ pub(super) fn signed_delta(from: u64, to: u64) -> i64 {
     }
 }
 
-/// Every other end of `Admission::settle`: with usage to book, or with a class. Out of line.
+/// Every other end of `Admission::settle`: with usage to book, or with a class (a drop's class
+/// release with nothing to book goes through [`settle_quiet`] first). Out of line.
 #[inline(never)]
 pub(super) fn settle_other(
     slot: SlotRef,

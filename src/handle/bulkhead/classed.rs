@@ -4,9 +4,14 @@
 use super::*;
 
 impl Bulkhead {
-    /// The class path of `try_acquire` (the protocol of `crate::protocol::classed`). Out of line, so
-    /// the no-class path does not carry it.
-    #[inline(never)]
+    /// The class path of `try_acquire` (the protocol of `crate::protocol::classed`): the fast
+    /// attempt inline, the rest out of line ([`try_acquire_classed_contended`]). Inlined:
+    /// out of line, its prologue, spills and `Result` written through memory were about 35
+    /// instructions of a class pair (392 -> 357 for `pair_protected` in
+    /// `benches/instructions.rs`), for about 2 more on the no-class pair beside it.
+    ///
+    /// [`try_acquire_classed_contended`]: Self::try_acquire_classed_contended
+    #[inline(always)]
     pub(super) fn try_acquire_classed(
         &self,
         class: Option<ClassId>,
@@ -17,8 +22,11 @@ impl Bulkhead {
         let Some(k) = self.class_index(class) else {
             return Err(unknown_class());
         };
-        match crate::protocol::classed::try_fast(shared, k, r, priority) {
-            Some(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
+        // One lookup of this thread's counters entry: the fast attempt's grace-period marker and
+        // the admission's counts.
+        let c = shared.counters.local(Counters::new);
+        match crate::protocol::classed::try_fast(shared, c, k, r, priority) {
+            Some(a) => Ok(self.count_class_in(c, k, r, a.revision, a.resources)),
             None => self.try_acquire_classed_contended(k, r, priority),
         }
     }
@@ -32,9 +40,10 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority) {
+        let refused = |f: &_| self.class_refusal(k, f, r, priority);
+        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            Err(f) => Err(self.class_refusal(k, f, r, priority)),
+            Err(rej) => Err(rej),
         }
     }
 
@@ -71,8 +80,21 @@ impl Bulkhead {
         revision: u64,
         resources: crate::vocab::class::Resources,
     ) -> Granted {
+        let c = self.shared.counters.local(Counters::new);
+        self.count_class_in(c, k, r, revision, resources)
+    }
+
+    /// [`count_class_admission`](Self::count_class_admission) into this thread's entry `c`.
+    #[inline(always)]
+    pub(crate) fn count_class_in(
+        &self,
+        c: &Counters,
+        k: usize,
+        r: u64,
+        revision: u64,
+        resources: crate::vocab::class::Resources,
+    ) -> Granted {
         let shared = &*self.shared;
-        let c = shared.counters.local(Counters::new);
         let n = c.admitted.add(1);
         let cc = &c.classes[k];
         cc.admitted.add(1);
@@ -107,7 +129,7 @@ impl Bulkhead {
         priority: Priority,
     ) -> Rejection {
         let f = crate::protocol::classed::describe(&self.shared, k, priority, reason, constraint);
-        self.class_refusal(k, f, r, priority)
+        self.class_refusal(k, &f, r, priority)
     }
 
     /// Counts and explains a class refusal from the collect that decided its reason.
@@ -116,7 +138,7 @@ impl Bulkhead {
     pub(crate) fn class_refusal(
         &self,
         k: usize,
-        f: crate::protocol::classed::Refused,
+        f: &crate::protocol::classed::Refused,
         r: u64,
         priority: Priority,
     ) -> Rejection {

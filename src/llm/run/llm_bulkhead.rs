@@ -511,8 +511,9 @@ pub(in crate::llm) fn admit_now(
     let priority = demand.priority();
     let g = if shared.classed {
         let k = b.class_index(demand.class())?;
-        let a = crate::protocol::classed::try_fast(shared, k, r, priority)?;
-        b.count_class_admission(k, r, a.revision, a.resources)
+        let c = shared.counters.local(crate::record::stats::Counters::new);
+        let a = crate::protocol::classed::try_fast(shared, c, k, r, priority)?;
+        b.count_class_in(c, k, r, a.revision, a.resources)
     } else if demand.class().is_some() {
         return None;
     } else {

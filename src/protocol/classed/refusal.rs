@@ -16,7 +16,17 @@ pub(super) fn summarize(
 ) -> Summary {
     let mut sums = ShareSums::default();
     let (mut g, mut t) = (0, 0);
-    let mut own = ((0, 0), shared.ring.read_class(tag, k));
+    // Filled in by the loop: class `k` is in the table (no read of its limits beforehand).
+    let mut own = (
+        (0, 0),
+        HotClass {
+            pc: 0,
+            mc: None,
+            pt: 0,
+            mt: None,
+        },
+    );
+    debug_assert!(k < shared.class_words.len());
     for (j, w) in shared.class_words.iter().enumerate() {
         let w = CWord(w.load(SeqCst));
         let c = (w.in_flight(), w.tokens());
@@ -54,17 +64,25 @@ pub(crate) fn collect(shared: &Shared) -> (Vec<(u64, u64)>, u64, u64) {
     (v, g, t)
 }
 
-pub(super) enum Explained {
-    Refused(Refused),
+pub(super) enum Explained<T> {
+    /// Refused: what the caller's `refused` made of the [`Refused`].
+    Refused(T),
     /// The collect says the demand fits: a transient step of another decider refused it.
     Fits,
     TagMoved,
 }
 
 /// Explains a refusal from one collect of every word, the way the sequential model decides
-/// (`src/model.rs`): shutdown, row 1, rows 2–3, rows 4–5, row 6.
+/// (`src/model.rs`): shutdown, row 1, rows 2–3, rows 4–5, row 6. A refusal is handed to
+/// `refused` by reference where it is built (it is about 200 bytes: moved out in the result,
+/// it was copied on each return).
 #[inline]
-pub(super) fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explained {
+pub(super) fn explain<T>(
+    shared: &Shared,
+    req: Req,
+    hint: RejectReason,
+    refused: &impl Fn(&Refused) -> T,
+) -> Explained<T> {
     let g = GWord(shared.word.load(SeqCst));
     // A reconfiguration in progress keeps the stored U/V conservative until every class has
     // migrated: finish it (helping) before refusing because of it.
@@ -85,13 +103,13 @@ pub(super) fn explain(shared: &Shared, req: Req, hint: RejectReason) -> Explaine
         return Explained::TagMoved;
     }
     let refused = |reason, constraint| {
-        Explained::Refused(Refused {
+        Explained::Refused(refused(&Refused {
             reason,
             constraint,
             lim,
             summary,
             stored_shared: None,
-        })
+        }))
     };
     if g.closed() || hint == RejectReason::Shutdown {
         return refused(RejectReason::Shutdown, None);

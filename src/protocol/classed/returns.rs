@@ -90,14 +90,60 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 /// returns, and after the class word's last CAS (or the pending mark's removal) the last handle
 /// may free the state on another thread before this returns (found by Miri in
 /// `tests/lifetime_stress.rs`; checked deterministically by `tests/lifetime_class_release.rs`,
-/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`). The state is
-/// reached through a local reference, last used before that step.
+/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`, in the first
+/// try's CAS and in [`release_contended`]'s alike). The state is reached through a local
+/// reference, last used before that step.
+///
+/// The first try is inline: one CAS, and for a release with a shared decrease (or a queue
+/// flag) the rest of it out of line ([`release_pending`]). A failed first CAS goes on in
+/// [`release_contended`] (out of line), so that the common release keeps few registers live.
 #[inline(always)]
 pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
     let shared = slot.get();
     // A grace-period operation (`crate::grace`): the floors read below are those of the class
     // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
     // the last reference is given away touches nothing freed.
+    let _op = crate::grace::op();
+    let cw = &*shared.class_words[k];
+    let c = CWord(cw.load(SeqCst));
+    let l = floors_of(shared, c, k);
+    let (n, t) = (c.in_flight(), c.tokens());
+    debug_assert!(
+        n >= 1 && t >= held,
+        "class word underflow: {c:?} - (1, {held})"
+    );
+    crate::sync::pause(crate::sync::PausePoint::ClassCas);
+    // One iteration of `release_contended`'s loop.
+    if n <= l.pc && (held == 0 || t <= l.pt) && !c.queue() {
+        if cw
+            .compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst)
+            .is_ok()
+        {
+            let last = CWord(c.0 - C_ONE - held).emptied_detached();
+            crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
+            return last;
+        }
+    } else {
+        let (du, dv) = delta(&l, n, t, n - 1, t - held);
+        if cw
+            .compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst)
+            .is_ok()
+        {
+            return release_pending(slot, k, du, dv, c.queue());
+        }
+    }
+    // SAFETY: as this function's (the CAS failed: the slot is still ours).
+    unsafe { release_contended(slot, k, held) }
+}
+
+/// [`release`] after its first try did not return the slot: the whole release, as a CAS loop.
+///
+/// # Safety
+/// As [`release`]'s.
+#[inline(never)]
+unsafe fn release_contended(slot: &SlotRef, k: usize, held: u64) -> bool {
+    let shared = slot.get();
+    // Nested in `release`'s operation (a no-op marker) when called from there.
     let _op = crate::grace::op();
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
@@ -108,9 +154,11 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
             n >= 1 && t >= held,
             "class word underflow: {c:?} - (1, {held})"
         );
-        let (du, dv) = delta(&l, n, t, n - 1, t - held);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
-        if du == 0 && dv == 0 && !c.queue() {
+        // `U` and `V` do not change (`delta` is (0, 0)) exactly when the slot was inside the
+        // floor (`n ≤ pc`) and so were the tokens (`t ≤ pt`), or none are returned: tested
+        // directly, `delta` only for the pending branch.
+        if n <= l.pc && (held == 0 || t <= l.pt) && !c.queue() {
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
                 Ok(_) => {
                     let last = CWord(c.0 - C_ONE - held).emptied_detached();
@@ -120,6 +168,7 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
                 Err(actual) => c = CWord(actual),
             }
         } else {
+            let (du, dv) = delta(&l, n, t, n - 1, t - held);
             match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
                 Ok(_) => return release_pending(slot, k, du, dv, c.queue()),
                 Err(actual) => c = CWord(actual),

@@ -46,7 +46,7 @@ impl Bulkhead {
                     if (may_wait(&f) || classed_waits_for_tokens(shared, &f, k, r, priority))
                         && f.lim.max_concurrent > 0
                         && f.lim.max_queue > 0 => {}
-                Err(f) => return Enter::Refused(self.class_refusal(k, f, r, priority)),
+                Err(f) => return Enter::Refused(self.class_refusal(k, &f, r, priority)),
             }
         }
         crate::sync::pause(crate::sync::PausePoint::EnterQueue);
@@ -85,7 +85,7 @@ impl Bulkhead {
                     Err(f) => {
                         sync_class_flags(shared, &mut q);
                         drop(q);
-                        return Enter::Refused(self.class_refusal(k, f, r, priority));
+                        return Enter::Refused(self.class_refusal(k, &f, r, priority));
                     }
                 }
             }
