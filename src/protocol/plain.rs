@@ -102,7 +102,7 @@ pub(crate) fn try_decide(
     // which the admission is counted in anyway (one lookup for both); the caller's handle keeps
     // it alive for the whole decision.
     let c = shared.counters.local(Counters::new);
-    let _op = crate::grace::enter_decision(c);
+    let _op = crate::grace::enter_decision(c, shared.asymmetric);
     let mut w = Word(word.load(Ordering::Acquire));
     let backoff = crossbeam_utils::Backoff::new();
     loop {
