@@ -194,11 +194,18 @@ pub(crate) fn asymmetric() -> bool {
 /// membarrier (`asymmetric`, [`asymmetric`]'s answer), a full fence otherwise.
 #[inline(always)]
 fn light_barrier(asymmetric: bool) {
-    if asymmetric {
-        std::sync::atomic::compiler_fence(Ordering::SeqCst);
-    } else {
-        fence(Ordering::SeqCst);
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    if !asymmetric {
+        full_fence();
     }
+}
+
+/// The full fence of [`light_barrier`] without a membarrier: out of line, so that the common
+/// case is one test and a branch not taken.
+#[cold]
+#[inline(never)]
+fn full_fence() {
+    fence(Ordering::SeqCst);
 }
 
 /// The reconfigurer side's barrier.

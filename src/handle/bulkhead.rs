@@ -102,7 +102,8 @@ impl Bulkhead {
     /// ```
     // Always inlined: callers then keep the admission in registers instead of writing the
     // whole `Result` to memory, which measured 15.5 → ~11 ns per pair. The refusal path is
-    // out of line (`refuse`), so the inlined code is the decision, one CAS and the guard.
+    // one out-of-line call (`crate::protocol::plain::try_admit`), so the inlined code is the
+    // decision, one CAS and the guard.
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
@@ -116,34 +117,23 @@ impl Bulkhead {
         // Both paths end in the few scalars of `Granted`, and the admission is built once, here:
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler
         // move the admission through memory in a way that stalled on store forwarding.
+        // The event flag is read once: it chooses the no-class path (a refusal with subscribers
+        // is explained after the decision's grace-period operation, `plain::try_admit_observed`)
+        // and whether the admission is observed.
+        let observed = shared.events.on();
         let g = if shared.classed {
             self.try_acquire_classed(demand.class(), r, priority)?
         } else {
             if demand.class().is_some() {
                 return Err(classed::unknown_class());
             }
-            loop {
-                match self.try_decide(r, priority) {
-                    Ok(g) => break g,
-                    Err(f) => {
-                        if f.reason == RejectReason::ConcurrencyLimit
-                            && f.w.waiters()
-                            && f.w.slots() < f.lim().max_concurrent
-                        {
-                            // The flag may be up only for `drain` callers.
-                            if let Some(g) = plain::admit_if_nobody_waits(&self.shared, r, priority)
-                            {
-                                break g;
-                            }
-                        }
-                        if let Some(rejection) = self.refusal(&f, r, priority) {
-                            return Err(rejection);
-                        }
-                    }
-                }
+            if observed {
+                plain::try_admit_observed(shared, r, priority)?
+            } else {
+                plain::try_admit(shared, r, priority)?
             }
         };
-        Ok(self.admission_from(g, priority, reservation))
+        Ok(self.admission_observed(g, priority, reservation, observed))
     }
 
     /// Builds the admission of a successful decision.
@@ -154,11 +144,22 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Admission {
+        // The only event cost on the fast path: one relaxed load (`crate::record::events`).
+        self.admission_observed(g, priority, reservation, self.shared.events.on())
+    }
+
+    /// [`admission_from`](Self::admission_from) with the event flag already read (`observed`).
+    #[inline(always)]
+    pub(crate) fn admission_observed(
+        &self,
+        g: Granted,
+        priority: Priority,
+        reservation: Option<Reservation>,
+        observed: bool,
+    ) -> Admission {
         let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
-        // The only event cost on the fast path: one relaxed load (`crate::record::events`). The hook
-        // gets copies, not the admission: taking its address would keep it in memory. The
-        // admission remembers the answer, so its release reads no flag.
-        let observed = self.shared.events.on();
+        // The hook gets copies, not the admission: taking its address would keep it in memory.
+        // The admission remembers the answer, so its release reads no flag.
         if observed {
             crate::handle::events::admitted(
                 &self.shared,

@@ -39,9 +39,9 @@ use crate::record::stats::Counters;
 use crate::shared::Shared;
 use crate::sync::Ordering;
 use crate::vocab::demand::Priority;
-use crate::vocab::rejection::{n32, Counts, RejectReason, Rejection};
+use crate::vocab::rejection::{Counts, RejectReason, Rejection};
 use crate::words::limits::{Hot, Packed};
-use crate::words::state::{Word, MAX_TOKENS};
+use crate::words::state::{Word, MAX_TOKENS, SLOT_FIELD};
 
 /// What a decision does with the word it read.
 enum Decision {
@@ -89,18 +89,102 @@ impl Refusal<'_> {
 }
 
 /// The fast decision: rows 0, 1 and 6 in one CAS (module docs, "Enter"). `Err` carries the
-/// word and the limits that refused, for [`refusal`] (which re-checks the tag).
+/// word and the limits that refused, for [`refusal`] (which re-checks the tag). The waiting
+/// paths' decision; `try_acquire`'s is [`try_admit`].
 #[inline(always)]
 pub(crate) fn try_decide(
     shared: &Shared,
     r: u64,
     priority: Priority,
 ) -> Result<Granted, Refusal<'_>> {
+    decide_loop(shared, r, priority, |c, w, packed, reason| {
+        Some(Err(Refusal {
+            w,
+            packed,
+            reason,
+            c,
+        }))
+    })
+}
+
+/// The fast decision of `Bulkhead::try_acquire` when nobody subscribed to events: [`try_decide`]'s,
+/// with a refusal counted and explained before the decision leaves its grace-period operation,
+/// by one out-of-line call ([`refuse`]) that takes the few scalars it needs in registers (with
+/// `WAITERS` up, [`waiters_up`]). With subscribers, [`try_admit_observed`].
+#[inline(always)]
+pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, Rejection> {
+    decide_loop(shared, r, priority, |c, w, _, reason| {
+        if w.waiters() {
+            return match waiters_up(shared, c, w, r, reason, priority) {
+                Answer::Refused(rejection) => Some(Err(rejection)),
+                Answer::Granted(g) => Some(Ok(g)),
+                Answer::Again => None,
+            };
+        }
+        let rejection = match priority {
+            Priority::Normal => refuse::<false>(shared, c, w, r, reason),
+            Priority::High => refuse::<true>(shared, c, w, r, reason),
+        };
+        rejection.map(Err)
+    })
+}
+
+/// [`try_admit`] with event subscribers: the same decision, with a refusal counted and
+/// explained after the operation ([`refusal`]: the tag re-check, then the reject hook, so that
+/// a subscriber never runs while the marker holds off a reconfiguration). With `WAITERS` up, a
+/// `concurrency_limit` with a slot free may be the flag up only for drainers: admitted if
+/// nobody is queued ([`admit_if_nobody_waits`], inside the operation, as in [`waiters_up`]).
+#[cold]
+#[inline(never)]
+pub(crate) fn try_admit_observed(
+    shared: &Shared,
+    r: u64,
+    priority: Priority,
+) -> Result<Granted, Rejection> {
+    loop {
+        let f = decide_loop(shared, r, priority, |c, w, packed, reason| {
+            if reason == RejectReason::ConcurrencyLimit
+                && w.waiters()
+                && w.slots() < packed.hot().max_concurrent
+            {
+                if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
+                    return Some(Ok(g));
+                }
+            }
+            Some(Err(Refusal {
+                w,
+                packed,
+                reason,
+                c,
+            }))
+        });
+        match f {
+            Ok(g) => return Ok(g),
+            Err(f) => {
+                if let Some(rejection) = refusal(shared, &f, r, priority) {
+                    return Err(rejection);
+                }
+            }
+        }
+    }
+}
+
+/// The loop of [`try_decide`] and [`try_admit`]. Before the first read of the tag it enters
+/// the grace period's decision marker (`crate::grace`): no install can bring the tag back to
+/// `w`'s, or rewrite the ring slot `w`'s tag names, while the decision is in progress. The
+/// marker is in this thread's counters entry, which the admission is counted in anyway (one
+/// lookup for both); the caller's handle keeps it alive for the whole decision. A refusal is
+/// handed to `refused` (the thread's entry, the word and the ring slot's words that refused,
+/// the reason) inside the operation: `Some` is the answer, `None` decides again on the word as
+/// it is now.
+#[inline(always)]
+fn decide_loop<'a, E>(
+    shared: &'a Shared,
+    r: u64,
+    priority: Priority,
+    mut refused: impl FnMut(&'a Counters, Word, Packed, RejectReason) -> Option<Result<Granted, E>>,
+) -> Result<Granted, E> {
     let word = &*shared.word;
-    // Before the first read of the tag (`crate::grace`): no install can bring the tag back to
-    // `w`'s while this decision is in progress. The marker is in this thread's counters entry,
-    // which the admission is counted in anyway (one lookup for both); the caller's handle keeps
-    // it alive for the whole decision.
     let c = shared.counters.local(Counters::new);
     let _op = crate::grace::enter_decision(c, shared.asymmetric);
     let mut w = Word(word.load(Ordering::Acquire));
@@ -119,16 +203,85 @@ pub(crate) fn try_decide(
                     }
                 }
             }
-            Decision::Refuse(reason) => {
-                return Err(Refusal {
-                    w,
-                    packed,
-                    reason,
-                    c,
-                })
-            }
+            Decision::Refuse(reason) => match refused(c, w, packed, reason) {
+                Some(answer) => return answer,
+                None => w = Word(word.load(Ordering::Acquire)),
+            },
         }
     }
+}
+
+/// What [`waiters_up`] answers.
+enum Answer {
+    /// Counted and explained.
+    Refused(Rejection),
+    /// `WAITERS` was up only for drainers: admitted after all ([`admit_if_nobody_waits`]).
+    Granted(Granted),
+    /// The tag moved since the decision's read: decide again.
+    Again,
+}
+
+/// A refusal of [`try_admit`], made inside its grace-period operation (the marker is odd), for
+/// reason `reason` on word `w` (without `WAITERS`: [`waiters_up`]) of a demand of `r` tokens
+/// (at high priority if `HIGH`: one function per priority, so the call passes every argument
+/// in a register). `None`: decide again.
+///
+/// It re-reads the ring slot of `w`'s tag and re-checks, after that read, that the tag has not
+/// moved (`None` if it has: the limits may be torn, `crate::words::limits`), counts the refusal
+/// in this thread's entry `c` (the one the decision found) and keeps the numbers that explain
+/// it ([`Rejection::detail`] computes the explanation only when asked). The marker already
+/// keeps that slot from being rewritten until the decision leaves (`crate::grace`), so the
+/// re-read finds the words the decision read; the re-check is the ring's own guard, which
+/// stands without that argument. It makes no call, so it saves few registers; nobody is
+/// subscribed to its refusal ([`try_admit_observed`] is the path with subscribers).
+#[cold]
+#[inline(never)]
+fn refuse<const HIGH: bool>(
+    shared: &Shared,
+    c: &Counters,
+    w: Word,
+    r: u64,
+    reason: RejectReason,
+) -> Option<Rejection> {
+    let priority = if HIGH {
+        Priority::High
+    } else {
+        Priority::Normal
+    };
+    let p = shared.ring.read_packed(w.tag());
+    if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
+        return None;
+    }
+    c.rejected[reason.index()].add(1);
+    Some(packed_rejection(w, p, reason, r, priority))
+}
+
+/// [`try_admit`]'s refusal of a demand of `r` tokens at `priority` on word `w` with `WAITERS`
+/// up, inside the decision's operation. For a `concurrency_limit` with a slot free the flag may
+/// be up only for drainers: admitted if nobody is queued ([`admit_if_nobody_waits`], inside the
+/// operation too, so its CAS is covered by the marker like the decision's). Otherwise as
+/// [`refuse`].
+#[cold]
+#[inline(never)]
+fn waiters_up(
+    shared: &Shared,
+    c: &Counters,
+    w: Word,
+    r: u64,
+    reason: RejectReason,
+    priority: Priority,
+) -> Answer {
+    let lim = shared.ring.read(w.tag());
+    if reason == RejectReason::ConcurrencyLimit && w.slots() < lim.max_concurrent {
+        if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
+            return Answer::Granted(g);
+        }
+    }
+    let rejection = match priority {
+        Priority::Normal => refuse::<false>(shared, c, w, r, reason),
+        Priority::High => refuse::<true>(shared, c, w, r, reason),
+    };
+    rejection.map_or(Answer::Again, Answer::Refused)
 }
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
@@ -201,7 +354,7 @@ pub(crate) fn refusal(
     priority: Priority,
 ) -> Option<Rejection> {
     let p = f.packed;
-    refuse(
+    refuse_later(
         shared, f.c, f.w, p.shape, p.budget, p.revision, r, f.reason, priority,
     )
 }
@@ -227,8 +380,8 @@ pub(crate) fn refusal_of(
     Some(rej)
 }
 
-/// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
-/// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
+/// The refusal path of [`try_decide`] (after its operation), out of line so that the inlined
+/// fast path stays small: re-checks that the limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
 /// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
 /// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
 /// the tag moved (decide again). The limits come as the ring slot's words (`shape`, `budget`,
@@ -237,7 +390,7 @@ pub(crate) fn refusal_of(
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn refuse(
+fn refuse_later(
     shared: &Shared,
     c: &Counters,
     w: Word,
@@ -253,7 +406,9 @@ fn refuse(
     }
     c.rejected[reason.index()].add(1);
     if shared.events.on() {
-        return observed(shared, w, shape, budget, revision, r, reason, priority);
+        return Some(observed(
+            shared, w, shape, budget, revision, r, reason, priority,
+        ));
     }
     let packed = Packed {
         shape,
@@ -263,7 +418,7 @@ fn refuse(
     Some(packed_rejection(w, packed, reason, r, priority))
 }
 
-/// The end of [`refuse`] when the reject hook is subscribed: out of line, so that the common
+/// The end of [`refuse_later`] when the reject hook is subscribed: out of line, so that the common
 /// end makes no call (it then saves no registers, and builds the refusal in the return value's
 /// place rather than on the stack where a hook could read it).
 #[cold]
@@ -278,7 +433,7 @@ fn observed(
     r: u64,
     reason: RejectReason,
     priority: Priority,
-) -> Option<Rejection> {
+) -> Rejection {
     let packed = Packed {
         shape,
         budget,
@@ -286,7 +441,7 @@ fn observed(
     };
     let rej = packed_rejection(w, packed, reason, r, priority);
     crate::protocol::hooks::rejected(shared, None, &rej);
-    Some(rej)
+    rej
 }
 
 /// Counts and explains the refusal of a waiter (or of a request refused before it could wait:
@@ -332,12 +487,9 @@ pub(crate) fn rejection(
         lim.revision,
         Counts {
             requested: r,
-            tokens,
+            used: Counts::used(tokens, slots),
             shape: packed.shape,
             budget: packed.budget,
-            in_flight: n32(slots),
-            pending: 0,
-            class: None,
         },
     )
 }
@@ -363,13 +515,11 @@ fn packed_rejection(
         p.revision,
         Counts {
             requested: r,
-            tokens: w.tokens(),
+            // Tokens in the low 32 bits, the 15-bit slot field from bit 32, as `Counts::used`
+            // keeps them (`crate::words::state`).
+            used: w.0 & (MAX_TOKENS | SLOT_FIELD),
             shape: p.shape,
             budget,
-            // Slots fit in 15 bits (`crate::words::state`).
-            in_flight: w.slots() as u32,
-            pending: 0,
-            class: None,
         },
     )
 }

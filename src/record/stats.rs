@@ -29,7 +29,9 @@ pub(crate) struct Counters {
     /// (`crate::grace`): on the line the decision writes anyway, found by the same lookup.
     pub(crate) reader: crate::grace::Reader,
     pub(crate) admitted: Stripe,
-    pub(crate) rejected: [Stripe; 6],
+    /// Refusals by [`RejectReason::index`]; one more entry than there are counted reasons, for
+    /// `UnknownClass` (never counted), so that indexing by any reason needs no bounds check.
+    pub(crate) rejected: [Stripe; 7],
     pub(crate) total_reserved: Stripe,
     pub(crate) total_consumed: Stripe,
     pub(crate) total_refunded: Stripe,

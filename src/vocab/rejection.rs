@@ -288,9 +288,15 @@ pub struct Rejection {
     pub reason: RejectReason,
     /// Which limit (only with admission classes).
     pub constraint: Option<Constraint>,
+    /// Waiters queued (`detail().pending`): beside the two bytes above, in the padding the
+    /// revision would leave anyway.
+    pending: u32,
     /// The revision of the limits the decision used.
     pub revision: u64,
-    seen: Seen,
+    counts: Counts,
+    /// A class refusal's numbers, or a whole detail: `None` for a no-class refusal, so that
+    /// dropping one is a single test of this pointer.
+    more: Option<Box<More>>,
 }
 
 /// The wire form of a [`Rejection`] (its fields and its computed detail).
@@ -322,38 +328,34 @@ impl From<RejectionBody> for Rejection {
     }
 }
 
-/// What a refusal saw: the raw counts of a decision, or (deserialised, or from the model) a
-/// whole detail.
+/// What a refusal saw beyond its [`Counts`]: a class refusal's numbers, or (deserialised, or
+/// from the model) a whole detail, which then explains the refusal instead of the counts.
 #[derive(Clone, Debug)]
-enum Seen {
-    Counts(Counts),
-    Given(Box<CapacityDetail>),
+enum More {
+    Class(ClassCounts),
+    Given(CapacityDetail),
 }
 
 /// The numbers a decision saw, as the engine had them; [`Rejection::detail`] derives the rest.
-/// Narrow fields hold values the state words bound (slots in 16 bits, budgets and class tokens
-/// in 32). The limits are kept packed as the limits ring stores them
-/// (`crate::words::limits::Packed`), so that a no-class refusal copies the words it read and
-/// decodes nothing until asked.
-#[derive(Clone, Debug)]
+/// Narrow fields hold values the state words bound (slots in 16 bits, budgets and tokens in
+/// 32). The limits are kept packed as the limits ring stores them
+/// (`crate::words::limits::Packed`), and the slots and tokens in use as the no-class state
+/// word holds them, so that a no-class refusal copies the words it read and decodes nothing
+/// until asked.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Counts {
     /// The demand's reservation.
     pub(crate) requested: u64,
-    /// Tokens held (all classes).
-    pub(crate) tokens: u64,
+    /// Tokens held, all classes (low 32 bits) | slots in use, all classes (bits 32..64): the
+    /// low bits of the no-class state word (`crate::words::state`) as they are, whose slot
+    /// field is 15 bits wide (see [`Counts::used`]).
+    pub(crate) used: u64,
     /// `max_concurrent` (16 bits) | has-budget flag (bit 16) | `max_queue` (bits 32..64): the
     /// ring slot's `shape` word.
     pub(crate) shape: u64,
     /// The budget (low 32 bits) and the demand's effective budget (high 32 bits), read only
     /// when `shape` has the has-budget flag.
     pub(crate) budget: u64,
-    /// Slots in use (all classes).
-    pub(crate) in_flight: u32,
-    /// Waiters queued.
-    pub(crate) pending: u32,
-    /// The class's numbers, with classes (not for `shutdown`); boxed, so that the common
-    /// refusal stays small enough to move in registers.
-    pub(crate) class: Option<Box<ClassCounts>>,
 }
 
 /// A class refusal's own numbers and the shared remainder's.
@@ -390,28 +392,32 @@ pub(crate) fn n32(x: u64) -> u32 {
 }
 
 impl Counts {
-    fn detail(&self) -> CapacityDetail {
+    /// [`used`](Counts::used) of `tokens` and `slots` in use (each saturating at 32 bits).
+    #[inline(always)]
+    pub(crate) fn used(tokens: u64, slots: u64) -> u64 {
+        u64::from(n32(tokens)) | (u64::from(n32(slots)) << 32)
+    }
+
+    fn detail(&self, pending: u32, class: Option<&ClassCounts>) -> CapacityDetail {
         let r = self.requested;
         let has_budget = self.shape & SHAPE_HAS_BUDGET != 0;
+        let tokens = self.used & 0xffff_ffff;
         CapacityDetail {
-            in_flight: self.in_flight.into(),
-            pending: self.pending.into(),
+            in_flight: self.used >> 32,
+            pending: pending.into(),
             max_concurrent: self.shape & 0xffff,
             max_queue: self.shape >> 32,
             token_budget: has_budget.then(|| {
                 let eff = self.budget >> 32;
                 TokenCapacity {
                     budget: self.budget & 0xffff_ffff,
-                    in_flight_tokens: self.tokens,
+                    in_flight_tokens: tokens,
                     effective_budget: eff,
-                    available: eff.saturating_sub(self.tokens),
+                    available: eff.saturating_sub(tokens),
                     requested: r,
                 }
             }),
-            classes: self
-                .class
-                .as_ref()
-                .map(|c| Box::new(c.detail(has_budget, r))),
+            classes: class.map(|c| Box::new(c.detail(has_budget, r))),
         }
     }
 }
@@ -471,7 +477,8 @@ impl ClassCounts {
 }
 
 impl Rejection {
-    /// A refusal explained by the counts its decision saw.
+    /// A refusal explained by the counts its decision saw (no class numbers, no waiters
+    /// queued until the caller sets them).
     #[inline(always)]
     pub(crate) fn counted(
         reason: RejectReason,
@@ -482,8 +489,10 @@ impl Rejection {
         Rejection {
             reason,
             constraint,
+            pending: 0,
             revision,
-            seen: Seen::Counts(counts),
+            counts,
+            more: None,
         }
     }
 
@@ -497,23 +506,30 @@ impl Rejection {
         Rejection {
             reason,
             constraint,
+            pending: n32(detail.pending),
             revision,
-            seen: Seen::Given(Box::new(detail)),
+            counts: Counts {
+                requested: 0,
+                used: 0,
+                shape: 0,
+                budget: 0,
+            },
+            more: Some(Box::new(More::Given(detail))),
         }
     }
 
     /// Adds a class refusal's numbers.
     pub(crate) fn set_class(&mut self, class: ClassCounts) {
-        if let Seen::Counts(c) = &mut self.seen {
-            c.class = Some(Box::new(class));
+        if self.more.is_none() {
+            self.more = Some(Box::new(More::Class(class)));
         }
     }
 
     /// Sets the queue length the refusal reports (`detail().pending`).
     pub(crate) fn set_pending(&mut self, pending: u64) {
-        match &mut self.seen {
-            Seen::Counts(c) => c.pending = n32(pending),
-            Seen::Given(d) => d.pending = pending,
+        self.pending = n32(pending);
+        if let Some(More::Given(d)) = self.more.as_deref_mut() {
+            d.pending = pending;
         }
     }
 
@@ -528,9 +544,10 @@ impl Rejection {
     /// ```
     #[must_use]
     pub fn detail(&self) -> CapacityDetail {
-        match &self.seen {
-            Seen::Counts(c) => c.detail(),
-            Seen::Given(d) => (**d).clone(),
+        match self.more.as_deref() {
+            None => self.counts.detail(self.pending, None),
+            Some(More::Class(c)) => self.counts.detail(self.pending, Some(c)),
+            Some(More::Given(d)) => d.clone(),
         }
     }
 }
@@ -652,12 +669,9 @@ impl Rejection {
             0,
             Counts {
                 requested: 0,
-                tokens: 0,
+                used: 0,
                 shape: 0,
                 budget: 0,
-                in_flight: 0,
-                pending: 0,
-                class: None,
             },
         )
     }
