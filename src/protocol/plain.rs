@@ -41,13 +41,16 @@ use crate::sync::Ordering;
 use crate::vocab::demand::Priority;
 use crate::vocab::rejection::{Counts, RejectReason, Rejection};
 use crate::words::limits::{Hot, Packed};
-use crate::words::state::{Word, MAX_TOKENS, SLOT_FIELD};
+use crate::words::state::{Word, MAX_TOKENS};
 
 /// What a decision does with the word it read.
 enum Decision {
     /// Replace the word with this one.
     Admit(Word),
     Refuse(RejectReason),
+    /// A slot is free but `WAITERS` is up: refused for `concurrency_limit` (the no-barging
+    /// rule), unless the flag is up only for drainers ([`admit_if_nobody_waits`]).
+    Waiters,
 }
 
 /// Rows 0, 1 and 6 of CONTRACT.md §2 on word `w` under limits `lim`, for `r` tokens at
@@ -63,8 +66,11 @@ fn decide(w: Word, lim: &Hot, r: u64, priority: Priority) -> Decision {
         }
     }
     // Row 6 (and, for fail-fast callers, the no-barging rule while waiters are queued).
-    if w.slots() >= lim.max_concurrent || w.waiters() {
+    if w.slots() >= lim.max_concurrent {
         return Decision::Refuse(RejectReason::ConcurrencyLimit);
+    }
+    if w.waiters() {
+        return Decision::Waiters;
     }
     Decision::Admit(w.plus(r))
 }
@@ -97,7 +103,7 @@ pub(crate) fn try_decide(
     r: u64,
     priority: Priority,
 ) -> Result<Granted, Refusal<'_>> {
-    decide_loop(shared, r, priority, |c, w, packed, reason| {
+    decide_loop(shared, r, priority, |c, w, packed, reason, _| {
         Some(Err(Refusal {
             w,
             packed,
@@ -108,22 +114,22 @@ pub(crate) fn try_decide(
 }
 
 /// The fast decision of `Bulkhead::try_acquire` when nobody subscribed to events: [`try_decide`]'s,
-/// with a refusal counted and explained before the decision leaves its grace-period operation,
-/// by one out-of-line call ([`refuse`]) that takes the few scalars it needs in registers (with
-/// `WAITERS` up, [`waiters_up`]). With subscribers, [`try_admit_observed`].
+/// with a refusal counted and explained before the decision leaves its grace-period operation
+/// ([`refuse`], inlined; with a slot free but `WAITERS` up, [`waiters_up`], out of line). With
+/// subscribers, [`try_admit_observed`].
 #[inline(always)]
 pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, Rejection> {
-    decide_loop(shared, r, priority, |c, w, _, reason| {
-        if w.waiters() {
-            return match waiters_up(shared, c, w, r, reason, priority) {
+    decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
+        if waiters {
+            return match waiters_up(shared, c, w, r, priority) {
                 Answer::Refused(rejection) => Some(Err(rejection)),
                 Answer::Granted(g) => Some(Ok(g)),
                 Answer::Again => None,
             };
         }
         let rejection = match priority {
-            Priority::Normal => refuse::<false>(shared, c, w, r, reason),
-            Priority::High => refuse::<true>(shared, c, w, r, reason),
+            Priority::Normal => refuse::<false>(shared, c, w, p, r, reason),
+            Priority::High => refuse::<true>(shared, c, w, p, r, reason),
         };
         rejection.map(Err)
     })
@@ -142,11 +148,8 @@ pub(crate) fn try_admit_observed(
     priority: Priority,
 ) -> Result<Granted, Rejection> {
     loop {
-        let f = decide_loop(shared, r, priority, |c, w, packed, reason| {
-            if reason == RejectReason::ConcurrencyLimit
-                && w.waiters()
-                && w.slots() < packed.hot().max_concurrent
-            {
+        let f = decide_loop(shared, r, priority, |c, w, packed, reason, waiters| {
+            if waiters {
                 if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
                     return Some(Ok(g));
                 }
@@ -182,7 +185,13 @@ fn decide_loop<'a, E>(
     shared: &'a Shared,
     r: u64,
     priority: Priority,
-    mut refused: impl FnMut(&'a Counters, Word, Packed, RejectReason) -> Option<Result<Granted, E>>,
+    mut refused: impl FnMut(
+        &'a Counters,
+        Word,
+        Packed,
+        RejectReason,
+        bool,
+    ) -> Option<Result<Granted, E>>,
 ) -> Result<Granted, E> {
     let word = &*shared.word;
     let c = shared.counters.local(Counters::new);
@@ -203,10 +212,16 @@ fn decide_loop<'a, E>(
                     }
                 }
             }
-            Decision::Refuse(reason) => match refused(c, w, packed, reason) {
+            Decision::Refuse(reason) => match refused(c, w, packed, reason, false) {
                 Some(answer) => return answer,
                 None => w = Word(word.load(Ordering::Acquire)),
             },
+            Decision::Waiters => {
+                match refused(c, w, packed, RejectReason::ConcurrencyLimit, true) {
+                    Some(answer) => return answer,
+                    None => w = Word(word.load(Ordering::Acquire)),
+                }
+            }
         }
     }
 }
@@ -222,24 +237,24 @@ enum Answer {
 }
 
 /// A refusal of [`try_admit`], made inside its grace-period operation (the marker is odd), for
-/// reason `reason` on word `w` (without `WAITERS`: [`waiters_up`]) of a demand of `r` tokens
-/// (at high priority if `HIGH`: one function per priority, so the call passes every argument
-/// in a register). `None`: decide again.
+/// reason `reason` on word `w` under the ring slot's words `p` as the decision read them, of a
+/// demand of `r` tokens (at high priority if `HIGH`). `None`: decide again.
 ///
-/// It re-reads the ring slot of `w`'s tag and re-checks, after that read, that the tag has not
-/// moved (`None` if it has: the limits may be torn, `crate::words::limits`), counts the refusal
-/// in this thread's entry `c` (the one the decision found) and keeps the numbers that explain
-/// it ([`Rejection::detail`] computes the explanation only when asked). The marker already
-/// keeps that slot from being rewritten until the decision leaves (`crate::grace`), so the
-/// re-read finds the words the decision read; the re-check is the ring's own guard, which
-/// stands without that argument. It makes no call, so it saves few registers; nobody is
-/// subscribed to its refusal ([`try_admit_observed`] is the path with subscribers).
-#[cold]
-#[inline(never)]
+/// It re-checks, after the decision's read of the slot, that the tag has not moved (`None` if
+/// it has: the limits may be torn, `crate::words::limits`), counts the refusal in this thread's
+/// entry `c` (the one the decision found) and keeps the numbers that explain it
+/// ([`Rejection::detail`] computes the explanation only when asked). The marker already keeps
+/// that slot from being rewritten until the decision leaves (`crate::grace`), so the words the
+/// decision read are the limits of `w`'s tag; the re-check is the ring's own guard, which
+/// stands without that argument. Inlined: the refusal is a compare, an increment and the
+/// stores of a [`Rejection`], with no call and nothing passed through memory; nobody is
+/// subscribed to it ([`try_admit_observed`] is the path with subscribers).
+#[inline(always)]
 fn refuse<const HIGH: bool>(
     shared: &Shared,
     c: &Counters,
     w: Word,
+    p: Packed,
     r: u64,
     reason: RejectReason,
 ) -> Option<Rejection> {
@@ -248,38 +263,31 @@ fn refuse<const HIGH: bool>(
     } else {
         Priority::Normal
     };
-    let p = shared.ring.read_packed(w.tag());
-    if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
+    if !Word(shared.word.load(Ordering::Acquire)).same_tag(w) {
         return None;
     }
     c.rejected[reason.index()].add(1);
     Some(packed_rejection(w, p, reason, r, priority))
 }
 
-/// [`try_admit`]'s refusal of a demand of `r` tokens at `priority` on word `w` with `WAITERS`
-/// up, inside the decision's operation. For a `concurrency_limit` with a slot free the flag may
-/// be up only for drainers: admitted if nobody is queued ([`admit_if_nobody_waits`], inside the
-/// operation too, so its CAS is covered by the marker like the decision's). Otherwise as
-/// [`refuse`].
+/// [`try_admit`]'s answer to a demand of `r` tokens at `priority` that found a slot free on
+/// word `w` but `WAITERS` up ([`Decision::Waiters`]), inside the decision's operation: the flag
+/// may be up only for drainers, so it is admitted if nobody is queued
+/// ([`admit_if_nobody_waits`], inside the operation too, so its CAS is covered by the marker
+/// like the decision's); otherwise refused for `concurrency_limit` as by [`refuse`].
 #[cold]
 #[inline(never)]
-fn waiters_up(
-    shared: &Shared,
-    c: &Counters,
-    w: Word,
-    r: u64,
-    reason: RejectReason,
-    priority: Priority,
-) -> Answer {
-    let lim = shared.ring.read(w.tag());
-    if reason == RejectReason::ConcurrencyLimit && w.slots() < lim.max_concurrent {
-        if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
-            return Answer::Granted(g);
-        }
+fn waiters_up(shared: &Shared, c: &Counters, w: Word, r: u64, priority: Priority) -> Answer {
+    if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
+        return Answer::Granted(g);
     }
+    // A fresh read of the slot: the decision's words stay with the caller (this call passes
+    // every argument in a register); the re-check in `refuse` follows this read.
+    let p = shared.ring.read_packed(w.tag());
+    let reason = RejectReason::ConcurrencyLimit;
     let rejection = match priority {
-        Priority::Normal => refuse::<false>(shared, c, w, r, reason),
-        Priority::High => refuse::<true>(shared, c, w, r, reason),
+        Priority::Normal => refuse::<false>(shared, c, w, p, r, reason),
+        Priority::High => refuse::<true>(shared, c, w, p, r, reason),
     };
     rejection.map_or(Answer::Again, Answer::Refused)
 }
@@ -515,9 +523,9 @@ fn packed_rejection(
         p.revision,
         Counts {
             requested: r,
-            // Tokens in the low 32 bits, the 15-bit slot field from bit 32, as `Counts::used`
-            // keeps them (`crate::words::state`).
-            used: w.0 & (MAX_TOKENS | SLOT_FIELD),
+            // The word as it is: tokens in the low 32 bits, the 15-bit slot field from bit 32,
+            // as `Counts::used` keeps them (`crate::words::state`); the bits above are not read.
+            used: w.0,
             shape: p.shape,
             budget,
         },

@@ -346,9 +346,9 @@ enum More {
 pub(crate) struct Counts {
     /// The demand's reservation.
     pub(crate) requested: u64,
-    /// Tokens held, all classes (low 32 bits) | slots in use, all classes (bits 32..64): the
-    /// low bits of the no-class state word (`crate::words::state`) as they are, whose slot
-    /// field is 15 bits wide (see [`Counts::used`]).
+    /// Tokens held, all classes (low 32 bits) | slots in use, all classes (bits 32..47); the
+    /// bits above are not read: a no-class refusal keeps its state word here as it is
+    /// (`crate::words::state`: the same two fields in the same places).
     pub(crate) used: u64,
     /// `max_concurrent` (16 bits) | has-budget flag (bit 16) | `max_queue` (bits 32..64): the
     /// ring slot's `shape` word.
@@ -381,6 +381,10 @@ pub(crate) struct ClassCounts {
     pub(crate) borrows_tokens: u64,
 }
 
+/// The widest slot count [`Counts::used`] holds (15 bits, the no-class state word's field).
+const SLOTS: u64 = (1 << 15) - 1;
+const _: () = assert!(SLOTS == crate::words::state::MAX_SLOTS as u64);
+
 /// The has-budget flag of [`Counts::shape`] (the limits ring's layout, `crate::words::limits`,
 /// which checks that its own flag is this one).
 pub(crate) const SHAPE_HAS_BUDGET: u64 = 1 << 16;
@@ -392,10 +396,11 @@ pub(crate) fn n32(x: u64) -> u32 {
 }
 
 impl Counts {
-    /// [`used`](Counts::used) of `tokens` and `slots` in use (each saturating at 32 bits).
+    /// [`used`](Counts::used) of `tokens` and `slots` in use (saturating at 32 and 15 bits; the
+    /// engine's values fit).
     #[inline(always)]
     pub(crate) fn used(tokens: u64, slots: u64) -> u64 {
-        u64::from(n32(tokens)) | (u64::from(n32(slots)) << 32)
+        u64::from(n32(tokens)) | (slots.min(SLOTS) << 32)
     }
 
     fn detail(&self, pending: u32, class: Option<&ClassCounts>) -> CapacityDetail {
@@ -403,7 +408,7 @@ impl Counts {
         let has_budget = self.shape & SHAPE_HAS_BUDGET != 0;
         let tokens = self.used & 0xffff_ffff;
         CapacityDetail {
-            in_flight: self.used >> 32,
+            in_flight: (self.used >> 32) & SLOTS,
             pending: pending.into(),
             max_concurrent: self.shape & 0xffff,
             max_queue: self.shape >> 32,

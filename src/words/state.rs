@@ -121,9 +121,6 @@ const SLOT_SHIFT: u32 = TOKEN_BITS;
 const TAG_SHIFT: u32 = 48;
 const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
 const SLOT_MASK: u64 = ((1 << SLOT_BITS) - 1) << SLOT_SHIFT;
-/// The slot field in place (bits 32..47): with [`MAX_TOKENS`], what a refusal keeps of the word
-/// (`crate::vocab::rejection::Counts::used`).
-pub(crate) const SLOT_FIELD: u64 = SLOT_MASK;
 pub(crate) const TAG_MASK: u64 = ((1 << TAG_BITS) - 1) << TAG_SHIFT;
 pub(crate) const DETACHED: u64 = 1 << 47;
 pub(crate) const WAITERS: u64 = 1 << 62;
@@ -153,6 +150,12 @@ impl Word {
     #[inline]
     pub(crate) fn tag(self) -> usize {
         ((self.0 & TAG_MASK) >> TAG_SHIFT) as usize
+    }
+    /// Whether `self` and `other` carry the same tag (the `TAG_BITS` bits from bit 48: the
+    /// words differ there iff their XOR shifted down and cut to `TAG_BITS` bits is not zero).
+    #[inline]
+    pub(crate) fn same_tag(self, other: Word) -> bool {
+        ((self.0 ^ other.0) >> TAG_SHIFT) & ((1 << TAG_BITS) - 1) == 0
     }
     #[inline]
     pub(crate) fn closed(self) -> bool {
