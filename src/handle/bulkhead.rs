@@ -117,23 +117,15 @@ impl Bulkhead {
         // Both paths end in the few scalars of `Granted`, and the admission is built once, here:
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler
         // move the admission through memory in a way that stalled on store forwarding.
-        // The event flag is read once: it chooses the no-class path (a refusal with subscribers
-        // is explained after the decision's grace-period operation, `plain::try_admit_observed`)
-        // and whether the admission is observed.
-        let observed = shared.events.on();
         let g = if shared.classed {
             self.try_acquire_classed(demand.class(), r, priority)?
         } else {
             if demand.class().is_some() {
                 return Err(classed::unknown_class());
             }
-            if observed {
-                plain::try_admit_observed(shared, r, priority)?
-            } else {
-                plain::try_admit(shared, r, priority)?
-            }
+            plain::try_admit(shared, r, priority)?
         };
-        Ok(self.admission_observed(g, priority, reservation, observed))
+        Ok(self.admission_from(g, priority, reservation))
     }
 
     /// Builds the admission of a successful decision.
@@ -157,7 +149,7 @@ impl Bulkhead {
         reservation: Option<Reservation>,
         observed: bool,
     ) -> Admission {
-        let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
+        let id = AdmissionId::from_key_bits(self.shared.id_prefix, g.key, g.n);
         // The hook gets copies, not the admission: taking its address would keep it in memory.
         // The admission remembers the answer, so its release reads no flag.
         if observed {

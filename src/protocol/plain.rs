@@ -113,26 +113,36 @@ pub(crate) fn try_decide(
     })
 }
 
-/// The fast decision of `Bulkhead::try_acquire` when nobody subscribed to events: [`try_decide`]'s,
-/// with a refusal counted and explained before the decision leaves its grace-period operation
-/// ([`refuse`], inlined; with a slot free but `WAITERS` up, [`waiters_up`], out of line). With
-/// subscribers, [`try_admit_observed`].
+/// The fast decision of `Bulkhead::try_acquire`: [`try_decide`]'s, with a refusal counted and
+/// explained before the decision leaves its grace-period operation ([`refuse`], inlined; with
+/// a slot free but `WAITERS` up, [`waiters_up`], out of line). A refusal with event
+/// subscribers is left to [`try_admit_observed`], which decides again after this operation
+/// (nothing was counted).
 #[inline(always)]
 pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, Rejection> {
-    decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
+    let out = decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
         if waiters {
             return match waiters_up(shared, c, w, r, priority) {
-                Answer::Refused(rejection) => Some(Err(rejection)),
+                Answer::Refused(rejection) => Some(Err(Some(rejection))),
                 Answer::Granted(g) => Some(Ok(g)),
                 Answer::Again => None,
+                Answer::Observed => Some(Err(None)),
             };
+        }
+        if shared.events.on() {
+            return Some(Err(None));
         }
         let rejection = match priority {
             Priority::Normal => refuse::<false>(shared, c, w, p, r, reason),
             Priority::High => refuse::<true>(shared, c, w, p, r, reason),
         };
-        rejection.map(Err)
-    })
+        rejection.map(|rejection| Err(Some(rejection)))
+    });
+    match out {
+        Ok(g) => Ok(g),
+        Err(Some(rejection)) => Err(rejection),
+        Err(None) => try_admit_observed(shared, r, priority),
+    }
 }
 
 /// [`try_admit`] with event subscribers: the same decision, with a refusal counted and
@@ -234,6 +244,8 @@ enum Answer {
     Granted(Granted),
     /// The tag moved since the decision's read: decide again.
     Again,
+    /// Refused, with event subscribers: nothing counted ([`try_admit_observed`] answers).
+    Observed,
 }
 
 /// A refusal of [`try_admit`], made inside its grace-period operation (the marker is odd), for
@@ -247,8 +259,8 @@ enum Answer {
 /// that slot from being rewritten until the decision leaves (`crate::grace`), so the words the
 /// decision read are the limits of `w`'s tag; the re-check is the ring's own guard, which
 /// stands without that argument. Inlined: the refusal is a compare, an increment and the
-/// stores of a [`Rejection`], with no call and nothing passed through memory; nobody is
-/// subscribed to it ([`try_admit_observed`] is the path with subscribers).
+/// stores of a [`Rejection`], with no call and nothing passed through memory. Only when nobody
+/// is subscribed to events ([`try_admit_observed`] is the path with subscribers).
 #[inline(always)]
 fn refuse<const HIGH: bool>(
     shared: &Shared,
@@ -280,6 +292,9 @@ fn refuse<const HIGH: bool>(
 fn waiters_up(shared: &Shared, c: &Counters, w: Word, r: u64, priority: Priority) -> Answer {
     if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
         return Answer::Granted(g);
+    }
+    if shared.events.on() {
+        return Answer::Observed;
     }
     // A fresh read of the slot: the decision's words stay with the caller (this call passes
     // every argument in a register); the re-check in `refuse` follows this read.

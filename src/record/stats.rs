@@ -23,7 +23,8 @@ use crate::words::limits::LimitsSnapshot;
 /// has usage to book.
 #[derive(Default)]
 pub(crate) struct Counters {
-    /// Distinguishes this entry's admission ids from other threads' (see `crate::vocab::id`).
+    /// Distinguishes this entry's admission ids from other threads' (see `crate::vocab::id`):
+    /// the entry's key spread in place (`AdmissionId::key_bits`).
     pub(crate) key: u64,
     /// This thread's grace-period marker for this bulkhead's no-class decisions
     /// (`crate::grace`): on the line the decision writes anyway, found by the same lookup.
@@ -69,7 +70,7 @@ pub(crate) struct ClassCounters {
 impl Counters {
     pub(crate) fn new() -> Counters {
         Counters {
-            key: crate::vocab::id::next_key(),
+            key: crate::vocab::id::AdmissionId::key_bits(crate::vocab::id::next_key()),
             ..Counters::default()
         }
     }
