@@ -112,7 +112,11 @@ impl Bulkhead {
         } else {
             None
         };
-        let r = reservation.map_or(0, |x| x.total());
+        let r = if shared.has_budget {
+            demand.reservation().map_or(0, |x| x.total())
+        } else {
+            0
+        };
         let priority = demand.priority();
         // Both paths end in the few scalars of `Granted`, and the admission is built once, here:
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler

@@ -6,26 +6,30 @@
 //!
 //! # The steps
 //!
-//! * **Enter** ([`try_decide`]): enter the grace period's decision marker (`crate::grace`),
-//!   load the word, read the limits of its tag from the ring (`crate::words::limits`), check
-//!   rows 0, 1 and 6 of CONTRACT.md §2 ([`decide`]: closed, then `T + r > eff(priority)`, then
-//!   no free slot or waiters queued, the no-barging rule), and take one slot and `r` tokens
-//!   with one `AcqRel` CAS that expects the word it decided on (so a close, a tag bump or any
-//!   other change in between makes it decide again). Counted in the thread's statistics entry
-//!   the marker lives in ([`count`]).
-//! * **Refusal** ([`refuse`], out of line): re-read the word; if the tag moved since the
-//!   decision, the limits it read may be torn and the caller decides again. Otherwise count the
-//!   refusal and keep the raw numbers that explain it ([`rejection`]; the explanation is built
-//!   only when asked: [`Rejection::detail`]). A waiter's refusal ([`waiter_refusal`]) is
-//!   explained by the word as it is when the waiter is answered.
+//! * **Enter** ([`try_admit`] for `try_acquire`, [`try_decide`] for the waiting paths): enter
+//!   the grace period's decision marker (`crate::grace`), load the word, read the limits of
+//!   its tag from the ring (`crate::words::limits`), check rows 0, 1 and 6 of CONTRACT.md §2
+//!   ([`decide`]: closed, then `T + r > eff(priority)`, then no free slot or waiters queued,
+//!   the no-barging rule), and take one slot and `r` tokens with one `AcqRel` CAS that expects
+//!   the word it decided on (so a close, a tag bump or any other change in between makes it
+//!   decide again). Counted in the thread's statistics entry the marker lives in ([`count`]).
+//! * **Refusal**: after the decision's read of the slot, re-read the word; if the tag moved,
+//!   the limits it read may be torn and the decision is made again. Otherwise count the refusal
+//!   and keep the raw numbers that explain it ([`packed_rejection`], [`rejection`]; the
+//!   explanation is built only when asked: [`Rejection::detail`]). `try_acquire`'s refusal
+//!   ([`refuse`]) does this inline, inside the decision's operation, when nobody subscribed to
+//!   events; with subscribers ([`try_admit_observed`]) and on the waiting paths ([`refusal`])
+//!   it is done after the operation, so that the reject hook never runs inside one. A waiter's
+//!   refusal ([`waiter_refusal`]) is explained by the word as it is when the waiter is answered.
 //! * **Returns**: a release returns its slot and hold with one CAS of the word, or hands the
 //!   slot to the head waiter while waiters are queued (`SlotRef::return_slot`,
 //!   `crate::protocol::handoff`, which also holds the pump and `close`'s queue side); a usage
 //!   report that shrinks a hold is one `fetch_sub` ([`return_tokens`]), one that grows it a CAS
 //!   loop bounded only by the field ([`grow_tokens`]).
 //! * **Drain-time admission** ([`admit_if_nobody_waits`]): `WAITERS` up with a slot free
-//!   means the flag may be up only for drainers; the decision reads the queue-length mirror
-//!   (written by the wait layer under the queue mutex) and admits with a CAS, without a lock.
+//!   ([`Decision::Waiters`]) means the flag may be up only for drainers; the decision reads the
+//!   queue-length mirror (written by the wait layer under the queue mutex) and admits with a
+//!   CAS, without a lock, inside the decision's operation ([`waiters_up`]).
 //! * **Queueing** ([`decide_queued`]): the decision under the queue mutex, for a demand the
 //!   fast decision could not admit with a queue possible: take a slot freed meanwhile, refuse,
 //!   or raise `WAITERS` (the length mirror first) for a newcomer. The wait layer
@@ -77,7 +81,7 @@ fn decide(w: Word, lim: &Hot, r: u64, priority: Priority) -> Decision {
 
 /// What a refused decision hands back: the word and the limits that refused (the ring slot's
 /// words as read, [`Packed`]: three words, not the six of the decoded [`Hot`], so that the
-/// refusal reaches [`refuse`] in registers), the reason, and the thread's counters entry the
+/// refusal reaches [`refuse_later`] in registers), the reason, and the thread's counters entry the
 /// decision looked up (the refusal is counted there, without a second lookup).
 pub(crate) struct Refusal<'a> {
     pub(crate) w: Word,
@@ -404,8 +408,8 @@ pub(crate) fn refusal_of(
 }
 
 /// The refusal path of [`try_decide`] (after its operation), out of line so that the inlined
-/// fast path stays small: re-checks that the limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
-/// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
+/// fast path stays small: re-checks that the limits were untorn (the tag has not moved since
+/// `w`; see `crate::words::limits`), counts the refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
 /// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
 /// the tag moved (decide again). The limits come as the ring slot's words (`shape`, `budget`,
 /// `revision`: [`Packed`]), by value: passing the decoded [`Hot`] by reference made the caller
@@ -441,8 +445,8 @@ fn refuse_later(
     Some(packed_rejection(w, packed, reason, r, priority))
 }
 
-/// The end of [`refuse_later`] when the reject hook is subscribed: out of line, so that the common
-/// end makes no call (it then saves no registers, and builds the refusal in the return value's
+/// The end of [`refuse_later`] when the reject hook is subscribed: out of line, so that the
+/// common end makes no call (it then saves no registers, and builds the refusal in the return value's
 /// place rather than on the stack where a hook could read it).
 #[cold]
 #[inline(never)]
