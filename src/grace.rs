@@ -30,10 +30,10 @@
 //! store. Operations nest (a release that pumps the queue decides for a waiter): only the
 //! outermost one moves the marker. Markers live in two places:
 //!
-//! * a no-class decision (`crate::protocol::plain::try_decide`) uses the thread's counters
-//!   entry of that bulkhead, which the decision looks up anyway to count the admission: one
-//!   lookup for both.
-//!   Its caller holds a handle, so the entry outlives the operation;
+//! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`) uses the
+//!   thread's counters entry of that bulkhead, which the decision looks up anyway to count the
+//!   admission or the refusal: one lookup for both. Its caller holds a handle, so the entry
+//!   outlives the operation; no subscriber's hook runs inside it;
 //! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a
 //!   class release may leave its operation after it gave away the last reference to the
 //!   bulkhead, so its marker must not live in the bulkhead.
