@@ -381,9 +381,9 @@ pub(crate) struct ClassCounts {
     pub(crate) borrows_tokens: u64,
 }
 
-/// The widest slot count [`Counts::used`] holds (15 bits, the no-class state word's field).
-const SLOTS: u64 = (1 << 15) - 1;
-const _: () = assert!(SLOTS == crate::words::state::MAX_SLOTS as u64);
+/// The widest slot count [`Counts::used`] holds: 15 bits, the no-class state word's field
+/// (`crate::words::state` checks that its field is this one).
+pub(crate) const USED_SLOTS: u64 = (1 << 15) - 1;
 
 /// The has-budget flag of [`Counts::shape`] (the limits ring's layout, `crate::words::limits`,
 /// which checks that its own flag is this one).
@@ -400,7 +400,7 @@ impl Counts {
     /// engine's values fit).
     #[inline(always)]
     pub(crate) fn used(tokens: u64, slots: u64) -> u64 {
-        u64::from(n32(tokens)) | (slots.min(SLOTS) << 32)
+        u64::from(n32(tokens)) | (slots.min(USED_SLOTS) << 32)
     }
 
     fn detail(&self, pending: u32, class: Option<&ClassCounts>) -> CapacityDetail {
@@ -408,7 +408,7 @@ impl Counts {
         let has_budget = self.shape & SHAPE_HAS_BUDGET != 0;
         let tokens = self.used & 0xffff_ffff;
         CapacityDetail {
-            in_flight: (self.used >> 32) & SLOTS,
+            in_flight: (self.used >> 32) & USED_SLOTS,
             pending: pending.into(),
             max_concurrent: self.shape & 0xffff,
             max_queue: self.shape >> 32,

@@ -130,6 +130,9 @@ pub(crate) const CLOSED: u64 = 1 << 63;
 pub const MAX_TOKENS: u64 = TOKEN_MASK;
 /// The largest `max_concurrent`.
 pub const MAX_SLOTS: u32 = (1 << SLOT_BITS) - 1;
+// A refusal keeps the word's low bits as they are and reads the slot field itself
+// (`crate::vocab::rejection::Counts::used`).
+const _: () = assert!(MAX_SLOTS as u64 == crate::vocab::rejection::USED_SLOTS && SLOT_SHIFT == 32);
 
 /// One slot, as an amount to add to or subtract from the word.
 pub(crate) const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
