@@ -127,7 +127,12 @@ impl Bulkhead {
             if demand.class().is_some() {
                 return Err(classed::unknown_class());
             }
-            plain::try_admit(shared, r, priority)?
+            match plain::try_admit(shared, r, priority) {
+                Ok(g) => g,
+                // Built here, in the place the caller keeps it.
+                Err(plain::NoAdmit::Refused(f)) => return Err(f.rejection(r)),
+                Err(plain::NoAdmit::Rejected(rejection)) => return Err(rejection),
+            }
         };
         Ok(self.admission_from(g, priority, reservation))
     }

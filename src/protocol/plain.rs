@@ -123,11 +123,11 @@ pub(crate) fn try_decide(
 /// subscribers is left to [`try_admit_observed`], which decides again after this operation
 /// (nothing was counted).
 #[inline(always)]
-pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, Rejection> {
+pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, NoAdmit> {
     let out = decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
         if waiters {
             return match waiters_up(shared, c, w, r, priority) {
-                Answer::Refused(rejection) => Some(Err(Some(rejection))),
+                Answer::Refused(f) => Some(Err(Some(f))),
                 Answer::Granted(g) => Some(Ok(g)),
                 Answer::Again => None,
                 Answer::Observed => Some(Err(None)),
@@ -136,16 +136,45 @@ pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<G
         if shared.events.on() {
             return Some(Err(None));
         }
-        let rejection = match priority {
-            Priority::Normal => refuse::<false>(shared, c, w, p, r, reason),
-            Priority::High => refuse::<true>(shared, c, w, p, r, reason),
+        let refused = match priority {
+            Priority::Normal => refuse::<false>(shared, c, w, p, reason),
+            Priority::High => refuse::<true>(shared, c, w, p, reason),
         };
-        rejection.map(|rejection| Err(Some(rejection)))
+        refused.map(|f| Err(Some(f)))
     });
     match out {
         Ok(g) => Ok(g),
-        Err(Some(rejection)) => Err(rejection),
-        Err(None) => try_admit_observed(shared, r, priority),
+        Err(Some(f)) => Err(NoAdmit::Refused(f)),
+        Err(None) => try_admit_observed(shared, r, priority).map_err(NoAdmit::Rejected),
+    }
+}
+
+/// Why [`try_admit`] did not admit.
+pub(crate) enum NoAdmit {
+    /// Refused and counted: the caller builds the [`Rejection`] ([`Refused::rejection`]).
+    Refused(Refused),
+    /// Refused, counted, explained (and observed): [`try_admit_observed`]'s answer.
+    Rejected(Rejection),
+}
+
+/// A counted no-class refusal as scalars: the word and the ring slot's words that explain it
+/// (the budget word already with the demand's effective budget), the reason. A few words that
+/// stay in registers until the caller builds the [`Rejection`] in its own place, once: a
+/// `Rejection` built by the decision and moved out through its callers was copied from
+/// temporary to temporary with wide loads over the narrow stores just made (store forwarding
+/// stalls).
+#[derive(Clone, Copy)]
+pub(crate) struct Refused {
+    w: Word,
+    p: Packed,
+    reason: RejectReason,
+}
+
+impl Refused {
+    /// The refusal of a demand of `r` tokens.
+    #[inline(always)]
+    pub(crate) fn rejection(self, r: u64) -> Rejection {
+        packed_rejection(self.w, self.p, self.reason, r, Priority::Normal)
     }
 }
 
@@ -242,8 +271,8 @@ fn decide_loop<'a, E>(
 
 /// What [`waiters_up`] answers.
 enum Answer {
-    /// Counted and explained.
-    Refused(Rejection),
+    /// Counted.
+    Refused(Refused),
     /// `WAITERS` was up only for drainers: admitted after all ([`admit_if_nobody_waits`]).
     Granted(Granted),
     /// The tag moved since the decision's read: decide again.
@@ -258,12 +287,13 @@ enum Answer {
 ///
 /// It re-checks, after the decision's read of the slot, that the tag has not moved (`None` if
 /// it has: the limits may be torn, `crate::words::limits`), counts the refusal in this thread's
-/// entry `c` (the one the decision found) and keeps the numbers that explain it
-/// ([`Rejection::detail`] computes the explanation only when asked). The marker already keeps
+/// entry `c` (the one the decision found) and keeps the numbers that explain it ([`Refused`],
+/// from which the caller builds the [`Rejection`]; [`Rejection::detail`] computes the
+/// explanation only when asked). The marker already keeps
 /// that slot from being rewritten until the decision leaves (`crate::grace`), so the words the
 /// decision read are the limits of `w`'s tag; the re-check is the ring's own guard, which
-/// stands without that argument. Inlined: the refusal is a compare, an increment and the
-/// stores of a [`Rejection`], with no call and nothing passed through memory. Only when nobody
+/// stands without that argument. Inlined: the refusal is a compare and an increment, with no
+/// call and nothing passed through memory. Only when nobody
 /// is subscribed to events ([`try_admit_observed`] is the path with subscribers).
 #[inline(always)]
 fn refuse<const HIGH: bool>(
@@ -271,19 +301,21 @@ fn refuse<const HIGH: bool>(
     c: &Counters,
     w: Word,
     p: Packed,
-    r: u64,
     reason: RejectReason,
-) -> Option<Rejection> {
-    let priority = if HIGH {
-        Priority::High
-    } else {
-        Priority::Normal
-    };
+) -> Option<Refused> {
     if !Word(shared.word.load(Ordering::Acquire)).same_tag(w) {
         return None;
     }
     c.rejected[reason.index()].add(1);
-    Some(packed_rejection(w, p, reason, r, priority))
+    let p = if HIGH {
+        Packed {
+            budget: high_budget(p.budget),
+            ..p
+        }
+    } else {
+        p
+    };
+    Some(Refused { w, p, reason })
 }
 
 /// [`try_admit`]'s answer to a demand of `r` tokens at `priority` that found a slot free on
@@ -304,11 +336,11 @@ fn waiters_up(shared: &Shared, c: &Counters, w: Word, r: u64, priority: Priority
     // every argument in a register); the re-check in `refuse` follows this read.
     let p = shared.ring.read_packed(w.tag());
     let reason = RejectReason::ConcurrencyLimit;
-    let rejection = match priority {
-        Priority::Normal => refuse::<false>(shared, c, w, p, r, reason),
-        Priority::High => refuse::<true>(shared, c, w, p, r, reason),
+    let refused = match priority {
+        Priority::Normal => refuse::<false>(shared, c, w, p, reason),
+        Priority::High => refuse::<true>(shared, c, w, p, reason),
     };
-    rejection.map_or(Answer::Again, Answer::Refused)
+    refused.map_or(Answer::Again, Answer::Refused)
 }
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
@@ -533,7 +565,7 @@ fn packed_rejection(
     priority: Priority,
 ) -> Rejection {
     let budget = match priority {
-        Priority::High => (p.budget & 0xffff_ffff) | (p.budget << 32),
+        Priority::High => high_budget(p.budget),
         Priority::Normal => p.budget,
     };
     Rejection::counted(
@@ -549,6 +581,13 @@ fn packed_rejection(
             budget,
         },
     )
+}
+
+/// The ring slot's budget word with a high-priority demand's effective budget (the budget
+/// itself) in `eff(normal)`'s place.
+#[inline(always)]
+fn high_budget(budget: u64) -> u64 {
+    (budget & 0xffff_ffff) | (budget << 32)
 }
 
 /// What the decision under the queue mutex ([`decide_queued`]) did with a demand whose fast
