@@ -40,6 +40,7 @@ const OPS: &[&str] = &[
     "tokio_try_acquire_empty",
     "refuse_slot",
     "refuse_budget",
+    "refuse_slot_kept",
     "refuse_class_ceiling",
     "refuse_class_protection",
     "tokio_pair",
@@ -94,6 +95,21 @@ fn ours_loop(b: &Bulkhead, d: Demand, n: u64) -> u64 {
         }
     }
     ok
+}
+
+/// [`ours_loop`] for refusals whose `Rejection` is kept (its address given to `black_box`), as a
+/// caller that answers with it does: every field is stored. In [`ours_loop`] a refusal is
+/// dropped at once, and the inlined no-class refusal then stores nothing of it.
+#[inline(never)]
+fn ours_loop_kept(b: &Bulkhead, d: Demand, n: u64) -> u64 {
+    let mut refused = 0;
+    for _ in 0..n {
+        if let Err(r) = b.try_acquire(black_box(d)) {
+            black_box(&r);
+            refused += 1;
+        }
+    }
+    refused
 }
 
 #[inline(never)]
@@ -160,6 +176,10 @@ fn run(op: &str, n: u64) {
                 .build()
                 .unwrap();
             assert_eq!(ours_loop(&b, token_demand(), n), 0);
+        }
+        "refuse_slot_kept" => {
+            let b = Bulkhead::builder().max_concurrent(0).build().unwrap();
+            assert_eq!(ours_loop_kept(&b, Demand::slot(), n), n);
         }
         "refuse_class_ceiling" => {
             let b = Bulkhead::builder()

@@ -30,10 +30,11 @@
 //! store. Operations nest (a release that pumps the queue decides for a waiter): only the
 //! outermost one moves the marker. Markers live in two places:
 //!
-//! * a no-class decision (`crate::protocol::plain::try_decide`) and the class protocol's fast
-//!   attempt (`crate::protocol::classed::try_fast`) use the thread's counters entry of that
-//!   bulkhead, which the decision looks up anyway to count the admission: one lookup for both.
-//!   Their callers hold a handle, so the entry outlives the operation;
+//! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`) and the class
+//!   protocol's fast attempt (`crate::protocol::classed::try_fast`) use the thread's counters
+//!   entry of that bulkhead, which the decision looks up anyway to count the admission (or,
+//!   without classes, the refusal): one lookup for both. Their callers hold a handle, so the
+//!   entry outlives the operation; no subscriber's hook runs inside a no-class decision;
 //! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a
 //!   class release may leave its operation after it gave away the last reference to the
 //!   bulkhead, so its marker must not live in the bulkhead.
@@ -78,37 +79,44 @@ pub(crate) type Reader = AtomicU64;
 /// marker even again, if this is the outermost operation of the thread.
 pub(crate) struct Op<'a> {
     reader: &'a Reader,
-    /// The even value to store when leaving, or `None` for a nested operation.
-    leave: Option<u64>,
+    /// The value to store when leaving: the next even value for the outermost operation, the
+    /// (odd) value the marker already holds for a nested one (a store that changes nothing).
+    leave: u64,
 }
 
 /// Enters an operation on `reader`, the calling thread's marker.
 #[inline(always)]
 pub(crate) fn enter(reader: &Reader) -> Op<'_> {
+    enter_with(reader, asymmetric())
+}
+
+/// [`enter`] with the barrier mode already known (`asymmetric`: [`asymmetric`]'s answer, which
+/// never changes once a bulkhead exists; a bulkhead keeps a copy next to the flags its fast
+/// path reads, so the decision does not load the process-wide mode).
+///
+/// Branch-free: the marker `s` becomes `s | 1`, and leaving stores `s + 2` if `s` was even
+/// (the outermost operation) or `s` itself if it was odd (a nested one, which must leave the
+/// marker odd for its outer operation: storing the value the marker already holds is no
+/// change a reconfigurer can see).
+#[inline(always)]
+pub(crate) fn enter_with(reader: &Reader, asymmetric: bool) -> Op<'_> {
     // Single writer: a plain load and store (no locked instruction).
     let s = reader.load(Ordering::Relaxed);
-    if s & 1 == 1 {
-        return Op {
-            reader,
-            leave: None,
-        };
-    }
-    reader.store(s + 1, Ordering::Relaxed);
-    light_barrier();
+    let odd = s | 1;
+    reader.store(odd, Ordering::Relaxed);
+    light_barrier(asymmetric);
     Op {
         reader,
-        leave: Some(s + 2),
+        leave: odd + 1 - (s & 1),
     }
 }
 
 impl Drop for Op<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        if let Some(v) = self.leave {
-            // Release: everything the operation did happens-before a reconfigurer that sees
-            // the marker move.
-            self.reader.store(v, Ordering::Release);
-        }
+        // Release: everything the operation did happens-before a reconfigurer that sees the
+        // marker move.
+        self.reader.store(self.leave, Ordering::Release);
     }
 }
 
@@ -176,21 +184,29 @@ pub(crate) fn init() {
     MODE.store(mode, Ordering::Release);
 }
 
-/// Whether the heavy side is a membarrier (never under loom or Miri).
+/// Whether the heavy side is a membarrier (never under loom or Miri). Fixed before the first
+/// bulkhead exists ([`init`]).
 #[inline(always)]
-fn asymmetric() -> bool {
+pub(crate) fn asymmetric() -> bool {
     !cfg!(loom) && MODE.load(Ordering::Relaxed) == MEMBARRIER
 }
 
 /// The operation side's barrier: a compiler fence when the reconfigurer's heavy barrier is a
-/// membarrier, a full fence otherwise.
+/// membarrier (`asymmetric`, [`asymmetric`]'s answer), a full fence otherwise.
 #[inline(always)]
-fn light_barrier() {
-    if asymmetric() {
-        std::sync::atomic::compiler_fence(Ordering::SeqCst);
-    } else {
-        fence(Ordering::SeqCst);
+fn light_barrier(asymmetric: bool) {
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    if !asymmetric {
+        full_fence();
     }
+}
+
+/// The full fence of [`light_barrier`] without a membarrier: out of line, so that the common
+/// case is one test and a branch not taken.
+#[cold]
+#[inline(never)]
+fn full_fence() {
+    fence(Ordering::SeqCst);
 }
 
 /// The reconfigurer side's barrier.
@@ -250,18 +266,19 @@ pub(crate) fn op() -> Op<'static> {
 
 /// Enters a decision of the bulkhead whose counters entry `c` is (the calling thread's): a
 /// no-class decision, or the class fast attempt. The marker lives in that entry, which the
-/// decision looks up anyway. Only for a
-/// caller that keeps the bulkhead alive until it leaves (a handle). Under loom, where counters
+/// decision looks up anyway. Only for a caller that keeps the bulkhead alive until it leaves
+/// (a handle). `asymmetric` is the bulkhead's copy of [`asymmetric`] (`Shared::asymmetric`).
+/// Under loom, where counters
 /// entries are shared by every thread, the process-wide cell instead.
 #[inline(always)]
-pub(crate) fn enter_decision(c: &crate::record::stats::Counters) -> Op<'_> {
+pub(crate) fn enter_decision(c: &crate::record::stats::Counters, asymmetric: bool) -> Op<'_> {
     #[cfg(not(loom))]
     {
-        enter(&c.reader)
+        enter_with(&c.reader, asymmetric)
     }
     #[cfg(loom)]
     {
-        let _ = c;
+        let _ = (c, asymmetric);
         op()
     }
 }

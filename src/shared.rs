@@ -95,6 +95,10 @@ pub(crate) struct Shared {
     /// "Bypass").
     pub(crate) queued_classes: AtomicU64,
     pub(crate) has_budget: bool,
+    /// The process's grace-period barrier mode (`crate::grace::asymmetric`), fixed before this
+    /// block was made: a copy beside the flags the fast decision reads anyway, so that entering
+    /// its grace-period marker loads no process-wide static.
+    pub(crate) asymmetric: bool,
     /// The bits all admission ids of this bulkhead share (see `crate::vocab::id`).
     pub(crate) id_prefix: u128,
     /// One word per admission class (layout in `crate::protocol::classed`: queue flag, detached, class
@@ -213,6 +217,9 @@ impl Handle {
         } else {
             0
         };
+        // Before the state is published: every thread that reaches it sees the barrier mode
+        // (and this block keeps a copy of it).
+        crate::grace::init();
         let shared = Shared {
             word: CachePadded::new(AtomicU64::new(first_word)),
             handles: CachePadded::new(AtomicUsize::new(1)),
@@ -224,6 +231,7 @@ impl Handle {
             queued: AtomicUsize::new(0),
             queued_classes: AtomicU64::new(0),
             has_budget,
+            asymmetric: crate::grace::asymmetric(),
             id_prefix: crate::vocab::id::prefix(),
             class_words,
             class_ids: class_names.iter().map(|n| crate::sync::intern(n)).collect(),
@@ -238,8 +246,6 @@ impl Handle {
             events: crate::record::events::Subscribers::new(),
             extensions: Mutex::new(Vec::new()),
         };
-        // Before the state is published: every thread that reaches it sees the barrier mode.
-        crate::grace::init();
         let ptr = NonNull::from(Box::leak(Box::new(shared)));
         crate::sync::lifetime::born(ptr.as_ptr().cast());
         #[cfg(all(feature = "testing", not(loom)))]

@@ -101,9 +101,11 @@ impl Bulkhead {
     /// assert!(b.try_acquire(Demand::slot()).is_ok());
     /// ```
     // Always inlined: callers then keep the admission in registers instead of writing the
-    // whole `Result` to memory, which measured 15.5 → ~11 ns per pair. The refusal path is
-    // out of line (`refuse`), so the inlined code is the decision, one CAS and the guard, and
-    // with classes the class fast attempt (`try_acquire_classed`; the rest is out of line).
+    // whole `Result` to memory, which measured 15.5 → ~11 ns per pair. A no-class refusal is
+    // inline too (`crate::protocol::plain::try_admit`: a tag re-check and one increment) and
+    // comes back as a few scalars, from which the `Rejection` is built once, here; the rare
+    // cases (`WAITERS` up, event subscribers, contention) are out of line. With classes the
+    // class fast attempt is inlined too (`try_acquire_classed`; the rest is out of line).
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
@@ -112,7 +114,11 @@ impl Bulkhead {
         } else {
             None
         };
-        let r = reservation.map_or(0, |x| x.total());
+        let r = if shared.has_budget {
+            demand.reservation().map_or(0, |x| x.total())
+        } else {
+            0
+        };
         let priority = demand.priority();
         // Both paths end in the few scalars of `Granted`, and the admission is built once, here:
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler
@@ -123,25 +129,11 @@ impl Bulkhead {
             if demand.class().is_some() {
                 return Err(classed::unknown_class());
             }
-            loop {
-                match self.try_decide(r, priority) {
-                    Ok(g) => break g,
-                    Err(f) => {
-                        if f.reason == RejectReason::ConcurrencyLimit
-                            && f.w.waiters()
-                            && f.w.slots() < f.lim().max_concurrent
-                        {
-                            // The flag may be up only for `drain` callers.
-                            if let Some(g) = plain::admit_if_nobody_waits(&self.shared, r, priority)
-                            {
-                                break g;
-                            }
-                        }
-                        if let Some(rejection) = self.refusal(&f, r, priority) {
-                            return Err(rejection);
-                        }
-                    }
-                }
+            match plain::try_admit(shared, r, priority) {
+                Ok(g) => g,
+                // Built here, in the place the caller keeps it.
+                Err(plain::NoAdmit::Refused(f)) => return Err(f.rejection(r)),
+                Err(plain::NoAdmit::Rejected(rejection)) => return Err(rejection),
             }
         };
         Ok(self.admission_from(g, priority, reservation))
@@ -155,11 +147,22 @@ impl Bulkhead {
         priority: Priority,
         reservation: Option<Reservation>,
     ) -> Admission {
-        let id = AdmissionId::new(self.shared.id_prefix, g.key, g.n);
-        // The only event cost on the fast path: one relaxed load (`crate::record::events`). The hook
-        // gets copies, not the admission: taking its address would keep it in memory. The
-        // admission remembers the answer, so its release reads no flag.
-        let observed = self.shared.events.on();
+        // The only event cost on the fast path: one relaxed load (`crate::record::events`).
+        self.admission_observed(g, priority, reservation, self.shared.events.on())
+    }
+
+    /// [`admission_from`](Self::admission_from) with the event flag already read (`observed`).
+    #[inline(always)]
+    pub(crate) fn admission_observed(
+        &self,
+        g: Granted,
+        priority: Priority,
+        reservation: Option<Reservation>,
+        observed: bool,
+    ) -> Admission {
+        let id = AdmissionId::from_key_bits(self.shared.id_prefix, g.key, g.n);
+        // The hook gets copies, not the admission: taking its address would keep it in memory.
+        // The admission remembers the answer, so its release reads no flag.
         if observed {
             crate::handle::events::admitted(
                 &self.shared,

@@ -308,7 +308,7 @@ pub(crate) fn try_fast(
     r: u64,
     priority: Priority,
 ) -> Option<Admitted> {
-    let _op = crate::grace::enter_decision(c);
+    let _op = crate::grace::enter_decision(c, shared.asymmetric);
     first_try(shared, k, r, priority)
 }
 

@@ -14,7 +14,7 @@ pub(crate) mod token_wait;
 
 /// What a successful decision of either protocol hands to the handle that builds the
 /// admission: the revision it was decided under, what numbers its id (the thread's counters
-/// entry `key` and that entry's admission number `n`) and its class code. A few scalars: the
+/// entry `key`, spread as the id holds it, and that entry's admission number `n`) and its class code. A few scalars: the
 /// admission is built once, by the caller, from them.
 pub(crate) struct Granted {
     pub(crate) revision: u64,

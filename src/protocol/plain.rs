@@ -6,26 +6,30 @@
 //!
 //! # The steps
 //!
-//! * **Enter** ([`try_decide`]): enter the grace period's decision marker (`crate::grace`),
-//!   load the word, read the limits of its tag from the ring (`crate::words::limits`), check
-//!   rows 0, 1 and 6 of CONTRACT.md §2 ([`decide`]: closed, then `T + r > eff(priority)`, then
-//!   no free slot or waiters queued, the no-barging rule), and take one slot and `r` tokens
-//!   with one `AcqRel` CAS that expects the word it decided on (so a close, a tag bump or any
-//!   other change in between makes it decide again). Counted in the thread's statistics entry
-//!   the marker lives in ([`count`]).
-//! * **Refusal** ([`refuse`], out of line): re-read the word; if the tag moved since the
-//!   decision, the limits it read may be torn and the caller decides again. Otherwise count the
-//!   refusal and keep the raw numbers that explain it ([`rejection`]; the explanation is built
-//!   only when asked: [`Rejection::detail`]). A waiter's refusal ([`waiter_refusal`]) is
-//!   explained by the word as it is when the waiter is answered.
+//! * **Enter** ([`try_admit`] for `try_acquire`, [`try_decide`] for the waiting paths): enter
+//!   the grace period's decision marker (`crate::grace`), load the word, read the limits of
+//!   its tag from the ring (`crate::words::limits`), check rows 0, 1 and 6 of CONTRACT.md §2
+//!   ([`decide`]: closed, then `T + r > eff(priority)`, then no free slot or waiters queued,
+//!   the no-barging rule), and take one slot and `r` tokens with one `AcqRel` CAS that expects
+//!   the word it decided on (so a close, a tag bump or any other change in between makes it
+//!   decide again). Counted in the thread's statistics entry the marker lives in ([`count`]).
+//! * **Refusal**: after the decision's read of the slot, re-read the word; if the tag moved,
+//!   the limits it read may be torn and the decision is made again. Otherwise count the refusal
+//!   and keep the raw numbers that explain it ([`packed_rejection`], [`rejection`]; the
+//!   explanation is built only when asked: [`Rejection::detail`]). `try_acquire`'s refusal
+//!   ([`refuse`]) does this inline, inside the decision's operation, when nobody subscribed to
+//!   events; with subscribers ([`try_admit_observed`]) and on the waiting paths ([`refusal`])
+//!   it is done after the operation, so that the reject hook never runs inside one. A waiter's
+//!   refusal ([`waiter_refusal`]) is explained by the word as it is when the waiter is answered.
 //! * **Returns**: a release returns its slot and hold with one CAS of the word, or hands the
 //!   slot to the head waiter while waiters are queued (`SlotRef::return_slot`,
 //!   `crate::protocol::handoff`, which also holds the pump and `close`'s queue side); a usage
 //!   report that shrinks a hold is one `fetch_sub` ([`return_tokens`]), one that grows it a CAS
 //!   loop bounded only by the field ([`grow_tokens`]).
 //! * **Drain-time admission** ([`admit_if_nobody_waits`]): `WAITERS` up with a slot free
-//!   means the flag may be up only for drainers; the decision reads the queue-length mirror
-//!   (written by the wait layer under the queue mutex) and admits with a CAS, without a lock.
+//!   ([`Decision::Waiters`]) means the flag may be up only for drainers; the decision reads the
+//!   queue-length mirror (written by the wait layer under the queue mutex) and admits with a
+//!   CAS, without a lock, inside the decision's operation ([`waiters_up`]).
 //! * **Queueing** ([`decide_queued`]): the decision under the queue mutex, for a demand the
 //!   fast decision could not admit with a queue possible: take a slot freed meanwhile, refuse,
 //!   or raise `WAITERS` (the length mirror first) for a newcomer. The wait layer
@@ -39,7 +43,7 @@ use crate::record::stats::Counters;
 use crate::shared::Shared;
 use crate::sync::Ordering;
 use crate::vocab::demand::Priority;
-use crate::vocab::rejection::{n32, Counts, RejectReason, Rejection};
+use crate::vocab::rejection::{Counts, RejectReason, Rejection};
 use crate::words::limits::{Hot, Packed};
 use crate::words::state::{Word, MAX_TOKENS};
 
@@ -48,6 +52,9 @@ enum Decision {
     /// Replace the word with this one.
     Admit(Word),
     Refuse(RejectReason),
+    /// A slot is free but `WAITERS` is up: refused for `concurrency_limit` (the no-barging
+    /// rule), unless the flag is up only for drainers ([`admit_if_nobody_waits`]).
+    Waiters,
 }
 
 /// Rows 0, 1 and 6 of CONTRACT.md §2 on word `w` under limits `lim`, for `r` tokens at
@@ -63,15 +70,18 @@ fn decide(w: Word, lim: &Hot, r: u64, priority: Priority) -> Decision {
         }
     }
     // Row 6 (and, for fail-fast callers, the no-barging rule while waiters are queued).
-    if w.slots() >= lim.max_concurrent || w.waiters() {
+    if w.slots() >= lim.max_concurrent {
         return Decision::Refuse(RejectReason::ConcurrencyLimit);
+    }
+    if w.waiters() {
+        return Decision::Waiters;
     }
     Decision::Admit(w.plus(r))
 }
 
 /// What a refused decision hands back: the word and the limits that refused (the ring slot's
 /// words as read, [`Packed`]: three words, not the six of the decoded [`Hot`], so that the
-/// refusal reaches [`refuse`] in registers), the reason, and the thread's counters entry the
+/// refusal reaches [`refuse_later`] in registers), the reason, and the thread's counters entry the
 /// decision looked up (the refusal is counted there, without a second lookup).
 pub(crate) struct Refusal<'a> {
     pub(crate) w: Word,
@@ -89,20 +99,146 @@ impl Refusal<'_> {
 }
 
 /// The fast decision: rows 0, 1 and 6 in one CAS (module docs, "Enter"). `Err` carries the
-/// word and the limits that refused, for [`refusal`] (which re-checks the tag).
+/// word and the limits that refused, for [`refusal`] (which re-checks the tag). The waiting
+/// paths' decision; `try_acquire`'s is [`try_admit`].
 #[inline(always)]
 pub(crate) fn try_decide(
     shared: &Shared,
     r: u64,
     priority: Priority,
 ) -> Result<Granted, Refusal<'_>> {
+    decide_loop(shared, r, priority, |c, w, packed, reason, _| {
+        Some(Err(Refusal {
+            w,
+            packed,
+            reason,
+            c,
+        }))
+    })
+}
+
+/// The fast decision of `Bulkhead::try_acquire`: [`try_decide`]'s, with a refusal counted and
+/// explained before the decision leaves its grace-period operation ([`refuse`], inlined; with
+/// a slot free but `WAITERS` up, [`waiters_up`], out of line). A refusal with event
+/// subscribers is left to [`try_admit_observed`], which decides again after this operation
+/// (nothing was counted).
+#[inline(always)]
+pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, NoAdmit> {
+    let out = decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
+        if waiters {
+            return match waiters_up(shared, c, w, r, priority) {
+                Answer::Refused(f) => Some(Err(Some(f))),
+                Answer::Granted(g) => Some(Ok(g)),
+                Answer::Again => None,
+                Answer::Observed => Some(Err(None)),
+            };
+        }
+        if shared.events.on() {
+            return Some(Err(None));
+        }
+        let refused = match priority {
+            Priority::Normal => refuse::<false>(shared, c, w, p, reason),
+            Priority::High => refuse::<true>(shared, c, w, p, reason),
+        };
+        refused.map(|f| Err(Some(f)))
+    });
+    match out {
+        Ok(g) => Ok(g),
+        Err(Some(f)) => Err(NoAdmit::Refused(f)),
+        Err(None) => try_admit_observed(shared, r, priority).map_err(NoAdmit::Rejected),
+    }
+}
+
+/// Why [`try_admit`] did not admit.
+pub(crate) enum NoAdmit {
+    /// Refused and counted: the caller builds the [`Rejection`] ([`Refused::rejection`]).
+    Refused(Refused),
+    /// Refused, counted, explained (and observed): [`try_admit_observed`]'s answer.
+    Rejected(Rejection),
+}
+
+/// A counted no-class refusal as scalars: the word and the ring slot's words that explain it
+/// (the budget word already with the demand's effective budget), the reason. A few words that
+/// stay in registers until the caller builds the [`Rejection`] in its own place, once: a
+/// `Rejection` built by the decision and moved out through its callers was copied from
+/// temporary to temporary with wide loads over the narrow stores just made (store forwarding
+/// stalls).
+#[derive(Clone, Copy)]
+pub(crate) struct Refused {
+    w: Word,
+    p: Packed,
+    reason: RejectReason,
+}
+
+impl Refused {
+    /// The refusal of a demand of `r` tokens.
+    #[inline(always)]
+    pub(crate) fn rejection(self, r: u64) -> Rejection {
+        packed_rejection(self.w, self.p, self.reason, r, Priority::Normal)
+    }
+}
+
+/// [`try_admit`] with event subscribers: the same decision, with a refusal counted and
+/// explained after the operation ([`refusal`]: the tag re-check, then the reject hook, so that
+/// a subscriber never runs while the marker holds off a reconfiguration). With `WAITERS` up, a
+/// `concurrency_limit` with a slot free may be the flag up only for drainers: admitted if
+/// nobody is queued ([`admit_if_nobody_waits`], inside the operation, as in [`waiters_up`]).
+#[cold]
+#[inline(never)]
+pub(crate) fn try_admit_observed(
+    shared: &Shared,
+    r: u64,
+    priority: Priority,
+) -> Result<Granted, Rejection> {
+    loop {
+        let f = decide_loop(shared, r, priority, |c, w, packed, reason, waiters| {
+            if waiters {
+                if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
+                    return Some(Ok(g));
+                }
+            }
+            Some(Err(Refusal {
+                w,
+                packed,
+                reason,
+                c,
+            }))
+        });
+        match f {
+            Ok(g) => return Ok(g),
+            Err(f) => {
+                if let Some(rejection) = refusal(shared, &f, r, priority) {
+                    return Err(rejection);
+                }
+            }
+        }
+    }
+}
+
+/// The loop of [`try_decide`] and [`try_admit`]. Before the first read of the tag it enters
+/// the grace period's decision marker (`crate::grace`): no install can bring the tag back to
+/// `w`'s, or rewrite the ring slot `w`'s tag names, while the decision is in progress. The
+/// marker is in this thread's counters entry, which the admission is counted in anyway (one
+/// lookup for both); the caller's handle keeps it alive for the whole decision. A refusal is
+/// handed to `refused` (the thread's entry, the word and the ring slot's words that refused,
+/// the reason) inside the operation: `Some` is the answer, `None` decides again on the word as
+/// it is now.
+#[inline(always)]
+fn decide_loop<'a, E>(
+    shared: &'a Shared,
+    r: u64,
+    priority: Priority,
+    mut refused: impl FnMut(
+        &'a Counters,
+        Word,
+        Packed,
+        RejectReason,
+        bool,
+    ) -> Option<Result<Granted, E>>,
+) -> Result<Granted, E> {
     let word = &*shared.word;
-    // Before the first read of the tag (`crate::grace`): no install can bring the tag back to
-    // `w`'s while this decision is in progress. The marker is in this thread's counters entry,
-    // which the admission is counted in anyway (one lookup for both); the caller's handle keeps
-    // it alive for the whole decision.
     let c = shared.counters.local(Counters::new);
-    let _op = crate::grace::enter_decision(c);
+    let _op = crate::grace::enter_decision(c, shared.asymmetric);
     let mut w = Word(word.load(Ordering::Acquire));
     let backoff = crossbeam_utils::Backoff::new();
     loop {
@@ -119,16 +255,92 @@ pub(crate) fn try_decide(
                     }
                 }
             }
-            Decision::Refuse(reason) => {
-                return Err(Refusal {
-                    w,
-                    packed,
-                    reason,
-                    c,
-                })
+            Decision::Refuse(reason) => match refused(c, w, packed, reason, false) {
+                Some(answer) => return answer,
+                None => w = Word(word.load(Ordering::Acquire)),
+            },
+            Decision::Waiters => {
+                match refused(c, w, packed, RejectReason::ConcurrencyLimit, true) {
+                    Some(answer) => return answer,
+                    None => w = Word(word.load(Ordering::Acquire)),
+                }
             }
         }
     }
+}
+
+/// What [`waiters_up`] answers.
+enum Answer {
+    /// Counted.
+    Refused(Refused),
+    /// `WAITERS` was up only for drainers: admitted after all ([`admit_if_nobody_waits`]).
+    Granted(Granted),
+    /// The tag moved since the decision's read: decide again.
+    Again,
+    /// Refused, with event subscribers: nothing counted ([`try_admit_observed`] answers).
+    Observed,
+}
+
+/// A refusal of [`try_admit`], made inside its grace-period operation (the marker is odd), for
+/// reason `reason` on word `w` under the ring slot's words `p` as the decision read them, of a
+/// demand of `r` tokens (at high priority if `HIGH`). `None`: decide again.
+///
+/// It re-checks, after the decision's read of the slot, that the tag has not moved (`None` if
+/// it has: the limits may be torn, `crate::words::limits`), counts the refusal in this thread's
+/// entry `c` (the one the decision found) and keeps the numbers that explain it ([`Refused`],
+/// from which the caller builds the [`Rejection`]; [`Rejection::detail`] computes the
+/// explanation only when asked). The marker already keeps
+/// that slot from being rewritten until the decision leaves (`crate::grace`), so the words the
+/// decision read are the limits of `w`'s tag; the re-check is the ring's own guard, which
+/// stands without that argument. Inlined: the refusal is a compare and an increment, with no
+/// call and nothing passed through memory. Only when nobody
+/// is subscribed to events ([`try_admit_observed`] is the path with subscribers).
+#[inline(always)]
+fn refuse<const HIGH: bool>(
+    shared: &Shared,
+    c: &Counters,
+    w: Word,
+    p: Packed,
+    reason: RejectReason,
+) -> Option<Refused> {
+    if !Word(shared.word.load(Ordering::Acquire)).same_tag(w) {
+        return None;
+    }
+    c.rejected[reason.index()].add(1);
+    let p = if HIGH {
+        Packed {
+            budget: high_budget(p.budget),
+            ..p
+        }
+    } else {
+        p
+    };
+    Some(Refused { w, p, reason })
+}
+
+/// [`try_admit`]'s answer to a demand of `r` tokens at `priority` that found a slot free on
+/// word `w` but `WAITERS` up ([`Decision::Waiters`]), inside the decision's operation: the flag
+/// may be up only for drainers, so it is admitted if nobody is queued
+/// ([`admit_if_nobody_waits`], inside the operation too, so its CAS is covered by the marker
+/// like the decision's); otherwise refused for `concurrency_limit` as by [`refuse`].
+#[cold]
+#[inline(never)]
+fn waiters_up(shared: &Shared, c: &Counters, w: Word, r: u64, priority: Priority) -> Answer {
+    if let Some(g) = admit_if_nobody_waits(shared, r, priority) {
+        return Answer::Granted(g);
+    }
+    if shared.events.on() {
+        return Answer::Observed;
+    }
+    // A fresh read of the slot: the decision's words stay with the caller (this call passes
+    // every argument in a register); the re-check in `refuse` follows this read.
+    let p = shared.ring.read_packed(w.tag());
+    let reason = RejectReason::ConcurrencyLimit;
+    let refused = match priority {
+        Priority::Normal => refuse::<false>(shared, c, w, p, reason),
+        Priority::High => refuse::<true>(shared, c, w, p, reason),
+    };
+    refused.map_or(Answer::Again, Answer::Refused)
 }
 
 /// A fail-fast decision found `WAITERS` set with a free slot: the flag may be up only for
@@ -201,7 +413,7 @@ pub(crate) fn refusal(
     priority: Priority,
 ) -> Option<Rejection> {
     let p = f.packed;
-    refuse(
+    refuse_later(
         shared, f.c, f.w, p.shape, p.budget, p.revision, r, f.reason, priority,
     )
 }
@@ -227,9 +439,9 @@ pub(crate) fn refusal_of(
     Some(rej)
 }
 
-/// The refusal path, out of line so that the inlined fast path stays small: re-checks that the
-/// limits were untorn (the tag has not moved since `w`; see `crate::words::limits`), counts the
-/// refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
+/// The refusal path of [`try_decide`] (after its operation), out of line so that the inlined
+/// fast path stays small: re-checks that the limits were untorn (the tag has not moved since
+/// `w`; see `crate::words::limits`), counts the refusal in this thread's entry `c` (the one the decision found) and keeps the numbers that
 /// explain it (the explanation is computed only when asked: [`Rejection::detail`]); `None` if
 /// the tag moved (decide again). The limits come as the ring slot's words (`shape`, `budget`,
 /// `revision`: [`Packed`]), by value: passing the decoded [`Hot`] by reference made the caller
@@ -237,7 +449,7 @@ pub(crate) fn refusal_of(
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn refuse(
+fn refuse_later(
     shared: &Shared,
     c: &Counters,
     w: Word,
@@ -253,7 +465,9 @@ fn refuse(
     }
     c.rejected[reason.index()].add(1);
     if shared.events.on() {
-        return observed(shared, w, shape, budget, revision, r, reason, priority);
+        return Some(observed(
+            shared, w, shape, budget, revision, r, reason, priority,
+        ));
     }
     let packed = Packed {
         shape,
@@ -263,8 +477,8 @@ fn refuse(
     Some(packed_rejection(w, packed, reason, r, priority))
 }
 
-/// The end of [`refuse`] when the reject hook is subscribed: out of line, so that the common
-/// end makes no call (it then saves no registers, and builds the refusal in the return value's
+/// The end of [`refuse_later`] when the reject hook is subscribed: out of line, so that the
+/// common end makes no call (it then saves no registers, and builds the refusal in the return value's
 /// place rather than on the stack where a hook could read it).
 #[cold]
 #[inline(never)]
@@ -278,7 +492,7 @@ fn observed(
     r: u64,
     reason: RejectReason,
     priority: Priority,
-) -> Option<Rejection> {
+) -> Rejection {
     let packed = Packed {
         shape,
         budget,
@@ -286,7 +500,7 @@ fn observed(
     };
     let rej = packed_rejection(w, packed, reason, r, priority);
     crate::protocol::hooks::rejected(shared, None, &rej);
-    Some(rej)
+    rej
 }
 
 /// Counts and explains the refusal of a waiter (or of a request refused before it could wait:
@@ -332,12 +546,9 @@ pub(crate) fn rejection(
         lim.revision,
         Counts {
             requested: r,
-            tokens,
+            used: Counts::used(tokens, slots),
             shape: packed.shape,
             budget: packed.budget,
-            in_flight: n32(slots),
-            pending: 0,
-            class: None,
         },
     )
 }
@@ -354,7 +565,7 @@ fn packed_rejection(
     priority: Priority,
 ) -> Rejection {
     let budget = match priority {
-        Priority::High => (p.budget & 0xffff_ffff) | (p.budget << 32),
+        Priority::High => high_budget(p.budget),
         Priority::Normal => p.budget,
     };
     Rejection::counted(
@@ -363,15 +574,20 @@ fn packed_rejection(
         p.revision,
         Counts {
             requested: r,
-            tokens: w.tokens(),
+            // The word as it is: tokens in the low 32 bits, the 15-bit slot field from bit 32,
+            // as `Counts::used` keeps them (`crate::words::state`); the bits above are not read.
+            used: w.0,
             shape: p.shape,
             budget,
-            // Slots fit in 15 bits (`crate::words::state`).
-            in_flight: w.slots() as u32,
-            pending: 0,
-            class: None,
         },
     )
+}
+
+/// The ring slot's budget word with a high-priority demand's effective budget (the budget
+/// itself) in `eff(normal)`'s place.
+#[inline(always)]
+fn high_budget(budget: u64) -> u64 {
+    (budget & 0xffff_ffff) | (budget << 32)
 }
 
 /// What the decision under the queue mutex ([`decide_queued`]) did with a demand whose fast

@@ -23,13 +23,16 @@ use crate::words::limits::LimitsSnapshot;
 /// has usage to book.
 #[derive(Default)]
 pub(crate) struct Counters {
-    /// Distinguishes this entry's admission ids from other threads' (see `crate::vocab::id`).
+    /// Distinguishes this entry's admission ids from other threads' (see `crate::vocab::id`):
+    /// the entry's key spread in place (`AdmissionId::key_bits`).
     pub(crate) key: u64,
     /// This thread's grace-period marker for this bulkhead's no-class decisions
     /// (`crate::grace`): on the line the decision writes anyway, found by the same lookup.
     pub(crate) reader: crate::grace::Reader,
     pub(crate) admitted: Stripe,
-    pub(crate) rejected: [Stripe; 6],
+    /// Refusals by [`RejectReason::index`]; one more entry than there are counted reasons, for
+    /// `UnknownClass` (never counted), so that indexing by any reason needs no bounds check.
+    pub(crate) rejected: [Stripe; 7],
     pub(crate) total_reserved: Stripe,
     pub(crate) total_consumed: Stripe,
     pub(crate) total_refunded: Stripe,
@@ -67,7 +70,7 @@ pub(crate) struct ClassCounters {
 impl Counters {
     pub(crate) fn new() -> Counters {
         Counters {
-            key: crate::vocab::id::next_key(),
+            key: crate::vocab::id::AdmissionId::key_bits(crate::vocab::id::next_key()),
             ..Counters::default()
         }
     }

@@ -88,13 +88,23 @@ impl AdmissionId {
     /// [`prefix`] is `prefix`.
     #[inline]
     pub(crate) fn new(prefix: u128, key: u64, counter: u64) -> AdmissionId {
+        AdmissionId::from_key_bits(prefix, AdmissionId::key_bits(key), counter)
+    }
+
+    /// Entry `key`'s bits in place in the id's high word (12 bits at 0, 8 at 16): what a
+    /// counters entry keeps (`crate::record::stats::Counters::key`), so that minting an id
+    /// does not spread the key again each time.
+    #[inline]
+    pub(crate) fn key_bits(key: u64) -> u64 {
+        (key & 0xfff) | (((key >> 12) & 0xff) << 16)
+    }
+
+    /// [`new`](Self::new) with the key already spread ([`key_bits`](Self::key_bits)).
+    #[inline]
+    pub(crate) fn from_key_bits(prefix: u128, key_bits: u64, counter: u64) -> AdmissionId {
         // Stored as two words (8-byte alignment keeps `Admission` small).
-        let key = u128::from(key);
         AdmissionId::from_u128(
-            prefix
-                | (u128::from(counter) & ((1 << 62) - 1))
-                | ((key & 0xfff) << 64)
-                | (((key >> 12) & 0xff) << 80),
+            prefix | (u128::from(counter) & ((1 << 62) - 1)) | (u128::from(key_bits) << 64),
         )
     }
 }

@@ -265,9 +265,8 @@ pub struct ClassTokenCapacity {
 /// serialises to a body a gateway can send with a 429 or 503. No retry-after is invented.
 ///
 /// A refusal keeps the numbers its decision saw in a small record (a no-class refusal
-/// allocates nothing; a class refusal boxes its class numbers once, in the thread's recycled
-/// spare box when there is one, and names its class with a `&'static str` interned when the
-/// bulkhead is built), and
+/// allocates nothing; a class refusal boxes its class numbers once, and names its class with
+/// a `&'static str` interned when the bulkhead is built), and
 /// [`detail`](Rejection::detail), `Display` and serialisation compute the explanation from
 /// them when asked: refusing, the hot path under overload, builds no explanation nobody reads.
 ///
@@ -289,9 +288,15 @@ pub struct Rejection {
     pub reason: RejectReason,
     /// Which limit (only with admission classes).
     pub constraint: Option<Constraint>,
+    /// Waiters queued (`detail().pending`): beside the two bytes above, in the padding the
+    /// revision would leave anyway.
+    pending: u32,
     /// The revision of the limits the decision used.
     pub revision: u64,
-    seen: Seen,
+    counts: Counts,
+    /// A class refusal's numbers, or a whole detail: `None` for a no-class refusal, so that
+    /// dropping one is a single test of this pointer. The box is recycled ([`more_box`]).
+    more: Option<Box<More>>,
 }
 
 /// The wire form of a [`Rejection`] (its fields and its computed detail).
@@ -323,88 +328,42 @@ impl From<RejectionBody> for Rejection {
     }
 }
 
-/// What a refusal saw: the raw counts of a decision, or (deserialised, or from the model) a
-/// whole detail.
+/// What a refusal saw beyond its [`Counts`]: a class refusal's numbers, or (deserialised, or
+/// from the model) a whole detail, which then explains the refusal instead of the counts.
 #[derive(Clone, Debug)]
-enum Seen {
-    Counts(Counts),
-    Given(Box<CapacityDetail>),
+enum More {
+    Class(ClassCounts),
+    Given(CapacityDetail),
 }
 
-/// The numbers a decision saw, as the engine had them; [`Rejection::detail`] derives the rest.
-/// Narrow fields hold values the state words bound (slots in 16 bits, budgets and class tokens
-/// in 32). The limits are kept packed as the limits ring stores them
-/// (`crate::words::limits::Packed`), so that a no-class refusal copies the words it read and
-/// decodes nothing until asked.
-#[derive(Clone, Debug)]
-pub(crate) struct Counts {
-    /// The demand's reservation.
-    pub(crate) requested: u64,
-    /// Tokens held (all classes).
-    pub(crate) tokens: u64,
-    /// `max_concurrent` (16 bits) | has-budget flag (bit 16) | `max_queue` (bits 32..64): the
-    /// ring slot's `shape` word.
-    pub(crate) shape: u64,
-    /// The budget (low 32 bits) and the demand's effective budget (high 32 bits), read only
-    /// when `shape` has the has-budget flag.
-    pub(crate) budget: u64,
-    /// Slots in use (all classes).
-    pub(crate) in_flight: u32,
-    /// Waiters queued.
-    pub(crate) pending: u32,
-    /// The class's numbers, with classes (not for `shutdown`); boxed, so that the common
-    /// refusal stays small enough to move in registers.
-    pub(crate) class: Option<ClassBox>,
-}
-
-/// A class refusal's [`ClassCounts`] in a box that is recycled: dropped, the box becomes the
-/// thread's spare, and the thread's next class refusal fills the spare instead of allocating.
-/// A refusal answered and dropped before the next one (the pattern under overload) then
-/// allocates and frees nothing; a box dropped on another thread becomes that thread's spare.
-/// At most one spare per thread, freed when the thread exits. Not under loom (no per-thread
-/// state there beyond the facade's; a plain box).
-pub(crate) struct ClassBox(Option<Box<ClassCounts>>);
-
+// A class refusal's [`More`] box is recycled: when the refusal is dropped, its box becomes the
+// thread's spare ([`keep_spare`], from `Rejection`'s drop), and the thread's next class
+// refusal fills the spare instead of allocating ([`more_box`]). A class refusal answered and
+// dropped before the next one (the pattern under overload) then allocates and frees nothing;
+// a box dropped on another thread becomes that thread's spare. At most one spare per thread,
+// freed when the thread exits. Not under loom (no per-thread state there beyond the facade's;
+// a plain box).
 #[cfg(not(loom))]
 std::thread_local! {
     /// The thread's spare box (a scratch value no protocol shares).
-    static SPARE: std::cell::Cell<Option<Box<ClassCounts>>> = const { std::cell::Cell::new(None) };
+    static SPARE: std::cell::Cell<Option<Box<More>>> = const { std::cell::Cell::new(None) };
 }
 
-impl ClassBox {
-    /// `counts` in the thread's spare box, or in a new one.
-    #[inline]
-    pub(crate) fn new(counts: ClassCounts) -> ClassBox {
-        #[cfg(not(loom))]
-        if let Some(mut b) = SPARE.try_with(std::cell::Cell::take).ok().flatten() {
-            *b = counts;
-            return ClassBox(Some(b));
-        }
-        ClassBox(Some(Box::new(counts)))
+/// `more` in the thread's spare box, or in a new one.
+#[inline]
+fn more_box(more: More) -> Box<More> {
+    #[cfg(not(loom))]
+    if let Some(mut b) = SPARE.try_with(std::cell::Cell::take).ok().flatten() {
+        *b = more;
+        return b;
     }
-
-    /// The numbers (the box is taken only by the drop).
-    #[inline]
-    fn get(&self) -> &ClassCounts {
-        self.0
-            .as_deref()
-            .expect("a ClassBox keeps its box until dropped")
-    }
-}
-
-impl Drop for ClassBox {
-    #[inline(always)]
-    fn drop(&mut self) {
-        if let Some(b) = self.0.take() {
-            keep_spare(b);
-        }
-    }
+    Box::new(more)
 }
 
 /// Makes `b` the thread's spare box. Out of line, so that dropping a refusal (most have no
-/// class box) stays as small as dropping an `Option<Box>`.
+/// box) stays a single test of the pointer.
 #[inline(never)]
-fn keep_spare(b: Box<ClassCounts>) {
+fn keep_spare(b: Box<More>) {
     // A spare already there (a refusal made while this one was alive) is freed; so is this box
     // if the thread's storage is already gone (thread exit), or under loom.
     #[cfg(not(loom))]
@@ -413,16 +372,36 @@ fn keep_spare(b: Box<ClassCounts>) {
     drop(b);
 }
 
-impl Clone for ClassBox {
-    fn clone(&self) -> ClassBox {
-        ClassBox::new(*self.get())
+impl Drop for Rejection {
+    /// Recycles a class refusal's box ([`keep_spare`]); a no-class refusal has none.
+    #[inline(always)]
+    fn drop(&mut self) {
+        if let Some(b) = self.more.take() {
+            keep_spare(b);
+        }
     }
 }
 
-impl fmt::Debug for ClassBox {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.get().fmt(f)
-    }
+/// The numbers a decision saw, as the engine had them; [`Rejection::detail`] derives the rest.
+/// Narrow fields hold values the state words bound (slots in 16 bits, budgets and tokens in
+/// 32). The limits are kept packed as the limits ring stores them
+/// (`crate::words::limits::Packed`), and the slots and tokens in use as the no-class state
+/// word holds them, so that a no-class refusal copies the words it read and decodes nothing
+/// until asked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Counts {
+    /// The demand's reservation.
+    pub(crate) requested: u64,
+    /// Tokens held, all classes (low 32 bits) | slots in use, all classes (bits 32..47); the
+    /// bits above are not read: a no-class refusal keeps its state word here as it is
+    /// (`crate::words::state`: the same two fields in the same places).
+    pub(crate) used: u64,
+    /// `max_concurrent` (16 bits) | has-budget flag (bit 16) | `max_queue` (bits 32..64): the
+    /// ring slot's `shape` word.
+    pub(crate) shape: u64,
+    /// The budget (low 32 bits) and the demand's effective budget (high 32 bits), read only
+    /// when `shape` has the has-budget flag.
+    pub(crate) budget: u64,
 }
 
 /// A class refusal's own numbers and the shared remainder's.
@@ -448,6 +427,10 @@ pub(crate) struct ClassCounts {
     pub(crate) borrows_tokens: u64,
 }
 
+/// The widest slot count [`Counts::used`] holds: 15 bits, the no-class state word's field
+/// (`crate::words::state` checks that its field is this one).
+pub(crate) const USED_SLOTS: u64 = (1 << 15) - 1;
+
 /// The has-budget flag of [`Counts::shape`] (the limits ring's layout, `crate::words::limits`,
 /// which checks that its own flag is this one).
 pub(crate) const SHAPE_HAS_BUDGET: u64 = 1 << 16;
@@ -459,28 +442,33 @@ pub(crate) fn n32(x: u64) -> u32 {
 }
 
 impl Counts {
-    fn detail(&self) -> CapacityDetail {
+    /// [`used`](Counts::used) of `tokens` and `slots` in use (saturating at 32 and 15 bits; the
+    /// engine's values fit).
+    #[inline(always)]
+    pub(crate) fn used(tokens: u64, slots: u64) -> u64 {
+        u64::from(n32(tokens)) | (slots.min(USED_SLOTS) << 32)
+    }
+
+    fn detail(&self, pending: u32, class: Option<&ClassCounts>) -> CapacityDetail {
         let r = self.requested;
         let has_budget = self.shape & SHAPE_HAS_BUDGET != 0;
+        let tokens = self.used & 0xffff_ffff;
         CapacityDetail {
-            in_flight: self.in_flight.into(),
-            pending: self.pending.into(),
+            in_flight: (self.used >> 32) & USED_SLOTS,
+            pending: pending.into(),
             max_concurrent: self.shape & 0xffff,
             max_queue: self.shape >> 32,
             token_budget: has_budget.then(|| {
                 let eff = self.budget >> 32;
                 TokenCapacity {
                     budget: self.budget & 0xffff_ffff,
-                    in_flight_tokens: self.tokens,
+                    in_flight_tokens: tokens,
                     effective_budget: eff,
-                    available: eff.saturating_sub(self.tokens),
+                    available: eff.saturating_sub(tokens),
                     requested: r,
                 }
             }),
-            classes: self
-                .class
-                .as_ref()
-                .map(|c| Box::new(c.get().detail(has_budget, r))),
+            classes: class.map(|c| Box::new(c.detail(has_budget, r))),
         }
     }
 }
@@ -540,7 +528,8 @@ impl ClassCounts {
 }
 
 impl Rejection {
-    /// A refusal explained by the counts its decision saw.
+    /// A refusal explained by the counts its decision saw (no class numbers, no waiters
+    /// queued until the caller sets them).
     #[inline(always)]
     pub(crate) fn counted(
         reason: RejectReason,
@@ -551,8 +540,10 @@ impl Rejection {
         Rejection {
             reason,
             constraint,
+            pending: 0,
             revision,
-            seen: Seen::Counts(counts),
+            counts,
+            more: None,
         }
     }
 
@@ -566,23 +557,30 @@ impl Rejection {
         Rejection {
             reason,
             constraint,
+            pending: n32(detail.pending),
             revision,
-            seen: Seen::Given(Box::new(detail)),
+            counts: Counts {
+                requested: 0,
+                used: 0,
+                shape: 0,
+                budget: 0,
+            },
+            more: Some(more_box(More::Given(detail))),
         }
     }
 
     /// Adds a class refusal's numbers.
     pub(crate) fn set_class(&mut self, class: ClassCounts) {
-        if let Seen::Counts(c) = &mut self.seen {
-            c.class = Some(ClassBox::new(class));
+        if self.more.is_none() {
+            self.more = Some(more_box(More::Class(class)));
         }
     }
 
     /// Sets the queue length the refusal reports (`detail().pending`).
     pub(crate) fn set_pending(&mut self, pending: u64) {
-        match &mut self.seen {
-            Seen::Counts(c) => c.pending = n32(pending),
-            Seen::Given(d) => d.pending = pending,
+        self.pending = n32(pending);
+        if let Some(More::Given(d)) = self.more.as_deref_mut() {
+            d.pending = pending;
         }
     }
 
@@ -597,9 +595,10 @@ impl Rejection {
     /// ```
     #[must_use]
     pub fn detail(&self) -> CapacityDetail {
-        match &self.seen {
-            Seen::Counts(c) => c.detail(),
-            Seen::Given(d) => (**d).clone(),
+        match self.more.as_deref() {
+            None => self.counts.detail(self.pending, None),
+            Some(More::Class(c)) => self.counts.detail(self.pending, Some(c)),
+            Some(More::Given(d)) => d.clone(),
         }
     }
 }
@@ -721,12 +720,9 @@ impl Rejection {
             0,
             Counts {
                 requested: 0,
-                tokens: 0,
+                used: 0,
                 shape: 0,
                 budget: 0,
-                in_flight: 0,
-                pending: 0,
-                class: None,
             },
         )
     }

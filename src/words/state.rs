@@ -130,6 +130,9 @@ pub(crate) const CLOSED: u64 = 1 << 63;
 pub const MAX_TOKENS: u64 = TOKEN_MASK;
 /// The largest `max_concurrent`.
 pub const MAX_SLOTS: u32 = (1 << SLOT_BITS) - 1;
+// A refusal keeps the word's low bits as they are and reads the slot field itself
+// (`crate::vocab::rejection::Counts::used`).
+const _: () = assert!(MAX_SLOTS as u64 == crate::vocab::rejection::USED_SLOTS && SLOT_SHIFT == 32);
 
 /// One slot, as an amount to add to or subtract from the word.
 pub(crate) const ONE_SLOT: u64 = 1 << SLOT_SHIFT;
@@ -150,6 +153,12 @@ impl Word {
     #[inline]
     pub(crate) fn tag(self) -> usize {
         ((self.0 & TAG_MASK) >> TAG_SHIFT) as usize
+    }
+    /// Whether `self` and `other` carry the same tag (the `TAG_BITS` bits from bit 48: the
+    /// words differ there iff their XOR shifted down and cut to `TAG_BITS` bits is not zero).
+    #[inline]
+    pub(crate) fn same_tag(self, other: Word) -> bool {
+        ((self.0 ^ other.0) >> TAG_SHIFT) & ((1 << TAG_BITS) - 1) == 0
     }
     #[inline]
     pub(crate) fn closed(self) -> bool {
