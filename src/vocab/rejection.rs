@@ -373,7 +373,7 @@ fn keep_spare(b: Box<More>) {
 }
 
 impl Drop for Rejection {
-    /// Recycles a class refusal's box ([`keep_spare`]); a no-class refusal has none.
+    /// Recycles a class refusal's box (the thread's spare); a no-class refusal has none.
     #[inline(always)]
     fn drop(&mut self) {
         if let Some(b) = self.more.take() {
