@@ -166,9 +166,7 @@ pub struct Admission {
     slot: Option<SlotRef>,
     id: AdmissionId,
     revision: u64,
-    /// The reservation taken; [`Reservation::ZERO`] without one ([`ClassBits::RESERVED`]
-    /// says which, so no `Option` tag takes a word).
-    reservation: Reservation,
+    reservation: Option<Reservation>,
     held: u64,
     /// The last usage reported (clamped); zero before the first report
     /// ([`ClassBits::REPORTED`] says which, so no `Option` tag takes a word).
@@ -182,7 +180,7 @@ pub struct Admission {
     class: ClassBits,
 }
 
-/// `[observed @63][reported @62][reserved @61][borrowed tokens @8..38][high priority @7][pinned @6][abandoned @5][borrowed slot @4]
+/// `[observed @63][reported @62][borrowed tokens @8..38][high priority @7][pinned @6][abandoned @5][borrowed slot @4]
 /// [class index @1..4][has class @0]`. "Pinned": at abandonment a `Bulkhead` handle was counted (and forgotten)
 /// to keep the shared state alive in place of the returned slot; `settle_classed` turns it
 /// back into a handle and drops it. Borrowed tokens fit: a reservation's borrowed part is at
@@ -212,8 +210,6 @@ impl ClassBits {
     /// Usage was reported (`Admission::reported` is meaningful); a release with nothing to
     /// book tests it with the class flags, in the same word.
     const REPORTED: u64 = 1 << 62;
-    /// The admission holds a reservation (`Admission::reservation` is meaningful).
-    const RESERVED: u64 = 1 << 61;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
     fn of_class(k: usize, r: Resources) -> ClassBits {
@@ -230,14 +226,13 @@ impl ClassBits {
     }
     /// From a [`ClassCode`] (class bits without the priority) and the priority.
     #[inline]
-    fn new(class: ClassCode, priority: Priority, observed: bool, reserved: bool) -> ClassBits {
+    fn new(class: ClassCode, priority: Priority, observed: bool) -> ClassBits {
         let high = match priority {
             Priority::High => Self::HIGH,
             Priority::Normal => 0,
         };
         let observed = if observed { Self::OBSERVED } else { 0 };
-        let reserved = if reserved { Self::RESERVED } else { 0 };
-        ClassBits(class.0 | high | observed | reserved)
+        ClassBits(class.0 | high | observed)
     }
     #[inline]
     fn priority(self) -> Priority {
@@ -260,7 +255,7 @@ impl ClassBits {
     fn resources(self) -> Resources {
         Resources {
             borrowed_concurrency: self.0 & Self::BORROWED_SLOT != 0,
-            borrowed_tokens: (self.0 & !(Self::OBSERVED | Self::REPORTED | Self::RESERVED)) >> 8,
+            borrowed_tokens: (self.0 & !(Self::OBSERVED | Self::REPORTED)) >> 8,
         }
     }
     fn has(self, flag: u64) -> bool {
@@ -291,14 +286,14 @@ impl Admission {
             slot: Some(slot),
             id,
             revision,
-            reservation: reservation.unwrap_or(Reservation::ZERO),
+            reservation,
             held: reservation.map_or(0, |r| r.total()),
             reported: Usage {
                 input: 0,
                 output: 0,
             },
             sequence: 0,
-            class: ClassBits::new(class, priority, observed, reservation.is_some()),
+            class: ClassBits::new(class, priority, observed),
         }
     }
 
@@ -466,9 +461,7 @@ impl Admission {
     /// ```
     #[must_use]
     pub fn reservation(&self) -> Option<Reservation> {
-        self.class
-            .has(ClassBits::RESERVED)
-            .then_some(self.reservation)
+        self.reservation
     }
 
     /// The last usage reported (`None` before the first report).
@@ -552,10 +545,9 @@ impl Admission {
     ) -> Result<UsageReport, UsageError> {
         let reconcile = reconcile.into();
         let (clamped, consumed) =
-            checked_report(usage, self.last_report(), self.reservation(), reconcile)?;
+            checked_report(usage, self.last_report(), self.reservation, reconcile)?;
         let released = self.slot.is_none();
-        let reservation = self.reservation();
-        let new_hold = match reservation {
+        let new_hold = match self.reservation {
             Some(res) if !released => {
                 let cap = res.max_output();
                 let hold = match reconcile {
@@ -600,7 +592,7 @@ impl Admission {
         self.held = new_hold;
         self.reported = clamped;
         self.class.0 |= ClassBits::REPORTED;
-        let reserved = reservation.map_or(0, |r| r.total());
+        let reserved = self.reservation.map_or(0, |r| r.total());
         let report = UsageReport {
             admission_id: self.id,
             revision: self.revision,
@@ -609,9 +601,11 @@ impl Admission {
             reserved,
             held: self.held,
             consumed,
-            output_cap: reservation.map(|r| r.max_output()),
-            output_remaining: reservation.map(|r| r.max_output().saturating_sub(clamped.output)),
-            over_reservation: reservation.is_some() && consumed > reserved,
+            output_cap: self.reservation.map(|r| r.max_output()),
+            output_remaining: self
+                .reservation
+                .map(|r| r.max_output().saturating_sub(clamped.output)),
+            over_reservation: self.reservation.is_some() && consumed > reserved,
         };
         if bumped {
             if let Some(shared) = self.shared() {
@@ -676,7 +670,7 @@ impl Admission {
             admission_id: self.id,
             revision: self.revision,
             class,
-            reserved: self.reservation.total(),
+            reserved: self.reservation.map_or(0, |r| r.total()),
             held: s.held,
             refunded: s.refunded,
             consumed: s.consumed,
@@ -778,7 +772,7 @@ impl fmt::Debug for Admission {
             .field("id", &self.id)
             .field("revision", &self.revision)
             .field("priority", &self.priority())
-            .field("reservation", &self.reservation())
+            .field("reservation", &self.reservation)
             .field("held", &self.held)
             .field("sequence", &self.sequence)
             .field("released", &self.slot.is_none())

@@ -9,8 +9,7 @@ pub(super) struct Described {
     pub(super) id: AdmissionId,
     pub(super) revision: u64,
     pub(super) class: ClassBits,
-    /// [`Reservation::ZERO`] without one (`class` has [`ClassBits::RESERVED`] with one).
-    pub(super) reservation: Reservation,
+    pub(super) reservation: Option<Reservation>,
     pub(super) sequence: u64,
 }
 
@@ -25,7 +24,7 @@ pub(super) fn settle_observed(
     d: Described,
 ) -> Settled {
     let pin = slot.try_pin();
-    let s = settle_unobserved(slot, d.class, held, usage, d.class.has(ClassBits::RESERVED));
+    let s = settle_unobserved(slot, d.class, held, usage, d.reservation.is_some());
     if let Some(shared) = pin {
         crate::handle::events::emit(&shared, || {
             Event::Release(ReleaseEvent {
@@ -33,7 +32,7 @@ pub(super) fn settle_observed(
                 revision: d.revision,
                 priority: d.class.priority(),
                 class: crate::handle::events::class_name(&shared, d.class.index()),
-                reserved_tokens: d.reservation.total(),
+                reserved_tokens: d.reservation.map_or(0, |r| r.total()),
                 resources: d.class.resources(),
                 held_tokens: s.held,
                 refunded_tokens: s.refunded,
@@ -78,7 +77,7 @@ pub(super) fn settle_other(
     if d.class.has(ClassBits::OBSERVED) {
         return settle_observed(slot, held, usage, d);
     }
-    settle_unobserved(slot, d.class, held, usage, d.class.has(ClassBits::RESERVED))
+    settle_unobserved(slot, d.class, held, usage, d.reservation.is_some())
 }
 
 /// `settle_other` without an event.
