@@ -168,16 +168,19 @@ pub struct Admission {
     revision: u64,
     reservation: Option<Reservation>,
     held: u64,
-    reported: Option<Usage>,
+    /// The last usage reported (clamped); zero before the first report
+    /// ([`ClassBits::REPORTED`] says which, so no `Option` tag takes a word).
+    reported: Usage,
     sequence: u64,
-    /// Priority, class, attribution and abandonment, packed (see [`ClassBits`]). One word keeps
-    /// `Admission` small and free of byte-sized fields, which the no-class fast path feels
+    /// Priority, class, attribution, abandonment and whether usage was reported, packed (see
+    /// [`ClassBits`]). One word keeps `Admission` small and free of byte-sized fields, which
+    /// the no-class fast path feels
     /// (a byte field next to others made the moves of a new admission stall on store
     /// forwarding: 12.6 → 21 ns per pair).
     class: ClassBits,
 }
 
-/// `[borrowed tokens @8..][high priority @7][pinned @6][abandoned @5][borrowed slot @4]
+/// `[observed @63][reported @62][borrowed tokens @8..38][high priority @7][pinned @6][abandoned @5][borrowed slot @4]
 /// [class index @1..4][has class @0]`. "Pinned": at abandonment a `Bulkhead` handle was counted (and forgotten)
 /// to keep the shared state alive in place of the returned slot; `settle_classed` turns it
 /// back into a handle and drops it. Borrowed tokens fit: a reservation's borrowed part is at
@@ -204,6 +207,9 @@ impl ClassBits {
     /// Someone subscribed to events when it was admitted: its release goes through the
     /// observed path (`crate::record::events`), so the plain release reads no flag.
     const OBSERVED: u64 = 1 << 63;
+    /// Usage was reported (`Admission::reported` is meaningful); a release with nothing to
+    /// book tests it with the class flags, in the same word.
+    const REPORTED: u64 = 1 << 62;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
     fn of_class(k: usize, r: Resources) -> ClassBits {
@@ -249,7 +255,7 @@ impl ClassBits {
     fn resources(self) -> Resources {
         Resources {
             borrowed_concurrency: self.0 & Self::BORROWED_SLOT != 0,
-            borrowed_tokens: (self.0 & !Self::OBSERVED) >> 8,
+            borrowed_tokens: (self.0 & !(Self::OBSERVED | Self::REPORTED)) >> 8,
         }
     }
     fn has(self, flag: u64) -> bool {
@@ -282,7 +288,10 @@ impl Admission {
             revision,
             reservation,
             held: reservation.map_or(0, |r| r.total()),
-            reported: None,
+            reported: Usage {
+                input: 0,
+                output: 0,
+            },
             sequence: 0,
             class: ClassBits::new(class, priority, observed),
         }
@@ -455,6 +464,12 @@ impl Admission {
         self.reservation
     }
 
+    /// The last usage reported (`None` before the first report).
+    #[inline]
+    fn last_report(&self) -> Option<Usage> {
+        self.class.has(ClassBits::REPORTED).then_some(self.reported)
+    }
+
     /// Tokens currently held (0 without a budget).
     ///
     /// ```
@@ -530,7 +545,7 @@ impl Admission {
     ) -> Result<UsageReport, UsageError> {
         let reconcile = reconcile.into();
         let (clamped, consumed) =
-            checked_report(usage, self.reported, self.reservation, reconcile)?;
+            checked_report(usage, self.last_report(), self.reservation, reconcile)?;
         let released = self.slot.is_none();
         let new_hold = match self.reservation {
             Some(res) if !released => {
@@ -569,13 +584,14 @@ impl Admission {
                 c.total_refunded.add(delta);
             }
         }
-        let bumped = !released && (self.reported != Some(clamped) || new_hold != self.held);
+        let bumped = !released && (self.last_report() != Some(clamped) || new_hold != self.held);
         if bumped {
             self.sequence += 1;
         }
         let previous = self.held;
         self.held = new_hold;
-        self.reported = Some(clamped);
+        self.reported = clamped;
+        self.class.0 |= ClassBits::REPORTED;
         let reserved = self.reservation.map_or(0, |r| r.total());
         let report = UsageReport {
             admission_id: self.id,
@@ -675,14 +691,18 @@ impl Admission {
     }
 
     /// Whether a release with `usage` is the plain one: no class, nothing to book, no event.
-    /// `reported` is tested before it is copied: the copy (24 bytes) is a 16-byte load, which
-    /// stalled on store forwarding over the 8-byte store of the `None` just written by an
-    /// admission built and dropped at once (an awaited `acquire` dropped at once).
+    /// Whether usage was reported is a flag of the class word, tested with the others: nothing
+    /// of `reported` is read (an earlier `Option<Usage>` copied before its test was a 16-byte
+    /// load that stalled on store forwarding over the 8-byte store of its tag).
     #[inline(always)]
     fn is_plain_release(&self, usage: Option<Usage>) -> bool {
         usage.is_none()
-            && self.reported.is_none()
-            && self.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED) == 0
+            && self.class.0
+                & (ClassBits::HAS
+                    | ClassBits::ABANDONED
+                    | ClassBits::OBSERVED
+                    | ClassBits::REPORTED)
+                == 0
     }
 
     /// What the out-of-line ends of a release need to know of the admission: copies, not
@@ -716,7 +736,7 @@ impl Admission {
                 usage: None,
             });
         }
-        let usage = usage.or(self.reported);
+        let usage = usage.or(self.last_report());
         Some(settle_other(slot, held, usage, self.described()))
     }
 
@@ -734,7 +754,7 @@ impl Admission {
             slot.return_slot(held);
             return;
         }
-        let usage = usage.or(self.reported);
+        let usage = usage.or(self.last_report());
         settle_quiet(slot, held, usage, self.described());
     }
 }
