@@ -464,43 +464,16 @@ fn refuse_later(
         return None;
     }
     c.rejected[reason.index()].add(1);
-    if shared.events.on() {
-        return Some(observed(
-            shared, w, shape, budget, revision, r, reason, priority,
-        ));
-    }
-    let packed = Packed {
-        shape,
-        budget,
-        revision,
-    };
-    Some(packed_rejection(w, packed, reason, r, priority))
-}
-
-/// The end of [`refuse_later`] when the reject hook is subscribed: out of line, so that the
-/// common end makes no call (it then saves no registers, and builds the refusal in the return value's
-/// place rather than on the stack where a hook could read it).
-#[cold]
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn observed(
-    shared: &Shared,
-    w: Word,
-    shape: u64,
-    budget: u64,
-    revision: u64,
-    r: u64,
-    reason: RejectReason,
-    priority: Priority,
-) -> Rejection {
     let packed = Packed {
         shape,
         budget,
         revision,
     };
     let rej = packed_rejection(w, packed, reason, r, priority);
-    crate::protocol::hooks::rejected(shared, None, &rej);
-    rej
+    if shared.events.on() {
+        crate::protocol::hooks::rejected(shared, None, &rej);
+    }
+    Some(rej)
 }
 
 /// Counts and explains the refusal of a waiter (or of a request refused before it could wait:
