@@ -906,7 +906,10 @@ fn protected_tokens_against_a_shrinking_report_and_a_borrow() {
 /// A borrowed release has a decrease for the shared word after its class step, so it marks a
 /// pending return in the class word until it is done. Here it races the drop of the last
 /// handle and a protected release of another class: the state is freed exactly once, after
-/// both releases finished with it (checked allocator).
+/// both releases finished with it (checked allocator). With the mark left out of the borrowed
+/// release's `fetch_add` (`LLM_BULKHEAD_LOOM_NO_PENDING_MARK=1`, the broken variant) loom
+/// reports the free racing the release's shared-word update (and so do the two abandonment
+/// models above, whose admissions borrowed).
 #[test]
 fn borrowed_release_while_the_last_handle_drops() {
     model(|| {

@@ -210,6 +210,10 @@ impl ClassBits {
     /// Usage was reported (`Admission::reported` is meaningful); a release with nothing to
     /// book tests it with the class flags, in the same word.
     const REPORTED: u64 = 1 << 62;
+    /// The borrowed tokens (bits 8–61).
+    const BORROWED_TOKENS: u64 = ((1 << 54) - 1) << 8;
+    /// A slot or tokens borrowed.
+    const BORROWED: u64 = Self::BORROWED_SLOT | Self::BORROWED_TOKENS;
 
     /// The class bits of an admission of class `k` with `r` (priority not set).
     fn of_class(k: usize, r: Resources) -> ClassBits {
@@ -260,6 +264,12 @@ impl ClassBits {
     }
     fn has(self, flag: u64) -> bool {
         self.0 & flag != 0
+    }
+    /// Whether the admission borrowed a slot or tokens (its release then most likely returns
+    /// borrowed capacity: `crate::protocol::classed::release`'s hint).
+    #[inline]
+    fn borrowed(self) -> bool {
+        self.0 & Self::BORROWED != 0
     }
 }
 

@@ -11,12 +11,13 @@ use crate::words::state::{Word, WAITERS};
 impl SlotRef {
     /// Returns a class slot of class `k` and `tokens` held tokens (class mode); if this was the
     /// last owner, drops the owners' lifetime reference (which frees the state unless a slow
-    /// path still holds it). Nothing may touch the state after this.
+    /// path still holds it). Nothing may touch the state after this. `borrowed`: whether the
+    /// admission borrowed a slot or tokens (the release's hint, `crate::protocol::classed::release`).
     #[inline(always)]
-    pub(crate) fn return_class_slot(self, k: usize, tokens: u64) {
+    pub(crate) fn return_class_slot(self, k: usize, tokens: u64, borrowed: bool) {
         // SAFETY: we hold the class slot being returned (this `SlotRef` stands for it) and touch
         // the state afterwards only to count down when the release says so.
-        if unsafe { crate::protocol::classed::release(&self, k, tokens) }
+        if unsafe { crate::protocol::classed::release(&self, k, tokens, borrowed) }
             && crate::shared::count_down(&self.get().alive)
         {
             // SAFETY: this release emptied a detached class word, and `alive` reached zero:

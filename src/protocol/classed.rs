@@ -48,8 +48,9 @@
 //! * **increases go to the shared word first**: a borrower adds `du`, `dv` by a CAS that checks
 //!   rows 4 and 5, then CASes its class word against exactly the class state it classified
 //!   (if that changed, it takes its increase back and decides again);
-//! * **decreases go to the class word first**: a release (or abandonment, or undo) CASes the
-//!   class word and then subtracts the amount it computed from the state it replaced;
+//! * **decreases go to the class word first**: a release (or abandonment, or undo) changes the
+//!   class word (a CAS, or for the release of an admission that borrowed a `fetch_add`) and
+//!   then subtracts the amount it computed from the state it replaced;
 //! * usage growth adds its whole growth to `V` first and corrects after the class word moved.
 //!
 //! Quantities add up per class (the amounts telescope along the class word's modification
@@ -143,7 +144,7 @@
 //! Class slots are the admissions' references to the shared state (as the global slot is
 //! without classes, see `src/shared.rs`). A release's **last** step must therefore be on its
 //! class word. A release that also has a decrease for the shared word marks itself in the
-//! class word's "pending returns" field in the same CAS that returns its slot, updates the
+//! class word's "pending returns" field in the same RMW that returns its slot, updates the
 //! shared word, then clears the mark with a `fetch_sub`: the class word counts the release as
 //! a reference until it is done. When the last handle goes, it sets `alive = classes + 1`,
 //! sets `DETACHED` on every class word (counting down `alive` for each word that held nothing),

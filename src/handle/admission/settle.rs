@@ -49,9 +49,17 @@ pub(super) fn settle_observed(
 /// slot and hold at once (`SlotRef::return_class_slot`); anything else is `settle_other`.
 #[inline(never)]
 pub(super) fn settle_quiet(slot: SlotRef, held: u64, usage: Option<Usage>, d: Described) {
-    let kind = d.class.0 & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED);
-    if usage.is_none() && kind == ClassBits::HAS {
-        return slot.return_class_slot(d.class.class_index(), held);
+    let kind = d.class.0
+        & (ClassBits::HAS | ClassBits::ABANDONED | ClassBits::OBSERVED | ClassBits::BORROWED);
+    if usage.is_none() {
+        // Two copies of the release, each with its hint a constant: the protected one pays
+        // nothing for the other.
+        if kind == ClassBits::HAS {
+            return slot.return_class_slot(d.class.class_index(), held, false);
+        }
+        if kind & !ClassBits::BORROWED == ClassBits::HAS {
+            return slot.return_class_slot(d.class.class_index(), held, true);
+        }
     }
     settle_other(slot, held, usage, d);
 }
@@ -96,7 +104,7 @@ pub(super) fn settle_unobserved(
     };
     if consumed.is_none() && !class.has(ClassBits::ABANDONED) {
         if let Some(k) = class.index() {
-            slot.return_class_slot(k, held);
+            slot.return_class_slot(k, held, class.borrowed());
             return Settled {
                 held,
                 consumed,
@@ -155,7 +163,7 @@ pub(super) fn settle_booked(
                 // forgotten, and this runs once per admission (its slot was just taken).
                 drop(unsafe { slot.into_pinned_handle() });
             } else {
-                slot.return_class_slot(k, held);
+                slot.return_class_slot(k, held, class.borrowed());
             }
         }
     }

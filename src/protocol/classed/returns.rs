@@ -94,17 +94,49 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 /// try's CAS and in [`release_contended`]'s alike). The state is reached through a local
 /// reference, last used before that step.
 ///
+/// `borrowed` is a hint: the admission borrowed a slot or tokens, so its release most likely
+/// returns borrowed capacity (a shared decrease, and so a pending mark). Such a release takes
+/// its class step as one `fetch_add` that returns the slot and the hold and sets the mark,
+/// whatever the word holds, and computes the decrease from the word it replaced (the floors
+/// of that word's `ctag`, which the grace-period operation keeps in the ring): no load before
+/// it and no failed CAS when another release or admission of the class writes the word
+/// meanwhile, which under contention cost a cache-line transfer each. If the decrease turns
+/// out to be zero (the class emptied below its floors meanwhile), the mark is removed all the
+/// same, one RMW more than the CAS path would have taken. Without the hint:
+///
 /// The first try is inline: one CAS, and for a release with a shared decrease (or a queue
 /// flag) the rest of it out of line ([`release_pending`]). A failed first CAS goes on in
 /// [`release_contended`] (out of line), so that the common release keeps few registers live.
 #[inline(always)]
-pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
+pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool) -> bool {
     let shared = slot.get();
     // A grace-period operation (`crate::grace`): the floors read below are those of the class
     // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
     // the last reference is given away touches nothing freed.
     let _op = crate::grace::op();
     let cw = &*shared.class_words[k];
+    if borrowed {
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
+        // Returns our slot and hold and marks a pending return (wrapping: the fields lose only
+        // what this admission holds, so nothing borrows across a field).
+        let mark = pending_mark();
+        let p = CWord(cw.fetch_add(mark.wrapping_sub(C_ONE + held), SeqCst));
+        let (n, t) = (p.in_flight(), p.tokens());
+        debug_assert!(
+            n >= 1 && t >= held,
+            "class word underflow: {p:?} - (1, {held})"
+        );
+        // The floors of the replaced word's tag: the operation keeps them in the ring.
+        let l = floors_of(shared, p, k);
+        let (du, dv) = delta(&l, n, t, n - 1, t - held);
+        if mark == 0 {
+            // The broken variant (loom only, `pending_mark`): nothing keeps the state alive.
+            let visit = shared_decrease(slot.get(), du, dv) | p.queue();
+            visit_queue(slot.get(), visit, false);
+            return CWord(p.0 - C_ONE - held).emptied_detached();
+        }
+        return release_pending(slot, k, du, dv, p.queue());
+    }
     let c = CWord(cw.load(SeqCst));
     let l = floors_of(shared, c, k);
     let (n, t) = (c.in_flight(), c.tokens());
@@ -134,6 +166,20 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64) -> bool {
     }
     // SAFETY: as this function's (the CAS failed: the slot is still ours).
     unsafe { release_contended(slot, k, held) }
+}
+
+/// The pending-return mark a borrowed release sets in its `fetch_add` ([`release`]). Under
+/// loom, `LLM_BULKHEAD_LOOM_NO_PENDING_MARK=1` makes it zero: the release then updates the
+/// shared word after its class step with nothing keeping the state alive, the deliberately
+/// broken variant `loom-tests/tests/classes.rs` (`borrowed_release_while_the_last_handle_drops`)
+/// is shown to fail on (a use after free of the state).
+#[inline(always)]
+fn pending_mark() -> u64 {
+    #[cfg(loom)]
+    if std::env::var_os("LLM_BULKHEAD_LOOM_NO_PENDING_MARK").is_some_and(|v| v == "1") {
+        return 0;
+    }
+    C_PEND
 }
 
 /// [`release`] after its first try did not return the slot: the whole release, as a CAS loop.
