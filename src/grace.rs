@@ -274,12 +274,35 @@ pub(crate) fn op() -> Op<'static> {
 pub(crate) fn enter_decision(c: &crate::record::stats::Counters, asymmetric: bool) -> Op<'_> {
     #[cfg(not(loom))]
     {
-        enter_with(&c.reader, asymmetric)
+        enter_outermost(&c.reader, asymmetric)
     }
     #[cfg(loom)]
     {
         let _ = (c, asymmetric);
         op()
+    }
+}
+
+/// [`enter_with`] for a marker that is never entered twice: a decision's marker in its
+/// counters entry ([`enter_decision`]). Nothing a decision does between entering and leaving
+/// enters another decision (its undo and queue visits use the process-wide cell, [`op`], and
+/// no hook runs inside one), so the marker is even at entry: it becomes `s + 1` and leaving
+/// stores `s + 2`, without the nesting arithmetic. A debug assertion checks the premise on
+/// every decision of the test suite.
+#[inline(always)]
+#[cfg(not(loom))]
+fn enter_outermost(reader: &Reader, asymmetric: bool) -> Op<'_> {
+    // Single writer: a plain load and store (no locked instruction).
+    let s = reader.load(Ordering::Relaxed);
+    debug_assert!(
+        s & 1 == 0,
+        "a decision marker entered while it was odd (nested)"
+    );
+    reader.store(s.wrapping_add(1), Ordering::Relaxed);
+    light_barrier(asymmetric);
+    Op {
+        reader,
+        leave: s.wrapping_add(2),
     }
 }
 
