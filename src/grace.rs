@@ -27,8 +27,10 @@
 //! an [`Op`]: it makes a **reader marker** of the calling thread odd before its first read, and
 //! even again after its last step. A marker is written only by its thread, on a cache line no
 //! other thread writes; entering costs a plain store and a compiler fence, leaving one plain
-//! store. Operations nest (a release that pumps the queue decides for a waiter): only the
-//! outermost one moves the marker. Markers live in two places:
+//! store. Operations on the process-wide cell nest (a release that pumps the queue decides for
+//! a waiter): only the outermost one moves the marker. A decision's marker in its counters
+//! entry is never entered twice, so it skips the nesting arithmetic (`enter_outermost`, with
+//! a debug assertion). Markers live in two places:
 //!
 //! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`) and the class
 //!   protocol's fast attempt (`crate::protocol::classed::try_fast`) use the thread's counters
