@@ -193,7 +193,7 @@ impl BulkheadBuilder {
         self
     }
 
-    /// Adds an admission class (in order; at most [`MAX_CLASSES`](crate::MAX_CLASSES)). With
+    /// Adds an admission class (in order; at most [`MAX_CLASSES`]). With
     /// classes, [`default_class`](Self::default_class) is required.
     ///
     /// ```

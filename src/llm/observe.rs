@@ -4,7 +4,7 @@
 //!
 //! A gateway rolling out limits first runs them in observe mode: every decision is made and
 //! counted as it would be, the work that enforce mode would have refused is marked *bypassed*
-//! (its own events, [`LlmEvent`](super::LlmEvent), and counters, [`ObserveStats`] in
+//! (its own events, [`LlmEvent`](super::LlmEvent), and counters, [`ObserveStats`](super::ObserveStats) in
 //! `stats().observe`), and the capacity accounting sees only the work that was really
 //! admitted. Then it switches partitions to enforce one at a time.
 //!
@@ -67,7 +67,7 @@ pub(crate) mod stats;
 ///    refusal for a shadow reason, already counted and reported as a `reject` event, bypasses
 ///    with `raced` = whether the advisory check said "admit" (typically a queue timeout).
 ///    Any other refusal is returned as [`RunError::Rejected`].
-/// 5. Before bypassing, a hard check: a cancelled [`CancelToken`](crate::CancelToken) is
+/// 5. Before bypassing, a hard check: a cancelled [`CancelToken`] is
 ///    refused with `aborted` and a closed bulkhead with `shutdown` (counted, with a `reject`
 ///    event). These are never bypassed.
 ///

@@ -37,7 +37,7 @@ pub const MAX_CLASSES: usize = 8;
 /// bytes. Serials are drawn from a process-wide counter that is never reset and never wraps:
 /// 2^56 − 1 of them (at one bulkhead built per nanosecond, more than two years of nothing but
 /// builds). Once they are used up, building a bulkhead fails with a [`ConfigError`] on field
-/// `"bulkheads"` ([`ConfigProblem::TooLarge`](crate::ConfigProblem::TooLarge)); a serial is
+/// `"bulkheads"` ([`ConfigProblem::TooLarge`]); a serial is
 /// never reused, so a foreign id can never be taken for one of this bulkhead's.
 ///
 /// [`ConfigError`]: crate::ConfigError

@@ -83,15 +83,17 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 /// afterwards except to count down when this returns true.
 ///
 /// A release that has a decrease for the shared word, or finds the queue flag on its class
-/// word, marks a pending return in the same CAS: the mark keeps the state alive while it
+/// word, marks a pending return in the same CAS (or `fetch_add`, below): the mark keeps the
+/// state alive while it
 /// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::wait::waiting`).
 ///
 /// It takes the slot, not a `&Shared`: a reference argument must stay valid until the function
 /// returns, and after the class word's last CAS (or the pending mark's removal) the last handle
 /// may free the state on another thread before this returns (found by Miri in
 /// `tests/lifetime_stress.rs`; checked deterministically by `tests/lifetime_class_release.rs`,
-/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`, in the first
-/// try's CAS and in [`release_contended`]'s alike). The state is reached through a local
+/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`, after the
+/// first try's CAS, in [`release_contended`] and after a pending mark's removal alike). The
+/// state is reached through a local
 /// reference, last used before that step.
 ///
 /// `borrowed` is a hint: the admission borrowed a slot or tokens, so its release most likely
@@ -101,8 +103,9 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 /// of that word's `ctag`, which the grace-period operation keeps in the ring): no load before
 /// it and no failed CAS when another release or admission of the class writes the word
 /// meanwhile, which under contention cost a cache-line transfer each. If the decrease turns
-/// out to be zero (the class emptied below its floors meanwhile), the mark is removed all the
-/// same, one RMW more than the CAS path would have taken. Without the hint:
+/// out to be zero (the class's other admissions left meanwhile, so this one's slot and tokens
+/// were inside the floors when it returned them), the mark is removed all the same: one RMW
+/// more than the CAS path would have taken. Without the hint:
 ///
 /// The first try is inline: one CAS, and for a release with a shared decrease (or a queue
 /// flag) the rest of it out of line ([`release_pending`]). A failed first CAS goes on in
