@@ -75,11 +75,7 @@ fn drop_the_last_handle_inside_the_release(b: Bulkhead, admission: Admission, ba
 /// `release_pending` and `release` return.
 #[test]
 fn the_last_handle_frees_the_state_after_a_release_removes_its_pending_mark() {
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let base = live_states();
-    let b = build(&[("open", 0)]);
-    let admission = b.try_acquire(Demand::slot()).unwrap();
-    drop_the_last_handle_inside_the_release(b, admission, base);
+    release_of_a_slot_in(&[("open", 0)]);
 }
 
 /// A release inside its class's floor (nothing for the shared word, no queue flag) returns its
@@ -87,9 +83,15 @@ fn the_last_handle_frees_the_state_after_a_release_removes_its_pending_mark() {
 /// before `release` returns.
 #[test]
 fn the_last_handle_frees_the_state_after_a_protected_release_gives_its_slot_back() {
+    release_of_a_slot_in(&[("protected", 1)]);
+}
+
+/// One slot admitted in the first of `classes` (name, floor), then
+/// [`drop_the_last_handle_inside_the_release`].
+fn release_of_a_slot_in(classes: &[(&str, u32)]) {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let base = live_states();
-    let b = build(&[("protected", 1)]);
+    let b = build(classes);
     let admission = b.try_acquire(Demand::slot()).unwrap();
     drop_the_last_handle_inside_the_release(b, admission, base);
 }

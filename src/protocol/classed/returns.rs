@@ -73,6 +73,19 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
     }
 }
 
+/// What a release of one slot and `held` tokens of class `k` reads from the class word `c` it
+/// found (or replaced): the floors `c` is accounted under, its slots and its tokens, checked to
+/// hold what the release returns (no field underflows, module docs).
+#[inline(always)]
+fn returned_from(shared: &Shared, c: CWord, k: usize, held: u64) -> (HotClass, u64, u64) {
+    let (n, t) = (c.in_flight(), c.tokens());
+    debug_assert!(
+        n >= 1 && t >= held,
+        "class word underflow: {c:?} - (1, {held})"
+    );
+    (floors_of(shared, c, k), n, t)
+}
+
 /// Returns one class slot and `held` tokens of class `k` (a release). The last step is on the
 /// class word; returns whether it emptied a detached class word (the caller then counts down
 /// `alive`, and whoever reaches zero ends the owners' lifetime reference).
@@ -124,13 +137,8 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool
         // what this admission holds, so nothing borrows across a field).
         let mark = pending_mark();
         let p = CWord(cw.fetch_add(mark.wrapping_sub(C_ONE + held), SeqCst));
-        let (n, t) = (p.in_flight(), p.tokens());
-        debug_assert!(
-            n >= 1 && t >= held,
-            "class word underflow: {p:?} - (1, {held})"
-        );
         // The floors of the replaced word's tag: the operation keeps them in the ring.
-        let l = floors_of(shared, p, k);
+        let (l, n, t) = returned_from(shared, p, k, held);
         let (du, dv) = delta(&l, n, t, n - 1, t - held);
         if mark == 0 {
             // The broken variant (loom only, `pending_mark`): nothing keeps the state alive.
@@ -141,12 +149,7 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool
         return release_pending(slot, k, du, dv, p.queue());
     }
     let c = CWord(cw.load(SeqCst));
-    let l = floors_of(shared, c, k);
-    let (n, t) = (c.in_flight(), c.tokens());
-    debug_assert!(
-        n >= 1 && t >= held,
-        "class word underflow: {c:?} - (1, {held})"
-    );
+    let (l, n, t) = returned_from(shared, c, k, held);
     crate::sync::pause(crate::sync::PausePoint::ClassCas);
     // One iteration of `release_contended`'s loop.
     if n <= l.pc && (held == 0 || t <= l.pt) && !c.queue() {
@@ -197,12 +200,7 @@ unsafe fn release_contended(slot: &SlotRef, k: usize, held: u64) -> bool {
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
-        let l = floors_of(shared, c, k);
-        let (n, t) = (c.in_flight(), c.tokens());
-        debug_assert!(
-            n >= 1 && t >= held,
-            "class word underflow: {c:?} - (1, {held})"
-        );
+        let (l, n, t) = returned_from(shared, c, k, held);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         // `U` and `V` do not change (`delta` is (0, 0)) exactly when the slot was inside the
         // floor (`n ≤ pc`) and so were the tokens (`t ≤ pt`), or none are returned: tested
