@@ -163,6 +163,22 @@ fn broken_for_loom() -> bool {
     }
 }
 
+/// Under loom, `LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS=1` makes the grace period scan the
+/// process-wide cells only, not the decision markers in counters entries ([`enter_decision`]):
+/// the deliberately broken variant that shows the tag-wrap models see those markers (without
+/// them, a decision's marker is invisible to `apply_limits`, as if it had none).
+#[inline]
+fn skip_decision_markers_for_loom() -> bool {
+    #[cfg(loom)]
+    {
+        std::env::var_os("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS").is_some_and(|v| v == "1")
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
+}
+
 /// 0: not yet known; 1: membarrier registered; 2: fences on both sides. A process-wide setting
 /// chosen before any bulkhead exists, not part of any protocol: a plain std atomic (under loom
 /// the mode is always fences, and this is never read).
@@ -270,19 +286,11 @@ pub(crate) fn op() -> Op<'static> {
 /// no-class decision, or the class fast attempt. The marker lives in that entry, which the
 /// decision looks up anyway. Only for a caller that keeps the bulkhead alive until it leaves
 /// (a handle). `asymmetric` is the bulkhead's copy of [`asymmetric`] (`Shared::asymmetric`).
-/// Under loom, where counters
-/// entries are shared by every thread, the process-wide cell instead.
+/// Under loom, where one counters entry is shared by every thread, the entry keeps a marker
+/// per loom thread (`Counters::reader`), so the models check these markers as they run natively.
 #[inline(always)]
 pub(crate) fn enter_decision(c: &crate::record::stats::Counters, asymmetric: bool) -> Op<'_> {
-    #[cfg(not(loom))]
-    {
-        enter_outermost(&c.reader, asymmetric)
-    }
-    #[cfg(loom)]
-    {
-        let _ = (c, asymmetric);
-        op()
-    }
+    enter_outermost(c.reader(), asymmetric && !cfg!(loom))
 }
 
 /// [`enter_with`] for a marker that is never entered twice: a decision's marker in its
@@ -292,7 +300,6 @@ pub(crate) fn enter_decision(c: &crate::record::stats::Counters, asymmetric: boo
 /// stores `s + 2`, without the nesting arithmetic. A debug assertion checks the premise on
 /// every decision of the test suite.
 #[inline(always)]
-#[cfg(not(loom))]
 fn enter_outermost(reader: &Reader, asymmetric: bool) -> Op<'_> {
     // Single writer: a plain load and store (no locked instruction).
     let s = reader.load(Ordering::Relaxed);
@@ -312,10 +319,12 @@ fn enter_outermost(reader: &Reader, asymmetric: bool) -> Op<'_> {
 /// that started before the call is still in progress, whether it is marked in the process-wide
 /// cells or in this bulkhead's counters entries ([`enter_decision`]).
 pub(crate) fn grace_period(counters: &crate::sync::Stripes<crate::record::stats::Counters>) {
-    let own_decisions: &Reader = &counters.local(crate::record::stats::Counters::new).reader;
+    let own_decisions: &Reader = counters.local(crate::record::stats::Counters::new).reader();
     let own = reader();
     wait_for_readers(&[own, own_decisions], |f| {
         crate::sync::per_thread::for_each(f);
-        counters.for_each(|c| f(&c.reader));
+        if !skip_decision_markers_for_loom() {
+            counters.for_each(|c| c.for_each_reader(f));
+        }
     });
 }

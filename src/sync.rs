@@ -660,9 +660,13 @@ pub(crate) mod per_thread {
         }
     }
 
+    /// How many threads a loom model may use (each claims a cell, [`index`]).
+    #[cfg(loom)]
+    pub(crate) const LOOM_THREADS: usize = 4;
+
     #[cfg(loom)]
     struct LoomCells {
-        slots: [AtomicU64; 4],
+        slots: [AtomicU64; LOOM_THREADS],
         next: super::AtomicUsize,
     }
 
@@ -683,16 +687,23 @@ pub(crate) mod per_thread {
     #[cfg(loom)]
     pub(crate) fn local() -> &'static AtomicU64 {
         let cells: &'static LoomCells = &CELLS;
-        let i = SLOT.with(|s| match s.get() {
+        &cells.slots[index()]
+    }
+
+    /// The calling loom thread's index, below [`LOOM_THREADS`], claimed on its first call
+    /// (loom flavour; the per-thread slots of other loom-only per-thread state use it too).
+    #[cfg(loom)]
+    pub(crate) fn index() -> usize {
+        let cells: &'static LoomCells = &CELLS;
+        SLOT.with(|s| match s.get() {
             Some(i) => i,
             None => {
                 let i = cells.next.fetch_add(1, Ordering::Relaxed);
-                assert!(i < cells.slots.len(), "loom models use at most 4 threads");
+                assert!(i < LOOM_THREADS, "loom models use at most 4 threads");
                 s.set(Some(i));
                 i
             }
-        });
-        &cells.slots[i]
+        })
     }
 
     /// Visits every thread's cell (loom flavour).

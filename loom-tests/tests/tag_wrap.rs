@@ -9,6 +9,13 @@
 //! bit-identical word with limits or floors that are no longer current; with it, `apply_limits`
 //! waits for the operation, whose CAS then fails on the tag that moved by one.
 //!
+//! The no-class decision and the class fast attempt keep their marker in the calling thread's
+//! counters entry of the bulkhead, not in the process-wide cell (`crate::grace::enter_decision`);
+//! under loom the shared entry holds one such marker per loom thread. With
+//! `LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS=1` (the second broken variant) the grace period
+//! scans the process-wide cells alone, and the two decision models fail: loom sees those
+//! markers, and they are what holds the installs back.
+//!
 //! Asserted in every interleaving:
 //! * **no-class:** an admission made under revision 0 was made before the first install's tag
 //!   bump (the installer, right after its first `apply_limits` returned, saw its slot);

@@ -26,9 +26,18 @@ pub(crate) struct Counters {
     /// Distinguishes this entry's admission ids from other threads' (see `crate::vocab::id`):
     /// the entry's key spread in place (`AdmissionId::key_bits`).
     pub(crate) key: u64,
-    /// This thread's grace-period marker for this bulkhead's no-class decisions
-    /// (`crate::grace`): on the line the decision writes anyway, found by the same lookup.
-    pub(crate) reader: crate::grace::Reader,
+    /// This thread's grace-period marker for this bulkhead's decisions (`crate::grace`): on
+    /// the line the decision writes anyway, found by the same lookup. Read it through
+    /// [`Counters::reader`].
+    #[cfg(not(loom))]
+    reader: crate::grace::Reader,
+    /// Under loom every thread shares one entry (`crate::sync::Stripes`), so the entry holds
+    /// one marker per loom thread instead, indexed like the process-wide cells
+    /// (`crate::sync::per_thread::index`): each is still written by its thread alone and
+    /// scanned by the grace period, as the native markers are, so loom checks the protocol of
+    /// markers kept in counters entries (`loom-tests/tests/tag_wrap.rs`).
+    #[cfg(loom)]
+    readers: [crate::grace::Reader; crate::sync::per_thread::LOOM_THREADS],
     pub(crate) admitted: Stripe,
     /// Refusals by [`RejectReason::index`]; one more entry than there are counted reasons, for
     /// `UnknownClass` (never counted), so that indexing by any reason needs no bounds check.
@@ -68,6 +77,31 @@ pub(crate) struct ClassCounters {
 }
 
 impl Counters {
+    /// The calling thread's decision marker in this entry (the entry is the calling thread's
+    /// natively; under loom, the calling thread's slot of the shared entry).
+    #[inline(always)]
+    pub(crate) fn reader(&self) -> &crate::grace::Reader {
+        #[cfg(not(loom))]
+        {
+            &self.reader
+        }
+        #[cfg(loom)]
+        {
+            &self.readers[crate::sync::per_thread::index()]
+        }
+    }
+
+    /// Visits every decision marker this entry holds (one natively, one per loom thread
+    /// under loom).
+    pub(crate) fn for_each_reader(&self, f: &mut dyn FnMut(&crate::grace::Reader)) {
+        #[cfg(not(loom))]
+        f(&self.reader);
+        #[cfg(loom)]
+        for r in &self.readers {
+            f(r)
+        }
+    }
+
     pub(crate) fn new() -> Counters {
         Counters {
             key: crate::vocab::id::AdmissionId::key_bits(crate::vocab::id::next_key()),
