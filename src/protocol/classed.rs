@@ -263,15 +263,6 @@ pub(crate) struct Refused {
     pub(crate) stored_shared: Option<(u64, u64)>,
 }
 
-/// What a borrower decided: its class, its tokens and the class limits it classified with.
-#[derive(Clone, Copy)]
-struct Decision {
-    k: usize,
-    r: u64,
-    l: HotClass,
-    in_queue: bool,
-}
-
 /// One request, as the protocol sees it.
 #[derive(Clone, Copy)]
 struct Req {
@@ -443,13 +434,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     }
     word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
         .ok()?;
-    let d = Decision {
-        k,
-        r,
-        l,
-        in_queue: false,
-    };
-    let resources = class_step_after_reserve(shared, &d, c, du, dv)?;
+    let resources = class_step_after_reserve(shared, k, r, false, c, du, dv)?;
     Some(Admitted {
         revision: lim.revision,
         resources,
@@ -659,13 +644,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             }
         }
         // Then the class word.
-        let d = Decision {
-            k,
-            r,
-            l,
-            in_queue: req.in_queue,
-        };
-        return match class_step_after_reserve(shared, &d, c, du, dv) {
+        return match class_step_after_reserve(shared, k, r, req.in_queue, c, du, dv) {
             Some(resources) => Attempt::Admitted(Admitted {
                 revision: lim.revision,
                 resources,
@@ -681,38 +660,50 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
 /// the class step, a decrease), so a reservation is taken back only when the class now needs
 /// more than was reserved, hit a ceiling, or migrated. `None`: the reservation was taken back.
 /// (Reserving the difference instead was measured: no better on `tests/stress_classes.rs`.)
+///
+/// `k`, `r`: the class and tokens of the step; `in_queue` as in `Req`; `c`: the class word the
+/// borrower classified, whose floors (those of its `ctag`) it classified with.
 #[inline]
 fn class_step_after_reserve(
     shared: &Shared,
-    d: &Decision,
+    k: usize,
+    r: u64,
+    in_queue: bool,
     c: CWord,
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
-    let cw = &*shared.class_words[d.k];
-    match cw.compare_exchange_weak(c.0, c.0 + C_ONE + d.r, SeqCst, SeqCst) {
+    let cw = &*shared.class_words[k];
+    match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
         // The amounts are those reserved: nothing to give back.
         Ok(_) => Some(Resources {
             borrowed_concurrency: du == 1,
             borrowed_tokens: dv,
         }),
-        Err(actual) => class_step_moved(shared, d, c, CWord(actual), du, dv),
+        Err(actual) => class_step_moved(shared, k, r, in_queue, c, CWord(actual), du, dv),
     }
 }
 
 /// [`class_step_after_reserve`] after its CAS expecting `c` found `a`: classifies `a`, and takes
 /// the step on it (and on every later state its CAS finds) or takes the reservation back.
+///
+/// The floors are read again here, from `c`'s `ctag` (the slot the borrower read them from:
+/// the caller checked `c`'s `ctag` against the shared word's tag, and the grace-period
+/// operation keeps that slot unchanged), so that the common path, whose CAS succeeds, does
+/// not keep them or pass them through memory.
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn class_step_moved(
     shared: &Shared,
-    d: &Decision,
+    k: usize,
+    r: u64,
+    in_queue: bool,
     mut c: CWord,
     mut a: CWord,
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
-    let Decision { k, r, l, in_queue } = *d;
-    let l = &l;
+    let l = &floors_of(shared, c, k);
     let cw = &*shared.class_words[k];
     loop {
         let (n, t) = (a.in_flight(), a.tokens());
