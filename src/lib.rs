@@ -193,7 +193,10 @@ pub use words::state::{MAX_SLOTS, MAX_TOKENS};
 /// and a per-thread count of wait-queue lock acquisitions ([`queue_locks`](testing::queue_locks)).
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod testing {
-    pub use crate::sync::hooks::{clear_pause_hook, live_states, queue_locks, set_pause_hook};
+    pub use crate::sync::hooks::{
+        clear_pause_hook, live_states, queue_locks, set_pause_hook,
+        skip_grace_period_on_this_thread,
+    };
     pub use crate::sync::PausePoint;
 
     /// The number of pending entries in the process's async-deadline timer: waits with a

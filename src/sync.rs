@@ -481,6 +481,11 @@ pub enum PausePoint {
     /// A waiting acquire (`acquire_blocking`, `acquire`) found no place by its fast decision
     /// and is about to take the queue lock to decide again (and perhaps queue).
     EnterQueue,
+    /// The release of a class admission that borrowed has returned its slot and hold to the
+    /// class word (the `fetch_add` that also marks its pending return) and is about to read
+    /// the floors of the replaced word's tag, from which it computes the shared decrease: an
+    /// install that rewrote that ring slot meanwhile would give it the wrong floors (`crate::grace`).
+    ClassReturned,
     /// A class release has taken its last step on the class word (the CAS that returned its
     /// slot, or the removal of its pending mark) and has not yet returned: from here the last
     /// handle, on another thread, may free the state (`crate::protocol::classed`, "Lifetime").
@@ -558,6 +563,33 @@ pub(crate) mod hooks {
     /// ```
     pub fn queue_locks() -> u64 {
         QUEUE_LOCKS.with(std::cell::Cell::get)
+    }
+
+    std::thread_local! {
+        static SKIP_GRACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Whether the calling thread's `apply_limits` skip the grace period's wait
+    /// ([`skip_grace_period_on_this_thread`]).
+    pub(crate) fn grace_skipped() -> bool {
+        SKIP_GRACE.with(std::cell::Cell::get)
+    }
+
+    /// Makes every `apply_limits` of the calling thread skip the grace period's wait (`true`)
+    /// or wait again (`false`): the deliberately broken variant the deterministic tag-wrap
+    /// regressions (`tests/tag_wrap.rs`) show they fail on. Per thread, so tests running in
+    /// parallel in one process are unaffected. Never for production: without the wait, a tag
+    /// can come back to the value a stopped operation read.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::skip_grace_period_on_this_thread;
+    /// skip_grace_period_on_this_thread(true);
+    /// skip_grace_period_on_this_thread(false);
+    /// # }
+    /// ```
+    pub fn skip_grace_period_on_this_thread(skip: bool) {
+        SKIP_GRACE.with(|c| c.set(skip));
     }
 
     pub(crate) fn fire(point: PausePoint) {

@@ -15,10 +15,23 @@
 //! Each test is written so that both outcomes are deterministic: the control thread waits for
 //! whichever comes first of "the installer finished" (the bug: then the stale CAS is resumed
 //! and the invariants are checked, and fail) and "the installer waits in the grace period" (the
-//! fix).
+//! fix). The class tests also run their broken variant, in which the installer thread skips
+//! the grace period's wait (`testing::skip_grace_period_on_this_thread`), and check that the
+//! invariant then fails exactly as the bug would make it fail: each regression is shown to
+//! catch what it guards.
+//!
+//! A class release takes one of two paths. A protected admission's release reads its class
+//! word and the floors of its tag, then CASes (the window is before the CAS,
+//! `PausePoint::ClassCas`). A borrowed admission's release returns its slot with one
+//! `fetch_add` and reads the floors of the replaced word's tag afterwards (the window is after
+//! the `fetch_add`, `PausePoint::ClassReturned`): stopped before its `fetch_add` it would find
+//! the class word already migrated and compute a correct decrease, with or without the grace
+//! period, so that regression stops it after.
 #![cfg(feature = "testing")]
 
-use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+use llm_bulkhead::testing::{
+    clear_pause_hook, set_pause_hook, skip_grace_period_on_this_thread, PausePoint,
+};
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, LimitsSnapshot};
 use std::sync::mpsc;
 use std::thread;
@@ -40,6 +53,18 @@ fn race<T: Send + 'static>(
     point: PausePoint,
     stopped: impl FnOnce(&Bulkhead) -> T + Send + 'static,
     installs: Vec<LimitsSnapshot>,
+) -> (T, Installer) {
+    race_with(b, point, stopped, installs, false)
+}
+
+/// [`race`]; with `skip_grace`, the installer's `apply_limits` skip the grace period's wait
+/// (the broken variant), so it reports only when it has finished.
+fn race_with<T: Send + 'static>(
+    b: &Bulkhead,
+    point: PausePoint,
+    stopped: impl FnOnce(&Bulkhead) -> T + Send + 'static,
+    installs: Vec<LimitsSnapshot>,
+    skip_grace: bool,
 ) -> (T, Installer) {
     let (at_point_tx, at_point_rx) = mpsc::channel::<()>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -68,14 +93,16 @@ fn race<T: Send + 'static>(
         let tx = report_tx.clone();
         let mut told = false;
         set_pause_hook(move |p| {
-            if p == PausePoint::GracePeriod && !told {
+            if p == PausePoint::GracePeriod && !told && !skip_grace {
                 told = true;
                 let _ = tx.send(Installer::InGrace);
             }
         });
+        skip_grace_period_on_this_thread(skip_grace);
         for s in installs {
             b2.apply_limits(s).unwrap();
         }
+        skip_grace_period_on_this_thread(false);
         clear_pause_hook();
         let _ = report_tx.send(Installer::Done);
     });
@@ -96,45 +123,144 @@ fn fill(b: &Bulkhead, demand: Demand) -> Vec<llm_bulkhead::Admission> {
     held
 }
 
-#[test]
-fn a_class_release_stopped_across_four_installs_keeps_u_exact() {
-    // Class a has no floor, then a floor of 2 from revision 1 on; the fourth install lands on
-    // the ring slot (and the 2-bit class tag) the stopped release read.
+/// Two classes `a` (floor `a_floor`) and `b` (the default, no floor) on 4 slots.
+fn two_classes(a_floor: u32) -> (Bulkhead, llm_bulkhead::ClassId, llm_bulkhead::ClassId) {
     let b = Bulkhead::builder()
         .max_concurrent(4)
-        .class("a", ClassLimits::default())
+        .class(
+            "a",
+            ClassLimits {
+                protected_concurrent: a_floor,
+                ..ClassLimits::default()
+            },
+        )
         .class("b", ClassLimits::default())
         .default_class("b")
         .build()
         .unwrap();
     let (a, cb) = (b.class_id("a").unwrap(), b.class_id("b").unwrap());
-    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
-    let floor2 = ClassLimits {
-        protected_concurrent: 2,
+    (b, a, cb)
+}
+
+/// Revisions 1 to 4 with class `a`'s floor at `a_floor`: the fourth lands on the ring slot (and
+/// the 2-bit class tag) of revision 0.
+fn four_installs(b: &Bulkhead, a: llm_bulkhead::ClassId, a_floor: u32) -> Vec<LimitsSnapshot> {
+    let floor = ClassLimits {
+        protected_concurrent: a_floor,
         ..ClassLimits::default()
     };
-    let installs: Vec<LimitsSnapshot> = (1..=4)
-        .map(|rev| b.limits().with_revision(rev).with_class(a, floor2))
-        .collect();
-    let ((), first) = race(&b, PausePoint::ClassCas, move |_| drop(held), installs);
+    (1..=4)
+        .map(|rev| b.limits().with_revision(rev).with_class(a, floor))
+        .collect()
+}
 
-    // U must be exact again: the floor of a (2) plus what b may borrow (2), no more.
-    let in_b = fill(&b, Demand::slot().in_class(cb));
-    let in_a = fill(&b, Demand::slot().in_class(a));
-    assert_eq!((in_a.len(), in_b.len()), (2, 2));
+/// After the race, how many slots classes `a` and `b` can take (`b` first), every admission
+/// released again, and the global invariants checked.
+fn capacity_after(
+    b: &Bulkhead,
+    a: llm_bulkhead::ClassId,
+    cb: llm_bulkhead::ClassId,
+) -> (usize, usize) {
+    let in_b = fill(b, Demand::slot().in_class(cb));
+    let in_a = fill(b, Demand::slot().in_class(a));
     let s = b.stats();
     assert!(
         s.in_flight <= 4,
         "in_flight {} with max_concurrent 4",
         s.in_flight
     );
+    let out = (in_a.len(), in_b.len());
     drop((in_a, in_b));
     let s = b.stats();
     assert_eq!((s.in_flight, s.admissions_in_flight), (0, 0));
+    out
+}
+
+/// A protected admission of `a` (floor 1) is released while its floor goes to 0: the release
+/// reads its class word and the floors of its tag, and is stopped before its CAS while four
+/// installs bring the class word back bit-identical and rewrite the ring slot it read.
+fn protected_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
+    let (b, a, cb) = two_classes(1);
+    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+    assert!(!held.resources().borrowed_concurrency);
+    let installs = four_installs(&b, a, 0);
+    let ((), first) = race_with(
+        &b,
+        PausePoint::ClassCas,
+        move |_| drop(held),
+        installs,
+        skip_grace,
+    );
+    (capacity_after(&b, a, cb), first)
+}
+
+#[test]
+fn a_protected_class_release_stopped_across_four_installs_keeps_u_exact() {
+    // With no floor left, U must be exact again: b takes all 4 slots.
+    let (capacity, first) = protected_release_race(false);
+    assert_eq!(capacity, (0, 4));
     assert_eq!(
         first,
         Installer::InGrace,
         "apply_limits waited for the stopped release"
+    );
+}
+
+#[test]
+fn without_the_grace_period_a_protected_class_release_leaves_u_too_high() {
+    // The broken variant: the stale CAS succeeds and subtracts nothing (the slot was inside
+    // the old floor of 1), though under the new floor of 0 it was borrowed: U stays one too
+    // high and b can take only 3 slots.
+    let (capacity, first) = protected_release_race(true);
+    assert_eq!(first, Installer::Done);
+    assert_eq!(
+        capacity,
+        (0, 3),
+        "the regression no longer catches the stale CAS"
+    );
+}
+
+/// A borrowed admission of `a` (no floor yet) is released while its floor goes to 2: the
+/// release's `fetch_add` has returned its slot and it is stopped before it reads the floors of
+/// the replaced word's tag, while four installs rewrite that ring slot.
+fn borrowed_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
+    let (b, a, cb) = two_classes(0);
+    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+    assert!(held.resources().borrowed_concurrency);
+    let installs = four_installs(&b, a, 2);
+    let ((), first) = race_with(
+        &b,
+        PausePoint::ClassReturned,
+        move |_| drop(held),
+        installs,
+        skip_grace,
+    );
+    (capacity_after(&b, a, cb), first)
+}
+
+#[test]
+fn a_borrowed_class_release_stopped_after_its_return_keeps_u_exact() {
+    // U exact again: the floor of a (2) plus what b may borrow (2), no more.
+    let (capacity, first) = borrowed_release_race(false);
+    assert_eq!(capacity, (2, 2));
+    assert_eq!(
+        first,
+        Installer::InGrace,
+        "apply_limits waited for the stopped release"
+    );
+}
+
+#[test]
+fn without_the_grace_period_a_borrowed_class_release_leaves_u_too_high() {
+    // The broken variant: the release reads the floors of revision 4 (a floor of 2) for a word
+    // accounted under revision 0 (no floor) and subtracts nothing for the slot it borrowed: U
+    // stays one too high and b can borrow only 1 slot.
+    let (capacity, first) = borrowed_release_race(true);
+    assert_eq!(first, Installer::Done);
+    assert_eq!(
+        capacity,
+        (2, 1),
+        "the regression no longer catches the stale floors"
     );
 }
 

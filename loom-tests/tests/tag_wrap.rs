@@ -2,12 +2,16 @@
 //! the class words' tag have one bit and the limits ring two slots, so two installs bring every
 //! tag back to the value an operation read before them and rewrite the ring slot it read.
 //!
-//! Each model races one operation (a no-class decision, a class release, a class decision, a
-//! usage growth, an undo through a token return) against two installs. Without the grace period
+//! Each model races one operation (a no-class decision, a drain-time admission, a class release
+//! of a protected and of a borrowed admission, a class decision, a usage growth, an abandonment,
+//! an undo through a token return) against two installs. Without the grace period
 //! (`LLM_BULKHEAD_LOOM_NO_GRACE=1`, the deliberately broken variant) loom finds the interleaving
 //! in which the operation reads, the two installs complete, and its CAS then succeeds against a
 //! bit-identical word with limits or floors that are no longer current; with it, `apply_limits`
-//! waits for the operation, whose CAS then fails on the tag that moved by one.
+//! waits for the operation, whose CAS then fails on the tag that moved by one. The exception is
+//! the borrowed release (one `fetch_add`, then a read of the floors): with the grace period off
+//! loom does not find its window (see `a_protected_class_release_never_lands_on_a_wrapped_class_tag`),
+//! and the deterministic regression in `tests/tag_wrap.rs` covers it.
 //!
 //! The no-class decision and the class fast attempt keep their marker in the calling thread's
 //! counters entry of the bulkhead, not in the process-wide cell (`crate::grace::enter_decision`);
@@ -17,8 +21,10 @@
 //! markers, and they are what holds the installs back.
 //!
 //! Asserted in every interleaving:
-//! * **no-class:** an admission made under revision 0 was made before the first install's tag
-//!   bump (the installer, right after its first `apply_limits` returned, saw its slot);
+//! * **no-class** (a decision, and the drain-time admission of a decision that found `WAITERS`
+//!   up for a drainer alone): an admission made under revision 0 was made before the first
+//!   install's tag bump (the installer, right after its first `apply_limits` returned, saw its
+//!   slot);
 //! * **class release:** the stored `U` is exact afterwards: with class `a`'s floor raised to 2,
 //!   class `b` can borrow exactly 2 of the 4 slots and `a` take exactly its 2, no more;
 //! * **class decision:** the same exactness after a protected admission raced the installs, and
@@ -125,6 +131,51 @@ fn a_no_class_decision_never_lands_on_a_wrapped_tag() {
     });
 }
 
+/// The drain-time admission: `WAITERS` is up for a drainer alone (nobody queued) and a slot is
+/// free, so the decision admits through `admit_if_nobody_waits`, a read of the word and its
+/// limits and a CAS of its own. That CAS must run inside the decision's grace-period operation
+/// (CHANGELOG, Fixed): with `LLM_BULKHEAD_LOOM_DRAIN_ADMISSION_OUTSIDE_OP=1` (the broken
+/// variant, the decision's operation left before it, as the code was before the fix) loom finds
+/// the admission under revision 0 after revision 1 was installed.
+#[test]
+fn a_drain_time_admission_never_lands_on_a_wrapped_tag() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    model(|| {
+        let b = Bulkhead::new(2).unwrap();
+        let held = b.try_acquire(Demand::slot()).unwrap();
+        // A drainer registered (one slot is in flight): `WAITERS` up, nobody queued.
+        let mut drain = Box::pin(b.drain(None));
+        assert!(drain
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        let seen = Arc::new(AtomicU64::new(u64::MAX));
+        let installer = {
+            let (b, seen) = (b.clone(), seen.clone());
+            thread::spawn(move || {
+                b.apply_limits(b.limits().with_revision(1).with_max_concurrent(0))
+                    .unwrap();
+                seen.store(b.stats().in_flight, Ordering::SeqCst);
+                b.apply_limits(b.limits().with_revision(2).with_max_concurrent(0))
+                    .unwrap();
+            })
+        };
+        let got = b.try_acquire(Demand::slot());
+        installer.join().unwrap();
+        if let Ok(a) = &got {
+            assert_eq!(a.revision(), 0, "revisions 1 and 2 are kill switches");
+            assert_eq!(
+                seen.load(Ordering::SeqCst),
+                2,
+                "admitted under revision 0 after revision 1 was installed"
+            );
+        }
+        drop((got, drain, held));
+        assert_eq!(b.stats().in_flight, 0);
+    });
+}
+
 #[test]
 fn a_class_release_never_lands_on_a_wrapped_class_tag() {
     model(|| {
@@ -137,6 +188,40 @@ fn a_class_release_never_lands_on_a_wrapped_class_tag() {
         drop(held);
         installer.join().unwrap();
         assert_u_exact(&b, a, cb);
+    });
+}
+
+/// The release of a protected admission (a CAS after reading the floors of its class word's
+/// tag) while class `a`'s floor goes from 1 to 0. Without the grace period loom finds the CAS
+/// landing on the class word brought back bit-identical, with the floor of 1 it read: it
+/// subtracts nothing for a slot that the floor of 0 counts as borrowed, and `U` stays one too
+/// high. (The model above releases a borrowed admission, whose release is a `fetch_add` with
+/// its floors read after it; with the grace period off that model passes, because loom's
+/// bounded exploration does not preempt the release between its `fetch_add` and that read,
+/// even at 12 preemptions. `tests/tag_wrap.rs` stops it there deterministically, with and
+/// without the grace period.)
+#[test]
+fn a_protected_class_release_never_lands_on_a_wrapped_class_tag() {
+    model(|| {
+        let b = Bulkhead::builder()
+            .max_concurrent(4)
+            .class("a", floor(1))
+            .class("b", ClassLimits::default())
+            .default_class("b")
+            .build()
+            .unwrap();
+        let (a, cb) = (b.class_id("a").unwrap(), b.class_id("b").unwrap());
+        let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+        assert!(!held.resources().borrowed_concurrency);
+        let installer = {
+            let b = b.clone();
+            thread::spawn(move || install_two(&b, a, floor(0)))
+        };
+        drop(held);
+        installer.join().unwrap();
+        // No floor left: U exact means b takes all 4 slots.
+        let in_b = fill(&b, Demand::slot().in_class(cb));
+        assert_eq!(in_b.len(), 4, "U drifted: {:?}", b.stats());
     });
 }
 

@@ -238,7 +238,11 @@ fn decide_loop<'a, E>(
 ) -> Result<Granted, E> {
     let word = &*shared.word;
     let c = shared.counters.local(Counters::new);
+    #[cfg(not(loom))]
     let _op = crate::grace::enter_decision(c, shared.asymmetric);
+    // Under loom an `Option`, so that the broken variant below can leave the operation early.
+    #[cfg(loom)]
+    let mut op = Some(crate::grace::enter_decision(c, shared.asymmetric));
     let mut w = Word(word.load(Ordering::Acquire));
     let backoff = crossbeam_utils::Backoff::new();
     loop {
@@ -260,6 +264,10 @@ fn decide_loop<'a, E>(
                 None => w = Word(word.load(Ordering::Acquire)),
             },
             Decision::Waiters => {
+                #[cfg(loom)]
+                if drain_admission_outside_op_for_loom() {
+                    drop(op.take());
+                }
                 match refused(c, w, packed, RejectReason::ConcurrencyLimit, true) {
                     Some(answer) => return answer,
                     None => w = Word(word.load(Ordering::Acquire)),
@@ -267,6 +275,16 @@ fn decide_loop<'a, E>(
             }
         }
     }
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_DRAIN_ADMISSION_OUTSIDE_OP=1` leaves the decision's
+/// grace-period operation before [`waiters_up`] (so [`admit_if_nobody_waits`] reads the word
+/// and its limits and CASes outside it, as before the fix recorded in the CHANGELOG): the
+/// deliberately broken variant `loom-tests/tests/tag_wrap.rs`
+/// (`a_drain_time_admission_never_lands_on_a_wrapped_tag`) is shown to fail on.
+#[cfg(loom)]
+fn drain_admission_outside_op_for_loom() -> bool {
+    std::env::var_os("LLM_BULKHEAD_LOOM_DRAIN_ADMISSION_OUTSIDE_OP").is_some_and(|v| v == "1")
 }
 
 /// What [`waiters_up`] answers.

@@ -137,6 +137,7 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool
         // what this admission holds, so nothing borrows across a field).
         let mark = pending_mark();
         let p = CWord(cw.fetch_add(mark.wrapping_sub(C_ONE + held), SeqCst));
+        crate::sync::pause(crate::sync::PausePoint::ClassReturned);
         // The floors of the replaced word's tag: the operation keeps them in the ring.
         let (l, n, t) = returned_from(shared, p, k, held);
         let (du, dv) = delta(&l, n, t, n - 1, t - held);
