@@ -133,7 +133,7 @@ pub(crate) fn wait_for_readers(own: &[&Reader], for_each: impl FnOnce(&mut dyn F
             return;
         }
         let s = r.load(Ordering::Acquire);
-        if s & 1 == 0 || broken_for_loom() || broken_for_tests() {
+        if s & 1 == 0 || wait_skipped() {
             return;
         }
         let backoff = crossbeam_utils::Backoff::new();
@@ -149,15 +149,21 @@ pub(crate) fn wait_for_readers(own: &[&Reader], for_each: impl FnOnce(&mut dyn F
     });
 }
 
-/// Under loom, `LLM_BULKHEAD_LOOM_NO_GRACE=1` skips the wait: the deliberately broken variant
-/// the tag-wrap models are shown to fail on.
+/// Whether the grace period skips its wait: the deliberately broken variants. Under loom,
+/// `LLM_BULKHEAD_LOOM_NO_GRACE=1` (the tag-wrap models are shown to fail on it); with feature
+/// `testing`, `testing::skip_grace_period_on_this_thread(true)` on the calling thread (the
+/// deterministic regressions of `tests/tag_wrap.rs` are). Otherwise never.
 #[inline]
-fn broken_for_loom() -> bool {
+fn wait_skipped() -> bool {
     #[cfg(loom)]
     {
         std::env::var_os("LLM_BULKHEAD_LOOM_NO_GRACE").is_some_and(|v| v == "1")
     }
-    #[cfg(not(loom))]
+    #[cfg(all(feature = "testing", not(loom)))]
+    {
+        crate::sync::hooks::grace_skipped()
+    }
+    #[cfg(not(any(loom, feature = "testing")))]
     {
         false
     }
@@ -174,21 +180,6 @@ fn skip_decision_markers_for_loom() -> bool {
         std::env::var_os("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS").is_some_and(|v| v == "1")
     }
     #[cfg(not(loom))]
-    {
-        false
-    }
-}
-
-/// With feature `testing`, `testing::skip_grace_period_on_this_thread(true)` skips the wait on
-/// the calling thread: the broken variant the deterministic regressions of `tests/tag_wrap.rs`
-/// are shown to fail on.
-#[inline]
-fn broken_for_tests() -> bool {
-    #[cfg(all(feature = "testing", not(loom)))]
-    {
-        crate::sync::hooks::grace_skipped()
-    }
-    #[cfg(not(all(feature = "testing", not(loom))))]
     {
         false
     }

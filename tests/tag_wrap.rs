@@ -176,22 +176,35 @@ fn capacity_after(
     out
 }
 
-/// A protected admission of `a` (floor 1) is released while its floor goes to 0: the release
-/// reads its class word and the floors of its tag, and is stopped before its CAS while four
-/// installs bring the class word back bit-identical and rewrite the ring slot it read.
-fn protected_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
-    let (b, a, cb) = two_classes(1);
+/// A release of class `a` raced against four installs: an admission of `a` (floor
+/// `floor_before`) is released on a thread stopped at `point` while the installs move `a`'s
+/// floor to `floor_after`, bring its class word back to the same tag and rewrite the ring slot
+/// it read; with `skip_grace`, the installs skip the grace period's wait (the broken variant).
+fn release_race(
+    floor_before: u32,
+    floor_after: u32,
+    point: PausePoint,
+    skip_grace: bool,
+) -> ((usize, usize), Installer) {
+    let (b, a, cb) = two_classes(floor_before);
     let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
-    assert!(!held.resources().borrowed_concurrency);
-    let installs = four_installs(&b, a, 0);
-    let ((), first) = race_with(
-        &b,
-        PausePoint::ClassCas,
-        move |_| drop(held),
-        installs,
-        skip_grace,
-    );
+    assert_eq!(held.resources().borrowed_concurrency, floor_before == 0);
+    let installs = four_installs(&b, a, floor_after);
+    let ((), first) = race_with(&b, point, move |_| drop(held), installs, skip_grace);
     (capacity_after(&b, a, cb), first)
+}
+
+/// A protected admission of `a` (floor 1) released while the floor goes to 0: the release
+/// reads its class word and the floors of its tag, and is stopped before its CAS.
+fn protected_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
+    release_race(1, 0, PausePoint::ClassCas, skip_grace)
+}
+
+/// A borrowed admission of `a` (no floor yet) released while the floor goes to 2: its
+/// `fetch_add` has returned the slot, and it is stopped before it reads the floors of the
+/// replaced word's tag.
+fn borrowed_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
+    release_race(0, 2, PausePoint::ClassReturned, skip_grace)
 }
 
 #[test]
@@ -218,24 +231,6 @@ fn without_the_grace_period_a_protected_class_release_leaves_u_too_high() {
         (0, 3),
         "the regression no longer catches the stale CAS"
     );
-}
-
-/// A borrowed admission of `a` (no floor yet) is released while its floor goes to 2: the
-/// release's `fetch_add` has returned its slot and it is stopped before it reads the floors of
-/// the replaced word's tag, while four installs rewrite that ring slot.
-fn borrowed_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
-    let (b, a, cb) = two_classes(0);
-    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
-    assert!(held.resources().borrowed_concurrency);
-    let installs = four_installs(&b, a, 2);
-    let ((), first) = race_with(
-        &b,
-        PausePoint::ClassReturned,
-        move |_| drop(held),
-        installs,
-        skip_grace,
-    );
-    (capacity_after(&b, a, cb), first)
 }
 
 #[test]

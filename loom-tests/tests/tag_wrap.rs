@@ -99,33 +99,42 @@ fn assert_u_exact(b: &Bulkhead, a: ClassId, cb: ClassId) {
     );
 }
 
+/// A no-class `try_acquire` on `b` (2 slots, one held) racing two kill-switch installs
+/// (revisions 1 and 2, `max_concurrent` 0): an admission made under revision 0 was made before
+/// the first install's tag bump (the installer, right after its first `apply_limits` returned,
+/// saw its slot). Returns the admission, if any.
+fn decide_against_two_kill_switches(b: &Bulkhead) -> Option<Admission> {
+    // In flight as the installer saw it right after its first install returned.
+    let seen = Arc::new(AtomicU64::new(u64::MAX));
+    let installer = {
+        let (b, seen) = (b.clone(), seen.clone());
+        thread::spawn(move || {
+            b.apply_limits(b.limits().with_revision(1).with_max_concurrent(0))
+                .unwrap();
+            seen.store(b.stats().in_flight, Ordering::SeqCst);
+            b.apply_limits(b.limits().with_revision(2).with_max_concurrent(0))
+                .unwrap();
+        })
+    };
+    let got = b.try_acquire(Demand::slot());
+    installer.join().unwrap();
+    if let Ok(a) = &got {
+        assert_eq!(a.revision(), 0, "revisions 1 and 2 are kill switches");
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            2,
+            "admitted under revision 0 after revision 1 was installed"
+        );
+    }
+    got.ok()
+}
+
 #[test]
 fn a_no_class_decision_never_lands_on_a_wrapped_tag() {
     model(|| {
         let b = Bulkhead::new(2).unwrap();
         let held = b.try_acquire(Demand::slot()).unwrap();
-        // In flight as the installer saw it right after its first install returned.
-        let seen = Arc::new(AtomicU64::new(u64::MAX));
-        let installer = {
-            let (b, seen) = (b.clone(), seen.clone());
-            thread::spawn(move || {
-                b.apply_limits(b.limits().with_revision(1).with_max_concurrent(0))
-                    .unwrap();
-                seen.store(b.stats().in_flight, Ordering::SeqCst);
-                b.apply_limits(b.limits().with_revision(2).with_max_concurrent(0))
-                    .unwrap();
-            })
-        };
-        let got = b.try_acquire(Demand::slot());
-        installer.join().unwrap();
-        if let Ok(a) = &got {
-            assert_eq!(a.revision(), 0, "revisions 1 and 2 are kill switches");
-            assert_eq!(
-                seen.load(Ordering::SeqCst),
-                2,
-                "admitted under revision 0 after revision 1 was installed"
-            );
-        }
+        let got = decide_against_two_kill_switches(&b);
         drop((got, held));
         assert_eq!(b.stats().in_flight, 0);
     });
@@ -150,27 +159,7 @@ fn a_drain_time_admission_never_lands_on_a_wrapped_tag() {
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
             .is_pending());
-        let seen = Arc::new(AtomicU64::new(u64::MAX));
-        let installer = {
-            let (b, seen) = (b.clone(), seen.clone());
-            thread::spawn(move || {
-                b.apply_limits(b.limits().with_revision(1).with_max_concurrent(0))
-                    .unwrap();
-                seen.store(b.stats().in_flight, Ordering::SeqCst);
-                b.apply_limits(b.limits().with_revision(2).with_max_concurrent(0))
-                    .unwrap();
-            })
-        };
-        let got = b.try_acquire(Demand::slot());
-        installer.join().unwrap();
-        if let Ok(a) = &got {
-            assert_eq!(a.revision(), 0, "revisions 1 and 2 are kill switches");
-            assert_eq!(
-                seen.load(Ordering::SeqCst),
-                2,
-                "admitted under revision 0 after revision 1 was installed"
-            );
-        }
+        let got = decide_against_two_kill_switches(&b);
         drop((got, drain, held));
         assert_eq!(b.stats().in_flight, 0);
     });
