@@ -157,7 +157,7 @@ pub(crate) fn wait_for_readers(own: &[&Reader], for_each: impl FnOnce(&mut dyn F
 fn wait_skipped() -> bool {
     #[cfg(loom)]
     {
-        std::env::var_os("LLM_BULKHEAD_LOOM_NO_GRACE").is_some_and(|v| v == "1")
+        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_GRACE")
     }
     #[cfg(all(feature = "testing", not(loom)))]
     {
@@ -177,7 +177,7 @@ fn wait_skipped() -> bool {
 fn skip_decision_markers_for_loom() -> bool {
     #[cfg(loom)]
     {
-        std::env::var_os("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS").is_some_and(|v| v == "1")
+        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
     }
     #[cfg(not(loom))]
     {
@@ -296,7 +296,7 @@ pub(crate) fn op() -> Op<'static> {
 /// per loom thread (`Counters::reader`), so the models check these markers as they run natively.
 #[inline(always)]
 pub(crate) fn enter_decision(c: &crate::record::stats::Counters, asymmetric: bool) -> Op<'_> {
-    enter_outermost(c.reader(), asymmetric && !cfg!(loom))
+    enter_outermost(c.reader(), asymmetric)
 }
 
 /// [`enter_with`] for a marker that is never entered twice: a decision's marker in its

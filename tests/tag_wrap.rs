@@ -179,44 +179,49 @@ fn capacity_after(
 /// A release of class `a` raced against four installs: an admission of `a` (floor
 /// `floor_before`) is released on a thread stopped at `point` while the installs move `a`'s
 /// floor to `floor_after`, bring its class word back to the same tag and rewrite the ring slot
-/// it read; with `skip_grace`, the installs skip the grace period's wait (the broken variant).
-fn release_race(
-    floor_before: u32,
-    floor_after: u32,
+/// it read. With `skip_grace`, the installs skip the grace period's wait (the broken variant):
+/// the installer must then finish first, otherwise it must report that it waits for the
+/// stopped release. Afterwards `a` and `b` must be able to take exactly `capacity` slots.
+fn assert_release_race(
+    (floor_before, floor_after): (u32, u32),
     point: PausePoint,
     skip_grace: bool,
-) -> ((usize, usize), Installer) {
+    capacity: (usize, usize),
+) {
     let (b, a, cb) = two_classes(floor_before);
     let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
     assert_eq!(held.resources().borrowed_concurrency, floor_before == 0);
     let installs = four_installs(&b, a, floor_after);
     let ((), first) = race_with(&b, point, move |_| drop(held), installs, skip_grace);
-    (capacity_after(&b, a, cb), first)
+    let expected = if skip_grace {
+        Installer::Done
+    } else {
+        Installer::InGrace
+    };
+    assert_eq!(
+        first, expected,
+        "apply_limits waited for the stopped release iff the grace period is on"
+    );
+    assert_eq!(
+        capacity_after(&b, a, cb),
+        capacity,
+        "(slots a, slots b) after the race"
+    );
 }
 
-/// A protected admission of `a` (floor 1) released while the floor goes to 0: the release
-/// reads its class word and the floors of its tag, and is stopped before its CAS.
-fn protected_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
-    release_race(1, 0, PausePoint::ClassCas, skip_grace)
-}
+/// A protected admission of `a` (floor 1) released while the floor goes to 0: the release reads
+/// its class word and the floors of its tag, and is stopped before its CAS.
+const PROTECTED: ((u32, u32), PausePoint) = ((1, 0), PausePoint::ClassCas);
 
 /// A borrowed admission of `a` (no floor yet) released while the floor goes to 2: its
 /// `fetch_add` has returned the slot, and it is stopped before it reads the floors of the
 /// replaced word's tag.
-fn borrowed_release_race(skip_grace: bool) -> ((usize, usize), Installer) {
-    release_race(0, 2, PausePoint::ClassReturned, skip_grace)
-}
+const BORROWED: ((u32, u32), PausePoint) = ((0, 2), PausePoint::ClassReturned);
 
 #[test]
 fn a_protected_class_release_stopped_across_four_installs_keeps_u_exact() {
     // With no floor left, U must be exact again: b takes all 4 slots.
-    let (capacity, first) = protected_release_race(false);
-    assert_eq!(capacity, (0, 4));
-    assert_eq!(
-        first,
-        Installer::InGrace,
-        "apply_limits waited for the stopped release"
-    );
+    assert_release_race(PROTECTED.0, PROTECTED.1, false, (0, 4));
 }
 
 #[test]
@@ -224,25 +229,13 @@ fn without_the_grace_period_a_protected_class_release_leaves_u_too_high() {
     // The broken variant: the stale CAS succeeds and subtracts nothing (the slot was inside
     // the old floor of 1), though under the new floor of 0 it was borrowed: U stays one too
     // high and b can take only 3 slots.
-    let (capacity, first) = protected_release_race(true);
-    assert_eq!(first, Installer::Done);
-    assert_eq!(
-        capacity,
-        (0, 3),
-        "the regression no longer catches the stale CAS"
-    );
+    assert_release_race(PROTECTED.0, PROTECTED.1, true, (0, 3));
 }
 
 #[test]
 fn a_borrowed_class_release_stopped_after_its_return_keeps_u_exact() {
     // U exact again: the floor of a (2) plus what b may borrow (2), no more.
-    let (capacity, first) = borrowed_release_race(false);
-    assert_eq!(capacity, (2, 2));
-    assert_eq!(
-        first,
-        Installer::InGrace,
-        "apply_limits waited for the stopped release"
-    );
+    assert_release_race(BORROWED.0, BORROWED.1, false, (2, 2));
 }
 
 #[test]
@@ -250,13 +243,7 @@ fn without_the_grace_period_a_borrowed_class_release_leaves_u_too_high() {
     // The broken variant: the release reads the floors of revision 4 (a floor of 2) for a word
     // accounted under revision 0 (no floor) and subtracts nothing for the slot it borrowed: U
     // stays one too high and b can borrow only 1 slot.
-    let (capacity, first) = borrowed_release_race(true);
-    assert_eq!(first, Installer::Done);
-    assert_eq!(
-        capacity,
-        (2, 1),
-        "the regression no longer catches the stale floors"
-    );
+    assert_release_race(BORROWED.0, BORROWED.1, true, (2, 1));
 }
 
 #[test]

@@ -284,7 +284,7 @@ fn decide_loop<'a, E>(
 /// (`a_drain_time_admission_never_lands_on_a_wrapped_tag`) is shown to fail on.
 #[cfg(loom)]
 fn drain_admission_outside_op_for_loom() -> bool {
-    std::env::var_os("LLM_BULKHEAD_LOOM_DRAIN_ADMISSION_OUTSIDE_OP").is_some_and(|v| v == "1")
+    crate::sync::broken_variant("LLM_BULKHEAD_LOOM_DRAIN_ADMISSION_OUTSIDE_OP")
 }
 
 /// What [`waiters_up`] answers.

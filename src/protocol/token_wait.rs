@@ -185,7 +185,7 @@ pub(crate) fn after_refund(shared: &Shared, prev: Word) {
 pub(crate) fn broken_for_loom() -> bool {
     #[cfg(loom)]
     {
-        std::env::var_os("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP").is_some_and(|v| v == "1")
+        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP")
     }
     #[cfg(not(loom))]
     {

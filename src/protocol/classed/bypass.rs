@@ -80,7 +80,7 @@ pub(super) fn class_not_queued(shared: &Shared, k: usize) -> bool {
 #[inline]
 pub(super) fn recheck(shared: &Shared, k: usize) -> bool {
     #[cfg(loom)]
-    if std::env::var_os("LLM_BULKHEAD_LOOM_NO_CLASS_COUNT_RECHECK").is_some_and(|v| v == "1") {
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_CLASS_COUNT_RECHECK") {
         return true;
     }
     class_not_queued(shared, k)

@@ -183,7 +183,7 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool
 #[inline(always)]
 fn pending_mark() -> u64 {
     #[cfg(loom)]
-    if std::env::var_os("LLM_BULKHEAD_LOOM_NO_PENDING_MARK").is_some_and(|v| v == "1") {
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_PENDING_MARK") {
         return 0;
     }
     C_PEND
