@@ -469,16 +469,28 @@ fn hammer(cfg: &Config, seed: u64) -> (Bulkhead, Counts, Vec<Vec<bool>>) {
                 })
             })
             .collect();
-        // An observer checks the bulkhead's own view against the hard limits while work runs
-        // (a class word never passes a ceiling, even with tentative steps in it).
+        // An observer checks the bulkhead's own view against the hard limits while work runs,
+        // each check on one read of one word: a class word never passes a ceiling, even with
+        // tentative steps in it; the stored shared totals `U` and `V` (one read of the shared
+        // word) never pass `max_concurrent` and the budget, and they bound the true totals from
+        // above (`G ≤ U`, `T ≤ V`), so the global limits hold at that instant. The sums that
+        // `stats()` reports are not checked against the global limits: they add class words
+        // read one after another, and an admission in a class read later with a release in a
+        // class read earlier made them pass `max_concurrent` in about 5% of runs (7 of 6, with
+        // no tally violation). The workers' independent tally checks the global limits too.
         let (b, done) = (&b, &done);
         let observer = s.spawn(move || {
             let mut samples = 0u64;
             loop {
                 let last = done.load(SeqCst);
+                let (u, v) = llm_bulkhead::testing::stored_shared(b).unwrap();
+                assert!(
+                    u <= u64::from(cfg.max_concurrent),
+                    "stored U {u}: {:?}",
+                    b.stats()
+                );
+                assert!(v <= cfg.budget, "stored V {v}: {:?}", b.stats());
                 let st = b.stats();
-                assert!(st.in_flight <= u64::from(cfg.max_concurrent), "{st:?}");
-                assert!(st.token_budget.unwrap().in_flight_tokens <= cfg.budget);
                 for (c, l) in st
                     .classes
                     .as_ref()

@@ -393,8 +393,14 @@ impl Bulkhead {
         lock(&self.shared.reconfig).current
     }
 
-    /// A snapshot of state and counters. State fields come from one read of the state word;
-    /// counters are summed over threads (see `crate::record::stats` for what is exact when).
+    /// A snapshot of state and counters. Without classes, state fields come from one read of
+    /// the state word. With classes, each class's numbers come from one read of its class
+    /// word, and the global totals (`in_flight`, tokens in flight, the shared remainder's use)
+    /// add the class words read one after another, not at one instant: while an admission in
+    /// one class and a release in another race the call, a total can pass its limit by what
+    /// moved meanwhile, though no instant's state ever does (every decision checks the limits
+    /// atomically). Counters are summed over threads (see `crate::record::stats` for what is
+    /// exact when).
     ///
     /// ```
     /// use llm_bulkhead::{Bulkhead, Demand, Reservation};
