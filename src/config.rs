@@ -615,4 +615,6 @@ pub use limits::{BudgetConfig, LimitsConfig};
 #[cfg(any(feature = "json", feature = "toml"))]
 mod text;
 #[cfg(any(feature = "json", feature = "toml"))]
+pub(crate) use text::parse as parse_text;
+#[cfg(any(feature = "json", feature = "toml"))]
 pub use text::{apply_limits_file, FileOutcome};

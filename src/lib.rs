@@ -71,6 +71,8 @@
 //! * `tower` (feature `tower`): a `Layer` for HTTP gateways that holds each admission until the
 //!   last byte of the response body, with 429/503 JSON refusals.
 //! * `telemetry` (features `tracing`, `metrics`): tracing events and metrics, no exporter.
+//! * `pools` (feature `serde`): gateway pools, provider × traffic-class partitions behind a
+//!   global guard, with connection limits, retry budgets, overflow actions and fallbacks.
 //! * [`contract`]: the behaviour contract (cited as "contract §N"); [`guide`]: the user guide.
 //!
 //! ## Features
@@ -149,6 +151,9 @@ pub mod llm;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod model;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod pools;
 #[cfg(any(feature = "tracing", feature = "metrics"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "tracing", feature = "metrics"))))]
 pub mod telemetry;

@@ -67,6 +67,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("tower", 8, "the tower integration"),
     ("telemetry", 8, "tracing and metrics"),
     (
+        "pools",
+        8,
+        "gateway pools: partitions, connections, global guard, retry budgets, fallbacks",
+    ),
+    (
         "model",
         9,
         "test support: the sequential model (feature testing)",

@@ -7,8 +7,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;
 
-/// Parses `text` as `format`, naming the field of any error.
-fn parse<T: DeserializeOwned>(format: Format, text: &str) -> Result<T, LoadError> {
+/// Parses `text` as `format`, naming the field of any error (also the pools' configuration).
+pub(crate) fn parse<T: DeserializeOwned>(format: Format, text: &str) -> Result<T, LoadError> {
     let fail = |path: String, message: String| LoadError::Parse {
         format,
         path,
