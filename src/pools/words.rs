@@ -52,6 +52,16 @@ impl Gauge {
     #[inline]
     pub(crate) fn take(&self, n: u64, limit: u64, tentative: bool) -> Result<(), Full> {
         let mark = if tentative { G_TENT } else { 0 };
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_CHECK_THEN_ACT") {
+            // Broken on purpose: check, then add (envoy#2927); `loom-tests/tests/pools.rs`
+            // finds two admissions on one connection.
+            if self.0.load(Ordering::SeqCst) & G_HELD + n > limit {
+                return Err(Full { contended: false });
+            }
+            self.0.fetch_add(n + mark, Ordering::SeqCst);
+            return Ok(());
+        }
         let mut cur = self.0.load(Ordering::SeqCst);
         let mut spins = 0;
         loop {
@@ -200,6 +210,18 @@ impl ActiveWord {
         enforce: bool,
     ) -> Result<(u64, bool), u64> {
         let mut cur = self.0.load(Ordering::SeqCst);
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_RETRY_CHECK_THEN_ACT") {
+            // Broken on purpose: check, then add (tower's `TpsBudget` shape);
+            // `loom-tests/tests/pools.rs` finds two retries in a budget of one.
+            let c = ActiveCount::of(cur);
+            let limit = retry_limit(percent, min, c.active - c.tentative, 0);
+            if c.retries >= limit && enforce {
+                return Err(limit);
+            }
+            self.0.fetch_add(A_RETRY, Ordering::SeqCst);
+            return Ok((limit, false));
+        }
         loop {
             let c = ActiveCount::of(cur);
             let limit = retry_limit(percent, min, c.active - c.tentative, 0);
