@@ -62,32 +62,10 @@ impl Gauge {
             self.0.fetch_add(n + mark, Ordering::SeqCst);
             return Ok(());
         }
-        let mut cur = self.0.load(Ordering::SeqCst);
-        let mut spins = 0;
-        loop {
-            let held = cur & G_HELD;
-            if held + n > limit {
-                // A tentative part may be taken back: look again a few times before refusing.
-                if cur >> 48 == 0 || spins >= SPINS {
-                    return Err(Full {
-                        contended: cur >> 48 != 0,
-                    });
-                }
-                spins += 1;
-                core::hint::spin_loop();
-                cur = self.0.load(Ordering::SeqCst);
-                continue;
-            }
-            match self.0.compare_exchange_weak(
-                cur,
-                cur + n + mark,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(now) => cur = now,
-            }
-        }
+        step(&self.0, |cur| {
+            let fits = (cur & G_HELD) + n <= limit;
+            (fits.then_some((cur + n + mark, ())), cur >> 48)
+        })
     }
 
     /// A tentative unit becomes final.
@@ -107,6 +85,35 @@ impl Gauge {
     /// The held count (tentative units included).
     pub(crate) fn held(&self) -> u64 {
         self.0.load(Ordering::SeqCst) & G_HELD
+    }
+}
+
+/// One CAS step on `word`: `decide(cur)` gives the new value and the result when the count
+/// has room, and the count's tentative part. A full count with a tentative part may be taken
+/// back: it is read again a few times before the refusal, which is then marked contended.
+#[inline]
+fn step<R>(word: &AtomicU64, decide: impl Fn(u64) -> (Option<(u64, R)>, u64)) -> Result<R, Full> {
+    let mut cur = word.load(Ordering::SeqCst);
+    let mut spins = 0;
+    loop {
+        match decide(cur) {
+            (Some((next, r)), _) => {
+                match word.compare_exchange_weak(cur, next, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(_) => return Ok(r),
+                    Err(now) => cur = now,
+                }
+            }
+            (None, tentative) => {
+                if tentative == 0 || spins >= SPINS {
+                    return Err(Full {
+                        contended: tentative != 0,
+                    });
+                }
+                spins += 1;
+                core::hint::spin_loop();
+                cur = word.load(Ordering::SeqCst);
+            }
+        }
     }
 }
 
@@ -156,32 +163,12 @@ impl ActiveWord {
     /// it in any case and reports whether it would have been refused.
     #[inline]
     pub(crate) fn take(&self, cap: u64, enforce: bool) -> Result<bool, Full> {
-        let mut cur = self.0.load(Ordering::SeqCst);
-        let mut spins = 0;
-        loop {
+        step(&self.0, |cur| {
             let c = ActiveCount::of(cur);
             let over = c.active >= cap;
-            if over && enforce || c.active >= A_ACTIVE {
-                if c.tentative == 0 || spins >= SPINS {
-                    return Err(Full {
-                        contended: c.tentative != 0,
-                    });
-                }
-                spins += 1;
-                core::hint::spin_loop();
-                cur = self.0.load(Ordering::SeqCst);
-                continue;
-            }
-            match self.0.compare_exchange_weak(
-                cur,
-                cur + 1 + A_TENT,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Ok(over),
-                Err(now) => cur = now,
-            }
-        }
+            let fits = !(over && enforce || c.active >= A_ACTIVE);
+            (fits.then_some((cur + 1 + A_TENT, over)), c.tentative)
+        })
     }
 
     /// The tentative unit becomes final.
