@@ -134,7 +134,8 @@ impl Pools {
     }
 
     /// As [`new`](Self::new), with an observer that receives every decision and completion
-    /// event ([`TracingObserver`], [`MetricsObserver`], both as a pair, or your own).
+    /// event (`TracingObserver` with feature `tracing`, `MetricsObserver` with `metrics`, both
+    /// as a pair, or your own).
     ///
     /// # Errors
     /// As [`new`](Self::new).
