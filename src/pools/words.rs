@@ -91,7 +91,7 @@ impl Gauge {
 /// One CAS step on `word`: `decide(cur)` gives the new value and the result when the count
 /// has room, and the count's tentative part. A full count with a tentative part may be taken
 /// back: it is read again a few times before the refusal, which is then marked contended.
-#[inline]
+#[inline(always)]
 fn step<R>(word: &AtomicU64, decide: impl Fn(u64) -> (Option<(u64, R)>, u64)) -> Result<R, Full> {
     let mut cur = word.load(Ordering::SeqCst);
     let mut spins = 0;
