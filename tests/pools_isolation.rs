@@ -165,3 +165,28 @@ fn the_retry_budget_shows_remaining_open_and_overflow() {
     let s = &pools.stats().partitions[0];
     assert_eq!((s.retries_in_flight, s.active), (0, 0));
 }
+
+#[test]
+fn a_demand_of_any_size_is_a_refusal_not_an_overflow() {
+    let mut c = PoolsConfig::single("p", "c", 2);
+    c.partitions.get_mut("p-c").unwrap().token_budget = Some(1_000);
+    let pools = Pools::new(&c).unwrap();
+    let id = pools.partition("p-c").unwrap();
+    let held = pools
+        .try_admit(&PoolRequest {
+            tokens: 10,
+            ..PoolRequest::new(1, id)
+        })
+        .unwrap();
+    let huge = PoolRequest {
+        tokens: u64::MAX,
+        ..PoolRequest::new(2, id)
+    };
+    assert_eq!(
+        pools.try_admit(&huge).unwrap_err().reason,
+        Reason::TokenBudgetReached
+    );
+    drop(held);
+    let s = &pools.stats().partitions[0];
+    assert_eq!((s.active, s.tokens), (0, 0));
+}

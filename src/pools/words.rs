@@ -4,7 +4,8 @@
 //! tokens): `held` in the low 48 bits, `tentative` (how many of `held` belong to decisions not
 //! yet final) in the high 16. A partition's [`ActiveWord`] packs active requests, their
 //! tentative part and retries in flight, so that the retry budget, which depends on the active
-//! count, is checked and charged in one CAS.
+//! count, is checked and charged in one CAS. A tentative part counts decisions in progress, at
+//! most one per thread: 16 bits hold 65,535 threads deciding on one word at once.
 //!
 //! Every step is a CAS that takes a unit only if the new count stays within the limit: no count
 //! ever exceeds the limit it was checked against, at any instant (a fetch-add followed by a
@@ -56,15 +57,16 @@ impl Gauge {
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_CHECK_THEN_ACT") {
             // Broken on purpose: check, then add (envoy#2927); `loom-tests/tests/pools.rs`
             // finds two admissions on one connection.
-            if self.0.load(Ordering::SeqCst) & G_HELD + n > limit {
+            if (self.0.load(Ordering::SeqCst) & G_HELD) + n > limit {
                 return Err(Full { contended: false });
             }
             self.0.fetch_add(n + mark, Ordering::SeqCst);
             return Ok(());
         }
         step(&self.0, |cur| {
-            let fits = (cur & G_HELD) + n <= limit;
-            (fits.then_some((cur + n + mark, ())), cur >> 48)
+            // Saturating: a demand of any size is a refusal, never an overflow.
+            let fits = (cur & G_HELD).saturating_add(n) <= limit;
+            (fits.then(|| (cur + n + mark, ())), cur >> 48)
         })
     }
 
@@ -167,7 +169,7 @@ impl ActiveWord {
             let c = ActiveCount::of(cur);
             let over = c.active >= cap;
             let fits = !(over && enforce || c.active >= A_ACTIVE);
-            (fits.then_some((cur + 1 + A_TENT, over)), c.tentative)
+            (fits.then(|| (cur + 1 + A_TENT, over)), c.tentative)
         })
     }
 
