@@ -3,6 +3,7 @@
 //! word, protocol, queue or handle.
 
 pub(crate) mod class;
+pub(crate) mod class_name;
 pub(crate) mod demand;
 pub(crate) mod error;
 pub(crate) mod id;

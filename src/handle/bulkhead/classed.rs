@@ -167,12 +167,13 @@ impl Bulkhead {
     /// assert!(b.class_id("tenant-42").is_err());
     /// ```
     pub fn class_id(&self, name: &str) -> Result<ClassId, UnknownClass> {
-        // Names are stored trimmed (the builder trims them), so look them up trimmed too.
-        let key = name.trim();
+        // Names are stored canonical (the builder trims and normalises them), so look them up
+        // the same way (no allocation for a name already canonical).
+        let key = crate::vocab::class_name::lookup_key(name);
         self.shared
             .class_names
             .iter()
-            .position(|n| n == key)
+            .position(|n| *n == key)
             .map(|i| ClassId::new(self.shared.class_owner, i))
             .ok_or_else(|| UnknownClass(name.to_owned()))
     }
@@ -188,6 +189,19 @@ impl Bulkhead {
     #[must_use]
     pub fn waits_for_tokens(&self) -> bool {
         self.shared.wait_for_tokens
+    }
+
+    /// Whether queue waits are timed for `stats().queue_waits`
+    /// ([`BulkheadBuilder::measure_queue_waits`](crate::BulkheadBuilder::measure_queue_waits)).
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// assert!(!Bulkhead::new(1).unwrap().measures_queue_waits());
+    /// assert!(Bulkhead::builder().max_concurrent(1).measure_queue_waits(true).build().unwrap().measures_queue_waits());
+    /// ```
+    #[must_use]
+    pub fn measures_queue_waits(&self) -> bool {
+        self.shared.measure_waits
     }
 
     /// The default time a waiter may stay queued (from the builder's `queue_timeout` or
