@@ -173,6 +173,7 @@ pub use vocab::class::{ClassId, Resources, UnknownClass, MAX_CLASSES};
 pub use vocab::demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use vocab::error::{ConfigError, ConfigProblem, UsageError};
 pub use vocab::id::AdmissionId;
+pub use vocab::never_fits::{FitLimit, NeverFits};
 pub use vocab::rejection::{
     CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,

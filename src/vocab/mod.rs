@@ -7,4 +7,5 @@ pub(crate) mod class_name;
 pub(crate) mod demand;
 pub(crate) mod error;
 pub(crate) mod id;
+pub(crate) mod never_fits;
 pub(crate) mod rejection;

@@ -1,5 +1,6 @@
 //! Refusals: why a demand was not admitted, with the capacity that explains it.
 
+use crate::vocab::never_fits::{FitLimit, NeverFits};
 use std::fmt;
 
 /// Why a demand was refused (CONTRACT.md §2).
@@ -599,6 +600,80 @@ impl Rejection {
             None => self.counts.detail(self.pending, None),
             Some(More::Class(c)) => self.counts.detail(self.pending, Some(c)),
             Some(More::Given(d)) => d.clone(),
+        }
+    }
+}
+
+impl Rejection {
+    /// Whether this `budget_limit` refusal is for a reservation the limits it saw could never
+    /// admit, and which bound says so: above the effective budget, above the class's token
+    /// ceiling, or above the class's floor plus the shared remainder. `None` for every other
+    /// reason and for a reservation that fits an idle bulkhead (retrying it later may
+    /// succeed). The reason stays [`RejectReason::BudgetLimit`] (contract §2); this is its
+    /// explanation, computed when asked from the numbers the decision read, so refusing costs
+    /// nothing more. A later limits change can make the demand fit.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand, FitLimit, Reservation};
+    /// let b = Bulkhead::builder().max_concurrent(4).token_budget(10_000)
+    ///     .class("batch", ClassLimits { max_tokens: Some(2_000), ..Default::default() })
+    ///     .default_class("batch").build().unwrap();
+    /// let big = b.try_acquire(Demand::tokens(Reservation::new(2_500, 0).unwrap())).unwrap_err();
+    /// assert_eq!(big.never_fits().unwrap().limit, FitLimit::ClassMaxTokens);
+    /// let held = b.try_acquire(Demand::tokens(Reservation::new(1_500, 0).unwrap())).unwrap();
+    /// let later = b.try_acquire(Demand::tokens(Reservation::new(1_000, 0).unwrap())).unwrap_err();
+    /// assert_eq!(later.never_fits(), None); // it fits once `held` is released
+    /// # drop(held);
+    /// ```
+    #[must_use]
+    pub fn never_fits(&self) -> Option<NeverFits> {
+        if self.reason != RejectReason::BudgetLimit {
+            return None;
+        }
+        match self.more.as_deref() {
+            Some(More::Given(d)) => {
+                let t = d.token_budget?;
+                let class = d.classes.as_deref();
+                let ceiling = class.and_then(|c| c.class.token_budget?.max_tokens);
+                let reach = class.and_then(|c| {
+                    let floor = c.class.token_budget?.protected_tokens;
+                    Some(floor.saturating_add(c.shared.token_budget?.capacity))
+                });
+                FitLimit::tightest(
+                    t.requested,
+                    [
+                        (FitLimit::EffectiveBudget, Some(t.effective_budget)),
+                        (FitLimit::ClassMaxTokens, ceiling),
+                        (FitLimit::ClassReach, reach),
+                    ],
+                )
+            }
+            more => {
+                let k = &self.counts;
+                if k.shape & SHAPE_HAS_BUDGET == 0 {
+                    return None;
+                }
+                let class = match more {
+                    Some(More::Class(c)) => Some(c),
+                    _ => None,
+                };
+                FitLimit::tightest(
+                    k.requested,
+                    [
+                        (FitLimit::EffectiveBudget, Some(k.budget >> 32)),
+                        (
+                            FitLimit::ClassMaxTokens,
+                            class.and_then(|c| c.max_tokens.map(u64::from)),
+                        ),
+                        (
+                            FitLimit::ClassReach,
+                            class.map(|c| {
+                                u64::from(c.protected_tokens) + u64::from(c.shared_tokens)
+                            }),
+                        ),
+                    ],
+                )
+            }
         }
     }
 }
