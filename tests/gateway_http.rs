@@ -470,8 +470,8 @@ fn silent_partial_header_and_idle_connections_are_closed_by_the_server() {
         let answer = raw(s.addr, partial.as_bytes()).await.unwrap();
         assert!(!answer.contains("HTTP/1.1 2"), "{answer}");
         // A keep-alive connection idle after its response is closed as well.
-        let ok = format!("GET /stats HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n");
-        let answer = raw(s.addr, ok.as_bytes()).await.unwrap();
+        let ok = b"GET /stats HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+        let answer = raw(s.addr, ok).await.unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     });
 }
