@@ -18,11 +18,14 @@
 
 #[path = "../examples/gateway/app.rs"]
 mod app;
+#[path = "support/args.rs"]
+mod args;
 #[path = "../examples/gateway/provider.rs"]
 mod provider;
 #[path = "../examples/gateway/serve.rs"]
 mod serve;
 
+use args::arg;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -38,27 +41,10 @@ struct Opts {
 }
 
 fn opts() -> Opts {
-    let mut o = Opts {
-        seconds: 20,
-        connections: 128,
-    };
-    let args: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < args.len() {
-        let v = args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
-        match (args[i].as_str(), v) {
-            ("--seconds", Some(v)) => o.seconds = v,
-            ("--connections", Some(v)) => o.connections = v as usize,
-            _ => {
-                i += 1;
-                continue;
-            }
-        }
-        i += 2;
+    Opts {
+        seconds: arg("--seconds").unwrap_or(20).clamp(3, 120),
+        connections: arg("--connections").unwrap_or(128).clamp(1, 512),
     }
-    o.seconds = o.seconds.clamp(3, 120);
-    o.connections = o.connections.clamp(1, 512);
-    o
 }
 
 /// The clients' own counts.

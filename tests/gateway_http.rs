@@ -161,7 +161,6 @@ fn a_client_that_disconnects_mid_stream_releases_its_slot_and_tokens() {
         .await;
         let mut body = c.response.into_body();
         next_chunk(&mut body).await.unwrap();
-        s.control.paused_at_least(1).await;
         assert_eq!(s.gw.bulkhead.stats().in_flight, 1);
         // The client goes away mid-stream; the provider is still paused.
         c.connection.abort();
@@ -581,18 +580,24 @@ fn a_duplicated_class_header_is_a_400() {
 fn shutdown_drains_a_stream_in_flight() {
     run(async {
         let mut s = served("drain", timeouts(LONG, LONG, LONG), LONG, None).await;
-        s.control.set_hold(true);
-        let c = call(s.addr, post_json("/v1/chat/completions", &chat(true), &[])).await;
-        assert_eq!(c.response.status(), 200);
-        let mut body = c.response.into_body();
-        next_chunk(&mut body).await.unwrap();
-        s.control.paused_at_least(1).await;
+        let mut body = held_stream(&s).await;
         s.stop.take().unwrap().send(()).unwrap();
         finish_stream(&s, body).await;
         let stopped = s.server.await.unwrap();
         assert!(stopped.drained && stopped.cut == 0, "{stopped:?}");
         assert_eq!(stopped.in_flight, 0);
     });
+}
+
+/// A stream whose provider holds it before its last chunk, its first chunk read.
+async fn held_stream(s: &Served) -> hyper::body::Incoming {
+    s.control.set_hold(true);
+    let c = call(s.addr, post_json("/v1/chat/completions", &chat(true), &[])).await;
+    assert_eq!(c.response.status(), 200);
+    let mut body = c.response.into_body();
+    next_chunk(&mut body).await.unwrap();
+    s.control.paused_at_least(1).await;
+    body
 }
 
 /// The rest of a held stream once the provider lets go: it ends with `[DONE]`.
@@ -615,16 +620,12 @@ async fn finish_stream(s: &Served, mut body: hyper::body::Incoming) {
 fn shutdown_is_bounded_whatever_clients_do() {
     run(async {
         let mut s = served("bounded", timeouts(LONG, LONG, SHORT), LONG, None).await;
-        s.control.set_hold(true);
-        let c = call(s.addr, post_json("/v1/chat/completions", &chat(true), &[])).await;
-        let mut body = c.response.into_body();
-        next_chunk(&mut body).await.unwrap();
+        let mut body = held_stream(&s).await;
         let stalled = {
             let request = format!("{HEAD}content-length: 1000\r\n\r\n{{");
             let addr = s.addr;
             tokio::spawn(async move { raw(addr, request.as_bytes()).await })
         };
-        s.control.paused_at_least(1).await;
         assert_eq!(s.gw.bulkhead.stats().in_flight, 1);
         s.stop.take().unwrap().send(()).unwrap();
         let stopped = s.server.await.unwrap();
@@ -648,11 +649,7 @@ fn sigterm_closes_the_bulkhead_and_drains() {
             assert_eq!(signals.await, "SIGTERM");
         });
         let s = served("sigterm", timeouts(LONG, LONG, LONG), LONG, Some(shutdown)).await;
-        s.control.set_hold(true);
-        let c = call(s.addr, post_json("/v1/chat/completions", &chat(true), &[])).await;
-        let mut body = c.response.into_body();
-        next_chunk(&mut body).await.unwrap();
-        s.control.paused_at_least(1).await;
+        let mut body = held_stream(&s).await;
         let status = std::process::Command::new("kill")
             .args(["-TERM", &std::process::id().to_string()])
             .status()
