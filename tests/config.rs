@@ -558,6 +558,27 @@ fn config_errors_quote_a_bounded_excerpt() {
     }
 }
 
+/// A snapshot naming an unknown class of a megabyte quotes a bounded excerpt of it.
+#[test]
+fn an_unknown_class_is_quoted_bounded() {
+    let b = BulkheadConfig::from_json(
+        r#"{"max_concurrent": 2, "admission_classes": {"default_class": "a", "classes": {"a": {}}}}"#,
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let name = "t".repeat(1 << 20);
+    let json = format!(
+        r#"{{"revision": 1, "max_concurrent": 2, "max_queue": 0, "classes": {{"a": {{}}, "{name}": {{}}}}}}"#
+    );
+    let e = LimitsConfig::from_json(&json)
+        .unwrap()
+        .apply(&b)
+        .unwrap_err();
+    assert!(matches!(&e, LoadError::UnknownClass { class, .. } if class.len() == 1 << 20));
+    assert!(e.to_string().len() < 400, "{}", e.to_string().len());
+}
+
 /// `BulkheadConfig::of` reads back `measure_queue_waits` (it was always written as off).
 #[test]
 fn of_keeps_measure_queue_waits() {

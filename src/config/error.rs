@@ -122,9 +122,11 @@ impl fmt::Display for LoadError {
                 f.write_str(message)
             }
             LoadError::Parse { path, message, .. } => write!(f, "{path}: {message}"),
+            // The name is the snapshot's, of any length: quoted bounded.
             LoadError::UnknownClass { class, known } => write!(
                 f,
-                "admission_classes: unknown class {class:?} (the bulkhead's classes are {known:?})"
+                "admission_classes: unknown class {:?} (the bulkhead's classes are {known:?})",
+                bounded(class)
             ),
             LoadError::MissingClass { class } => write!(
                 f,
