@@ -580,7 +580,7 @@ fn a_duplicated_class_header_is_a_400() {
 fn shutdown_drains_a_stream_in_flight() {
     run(async {
         let mut s = served("drain", timeouts(LONG, LONG, LONG), LONG, None).await;
-        let mut body = held_stream(&s).await;
+        let body = held_stream(&s).await;
         s.stop.take().unwrap().send(()).unwrap();
         finish_stream(&s, body).await;
         let stopped = s.server.await.unwrap();
@@ -649,7 +649,7 @@ fn sigterm_closes_the_bulkhead_and_drains() {
             assert_eq!(signals.await, "SIGTERM");
         });
         let s = served("sigterm", timeouts(LONG, LONG, LONG), LONG, Some(shutdown)).await;
-        let mut body = held_stream(&s).await;
+        let body = held_stream(&s).await;
         let status = std::process::Command::new("kill")
             .args(["-TERM", &std::process::id().to_string()])
             .status()
