@@ -47,11 +47,13 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+mod acquire;
 mod context;
 mod llm_bulkhead;
+pub use acquire::AcquireError;
 pub use context::{RunContext, Stopped};
 pub use llm_bulkhead::LlmBulkhead;
-pub(super) use llm_bulkhead::{admit_now, settle};
+pub(super) use llm_bulkhead::{admit_now, race_deadline, settle, settle_raced};
 
 /// Takes the usage from a successful result (the reference's `getUsage`). Any
 /// `Fn(&R) -> Option<Usage>` is one; [`NoUsage`] takes none.
@@ -251,8 +253,12 @@ pub struct RunOptions<U = NoUsage> {
     pub mode: Mode,
     /// Take part in de-duplication when the bulkhead de-duplicates (the default, `true`);
     /// `false` opts this call out. As in the reference, `true` cannot switch it on for a
-    /// bulkhead without it. Read by [`LlmBulkhead::run_shared`] and
-    /// [`LlmBulkhead::run_shared_with`] only (`run` and `run_blocking` never de-duplicate).
+    /// bulkhead without it. [`LlmBulkhead::run_shared`] and [`LlmBulkhead::run_shared_with`]
+    /// de-duplicate; `run` and `run_blocking` cannot (their work is neither `Send` nor
+    /// `'static`), so on a bulkhead whose de-duplication is enabled they refuse `true` as
+    /// [`RunError::Invalid`] (field `dedup`) instead of silently running alone: pass `false`,
+    /// or call `run_shared`. The request-level acquires never de-duplicate (the seed's
+    /// `acquire()`) and do not read it.
     pub dedup: bool,
     /// The de-duplication scope (a trusted tenant id, for example): calls share only within
     /// one scope and one class (`None`: the empty scope).

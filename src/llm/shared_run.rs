@@ -45,7 +45,10 @@ use super::dedup::{Dedup, DedupError, DedupKey, DedupStats, FollowerOptions};
 use super::observe::stats::{ObserveCounters, ObserveStats};
 use super::observe::Mode;
 use super::request::LlmRequest;
-use super::run::{admit_now, settle, LlmBulkhead, RunContext, RunError, RunOptions, UsageFrom};
+use super::run::{
+    admit_now, race_deadline, settle, settle_raced, LlmBulkhead, RunContext, RunError, RunOptions,
+    UsageFrom,
+};
 use super::EstimateError;
 use crate::{ClassId, Stats};
 use std::any::{Any, TypeId};
@@ -215,6 +218,13 @@ fn share_clone<R: Clone + Send + 'static, E: Clone + Send + 'static>(
 pub(super) struct SharedDedup {
     settings: DedupSettings,
     flights: Dedup<Erased>,
+}
+
+impl SharedDedup {
+    /// Whether calls that do not opt out are de-duplicated ([`DedupSettings::enabled`]).
+    pub(super) fn enabled(&self) -> bool {
+        self.settings.enabled
+    }
 }
 
 /// What a shared run does once registered: run on its own, or take part in a flight.
@@ -583,10 +593,16 @@ impl LlmBulkhead {
                 }
             };
             ctx.set_caller(caller);
-            let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
-            let Some((detach, (signal, expired))) = watch else {
+            let Some((signal, expired)) = ctx.deadline_watch() else {
                 let out = work(&mut ctx).await;
                 let out = settle(&mut ctx, out, &usage);
+                drop(ctx);
+                return finish(out);
+            };
+            let Some(detach) = detach_at_deadline else {
+                // As `run`: answered at expiry, the work dropped (nowhere to detach it to).
+                let out = race_deadline(work(&mut ctx), &signal).await;
+                let out = settle_raced(&mut ctx, out, &usage, expired);
                 drop(ctx);
                 return finish(out);
             };

@@ -169,25 +169,49 @@ impl LlmBulkhead {
     }
 
     /// What `run` and `run_blocking` check before anything changes: the deadline option, that
-    /// nothing asks to detach, and the demand (estimation and class), in that order. The two
-    /// option checks are out of line and skipped when neither option is set (the common call).
+    /// nothing asks to detach, that nothing asks for de-duplication they cannot give, and the
+    /// demand (estimation and class), in that order. The option checks are out of line and
+    /// skipped when no option is set and the bulkhead does not de-duplicate (the common call).
     #[inline(always)]
     fn prepare<U>(
         &self,
         request: &LlmRequest,
         options: &RunOptions<U>,
     ) -> Result<Demand, EstimateError> {
-        if options.borrowed_concurrency_deadline.is_some() || options.detach_at_deadline.is_some() {
-            Self::check_deadline_and_detach(options)?;
+        if options.borrowed_concurrency_deadline.is_some()
+            || options.detach_at_deadline.is_some()
+            || self.dedup.is_some()
+        {
+            self.check_options(options)?;
         }
         self.demand(request, options)
     }
 
-    /// The deadline and detach checks of [`prepare`](Self::prepare), in that order.
+    /// The deadline, detach and de-duplication checks of [`prepare`](Self::prepare), in that
+    /// order.
     #[inline(never)]
-    fn check_deadline_and_detach<U>(options: &RunOptions<U>) -> Result<(), EstimateError> {
+    fn check_options<U>(&self, options: &RunOptions<U>) -> Result<(), EstimateError> {
         Self::check_deadline(&options.borrowed_concurrency_deadline)?;
-        Self::check_no_detach(options)
+        Self::check_no_detach(options)?;
+        self.check_no_dedup(options)
+    }
+
+    /// `run` and `run_blocking` cannot de-duplicate (their work is neither `Send` nor
+    /// `'static`, and a shared call is driven by whichever participant polls it): on a
+    /// bulkhead that de-duplicates, a call that does not opt out (`options.dedup`) is refused
+    /// rather than run alone as if the setting did not exist.
+    pub(in crate::llm) fn check_no_dedup<U>(
+        &self,
+        options: &RunOptions<U>,
+    ) -> Result<(), EstimateError> {
+        match &self.dedup {
+            Some(d) if d.enabled() && options.dedup => Err(EstimateError::InvalidSetting {
+                field: "dedup",
+                expected: "false on run and run_blocking of a de-duplicating bulkhead \
+                           (run_shared de-duplicates)",
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// A clock deadline must be above zero and representable as an instant.
@@ -459,6 +483,9 @@ impl LlmBulkhead {
                 .await
                 .map_err(RunError::Rejected)?,
             };
+            if ctx.is_leased() {
+                return until_deadline(&mut ctx, work, &options.usage).await;
+            }
             let out = work(&mut ctx).await;
             settle(&mut ctx, out, &options.usage)
         }
@@ -520,6 +547,67 @@ pub(in crate::llm) fn admit_now(
         b.try_decide(r, priority).ok()?
     };
     Some(b.admission_from(g, priority, reservation))
+}
+
+/// Runs `work` on a context whose borrowed slot has an armed deadline, and answers at expiry
+/// ([`race_deadline`], then [`settle_raced`]). Out of line: only a borrowed slot with a
+/// deadline comes here.
+#[inline(never)]
+async fn until_deadline<R, E, U, F>(
+    ctx: &mut RunContext,
+    work: F,
+    usage: &U,
+) -> Result<R, RunError<E>>
+where
+    U: UsageFrom<R>,
+    F: AsyncFnOnce(&mut RunContext) -> Result<R, E>,
+{
+    let Some((signal, expired)) = ctx.deadline_watch() else {
+        let out = work(ctx).await;
+        return settle(ctx, out, usage);
+    };
+    let out = race_deadline(work(ctx), &signal).await;
+    settle_raced(ctx, out, usage, expired)
+}
+
+/// Polls `running` until it completes (`Some`) or the deadline of `signal` fires while it is
+/// pending (`None`; `running` is dropped on return, and with it the provider call).
+pub(in crate::llm) async fn race_deadline<T>(
+    running: impl Future<Output = T>,
+    signal: &StopSignal,
+) -> Option<T> {
+    let mut running = std::pin::pin!(running);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = running.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        signal.register(cx.waker());
+        // `fire` stores the cause before it wakes: registering first misses no expiry.
+        match signal.deadline_fired() {
+            true => Poll::Ready(None),
+            false => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// The answer after [`race_deadline`]: a work that completed is settled as [`settle`] does
+/// (the deadline still wins if it fired in the work's last poll); a work dropped at expiry
+/// has its tokens settled with its last usage report, and the answer is
+/// [`RunError::Deadline`].
+pub(in crate::llm) fn settle_raced<R, E, U: UsageFrom<R>>(
+    ctx: &mut RunContext,
+    out: Option<Result<R, E>>,
+    usage: &U,
+    expired: DeadlineExpired,
+) -> Result<R, RunError<E>> {
+    match out {
+        Some(out) => settle(ctx, out, usage),
+        None => {
+            ctx.finish(None);
+            Err(RunError::Deadline(expired))
+        }
+    }
 }
 
 /// Releases the admission of a finished work and builds the answer. The caller drops `ctx`
