@@ -411,8 +411,10 @@ pub enum RunError<E> {
     Deadline(DeadlineExpired),
     /// A de-duplication follower ([`LlmBulkhead::run_shared`]) got no result: its own timeout
     /// passed ([`DedupError::Timeout`]) or the leader's result could not be shared with it
-    /// ([`DedupError::Unshareable`]). Counted in [`DedupStats`](super::DedupStats) and seen as
-    /// a `dedup` event.
+    /// ([`DedupError::Unshareable`]), or its own token was cancelled
+    /// ([`DedupError::Cancelled`]). Counted in [`DedupStats`](super::DedupStats) and seen as a
+    /// `dedup` event, and counted as a refusal of this caller (reasons `timeout`,
+    /// `unshareable_result`, `aborted`) with a `reject` event.
     Shared(DedupError),
     /// The work's own error.
     Work(E),

@@ -44,7 +44,11 @@ impl Refusal {
     pub fn status(&self) -> StatusCode {
         match self {
             Refusal::Rejected(r) => match r.reason {
-                RejectReason::Shutdown | RejectReason::Aborted => StatusCode::SERVICE_UNAVAILABLE,
+                // A de-duplication follower's unshareable result (the layer makes none): the
+                // service could not answer this caller, which is not the caller's fault.
+                RejectReason::Shutdown
+                | RejectReason::Aborted
+                | RejectReason::UnshareableResult => StatusCode::SERVICE_UNAVAILABLE,
                 RejectReason::ConcurrencyLimit
                 | RejectReason::QueueLimit
                 | RejectReason::BudgetLimit
