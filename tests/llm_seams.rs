@@ -306,6 +306,8 @@ fn async_run_answers_the_deadline_at_expiry_while_the_work_ignores_it() {
         other => panic!("expected the deadline at expiry, got {other:?}"),
     };
     assert!(e.resources.borrowed_concurrency);
+    // The class leaves the process by name (item 6).
+    assert_eq!(serde_json::to_value(&e).unwrap()["class"], "batch");
     // The work's future was dropped, and its tokens settled with its last report.
     assert!(dropped.load(Ordering::SeqCst));
     assert_idle(&llm);
@@ -552,4 +554,39 @@ fn the_async_acquire_waits_in_the_queue_with_the_options_wait() {
         Err(AcquireError::Rejected(r)) => assert_eq!(r.reason, RejectReason::Timeout),
         other => panic!("{other:?}"),
     }
+}
+
+// Item 6: an empty model name is a typed error.
+
+#[cfg(feature = "json")]
+#[test]
+fn an_empty_model_name_is_refused_with_a_typed_error() {
+    use llm_bulkhead::config::{BulkheadConfig, LoadError};
+    use llm_bulkhead::llm::ModelAwareEstimator;
+    match BulkheadConfig::from_json(r#"{"max_concurrent": 1, "model": ""}"#) {
+        Err(LoadError::Parse { path, .. }) => assert_eq!(path, "model"),
+        other => panic!("{other:?}"),
+    }
+    let mut c = BulkheadConfig::from_json(r#"{"max_concurrent": 1, "model": "gpt-4o"}"#).unwrap();
+    assert!(c.build_llm().is_ok());
+    c.model = Some(String::new()); // set in code, past the reader
+    assert!(matches!(
+        c.build_llm(),
+        Err(LoadError::Estimator(EstimateError::InvalidSetting {
+            field: "default_model",
+            ..
+        }))
+    ));
+    let invalid = |e: Result<ModelAwareEstimator, EstimateError>, field: &str| match e {
+        Err(EstimateError::InvalidSetting { field: f, .. }) => assert_eq!(f, field),
+        other => panic!("expected an invalid {field}, got {:?}", other.map(|_| ())),
+    };
+    invalid(
+        ModelAwareEstimator::builder().default_model("").build(),
+        "default_model",
+    );
+    invalid(
+        ModelAwareEstimator::builder().ratio("", 3.0).build(),
+        "ratio",
+    );
 }
