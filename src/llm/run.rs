@@ -190,7 +190,12 @@ impl fmt::Debug for DeadlineTrigger {
 /// It starts at admission (queue time never counts) and applies only when the admission's slot
 /// was borrowed from the shared remainder. On expiry the slot is abandoned (cause `deadline`),
 /// the work's stop signal fires, and the run answers [`RunError::Deadline`]; the tokens stay
-/// held until the work ends, and a drain counts the admission until then.
+/// held until the work ends, and a drain counts the admission until then. When the caller is
+/// answered depends on the entry point (contract §12): the async
+/// [`run`](LlmBulkhead::run) at expiry (the work's future is dropped then, which ends it),
+/// [`run_blocking`](LlmBulkhead::run_blocking) when the work returns (it runs on the caller's
+/// thread), [`run_shared`](LlmBulkhead::run_shared) with
+/// [`detach_at_deadline`](RunOptions::detach_at_deadline) at expiry while the work goes on.
 ///
 /// # What it guarantees, and what it does not
 /// Expiry returns **this process's** admission slot (an in-process bound): it is not evidence

@@ -19,7 +19,8 @@
 //! answers the caller (and the followers) [`RunError::Deadline`] at once, and the work, still
 //! running, is handed to the spawner; it settles its tokens when it ends, and a drain counts
 //! it until then. The flight's key is freed at expiry, so an identical call meanwhile starts a
-//! new call (the reference's B13).
+//! new call (the reference's B13). Without a spawner a shared run answers at expiry as `run`
+//! does: the work's future is dropped.
 //!
 //! # Partitions
 //! The key is the bulkhead's key function of the request (default: [`DedupKey::for_request`],

@@ -239,12 +239,17 @@ impl LlmBulkhead {
     /// already abandoned does nothing.
     ///
     /// # When the caller hears of the deadline
-    /// Here, only when `work` returns: it runs on the caller's thread, so nothing can answer
-    /// the caller before it does. This differs from the seed, where the caller is rejected at
-    /// expiry and the callback goes on in the background: a blocking closure cannot be
-    /// detached from the thread that runs it. Work that must answer at expiry polls
-    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns.
-    /// The async [`run`](Self::run) can answer at expiry; see there.
+    /// `run_blocking` runs `work` **on the caller's thread**, so it answers only when `work`
+    /// returns: nothing can answer the caller before then, and a blocking closure cannot be
+    /// detached from the thread that runs it. At expiry the slot is abandoned at once (it is
+    /// free for others) and [`RunContext::stop_requested`] turns true; the answer is
+    /// [`RunError::Deadline`] when `work` returns, its result dropped and its tokens settled.
+    /// This differs from the seed, where the caller is rejected at expiry and the callback
+    /// goes on in the background. Work that must answer at expiry polls
+    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns;
+    /// the async [`run`](Self::run) answers at expiry by itself, and
+    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] does the
+    /// seed's detach (contract §12 lists each entry point).
     ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
@@ -252,8 +257,10 @@ impl LlmBulkhead {
     /// `aborted` are still answered.
     ///
     /// # Errors
-    /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
-    /// [`RunError::Deadline`], or the work's own error as [`RunError::Work`].
+    /// [`RunError::Invalid`] (before anything changes; also `options.dedup` left `true` on a
+    /// bulkhead whose de-duplication is enabled, see [`RunOptions::dedup`]),
+    /// [`RunError::Rejected`], [`RunError::Deadline`], or the work's own error as
+    /// [`RunError::Work`].
     ///
     /// ```
     /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
@@ -399,9 +406,10 @@ impl LlmBulkhead {
     /// when `run` is called, so the future does not borrow it.
     ///
     /// # When the caller hears of the deadline
-    /// When `work` returns, as with [`run_blocking`](Self::run_blocking), unless the work
-    /// races [`RunContext::stopped`] against its provider call: then the caller is answered
-    /// [`RunError::Deadline`] at expiry, whatever the work returns:
+    /// **At expiry.** When the deadline fires while `work` is pending, `run` answers
+    /// [`RunError::Deadline`] at once: the slot is abandoned (cause `deadline`), the work's
+    /// future is dropped, and its tokens are settled with its last usage report. The work
+    /// needs no cooperation; a work that ignores its stop signal is dropped all the same:
     ///
     /// ```
     /// use futures_lite::future;
@@ -412,21 +420,25 @@ impl LlmBulkhead {
     /// let llm = LlmBulkhead::new(b, NaiveEstimator);
     /// let trigger = DeadlineTrigger::new();
     /// let options = RunOptions { borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())), ..RunOptions::default() };
-    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |ctx| {
-    ///     let provider_call = future::pending::<Result<&str, ()>>(); // never answers
+    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |_ctx| {
     ///     trigger.fire(); // (a clock deadline fires on the timer thread)
-    ///     future::or(provider_call, async { ctx.stopped().await; Err(()) }).await
+    ///     future::pending::<Result<&str, ()>>().await // a provider call that never answers
     /// }));
     /// assert!(matches!(r, Err(RunError::Deadline(_))));
+    /// assert_eq!(llm.bulkhead().stats().admissions_in_flight, 0); // settled at expiry
     /// ```
     ///
-    /// The provider call is then dropped, not detached: the work's future borrows its context
-    /// and is not `'static`, so it cannot outlive the run, and the tokens are settled at once
-    /// with the last usage report. The seed's detached callback, which keeps its tokens until
-    /// it settles, needs work that owns its context and an executor to go on running on:
-    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] offers it
-    /// (the caller is answered at expiry and the work is handed to the application's
-    /// spawner); `run` refuses that option.
+    /// The provider call is dropped, not detached: the work's future borrows its context and
+    /// is not `'static`, so it cannot outlive the run. Dropping it is how Rust cancels it
+    /// (an HTTP client closes its request); whether the provider stops generating is the
+    /// provider's affair (see [`Deadline`]). The seed's detached callback, which goes on and
+    /// keeps its tokens until it settles with its real usage, needs work that owns its
+    /// context and an executor to go on running on: [`run_shared`](Self::run_shared) with
+    /// [`RunOptions::detach_at_deadline`] offers it (the caller is answered at expiry and the
+    /// work is handed to the application's spawner); `run` refuses that option. A work that
+    /// completes in the same poll in which the deadline fired is settled with its usage and
+    /// answered `Deadline`. Without a deadline, or on a slot that is not borrowed, nothing of
+    /// this runs (the common call takes one branch more).
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
