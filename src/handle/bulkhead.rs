@@ -220,8 +220,8 @@ impl Bulkhead {
     }
 
     /// Counts and explains the refusal of a waiter (or of a request refused before it could
-    /// wait: `aborted`; or of a de-duplication follower: `timeout`, `aborted`,
-    /// `unshareable_result`), with the state as it is now.
+    /// wait: `aborted`; or of a caller waiting on a call shared with others: `timeout`,
+    /// `aborted`, `unshareable_result`), with the state as it is now.
     #[cold]
     pub(crate) fn waiter_refusal(&self, reason: RejectReason, demand: &Demand) -> Rejection {
         let shared = &*self.shared;

@@ -134,8 +134,8 @@ pub struct RejectCounts {
     pub aborted: u64,
     /// `shutdown` refusals.
     pub shutdown: u64,
-    /// `unshareable_result` refusals (de-duplication followers whose share could not be
-    /// made).
+    /// `unshareable_result` refusals (callers of a shared call whose share of its result
+    /// could not be made).
     pub unshareable_result: u64,
 }
 

@@ -25,10 +25,11 @@ pub enum RejectReason {
     Aborted,
     /// The bulkhead is closed.
     Shutdown,
-    /// A de-duplication follower's share of the leader's result could not be made (the
-    /// reference's `unshareable_result`): the LLM layer's `run_shared_with`, whose share
-    /// function declined or panicked. Never a capacity decision: its [`Rejection`] carries
-    /// the capacity as it was when the follower was answered.
+    /// A caller that joined a call already in flight for an identical request could not be
+    /// given its own share of that call's result (the reference's `unshareable_result`): the
+    /// LLM layer's `run_shared_with`, whose share function declined or panicked. Never a
+    /// capacity decision: its [`Rejection`] carries the capacity as it was when the caller
+    /// was answered.
     UnshareableResult,
     /// The demand named a class this bulkhead does not have: a [`ClassId`](crate::ClassId) of
     /// another bulkhead, or any class on a bulkhead without classes. The caller's error, not a
