@@ -628,7 +628,9 @@ pub use text::{apply_limits_file, FileOutcome};
 fn non_empty_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let model = Option::<String>::deserialize(d)?;
     if model.as_deref() == Some("") {
-        return Err(serde::de::Error::custom("model must be a non-empty model name"));
+        return Err(serde::de::Error::custom(
+            "model must be a non-empty model name",
+        ));
     }
     Ok(model)
 }

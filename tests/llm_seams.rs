@@ -6,7 +6,7 @@
 #![cfg(feature = "serde")]
 
 use llm_bulkhead::llm::{
-    AcquireError, BoxWork, DedupError, DedupSettings, Deadline, DeadlineTrigger, EstimateError,
+    AcquireError, BoxWork, Deadline, DeadlineTrigger, DedupError, DedupSettings, EstimateError,
     LlmBulkhead, LlmRequest, Mode, NaiveEstimator, ReservationOverride, RunContext, RunError,
     RunOptions,
 };
@@ -134,12 +134,8 @@ fn follower_refusals_are_counted_as_rejections_with_their_reasons() {
     let (log, _sub) = record(llm.bulkhead());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let share = |s: &String| (s != "answer").then(|| s.clone());
-    let mut leader: Pin<Box<dyn Future<Output = Out> + Send>> = Box::pin(llm.run_shared_with(
-        &request(),
-        RunOptions::default(),
-        share,
-        gated(Some(rx)),
-    ));
+    let mut leader: Pin<Box<dyn Future<Output = Out> + Send>> =
+        Box::pin(llm.run_shared_with(&request(), RunOptions::default(), share, gated(Some(rx))));
     assert!(poll(leader.as_mut()).is_pending());
     // A follower whose share will be declined.
     let mut unshared =
@@ -239,15 +235,22 @@ fn follower_refusals_reach_the_metrics() {
         assert!(poll(follower.as_mut()).is_ready());
         assert!(poll(leader.as_mut()).is_ready());
     });
-    let found = snapshotter.snapshot().into_vec().into_iter().any(|(k, _, _, v)| {
-        let key = k.key();
-        key.name() == "llm_bulkhead_rejected_total"
-            && key
-                .labels()
-                .any(|l| l.key() == "reason" && l.value() == "unshareable_result")
-            && v == DebugValue::Counter(1)
-    });
-    assert!(found, "no llm_bulkhead_rejected_total{{reason=unshareable_result}} = 1");
+    let found = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .any(|(k, _, _, v)| {
+            let key = k.key();
+            key.name() == "llm_bulkhead_rejected_total"
+                && key
+                    .labels()
+                    .any(|l| l.key() == "reason" && l.value() == "unshareable_result")
+                && v == DebugValue::Counter(1)
+        });
+    assert!(
+        found,
+        "no llm_bulkhead_rejected_total{{reason=unshareable_result}} = 1"
+    );
 }
 
 // Item 3: what each entry point does at the borrowed-concurrency deadline.

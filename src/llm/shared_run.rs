@@ -239,7 +239,12 @@ enum Path<U, F> {
     /// always gets its own result, so it takes no reference to them).
     Flight(
         super::dedup::DedupRun<Erased>,
-        Option<(Option<ClassId>, Arc<SharedDedup>, crate::Bulkhead, crate::Demand)>,
+        Option<(
+            Option<ClassId>,
+            Arc<SharedDedup>,
+            crate::Bulkhead,
+            crate::Demand,
+        )>,
     ),
 }
 

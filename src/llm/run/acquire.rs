@@ -65,7 +65,10 @@ impl LlmBulkhead {
             return refuse("detach_at_deadline", "none on an acquire: it runs no work");
         }
         if let Mode::Observe(_) = options.mode {
-            return refuse("mode", "enforce on an acquire: only run has an observe mode");
+            return refuse(
+                "mode",
+                "enforce on an acquire: only run has an observe mode",
+            );
         }
         self.demand(request, options)
     }
@@ -101,8 +104,7 @@ impl LlmBulkhead {
         let demand = self
             .acquire_demand(request, options)
             .map_err(AcquireError::Invalid)?;
-        if options.wait.cancel.is_some() || options.wait.timeout != crate::QueueTimeout::Default
-        {
+        if options.wait.cancel.is_some() || options.wait.timeout != crate::QueueTimeout::Default {
             return Err(AcquireError::Invalid(EstimateError::InvalidSetting {
                 field: "wait",
                 expected: "the default on try_acquire, which never waits (acquire waits)",
