@@ -213,6 +213,7 @@ impl Handle {
         let classed = !class_names.is_empty();
         let class_ids: Box<[&'static str]> =
             class_names.iter().map(|n| crate::sync::intern(n)).collect();
+        #[cfg(feature = "serde")]
         if classed {
             // So that an id serialises as its name (`ClassId`'s `Serialize`).
             crate::vocab::class::register_names(class_owner, &class_ids);

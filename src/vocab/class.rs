@@ -155,11 +155,13 @@ impl serde::Serialize for ClassId {
 /// lock is plain `std` under loom too, as `crate::sync::intern`'s. An entry is a few words
 /// (the names themselves are interned once per distinct name) and stays for the life of the
 /// process, because ids are `Copy` and may be serialised after their bulkhead is gone.
+#[cfg(feature = "serde")]
 #[allow(clippy::disallowed_types)]
 static NAMES: std::sync::Mutex<std::collections::BTreeMap<u64, Box<[&'static str]>>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// Records the class names of the bulkhead whose identity is `owner` (when it is built).
+#[cfg(feature = "serde")]
 pub(crate) fn register_names(owner: ClassOwner, names: &[&'static str]) {
     NAMES
         .lock()
@@ -167,6 +169,7 @@ pub(crate) fn register_names(owner: ClassOwner, names: &[&'static str]) {
         .insert(owner.bits(), names.into());
 }
 
+#[cfg(feature = "serde")]
 impl ClassId {
     /// The class's name, as its bulkhead was built with it.
     fn name(self) -> Option<&'static str> {
