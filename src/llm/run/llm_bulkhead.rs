@@ -178,9 +178,10 @@ impl LlmBulkhead {
         request: &LlmRequest,
         options: &RunOptions<U>,
     ) -> Result<Demand, EstimateError> {
+        // Bitwise: three tests and one branch.
         if options.borrowed_concurrency_deadline.is_some()
-            || options.detach_at_deadline.is_some()
-            || self.dedup.is_some()
+            | options.detach_at_deadline.is_some()
+            | self.dedup.is_some()
         {
             self.check_options(options)?;
         }
@@ -189,6 +190,7 @@ impl LlmBulkhead {
 
     /// The deadline, detach and de-duplication checks of [`prepare`](Self::prepare), in that
     /// order.
+    #[cold]
     #[inline(never)]
     fn check_options<U>(&self, options: &RunOptions<U>) -> Result<(), EstimateError> {
         Self::check_deadline(&options.borrowed_concurrency_deadline)?;
@@ -496,7 +498,8 @@ impl LlmBulkhead {
                 .map_err(RunError::Rejected)?,
             };
             if ctx.is_leased() {
-                return until_deadline(&mut ctx, work, &options.usage).await;
+                // Boxed: rare, and the future of every run would carry its state.
+                return Box::pin(until_deadline(&mut ctx, work, &options.usage)).await;
             }
             let out = work(&mut ctx).await;
             settle(&mut ctx, out, &options.usage)
