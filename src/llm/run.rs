@@ -354,7 +354,9 @@ impl<U> fmt::Debug for RunOptions<U> {
 }
 
 /// The borrowed-concurrency deadline expired: the slot was abandoned (cause `deadline`) and
-/// the work was asked to stop; its tokens were settled when it finished.
+/// the work was asked to stop; its tokens were settled when it finished (the async `run`
+/// finishes it at expiry by dropping its future). With classes, `class` serialises as the
+/// class's name.
 ///
 /// # What it guarantees, and what it does not
 /// This error reports that **this process's** admission slot was returned (an in-process
