@@ -2,6 +2,8 @@
 //! `acquire_blocking` estimate the request, apply the class, priority and reservation of
 //! [`RunOptions`] (the same options as `run`), and return the [`Admission`], whose release is
 //! the caller's (the seed's `acquire()`). They never de-duplicate and have no observe mode.
+//! They take `RunOptions` without a usage function (the type says so: an acquire has no
+//! result to read usage from; report it on the admission instead).
 
 use super::*;
 
