@@ -118,8 +118,14 @@ pub struct BulkheadConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub shadow_reasons: Option<Vec<RejectReason>>,
-    /// The model the LLM layer's estimator assumes when a request names none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The model the LLM layer's estimator assumes when a request names none. Not empty:
+    /// reading `"model": ""` fails on field `model`, and [`estimator`](Self::estimator)
+    /// refuses an empty one set in code.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "non_empty_model"
+    )]
     pub model: Option<String>,
     /// The in-flight token budget (absent: no budget).
     #[serde(
@@ -582,7 +588,8 @@ impl BulkheadConfig {
     /// `token_budget.output_cap` as the output cap).
     ///
     /// # Errors
-    /// The estimator builder's [`EstimateError`](crate::llm::EstimateError).
+    /// The estimator builder's [`EstimateError`](crate::llm::EstimateError) (an empty `model`
+    /// is `InvalidSetting` on field `default_model`).
     ///
     /// ```
     /// use llm_bulkhead::config::BulkheadConfig;
@@ -639,3 +646,14 @@ pub use limits::{BudgetConfig, LimitsConfig};
 mod text;
 #[cfg(any(feature = "json", feature = "toml"))]
 pub use text::{apply_limits_file, FileOutcome};
+
+/// Reads [`BulkheadConfig::model`], refusing an empty name (the reader names the field).
+fn non_empty_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let model = Option::<String>::deserialize(d)?;
+    if model.as_deref() == Some("") {
+        return Err(serde::de::Error::custom(
+            "model must be a non-empty model name",
+        ));
+    }
+    Ok(model)
+}

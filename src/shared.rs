@@ -211,6 +211,13 @@ impl Handle {
             })
             .collect();
         let classed = !class_names.is_empty();
+        let class_ids: Box<[&'static str]> =
+            class_names.iter().map(|n| crate::sync::intern(n)).collect();
+        #[cfg(feature = "serde")]
+        if classed {
+            // So that an id serialises as its name (`ClassId`'s `Serialize`).
+            crate::vocab::class::register_names(class_owner, &class_ids);
+        }
         // With classes the word holds U and V, which start at the floor sums.
         let first_word = if classed {
             crate::words::class_word::initial_shared_word(&canonical.current)
@@ -234,7 +241,7 @@ impl Handle {
             asymmetric: crate::grace::asymmetric(),
             id_prefix: crate::vocab::id::prefix(),
             class_words,
-            class_ids: class_names.iter().map(|n| crate::sync::intern(n)).collect(),
+            class_ids,
             class_names: class_names.into_boxed_slice(),
             default_class,
             class_owner,

@@ -308,10 +308,10 @@ mod metrics_part {
         admitted: Vec<Counter>,
         released: Vec<Counter>,
         refunded: Vec<Counter>,
-        rejected: Vec<[Counter; 6]>,
+        rejected: Vec<[Counter; RejectReason::COUNTED.len()]>,
         /// Registered (at zero) without the `llm` feature too, which alone makes bypasses.
         #[cfg_attr(not(feature = "llm"), allow(dead_code))]
-        bypassed: Vec<[Counter; 6]>,
+        bypassed: Vec<[Counter; RejectReason::COUNTED.len()]>,
         abandoned: [Counter; 2],
         reconfigured: Counter,
     }
@@ -348,7 +348,7 @@ mod metrics_part {
                     .map(|k| counter!(metric, labels(name, *k, &[])))
                     .collect()
             };
-            let by_reason = |metric: &'static str| -> Vec<[Counter; 6]> {
+            let by_reason = |metric: &'static str| -> Vec<[Counter; RejectReason::COUNTED.len()]> {
                 keys.iter()
                     .map(|k| {
                         RejectReason::COUNTED

@@ -267,11 +267,29 @@ impl ModelAwareEstimatorBuilder {
         self
     }
 
-    /// Validates the ratios and builds the estimator.
+    /// Validates the models and ratios and builds the estimator.
     ///
     /// # Errors
-    /// [`EstimateError::InvalidRatio`] for a ratio that is not finite and above 0.
+    /// [`EstimateError::InvalidSetting`] for an empty model name (field `default_model`, or
+    /// `ratio` for an override); [`EstimateError::InvalidRatio`] for a ratio that is not
+    /// finite and above 0.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{EstimateError, ModelAwareEstimator};
+    /// let e = ModelAwareEstimator::builder().default_model("").build().unwrap_err();
+    /// assert!(matches!(e, EstimateError::InvalidSetting { field: "default_model", .. }));
+    /// ```
     pub fn build(self) -> Result<ModelAwareEstimator, EstimateError> {
+        let empty = |field| EstimateError::InvalidSetting {
+            field,
+            expected: "a non-empty model name",
+        };
+        if self.default_model.as_deref() == Some("") {
+            return Err(empty("default_model"));
+        }
+        if self.overrides.contains_key("") {
+            return Err(empty("ratio"));
+        }
         for (model, ratio) in &self.overrides {
             if !(ratio.is_finite() && *ratio > 0.0) {
                 return Err(EstimateError::InvalidRatio {

@@ -47,7 +47,8 @@ pub use observe::stats::ObserveStats;
 pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{
-    Deadline, DeadlineExpired, DeadlineTrigger, Detach, DetachedWork, LlmBulkhead, NoUsage,
-    RunContext, RunError, RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped, UsageFrom,
+    AcquireError, Deadline, DeadlineExpired, DeadlineTrigger, Detach, DetachedWork, LlmBulkhead,
+    NoUsage, RunContext, RunError, RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped,
+    UsageFrom,
 };
 pub use shared_run::{BoxWork, DedupKeyFn, DedupSettings, LlmStats};

@@ -46,18 +46,8 @@ impl Refusal {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            Refusal::Rejected(r) => match r.reason {
-                RejectReason::Shutdown | RejectReason::Aborted => StatusCode::SERVICE_UNAVAILABLE,
-                RejectReason::BudgetLimit if r.never_fits().is_some() => {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                }
-                RejectReason::ConcurrencyLimit
-                | RejectReason::QueueLimit
-                | RejectReason::BudgetLimit
-                | RejectReason::Timeout => StatusCode::TOO_MANY_REQUESTS,
-                // The classifier chose a class of another bulkhead: the gateway's own error.
-                RejectReason::UnknownClass => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            Refusal::Rejected(r) if r.never_fits().is_some() => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Rejected(r) => reason_status(r.reason),
             Refusal::Unclassified(e) => e.status,
         }
     }
@@ -246,6 +236,24 @@ impl<E> RefusalMode<E> for Fail {
     }
     fn inner(error: E) -> Refused<E> {
         Refused::Inner(error)
+    }
+}
+
+/// The status of a bulkhead refusal for `reason` (one that could fit: see
+/// [`Refusal::status`]).
+fn reason_status(reason: RejectReason) -> StatusCode {
+    match reason {
+        // A de-duplication follower's unshareable result (the layer makes none): the
+        // service could not answer this caller, which is not the caller's fault.
+        RejectReason::Shutdown | RejectReason::Aborted | RejectReason::UnshareableResult => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        RejectReason::ConcurrencyLimit
+        | RejectReason::QueueLimit
+        | RejectReason::BudgetLimit
+        | RejectReason::Timeout => StatusCode::TOO_MANY_REQUESTS,
+        // The classifier chose a class of another bulkhead: the gateway's own error.
+        RejectReason::UnknownClass => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -657,16 +665,7 @@ impl HttpRefusals {
         let mut bulkhead: Vec<metrics::Counter> = RejectReason::COUNTED
             .iter()
             .chain([&RejectReason::UnknownClass])
-            .map(|&reason| {
-                let status = match reason {
-                    RejectReason::Shutdown | RejectReason::Aborted => {
-                        StatusCode::SERVICE_UNAVAILABLE
-                    }
-                    RejectReason::UnknownClass => StatusCode::INTERNAL_SERVER_ERROR,
-                    _ => StatusCode::TOO_MANY_REQUESTS,
-                };
-                http_refusals(name, status, reason.as_str())
-            })
+            .map(|&reason| http_refusals(name, reason_status(reason), reason.as_str()))
             .collect();
         bulkhead.push(http_refusals(
             name,

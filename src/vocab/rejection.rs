@@ -26,6 +26,12 @@ pub enum RejectReason {
     Aborted,
     /// The bulkhead is closed.
     Shutdown,
+    /// A caller that joined a call already in flight for an identical request could not be
+    /// given its own share of that call's result (the reference's `unshareable_result`): the
+    /// LLM layer's `run_shared_with`, whose share function declined or panicked. Never a
+    /// capacity decision: its [`Rejection`] carries the capacity as it was when the caller
+    /// was answered.
+    UnshareableResult,
     /// The demand named a class this bulkhead does not have: a [`ClassId`](crate::ClassId) of
     /// another bulkhead, or any class on a bulkhead without classes. The caller's error, not a
     /// capacity refusal: decided before anything changed, it is not counted in
@@ -42,13 +48,14 @@ impl RejectReason {
     /// use llm_bulkhead::RejectReason;
     /// assert!(!RejectReason::COUNTED.contains(&RejectReason::UnknownClass));
     /// ```
-    pub const COUNTED: [RejectReason; 6] = [
+    pub const COUNTED: [RejectReason; 7] = [
         RejectReason::ConcurrencyLimit,
         RejectReason::QueueLimit,
         RejectReason::BudgetLimit,
         RejectReason::Timeout,
         RejectReason::Aborted,
         RejectReason::Shutdown,
+        RejectReason::UnshareableResult,
     ];
 
     /// The wire name (`snake_case`), as the reference library spells it.
@@ -66,6 +73,7 @@ impl RejectReason {
             RejectReason::Timeout => "timeout",
             RejectReason::Aborted => "aborted",
             RejectReason::Shutdown => "shutdown",
+            RejectReason::UnshareableResult => "unshareable_result",
             RejectReason::UnknownClass => "unknown_class",
         }
     }
@@ -771,6 +779,9 @@ impl fmt::Display for Rejection {
                 t.requested, t.available, t.effective_budget
             ),
             (RejectReason::Shutdown | RejectReason::Aborted, _) => Ok(()),
+            (RejectReason::UnshareableResult, _) => {
+                f.write_str(": the shared call's result could not be shared with this caller")
+            }
             (RejectReason::UnknownClass, _) => {
                 f.write_str(": the demand's class is not a class of this bulkhead")
             }

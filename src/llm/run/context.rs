@@ -140,6 +140,12 @@ impl RunContext {
         }
     }
 
+    /// Whether the admission is leased to an armed deadline (its slot was borrowed).
+    #[inline(always)]
+    pub(in crate::llm) fn is_leased(&self) -> bool {
+        matches!(self.inner, Inner::Leased(_))
+    }
+
     /// With an armed deadline: the stop signal and the error the run answers on expiry.
     pub(in crate::llm) fn deadline_watch(&mut self) -> Option<(StopSignal, DeadlineExpired)> {
         let Inner::Leased(g) = &self.inner else {
