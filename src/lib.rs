@@ -178,6 +178,7 @@ pub use vocab::rejection::{
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,
 };
 pub use wait::cancel::{CancelToken, Cancelled};
+pub use wait::multi as multi_wait;
 pub use wait::waiting::{
     Acquire, AcquireTimed, Drain, DrainReport, QueueTimeout, Timed, Timing, WaitOptions,
 };

@@ -43,6 +43,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
         "the intrusive waiter list (a data structure the block holds)",
     ),
     (
+        "wait::multi",
+        3,
+        "the multi-resource wait: a FIFO of waiters each holding out for several resources",
+    ),
+    (
         "shared",
         4,
         "the shared block (words + ring + list + records) and its lifetime",
