@@ -64,8 +64,10 @@
 //! ```
 
 mod future;
+mod txn;
 
 pub use future::WaitFuture;
+pub use txn::Txn;
 
 use crate::sync::thread::Thread;
 use crate::sync::Mutex;
@@ -346,6 +348,47 @@ impl<A: Admit> Inner<A> {
         }
     }
 
+    fn submit(&mut self, request: A::Request) -> Result<Submitted<A::Grant>, Refused> {
+        if self.closed {
+            return Err(Refused::Closed);
+        }
+        match self.admit.try_start(&request) {
+            Start::Now(g) => Ok(Submitted::Started(g)),
+            Start::NotYet | Start::Nobody => {
+                if !self.admit.may_queue(&request, self.queue.len()) {
+                    return Err(Refused::Full);
+                }
+                let seq = self.next;
+                self.next += 1;
+                let notify = Notify::None;
+                self.queue.insert(seq, Queued { request, notify });
+                Ok(Submitted::Queued(WaiterId(seq)))
+            }
+        }
+    }
+
+    fn remove_where(
+        &mut self,
+        mut pred: impl FnMut(&A, &A::Request) -> bool,
+        why: Leave,
+        wakes: &mut Wakes,
+    ) -> Vec<(WaiterId, A::Request)> {
+        let seqs: Vec<u64> = self
+            .queue
+            .iter()
+            .filter(|(_, q)| pred(&self.admit, &q.request))
+            .map(|(&seq, _)| seq)
+            .collect();
+        let mut out = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            if let Some(r) = self.remove(seq, why, wakes) {
+                self.done.insert(seq, Waited::Left(why));
+                out.push((WaiterId(seq), r));
+            }
+        }
+        out
+    }
+
     fn push_wake(&mut self, n: Notify, wakes: &mut Wakes) {
         if !matches!(n, Notify::None) {
             self.wakes += 1;
@@ -426,28 +469,37 @@ impl<A: Admit> MultiWait<A> {
     /// assert_eq!(w.submit(()), Err(Refused::Full));
     /// ```
     pub fn submit(&self, request: A::Request) -> Result<Submitted<A::Grant>, Refused> {
-        self.locked(|s, _| {
-            if s.closed {
-                return Err(Refused::Closed);
-            }
-            match s.admit.try_start(&request) {
-                Start::Now(g) => Ok(Submitted::Started(g)),
-                Start::NotYet | Start::Nobody => {
-                    if !s.admit.may_queue(&request, s.queue.len()) {
-                        return Err(Refused::Full);
-                    }
-                    let seq = s.next;
-                    s.next += 1;
-                    s.queue.insert(
-                        seq,
-                        Queued {
-                            request,
-                            notify: Notify::None,
-                        },
-                    );
-                    Ok(Submitted::Queued(WaiterId(seq)))
-                }
-            }
+        self.locked(|s, _| s.submit(request))
+    }
+
+    /// Runs `f` as one operation under the mutex, with a [`Txn`] that can change the state,
+    /// run the start rule at intermediate points, remove waiters and judge newcomers; the
+    /// start rule runs once more at the end. For operations that must be one step, e.g. a
+    /// clock catching up instant by instant (starts, then timeouts, at each instant).
+    ///
+    /// ```
+    /// # use llm_bulkhead::multi_wait::{Admit, Leave, MultiWait, Start, Submitted};
+    /// # struct Slots(u32);
+    /// # impl Admit for Slots { type Request = u8; type Grant = ();
+    /// #   fn try_start(&mut self, _: &u8) -> Start<()> { if self.0 == 0 { Start::Nobody } else { self.0 -= 1; Start::Now(()) } }
+    /// #   fn give_back(&mut self, _: ()) { self.0 += 1; } }
+    /// let w = MultiWait::new(Slots(0));
+    /// w.submit(1).unwrap();
+    /// w.submit(2).unwrap();
+    /// // One slot freed and, in the same step, every waiter that did not start times out.
+    /// let gone = w.transaction(|t| {
+    ///     t.state().0 += 1;
+    ///     t.start_eligible();
+    ///     t.remove_where(|_, _| true, Leave::TimedOut).len()
+    /// });
+    /// assert_eq!((gone, w.queued()), (1, 0));
+    /// ```
+    pub fn transaction<T>(&self, f: impl FnOnce(&mut Txn<'_, A>) -> T) -> T {
+        self.locked(|s, wakes| {
+            let mut t = Txn { inner: s, wakes };
+            let out = f(&mut t);
+            t.start_eligible();
+            out
         })
     }
 
@@ -587,25 +639,10 @@ impl<A: Admit> MultiWait<A> {
     /// ```
     pub fn remove_where(
         &self,
-        mut pred: impl FnMut(&A, &A::Request) -> bool,
+        pred: impl FnMut(&A, &A::Request) -> bool,
         why: Leave,
     ) -> Vec<(WaiterId, A::Request)> {
-        self.locked(|s, wakes| {
-            let seqs: Vec<u64> = s
-                .queue
-                .iter()
-                .filter(|(_, q)| pred(&s.admit, &q.request))
-                .map(|(&seq, _)| seq)
-                .collect();
-            let mut out = Vec::with_capacity(seqs.len());
-            for seq in seqs {
-                if let Some(r) = s.remove(seq, why, wakes) {
-                    s.done.insert(seq, Waited::Left(why));
-                    out.push((WaiterId(seq), r));
-                }
-            }
-            out
-        })
+        self.locked(|s, wakes| s.remove_where(pred, why, wakes))
     }
 
     /// Closes: later submits are refused with [`Refused::Closed`]; every queued waiter leaves
@@ -627,15 +664,7 @@ impl<A: Admit> MultiWait<A> {
     pub fn close(&self) -> Vec<(WaiterId, A::Request)> {
         self.locked(|s, wakes| {
             s.closed = true;
-            let seqs: Vec<u64> = s.queue.keys().copied().collect();
-            let mut out = Vec::with_capacity(seqs.len());
-            for seq in seqs {
-                if let Some(r) = s.remove(seq, Leave::Closed, wakes) {
-                    s.done.insert(seq, Waited::Left(Leave::Closed));
-                    out.push((WaiterId(seq), r));
-                }
-            }
-            out
+            s.remove_where(|_, _| true, Leave::Closed, wakes)
         })
     }
 
