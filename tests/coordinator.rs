@@ -1,0 +1,1 @@
+//! Coordinator tests (fake clocks), one per seed sentence.
