@@ -72,6 +72,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("tower", 8, "the tower integration"),
     ("telemetry", 8, "tracing and metrics"),
     (
+        "coordinator",
+        8,
+        "the client-side coordinator (seed 002), over the multi-resource wait",
+    ),
+    (
         "model",
         9,
         "test support: the sequential model (feature testing)",
