@@ -324,11 +324,11 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..3u8, 0..4u8, prop::option::of(1..60u8)).prop_map(|(p, key, timeout)| Op::Submit { p, key, timeout }),
+        6 => (0..3u8, 0..4u8, prop::option::of(prop_oneof![1..60u8, (1..6u8).prop_map(|x| x * 10)])).prop_map(|(p, key, timeout)| Op::Submit { p, key, timeout }),
         4 => any::<u8>().prop_map(Op::Complete),
         1 => any::<u8>().prop_map(Op::Cancel),
-        1 => (0..3u8, 0..80u8).prop_map(|(p, delay)| Op::Cooldown { p, delay }),
-        3 => (0..60u8).prop_map(Op::Advance),
+        1 => (0..3u8, prop_oneof![0..80u8, (0..8u8).prop_map(|x| x * 10)]).prop_map(|(p, delay)| Op::Cooldown { p, delay }),
+        3 => prop_oneof![0..60u8, (0..6u8).prop_map(|x| x * 10)].prop_map(Op::Advance),
         1 => any::<i16>().prop_map(Op::Wall),
         1 => Just(Op::Close).prop_filter("close is rare", |_| true),
     ]
