@@ -377,6 +377,13 @@ fn to_step(op: &Op, m: &Model, n: &mut u32) -> Value {
     }
 }
 
+/// One step on the model and the coordinator, outcomes compared by the final checks only.
+fn both(m: &mut Model, run: &mut Run, s: Value) {
+    m.step(&s);
+    run.step(&s);
+    run.settle(false);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
@@ -399,26 +406,15 @@ proptest! {
             prop_assert_eq!(&got_rm, &json!(want_rm), "step {} {}: removed", i, s);
             prop_assert_eq!(run.state(), m.snapshot(), "step {} {}: state", i, s);
         }
-        // At rest: complete everything running, and the client is back to zero.
-        let running: Vec<String> = m.running.values().map(|v| v.0.clone()).collect();
-        for id in running {
-            let s = json!({"op": "complete", "id": id});
-            m.step(&s);
-            run.step(&s);
-            run.settle(false);
-        }
-        // Let every deadline pass: queued tickets start or time out.
-        for _ in 0..3 {
-            let s = json!({"op": "advance", "ms": 200});
-            m.step(&s);
-            run.step(&s);
-            run.settle(false);
+        // At rest: complete everything running, let every deadline pass (queued tickets
+        // start or time out), complete again; the client is back to zero.
+        for round in 0..4 {
+            if round > 0 {
+                both(&mut m, &mut run, json!({"op": "advance", "ms": 200}));
+            }
             let running: Vec<String> = m.running.values().map(|v| v.0.clone()).collect();
             for id in running {
-                let s = json!({"op": "complete", "id": id});
-                m.step(&s);
-                run.step(&s);
-                run.settle(false);
+                both(&mut m, &mut run, json!({"op": "complete", "id": id}));
             }
         }
         let snap = run.state();
