@@ -9,7 +9,7 @@
 //! * `cooldown`: one `cooldown()` call that changes nothing (the provider's not-before is
 //!   already later).
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, criterion_main, Criterion};
 use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
 use llm_bulkhead::{Bulkhead, Demand};
 use std::time::Duration;
@@ -77,5 +77,9 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+fn benches() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+}
+
 criterion_main!(benches);
