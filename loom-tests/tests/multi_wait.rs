@@ -11,7 +11,12 @@
 //!    `LLM_BULKHEAD_LOOM_MULTIWAIT_CANCEL_DROPS_GRANT=1` (a cancel that finds the grant drops
 //!    it) fails it: the resources leak and the second waiter never starts;
 //! 3. an async waiter (its future polled on its own thread) against the releases: woken once,
-//!    started, nothing left behind.
+//!    started, nothing left behind;
+//! 4. the coordinator's hand-off (a client slot and a key): the completion of the running
+//!    invocation of key `k` against a newcomer of key `j` submitted at the same time, with a
+//!    waiter of key `k` queued: the freed slot always goes to the queued waiter, never to the
+//!    newcomer (which queues). With `LLM_BULKHEAD_LOOM_MULTIWAIT_NO_START_RULE=1` the newcomer
+//!    can take the slot (or the waiter is never started).
 #![cfg(loom)]
 
 mod common;
@@ -133,5 +138,60 @@ fn an_async_waiter_against_the_releases() {
         assert_eq!(got, Waited::Started(BOTH));
         w.update(|s| s.give_back(BOTH));
         assert_all_free(&w);
+    });
+}
+
+/// A client slot and running keys: the coordinator's hand-off in miniature.
+struct SlotAndKeys {
+    free: u32,
+    running: Vec<u8>,
+}
+
+impl Admit for SlotAndKeys {
+    type Request = u8;
+    type Grant = u8;
+    fn try_start(&mut self, key: &u8) -> Start<u8> {
+        if self.free == 0 {
+            return Start::Nobody;
+        }
+        if self.running.contains(key) {
+            return Start::NotYet;
+        }
+        self.free -= 1;
+        self.running.push(*key);
+        Start::Now(*key)
+    }
+    fn give_back(&mut self, key: u8) {
+        self.free += 1;
+        self.running.retain(|k| *k != key);
+    }
+}
+
+#[test]
+fn a_completion_hands_its_slot_to_the_queued_ticket_not_to_a_racing_newcomer() {
+    model(|| {
+        let w = Arc::new(MultiWait::new(SlotAndKeys {
+            free: 1,
+            running: vec![],
+        }));
+        let Ok(Submitted::Started(k)) = w.submit(b'k') else {
+            panic!("the slot is free")
+        };
+        let Ok(Submitted::Queued(waiter)) = w.submit(b'k') else {
+            panic!("key k runs")
+        };
+        let w1 = w.clone();
+        let completion = thread::spawn(move || w1.update(|s| s.give_back(k)));
+        let newcomer = w.submit(b'j');
+        completion.join().unwrap();
+        let Ok(Submitted::Queued(late)) = newcomer else {
+            panic!("a newcomer took the slot freed for the queued ticket: {newcomer:?}")
+        };
+        assert_eq!(w.wait_blocking(waiter, None), Waited::Started(b'k'));
+        w.update(|s| s.give_back(b'k'));
+        assert_eq!(w.wait_blocking(late, None), Waited::Started(b'j'));
+        w.update(|s| s.give_back(b'j'));
+        let (free, running) = w.read(|s, _| (s.free, s.running.len()));
+        assert_eq!((free, running, w.queued(), w.uncollected()), (1, 0, 0, 0));
     });
 }
