@@ -277,6 +277,23 @@ fn seed_now_stamps_received_at_and_a_wall_jump_releases_no_cooldown() {
     assert_eq!(inv.received_at(), before);
 }
 
+/// "minIntervalMs is the gap between actual starts, measured with the monotonic elapsed
+/// clock": with a late wake-up (the clock moved past the ready instant before anything ran),
+/// the ticket still starts (it was eligible before its deadline), and the next start is paced
+/// from when this one actually started.
+#[test]
+fn seed_min_interval_is_the_gap_between_actual_starts_even_after_a_late_wake_up() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(3, 3, &[("a", None, 100)], &clocks);
+    let _first = go(&c, "a", "k1");
+    let second = c.submit("a", "k2", opts(Some(120))).unwrap();
+    clocks.elapsed.advance(ms(130)); // the clock moves; no timer has run yet
+    let s = c.snapshot(); // the next operation catches up: ready at 100, deadline 120
+    assert_eq!(s.providers[0].paced_until, Some(ms(230)));
+    let inv = second.wait_blocking().unwrap();
+    assert_eq!(inv.started_at(), ms(130));
+}
+
 /// "You parse Retry-After yourself." (the helper, then the cooldown)
 #[test]
 fn seed_retry_after_is_parsed_by_the_caller_then_fed_to_cooldown() {

@@ -340,6 +340,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
         let now = clocks.elapsed.elapsed();
         let state = State {
             now,
+            clock_now: now,
             closed: false,
             client_limit: self.client_limit,
             queue_cap: self.queue_cap,

@@ -65,7 +65,13 @@ pub(crate) struct Grant<K> {
 
 /// Admission state (COORDINATOR.md §2).
 pub(crate) struct State<K> {
+    /// The instant the start rule is applied at (moves instant by instant in a catch-up).
     pub(crate) now: Duration,
+    /// The latest clock reading of an operation: when a start actually happens. Equal to
+    /// `now` except while a late timer or a jumped clock is caught up, instant by instant;
+    /// a start is then decided at its instant but stamped (pacing, attempt timeout) with
+    /// the reading, so the gap between actual starts never falls below `min_interval`.
+    pub(crate) clock_now: Duration,
     pub(crate) closed: bool,
     pub(crate) client_limit: u32,
     pub(crate) queue_cap: usize,
@@ -123,10 +129,11 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
             return Start::NotYet;
         }
         let signal = CancelToken::new();
+        let stamp = now.max(self.clock_now);
         self.in_flight += 1;
         let p = &mut self.providers[r.provider];
         p.in_flight += 1;
-        p.last_start = Some(now);
+        p.last_start = Some(stamp);
         self.running
             .insert(r.key.clone(), (r.ticket, signal.clone()));
         self.record(r.ticket, EventKind::Start);
@@ -134,7 +141,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
             ticket: r.ticket,
             provider: r.provider,
             key: r.key.clone(),
-            started_at: now,
+            started_at: stamp,
             signal,
         })
     }
@@ -192,10 +199,13 @@ fn settle<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>) {
 }
 
 /// Brings the state's clock to `now`, settling at every intermediate instant in time order
-/// (§5 `advance`): each start and timeout happens at its exact instant, and a start sets the
+/// (§5 `advance`): each start and timeout is decided at its exact instant (a start is stamped
+/// with the clock reading, see [`State::clock_now`]), and a start sets the
 /// pacing that the following instants see. A clock reading earlier than the state's (it
 /// cannot happen with a monotonic clock) leaves the time where it is.
 pub(crate) fn catch_up<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>, now: Duration) {
+    let s = t.state();
+    s.clock_now = s.clock_now.max(now);
     loop {
         let cur = t.state().now;
         match next_instant(t, cur, Some(now)) {
