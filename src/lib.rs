@@ -139,6 +139,9 @@ pub mod config;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod conformance;
 pub mod contract;
+#[cfg(feature = "coordinator")]
+#[cfg_attr(docsrs, doc(cfg(feature = "coordinator")))]
+pub mod coordinator;
 // The guide links to the LLM layer and the `config` types, which exist only with `llm` (a
 // default feature): without it those links cannot resolve, and the text stays as it is.
 #[cfg_attr(not(feature = "llm"), allow(rustdoc::broken_intra_doc_links))]
@@ -179,6 +182,7 @@ pub use vocab::rejection::{
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,
 };
 pub use wait::cancel::{CancelToken, Cancelled};
+pub use wait::multi as multi_wait;
 pub use wait::waiting::{
     Acquire, AcquireTimed, Drain, DrainReport, QueueTimeout, Timed, Timing, WaitOptions,
 };

@@ -43,6 +43,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
         "the intrusive waiter list (a data structure the block holds)",
     ),
     (
+        "wait::multi",
+        3,
+        "the multi-resource wait: a FIFO of waiters each holding out for several resources",
+    ),
+    (
         "shared",
         4,
         "the shared block (words + ring + list + records) and its lifetime",
@@ -66,6 +71,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("config", 8, "configuration files and control planes"),
     ("tower", 8, "the tower integration"),
     ("telemetry", 8, "tracing and metrics"),
+    (
+        "coordinator",
+        8,
+        "the client-side coordinator (seed 002), over the multi-resource wait",
+    ),
     (
         "model",
         9,
