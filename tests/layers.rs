@@ -4,7 +4,8 @@
 //! (`crate::Bulkhead`) are resolved to the module that defines the item, read from
 //! `src/lib.rs`'s `pub use` lines. Comments (and so doc links) are not imports and are skipped.
 //!
-//! And no file under `src/` is longer than [`MAX_LINES`].
+//! No two sibling modules of which one is a folder import each other (a circle the rank table
+//! allows inside one layer). And no file under `src/` is longer than [`MAX_LINES`].
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -486,6 +487,116 @@ fn the_llm_only_check_sees_what_it_must_and_not_the_queue_bypass() {
     assert!(llm_mentions("//! In-floor newcomers bypass the queue").is_empty());
     assert!(llm_mentions("pub(crate) fn may_bypass(shared: &Shared) -> bool").is_empty());
     assert!(llm_mentions("the unique thread that observed the last owner").is_empty());
+}
+
+/// The module path a named path resolves to, as far as it can be followed: `super::`s applied
+/// to the file's module and a root re-export (`crate::Bulkhead`) replaced by its module; item
+/// names may trail.
+fn full_target(
+    (ups, segs): &Named,
+    file_module: &str,
+    roots: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut full: Vec<String> = Vec::new();
+    if *ups > 0 {
+        let mut base: Vec<&str> = file_module.split("::").filter(|s| !s.is_empty()).collect();
+        for _ in 0..*ups {
+            base.pop();
+        }
+        full.extend(base.iter().map(|s| s.to_string()));
+    }
+    full.extend(segs.iter().cloned());
+    if let Some(m) = full.first().and_then(|first| roots.get(first)) {
+        return m.split("::").map(str::to_string).collect();
+    }
+    full
+}
+
+/// Whether `parent::name` is a folder under `src/` (a module with files of its own below it).
+fn is_folder(parent: &[String], name: &str) -> bool {
+    let mut p = src();
+    for s in parent {
+        p.push(s);
+    }
+    p.push(name);
+    p.is_dir()
+}
+
+/// Every import between two siblings (modules with the same parent), as (parent, from, to),
+/// with one place it is made.
+fn sibling_imports() -> BTreeMap<(Vec<String>, String, String), String> {
+    let roots = root_items();
+    let mut all = Vec::new();
+    files(&src(), &mut all);
+    all.sort();
+    let mut edges = BTreeMap::new();
+    for path in &all {
+        let module = module_of(path);
+        let from: Vec<String> = module
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        let text = fs::read_to_string(path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for named in paths(&code(line)) {
+                let to = full_target(&named, &module, &roots);
+                let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+                // An import of an ancestor, or of something inside the importer: no siblings.
+                let (Some(x), Some(y)) = (from.get(common), to.get(common)) else {
+                    continue;
+                };
+                edges
+                    .entry((from[..common].to_vec(), x.clone(), y.clone()))
+                    .or_insert_with(|| format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    edges
+}
+
+/// The import circles of [`sibling_imports`] between two siblings of which at least one is a
+/// folder: each as its two places.
+fn folder_circles(edges: &BTreeMap<(Vec<String>, String, String), String>) -> Vec<String> {
+    let mut bad = Vec::new();
+    for ((parent, x, y), at) in edges {
+        if x >= y || !(is_folder(parent, x) || is_folder(parent, y)) {
+            continue;
+        }
+        if let Some(back) = edges.get(&(parent.clone(), y.clone(), x.clone())) {
+            bad.push(format!(
+                "`{0}{x}` and `{0}{y}` import each other:\n  {at}\n  {back}",
+                parent.iter().map(|s| format!("{s}::")).collect::<String>()
+            ));
+        }
+    }
+    bad
+}
+
+#[test]
+fn no_import_circle_between_a_folder_and_a_sibling() {
+    // Two siblings that import each other cannot be read (or moved) one without the other; the
+    // rank table allows it inside one layer (`grace` and `record` were such a pair).
+    let bad = folder_circles(&sibling_imports());
+    assert!(
+        bad.is_empty(),
+        "{} import circles:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_check_sees_a_circle() {
+    // The check itself, on a made-up pair: `record` (a folder) and `grace` (a file beside it).
+    let mut edges = sibling_imports();
+    let key = |x: &str, y: &str| (Vec::new(), x.to_string(), y.to_string());
+    edges.insert(key("grace", "record"), "grace.rs: use crate::record".into());
+    edges.insert(
+        key("record", "grace"),
+        "record/stats.rs: use crate::grace".into(),
+    );
+    assert_eq!(folder_circles(&edges).len(), 1);
 }
 
 #[test]
