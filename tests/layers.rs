@@ -573,17 +573,104 @@ fn folder_circles(edges: &BTreeMap<(Vec<String>, String, String), String>) -> Ve
     bad
 }
 
+/// Circles between siblings that were there before this check, each with why it is left: (one
+/// sibling, the other, reason). No new one may join, and each must still exist (remove it from
+/// here once it is gone).
+const KNOWN_CIRCLES: &[(&str, &str, &str)] = &[
+    (
+        "protocol",
+        "wait",
+        "the folder `wait` holds two layers: `wait::list` (below `protocol`) and the waits (above)",
+    ),
+    (
+        "shared",
+        "wait",
+        "the folder `wait` holds two layers: `wait::list` (below `shared`) and the waits (above)",
+    ),
+    (
+        "handle::admission",
+        "handle::events",
+        "one layer: the event hooks take the admission's class code",
+    ),
+    (
+        "handle::builder",
+        "handle::bulkhead",
+        "one layer: the builder builds the handle it is reached from",
+    ),
+    (
+        "handle::bulkhead",
+        "handle::events",
+        "one layer: `subscribe` is a `Bulkhead` method beside the hooks",
+    ),
+    (
+        "llm::dedup",
+        "llm::events",
+        "one layer: the event enum names each feature's payload",
+    ),
+    (
+        "llm::events",
+        "llm::observe",
+        "one layer: the event enum names each feature's payload",
+    ),
+    (
+        "llm::run",
+        "llm::shared_run",
+        "one layer: the shared run is a run",
+    ),
+    (
+        "protocol::class_pump",
+        "protocol::classed",
+        "one layer: the pump decides with the class protocol, whose decreases pump",
+    ),
+    (
+        "protocol::classed",
+        "protocol::token_wait",
+        "one layer: token waiting reads class refusals; class refunds feed it",
+    ),
+];
+
+/// The circles of `folder_circles` that [`KNOWN_CIRCLES`] does not list, and the listed ones
+/// that are gone.
+fn circles_beyond_known(
+    edges: &BTreeMap<(Vec<String>, String, String), String>,
+) -> (Vec<String>, Vec<String>) {
+    let found = folder_circles(edges);
+    let named = |a: &str, b: &str| format!("`{a}` and `{b}` import each other:");
+    let new = found
+        .iter()
+        .filter(|c| {
+            !KNOWN_CIRCLES
+                .iter()
+                .any(|(a, b, _)| c.starts_with(&named(a, b)))
+        })
+        .cloned()
+        .collect();
+    let gone = KNOWN_CIRCLES
+        .iter()
+        .filter(|(a, b, _)| !found.iter().any(|c| c.starts_with(&named(a, b))))
+        .map(|(a, b, _)| format!("{a} <-> {b}"))
+        .collect();
+    (new, gone)
+}
+
 #[test]
 fn no_import_circle_between_a_folder_and_a_sibling() {
     // Two siblings that import each other cannot be read (or moved) one without the other; the
     // rank table allows it inside one layer (`grace` and `record` were such a pair).
-    let bad = folder_circles(&sibling_imports());
+    let (new, gone) = circles_beyond_known(&sibling_imports());
     assert!(
-        bad.is_empty(),
+        new.is_empty(),
         "{} import circles:\n{}",
-        bad.len(),
-        bad.join("\n")
+        new.len(),
+        new.join("\n")
     );
+    assert!(
+        gone.is_empty(),
+        "circles no longer there: remove them from KNOWN_CIRCLES: {gone:?}"
+    );
+    for (a, b, why) in KNOWN_CIRCLES {
+        assert!(!why.trim().is_empty(), "circle {a} <-> {b} has no reason");
+    }
 }
 
 #[test]
@@ -596,7 +683,7 @@ fn the_circle_check_sees_a_circle() {
         key("record", "grace"),
         "record/stats.rs: use crate::grace".into(),
     );
-    assert_eq!(folder_circles(&edges).len(), 1);
+    assert_eq!(circles_beyond_known(&edges).0.len(), 1);
 }
 
 #[test]
