@@ -8,7 +8,11 @@
 //! * `across bulkheads`: the workers on another bulkhead, with three classes (pairs inside
 //!   and beyond their floors), the installs on an idle bulkhead without classes;
 //! * `across, paced 1 ms`: the same, with the installs 1 ms apart, as a control plane sends
-//!   them.
+//!   them (500 installs);
+//! * `same classed bulkhead` (no target, for the record): the workers and the installs on the
+//!   classed bulkhead. A class tag has four values, so an operation preempted across four
+//!   installs holds back the fourth (`src/grace.rs`): with installs back to back, that is a
+//!   scheduler quantum now and then.
 //!
 //! Prints one row per scenario: `scenario  installs  p50  p90  p99  max` (microseconds).
 //! `scripts/perf-table` runs it (target `install`) and prints the rows beside the targets
@@ -62,9 +66,13 @@ fn main() {
         "across, paced 1 ms",
         &run(&busy, &idle, workers, paced, Some(Duration::from_millis(1))),
     );
+    row(
+        "same classed bulkhead",
+        &run(&busy, &busy, workers, installs, None),
+    );
 }
 
-/// A bulkhead with three classes, each with floors of 2 slots, 64 slots in all: a worker's
+/// A bulkhead with three classes, each with floors of 2 slots, 1,000 slots in all: a worker's
 /// pair is protected or borrows depending on what the others hold.
 fn classed() -> Bulkhead {
     let floors = ClassLimits {
@@ -72,7 +80,7 @@ fn classed() -> Bulkhead {
         ..ClassLimits::default()
     };
     Bulkhead::builder()
-        .max_concurrent(64)
+        .max_concurrent(1_000)
         .class("a", floors)
         .class("b", floors)
         .class("c", floors)
@@ -81,7 +89,7 @@ fn classed() -> Bulkhead {
         .unwrap()
 }
 
-/// Installs `installs` snapshots on `target` (alternating `max_concurrent` 1,000 and 999)
+/// Installs `installs` snapshots on `target` (alternating `max_concurrent` 999 and 1,000)
 /// while `workers` threads run pairs on `busy`; returns each install's latency, sorted.
 fn run(
     busy: &Bulkhead,
