@@ -101,11 +101,16 @@
 //! # Progress
 //!
 //! Deciders never wait for anything here. `apply_limits` waits only for an operation of its
-//! own bulkhead that was in progress across a whole tag period, and no user code runs inside
-//! an operation (subscribers are called, and wakers cloned, woken and dropped, after the
-//! operation left and the queue lock is released), so such an operation is a thread that was
-//! preempted and finishes a few hundred nanoseconds of work once scheduled. It never waits for
-//! its own thread's markers; no install nests in an operation of its thread any more.
+//! own bulkhead that was in progress across a whole tag period, never for another bulkhead's,
+//! and never for a thread of its own (its markers are skipped). No subscriber runs inside an
+//! operation: a class refusal is built inside its decision's operation and its subscribers are
+//! called after it left, as without classes. Not yet so for wakers: a class release (or undo)
+//! that visits the queue wakes the waiters it admitted before its operation leaves, and a
+//! waiter's waker is cloned and dropped under the queue lock, which is an operation too. Such a
+//! waker can hold back only its own bulkhead's installs, and only from the install that
+//! completes a tag period over it (the fourth, with classes). `limits()`, `stats()` and
+//! `would_admit()` read a copy the install publishes with its tag bump
+//! (`crate::shared::Shared::published`), so they never wait for a grace period.
 
 use crate::sync::{fence, AtomicU64, Ordering};
 use std::collections::HashMap;
@@ -312,14 +317,7 @@ fn wait_skipped() -> bool {
 /// them, a decision's marker is invisible to `apply_limits`, as if it had none).
 #[inline]
 pub(crate) fn skip_decision_markers_for_loom() -> bool {
-    #[cfg(loom)]
-    {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
+    loom_broken("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW=1` takes an odd marker the previous scan did
@@ -328,14 +326,7 @@ pub(crate) fn skip_decision_markers_for_loom() -> bool {
 /// operation reads between the previous scan and its bump.
 #[inline]
 fn bound_from_this_scan() -> bool {
-    #[cfg(loom)]
-    {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW")
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
+    loom_broken("LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS=1` counts no process-wide cell as an
@@ -344,12 +335,20 @@ fn bound_from_this_scan() -> bool {
 /// the process-wide cell).
 #[inline]
 fn cells_ignored() -> bool {
+    loom_broken("LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS")
+}
+
+/// Whether the loom-only broken variant `name` is switched on (`crate::sync::broken_variant`);
+/// never outside loom.
+#[inline]
+fn loom_broken(name: &str) -> bool {
     #[cfg(loom)]
     {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS")
+        crate::sync::broken_variant(name)
     }
     #[cfg(not(loom))]
     {
+        let _ = name;
         false
     }
 }

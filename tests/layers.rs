@@ -285,16 +285,9 @@ fn root_items() -> BTreeMap<String, String> {
 
 /// The module a path names: a root item resolved through the re-exports; `super` resolved
 /// against the file's own module; otherwise the longest prefix the table knows.
-fn target((ups, segs): &Named, file_module: &str, roots: &BTreeMap<String, String>) -> String {
-    let mut full: Vec<String> = Vec::new();
-    if *ups > 0 {
-        let mut base: Vec<&str> = file_module.split("::").filter(|s| !s.is_empty()).collect();
-        for _ in 0..*ups {
-            base.pop();
-        }
-        full.extend(base.iter().map(|s| s.to_string()));
-    }
-    full.extend(segs.iter().cloned());
+fn target(named: &Named, file_module: &str, roots: &BTreeMap<String, String>) -> String {
+    let ups = named.0;
+    let full = with_ups(named, file_module);
     if let Some(m) = full.first().and_then(|first| roots.get(first)) {
         return m.clone();
     }
@@ -305,7 +298,7 @@ fn target((ups, segs): &Named, file_module: &str, roots: &BTreeMap<String, Strin
             best = m;
         }
     }
-    if best.is_empty() && *ups > 0 {
+    if best.is_empty() && ups > 0 {
         // `super` from an inline module (`mod hooks { use super::X; }`) names the file's own
         // module or its parent in the same file: the file's own layer.
         return file_module.to_string();
@@ -489,23 +482,28 @@ fn the_llm_only_check_sees_what_it_must_and_not_the_queue_bypass() {
     assert!(llm_mentions("the unique thread that observed the last owner").is_empty());
 }
 
+/// A named path's segments with its `super::`s applied to `file_module`.
+fn with_ups((ups, segs): &Named, file_module: &str) -> Vec<String> {
+    let mut base: Vec<String> = file_module
+        .split("::")
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if *ups == 0 {
+        base.clear();
+    }
+    for _ in 0..*ups {
+        base.pop();
+    }
+    base.extend(segs.iter().cloned());
+    base
+}
+
 /// The module path a named path resolves to, as far as it can be followed: `super::`s applied
 /// to the file's module and a root re-export (`crate::Bulkhead`) replaced by its module; item
 /// names may trail.
-fn full_target(
-    (ups, segs): &Named,
-    file_module: &str,
-    roots: &BTreeMap<String, String>,
-) -> Vec<String> {
-    let mut full: Vec<String> = Vec::new();
-    if *ups > 0 {
-        let mut base: Vec<&str> = file_module.split("::").filter(|s| !s.is_empty()).collect();
-        for _ in 0..*ups {
-            base.pop();
-        }
-        full.extend(base.iter().map(|s| s.to_string()));
-    }
-    full.extend(segs.iter().cloned());
+fn full_target(named: &Named, file_module: &str, roots: &BTreeMap<String, String>) -> Vec<String> {
+    let full = with_ups(named, file_module);
     if let Some(m) = full.first().and_then(|first| roots.get(first)) {
         return m.split("::").map(str::to_string).collect();
     }

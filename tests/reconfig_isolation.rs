@@ -64,6 +64,27 @@ fn reconfigure(b: &Bulkhead, n: usize) {
     }
 }
 
+/// A thread that makes [`INSTALLS`] installs on `b` and reports on the channel, first,
+/// `"waiting"` if one of them waits in a grace period, then `"done"`.
+fn reporting_installer(b: &Bulkhead) -> (thread::JoinHandle<()>, mpsc::Receiver<&'static str>) {
+    let (tx, rx) = mpsc::channel();
+    let b = b.clone();
+    let installer = thread::spawn(move || {
+        let waiting = tx.clone();
+        let mut told = false;
+        set_pause_hook(move |p| {
+            if p == PausePoint::GracePeriod && !told {
+                told = true;
+                let _ = waiting.send("waiting");
+            }
+        });
+        reconfigure(&b, INSTALLS);
+        clear_pause_hook();
+        let _ = tx.send("done");
+    });
+    (installer, rx)
+}
+
 /// A slot for a bulkhead a subscriber reaches, cleared at the end so that the subscription
 /// (which the bulkhead holds) does not keep its own bulkhead alive.
 type Slot = Arc<Mutex<Option<Bulkhead>>>;
@@ -98,23 +119,7 @@ fn a_subscriber_reads_the_refusing_bulkhead_while_another_thread_installs() {
         let b = get(&seen);
         // Another thread installs a whole tag period while this subscriber runs, and reports
         // when it has finished or when it waits in a grace period.
-        let (tx, rx) = mpsc::channel();
-        let installer = {
-            let b = b.clone();
-            let tx2 = tx.clone();
-            thread::spawn(move || {
-                let mut told = false;
-                set_pause_hook(move |p| {
-                    if p == PausePoint::GracePeriod && !told {
-                        told = true;
-                        let _ = tx2.send("waiting");
-                    }
-                });
-                reconfigure(&b, INSTALLS);
-                clear_pause_hook();
-                let _ = tx.send("done");
-            })
-        };
+        let (installer, rx) = reporting_installer(&b);
         let first = rx.recv().unwrap();
         // Readers never wait for the install, whatever it is doing.
         let _ = b.stats();
@@ -285,21 +290,7 @@ fn readers_do_not_wait_for_an_install_held_in_its_grace_period() {
         clear_pause_hook();
     });
     at_rx.recv().unwrap();
-    let (wait_tx, wait_rx) = mpsc::channel::<&str>();
-    let b2 = b.clone();
-    let installer = thread::spawn(move || {
-        let tx = wait_tx.clone();
-        let mut told = false;
-        set_pause_hook(move |p| {
-            if p == PausePoint::GracePeriod && !told {
-                told = true;
-                let _ = tx.send("waiting");
-            }
-        });
-        reconfigure(&b2, INSTALLS);
-        clear_pause_hook();
-        let _ = wait_tx.send("done");
-    });
+    let (installer, wait_rx) = reporting_installer(&b);
     assert_eq!(
         wait_rx.recv().unwrap(),
         "waiting",
