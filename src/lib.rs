@@ -91,9 +91,9 @@
 //!   decision may block briefly on the `thread_local` crate's global thread-id lock (once per
 //!   thread). The per-operation table is in `src/words/state.rs`.
 //! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
-//!   snapshot can succeed, and none is still in progress (a grace period waits for them, so no
-//!   limits tag is ever reused under a stopped decision); every admission keeps the revision
-//!   that authorised it.
+//!   snapshot can succeed (a grace period keeps any limits tag from being reused under a
+//!   stopped decision of the same bulkhead; it waits for nothing else); every admission keeps
+//!   the revision that authorised it.
 //! * **Precision:** without classes, a refusal is explained by one real state: no request is
 //!   refused because of another request's tentative step. With classes a decision takes steps
 //!   on two words, and a step that another decider sees before it is taken back (a borrower's

@@ -325,6 +325,7 @@ impl BulkheadBuilder {
             Canonical {
                 current: first,
                 tag: 0,
+                periods: crate::grace::Periods::new(0),
             },
             token_budget.is_some(),
             names,

@@ -393,7 +393,9 @@ impl Bulkhead {
     /// ```
     #[must_use = "limits() is a snapshot: reading it changes nothing"]
     pub fn limits(&self) -> LimitsSnapshot {
-        lock(&self.shared.reconfig).current
+        // Not the reconfiguration lock, which an install holds while it waits out a grace
+        // period: the published copy, which it replaces only with its tag bump.
+        *lock(&self.shared.published)
     }
 
     /// A snapshot of state and counters. Without classes, state fields come from one read of

@@ -40,10 +40,16 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        let refused = |f: &_| self.class_refusal(k, f, r, priority);
+        // The refusal is built inside the decision's grace-period operation (from the collect
+        // that explained it, by reference), but its subscribers are called after the operation
+        // left: no user code runs while an operation may hold off an install (`crate::grace`).
+        let refused = |f: &_| self.count_class_refusal(k, f, r, priority);
         match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            Err(rej) => Err(rej),
+            Err(rej) => {
+                crate::handle::events::rejected(&self.shared, Some(k), &rej);
+                Err(rej)
+            }
         }
     }
 
@@ -132,10 +138,27 @@ impl Bulkhead {
         self.class_refusal(k, &f, r, priority)
     }
 
-    /// Counts and explains a class refusal from the collect that decided its reason.
+    /// Counts and explains a class refusal from the collect that decided its reason, and calls
+    /// its subscribers (so only outside a grace-period operation).
     #[cold]
     #[inline(never)]
     pub(crate) fn class_refusal(
+        &self,
+        k: usize,
+        f: &crate::protocol::classed::Refused,
+        r: u64,
+        priority: Priority,
+    ) -> Rejection {
+        let rej = self.count_class_refusal(k, f, r, priority);
+        crate::handle::events::rejected(&self.shared, Some(k), &rej);
+        rej
+    }
+
+    /// [`class_refusal`](Self::class_refusal) without the subscribers: counts and explains.
+    /// Runs no user code, so it may run inside a grace-period operation.
+    #[cold]
+    #[inline(never)]
+    fn count_class_refusal(
         &self,
         k: usize,
         f: &crate::protocol::classed::Refused,
@@ -151,7 +174,6 @@ impl Bulkhead {
         if f.reason != RejectReason::Shutdown {
             rej.set_class(f.summary.counts(shared.class_ids[k], r, f.stored_shared));
         }
-        crate::handle::events::rejected(shared, Some(k), &rej);
         rej
     }
 
