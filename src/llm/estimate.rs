@@ -31,9 +31,9 @@
 
 mod image;
 mod tally;
-mod text;
 #[cfg(test)]
 mod tests;
+mod text;
 
 use super::request::LlmRequest;
 use crate::Reservation;
@@ -303,14 +303,22 @@ impl Finish<'_> {
         });
         let mut images = 0u64;
         for (kind, cost) in t.images.iter().enumerate() {
-            let configured = self.images.and_then(|c| c.configured(tally::IMAGE_KINDS[kind]));
+            let configured = self
+                .images
+                .and_then(|c| c.configured(tally::IMAGE_KINDS[kind]));
             images += match configured {
                 Some(per) => per.saturating_mul(cost.images),
                 None => cost.tokens(model),
             };
         }
         let mut input = 0u64;
-        for part in [text, messages, tools, images, t.out.extra_input.unwrap_or(0)] {
+        for part in [
+            text,
+            messages,
+            tools,
+            images,
+            t.out.extra_input.unwrap_or(0),
+        ] {
             input = plus(input, part, "input")?;
         }
         let cap = t
@@ -320,9 +328,11 @@ impl Finish<'_> {
             .or(t.out.max_output_tokens)
             .unwrap_or(self.output_cap)
             .max(t.out.thinking_budget.unwrap_or(0));
-        let output = cap
-            .checked_mul(t.out.n.unwrap_or(1).max(1))
-            .ok_or(EstimateError::Overflow { field: "max_output" })?;
+        let output =
+            cap.checked_mul(t.out.n.unwrap_or(1).max(1))
+                .ok_or(EstimateError::Overflow {
+                    field: "max_output",
+                })?;
         reservation(input, output)
     }
 }
@@ -414,7 +424,9 @@ impl OpaqueBlockTokens {
     fn configured(&self, kind: &str) -> Option<u64> {
         match self {
             OpaqueBlockTokens::Flat(n) => Some(*n),
-            OpaqueBlockTokens::ByType { default, by_type } => by_type.get(kind).copied().or(*default),
+            OpaqueBlockTokens::ByType { default, by_type } => {
+                by_type.get(kind).copied().or(*default)
+            }
         }
     }
 

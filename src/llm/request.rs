@@ -270,13 +270,18 @@ impl<'de> Deserialize<'de> for Message {
                     match k.as_str() {
                         "role" if !role => {
                             role = true;
-                            m.role = map.next_value::<Option<Text>>()?.map(|t| t.0).unwrap_or_default();
+                            m.role = map
+                                .next_value::<Option<Text>>()?
+                                .map(|t| t.0)
+                                .unwrap_or_default();
                         }
                         "content" if !content => {
                             content = true;
                             m.content = map.next_value()?;
                         }
-                        "role" | "content" => return Err(de::Error::custom(format!("duplicate field `{k}`"))),
+                        "role" | "content" => {
+                            return Err(de::Error::custom(format!("duplicate field `{k}`")))
+                        }
                         _ => {
                             m.extra.insert(k, map.next_value()?);
                         }
@@ -405,7 +410,9 @@ impl<'de> Deserialize<'de> for LlmRequest {
                         1 => r.messages = map.next_value::<Option<_>>()?.unwrap_or_default(),
                         2 => r.system = map.next_value()?,
                         3 => r.max_tokens = count("max_tokens", &map.next_value()?)?,
-                        _ => r.extra_input_tokens = count("extra_input_tokens", &map.next_value()?)?,
+                        _ => {
+                            r.extra_input_tokens = count("extra_input_tokens", &map.next_value()?)?
+                        }
                     }
                 }
                 if r.max_tokens.is_some() && r.extra.contains_key("max_completion_tokens") {
@@ -425,7 +432,9 @@ fn count<E: de::Error>(field: &str, v: &Value) -> Result<Option<u64>, E> {
     match v {
         Value::Null => Ok(None),
         v => v.as_u64().map(Some).ok_or_else(|| {
-            E::custom(format!("invalid value: field `{field}` must be a non-negative integer"))
+            E::custom(format!(
+                "invalid value: field `{field}` must be a non-negative integer"
+            ))
         }),
     }
 }
@@ -447,7 +456,12 @@ pub(crate) fn scrub(e: &serde_json::Error) -> String {
         }
     }
     if out.is_empty() {
-        out = msg.split(['"', '`']).next().unwrap_or("").trim_end().to_owned();
+        out = msg
+            .split(['"', '`'])
+            .next()
+            .unwrap_or("")
+            .trim_end()
+            .to_owned();
     }
     if out.len() > 200 {
         let mut end = 200;

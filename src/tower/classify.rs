@@ -304,14 +304,17 @@ pub fn estimate_json(
     // Estimated while parsing: nothing of the body is materialised, its parts are limited,
     // and no error quotes it (`TokenEstimator::estimate_body`).
     use crate::llm::EstimateError as E;
-    estimator.estimate_body(body).map(TokenEstimate).map_err(|e| {
-        let code = match e {
-            E::InvalidJson { .. } | E::InvalidField { .. } | E::ConflictingFields { .. } => {
-                "invalid_json"
-            }
-            E::TooManyParts { .. } => "too_many_parts",
-            _ => "invalid_estimate",
-        };
-        ClassifyError::bad_request(code, e.to_string())
-    })
+    estimator
+        .estimate_body(body)
+        .map(TokenEstimate)
+        .map_err(|e| {
+            let code = match e {
+                E::InvalidJson { .. } | E::InvalidField { .. } | E::ConflictingFields { .. } => {
+                    "invalid_json"
+                }
+                E::TooManyParts { .. } => "too_many_parts",
+                _ => "invalid_estimate",
+            };
+            ClassifyError::bad_request(code, e.to_string())
+        })
 }

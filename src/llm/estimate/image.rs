@@ -73,8 +73,9 @@ impl ImageCost {
         if self.images == 0 {
             return 0;
         }
-        let openai = |base: u64, tile: u64| self.low * base + self.tiles * tile
-            + (self.images - self.low) * base;
+        let openai = |base: u64, tile: u64| {
+            self.low * base + self.tiles * tile + (self.images - self.low) * base
+        };
         let patch = |m: f64| (self.patches as f64 * m).ceil() as u64 + self.images;
         match model {
             Some(m) if m.starts_with(b"claude") => self.anthropic,
@@ -133,7 +134,11 @@ pub(crate) fn dims(s: &str) -> Option<(u32, u32)> {
     let n = bytes.fill(&mut head);
     let head = &head[..n];
     let be32 = |i: usize| Some(u32::from_be_bytes(head.get(i..i + 4)?.try_into().ok()?));
-    let le16 = |i: usize| Some(u32::from(u16::from_le_bytes(head.get(i..i + 2)?.try_into().ok()?)));
+    let le16 = |i: usize| {
+        Some(u32::from(u16::from_le_bytes(
+            head.get(i..i + 2)?.try_into().ok()?,
+        )))
+    };
     let le24 = |i: usize| {
         let b = head.get(i..i + 3)?;
         Some(u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16)
@@ -198,7 +203,11 @@ struct Base64<'a> {
 
 impl<'a> Base64<'a> {
     fn new(src: &'a [u8]) -> Self {
-        Base64 { src, buf: 0, bits: 0 }
+        Base64 {
+            src,
+            buf: 0,
+            bits: 0,
+        }
     }
 
     /// Fills `out` as far as the data goes; the count filled.
@@ -245,7 +254,10 @@ mod tests {
         const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         let mut out = String::new();
         for c in bytes.chunks(3) {
-            let v = c.iter().enumerate().fold(0u32, |v, (i, b)| v | u32::from(*b) << (16 - 8 * i));
+            let v = c
+                .iter()
+                .enumerate()
+                .fold(0u32, |v, (i, b)| v | u32::from(*b) << (16 - 8 * i));
             for i in 0..=c.len() {
                 out.push(A[(v >> (18 - 6 * i) & 63) as usize] as char);
             }
@@ -259,7 +271,10 @@ mod tests {
         png.extend_from_slice(&1024u32.to_be_bytes());
         png.extend_from_slice(&768u32.to_be_bytes());
         png.extend_from_slice(&[0; 20]);
-        assert_eq!(dims(&format!("data:image/png;base64,{}", b64(&png))), Some((1024, 768)));
+        assert_eq!(
+            dims(&format!("data:image/png;base64,{}", b64(&png))),
+            Some((1024, 768))
+        );
         assert_eq!(dims(&b64(&png)), Some((1024, 768)));
         let gif = b"GIF89a\x20\x03\x58\x02rest-of-it".to_vec();
         assert_eq!(dims(&b64(&gif)), Some((800, 600)));
@@ -277,11 +292,23 @@ mod tests {
         // (1,105 tokens); low detail is 85.
         let one = ImageCost::one(Some((1024, 1024)), false);
         assert_eq!(one.tokens(Some(b"gpt-4o")), 765);
-        assert_eq!(ImageCost::one(Some((2048, 4096)), false).tokens(Some(b"gpt-4o")), 1_105);
-        assert_eq!(ImageCost::one(Some((4096, 4096)), true).tokens(Some(b"gpt-4o")), 85);
+        assert_eq!(
+            ImageCost::one(Some((2048, 4096)), false).tokens(Some(b"gpt-4o")),
+            1_105
+        );
+        assert_eq!(
+            ImageCost::one(Some((4096, 4096)), true).tokens(Some(b"gpt-4o")),
+            85
+        );
         // Anthropic: 1092×1092 is about 1,590 tokens; 200×200 about 54.
-        assert_eq!(ImageCost::one(Some((1092, 1092)), false).tokens(Some(b"claude-x")), 1_590);
-        assert_eq!(ImageCost::one(Some((200, 200)), false).tokens(Some(b"claude-x")), 54);
+        assert_eq!(
+            ImageCost::one(Some((1092, 1092)), false).tokens(Some(b"claude-x")),
+            1_590
+        );
+        assert_eq!(
+            ImageCost::one(Some((200, 200)), false).tokens(Some(b"claude-x")),
+            54
+        );
         // Unknown dimensions: the largest the formula gives.
         let unknown = ImageCost::one(None, false);
         assert_eq!(unknown.tokens(Some(b"gpt-4o")), 85 + 170 * 8);

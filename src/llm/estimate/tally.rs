@@ -120,12 +120,11 @@ impl Tally {
         self.chars += chars;
     }
 
-    /// A message's role: its first token is in the message overhead; a longer one is not free.
+    /// A message's role: a short one (`assistant` is 2.7 by the bound) is in the message
+    /// overhead; a longer one is not free.
     #[inline]
     fn role(&mut self, s: &str) {
-        let (units, chars) = text::measure(s);
-        self.units += units.saturating_sub(UNIT);
-        self.chars += chars;
+        self.units += text::measure(s).0.saturating_sub(3 * UNIT);
     }
 
     fn part<E: de::Error>(&mut self) -> Result<(), E> {
@@ -275,7 +274,11 @@ fn top_field<'de, D: Deserializer<'de>>(
             d.deserialize_ignored_any(IgnoredAny)?;
         }
         Top::Content => {
-            Any { t, slot: Slot::Null }.deserialize(d)?;
+            Any {
+                t,
+                slot: Slot::Null,
+            }
+            .deserialize(d)?;
         }
         Top::Other => {
             // An unknown field: its name (unless the key seed counted it) and its value.
@@ -367,22 +370,34 @@ impl<'de> Visitor<'de> for ModelVisitor {
         Ok(None)
     }
     fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Err(E::custom("field `model`: expected a string, found a boolean"))
+        Err(E::custom(
+            "field `model`: expected a string, found a boolean",
+        ))
     }
     fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Err(E::custom("field `model`: expected a string, found a number"))
+        Err(E::custom(
+            "field `model`: expected a string, found a number",
+        ))
     }
     fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Err(E::custom("field `model`: expected a string, found a number"))
+        Err(E::custom(
+            "field `model`: expected a string, found a number",
+        ))
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Err(E::custom("field `model`: expected a string, found a number"))
+        Err(E::custom(
+            "field `model`: expected a string, found a number",
+        ))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(de::Error::custom("field `model`: expected a string, found an array"))
+        Err(de::Error::custom(
+            "field `model`: expected a string, found an array",
+        ))
     }
     fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
-        Err(de::Error::custom("field `model`: expected a string, found an object"))
+        Err(de::Error::custom(
+            "field `model`: expected a string, found an object",
+        ))
     }
 }
 
@@ -613,7 +628,10 @@ struct Any<'t> {
 
 impl<'t> Any<'t> {
     fn plain(t: &'t mut Tally) -> Self {
-        Any { t, slot: Slot::Plain }
+        Any {
+            t,
+            slot: Slot::Plain,
+        }
     }
 }
 
@@ -711,7 +729,10 @@ impl<'de> Visitor<'de> for Any<'_> {
             t.images[kind].add(ImageCost::one(node.dims, node.low));
             return Ok(Node::default());
         }
-        Ok(Node { image: None, ..node })
+        Ok(Node {
+            image: None,
+            ..node
+        })
     }
 }
 

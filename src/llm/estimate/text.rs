@@ -111,7 +111,11 @@ impl Classes {
                 let p_digit = p.wrapping_sub(b'0') < 10;
                 let lead = b >= 0xC0;
                 let piece = (letter & !p_letter) | (upper & p_lower);
-                run = if piece { 1 } else { (run + 1) * u32::from(letter) };
+                run = if piece {
+                    1
+                } else {
+                    (run + 1) * u32::from(letter)
+                };
                 n[0] += u8::from(letter);
                 n[1] += u8::from(piece);
                 n[2] += u8::from(run > 8);
