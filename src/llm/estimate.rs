@@ -27,7 +27,9 @@
 //! materialising it: memory stays within the JSON nesting depth (serde_json's limit is 128),
 //! whatever the body holds. Every object counts as a part; a body with more than the limit
 //! ([`DEFAULT_MAX_PARTS`], or [`ModelAwareEstimatorBuilder::max_parts`]) is refused with
-//! [`EstimateError::TooManyParts`].
+//! [`EstimateError::TooManyParts`]. A custom estimator needs the parsed request: its default
+//! `estimate_body` checks the limit [`DEFAULT_MAX_PARSED_PARTS`] with the same streaming walk
+//! before parsing (about 750 bytes of heap per object once parsed).
 
 mod image;
 mod tally;
@@ -45,6 +47,11 @@ pub(crate) use tally::{Stop, Tally};
 /// Objects a request may hold (messages, content blocks, tools, the objects inside them)
 /// before estimation refuses it.
 pub const DEFAULT_MAX_PARTS: u64 = 131_072;
+
+/// Objects a request may hold when it is parsed into an [`LlmRequest`] (by the default
+/// [`TokenEstimator::estimate_body`], for a custom estimator): about 750 bytes of heap each, so
+/// at most about 12 MB.
+pub const DEFAULT_MAX_PARSED_PARTS: u64 = 16_384;
 
 /// The largest output cap an estimator accepts (2^40 tokens): larger ones make every estimate
 /// overflow.
@@ -216,7 +223,8 @@ pub trait TokenEstimator: Send + Sync {
     fn estimate(&self, request: &LlmRequest) -> Result<Reservation, EstimateError>;
 
     /// The reservation for a JSON request body. By default the body is parsed with
-    /// [`LlmRequest::from_json`] (its parts limit is [`DEFAULT_MAX_PARTS`]) and estimated; the
+    /// [`LlmRequest::from_json`] (its parts limit is [`DEFAULT_MAX_PARSED_PARTS`]) and
+    /// estimated; the
     /// built-in estimators override it to estimate while parsing, without materialising the
     /// body.
     ///
@@ -233,7 +241,7 @@ pub trait TokenEstimator: Send + Sync {
     /// assert_eq!(r.input(), 1);
     /// ```
     fn estimate_body(&self, body: &[u8]) -> Result<Reservation, EstimateError> {
-        self.estimate(&LlmRequest::from_json(body, DEFAULT_MAX_PARTS)?)
+        self.estimate(&LlmRequest::from_json(body, DEFAULT_MAX_PARSED_PARTS)?)
     }
 }
 
