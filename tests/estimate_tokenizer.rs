@@ -43,7 +43,7 @@ impl Rng {
         }
         s
     }
-    fn from_alphabet(&mut self, alphabet: &str, n: usize) -> String {
+    fn of_alphabet(&mut self, alphabet: &str, n: usize) -> String {
         let a: Vec<char> = alphabet.chars().collect();
         (0..n).map(|_| *self.pick(&a)).collect()
     }
@@ -170,7 +170,7 @@ fn json_text(r: &mut Rng, items: usize) -> String {
 }
 
 fn b64(r: &mut Rng, n: usize) -> String {
-    r.from_alphabet(
+    r.of_alphabet(
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
         n,
     )
@@ -237,11 +237,13 @@ fn chat(model: &str, text: String) -> Case {
     }
 }
 
-/// The shapes, each built at a size (`k`, in thousands of characters, about).
-fn shapes() -> Vec<(&'static str, Box<dyn Fn(&mut Rng, usize) -> Case>)> {
+/// Builds a case of a shape at a size (`k`, in thousands of characters, about).
+type Make = Box<dyn Fn(&mut Rng, usize) -> Case>;
+
+/// The shapes.
+fn shapes() -> Vec<(&'static str, Make)> {
     let text_shape = |f: fn(&mut Rng, usize) -> String| {
-        Box::new(move |r: &mut Rng, k: usize| chat("gpt-4o", f(r, k)))
-            as Box<dyn Fn(&mut Rng, usize) -> Case>
+        Box::new(move |r: &mut Rng, k: usize| chat("gpt-4o", f(r, k))) as Make
     };
     vec![
         (
@@ -254,7 +256,7 @@ fn shapes() -> Vec<(&'static str, Box<dyn Fn(&mut Rng, usize) -> Case>)> {
             "CJK",
             text_shape(|r, k| {
                 let common = "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长";
-                r.from_alphabet(common, k * 1000)
+                r.of_alphabet(common, k * 1000)
             }),
         ),
         (
@@ -279,16 +281,16 @@ fn shapes() -> Vec<(&'static str, Box<dyn Fn(&mut Rng, usize) -> Case>)> {
         ),
         (
             "hex",
-            text_shape(|r, k| r.from_alphabet("0123456789abcdef", k * 1000)),
+            text_shape(|r, k| r.of_alphabet("0123456789abcdef", k * 1000)),
         ),
         (
             "punctuation",
-            text_shape(|r, k| r.from_alphabet("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", k * 1000)),
+            text_shape(|r, k| r.of_alphabet("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", k * 1000)),
         ),
         ("base64", text_shape(|r, k| b64(r, k * 1000))),
         (
             "random letters",
-            text_shape(|r, k| r.from_alphabet("abcdefghijklmnopqrstuvwxyz", k * 1000)),
+            text_shape(|r, k| r.of_alphabet("abcdefghijklmnopqrstuvwxyz", k * 1000)),
         ),
         (
             "Cyrillic and Greek",
@@ -494,13 +496,13 @@ fn shapes() -> Vec<(&'static str, Box<dyn Fn(&mut Rng, usize) -> Case>)> {
                 while s.len() < k * 1500 {
                     s.push_str(&match r.next() % 8 {
                         0 => r.chars_in(0x20000, 0x2A6DF, 20),
-                        1 => r.from_alphabet("0123456789abcdef", 40),
-                        2 => r.from_alphabet("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", 40),
+                        1 => r.of_alphabet("0123456789abcdef", 40),
+                        2 => r.of_alphabet("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", 40),
                         3 => b64(r, 40),
                         4 => r.chars_in(0x1D400, 0x1D7FF, 20),
                         5 => r.chars_in(0x300, 0x36F, 20),
-                        6 => r.from_alphabet(" \t\n", 20),
-                        _ => r.from_alphabet("0123456789", 40),
+                        6 => r.of_alphabet(" \t\n", 20),
+                        _ => r.of_alphabet("0123456789", 40),
                     });
                 }
                 chat("gpt-4o", s)

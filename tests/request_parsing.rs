@@ -127,8 +127,7 @@ fn errors_name_the_field_and_never_quote_the_value() {
             .contains("messages: invalid type: string, expected a sequence"),
         "{e}"
     );
-    let e = LlmRequest::from_json(format!(r#"{{"messages": [{{"role": 5}}]}}"#).as_bytes(), 10)
-        .unwrap_err();
+    let e = LlmRequest::from_json(br#"{"messages": [{"role": 5}]}"#, 10).unwrap_err();
     assert!(
         e.to_string()
             .contains("messages[0].role: invalid type: integer, expected a string"),

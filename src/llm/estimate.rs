@@ -360,13 +360,15 @@ fn plus(a: u64, b: u64, field: &'static str) -> Result<u64, EstimateError> {
 ///
 /// ```
 /// use llm_bulkhead::llm::{LlmRequest, NaiveEstimator, TokenEstimator};
-/// // 400 characters of English: 100 tokens, and 7 for one message and the reply.
+/// // 400 characters of short English words: 154 by the script bound (o200k_base counts 117),
+/// // and 7 for one message and the reply.
 /// let text = "the cat sat on the mat. ".repeat(17)[..400].to_owned();
 /// let r = NaiveEstimator.estimate(&LlmRequest::new("any", &[&text])).unwrap();
-/// assert_eq!((r.input(), r.max_output()), (107, 2_048));
-/// // Dense text costs its bound: 100 emoji are 100 characters at most 4 tokens each.
+/// assert_eq!((r.input(), r.max_output()), (161, 2_048));
+/// // Dense text costs its bound: a four-byte character 3.2 (its length / 1.25; no token is
+/// // shorter than a byte), 0.8 for the space the text starts after, 7 for the message.
 /// let r = NaiveEstimator.estimate(&LlmRequest::new("any", &[&"😀".repeat(100)])).unwrap();
-/// assert_eq!(r.input(), 407);
+/// assert_eq!(r.input(), 321 + 7);
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NaiveEstimator;
