@@ -5,7 +5,7 @@
 //! for both estimators, through both paths (a body estimated while parsing, and a parsed
 //! request), which must agree.
 //!
-//! The README's table: `cargo test --release --features llm --test estimate_tokenizer -- --nocapture`.
+//! The README's table: `cargo test --all-features --test estimate_tokenizer -- --nocapture`.
 //!
 //! What "real" is: the tokens of each text the provider shows the model (message and system
 //! text, document text, tool results, `tool_use.input` and tool definitions as JSON, tool-call
@@ -525,10 +525,10 @@ fn every_shape_within_bounds_against_o200k_and_cl100k() {
         [("naive", &NaiveEstimator), ("model-aware", &aware)];
     let mut rng = Rng(0x5eed);
     let mut failures = vec![];
-    println!("| shape | naive: min / median / max | model-aware (default): min / median / max |");
-    println!("|---|---|---|");
+    println!("| shape | naive: min / median / max | model-aware (default): min / median / max | before (d3a8dfa's formulas), naive / model-aware: median |");
+    println!("|---|---|---|---|");
     for (name, make) in shapes() {
-        let mut ratios = [vec![], vec![]];
+        let mut ratios = [vec![], vec![], vec![], vec![]];
         for k in [1usize, 2, 4] {
             let case = make(&mut rng, k);
             let body = serde_json::to_vec(&case.body).unwrap();
@@ -539,6 +539,18 @@ fn every_shape_within_bounds_against_o200k_and_cl100k() {
                 .and_then(Value::as_u64)
                 .unwrap_or(2_048);
             let parsed = LlmRequest::from_json(&body, u64::MAX).unwrap();
+            // Before (printed only): `ceil(text / 4)` and `ceil(text / ratio)` over message and
+            // system text alone (`LlmRequest::text_len`), what d3a8dfa's estimators computed.
+            let model = parsed.model.as_deref().unwrap_or("");
+            let before = [4.0, aware.ratio_for(model).0].map(|r| {
+                (parsed.text_len() as f64 / r).ceil()
+                    + parsed.extra_input_tokens.unwrap_or(0) as f64
+            });
+            for bpe in [&o200k, &cl100k] {
+                let real = case.real(bpe) as f64;
+                ratios[2].push(before[0] / real);
+                ratios[3].push(before[1] / real);
+            }
             for (i, (ename, e)) in estimators.iter().enumerate() {
                 let streamed = e.estimate_body(&body).unwrap();
                 let typed = e.estimate(&parsed).unwrap();
@@ -568,9 +580,11 @@ fn every_shape_within_bounds_against_o200k_and_cl100k() {
             format!("{min:.2} / {:.2} / {max:.2}", median(r))
         };
         println!(
-            "| {name} | {} | {} |",
+            "| {name} | {} | {} | {:.2} / {:.2} |",
             cell(&mut ratios[0]),
-            cell(&mut ratios[1])
+            cell(&mut ratios[1]),
+            median(&mut ratios[2]),
+            median(&mut ratios[3]),
         );
     }
     assert!(
