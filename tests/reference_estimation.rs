@@ -327,13 +327,55 @@ fn opaque_block_charges() {
 fn invalid_ratio_is_refused_at_construction() {
     // estimation_surface #12 adapted (costs are u64, so only ratios can be invalid here), and
     // reference bug B14 (a 0 ratio gives an infinite estimate there).
-    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+    // And ratios beyond sane bounds (1e300 made every estimate 1, 1e-10 reserved 4×10¹³ for
+    // 4,000 characters), and one model given twice in different cases.
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300, 1e-10, 0.49, 32.5] {
         let e = ModelAwareEstimator::builder()
             .ratio("m", bad)
             .build()
             .unwrap_err();
         assert!(matches!(e, EstimateError::InvalidRatio { .. }), "{bad}");
     }
+    let twice = ModelAwareEstimator::builder()
+        .ratio("My-Model", 2.0)
+        .ratio("my-model", 3.0);
+    assert!(matches!(
+        twice.build().unwrap_err(),
+        EstimateError::InvalidRatio { .. }
+    ));
+    let e = ModelAwareEstimator::builder()
+        .ratio("My-Model", 2.0)
+        .build()
+        .unwrap();
+    assert_eq!(e.ratio_for("MY-MODEL"), (2.0, true));
+    // Output caps: 0, and one so large every estimate would overflow; parts limit 0.
+    for cap in [0, llm_bulkhead::llm::MAX_OUTPUT_CAP + 1, u64::MAX] {
+        let e = ModelAwareEstimator::builder()
+            .output_cap(cap)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EstimateError::InvalidSetting {
+                    field: "output_cap",
+                    ..
+                }
+            ),
+            "{cap}"
+        );
+    }
+    let e = ModelAwareEstimator::builder()
+        .max_parts(0)
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        EstimateError::InvalidSetting {
+            field: "max_parts",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -470,4 +512,58 @@ mod properties {
             prop_assert_eq!(utf16_len(&s), s.encode_utf16().count() as u64);
         }
     }
+}
+
+#[test]
+fn output_side_n_thinking_budgets_and_responses_caps() {
+    // Issue 30: `n` multiplies the output reserve; a thinking budget above the cap raises it;
+    // the Responses API's `max_output_tokens` is read; each through the body and the parsed
+    // request alike.
+    let e = ModelAwareEstimator::default();
+    let out = |body: &str| {
+        let streamed = e.estimate_body(body.as_bytes()).unwrap();
+        let parsed = e
+            .estimate(&LlmRequest::from_json(body.as_bytes(), 100).unwrap())
+            .unwrap();
+        assert_eq!(streamed, parsed, "{body}");
+        streamed.max_output()
+    };
+    assert_eq!(
+        out(r#"{"model": "gpt-4o", "n": 3, "max_tokens": 100, "messages": []}"#),
+        300
+    );
+    assert_eq!(
+        out(r#"{"model": "gpt-4o", "n": 4, "messages": []}"#),
+        4 * 2_048
+    );
+    assert_eq!(
+        out(r#"{"model": "o3", "max_completion_tokens": 700, "messages": []}"#),
+        700
+    );
+    assert_eq!(
+        out(r#"{"model": "gpt-4.1", "max_output_tokens": 900, "input": "hi"}"#),
+        900
+    );
+    assert_eq!(
+        out(r#"{"model": "claude-sonnet-4-5", "max_tokens": 1000,
+            "thinking": {"type": "enabled", "budget_tokens": 16000}, "messages": []}"#),
+        16_000
+    );
+    let overflow = r#"{"n": 18446744073709551615, "max_tokens": 2, "messages": []}"#;
+    assert_eq!(
+        e.estimate_body(overflow.as_bytes()).unwrap_err(),
+        EstimateError::Overflow {
+            field: "max_output"
+        }
+    );
+    // Images: OpenAI's low detail is the base (85), without dimensions the formula's largest.
+    let img = |detail: &str| {
+        let body = format!(
+            r#"{{"model": "gpt-4o", "messages": [{{"role": "user", "content": [{{"type": "image_url",
+                "image_url": {{"url": "https://example.com/a.png", "detail": "{detail}"}}}}]}}]}}"#
+        );
+        e.estimate_body(body.as_bytes()).unwrap().input()
+    };
+    assert_eq!(img("low"), 85 + MSG);
+    assert_eq!(img("high"), 85 + 170 * 8 + MSG);
 }
