@@ -251,18 +251,8 @@ mod tests {
     use super::{dims, ImageCost};
 
     fn b64(bytes: &[u8]) -> String {
-        const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = String::new();
-        for c in bytes.chunks(3) {
-            let v = c
-                .iter()
-                .enumerate()
-                .fold(0u32, |v, (i, b)| v | u32::from(*b) << (16 - 8 * i));
-            for i in 0..=c.len() {
-                out.push(A[(v >> (18 - 6 * i) & 63) as usize] as char);
-            }
-        }
-        out
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes)
     }
 
     #[test]
