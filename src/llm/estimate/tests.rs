@@ -48,3 +48,18 @@ proptest! {
         prop_assert_eq!(built_in_ratio(name.as_bytes()), scan(name.as_bytes()));
     }
 }
+
+proptest! {
+    /// The text bound's one pass also counts UTF-16 units: the same as `utf16_len`, for any
+    /// text and across its 127-byte chunks; and the bound is at least `bytes / 1.25` for text
+    /// without ASCII letters, digits or single spaces (the classes it prices below a byte).
+    #[test]
+    fn text_pass_counts_utf16_and_bounds_dense_text(s in "\\PC{0,400}") {
+        let (units, utf16) = super::text::measure(&s);
+        prop_assert_eq!(utf16, crate::llm::utf16_len(&s));
+        let dense = s.bytes().all(|b| b >= 0x80);
+        if dense {
+            prop_assert!(units * 125 >= s.len() as u64 * 100 * super::text::UNIT);
+        }
+    }
+}
