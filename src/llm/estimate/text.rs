@@ -7,18 +7,16 @@
 //! more than 1.25×, whatever its script:
 //!
 //! * ASCII letters: a charge per piece (a letter after a non-letter, or a capital after a small
-//!   letter: where the tokenizers' pre-split starts a new word) plus a small charge per letter,
-//!   so that long runs without spaces (random letters, base64) cost what they cost.
+//!   letter: where the tokenizers' pre-split starts a new word), a small charge per letter, and
+//!   more for a letter with eight letters before it, so that long runs without spaces (random
+//!   letters, identifiers) cost what they cost.
 //! * Digits: the tokenizers split digits in groups of at most three.
 //! * Punctuation, controls, and whitespace other than a single space: per character.
-//! * Other characters by the lead byte of their UTF-8 form: two-byte (Latin accents, Greek,
-//!   Cyrillic, Hebrew, Arabic, combining marks), three-byte (the rest of the Basic Multilingual
-//!   Plane: Indic scripts, CJK, Hangul, symbols) and four-byte (emoji, rare CJK, mathematical
-//!   alphanumerics): each at the per-character cost of its class's dense runs.
+//! * Other characters at their UTF-8 length / 1.25 (and the space or punctuation before them,
+//!   which cannot merge with them).
 //!
-//! The loop keeps byte-wide counters over chunks (as [`utf16_len`](super::super::utf16_len)
-//! does), comparisons of each byte and its predecessor the compiler vectorises, and applies the
-//! weights once per chunk.
+//! Each byte's weight depends only on it and the eight bytes before it (no state carried from
+//! byte to byte).
 
 /// Fixed point: one token is this many units.
 pub(crate) const UNIT: u64 = 100;
@@ -54,33 +52,6 @@ mod w {
     pub const MULTI: [u64; 3] = [160, 240, 320];
 }
 
-/// Counts of one text's character classes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Classes {
-    /// ASCII letters.
-    pub letters: u64,
-    /// Letter pieces (a letter after a non-letter, a capital after a small letter).
-    pub pieces: u64,
-    /// Letters after the eighth of their piece.
-    pub long: u64,
-    /// Digits.
-    pub digits: u64,
-    /// Runs of digits.
-    pub digit_runs: u64,
-    /// ASCII punctuation and symbols.
-    pub punct: u64,
-    /// Controls, tabs, newlines.
-    pub controls: u64,
-    /// Spaces after a space.
-    pub space_runs: u64,
-    /// Spaces before a non-ASCII character.
-    pub space_before_multi: u64,
-    /// Punctuation before a non-ASCII character.
-    pub punct_before_multi: u64,
-    /// Two-, three- and four-byte characters.
-    pub multi: [u64; 3],
-}
-
 /// Whether `b` is ASCII punctuation or a symbol.
 #[inline(always)]
 fn is_punct(b: u8) -> bool {
@@ -90,88 +61,87 @@ fn is_punct(b: u8) -> bool {
         | (b.wrapping_sub(b'{') < 4)
 }
 
-impl Classes {
-    /// Counts the classes of `s`.
-    pub(crate) fn of(s: &[u8]) -> Classes {
-        let mut c = Classes::default();
-        // The byte before the chunk (a space before the text: the text starts a piece), and
-        // the length of the current letter piece.
-        let mut prev = b' ';
-        let mut run = 0u32;
-        for chunk in s.chunks(127) {
-            let mut n = [0u8; 13];
-            let mut p = prev;
-            for &b in chunk {
-                let lower = b.wrapping_sub(b'a') < 26;
-                let upper = b.wrapping_sub(b'A') < 26;
-                let letter = lower | upper;
-                let p_lower = p.wrapping_sub(b'a') < 26;
-                let p_letter = p_lower | (p.wrapping_sub(b'A') < 26);
-                let digit = b.wrapping_sub(b'0') < 10;
-                let p_digit = p.wrapping_sub(b'0') < 10;
-                let lead = b >= 0xC0;
-                let piece = (letter & !p_letter) | (upper & p_lower);
-                run = if piece {
-                    1
-                } else {
-                    (run + 1) * u32::from(letter)
-                };
-                n[0] += u8::from(letter);
-                n[1] += u8::from(piece);
-                n[2] += u8::from(run > 8);
-                n[3] += u8::from(digit);
-                n[4] += u8::from(digit & !p_digit);
-                n[5] += u8::from(is_punct(b));
-                n[6] += u8::from((b < 0x20) | (b == 0x7F));
-                n[7] += u8::from((b == b' ') & (p == b' '));
-                n[8] += u8::from(lead & (p == b' '));
-                n[9] += u8::from(lead & is_punct(p));
-                n[10] += u8::from(b.wrapping_sub(0xC0) < 0x20);
-                n[11] += u8::from(b.wrapping_sub(0xE0) < 0x10);
-                n[12] += u8::from(b >= 0xF0);
-                p = b;
-            }
-            prev = p;
-            c.letters += u64::from(n[0]);
-            c.pieces += u64::from(n[1]);
-            c.long += u64::from(n[2]);
-            c.digits += u64::from(n[3]);
-            c.digit_runs += u64::from(n[4]);
-            c.punct += u64::from(n[5]);
-            c.controls += u64::from(n[6]);
-            c.space_runs += u64::from(n[7]);
-            c.space_before_multi += u64::from(n[8]);
-            c.punct_before_multi += u64::from(n[9]);
-            c.multi[0] += u64::from(n[10]);
-            c.multi[1] += u64::from(n[11]);
-            c.multi[2] += u64::from(n[12]);
-        }
-        c
-    }
-
-    /// The bound, in [`UNIT`]s.
-    pub(crate) fn units(&self) -> u64 {
-        self.letters * w::LETTER
-            + self.pieces * w::PIECE
-            + self.long * w::LONG
-            + self.digits * w::DIGIT
-            + self.digit_runs * w::DIGIT_RUN
-            + self.punct * w::PUNCT
-            + self.controls * w::CONTROL
-            + self.space_runs * w::SPACE_RUN
-            + self.space_before_multi * w::SPACE_BEFORE_MULTI
-            + self.punct_before_multi * w::PUNCT_BEFORE_MULTI
-            + self.multi[0] * w::MULTI[0]
-            + self.multi[1] * w::MULTI[1]
-            + self.multi[2] * w::MULTI[2]
-    }
+#[inline(always)]
+fn is_letter(b: u8) -> bool {
+    (b | 0x20).wrapping_sub(b'a') < 26
 }
 
-/// The token bound of `s`, in [`UNIT`]s, and its length in UTF-16 code units, in one pass.
+/// How many bytes back a letter's run is looked at: a letter with this many letters before it
+/// is in a long run.
+const LOOKBACK: usize = 8;
+
+/// The weight of byte `b` after byte `p`, with `long` whether `b` and the [`LOOKBACK`] bytes
+/// before it are letters, in [`UNIT`]s.
+#[inline(always)]
+fn weight(b: u8, p: u8, long: bool) -> u16 {
+    let lower = b.wrapping_sub(b'a') < 26;
+    let upper = b.wrapping_sub(b'A') < 26;
+    let letter = lower | upper;
+    let p_lower = p.wrapping_sub(b'a') < 26;
+    let p_letter = is_letter(p);
+    let digit = b.wrapping_sub(b'0') < 10;
+    let p_digit = p.wrapping_sub(b'0') < 10;
+    let lead = b >= 0xC0;
+    let piece = (letter & !p_letter) | (upper & p_lower);
+    let w = |on: bool, weight: u64| u16::from(on) * weight as u16;
+    w(letter, w::LETTER)
+        + w(piece, w::PIECE)
+        + w(long, w::LONG)
+        + w(digit, w::DIGIT)
+        + w(digit & !p_digit, w::DIGIT_RUN)
+        + w(is_punct(b), w::PUNCT)
+        + w((b < 0x20) | (b == 0x7F), w::CONTROL)
+        + w((b == b' ') & (p == b' '), w::SPACE_RUN)
+        + w(lead & (p == b' '), w::SPACE_BEFORE_MULTI)
+        + w(lead & is_punct(p), w::PUNCT_BEFORE_MULTI)
+        + w(b.wrapping_sub(0xC0) < 0x20, w::MULTI[0])
+        + w(b.wrapping_sub(0xE0) < 0x10, w::MULTI[1])
+        + w(b >= 0xF0, w::MULTI[2])
+}
+
+/// The bound of the bytes `s[LOOKBACK..]`, each weighed with the bytes before it. Written
+/// over equal-length shifted slices with no state carried from byte to byte, so that the
+/// compiler vectorises it; 16-bit sums over 128-byte chunks (at most 128 × 500).
+fn units_after(s: &[u8]) -> u64 {
+    let Some(n) = s.len().checked_sub(LOOKBACK) else {
+        return 0;
+    };
+    let mut total = 0u64;
+    let mut start = 0;
+    while start < n {
+        let len = (n - start).min(128);
+        let at = |k: usize| &s[start + k..start + k + len];
+        let (cur, p1, p2, p3, p4) = (at(8), at(7), at(6), at(5), at(4));
+        let (p5, p6, p7, p8) = (at(3), at(2), at(1), at(0));
+        let mut sum = 0u16;
+        for i in 0..len {
+            let long = is_letter(cur[i])
+                & is_letter(p1[i])
+                & is_letter(p2[i])
+                & is_letter(p3[i])
+                & is_letter(p4[i])
+                & is_letter(p5[i])
+                & is_letter(p6[i])
+                & is_letter(p7[i])
+                & is_letter(p8[i]);
+            sum += weight(cur[i], p1[i], long);
+        }
+        total += u64::from(sum);
+        start += len;
+    }
+    total
+}
+
+/// The bound of `s`, in [`UNIT`]s: the text starts after spaces.
+pub(crate) fn units(s: &[u8]) -> u64 {
+    // The first bytes, after padding spaces; then the rest, looking back into the text.
+    let head = s.len().min(LOOKBACK);
+    let mut padded = [b' '; 2 * LOOKBACK];
+    padded[LOOKBACK..LOOKBACK + head].copy_from_slice(&s[..head]);
+    units_after(&padded[..LOOKBACK + head]) + units_after(s)
+}
+
+/// The token bound of `s`, in [`UNIT`]s, and its length in UTF-16 code units.
 pub(crate) fn measure(s: &str) -> (u64, u64) {
-    let c = Classes::of(s.as_bytes());
-    let ascii = s.len() as u64 - c.multi[0] * 2 - c.multi[1] * 3 - c.multi[2] * 4;
-    // Every character is one UTF-16 unit, except four-byte ones (two).
-    let utf16 = ascii + c.multi[0] + c.multi[1] + c.multi[2] * 2;
-    (c.units(), utf16)
+    (units(s.as_bytes()), super::super::utf16_len(s))
 }
