@@ -13,7 +13,7 @@
 //! // Sync work; the usage is taken from the result.
 //! let options = RunOptions::default().with_usage(|r: &(String, Usage)| Some(r.1));
 //! let (text, _) = llm.run_blocking(&request, options, |ctx| {
-//!     assert_eq!(ctx.reservation().unwrap().total(), 3 + 2_048);
+//!     assert_eq!(ctx.reservation().unwrap().total(), 4 + 7 + 2_048); // text, message, output
 //!     Ok::<_, std::io::Error>(("hi".to_owned(), Usage::new(3, 1)))
 //! })?;
 //! assert_eq!(text, "hi");

@@ -299,7 +299,8 @@ fn single<'a>(parts: &'a Parts, h: &HeaderName) -> Result<Option<&'a HeaderValue
 /// Estimates the token reservation of a chat request from its JSON body (features `tower` and
 /// `llm`), for a middleware or extractor that read the body before the layer: parse, estimate,
 /// and put the result in the request's extensions for [`HeaderClassifier`]. Errors are 400
-/// refusals naming the problem (`invalid_json`, `invalid_estimate`), never echoing the body.
+/// refusals naming the problem (`invalid_json`, `too_many_parts`, `invalid_estimate`) and the
+/// field, never echoing the body nor a slice of it.
 ///
 /// # Errors
 /// A [`ClassifyError`] for a body that is not a chat request, or that the estimator refuses.
@@ -318,14 +319,20 @@ pub fn estimate_json(
     body: &[u8],
     estimator: &dyn crate::llm::TokenEstimator,
 ) -> Result<TokenEstimate, ClassifyError> {
-    let request: crate::llm::LlmRequest = serde_json::from_slice(body).map_err(|e| {
-        ClassifyError::bad_request(
-            "invalid_json",
-            format!("the body is not a chat request: {e}"),
-        )
-    })?;
+    // Estimated while parsing: nothing of the body is materialised, its parts are limited,
+    // and no error quotes it (`TokenEstimator::estimate_body`).
+    use crate::llm::EstimateError as E;
     estimator
-        .estimate(&request)
+        .estimate_body(body)
         .map(TokenEstimate)
-        .map_err(|e| ClassifyError::bad_request("invalid_estimate", e.to_string()))
+        .map_err(|e| {
+            let code = match e {
+                E::InvalidJson { .. } | E::InvalidField { .. } | E::ConflictingFields { .. } => {
+                    "invalid_json"
+                }
+                E::TooManyParts { .. } => "too_many_parts",
+                _ => "invalid_estimate",
+            };
+            ClassifyError::bad_request(code, e.to_string())
+        })
 }

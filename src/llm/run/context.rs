@@ -11,9 +11,9 @@ use super::*;
 /// use llm_bulkhead::{Bulkhead, Usage};
 /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(5_000).build().unwrap(), NaiveEstimator);
 /// llm.run_blocking(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), |ctx| {
-///     assert_eq!((ctx.revision(), ctx.held()), (0, 1 + 2_048));
-///     let r = ctx.report_usage(Usage::new(1, 10)).unwrap();
-///     assert_eq!(r.held, 1 + 2_048);
+///     assert_eq!((ctx.revision(), ctx.held()), (0, 9 + 2_048)); // 2 for the text, 7 per message
+///     let r = ctx.report_usage(Usage::new(9, 10)).unwrap();
+///     assert_eq!(r.held, 9 + 2_048);
 ///     assert!(!ctx.stop_requested());
 ///     Ok::<_, ()>(())
 /// }).unwrap();

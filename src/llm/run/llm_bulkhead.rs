@@ -12,8 +12,8 @@ use super::*;
 ///     Bulkhead::builder().max_concurrent(4).token_budget(10_000).build().unwrap(),
 ///     ModelAwareEstimator::default(),
 /// );
-/// let request = LlmRequest::new("gpt-4o", &[&"x".repeat(37)]);
-/// assert_eq!(llm.estimate(&request, &RunOptions::default()).unwrap().unwrap().input(), 10);
+/// let request = LlmRequest::new("gpt-4o", &[&" ".repeat(37)]); // 37 / 3.7, and 7 per message
+/// assert_eq!(llm.estimate(&request, &RunOptions::default()).unwrap().unwrap().input(), 17);
 /// ```
 #[derive(Clone)]
 pub struct LlmBulkhead {
