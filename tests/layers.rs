@@ -626,11 +626,6 @@ const KNOWN_CIRCLES: &[(&str, &str, &str)] = &[
         "one layer: the event enum names each feature's payload",
     ),
     (
-        "llm::run",
-        "llm::shared_run",
-        "one layer: the shared run is a run",
-    ),
-    (
         "protocol::class_pump",
         "protocol::classed",
         "one layer: the pump decides with the class protocol, whose decreases pump",

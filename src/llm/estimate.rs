@@ -32,6 +32,7 @@
 //! before parsing (about 750 bytes of heap per object once parsed).
 
 mod image;
+mod parse;
 mod tally;
 #[cfg(test)]
 mod tests;
@@ -277,7 +278,7 @@ pub(crate) fn tally_json(body: &[u8], max_parts: u64) -> Result<Tally, EstimateE
         (None, Err(e)) => Err(EstimateError::InvalidJson {
             line: e.line(),
             column: e.column(),
-            problem: super::request::scrub(&e),
+            problem: parse::scrub(&e),
         }),
         (None, Ok(())) => Ok(t),
     }
@@ -355,7 +356,7 @@ fn plus(a: u64, b: u64, field: &'static str) -> Result<u64, EstimateError> {
     a.checked_add(b).ok_or(EstimateError::Overflow { field })
 }
 
-/// Every part counted (see the [module](self)), text at 4 characters per token or its
+/// Every part of the request counted, text at 4 characters per token or its
 /// script bound, whichever is larger; `max_output` = the request's cap or 2048, times `n`.
 ///
 /// ```
@@ -584,7 +585,7 @@ impl ModelAwareEstimatorBuilder {
     }
 }
 
-/// Estimates every part of a request (see the [module](self)), with a characters-per-token
+/// Estimates every part of a request, with a characters-per-token
 /// ratio chosen by model for text (or the text's script bound, if larger) and image formulas
 /// chosen by model.
 ///

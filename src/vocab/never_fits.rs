@@ -3,7 +3,7 @@
 
 /// A token demand the limits a refusal saw could never admit, however much capacity is freed:
 /// its reservation is above a bound that holds even on an idle bulkhead
-/// ([`Rejection::never_fits`]). Retrying it is useless until the limits change.
+/// ([`Rejection::never_fits`](crate::Rejection::never_fits)). Retrying it is useless until the limits change.
 ///
 /// ```
 /// use llm_bulkhead::{Bulkhead, Demand, FitLimit, Reservation};
