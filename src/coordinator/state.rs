@@ -6,7 +6,6 @@
 
 use crate::wait::cancel::CancelToken;
 use crate::wait::multi::{Admit, Leave, Start, Txn};
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
@@ -78,7 +77,11 @@ pub(crate) struct State<K> {
     pub(crate) in_flight: u32,
     pub(crate) providers: Vec<Provider>,
     /// Key → its running ticket and that invocation's signal; a key is absent when idle.
-    pub(crate) running: HashMap<K, (TicketId, CancelToken)>,
+    ///
+    /// foldhash rather than SipHash: this table is hashed on every start and release, and it
+    /// holds at most `client_limit` keys (running ones only), so a flood of colliding keys
+    /// cannot grow it; foldhash is still seeded per process.
+    pub(crate) running: foldhash::HashMap<K, (TicketId, CancelToken)>,
     pub(crate) next_ticket: u64,
     /// Events since the last drain, when recording (`None`: not recording).
     pub(crate) events: Option<Vec<Event>>,
@@ -206,7 +209,8 @@ fn settle<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>) {
 pub(crate) fn catch_up<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>, now: Duration) {
     let s = t.state();
     s.clock_now = s.clock_now.max(now);
-    loop {
+    // An empty queue has no deadline or ready time to step through: jump straight to `now`.
+    while t.queued() > 0 {
         let cur = t.state().now;
         match next_instant(t, cur, Some(now)) {
             Some(n) => {
