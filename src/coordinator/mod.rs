@@ -349,6 +349,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             next_ticket: 0,
             events: self.record.then(Vec::new),
             scheduled: None,
+            spare_signal: None,
         };
         Ok(Coordinator {
             shared: Arc::new(Shared {

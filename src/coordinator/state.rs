@@ -87,6 +87,9 @@ pub(crate) struct State<K> {
     pub(crate) events: Option<Vec<Event>>,
     /// The instant of the earliest wake-up handed to the scheduler and not fired yet.
     pub(crate) scheduled: Option<Duration>,
+    /// A released invocation's signal that nobody else holds and nobody cancelled, kept to be
+    /// the next start's signal (one allocation fewer per ticket; at most one is kept).
+    pub(crate) spare_signal: Option<CancelToken>,
 }
 
 impl<K: Hash + Eq + Clone> State<K> {
@@ -98,10 +101,25 @@ impl<K: Hash + Eq + Clone> State<K> {
     }
 
     /// Gives back a started ticket's slots and key (the `complete` of §5).
-    pub(crate) fn release(&mut self, g: &Grant<K>) {
+    /// Frees the grant's slots and key; its signal is kept for reuse when nobody else holds it.
+    /// Returns what is left to drop after the mutex is released: the key, and the signal
+    /// unless it was kept.
+    pub(crate) fn release(&mut self, g: Grant<K>) -> (K, Option<CancelToken>) {
         self.in_flight -= 1;
         self.providers[g.provider].in_flight -= 1;
-        self.running.remove(&g.key);
+        // The table's handle goes first, so that the grant's may be the only one left.
+        drop(self.running.remove(&g.key));
+        let signal = match &self.spare_signal {
+            None => match g.signal.recycle() {
+                Ok(fresh) => {
+                    self.spare_signal = Some(fresh);
+                    None
+                }
+                Err(shared) => Some(shared),
+            },
+            Some(_) => Some(g.signal),
+        };
+        (g.key, signal)
     }
 
     /// Raises a provider's not-before instant to `until` (never lowers it: C11, I7).
@@ -131,7 +149,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
         {
             return Start::NotYet;
         }
-        let signal = CancelToken::new();
+        let signal = self.spare_signal.take().unwrap_or_default();
         let stamp = now.max(self.clock_now);
         self.in_flight += 1;
         let p = &mut self.providers[r.provider];
@@ -150,7 +168,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     }
 
     fn give_back(&mut self, g: Grant<K>) {
-        self.release(&g);
+        drop(self.release(g));
     }
 
     /// The queue cap counts queued tickets only (C13).
