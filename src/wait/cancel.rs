@@ -76,6 +76,7 @@ impl CancelToken {
     /// never cancelled (its registration lists are emptied). Lets a caller reuse the allocation
     /// instead of dropping it and allocating a new token; otherwise the token comes back
     /// unchanged in `Err` (the caller chooses where to drop it).
+    #[cfg(feature = "coordinator")]
     pub(crate) fn recycle(mut self) -> Result<CancelToken, CancelToken> {
         if self.is_cancelled() {
             return Err(self);
