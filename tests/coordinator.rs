@@ -574,3 +574,42 @@ fn stress_on_real_threads_with_an_independent_tally() {
     );
     assert!(s.providers.iter().all(|p| p.in_flight == 0));
 }
+
+/// A completed invocation's signal may be reused for a later start only when nobody can see
+/// it anymore: a clone kept by the caller, or by a pending attempt-timeout timer, must never
+/// reach (or be) a later invocation's signal.
+#[test]
+fn a_signal_someone_still_holds_is_never_a_later_invocations_signal() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    let a = go(&c, "a", "k");
+    let kept = a.signal().clone();
+    a.complete();
+    let b = go(&c, "a", "k");
+    kept.cancel();
+    assert!(
+        !b.signal().is_cancelled(),
+        "a later invocation shares a signal the caller still holds"
+    );
+    b.complete();
+    // A timer that fired holds nothing; the cancelled signal it left is not handed out again.
+    let o = SubmitOptions {
+        attempt_timeout: Some(ms(10)),
+        ..SubmitOptions::default()
+    };
+    let t = c.submit("a", "k", o).unwrap().wait_blocking().unwrap();
+    clocks.scheduler.advance(ms(10));
+    assert!(t.signal().is_cancelled());
+    t.complete();
+    let d = go(&c, "a", "k");
+    assert!(
+        !d.signal().is_cancelled(),
+        "a later invocation got a signal its predecessor's timer had cancelled"
+    );
+    // A clone from a dropped ticket's `cancelled()` wait does not leak either.
+    let w = d.signal().cancelled();
+    d.complete();
+    let e = go(&c, "a", "k");
+    drop(w);
+    assert!(!e.signal().is_cancelled());
+}

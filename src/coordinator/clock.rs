@@ -17,7 +17,9 @@ use std::time::{Duration, Instant, SystemTime};
 /// assert!(c.elapsed() <= c.elapsed());
 /// ```
 pub trait MonotonicClock: Send + Sync {
-    /// The time since this clock's origin; never decreases.
+    /// The time since this clock's origin; never decreases. It may be called while the
+    /// coordinator's mutex is held (a release with tickets queued reads it there), so it must
+    /// not call back into the coordinator.
     fn elapsed(&self) -> Duration;
 }
 

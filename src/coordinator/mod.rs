@@ -49,7 +49,6 @@ pub use ticket::{Invocation, Ticket, TicketWait};
 
 use crate::wait::multi::{MultiWait, Refused, Txn};
 use state::{catch_up, next_instant, Provider, Request, State};
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
@@ -318,7 +317,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
         if self.providers.is_empty() {
             return Err(CoordinatorError::NoProviders);
         }
-        let mut names = HashMap::new();
+        let mut names = foldhash::HashMap::default();
         let mut providers = Vec::with_capacity(self.providers.len());
         for (i, (name, l)) in self.providers.into_iter().enumerate() {
             if l.limit == Some(0) {
@@ -346,10 +345,11 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             queue_cap: self.queue_cap,
             in_flight: 0,
             providers,
-            running: HashMap::new(),
+            running: foldhash::HashMap::default(),
             next_ticket: 0,
             events: self.record.then(Vec::new),
             scheduled: None,
+            spare_signal: None,
         };
         Ok(Coordinator {
             shared: Arc::new(Shared {
@@ -363,7 +363,8 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
 
 pub(crate) struct Shared<K: Hash + Eq + Clone> {
     pub(crate) wait: MultiWait<State<K>>,
-    names: HashMap<String, usize>,
+    /// Provider name → index (foldhash: looked up on every submit and cooldown; fixed at build).
+    names: foldhash::HashMap<String, usize>,
     pub(crate) clocks: Clocks,
 }
 

@@ -6,7 +6,6 @@
 
 use crate::wait::cancel::CancelToken;
 use crate::wait::multi::{Admit, Leave, Start, Txn};
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::Duration;
 
@@ -78,12 +77,19 @@ pub(crate) struct State<K> {
     pub(crate) in_flight: u32,
     pub(crate) providers: Vec<Provider>,
     /// Key → its running ticket and that invocation's signal; a key is absent when idle.
-    pub(crate) running: HashMap<K, (TicketId, CancelToken)>,
+    ///
+    /// foldhash rather than SipHash: this table is hashed on every start and release, and it
+    /// holds at most `client_limit` keys (running ones only), so a flood of colliding keys
+    /// cannot grow it; foldhash is still seeded per process.
+    pub(crate) running: foldhash::HashMap<K, (TicketId, CancelToken)>,
     pub(crate) next_ticket: u64,
     /// Events since the last drain, when recording (`None`: not recording).
     pub(crate) events: Option<Vec<Event>>,
     /// The instant of the earliest wake-up handed to the scheduler and not fired yet.
     pub(crate) scheduled: Option<Duration>,
+    /// A released invocation's signal that nobody else holds and nobody cancelled, kept to be
+    /// the next start's signal (one allocation fewer per ticket; at most one is kept).
+    pub(crate) spare_signal: Option<CancelToken>,
 }
 
 impl<K: Hash + Eq + Clone> State<K> {
@@ -95,10 +101,25 @@ impl<K: Hash + Eq + Clone> State<K> {
     }
 
     /// Gives back a started ticket's slots and key (the `complete` of §5).
-    pub(crate) fn release(&mut self, g: &Grant<K>) {
+    /// Frees the grant's slots and key; its signal is kept for reuse when nobody else holds it.
+    /// Returns what is left to drop after the mutex is released: the key, and the signal
+    /// unless it was kept.
+    pub(crate) fn release(&mut self, g: Grant<K>) -> (K, Option<CancelToken>) {
         self.in_flight -= 1;
         self.providers[g.provider].in_flight -= 1;
-        self.running.remove(&g.key);
+        // The table's handle goes first, so that the grant's may be the only one left.
+        drop(self.running.remove(&g.key));
+        let signal = match &self.spare_signal {
+            None => match g.signal.recycle() {
+                Ok(fresh) => {
+                    self.spare_signal = Some(fresh);
+                    None
+                }
+                Err(shared) => Some(shared),
+            },
+            Some(_) => Some(g.signal),
+        };
+        (g.key, signal)
     }
 
     /// Raises a provider's not-before instant to `until` (never lowers it: C11, I7).
@@ -128,7 +149,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
         {
             return Start::NotYet;
         }
-        let signal = CancelToken::new();
+        let signal = self.spare_signal.take().unwrap_or_default();
         let stamp = now.max(self.clock_now);
         self.in_flight += 1;
         let p = &mut self.providers[r.provider];
@@ -147,7 +168,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     }
 
     fn give_back(&mut self, g: Grant<K>) {
-        self.release(&g);
+        drop(self.release(g));
     }
 
     /// The queue cap counts queued tickets only (C13).
@@ -206,7 +227,8 @@ fn settle<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>) {
 pub(crate) fn catch_up<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>, now: Duration) {
     let s = t.state();
     s.clock_now = s.clock_now.max(now);
-    loop {
+    // An empty queue has no deadline or ready time to step through: jump straight to `now`.
+    while t.queued() > 0 {
         let cur = t.state().now;
         match next_instant(t, cur, Some(now)) {
             Some(n) => {

@@ -349,17 +349,21 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
     fn drop(&mut self) {
         let Some(g) = self.grant.take() else { return };
-        let now = self.shared.clocks.elapsed.elapsed();
-        let wake = self.shared.wait.transaction(|t| {
-            catch_up(t, now);
-            t.state().release(&g);
+        let clock = &self.shared.clocks.elapsed;
+        let (key, wake) = self.shared.wait.transaction(|t| {
+            // With nobody queued there is no deadline or ready time to settle, and every other
+            // operation catches up before it reads the state: the clock read is skipped.
+            if t.queued() > 0 {
+                catch_up(t, clock.elapsed());
+            }
+            let key = t.state().release(g);
             // The start rule runs as the transaction ends; its wake plan must see those
             // starts, so run it here first.
             t.start_eligible();
-            plan_wake(t)
+            (key, plan_wake(t))
         });
-        // The grant (its signal) is dropped after the mutex.
-        drop(g);
+        // The key is dropped after the mutex (the signal was kept for reuse or dropped).
+        drop(key);
         schedule_tick(&self.shared, wake);
     }
 }

@@ -332,6 +332,10 @@ impl<A: Admit> Inner<A> {
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_MULTIWAIT_NO_START_RULE") {
             return;
         }
+        // Nobody waits (the common, uncontended case): nothing to scan.
+        if self.queue.is_empty() {
+            return;
+        }
         let mut started = Vec::new();
         for (&seq, q) in self.queue.iter() {
             match self.admit.try_start(&q.request) {
@@ -373,6 +377,9 @@ impl<A: Admit> Inner<A> {
         why: Leave,
         wakes: &mut Wakes,
     ) -> Vec<(WaiterId, A::Request)> {
+        if self.queue.is_empty() {
+            return Vec::new();
+        }
         let seqs: Vec<u64> = self
             .queue
             .iter()
