@@ -10,8 +10,8 @@
 use super::w;
 use std::arch::x86_64::{
     __m128i, _mm_add_epi64, _mm_add_epi8, _mm_and_si128, _mm_andnot_si128, _mm_cmpeq_epi8,
-    _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_sad_epu8,
-    _mm_set1_epi8, _mm_setzero_si128, _mm_slli_si128, _mm_srli_si128, _mm_storeu_si128,
+    _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_sad_epu8, _mm_set1_epi8,
+    _mm_setzero_si128, _mm_slli_si128, _mm_srli_si128, _mm_storeu_si128,
 };
 
 /// The weights of lead bytes (and of what precedes them) are summed in units of this many
@@ -32,7 +32,10 @@ const _: () = {
 /// `cur` shifted up by `$k` bytes, its low `$k` bytes the top ones of `prev`.
 macro_rules! shift_in {
     ($k:literal, $cur:expr, $prev:expr) => {
-        _mm_or_si128(_mm_slli_si128::<$k>($cur), _mm_srli_si128::<{ 16 - $k }>($prev))
+        _mm_or_si128(
+            _mm_slli_si128::<$k>($cur),
+            _mm_srli_si128::<{ 16 - $k }>($prev),
+        )
     };
 }
 
@@ -119,13 +122,14 @@ impl Pass {
                 weigh(control, w::CONTROL),
                 weigh(space_run, w::SPACE_RUN),
             ];
-            let sum = weights.into_iter().fold(_mm_setzero_si128(), |a, b| _mm_add_epi8(a, b));
+            let sum = weights
+                .into_iter()
+                .fold(_mm_setzero_si128(), |a, b| _mm_add_epi8(a, b));
             self.sum = _mm_add_epi64(self.sum, _mm_sad_epu8(sum, _mm_setzero_si128()));
             // Bytes of multi-byte characters are rare in most text: skip them when absent.
             if _mm_movemask_epi8(x) != 0 {
                 let lead = range(x, 0xC0, 64);
-                let p_punct =
-                    _mm_andnot_si128(_mm_or_si128(p_letter, p_digit), range(p, b'!', 94));
+                let p_punct = _mm_andnot_si128(_mm_or_si128(p_letter, p_digit), range(p, b'!', 94));
                 let three = range(x, 0xE0, 32);
                 let four = range(x, 0xF0, 16);
                 let weights = [
@@ -135,7 +139,9 @@ impl Pass {
                     weigh(three, (w::MULTI[1] - w::MULTI[0]) / SCALE),
                     weigh(four, (w::MULTI[2] - w::MULTI[1]) / SCALE),
                 ];
-                let sum = weights.into_iter().fold(_mm_setzero_si128(), |a, b| _mm_add_epi8(a, b));
+                let sum = weights
+                    .into_iter()
+                    .fold(_mm_setzero_si128(), |a, b| _mm_add_epi8(a, b));
                 self.sum_multi =
                     _mm_add_epi64(self.sum_multi, _mm_sad_epu8(sum, _mm_setzero_si128()));
             }
