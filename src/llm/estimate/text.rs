@@ -101,7 +101,7 @@ fn weight(b: u8, p: u8, long: bool) -> u16 {
 
 /// The bound of the bytes `s[LOOKBACK..]`, each weighed with the bytes before it. Written
 /// over equal-length shifted slices with no state carried from byte to byte, so that the
-/// compiler vectorises it (only partly: about 3 ns per byte on baseline x86-64, hence the SSE2
+/// compiler vectorises it (only partly: several ns per byte on baseline x86-64, hence the SSE2
 /// pass there); 16-bit sums over 128-byte chunks (at most 128 × 500).
 fn units_after(s: &[u8]) -> u64 {
     let Some(n) = s.len().checked_sub(LOOKBACK) else {
