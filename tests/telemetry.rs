@@ -1,7 +1,7 @@
 //! The telemetry module: tracing events with sanitized fields and metrics through the facade,
 //! checked with a local subscriber and a local debugging recorder (no global state).
 
-use llm_bulkhead::telemetry::{self, Telemetry};
+use llm_bulkhead::telemetry::Telemetry;
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, Usage};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
@@ -55,6 +55,7 @@ fn tracing_events_carry_sanitized_decision_fields() {
         let _sub = Telemetry::default()
             .name("openai")
             .metrics(false)
+            .trace_admissions(true)
             .instrument(&b);
         let a = b
             .try_acquire(Demand::tokens(Reservation::new(100, 50).unwrap()).in_class(batch))
@@ -72,7 +73,13 @@ fn tracing_events_carry_sanitized_decision_fields() {
         assert!(admit.contains("reserved_tokens=150"), "{admit}");
         assert!(admit.contains("admission_id="), "{admit}");
         let reject = text.lines().find(|l| l.contains("rejected")).expect(&text);
-        assert!(reject.contains("INFO llm_bulkhead"), "{reject}");
+        assert!(reject.contains("DEBUG llm_bulkhead"), "{reject}");
+        let summary = text
+            .lines()
+            .find(|l| l.contains("llm_bulkhead: refusals"))
+            .expect(&text);
+        assert!(summary.contains("INFO llm_bulkhead"), "{summary}");
+        assert!(summary.contains("count=1"), "{summary}");
         assert!(reject.contains("reason=\"concurrency_limit\""), "{reject}");
         assert!(
             reject.contains("constraint=\"admission_class\""),
@@ -97,13 +104,14 @@ fn counters_gauges_and_labels_through_the_facade() {
     metrics::with_local_recorder(&recorder, || {
         let b = classed();
         let batch = b.class_id("batch").unwrap();
-        let _sub = Telemetry::default().tracing(false).instrument(&b);
+        let telemetry = Telemetry::default().tracing(false);
+        let _sub = telemetry.instrument(&b);
         let held = b.try_acquire(Demand::slot().in_class(batch)).unwrap();
         assert!(b.try_acquire(Demand::slot().in_class(batch)).is_err());
         let _premium = b.try_acquire(Demand::slot()).unwrap();
         assert!(b.try_acquire(Demand::slot()).is_err());
         drop(held);
-        telemetry::record_gauges(&b);
+        telemetry.record(&b);
     });
     let values: Vec<(String, Labels, DebugValue)> = snapshotter
         .snapshot()
@@ -215,7 +223,13 @@ fn bypasses_reach_tracing_and_metrics() {
         .lines()
         .find(|l| l.contains("bypassed (observe mode)"))
         .expect(&text);
-    assert!(bypass.contains("INFO llm_bulkhead"), "{bypass}");
+    assert!(bypass.contains("DEBUG llm_bulkhead"), "{bypass}");
+    let summary = text
+        .lines()
+        .find(|l| l.contains("llm_bulkhead: bypasses"))
+        .expect(&text);
+    assert!(summary.contains("INFO llm_bulkhead"), "{summary}");
+    assert!(summary.contains("count=1"), "{summary}");
     assert!(bypass.contains("bulkhead=\"openai\""), "{bypass}");
     assert!(bypass.contains("class=\"batch\""), "{bypass}");
     assert!(bypass.contains("reason=\"concurrency_limit\""), "{bypass}");
@@ -246,5 +260,117 @@ fn bypasses_reach_tracing_and_metrics() {
         label("reason", "concurrency_limit"),
     ] {
         assert!(labels.contains(&l), "{labels:?}");
+    }
+}
+
+/// Every number `Telemetry::record` exports is the one `stats()` gives, on a run whose usage
+/// reports refund tokens before release (the refund counter stayed at 0 when it was fed by
+/// release events), with and without classes, after refusals and an abandonment.
+#[test]
+fn every_exported_number_equals_stats() {
+    for classed_bulkhead in [false, true] {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let b = if classed_bulkhead {
+            classed()
+        } else {
+            Bulkhead::builder()
+                .max_concurrent(2)
+                .token_budget(1_000)
+                .build()
+                .unwrap()
+        };
+        let telemetry = Telemetry::default().name("gw").tracing(false);
+        let stats = metrics::with_local_recorder(&recorder, || {
+            let _sub = telemetry.instrument(&b);
+            for _ in 0..3 {
+                let mut a = b
+                    .try_acquire(Demand::tokens(Reservation::new(100, 200).unwrap()))
+                    .unwrap();
+                // Usage before release: 300 held, 40 consumed so far, 260 refunded now.
+                a.report_usage(Usage::new(30, 10)).unwrap();
+                let _other = b
+                    .try_acquire(Demand::tokens(Reservation::new(100, 200).unwrap()))
+                    .unwrap();
+                assert!(b.try_acquire(Demand::slot()).is_err()); // concurrency_limit
+                a.release(None).unwrap();
+            }
+            assert!(b
+                .try_acquire(Demand::tokens(Reservation::new(900, 900).unwrap()))
+                .is_err()); // budget_limit
+            telemetry.record(&b);
+            b.stats()
+        });
+        let values: Vec<(String, Labels, DebugValue)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(k, _, _, v)| {
+                let key = k.key();
+                let labels = key
+                    .labels()
+                    .filter(|l| l.key() != "bulkhead")
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect();
+                (key.name().to_owned(), labels, v)
+            })
+            .collect();
+        let counter = |name: &str, labels: &[(&str, &str)]| -> u64 {
+            let hit = values.iter().find(|(n, l, _)| {
+                n == name
+                    && l.len() == labels.len()
+                    && labels
+                        .iter()
+                        .all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
+            });
+            match hit.map(|(_, _, v)| v) {
+                Some(DebugValue::Counter(c)) => *c,
+                other => panic!("{name} {labels:?}: {other:?} in {values:?}"),
+            }
+        };
+        let reasons = llm_bulkhead::RejectReason::COUNTED;
+        match &stats.classes {
+            None => {
+                let t = stats.token_budget.unwrap();
+                assert!(t.total_refunded >= 3 * 260, "{t:?}");
+                assert_eq!(counter("llm_bulkhead_admitted_total", &[]), stats.admitted);
+                assert_eq!(counter("llm_bulkhead_released_total", &[]), stats.released);
+                assert_eq!(
+                    counter("llm_bulkhead_tokens_refunded_total", &[]),
+                    t.total_refunded
+                );
+                for r in reasons {
+                    assert_eq!(
+                        counter("llm_bulkhead_rejected_total", &[("reason", r.as_str())]),
+                        stats.rejected_by_reason.get(r),
+                        "{r:?}"
+                    );
+                }
+            }
+            Some(c) => {
+                for k in &c.classes {
+                    let class = ("class", k.name.as_str());
+                    assert_eq!(counter("llm_bulkhead_admitted_total", &[class]), k.admitted);
+                    assert_eq!(counter("llm_bulkhead_released_total", &[class]), k.released);
+                    assert_eq!(
+                        counter("llm_bulkhead_tokens_refunded_total", &[class]),
+                        k.total_refunded
+                    );
+                    for r in reasons {
+                        assert_eq!(
+                            counter(
+                                "llm_bulkhead_rejected_total",
+                                &[class, ("reason", r.as_str())]
+                            ),
+                            k.rejected_by_reason.get(r),
+                            "{r:?}"
+                        );
+                    }
+                }
+                assert!(c.classes[0].total_refunded >= 3 * 260);
+            }
+        }
+        assert!(stats.rejected >= 4);
+        assert_eq!(counter("llm_bulkhead_reconfigured_total", &[]), 0);
     }
 }

@@ -18,7 +18,7 @@ use llm_bulkhead::llm::{LlmStats, Mode, TokenEstimator};
 use llm_bulkhead::telemetry::{self, Telemetry};
 use llm_bulkhead::tower::{estimate_json, openai_usage, BulkheadLayer, HeaderClassifier};
 use llm_bulkhead::{ApplyLimitsError, Bulkhead, Subscription};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -45,7 +45,20 @@ pub fn prometheus() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
+            // Buckets: the layer's hold-time and queue-wait figures render as histograms
+            // (aggregatable across replicas), not as summaries.
             PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(telemetry::HOLD_SECONDS.into()),
+                    &telemetry::HOLD_SECONDS_BUCKETS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(telemetry::QUEUE_WAIT_SECONDS.into()),
+                        &telemetry::QUEUE_WAIT_SECONDS_BUCKETS,
+                    )
+                })
+                .expect("non-empty buckets")
                 .install_recorder()
                 .expect("no other metrics recorder is installed in this process")
         })
@@ -59,6 +72,7 @@ pub struct Gateway {
     estimator: Box<dyn TokenEstimator>,
     upstream: SocketAddr,
     prometheus: PrometheusHandle,
+    telemetry: Telemetry,
     _telemetry: Subscription,
 }
 
@@ -75,14 +89,16 @@ pub fn gateway(
     let prometheus = prometheus();
     let bulkhead = config.build()?;
     let estimator = config.estimator().map_err(LoadError::Estimator)?;
-    let telemetry = Telemetry::default().name(name).instrument(&bulkhead);
+    let telemetry = Telemetry::default().name(name);
+    let subscription = telemetry.instrument(&bulkhead);
     let gw = Arc::new(Gateway {
         bulkhead: bulkhead.clone(),
         name: name.to_owned(),
         estimator: Box::new(estimator),
         upstream,
         prometheus,
-        _telemetry: telemetry,
+        telemetry,
+        _telemetry: subscription,
     });
     let classify = HeaderClassifier::new(&bulkhead)
         .class_header("x-traffic-class")
@@ -180,7 +196,8 @@ async fn forward(
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    telemetry::record_gauges_named(&gw.bulkhead, &gw.name);
+    // Counters and gauges from one `stats()` read: nothing is pushed per decision.
+    gw.telemetry.record(&gw.bulkhead);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         gw.prometheus.render(),
