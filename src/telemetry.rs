@@ -123,6 +123,7 @@ pub struct Telemetry {
     tracing: bool,
     metrics: bool,
     trace_admissions: bool,
+    decision_timing: bool,
     /// Milliseconds on a monotonic clock, for the refusal summaries (tests inject one).
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     clock: Option<fn() -> u64>,
@@ -136,6 +137,7 @@ impl Default for Telemetry {
             tracing: cfg!(feature = "tracing"),
             metrics: cfg!(feature = "metrics"),
             trace_admissions: false,
+            decision_timing: false,
             clock: None,
         }
     }
@@ -190,6 +192,20 @@ impl Telemetry {
         self
     }
 
+    /// Asks for decision timing ([`Interest::DECISION_TIMING`], default off): admit and
+    /// reject events then carry how long the decision took and how long it queued, and the
+    /// traced lines show them (`decision_ns`, `queue_wait_ns`). It makes every decision of the
+    /// bulkhead read the clock, so it is not on by default.
+    ///
+    /// ```
+    /// # use llm_bulkhead::telemetry::Telemetry;
+    /// let _ = Telemetry::default().trace_admissions(true).decision_timing(true);
+    /// ```
+    pub fn decision_timing(mut self, on: bool) -> Telemetry {
+        self.decision_timing = on;
+        self
+    }
+
     /// The clock of the refusal summaries, in milliseconds (tests inject one).
     #[cfg(test)]
     pub(crate) fn clock(mut self, clock: fn() -> u64) -> Telemetry {
@@ -209,6 +225,9 @@ impl Telemetry {
         }
         if self.metrics {
             i = i | Interest::RECONFIGURE | Interest::EXTENSION;
+        }
+        if self.decision_timing {
+            i = i | Interest::DECISION_TIMING;
         }
         i
     }
@@ -374,6 +393,8 @@ mod tracing_part {
                     reserved_tokens = e.reserved_tokens,
                     borrowed_concurrency = e.resources.borrowed_concurrency,
                     borrowed_tokens = e.resources.borrowed_tokens,
+                    decision_ns = e.timing.map(|t| t.decision_ns),
+                    queue_wait_ns = e.timing.map(|t| t.queue_wait_ns),
                     "admitted"
                 ),
                 Event::Reject(e) => {
@@ -403,6 +424,8 @@ mod tracing_part {
                         tokens_in_flight = t.map(|t| t.in_flight_tokens),
                         effective_budget = t.map(|t| t.effective_budget),
                         requested_tokens = t.map(|t| t.requested),
+                    decision_ns = e.timing.map(|t| t.decision_ns),
+                    queue_wait_ns = e.timing.map(|t| t.queue_wait_ns),
                         "rejected"
                     )
                 }

@@ -374,3 +374,31 @@ fn every_exported_number_equals_stats() {
         assert_eq!(counter("llm_bulkhead_reconfigured_total", &[]), 0);
     }
 }
+
+/// `Telemetry::decision_timing` puts the decision's timing on the traced lines; the default
+/// does not ask for it (no clock read).
+#[test]
+fn decision_timing_reaches_the_traced_lines_only_when_asked() {
+    for asked in [false, true] {
+        let out = Buffer::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let b = Bulkhead::new(1).unwrap();
+            let _sub = Telemetry::default()
+                .metrics(false)
+                .trace_admissions(true)
+                .decision_timing(asked)
+                .instrument(&b);
+            drop(b.try_acquire(Demand::slot()).unwrap());
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
+        assert_eq!(admit.contains("decision_ns="), asked, "{admit}");
+        assert_eq!(admit.contains("queue_wait_ns=0"), asked, "{admit}");
+    }
+}

@@ -110,6 +110,8 @@ impl Bulkhead {
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
+        // Decision timing (`Interest::DECISION_TIMING`): one relaxed load unless asked for.
+        let _timing = shared.events.time_decision();
         let reservation = if shared.has_budget {
             Some(demand.reservation().unwrap_or(Reservation::ZERO))
         } else {

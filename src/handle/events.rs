@@ -31,6 +31,7 @@ pub(crate) fn admitted(
             class: class_name(shared, k),
             reserved_tokens: reservation.map_or(0, |r| r.total()),
             resources,
+            timing: None, // filled in by the delivery when asked for
         })
     });
 }

@@ -36,6 +36,7 @@ fn emit_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
         Event::Reject(RejectEvent {
             class: class_name(shared, class),
             rejection,
+            timing: None, // filled in by the delivery when asked for
         })
     });
 }

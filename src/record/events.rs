@@ -54,9 +54,11 @@
 //!
 //! Events carry what the core knows: ids, revision, priority, class, token figures. Unlike the
 //! reference they do not carry the request (the core never sees it); correlate by
-//! `admission_id`. The reference's timing fields (`decisionDurationNs`, `queueWaitNs`) are not
-//! carried either: reading a clock on every admission is not free (use
-//! [`Bulkhead::acquire_blocking_timed`](crate::Bulkhead::acquire_blocking_timed)).
+//! `admission_id`. The reference's timing fields (`decisionDurationNs`, `queueWaitNs`) are
+//! carried by admit and reject events ([`AdmitEvent::timing`], [`RejectEvent::timing`]) only
+//! while a subscriber asks for them ([`Interest::DECISION_TIMING`]): reading a clock on every
+//! decision is not free, so nobody asking, no clock is read (one caller can also time its own
+//! calls: [`Bulkhead::acquire_blocking_timed`](crate::Bulkhead::acquire_blocking_timed)).
 //!
 //! # Memory ordering
 //!
@@ -67,6 +69,8 @@
 //! whatever synchronisation ordered the two threads. The list itself is published and read
 //! through `arc-swap`, which orders the list's contents before its readers.
 
+pub use crate::record::timing::Timing;
+pub(crate) use crate::record::timing::{nanos, set_queued, TimingScope};
 use crate::sync::{lock, ArcSwap, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::Resources;
 use crate::vocab::demand::{Priority, Reconcile, Usage};
@@ -76,6 +80,7 @@ use crate::words::limits::LimitsChange;
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Why a borrowed slot was abandoned.
 ///
@@ -137,6 +142,9 @@ pub struct AdmitEvent {
     pub reserved_tokens: u64,
     /// What it borrowed from the shared remainder.
     pub resources: Resources,
+    /// How long the decision took and how long of it was queued, when a subscriber asked for
+    /// decision timing ([`Interest::DECISION_TIMING`]); `None` otherwise (no clock is read).
+    pub timing: Option<Timing>,
 }
 
 /// A refusal: the rejection the caller received, and the class it was for.
@@ -159,6 +167,9 @@ pub struct RejectEvent {
     /// Reason, constraint, revision and capacity detail.
     #[cfg_attr(feature = "serde", serde(flatten))]
     pub rejection: Rejection,
+    /// How long the decision took and how long of it was queued, when a subscriber asked for
+    /// decision timing ([`Interest::DECISION_TIMING`]); `None` otherwise (no clock is read).
+    pub timing: Option<Timing>,
 }
 
 /// A usage report that changed the usage or the hold (its sequence incremented).
@@ -530,6 +541,23 @@ impl Interest {
     pub const ALL: Interest = Interest((1 << 7) - 1);
     /// No kind.
     pub const NONE: Interest = Interest(0);
+    /// Not a kind: asks for decision timing. While someone asks for it, every decision reads
+    /// the clock when it starts (and a waiter when it queues and leaves the queue), and the
+    /// admit and reject events carry [`Timing`] (`AdmitEvent::timing`,
+    /// `RejectEvent::timing`). Nobody asking, no clock is read.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Event, Interest};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let sub = b.subscribe_to(Interest::ADMIT | Interest::DECISION_TIMING, |e: &Event| {
+    ///     if let Event::Admit(a) = e {
+    ///         assert_eq!(a.timing.unwrap().queue_wait_ns, 0); // it never queued
+    ///     }
+    /// });
+    /// drop(b.try_acquire(Demand::slot()));
+    /// # drop(sub);
+    /// ```
+    pub const DECISION_TIMING: Interest = Interest(1 << 7);
 
     /// Whether every kind of `other` is in `self`.
     ///
@@ -671,7 +699,13 @@ impl Subscribers {
         if list.is_empty() {
             return;
         }
-        let event = make();
+        let mut event = make();
+        match &mut event {
+            Event::Admit(AdmitEvent { timing, .. }) | Event::Reject(RejectEvent { timing, .. }) => {
+                *timing = crate::record::timing::current();
+            }
+            _ => {}
+        }
         let kind = Interest::of(&event);
         for e in list.iter().filter(|e| e.interest.intersects(kind)) {
             let f = std::panic::AssertUnwindSafe(|| (e.f)(&event));
@@ -679,6 +713,25 @@ impl Subscribers {
                 self.panics.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+impl Subscribers {
+    /// When a decision starting now started, if someone asked for decision timing (one
+    /// `Relaxed` load otherwise, and no clock read).
+    #[inline(always)]
+    pub(crate) fn decision_start(&self) -> Option<Instant> {
+        if self.wants(Interest::DECISION_TIMING) {
+            Some(Instant::now())
+        } else {
+            None
+        }
+    }
+
+    /// Times the decision starting now on this thread ([`TimingScope`]), if asked for.
+    #[inline(always)]
+    pub(crate) fn time_decision(&self) -> TimingScope {
+        TimingScope::resume(self.decision_start())
     }
 }
 

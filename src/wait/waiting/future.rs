@@ -2,6 +2,7 @@
 //! "Protocol").
 
 use super::*;
+use crate::record::events::{set_queued, TimingScope};
 
 /// The future of [`Bulkhead::acquire`].
 ///
@@ -34,6 +35,10 @@ pub struct Acquire<'a> {
     pub(super) finished: bool,
     /// Timing requested ([`Bulkhead::acquire_timed`]): the queue wait is measured.
     pub(super) timed: bool,
+    /// When the decision started (first poll), if a subscriber asked for decision timing
+    /// (`Interest::DECISION_TIMING`): each poll times the decision from it, and the queue wait
+    /// is measured.
+    pub(super) clock: Option<Instant>,
     /// The waiter and its registrations: built only when the first poll's fast decision says
     /// the demand must wait (a demand answered at once never builds a node).
     pub(super) wait: Option<Wait>,
@@ -79,6 +84,10 @@ impl Future for Acquire<'_> {
         let this = unsafe { self.get_unchecked_mut() };
         assert!(!this.finished, "Acquire polled after completion");
         let b = this.bulkhead;
+        if !this.queued {
+            this.clock = b.shared.events.decision_start();
+        }
+        let _timing = TimingScope::resume(this.clock);
         let (g, priority, reservation) = 'granted: {
             let slow = if this.queued {
                 this.poll_queued(cx)
@@ -155,7 +164,7 @@ impl Acquire<'_> {
                 let Some(w) = self.wait.as_mut() else {
                     unreachable!("a queued waiter has its node")
                 };
-                w.since = if self.timed {
+                w.since = if self.timed || self.clock.is_some() {
                     Some(Instant::now())
                 } else {
                     wait_started(b)
@@ -211,6 +220,9 @@ impl Acquire<'_> {
                 end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
                 self.finished = true;
                 *queue_wait = since.map(|s| s.elapsed());
+                if let Some(q) = *queue_wait {
+                    set_queued(q);
+                }
                 return Poll::Ready(b.finish_wait(
                     outcome,
                     *since,
@@ -237,6 +249,9 @@ impl Acquire<'_> {
         end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
         self.finished = true;
         *queue_wait = since.map(|s| s.elapsed());
+        if let Some(q) = *queue_wait {
+            set_queued(q);
+        }
         // SAFETY: `is_done` returned true on this thread (the branch above, or the check
         // under the lock).
         let outcome = unsafe { node.outcome() };
