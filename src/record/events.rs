@@ -70,7 +70,7 @@
 //! through `arc-swap`, which orders the list's contents before its readers.
 
 pub use crate::record::timing::Timing;
-pub(crate) use crate::record::timing::{nanos, set_queued, TimingScope};
+pub(crate) use crate::record::timing::{decision_start, nanos, set_queued, TimingScope};
 use crate::sync::{lock, ArcSwap, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::Resources;
 use crate::vocab::demand::{Priority, Reconcile, Usage};

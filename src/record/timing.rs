@@ -51,18 +51,18 @@ std::thread_local! {
     static DECISION: Cell<Option<DecisionClock>> = const { Cell::new(None) };
 }
 
-/// A decision timed on this thread until it is dropped (the previous one, if a subscriber
-/// decides inside a decision, comes back then). Inert unless decision timing was asked for.
-pub(crate) struct TimingScope {
-    previous: Option<Option<DecisionClock>>,
-}
+/// A decision timed on this thread until it is dropped. Inert unless decision timing was
+/// asked for. Scopes do not nest: a decision made by a subscriber inside another decision's
+/// delivery ends the outer clock too, which is harmless because a decision builds its one
+/// admit or reject event (and reads the clock) before any subscriber runs.
+pub(crate) struct TimingScope(bool);
 
 impl TimingScope {
     /// Times a decision that started at `start` (`None`: not timed, nothing is touched).
     #[inline(always)]
     pub(crate) fn resume(start: Option<Instant>) -> TimingScope {
         match start {
-            None => TimingScope { previous: None },
+            None => TimingScope(false),
             Some(start) => TimingScope::enter(start),
         }
     }
@@ -74,22 +74,27 @@ impl TimingScope {
             start,
             queued: Duration::ZERO,
         };
-        TimingScope {
-            previous: Some(DECISION.with(|d| d.replace(Some(clock)))),
-        }
+        DECISION.with(|d| d.set(Some(clock)));
+        TimingScope(true)
     }
 
     /// Whether this decision is timed.
     pub(crate) fn is_on(&self) -> bool {
-        self.previous.is_some()
+        self.0
     }
 
     /// The decision's time in the queue so far (`wait`).
     pub(crate) fn queued(&self, wait: Duration) {
-        if self.previous.is_some() {
+        if self.0 {
             set_queued(wait);
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn end() {
+    DECISION.with(|d| d.set(None));
 }
 
 /// Records `wait` as the queue time of the decision timed on this thread, if there is one.
@@ -105,10 +110,15 @@ pub(crate) fn set_queued(wait: Duration) {
 impl Drop for TimingScope {
     #[inline(always)]
     fn drop(&mut self) {
-        if let Some(previous) = self.previous {
-            DECISION.with(|d| d.set(previous));
+        if self.0 {
+            end();
         }
     }
+}
+
+/// When the decision timed on this thread started, if one is.
+pub(crate) fn decision_start() -> Option<Instant> {
+    DECISION.with(Cell::get).map(|c| c.start)
 }
 
 /// The timing of the decision timed on this thread so far, if one is.

@@ -528,7 +528,6 @@ impl Bulkhead {
             queued: false,
             finished: false,
             timed: false,
-            clock: None,
             wait: None,
         }
     }

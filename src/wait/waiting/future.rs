@@ -2,7 +2,7 @@
 //! "Protocol").
 
 use super::*;
-use crate::record::events::{set_queued, TimingScope};
+use crate::record::events::{decision_start, set_queued, TimingScope};
 
 /// The future of [`Bulkhead::acquire`].
 ///
@@ -35,10 +35,6 @@ pub struct Acquire<'a> {
     pub(super) finished: bool,
     /// Timing requested ([`Bulkhead::acquire_timed`]): the queue wait is measured.
     pub(super) timed: bool,
-    /// When the decision started (first poll), if a subscriber asked for decision timing
-    /// (`Interest::DECISION_TIMING`): each poll times the decision from it, and the queue wait
-    /// is measured.
-    pub(super) clock: Option<Instant>,
     /// The waiter and its registrations: built only when the first poll's fast decision says
     /// the demand must wait (a demand answered at once never builds a node).
     pub(super) wait: Option<Wait>,
@@ -55,6 +51,10 @@ pub(super) struct Wait {
     cancel_reg: Option<u64>,
     /// When it joined the queue (if measured).
     since: Option<Instant>,
+    /// When the decision started (the first poll), if a subscriber asked for decision timing
+    /// (`Interest::DECISION_TIMING`): each later poll times the decision from it, and the
+    /// queue wait is measured.
+    clock: Option<Instant>,
     /// How long it was queued, once it finished (measured only if `timed` or the bulkhead
     /// measures queue waits).
     pub(super) queue_wait: Option<Duration>,
@@ -84,10 +84,7 @@ impl Future for Acquire<'_> {
         let this = unsafe { self.get_unchecked_mut() };
         assert!(!this.finished, "Acquire polled after completion");
         let b = this.bulkhead;
-        if !this.queued {
-            this.clock = b.shared.events.decision_start();
-        }
-        let _timing = TimingScope::resume(this.clock);
+        let _timing = this.timing();
         let (g, priority, reservation) = 'granted: {
             let slow = if this.queued {
                 this.poll_queued(cx)
@@ -128,6 +125,17 @@ impl Future for Acquire<'_> {
 }
 
 impl Acquire<'_> {
+    /// The decision timing of this poll (`Interest::DECISION_TIMING`): the first poll reads
+    /// the clock only if a subscriber asked (one relaxed load otherwise); a queued waiter's
+    /// later polls resume from the start its node kept.
+    #[inline(always)]
+    fn timing(&self) -> TimingScope {
+        match &self.wait {
+            Some(w) if self.queued => TimingScope::resume(w.clock),
+            _ => self.bulkhead.shared.events.time_decision(),
+        }
+    }
+
     /// The first poll found no free slot: builds the node (in place) and enters the queue,
     /// which decides again under the mutex. `self` is pinned (called from `poll` only).
     #[inline(never)]
@@ -144,6 +152,7 @@ impl Acquire<'_> {
                 timer: None,
                 cancel_reg: None,
                 since: None,
+                clock: decision_start(),
                 queue_wait: None,
             });
             // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned
@@ -164,7 +173,7 @@ impl Acquire<'_> {
                 let Some(w) = self.wait.as_mut() else {
                     unreachable!("a queued waiter has its node")
                 };
-                w.since = if self.timed || self.clock.is_some() {
+                w.since = if self.timed || w.clock.is_some() {
                     Some(Instant::now())
                 } else {
                     wait_started(b)
@@ -196,6 +205,7 @@ impl Acquire<'_> {
             cancel_reg,
             since,
             queue_wait,
+            ..
         }) = self.wait.as_mut()
         else {
             unreachable!("a queued waiter has its node")
