@@ -508,6 +508,7 @@ mod metrics_part {
     /// and reason; one entry without a class label on a bulkhead without classes) and
     /// reconfigurations.
     pub(super) struct EventCounters {
+        #[cfg_attr(not(feature = "llm"), allow(dead_code))]
         classes: Vec<String>,
         /// Registered (at zero) without the `llm` feature too, which alone makes bypasses.
         #[cfg_attr(not(feature = "llm"), allow(dead_code))]
@@ -652,6 +653,7 @@ mod metrics_part {
 /// The refusal summary lines, with an injected clock: at most one line per second per reason,
 /// each with the count since the previous one. The clock is a number the test sets (no sleep).
 #[cfg(all(test, feature = "tracing"))]
+#[allow(clippy::disallowed_types)] // test scaffolding, outside any protocol
 mod tests {
     use super::Telemetry;
     use crate::{Bulkhead, Demand, Reservation};

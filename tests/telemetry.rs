@@ -3,7 +3,7 @@
 
 use llm_bulkhead::telemetry::Telemetry;
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, Usage};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,56 @@ impl Write for Buffer {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// `f`'s result and what it traced (`DEBUG` and above, as text).
+fn traced<T>(f: impl FnOnce() -> T) -> (T, String) {
+    let out = Buffer::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let value = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    (value, text)
+}
+
+type Metrics = Vec<(String, Labels, DebugValue)>;
+
+/// Every metric the recorder holds (each of one of `kinds`), without the label `skip`.
+fn metrics_of(snapshotter: &Snapshotter, kinds: &[MetricKind], skip: &str) -> Metrics {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| {
+            assert!(kinds.contains(&k.kind()), "{k:?}");
+            let key = k.key();
+            let labels = key
+                .labels()
+                .filter(|l| l.key() != skip)
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (key.name().to_owned(), labels, v)
+        })
+        .collect()
+}
+
+/// The value of metric `name` with exactly `labels`.
+fn find<'a>(metrics: &'a Metrics, name: &str, labels: &[(&str, &str)]) -> &'a DebugValue {
+    metrics
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && l.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
+        })
+        .map(|(_, _, v)| v)
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in {metrics:?}"))
 }
 
 fn classed() -> Bulkhead {
@@ -42,14 +92,7 @@ fn classed() -> Bulkhead {
 
 #[test]
 fn tracing_events_carry_sanitized_decision_fields() {
-    let out = Buffer::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let (refused_revision, text) = traced(|| {
         let b = classed();
         let batch = b.class_id("batch").unwrap();
         let _sub = Telemetry::default()
@@ -65,36 +108,36 @@ fn tracing_events_carry_sanitized_decision_fields() {
             .unwrap_err();
         a.release(Some(Usage::new(90, 20))).unwrap();
         b.apply_limits(b.limits().with_revision(4)).unwrap();
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
-        assert!(admit.contains("DEBUG llm_bulkhead"), "{admit}");
-        assert!(admit.contains("bulkhead=\"openai\""), "{admit}");
-        assert!(admit.contains("class=\"batch\""), "{admit}");
-        assert!(admit.contains("reserved_tokens=150"), "{admit}");
-        assert!(admit.contains("admission_id="), "{admit}");
-        let reject = text.lines().find(|l| l.contains("rejected")).expect(&text);
-        assert!(reject.contains("DEBUG llm_bulkhead"), "{reject}");
-        let summary = text
-            .lines()
-            .find(|l| l.contains("llm_bulkhead: refusals"))
-            .expect(&text);
-        assert!(summary.contains("INFO llm_bulkhead"), "{summary}");
-        assert!(summary.contains("count=1"), "{summary}");
-        assert!(reject.contains("reason=\"concurrency_limit\""), "{reject}");
-        assert!(
-            reject.contains("constraint=\"admission_class\""),
-            "{reject}"
-        );
-        assert!(
-            reject.contains(&format!("revision={}", refused.revision)),
-            "{reject}"
-        );
-        assert!(reject.contains("max_concurrent=2"), "{reject}");
-        assert!(reject.contains("requested_tokens=15"), "{reject}");
-        let release = text.lines().find(|l| l.contains("released")).expect(&text);
-        assert!(release.contains("refunded_tokens=40"), "{release}");
-        assert!(text.contains("limits applied") && text.contains("revision=4"));
+        refused.revision
     });
+    let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
+    assert!(admit.contains("DEBUG llm_bulkhead"), "{admit}");
+    assert!(admit.contains("bulkhead=\"openai\""), "{admit}");
+    assert!(admit.contains("class=\"batch\""), "{admit}");
+    assert!(admit.contains("reserved_tokens=150"), "{admit}");
+    assert!(admit.contains("admission_id="), "{admit}");
+    let reject = text.lines().find(|l| l.contains("rejected")).expect(&text);
+    assert!(reject.contains("DEBUG llm_bulkhead"), "{reject}");
+    let summary = text
+        .lines()
+        .find(|l| l.contains("llm_bulkhead: refusals"))
+        .expect(&text);
+    assert!(summary.contains("INFO llm_bulkhead"), "{summary}");
+    assert!(summary.contains("count=1"), "{summary}");
+    assert!(reject.contains("reason=\"concurrency_limit\""), "{reject}");
+    assert!(
+        reject.contains("constraint=\"admission_class\""),
+        "{reject}"
+    );
+    assert!(
+        reject.contains(&format!("revision={refused_revision}")),
+        "{reject}"
+    );
+    assert!(reject.contains("max_concurrent=2"), "{reject}");
+    assert!(reject.contains("requested_tokens=15"), "{reject}");
+    let release = text.lines().find(|l| l.contains("released")).expect(&text);
+    assert!(release.contains("refunded_tokens=40"), "{release}");
+    assert!(text.contains("limits applied") && text.contains("revision=4"));
 }
 
 #[test]
@@ -113,33 +156,8 @@ fn counters_gauges_and_labels_through_the_facade() {
         drop(held);
         telemetry.record(&b);
     });
-    let values: Vec<(String, Labels, DebugValue)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(k, _, _, v)| {
-            let key = k.key();
-            let labels = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            assert!(matches!(k.kind(), MetricKind::Counter | MetricKind::Gauge));
-            (key.name().to_owned(), labels, v)
-        })
-        .collect();
-    let get = |name: &str, labels: &[(&str, &str)]| {
-        values
-            .iter()
-            .find(|(n, l, _)| {
-                n == name
-                    && l.len() == labels.len()
-                    && labels
-                        .iter()
-                        .all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
-            })
-            .map(|(_, _, v)| v)
-            .unwrap_or_else(|| panic!("no {name} {labels:?} in {values:?}"))
-    };
+    let values = metrics_of(&snapshotter, &[MetricKind::Counter, MetricKind::Gauge], "");
+    let get = |name: &str, labels: &[(&str, &str)]| find(&values, name, labels);
     assert_eq!(
         get("llm_bulkhead_admitted_total", &[("class", "batch")]),
         &DebugValue::Counter(1)
@@ -190,16 +208,9 @@ fn counters_gauges_and_labels_through_the_facade() {
 #[test]
 fn bypasses_reach_tracing_and_metrics() {
     use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, RunOptions};
-    let out = Buffer::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let id = tracing::subscriber::with_default(subscriber, || {
+    let (id, text) = traced(|| {
         metrics::with_local_recorder(&recorder, || {
             let b = classed();
             let batch = b.class_id("batch").unwrap();
@@ -218,7 +229,6 @@ fn bypasses_reach_tracing_and_metrics() {
         })
     });
     assert!(id.is_shadow());
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let bypass = text
         .lines()
         .find(|l| l.contains("bypassed (observe mode)"))
@@ -301,31 +311,15 @@ fn every_exported_number_equals_stats() {
             telemetry.record(&b);
             b.stats()
         });
-        let values: Vec<(String, Labels, DebugValue)> = snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .map(|(k, _, _, v)| {
-                let key = k.key();
-                let labels = key
-                    .labels()
-                    .filter(|l| l.key() != "bulkhead")
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                    .collect();
-                (key.name().to_owned(), labels, v)
-            })
-            .collect();
+        let values = metrics_of(
+            &snapshotter,
+            &[MetricKind::Counter, MetricKind::Gauge],
+            "bulkhead",
+        );
         let counter = |name: &str, labels: &[(&str, &str)]| -> u64 {
-            let hit = values.iter().find(|(n, l, _)| {
-                n == name
-                    && l.len() == labels.len()
-                    && labels
-                        .iter()
-                        .all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
-            });
-            match hit.map(|(_, _, v)| v) {
-                Some(DebugValue::Counter(c)) => *c,
-                other => panic!("{name} {labels:?}: {other:?} in {values:?}"),
+            match find(&values, name, labels) {
+                DebugValue::Counter(c) => *c,
+                other => panic!("{name} {labels:?}: {other:?}"),
             }
         };
         let reasons = llm_bulkhead::RejectReason::COUNTED;
@@ -380,14 +374,7 @@ fn every_exported_number_equals_stats() {
 #[test]
 fn decision_timing_reaches_the_traced_lines_only_when_asked() {
     for asked in [false, true] {
-        let out = Buffer::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let ((), text) = traced(|| {
             let b = Bulkhead::new(1).unwrap();
             let _sub = Telemetry::default()
                 .metrics(false)
@@ -396,7 +383,6 @@ fn decision_timing_reaches_the_traced_lines_only_when_asked() {
                 .instrument(&b);
             drop(b.try_acquire(Demand::slot()).unwrap());
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
         assert_eq!(admit.contains("decision_ns="), asked, "{admit}");
         assert_eq!(admit.contains("queue_wait_ns=0"), asked, "{admit}");

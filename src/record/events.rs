@@ -629,6 +629,13 @@ pub(crate) struct Subscribers {
     panics: AtomicU64,
 }
 
+// A panic cannot leave the list half-changed: it is replaced whole by one atomic store, and
+// every delivery catches its subscribers' panics itself. So a bulkhead stays usable across
+// `catch_unwind`, as it was when the list sat behind a `Mutex` (the listeners' own closures
+// need not be `RefUnwindSafe`).
+impl std::panic::RefUnwindSafe for Subscribers {}
+impl std::panic::UnwindSafe for Subscribers {}
+
 impl Subscribers {
     pub(crate) fn new() -> Subscribers {
         Subscribers {
