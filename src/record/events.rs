@@ -707,8 +707,11 @@ impl Subscribers {
             return;
         }
         let mut event = make();
+        let timed = self.wants(Interest::DECISION_TIMING);
         match &mut event {
-            Event::Admit(AdmitEvent { timing, .. }) | Event::Reject(RejectEvent { timing, .. }) => {
+            Event::Admit(AdmitEvent { timing, .. }) | Event::Reject(RejectEvent { timing, .. })
+                if timed =>
+            {
                 *timing = crate::record::timing::current();
             }
             _ => {}

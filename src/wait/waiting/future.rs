@@ -2,7 +2,7 @@
 //! "Protocol").
 
 use super::*;
-use crate::record::events::{decision_start, set_queued, TimingScope};
+use crate::record::events::{decision_start, set_queued, Interest, TimingScope};
 
 /// The future of [`Bulkhead::acquire`].
 ///
@@ -51,10 +51,6 @@ pub(super) struct Wait {
     cancel_reg: Option<u64>,
     /// When it joined the queue (if measured).
     since: Option<Instant>,
-    /// When the decision started (the first poll), if a subscriber asked for decision timing
-    /// (`Interest::DECISION_TIMING`): each later poll times the decision from it, and the
-    /// queue wait is measured.
-    clock: Option<Instant>,
     /// How long it was queued, once it finished (measured only if `timed` or the bulkhead
     /// measures queue waits).
     pub(super) queue_wait: Option<Duration>,
@@ -126,12 +122,17 @@ impl Future for Acquire<'_> {
 
 impl Acquire<'_> {
     /// The decision timing of this poll (`Interest::DECISION_TIMING`): the first poll reads
-    /// the clock only if a subscriber asked (one relaxed load otherwise); a queued waiter's
-    /// later polls resume from the start its node kept.
+    /// the clock only if a subscriber asked (one relaxed load otherwise). A queued waiter's
+    /// later polls resume from when it joined the queue (the node keeps no other instant, to
+    /// keep the future's size), so its `decision_ns` counts the deciding done after the
+    /// queue, not the first poll's (a fast decision, well under a microsecond).
     #[inline(always)]
     fn timing(&self) -> TimingScope {
         match &self.wait {
-            Some(w) if self.queued => TimingScope::resume(w.clock),
+            Some(w) if self.queued => {
+                let on = self.bulkhead.shared.events.wants(Interest::DECISION_TIMING);
+                TimingScope::resume(w.since.filter(|_| on))
+            }
             _ => self.bulkhead.shared.events.time_decision(),
         }
     }
@@ -152,7 +153,6 @@ impl Acquire<'_> {
                 timer: None,
                 cancel_reg: None,
                 since: None,
-                clock: decision_start(),
                 queue_wait: None,
             });
             // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned
@@ -173,7 +173,7 @@ impl Acquire<'_> {
                 let Some(w) = self.wait.as_mut() else {
                     unreachable!("a queued waiter has its node")
                 };
-                w.since = if self.timed || w.clock.is_some() {
+                w.since = if self.timed || decision_start().is_some() {
                     Some(Instant::now())
                 } else {
                     wait_started(b)
