@@ -324,13 +324,17 @@ mod tracing_part {
         u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// One entry per counted reason, and one for any other.
+    const REASONS: usize = RejectReason::COUNTED.len() + 1;
+
     /// At most one summary line per second per reason: counts per reason since the last line.
     pub(super) struct Summary {
         clock: fn() -> u64,
-        /// Per reason ([`RejectReason::index`]): the clock at the last line, plus one (0: never).
-        last: [AtomicU64; 7],
+        /// Per reason (its position in `RejectReason::COUNTED`): the clock at the last line,
+        /// plus one (0: never).
+        last: [AtomicU64; REASONS],
         /// Per reason: occurrences not yet written in a line.
-        count: [AtomicU64; 7],
+        count: [AtomicU64; REASONS],
     }
 
     impl Summary {
@@ -346,7 +350,8 @@ mod tracing_part {
         /// occurrences since the previous line (this one included). Lock-free: of the threads
         /// that find a line due, the one whose CAS moves the window writes it.
         pub(super) fn note(&self, reason: RejectReason) -> Option<u64> {
-            let r = reason.index();
+            let counted = RejectReason::COUNTED.iter().position(|x| *x == reason);
+            let r = counted.unwrap_or(REASONS - 1);
             self.count[r].fetch_add(1, Ordering::Relaxed);
             let now = (self.clock)().saturating_add(1);
             let last = self.last[r].load(Ordering::Relaxed);
@@ -449,16 +454,30 @@ mod tracing_part {
                     refunded_tokens = e.refunded_tokens,
                     "released"
                 ),
-                Event::Reconfigure(c) => info!(
-                    target: "llm_bulkhead",
-                    bulkhead,
-                    revision = c.current.revision,
-                    previous_revision = c.previous.revision,
-                    max_concurrent = c.current.max_concurrent,
-                    max_queue = c.current.max_queue,
-                    token_budget = c.current.token_budget.map(|t| t.budget),
-                    "limits applied"
-                ),
+                Event::Reconfigure(c) => match c.current.token_budget {
+                    // A reserve above the budget refuses every normal-priority token demand (a
+                    // snapshot may install it on purpose): not a routine change.
+                    Some(t) if t.high_priority_reserve > t.budget => warn!(
+                        target: "llm_bulkhead",
+                        bulkhead,
+                        revision = c.current.revision,
+                        previous_revision = c.previous.revision,
+                        token_budget = t.budget,
+                        high_priority_reserve = t.high_priority_reserve,
+                        "limits applied with a high-priority reserve above the token budget: \
+                         every normal-priority token demand is refused"
+                    ),
+                    _ => info!(
+                        target: "llm_bulkhead",
+                        bulkhead,
+                        revision = c.current.revision,
+                        previous_revision = c.previous.revision,
+                        max_concurrent = c.current.max_concurrent,
+                        max_queue = c.current.max_queue,
+                        token_budget = c.current.token_budget.map(|t| t.budget),
+                        "limits applied"
+                    ),
+                },
                 Event::BorrowedConcurrencyAbandon(e) => warn!(
                     target: "llm_bulkhead",
                     bulkhead,
@@ -512,7 +531,7 @@ mod metrics_part {
         classes: Vec<String>,
         /// Registered (at zero) without the `llm` feature too, which alone makes bypasses.
         #[cfg_attr(not(feature = "llm"), allow(dead_code))]
-        bypassed: Vec<[Counter; 6]>,
+        bypassed: Vec<[Counter; RejectReason::COUNTED.len()]>,
         reconfigured: Counter,
     }
 
