@@ -113,9 +113,11 @@
 //!   is newer, so a poller can call it on every change.
 //! * **Shutdown**: `close()`, then `drain(Some(deadline))`: the listener stops, refused
 //!   requests get 503, and the report says what was still running at the deadline.
-//! * **Telemetry**: [`telemetry`] (features `tracing`, `metrics`) traces every
-//!   decision with sanitized fields and counts admissions and refusals by class and reason;
-//!   call `record_gauges` when metrics are scraped. The crate ships no exporter.
+//! * **Telemetry**: [`telemetry`] (features `tracing`, `metrics`) traces refusals (at `DEBUG`,
+//!   with a once-a-second `INFO` summary per reason), reconfigurations and bypasses with
+//!   sanitized fields; call `Telemetry::record` when metrics are scraped: it sets every
+//!   counter and gauge from `stats()`, so decisions pay nothing for metrics. The crate ships
+//!   no exporter.
 //!
 //! ## 8. Choosing the LLM layer's entry point
 //!

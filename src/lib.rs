@@ -170,8 +170,8 @@ pub use handle::builder::{BulkheadBuilder, Profile};
 pub use handle::bulkhead::Bulkhead;
 pub use handle::events::Subscription;
 pub use record::events::{
-    AbandonCause, AbandonEvent, AdmitEvent, Event, ExtensionEvent, RejectEvent, ReleaseEvent,
-    UsageEvent,
+    AbandonCause, AbandonEvent, AdmitEvent, Event, ExtensionEvent, Interest, RejectEvent,
+    ReleaseEvent, UsageEvent,
 };
 pub use record::stats::{
     AbandonCauses, ClassStats, ClassesStats, QueueWaits, RejectCounts, SharedStats,

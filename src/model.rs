@@ -430,7 +430,7 @@ impl Model {
         self.tokens += r;
         self.admitted += 1;
         if self.has_budget {
-            self.reserved = self.reserved.wrapping_add(r);
+            self.reserved = self.reserved.saturating_add(r);
         }
         let class = classed.then(|| {
             let c = &mut self.classes[k];
@@ -439,8 +439,8 @@ impl Model {
             c.totals.admitted += 1;
             c.totals.borrowed_admissions += u64::from(borrow.0);
             if self.has_budget {
-                c.totals.reserved = c.totals.reserved.wrapping_add(r);
-                c.totals.borrowed_tokens = c.totals.borrowed_tokens.wrapping_add(borrow.1);
+                c.totals.reserved = c.totals.reserved.saturating_add(r);
+                c.totals.borrowed_tokens = c.totals.borrowed_tokens.saturating_add(borrow.1);
             }
             (
                 k,
@@ -608,20 +608,21 @@ impl Model {
             if used as u128 + delta as u128 > max as u128 {
                 return Err(UsageError::HoldTooLarge { hold, max }.into());
             }
-            self.overrun = self.overrun.wrapping_add(delta);
+            self.overrun = self.overrun.saturating_add(delta);
             self.tokens += delta;
             if let Some(k) = class {
                 self.classes[k].tokens += delta;
-                self.classes[k].totals.overrun = self.classes[k].totals.overrun.wrapping_add(delta);
+                self.classes[k].totals.overrun =
+                    self.classes[k].totals.overrun.saturating_add(delta);
             }
         } else {
             let delta = a.held - hold;
-            self.refunded = self.refunded.wrapping_add(delta);
+            self.refunded = self.refunded.saturating_add(delta);
             self.tokens -= delta;
             if let Some(k) = class {
                 self.classes[k].tokens -= delta;
                 self.classes[k].totals.refunded =
-                    self.classes[k].totals.refunded.wrapping_add(delta);
+                    self.classes[k].totals.refunded.saturating_add(delta);
             }
         }
         // Refunded tokens go to the queued head first (token waiting).
@@ -694,8 +695,8 @@ impl Model {
             (Some(_), Some(c)) if c < a.held => a.held - c,
             _ => 0,
         };
-        self.consumed = self.consumed.wrapping_add(consumed.unwrap_or(0));
-        self.refunded = self.refunded.wrapping_add(refunded);
+        self.consumed = self.consumed.saturating_add(consumed.unwrap_or(0));
+        self.refunded = self.refunded.saturating_add(refunded);
         if let Some((k, _)) = a.class {
             let c = &mut self.classes[k];
             if !a.abandoned {
@@ -703,8 +704,8 @@ impl Model {
             }
             c.tokens -= a.held;
             c.totals.released += 1;
-            c.totals.consumed = c.totals.consumed.wrapping_add(consumed.unwrap_or(0));
-            c.totals.refunded = c.totals.refunded.wrapping_add(refunded);
+            c.totals.consumed = c.totals.consumed.saturating_add(consumed.unwrap_or(0));
+            c.totals.refunded = c.totals.refunded.saturating_add(refunded);
         }
         self.pump();
         Ok(ReleaseReport {

@@ -89,6 +89,11 @@ pub(crate) fn fence(order: Ordering) {
 
 pub(crate) use std::sync::atomic::Ordering;
 
+/// An atomically replaceable `Arc` (the `arc-swap` crate): readers load it without a lock and
+/// without touching a shared reference count. Used for the event subscriber list, which no
+/// protocol reads (so it is plain `arc-swap` under loom too, outside the models).
+pub(crate) type ArcSwap<T> = arc_swap::ArcSwap<T>;
+
 /// `name` as a `&'static str`, interned process-wide: a refusal names its class with this
 /// pointer, so that refusing allocates nothing. Called only when a bulkhead is built (never on
 /// a decision), so its lock is plain `std` under loom too (it is no part of any protocol). Each
@@ -335,15 +340,18 @@ pub(crate) mod lifetime {
 pub(crate) struct Stripe(AtomicU64);
 
 impl Stripe {
-    /// Adds `delta` and returns the previous value.
+    /// Adds `delta`, saturating at `u64::MAX` (a statistic never wraps back to a small
+    /// number, whatever a caller reports), and returns the previous value.
     #[inline]
     pub(crate) fn add(&self, delta: u64) -> u64 {
         #[cfg(not(loom))]
         {
             let v = self.0.load(Ordering::Relaxed);
-            self.0.store(v.wrapping_add(delta), Ordering::Relaxed);
+            self.0.store(v.saturating_add(delta), Ordering::Relaxed);
             v
         }
+        // Under loom every thread shares one entry, so the add is one atomic step; the models
+        // never come near `u64::MAX`, and a saturating CAS loop would only add interleavings.
         #[cfg(loom)]
         {
             self.0.fetch_add(delta, Ordering::Relaxed)

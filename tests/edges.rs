@@ -119,3 +119,40 @@ fn a_builder_without_max_concurrent_is_an_error_and_an_explicit_zero_is_the_kill
         llm_bulkhead::RejectReason::ConcurrencyLimit
     );
 }
+
+/// Statistics saturate instead of wrapping: a usage report of `u64::MAX − 1` tokens and then
+/// one of 5 leave `total_consumed` at `u64::MAX` (it wrapped to 3 before), in the totals and
+/// in the class's.
+#[test]
+fn statistics_saturate_instead_of_wrapping() {
+    use llm_bulkhead::{ClassLimits, Demand, Reservation, Usage};
+    for classed in [false, true] {
+        let mut builder = llm_bulkhead::Bulkhead::builder()
+            .max_concurrent(2)
+            .token_budget(1_000);
+        if classed {
+            builder = builder
+                .class("a", ClassLimits::default())
+                .default_class("a");
+        }
+        let b = builder.build().unwrap();
+        let demand = || Demand::tokens(Reservation::new(10, 10).unwrap());
+        b.try_acquire(demand())
+            .unwrap()
+            .release(Some(Usage::new(u64::MAX - 1, 0)))
+            .unwrap();
+        b.try_acquire(demand())
+            .unwrap()
+            .release(Some(Usage::new(5, 0)))
+            .unwrap();
+        let s = b.stats();
+        assert_eq!(
+            s.token_budget.unwrap().total_consumed,
+            u64::MAX,
+            "classed {classed}"
+        );
+        if classed {
+            assert_eq!(s.classes.unwrap().classes[0].total_consumed, u64::MAX);
+        }
+    }
+}

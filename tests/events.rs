@@ -470,3 +470,95 @@ fn events_serialise_in_snake_case() {
     assert_eq!(json[2]["reason"], "budget_limit");
     assert_eq!(json[2]["detail"]["token_budget"]["requested"], 110);
 }
+
+/// A subscriber to some kinds gets only those, and a decision builds nothing else: a
+/// refusal-only subscriber sees no admission or release, and the pair's events are not built.
+#[test]
+fn a_subscriber_gets_only_the_kinds_it_asked_for() {
+    use llm_bulkhead::Interest;
+    let b = budgeted(1, 1_000);
+    let log: Log = Arc::default();
+    let l = log.clone();
+    let sub = b.subscribe_to(
+        Interest::REJECT | Interest::RECONFIGURE,
+        move |e: &Event| l.lock().unwrap().push(e.clone()),
+    );
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    assert!(b.try_acquire(Demand::slot()).is_err());
+    drop(held);
+    b.apply_limits(b.limits().with_revision(1)).unwrap();
+    assert_eq!(names(&log), ["reject", "reconfigure"]);
+    // An admission made while only refusals are wanted reports no release later, even to a
+    // subscriber to everything that arrived meanwhile (as before anyone subscribed).
+    let quiet = b.try_acquire(Demand::slot()).unwrap();
+    let (all, all_sub) = record(&b);
+    drop(quiet);
+    assert!(names(&all).is_empty());
+    drop((sub, all_sub));
+}
+
+/// Decision timing (seed: `decisionDurationNs`, `queueWaitNs`): admit and reject events carry
+/// it only while a subscriber asks for it, from `try_acquire`, `acquire_blocking` (through
+/// the queue) and the async `acquire`.
+#[test]
+fn admit_and_reject_events_carry_timing_only_when_asked() {
+    use llm_bulkhead::{Interest, Timing};
+    let b = Bulkhead::builder()
+        .max_concurrent(1)
+        .max_queue(1)
+        .build()
+        .unwrap();
+    let timings = |log: &Log| -> Vec<(&'static str, Option<Timing>)> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                Event::Admit(a) => Some(("admit", a.timing)),
+                Event::Reject(r) => Some(("reject", r.timing)),
+                _ => None,
+            })
+            .collect()
+    };
+    // Not asked: no timing.
+    let (plain, plain_sub) = record(&b);
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    assert!(b.try_acquire(Demand::slot()).is_err());
+    drop(held);
+    assert_eq!(timings(&plain), [("admit", None), ("reject", None)]);
+    drop(plain_sub);
+    // Asked for.
+    let log: Log = Arc::default();
+    let l = log.clone();
+    let sub = b.subscribe_to(
+        Interest::ADMIT | Interest::REJECT | Interest::DECISION_TIMING,
+        move |e: &Event| l.lock().unwrap().push(e.clone()),
+    );
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    assert!(b.try_acquire(Demand::slot()).is_err());
+    // A blocking waiter, queued until `held` is dropped.
+    let b2 = b.clone();
+    let waiter = std::thread::spawn(move || {
+        b2.acquire_blocking(Demand::slot(), WaitOptions::default())
+            .map(|a| a.release(None).unwrap())
+    });
+    while b.stats().pending == 0 {
+        std::thread::yield_now();
+    }
+    drop(held);
+    waiter.join().unwrap().unwrap();
+    let async_admission =
+        futures_lite::future::block_on(b.acquire(Demand::slot(), WaitOptions::default()));
+    drop(async_admission.unwrap());
+    let seen = timings(&log);
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    let kinds: Vec<&str> = seen.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, ["admit", "reject", "admit", "admit"]);
+    for (i, (_, t)) in seen.iter().enumerate() {
+        let t = t.unwrap_or_else(|| panic!("event {i} has no timing"));
+        if i != 2 {
+            // Never queued.
+            assert_eq!(t.queue_wait_ns, 0, "event {i}");
+        }
+    }
+    drop(sub);
+}

@@ -338,10 +338,30 @@ fn metrics_report_what_happened() {
             line("llm_bulkhead_tokens_in_flight{bulkhead=\"metrics\"}"),
             "0"
         );
-        // The layer's histograms (a summary in this exporter) counted the holds.
+        // The layer's histograms counted the holds, rendered as histograms (buckets), not as
+        // summaries (quantiles), so that replicas aggregate.
         assert_eq!(
             line("llm_bulkhead_hold_seconds_count{bulkhead=\"metrics\"}"),
             "2"
+        );
+        assert!(
+            m.contains("# TYPE llm_bulkhead_hold_seconds histogram"),
+            "{m}"
+        );
+        assert_eq!(
+            line("llm_bulkhead_hold_seconds_bucket{bulkhead=\"metrics\",le=\"+Inf\"}"),
+            "2"
+        );
+        assert!(!m.contains("quantile="), "{m}");
+        // Refunds made by the usage report before release are exported as `/stats` counts
+        // them (the counter stayed 0 when it was fed by release events only).
+        let c = call(addr, get("/stats")).await;
+        let stats: serde_json::Value = serde_json::from_str(&text(c.response).await).unwrap();
+        let refunded = stats["token_budget"]["total_refunded"].as_u64().unwrap();
+        assert!(refunded > 0, "{stats}");
+        assert_eq!(
+            line("llm_bulkhead_tokens_refunded_total{bulkhead=\"metrics\"}"),
+            refunded.to_string()
         );
     });
 }

@@ -635,3 +635,37 @@ fn deadlines_racing_completion_stay_consistent() {
     );
     assert!(s.borrowed_concurrency_abandoned_by_cause.deadline > 0);
 }
+
+/// Decision timing reaches the admit event of `run_blocking`'s fast decision too, when a
+/// subscriber asks for it (`Interest::DECISION_TIMING`), and not otherwise.
+#[test]
+fn run_admit_events_carry_decision_timing_when_asked() {
+    use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
+    use llm_bulkhead::{Bulkhead, Event, Interest, Reservation};
+    use std::sync::{Arc, Mutex};
+    for asked in [false, true] {
+        let b = Bulkhead::builder().max_concurrent(1).build().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let mut interest = Interest::ADMIT;
+        if asked {
+            interest = interest | Interest::DECISION_TIMING;
+        }
+        let _sub = b.subscribe_to(interest, move |e: &Event| {
+            if let Event::Admit(a) = e {
+                s.lock().unwrap().push(a.timing);
+            }
+        });
+        let llm = LlmBulkhead::new(b, |_: &LlmRequest| Ok(Reservation::new(1, 1).unwrap()));
+        llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |_| {
+            Ok::<_, ()>(())
+        })
+        .unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].is_some(), asked);
+        if let Some(t) = seen[0] {
+            assert_eq!(t.queue_wait_ns, 0);
+        }
+    }
+}

@@ -1,9 +1,9 @@
 //! The telemetry module: tracing events with sanitized fields and metrics through the facade,
 //! checked with a local subscriber and a local debugging recorder (no global state).
 
-use llm_bulkhead::telemetry::{self, Telemetry};
+use llm_bulkhead::telemetry::Telemetry;
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, Usage};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,56 @@ impl Write for Buffer {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// `f`'s result and what it traced (`DEBUG` and above, as text).
+fn traced<T>(f: impl FnOnce() -> T) -> (T, String) {
+    let out = Buffer::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let value = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    (value, text)
+}
+
+type Metrics = Vec<(String, Labels, DebugValue)>;
+
+/// Every metric the recorder holds (each of one of `kinds`), without the label `skip`.
+fn metrics_of(snapshotter: &Snapshotter, kinds: &[MetricKind], skip: &str) -> Metrics {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, _, _, v)| {
+            assert!(kinds.contains(&k.kind()), "{k:?}");
+            let key = k.key();
+            let labels = key
+                .labels()
+                .filter(|l| l.key() != skip)
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (key.name().to_owned(), labels, v)
+        })
+        .collect()
+}
+
+/// The value of metric `name` with exactly `labels`.
+fn find<'a>(metrics: &'a Metrics, name: &str, labels: &[(&str, &str)]) -> &'a DebugValue {
+    metrics
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && l.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
+        })
+        .map(|(_, _, v)| v)
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in {metrics:?}"))
 }
 
 fn classed() -> Bulkhead {
@@ -42,19 +92,13 @@ fn classed() -> Bulkhead {
 
 #[test]
 fn tracing_events_carry_sanitized_decision_fields() {
-    let out = Buffer::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let (refused_revision, text) = traced(|| {
         let b = classed();
         let batch = b.class_id("batch").unwrap();
         let _sub = Telemetry::default()
             .name("openai")
             .metrics(false)
+            .trace_admissions(true)
             .instrument(&b);
         let a = b
             .try_acquire(Demand::tokens(Reservation::new(100, 50).unwrap()).in_class(batch))
@@ -64,30 +108,36 @@ fn tracing_events_carry_sanitized_decision_fields() {
             .unwrap_err();
         a.release(Some(Usage::new(90, 20))).unwrap();
         b.apply_limits(b.limits().with_revision(4)).unwrap();
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
-        assert!(admit.contains("DEBUG llm_bulkhead"), "{admit}");
-        assert!(admit.contains("bulkhead=\"openai\""), "{admit}");
-        assert!(admit.contains("class=\"batch\""), "{admit}");
-        assert!(admit.contains("reserved_tokens=150"), "{admit}");
-        assert!(admit.contains("admission_id="), "{admit}");
-        let reject = text.lines().find(|l| l.contains("rejected")).expect(&text);
-        assert!(reject.contains("INFO llm_bulkhead"), "{reject}");
-        assert!(reject.contains("reason=\"concurrency_limit\""), "{reject}");
-        assert!(
-            reject.contains("constraint=\"admission_class\""),
-            "{reject}"
-        );
-        assert!(
-            reject.contains(&format!("revision={}", refused.revision)),
-            "{reject}"
-        );
-        assert!(reject.contains("max_concurrent=2"), "{reject}");
-        assert!(reject.contains("requested_tokens=15"), "{reject}");
-        let release = text.lines().find(|l| l.contains("released")).expect(&text);
-        assert!(release.contains("refunded_tokens=40"), "{release}");
-        assert!(text.contains("limits applied") && text.contains("revision=4"));
+        refused.revision
     });
+    let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
+    assert!(admit.contains("DEBUG llm_bulkhead"), "{admit}");
+    assert!(admit.contains("bulkhead=\"openai\""), "{admit}");
+    assert!(admit.contains("class=\"batch\""), "{admit}");
+    assert!(admit.contains("reserved_tokens=150"), "{admit}");
+    assert!(admit.contains("admission_id="), "{admit}");
+    let reject = text.lines().find(|l| l.contains("rejected")).expect(&text);
+    assert!(reject.contains("DEBUG llm_bulkhead"), "{reject}");
+    let summary = text
+        .lines()
+        .find(|l| l.contains("llm_bulkhead: refusals"))
+        .expect(&text);
+    assert!(summary.contains("INFO llm_bulkhead"), "{summary}");
+    assert!(summary.contains("count=1"), "{summary}");
+    assert!(reject.contains("reason=\"concurrency_limit\""), "{reject}");
+    assert!(
+        reject.contains("constraint=\"admission_class\""),
+        "{reject}"
+    );
+    assert!(
+        reject.contains(&format!("revision={refused_revision}")),
+        "{reject}"
+    );
+    assert!(reject.contains("max_concurrent=2"), "{reject}");
+    assert!(reject.contains("requested_tokens=15"), "{reject}");
+    let release = text.lines().find(|l| l.contains("released")).expect(&text);
+    assert!(release.contains("refunded_tokens=40"), "{release}");
+    assert!(text.contains("limits applied") && text.contains("revision=4"));
 }
 
 #[test]
@@ -97,41 +147,17 @@ fn counters_gauges_and_labels_through_the_facade() {
     metrics::with_local_recorder(&recorder, || {
         let b = classed();
         let batch = b.class_id("batch").unwrap();
-        let _sub = Telemetry::default().tracing(false).instrument(&b);
+        let telemetry = Telemetry::default().tracing(false);
+        let _sub = telemetry.instrument(&b);
         let held = b.try_acquire(Demand::slot().in_class(batch)).unwrap();
         assert!(b.try_acquire(Demand::slot().in_class(batch)).is_err());
         let _premium = b.try_acquire(Demand::slot()).unwrap();
         assert!(b.try_acquire(Demand::slot()).is_err());
         drop(held);
-        telemetry::record_gauges(&b);
+        telemetry.record(&b);
     });
-    let values: Vec<(String, Labels, DebugValue)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(k, _, _, v)| {
-            let key = k.key();
-            let labels = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            assert!(matches!(k.kind(), MetricKind::Counter | MetricKind::Gauge));
-            (key.name().to_owned(), labels, v)
-        })
-        .collect();
-    let get = |name: &str, labels: &[(&str, &str)]| {
-        values
-            .iter()
-            .find(|(n, l, _)| {
-                n == name
-                    && l.len() == labels.len()
-                    && labels
-                        .iter()
-                        .all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
-            })
-            .map(|(_, _, v)| v)
-            .unwrap_or_else(|| panic!("no {name} {labels:?} in {values:?}"))
-    };
+    let values = metrics_of(&snapshotter, &[MetricKind::Counter, MetricKind::Gauge], "");
+    let get = |name: &str, labels: &[(&str, &str)]| find(&values, name, labels);
     assert_eq!(
         get("llm_bulkhead_admitted_total", &[("class", "batch")]),
         &DebugValue::Counter(1)
@@ -182,16 +208,9 @@ fn counters_gauges_and_labels_through_the_facade() {
 #[test]
 fn bypasses_reach_tracing_and_metrics() {
     use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, Mode, RunOptions};
-    let out = Buffer::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let id = tracing::subscriber::with_default(subscriber, || {
+    let (id, text) = traced(|| {
         metrics::with_local_recorder(&recorder, || {
             let b = classed();
             let batch = b.class_id("batch").unwrap();
@@ -210,12 +229,17 @@ fn bypasses_reach_tracing_and_metrics() {
         })
     });
     assert!(id.is_shadow());
-    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     let bypass = text
         .lines()
         .find(|l| l.contains("bypassed (observe mode)"))
         .expect(&text);
-    assert!(bypass.contains("INFO llm_bulkhead"), "{bypass}");
+    assert!(bypass.contains("DEBUG llm_bulkhead"), "{bypass}");
+    let summary = text
+        .lines()
+        .find(|l| l.contains("llm_bulkhead: bypasses"))
+        .expect(&text);
+    assert!(summary.contains("INFO llm_bulkhead"), "{summary}");
+    assert!(summary.contains("count=1"), "{summary}");
     assert!(bypass.contains("bulkhead=\"openai\""), "{bypass}");
     assert!(bypass.contains("class=\"batch\""), "{bypass}");
     assert!(bypass.contains("reason=\"concurrency_limit\""), "{bypass}");
@@ -249,18 +273,127 @@ fn bypasses_reach_tracing_and_metrics() {
     }
 }
 
+/// Every number `Telemetry::record` exports is the one `stats()` gives, on a run whose usage
+/// reports refund tokens before release (the refund counter stayed at 0 when it was fed by
+/// release events), with and without classes, after refusals and an abandonment.
+#[test]
+fn every_exported_number_equals_stats() {
+    for classed_bulkhead in [false, true] {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let b = if classed_bulkhead {
+            classed()
+        } else {
+            Bulkhead::builder()
+                .max_concurrent(2)
+                .token_budget(1_000)
+                .build()
+                .unwrap()
+        };
+        let telemetry = Telemetry::default().name("gw").tracing(false);
+        let stats = metrics::with_local_recorder(&recorder, || {
+            let _sub = telemetry.instrument(&b);
+            for _ in 0..3 {
+                let mut a = b
+                    .try_acquire(Demand::tokens(Reservation::new(100, 200).unwrap()))
+                    .unwrap();
+                // Usage before release: 300 held, 40 consumed so far, 260 refunded now.
+                a.report_usage(Usage::new(30, 10)).unwrap();
+                let _other = b
+                    .try_acquire(Demand::tokens(Reservation::new(100, 200).unwrap()))
+                    .unwrap();
+                assert!(b.try_acquire(Demand::slot()).is_err()); // concurrency_limit
+                a.release(None).unwrap();
+            }
+            assert!(b
+                .try_acquire(Demand::tokens(Reservation::new(900, 900).unwrap()))
+                .is_err()); // budget_limit
+            telemetry.record(&b);
+            b.stats()
+        });
+        let values = metrics_of(
+            &snapshotter,
+            &[MetricKind::Counter, MetricKind::Gauge],
+            "bulkhead",
+        );
+        let counter = |name: &str, labels: &[(&str, &str)]| -> u64 {
+            match find(&values, name, labels) {
+                DebugValue::Counter(c) => *c,
+                other => panic!("{name} {labels:?}: {other:?}"),
+            }
+        };
+        let reasons = llm_bulkhead::RejectReason::COUNTED;
+        match &stats.classes {
+            None => {
+                let t = stats.token_budget.unwrap();
+                assert!(t.total_refunded >= 3 * 260, "{t:?}");
+                assert_eq!(counter("llm_bulkhead_admitted_total", &[]), stats.admitted);
+                assert_eq!(counter("llm_bulkhead_released_total", &[]), stats.released);
+                assert_eq!(
+                    counter("llm_bulkhead_tokens_refunded_total", &[]),
+                    t.total_refunded
+                );
+                for r in reasons {
+                    assert_eq!(
+                        counter("llm_bulkhead_rejected_total", &[("reason", r.as_str())]),
+                        stats.rejected_by_reason.get(r),
+                        "{r:?}"
+                    );
+                }
+            }
+            Some(c) => {
+                for k in &c.classes {
+                    let class = ("class", k.name.as_str());
+                    assert_eq!(counter("llm_bulkhead_admitted_total", &[class]), k.admitted);
+                    assert_eq!(counter("llm_bulkhead_released_total", &[class]), k.released);
+                    assert_eq!(
+                        counter("llm_bulkhead_tokens_refunded_total", &[class]),
+                        k.total_refunded
+                    );
+                    for r in reasons {
+                        assert_eq!(
+                            counter(
+                                "llm_bulkhead_rejected_total",
+                                &[class, ("reason", r.as_str())]
+                            ),
+                            k.rejected_by_reason.get(r),
+                            "{r:?}"
+                        );
+                    }
+                }
+                assert!(c.classes[0].total_refunded >= 3 * 260);
+            }
+        }
+        assert!(stats.rejected >= 4);
+        assert_eq!(counter("llm_bulkhead_reconfigured_total", &[]), 0);
+    }
+}
+
+/// `Telemetry::decision_timing` puts the decision's timing on the traced lines; the default
+/// does not ask for it (no clock read).
+#[test]
+fn decision_timing_reaches_the_traced_lines_only_when_asked() {
+    for asked in [false, true] {
+        let ((), text) = traced(|| {
+            let b = Bulkhead::new(1).unwrap();
+            let _sub = Telemetry::default()
+                .metrics(false)
+                .trace_admissions(true)
+                .decision_timing(asked)
+                .instrument(&b);
+            drop(b.try_acquire(Demand::slot()).unwrap());
+        });
+        let admit = text.lines().find(|l| l.contains("admitted")).expect(&text);
+        assert_eq!(admit.contains("decision_ns="), asked, "{admit}");
+        assert_eq!(admit.contains("queue_wait_ns=0"), asked, "{admit}");
+    }
+}
+
 /// A limits install whose high-priority reserve exceeds the budget (every normal-priority
 /// token demand refused) is a warning that says so, not the routine "limits applied".
 #[test]
 fn a_reserve_above_the_budget_is_logged_as_a_warning() {
-    let out = Buffer::default();
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let ((), text) = traced(|| {
         let b = Bulkhead::builder()
             .max_concurrent(2)
             .token_budget(1_000)
@@ -277,7 +410,8 @@ fn a_reserve_above_the_budget_is_logged_as_a_warning() {
                     high_priority_reserve: 1_500,
                 }));
         b.apply_limits(starved).unwrap();
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    });
+    {
         let first = text
             .lines()
             .find(|l| l.contains("revision=1"))
@@ -296,5 +430,5 @@ fn a_reserve_above_the_budget_is_logged_as_a_warning() {
             second.contains("normal-priority token demand is refused"),
             "{second}"
         );
-    });
+    }
 }

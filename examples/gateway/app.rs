@@ -20,7 +20,7 @@ use llm_bulkhead::tower::{
     count_http_refusal, estimate_json, openai_usage, BulkheadLayer, HeaderClassifier,
 };
 use llm_bulkhead::{ApplyLimitsError, Bulkhead, Subscription};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -55,7 +55,20 @@ pub fn prometheus() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
+            // Buckets: the layer's hold-time and queue-wait figures render as histograms
+            // (aggregatable across replicas), not as summaries.
             PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(telemetry::HOLD_SECONDS.into()),
+                    &telemetry::HOLD_SECONDS_BUCKETS,
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(telemetry::QUEUE_WAIT_SECONDS.into()),
+                        &telemetry::QUEUE_WAIT_SECONDS_BUCKETS,
+                    )
+                })
+                .expect("non-empty buckets")
                 .install_recorder()
                 .expect("no other metrics recorder is installed in this process")
         })
@@ -69,6 +82,7 @@ pub struct Gateway {
     estimator: Box<dyn TokenEstimator>,
     upstream: SocketAddr,
     prometheus: PrometheusHandle,
+    telemetry: Telemetry,
     body_read: Duration,
     _telemetry: Subscription,
 }
@@ -100,15 +114,17 @@ pub fn gateway_with(
     let prometheus = prometheus();
     let bulkhead = config.build()?;
     let estimator = config.estimator().map_err(LoadError::Estimator)?;
-    let telemetry = Telemetry::default().name(name).instrument(&bulkhead);
+    let telemetry = Telemetry::default().name(name);
+    let subscription = telemetry.instrument(&bulkhead);
     let gw = Arc::new(Gateway {
         bulkhead: bulkhead.clone(),
         name: name.to_owned(),
         estimator: Box::new(estimator),
         upstream,
         prometheus,
+        telemetry,
         body_read,
-        _telemetry: telemetry,
+        _telemetry: subscription,
     });
     let classify = HeaderClassifier::new(&bulkhead)
         .class_header("x-traffic-class")
@@ -324,7 +340,8 @@ async fn forward(
 }
 
 async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    telemetry::record_gauges_named(&gw.bulkhead, &gw.name);
+    // Counters and gauges from one `stats()` read: nothing is pushed per decision.
+    gw.telemetry.record(&gw.bulkhead);
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         gw.prometheus.render(),

@@ -2,6 +2,7 @@
 
 use crate::handle::admission::Admission;
 use crate::protocol::plain;
+use crate::record::events::Interest;
 use crate::record::stats::{Counters, Stats, TokenStats, Totals};
 use crate::shared::Handle;
 use crate::sync::{lock, Ordering};
@@ -109,6 +110,8 @@ impl Bulkhead {
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
+        // Decision timing (`Interest::DECISION_TIMING`): one relaxed load unless asked for.
+        let _timing = shared.events.time_decision();
         let reservation = if shared.has_budget {
             Some(demand.reservation().unwrap_or(Reservation::ZERO))
         } else {
@@ -148,7 +151,12 @@ impl Bulkhead {
         reservation: Option<Reservation>,
     ) -> Admission {
         // The only event cost on the fast path: one relaxed load (`crate::record::events`).
-        self.admission_observed(g, priority, reservation, self.shared.events.on())
+        // Only subscribers to admissions or releases make an admission observed.
+        let observed = self
+            .shared
+            .events
+            .wants(Interest::ADMIT | Interest::RELEASE);
+        self.admission_observed(g, priority, reservation, observed)
     }
 
     /// [`admission_from`](Self::admission_from) with the event flag already read (`observed`).

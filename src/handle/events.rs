@@ -3,7 +3,7 @@
 //! here, in `crate::protocol::hooks`), and [`Subscription`].
 
 pub(crate) use crate::protocol::hooks::{class_name, emit, rejected};
-use crate::record::events::{AdmitEvent, Event};
+use crate::record::events::{AdmitEvent, Event, Interest};
 use crate::shared::Shared;
 use crate::vocab::demand::Priority;
 use crate::vocab::id::AdmissionId;
@@ -31,6 +31,7 @@ pub(crate) fn admitted(
             class: class_name(shared, k),
             reserved_tokens: reservation.map_or(0, |r| r.total()),
             resources,
+            timing: None, // filled in by the delivery when asked for
         })
     });
 }
@@ -82,7 +83,27 @@ impl Bulkhead {
     /// drop(sub);
     /// ```
     pub fn subscribe(&self, listener: impl Fn(&Event) + Send + Sync + 'static) -> Subscription {
-        let id = self.shared.events.add(Arc::new(listener));
+        self.subscribe_to(Interest::ALL, listener)
+    }
+
+    /// Subscribes `listener` to the events of the kinds in `interest` only (see [`Interest`]):
+    /// a decision builds and delivers an event only when someone asked for its kind, so a
+    /// subscriber to refusals and reconfigurations costs the acquire + release pair nothing.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Event, Interest};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let sub = b.subscribe_to(Interest::RECONFIGURE, |e: &Event| assert_eq!(e.name(), "reconfigure"));
+    /// drop(b.try_acquire(Demand::slot())); // not delivered, not built
+    /// b.apply_limits(b.limits().with_revision(1)).unwrap();
+    /// drop(sub);
+    /// ```
+    pub fn subscribe_to(
+        &self,
+        interest: Interest,
+        listener: impl Fn(&Event) + Send + Sync + 'static,
+    ) -> Subscription {
+        let id = self.shared.events.add(interest, Arc::new(listener));
         Subscription {
             bulkhead: self.clone(),
             id,

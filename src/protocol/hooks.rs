@@ -3,7 +3,7 @@
 //! `crate::handle::events`). Each costs one relaxed load of the subscribed flag unless someone
 //! subscribed.
 
-use crate::record::events::{Event, RejectEvent};
+use crate::record::events::{Event, Interest, RejectEvent};
 use crate::shared::Shared;
 use crate::vocab::rejection::Rejection;
 
@@ -18,7 +18,7 @@ pub(crate) fn emit(shared: &Shared, make: impl FnOnce() -> Event) {
 /// The `reject` hook of a refusal in class `class` (`None` without classes).
 #[inline(always)]
 pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
-    if shared.events.on() {
+    if shared.events.wants(Interest::REJECT) {
         emit_rejected(shared, class, rejection);
     }
 }
@@ -36,6 +36,7 @@ fn emit_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
         Event::Reject(RejectEvent {
             class: class_name(shared, class),
             rejection,
+            timing: None, // filled in by the delivery when asked for
         })
     });
 }

@@ -17,46 +17,61 @@
 //! assert_eq!(*seen.lock().unwrap(), ["admit", "release", "admit", "reject", "release"]);
 //! ```
 //!
-//! # Cost when nobody subscribes
+//! # Cost when nobody subscribes (to that kind)
 //!
-//! An admission (`try_acquire`, `acquire`, `acquire_blocking`) pays one `Relaxed` load of a
-//! read-mostly flag that lives in the shared state next to the other construction-time
-//! settings, never on the cache line of the contended state word, and a branch to an
-//! out-of-line `#[cold]` function. The admission remembers the answer in a bit it already
-//! carries, so its release reads no flag at all: the plain release tests the same bit mask as
-//! before. The other hooks (`report_usage`, abandonment, `apply_limits`, the refusal paths)
-//! are one flag load each, off the pair's path.
+//! Subscribers say which kinds they want ([`Interest`]); the bulkhead keeps the union of
+//! their interests in one read-mostly word that lives in the shared state next to the other
+//! construction-time settings, never on the cache line of the contended state word. An
+//! admission (`try_acquire`, `acquire`, `acquire_blocking`) pays one `Relaxed` load of it and
+//! a branch to an out-of-line `#[cold]` function when someone wants admissions or releases.
+//! The admission remembers the answer in a bit it already carries, so its release reads no
+//! flag at all: the plain release tests the same bit mask as before. The other hooks
+//! (`report_usage`, abandonment, `apply_limits`, the refusal paths) are one load each, off the
+//! pair's path. A subscriber to refusals and reconfigurations only (what
+//! [`Telemetry`](crate::telemetry::Telemetry) asks for by default) leaves the pair as it is
+//! with nobody subscribed.
 //!
 //! A consequence: a release is reported when its admission was made while someone
-//! subscribed. A subscriber therefore sees the release of every admission it saw admitted
-//! (while it stays subscribed), and not the releases of admissions made before anyone
-//! subscribed.
+//! subscribed to admissions or releases. A subscriber therefore sees the release of every
+//! admission it saw admitted (while it stays subscribed), and not the releases of admissions
+//! made before anyone subscribed.
 //!
 //! # Delivery
 //!
-//! Subscribers run synchronously on the thread that caused the event, in subscription order.
+//! Subscribers run synchronously on the thread that caused the event, in subscription order,
+//! each only for the kinds it asked for. The list is read without a lock and without touching
+//! a shared reference count (an `arc-swap` load, which uses a per-thread slot): delivering an
+//! event takes no lock and allocates nothing beyond the event itself (a class name, with
+//! classes), so two threads deciding at once do not contend on the list. A subscription or an
+//! unsubscription replaces the list whole, under a lock that no decision takes.
+//!
 //! A release (and an abandonment) is reported after the capacity went back, so a subscriber
 //! sees the state the event left. Subscribers may re-enter the bulkhead (acquire, release,
-//! `apply_limits`, even subscribe or unsubscribe): the list is copied out of its lock before
-//! any subscriber runs. A subscriber that panics is caught, counted in
+//! `apply_limits`, even subscribe or unsubscribe): the list a delivery reads stays alive and
+//! unchanged while it runs. A subscriber that panics is caught, counted in
 //! [`Stats::subscriber_panics`](crate::Stats::subscriber_panics), and the others still run;
 //! accounting is never affected, because every hook runs after its state change is complete.
 //!
 //! Events carry what the core knows: ids, revision, priority, class, token figures. Unlike the
 //! reference they do not carry the request (the core never sees it); correlate by
-//! `admission_id`. The reference's timing fields (`decisionDurationNs`, `queueWaitNs`) are not
-//! carried either: reading a clock on every admission is not free (use
-//! [`Bulkhead::acquire_blocking_timed`](crate::Bulkhead::acquire_blocking_timed)).
+//! `admission_id`. The reference's timing fields (`decisionDurationNs`, `queueWaitNs`) are
+//! carried by admit and reject events ([`AdmitEvent::timing`], [`RejectEvent::timing`]) only
+//! while a subscriber asks for them ([`Interest::DECISION_TIMING`]): reading a clock on every
+//! decision is not free, so nobody asking, no clock is read (one caller can also time its own
+//! calls: [`Bulkhead::acquire_blocking_timed`](crate::Bulkhead::acquire_blocking_timed)).
 //!
 //! # Memory ordering
 //!
-//! The flag is written only under the subscriber lock and read `Relaxed`: a subscription made
-//! concurrently with an operation may or may not see that operation's event; one that
-//! happens-before an operation (for example, made earlier on the same thread) always does,
-//! because the flag store happens-before the load by program order or by whatever
-//! synchronisation ordered the two threads. The subscriber list itself is read under its lock.
+//! The interest word is written only under the edit lock, after the new list is stored, and
+//! read `Relaxed`: a subscription made concurrently with an operation may or may not see that
+//! operation's event; one that happens-before an operation (for example, made earlier on the
+//! same thread) always does, because the stores happen-before the loads by program order or by
+//! whatever synchronisation ordered the two threads. The list itself is published and read
+//! through `arc-swap`, which orders the list's contents before its readers.
 
-use crate::sync::{lock, AtomicBool, AtomicU64, Mutex, Ordering};
+pub use crate::record::timing::Timing;
+pub(crate) use crate::record::timing::{decision_start, nanos, set_queued, TimingScope};
+use crate::sync::{lock, ArcSwap, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::vocab::class::Resources;
 use crate::vocab::demand::{Priority, Reconcile, Usage};
 use crate::vocab::id::AdmissionId;
@@ -65,6 +80,7 @@ use crate::words::limits::LimitsChange;
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Why a borrowed slot was abandoned.
 ///
@@ -126,6 +142,9 @@ pub struct AdmitEvent {
     pub reserved_tokens: u64,
     /// What it borrowed from the shared remainder.
     pub resources: Resources,
+    /// How long the decision took and how long of it was queued, when a subscriber asked for
+    /// decision timing ([`Interest::DECISION_TIMING`]); `None` otherwise (no clock is read).
+    pub timing: Option<Timing>,
 }
 
 /// A refusal: the rejection the caller received, and the class it was for.
@@ -148,6 +167,9 @@ pub struct RejectEvent {
     /// Reason, constraint, revision and capacity detail.
     #[cfg_attr(feature = "serde", serde(flatten))]
     pub rejection: Rejection,
+    /// How long the decision took and how long of it was queued, when a subscriber asked for
+    /// decision timing ([`Interest::DECISION_TIMING`]); `None` otherwise (no clock is read).
+    pub timing: Option<Timing>,
 }
 
 /// A usage report that changed the usage or the hold (its sequence incremented).
@@ -473,35 +495,167 @@ impl serde::Serialize for ExtensionEvent {
 
 type Listener = Arc<dyn Fn(&Event) + Send + Sync>;
 
-struct List {
-    next_id: u64,
-    entries: Arc<[(u64, Listener)]>,
+/// Which events a subscriber receives ([`Bulkhead::subscribe_to`](crate::Bulkhead::subscribe_to)):
+/// a set of event kinds, combined with `|`.
+///
+/// A decision pays for events only when someone asked for its kind: a subscriber to
+/// [`REJECT`](Self::REJECT) and [`RECONFIGURE`](Self::RECONFIGURE) alone (what
+/// [`telemetry::Telemetry`](crate::telemetry::Telemetry) asks for by default) leaves the
+/// acquire + release pair exactly as fast as with nobody subscribed.
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, Demand, Event, Interest};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// let b = Bulkhead::new(1).unwrap();
+/// let refusals = Arc::new(AtomicU64::new(0));
+/// let n = refusals.clone();
+/// let sub = b.subscribe_to(Interest::REJECT, move |e: &Event| {
+///     assert_eq!(e.name(), "reject");
+///     n.fetch_add(1, Ordering::Relaxed);
+/// });
+/// let held = b.try_acquire(Demand::slot()).unwrap(); // no event built
+/// assert!(b.try_acquire(Demand::slot()).is_err());
+/// assert_eq!(refusals.load(Ordering::Relaxed), 1);
+/// # drop((held, sub));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Interest(u32);
+
+impl Interest {
+    /// [`Event::Admit`].
+    pub const ADMIT: Interest = Interest(1);
+    /// [`Event::Reject`].
+    pub const REJECT: Interest = Interest(1 << 1);
+    /// [`Event::Usage`].
+    pub const USAGE: Interest = Interest(1 << 2);
+    /// [`Event::Release`] (of admissions made while someone asked for `RELEASE`).
+    pub const RELEASE: Interest = Interest(1 << 3);
+    /// [`Event::Reconfigure`].
+    pub const RECONFIGURE: Interest = Interest(1 << 4);
+    /// [`Event::BorrowedConcurrencyAbandon`].
+    pub const ABANDON: Interest = Interest(1 << 5);
+    /// [`Event::Extension`] (the LLM layer's events).
+    pub const EXTENSION: Interest = Interest(1 << 6);
+    /// Every kind ([`Bulkhead::subscribe`](crate::Bulkhead::subscribe)).
+    pub const ALL: Interest = Interest((1 << 7) - 1);
+    /// No kind.
+    pub const NONE: Interest = Interest(0);
+    /// Not a kind: asks for decision timing. While someone asks for it, every decision reads
+    /// the clock when it starts (and a waiter when it queues and leaves the queue), and the
+    /// admit and reject events carry [`Timing`] (`AdmitEvent::timing`,
+    /// `RejectEvent::timing`). Nobody asking, no clock is read.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Demand, Event, Interest};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let sub = b.subscribe_to(Interest::ADMIT | Interest::DECISION_TIMING, |e: &Event| {
+    ///     if let Event::Admit(a) = e {
+    ///         assert_eq!(a.timing.unwrap().queue_wait_ns, 0); // it never queued
+    ///     }
+    /// });
+    /// drop(b.try_acquire(Demand::slot()));
+    /// # drop(sub);
+    /// ```
+    pub const DECISION_TIMING: Interest = Interest(1 << 7);
+
+    /// Whether every kind of `other` is in `self`.
+    ///
+    /// ```
+    /// use llm_bulkhead::Interest;
+    /// assert!(Interest::ALL.contains(Interest::REJECT | Interest::ADMIT));
+    /// assert!(!Interest::REJECT.contains(Interest::ADMIT));
+    /// ```
+    #[must_use]
+    pub const fn contains(self, other: Interest) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether `self` and `other` share a kind.
+    ///
+    /// ```
+    /// use llm_bulkhead::Interest;
+    /// assert!((Interest::REJECT | Interest::ADMIT).intersects(Interest::ADMIT));
+    /// ```
+    #[must_use]
+    pub const fn intersects(self, other: Interest) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    /// The kind of `event`.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, Event, Interest};
+    /// let b = Bulkhead::new(1).unwrap();
+    /// let change = b.apply_limits(b.limits().with_revision(1)).unwrap();
+    /// assert_eq!(Interest::of(&Event::Reconfigure(Box::new(change))), Interest::RECONFIGURE);
+    /// ```
+    #[must_use]
+    pub fn of(event: &Event) -> Interest {
+        match event {
+            Event::Admit(_) => Interest::ADMIT,
+            Event::Reject(_) => Interest::REJECT,
+            Event::Usage(_) => Interest::USAGE,
+            Event::Release(_) => Interest::RELEASE,
+            Event::Reconfigure(_) => Interest::RECONFIGURE,
+            Event::BorrowedConcurrencyAbandon(_) => Interest::ABANDON,
+            Event::Extension(_) => Interest::EXTENSION,
+        }
+    }
+}
+
+impl std::ops::BitOr for Interest {
+    type Output = Interest;
+    fn bitor(self, other: Interest) -> Interest {
+        Interest(self.0 | other.0)
+    }
+}
+
+/// One subscriber.
+struct Entry {
+    id: u64,
+    interest: Interest,
+    f: Listener,
 }
 
 /// The subscribers of one bulkhead (in its shared state).
 pub(crate) struct Subscribers {
-    /// Whether anyone subscribes: the only thing the fast path reads.
-    on: AtomicBool,
-    list: Mutex<List>,
+    /// The union of the subscribers' interests: the only thing the fast path reads.
+    mask: AtomicU32,
+    /// The list, replaced whole on every change and read without a lock.
+    list: ArcSwap<Vec<Entry>>,
+    /// Serialises changes (never taken by a decision); holds the next subscriber id.
+    edit: Mutex<u64>,
     panics: AtomicU64,
 }
+
+// A panic cannot leave the list half-changed: it is replaced whole by one atomic store, and
+// every delivery catches its subscribers' panics itself. So a bulkhead stays usable across
+// `catch_unwind`, as it was when the list sat behind a `Mutex` (the listeners' own closures
+// need not be `RefUnwindSafe`).
+impl std::panic::RefUnwindSafe for Subscribers {}
+impl std::panic::UnwindSafe for Subscribers {}
 
 impl Subscribers {
     pub(crate) fn new() -> Subscribers {
         Subscribers {
-            on: AtomicBool::new(false),
-            list: Mutex::new(List {
-                next_id: 0,
-                entries: Arc::from(Vec::new()),
-            }),
+            mask: AtomicU32::new(0),
+            list: ArcSwap::from_pointee(Vec::new()),
+            edit: Mutex::new(0),
             panics: AtomicU64::new(0),
         }
     }
 
-    /// Whether anyone subscribes (one `Relaxed` load).
+    /// Whether anyone subscribes to anything (one `Relaxed` load).
     #[inline(always)]
     pub(crate) fn on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
+        self.mask.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether anyone subscribes to a kind of `interest` (one `Relaxed` load).
+    #[inline(always)]
+    pub(crate) fn wants(&self, interest: Interest) -> bool {
+        self.mask.load(Ordering::Relaxed) & interest.0 != 0
     }
 
     /// Subscriber panics caught so far.
@@ -509,43 +663,94 @@ impl Subscribers {
         self.panics.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn add(&self, f: Listener) -> u64 {
-        let mut l = lock(&self.list);
-        let id = l.next_id;
-        l.next_id += 1;
-        let mut v: Vec<(u64, Listener)> = l.entries.iter().cloned().collect();
-        v.push((id, f));
-        l.entries = Arc::from(v);
-        self.on.store(true, Ordering::Relaxed);
+    /// Replaces the list with `edit(current)` and the mask with its union, under the edit
+    /// lock (a decision never takes it).
+    fn change(&self, edit: impl FnOnce(&mut u64, &[Entry]) -> Vec<Entry>) {
+        let mut next_id = lock(&self.edit);
+        let current = self.list.load_full();
+        let v = edit(&mut next_id, &current);
+        let mask = v.iter().fold(0, |m, e| m | e.interest.0);
+        self.list.store(Arc::new(v));
+        self.mask.store(mask, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(&self, interest: Interest, f: Listener) -> u64 {
+        let mut id = 0;
+        self.change(|next_id, current| {
+            id = *next_id;
+            *next_id += 1;
+            let mut v: Vec<Entry> = current.iter().map(Entry::clone).collect();
+            v.push(Entry { id, interest, f });
+            v
+        });
         id
     }
 
     pub(crate) fn remove(&self, id: u64) {
-        let mut l = lock(&self.list);
-        let v: Vec<(u64, Listener)> = l
-            .entries
-            .iter()
-            .filter(|(i, _)| *i != id)
-            .cloned()
-            .collect();
-        self.on.store(!v.is_empty(), Ordering::Relaxed);
-        l.entries = Arc::from(v);
+        self.change(|_, current| {
+            current
+                .iter()
+                .filter(|e| e.id != id)
+                .map(Entry::clone)
+                .collect()
+        });
     }
 
-    /// Delivers the event `make` builds to every subscriber (nothing if none).
+    /// Delivers the event `make` builds to every subscriber that asked for its kind (nothing
+    /// if none). Lock-free: the list is loaded without a lock or a shared reference count
+    /// (`arc-swap`), and nothing is allocated beyond what `make` builds.
     #[cold]
     #[inline(never)]
     pub(crate) fn emit(&self, make: impl FnOnce() -> Event) {
-        let entries = Arc::clone(&lock(&self.list).entries);
-        if entries.is_empty() {
+        let list = self.list.load();
+        if list.is_empty() {
             return;
         }
-        let event = make();
-        for (_, f) in entries.iter() {
-            let f = std::panic::AssertUnwindSafe(|| f(&event));
+        let mut event = make();
+        let timed = self.wants(Interest::DECISION_TIMING);
+        match &mut event {
+            Event::Admit(AdmitEvent { timing, .. }) | Event::Reject(RejectEvent { timing, .. })
+                if timed =>
+            {
+                *timing = crate::record::timing::current();
+            }
+            _ => {}
+        }
+        let kind = Interest::of(&event);
+        for e in list.iter().filter(|e| e.interest.intersects(kind)) {
+            let f = std::panic::AssertUnwindSafe(|| (e.f)(&event));
             if std::panic::catch_unwind(f).is_err() {
                 self.panics.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+}
+
+impl Subscribers {
+    /// When a decision starting now started, if someone asked for decision timing (one
+    /// `Relaxed` load otherwise, and no clock read).
+    #[inline(always)]
+    pub(crate) fn decision_start(&self) -> Option<Instant> {
+        if self.wants(Interest::DECISION_TIMING) {
+            Some(Instant::now())
+        } else {
+            None
+        }
+    }
+
+    /// Times the decision starting now on this thread ([`TimingScope`]), if asked for.
+    #[inline(always)]
+    pub(crate) fn time_decision(&self) -> TimingScope {
+        TimingScope::resume(self.decision_start())
+    }
+}
+
+impl Entry {
+    fn clone(&self) -> Entry {
+        Entry {
+            id: self.id,
+            interest: self.interest,
+            f: Arc::clone(&self.f),
         }
     }
 }

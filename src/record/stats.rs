@@ -4,6 +4,9 @@
 //! available capacity) are derived from the state word; event counts (admissions, releases,
 //! refusals by reason, token totals) live in one `Counters` block per thread, each written
 //! only by its own thread, and are summed by [`Bulkhead::stats`](crate::Bulkhead::stats).
+//! Every counter and every sum saturates at `u64::MAX` instead of wrapping: a usage report
+//! of `u64::MAX − 1` tokens followed by one of 5 leaves `total_consumed` at `u64::MAX`, never
+//! at a small number.
 //!
 //! # Memory ordering
 //!
@@ -506,7 +509,8 @@ impl Totals {
     /// Adds one thread's counters; only the first `classes` class blocks are read.
     pub(crate) fn add(&mut self, c: &Counters, classes: usize) {
         fn acc(sum: &mut u64, s: &Stripe) {
-            *sum = sum.wrapping_add(s.get());
+            // Saturating, as each thread's counter is.
+            *sum = sum.saturating_add(s.get());
         }
         acc(&mut self.admitted, &c.admitted);
         for r in RejectReason::COUNTED {

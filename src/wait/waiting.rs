@@ -130,25 +130,8 @@ pub struct Timed<T> {
     pub timing: Timing,
 }
 
-/// How long a decision took, in nanoseconds: deciding (without the queue), and waiting in the
-/// queue (0 if it never queued).
-///
-/// ```
-/// assert_eq!(llm_bulkhead::Timing::default().decision_ns, 0);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[non_exhaustive]
-pub struct Timing {
-    /// Time spent deciding, outside the queue.
-    pub decision_ns: u64,
-    /// Time spent queued.
-    pub queue_wait_ns: u64,
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
+use crate::record::events::nanos;
+pub use crate::record::events::Timing;
 
 /// How long a waiting acquire may stay queued.
 ///
@@ -428,6 +411,8 @@ impl Bulkhead {
         timing: Option<&mut Option<Duration>>,
     ) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
+        // Decision timing for the events, when a subscriber asked for it.
+        let timing_scope = shared.events.time_decision();
         if options
             .cancel
             .as_ref()
@@ -464,7 +449,7 @@ impl Bulkhead {
             reservation,
             armed: true,
         };
-        let since = if timing.is_some() {
+        let since = if timing.is_some() || timing_scope.is_on() {
             Some(Instant::now())
         } else {
             wait_started(self)
@@ -500,8 +485,12 @@ impl Bulkhead {
         if let Some(token) = &options.cancel {
             token.unregister_current();
         }
-        if let (Some(t), Some(since)) = (timing, since) {
-            *t = Some(since.elapsed());
+        if let Some(since) = since {
+            let wait = since.elapsed();
+            timing_scope.queued(wait);
+            if let Some(t) = timing {
+                *t = Some(wait);
+            }
         }
         book_wait(self, since);
         self.finish(outcome, &demand, priority, reservation)

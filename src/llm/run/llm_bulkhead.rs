@@ -546,6 +546,8 @@ pub(in crate::llm) fn admit_now(
     if wait.cancel.is_some() {
         return None;
     }
+    // Decision timing for the admit event, when a subscriber asked (`Interest::DECISION_TIMING`).
+    let _timing = shared.events.time_decision();
     let reservation = shared
         .has_budget
         .then(|| demand.reservation().unwrap_or(Reservation::ZERO));

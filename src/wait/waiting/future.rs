@@ -2,6 +2,7 @@
 //! "Protocol").
 
 use super::*;
+use crate::record::events::{decision_start, set_queued, Interest, TimingScope};
 
 /// The future of [`Bulkhead::acquire`].
 ///
@@ -79,6 +80,7 @@ impl Future for Acquire<'_> {
         let this = unsafe { self.get_unchecked_mut() };
         assert!(!this.finished, "Acquire polled after completion");
         let b = this.bulkhead;
+        let _timing = this.timing();
         let (g, priority, reservation) = 'granted: {
             let slow = if this.queued {
                 this.poll_queued(cx)
@@ -119,6 +121,22 @@ impl Future for Acquire<'_> {
 }
 
 impl Acquire<'_> {
+    /// The decision timing of this poll (`Interest::DECISION_TIMING`): the first poll reads
+    /// the clock only if a subscriber asked (one relaxed load otherwise). A queued waiter's
+    /// later polls resume from when it joined the queue (the node keeps no other instant, to
+    /// keep the future's size), so its `decision_ns` counts the deciding done after the
+    /// queue, not the first poll's (a fast decision, well under a microsecond).
+    #[inline(always)]
+    fn timing(&self) -> TimingScope {
+        match &self.wait {
+            Some(w) if self.queued => {
+                let on = self.bulkhead.shared.events.wants(Interest::DECISION_TIMING);
+                TimingScope::resume(w.since.filter(|_| on))
+            }
+            _ => self.bulkhead.shared.events.time_decision(),
+        }
+    }
+
     /// The first poll found no free slot: builds the node (in place) and enters the queue,
     /// which decides again under the mutex. `self` is pinned (called from `poll` only).
     #[inline(never)]
@@ -155,7 +173,7 @@ impl Acquire<'_> {
                 let Some(w) = self.wait.as_mut() else {
                     unreachable!("a queued waiter has its node")
                 };
-                w.since = if self.timed {
+                w.since = if self.timed || decision_start().is_some() {
                     Some(Instant::now())
                 } else {
                     wait_started(b)
@@ -187,6 +205,7 @@ impl Acquire<'_> {
             cancel_reg,
             since,
             queue_wait,
+            ..
         }) = self.wait.as_mut()
         else {
             unreachable!("a queued waiter has its node")
@@ -211,6 +230,9 @@ impl Acquire<'_> {
                 end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
                 self.finished = true;
                 *queue_wait = since.map(|s| s.elapsed());
+                if let Some(q) = *queue_wait {
+                    set_queued(q);
+                }
                 return Poll::Ready(b.finish_wait(
                     outcome,
                     *since,
@@ -237,6 +259,9 @@ impl Acquire<'_> {
         end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
         self.finished = true;
         *queue_wait = since.map(|s| s.elapsed());
+        if let Some(q) = *queue_wait {
+            set_queued(q);
+        }
         // SAFETY: `is_done` returned true on this thread (the branch above, or the check
         // under the lock).
         let outcome = unsafe { node.outcome() };
