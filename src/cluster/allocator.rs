@@ -140,7 +140,7 @@ impl StoreParams {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Meta {
-    /// Store time (µs) at which the table was created: a new value means the store lost it.
+    /// Store time (ms) at which the table was created: a new value means the store lost it.
     pub epoch: u64,
     /// Writes since creation.
     pub seq: u64,
@@ -320,7 +320,7 @@ fn header(
     let hold = p.hold_ms();
     // An empty store cannot tell a first start from lost state: it always learns first.
     let mut meta = table.meta.unwrap_or(Meta {
-        epoch: now.saturating_mul(1_000).max(1),
+        epoch: now.max(1),
         seq: 0,
         learning_until: now.saturating_add(hold),
         params: *p,

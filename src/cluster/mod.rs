@@ -81,7 +81,7 @@
 //mod agent;
 mod allocator;
 mod lease;
-//mod redis;
+mod redis;
 mod store;
 
 //pub use agent::{AgentEvent, AgentStatus, ClusterAgent, Clock, SystemClock};
@@ -90,5 +90,5 @@ pub use allocator::{
     RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
 };
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
-//pub use redis::RedisStore;
+pub use redis::RedisStore;
 pub use store::{LeaseStore, MemoryStore, StoreError};

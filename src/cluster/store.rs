@@ -32,6 +32,9 @@ pub enum StoreError {
     Protocol(String),
     /// An unreachable in-memory store (tests).
     Partitioned,
+    /// A store URL that does not parse, or names a transport not built in (TLS needs the
+    /// `redis` crate's TLS feature). The URL itself is not repeated.
+    InvalidUrl,
 }
 
 impl std::fmt::Display for StoreError {
@@ -45,6 +48,7 @@ impl std::fmt::Display for StoreError {
             StoreError::OldServer(v) => write!(f, "server version {v} is older than 5.0"),
             StoreError::Protocol(d) => write!(f, "unexpected reply from the lease store: {d}"),
             StoreError::Partitioned => f.write_str("lease store partitioned away"),
+            StoreError::InvalidUrl => f.write_str("invalid lease store URL (not repeated here)"),
         }
     }
 }

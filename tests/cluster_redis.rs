@@ -1,0 +1,453 @@
+//! The Redis lease store against a real server: the script agrees with the pure allocator on
+//! random tables; foreign, corrupt and refused cases are typed errors that write nothing; a
+//! password in the URL is never printed; several bulkheads with agents in one process share
+//! one budget under an independent tally of the global in-flight sum.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use llm_bulkhead::cluster::{
+    renew, Amounts, ClusterConfig, LeaseStore, LeaseTable, Meta, Record, RedisStore, RenewRequest,
+    StoreError, StoreParams,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use redis_server::{namespace, Server};
+use std::cell::{Cell, RefCell};
+
+fn server_ms(c: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+    s * 1_000 + us / 1_000
+}
+
+fn params_str(p: &StoreParams) -> String {
+    format!(
+        "{}:{}:{}:{}:{}:{}",
+        p.global.slots, p.global.tokens, p.floor.slots, p.floor.tokens, p.ttl_ms, p.quarantine_ms
+    )
+}
+
+fn record_str(r: &Record) -> String {
+    format!(
+        "{}:{}:{}:{}:{}:{}:{}:{}:{}",
+        r.applied.slots,
+        r.applied.tokens,
+        r.granted.slots,
+        r.granted.tokens,
+        r.held.slots,
+        r.held.tokens,
+        r.wants.slots,
+        r.wants.tokens,
+        r.renewed_at
+    )
+}
+
+fn parse_record(s: &str) -> Record {
+    let n: Vec<u64> = s.split(':').map(|x| x.parse().unwrap()).collect();
+    Record {
+        applied: Amounts::new(n[0], n[1]),
+        granted: Amounts::new(n[2], n[3]),
+        held: Amounts::new(n[4], n[5]),
+        wants: Amounts::new(n[6], n[7]),
+        renewed_at: n[8],
+    }
+}
+
+/// Writes `t` under `store`'s keys, replacing what was there.
+fn write_table(c: &mut redis::Connection, keys: &[String; 2], t: &LeaseTable) {
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .arg(&keys[1])
+        .query(c)
+        .unwrap();
+    if let Some(m) = t.meta {
+        let _: () = redis::cmd("HSET")
+            .arg(&keys[0])
+            .arg(&[
+                ("format", "llm-bulkhead-lease/1".to_string()),
+                ("epoch", m.epoch.to_string()),
+                ("seq", m.seq.to_string()),
+                ("learning_until", m.learning_until.to_string()),
+                ("params", params_str(&m.params)),
+            ])
+            .query(c)
+            .unwrap();
+    }
+    for (id, r) in &t.records {
+        let _: () = redis::cmd("HSET")
+            .arg(&keys[1])
+            .arg(id)
+            .arg(record_str(r))
+            .query(c)
+            .unwrap();
+    }
+}
+
+fn read_table(c: &mut redis::Connection, keys: &[String; 2]) -> LeaseTable {
+    let m: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&keys[0]).query(c).unwrap();
+    let meta = (!m.is_empty()).then(|| {
+        let n: Vec<u64> = m["params"].split(':').map(|x| x.parse().unwrap()).collect();
+        Meta {
+            epoch: m["epoch"].parse().unwrap(),
+            seq: m["seq"].parse().unwrap(),
+            learning_until: m["learning_until"].parse().unwrap(),
+            params: StoreParams {
+                global: Amounts::new(n[0], n[1]),
+                floor: Amounts::new(n[2], n[3]),
+                ttl_ms: n[4],
+                quarantine_ms: n[5],
+            },
+        }
+    });
+    let r: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&keys[1]).query(c).unwrap();
+    LeaseTable {
+        meta,
+        records: r
+            .iter()
+            .map(|(k, v)| (k.clone(), parse_record(v)))
+            .collect(),
+    }
+}
+
+fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
+    (0..=max.slots, 0..=max.tokens).prop_map(|(s, t)| Amounts::new(s, t))
+}
+
+/// A random table and request, times relative to the server's clock (offsets in ms).
+#[derive(Debug, Clone)]
+struct Case {
+    params: StoreParams,
+    meta: Option<(u64, u64, i64)>, // (epoch, seq, learning_until offset)
+    records: Vec<(u8, Amounts, Amounts, Amounts, Amounts, u64)>, // ages
+    req: (u8, Amounts, Amounts, Amounts, u64, u64),
+    other_params: bool,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let g = (1u64..20, 0u64..2_000).prop_map(|(s, t)| Amounts::new(s, t));
+    g.prop_flat_map(|g| {
+        let big = Amounts::new(g.slots + 3, g.tokens + 300);
+        let params =
+            (amounts(g), 50u64..500, 50u64..500).prop_map(move |(floor, ttl, q)| StoreParams {
+                global: g,
+                floor,
+                ttl_ms: ttl,
+                quarantine_ms: q,
+            });
+        let rec = (
+            0u8..6,
+            amounts(g),
+            amounts(g),
+            amounts(big),
+            amounts(g),
+            0u64..1_500,
+        );
+        let req = (
+            0u8..6,
+            amounts(g),
+            amounts(big),
+            amounts(big),
+            0u64..3,
+            0u64..40,
+        );
+        (
+            params,
+            proptest::option::of((1u64..4, 0u64..30, -600i64..600)),
+            prop::collection::vec(rec, 0..6),
+            req,
+            proptest::bool::weighted(0.05),
+        )
+            .prop_map(|(params, meta, records, req, other_params)| Case {
+                params,
+                meta,
+                records,
+                req,
+                other_params,
+            })
+    })
+}
+
+#[test]
+fn the_script_agrees_with_the_allocator() {
+    let Some(server) = Server::get("agree") else {
+        return;
+    };
+    let c = RefCell::new(server.conn());
+    let config = ClusterConfig::new(&namespace("agree"), "b");
+    let store = RefCell::new(RedisStore::open(&server.url, &config).unwrap());
+    let keys = store.borrow().keys().clone();
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 300,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let (granted, refused) = (Cell::new(0), Cell::new(0));
+    runner
+        .run(&case(), |k| {
+            let c = &mut *c.borrow_mut();
+            let now = server_ms(c);
+            let mut table = LeaseTable::default();
+            let mut epochs = vec![0];
+            if let Some((e, seq, lu)) = k.meta {
+                let epoch = now - e * 10_000;
+                epochs.push(epoch);
+                let mut params = k.params;
+                if k.other_params {
+                    params.ttl_ms += 1;
+                }
+                table.meta = Some(Meta {
+                    epoch,
+                    seq,
+                    learning_until: now.saturating_add_signed(lu),
+                    params,
+                });
+            }
+            for (id, applied, granted, held, wants, age) in &k.records {
+                table.records.insert(
+                    format!("r{id}"),
+                    Record {
+                        applied: *applied,
+                        granted: *granted,
+                        held: *held,
+                        wants: *wants,
+                        renewed_at: now - age,
+                    },
+                );
+            }
+            let (id, applied, held, wants, e, seq) = k.req;
+            let req = RenewRequest {
+                replica: format!("r{id}"),
+                applied,
+                held,
+                wants,
+                epoch: epochs[(e as usize) % epochs.len()],
+                seq,
+            };
+            write_table(c, &keys, &table);
+            let got = store.borrow_mut().renew(&k.params, &req);
+            let after = read_table(c, &keys);
+            match got {
+                Ok(reply) => {
+                    granted.set(granted.get() + 1);
+                    let mut expect = table.clone();
+                    let want = renew(&mut expect, &k.params, &req, reply.now_ms).unwrap();
+                    prop_assert_eq!(reply, want);
+                    prop_assert_eq!(after, expect);
+                }
+                Err(StoreError::Refused(e)) => {
+                    refused.set(refused.get() + 1);
+                    let mut expect = table.clone();
+                    let want = renew(&mut expect, &k.params, &req, now).unwrap_err();
+                    prop_assert_eq!(e, want);
+                    // Nothing written.
+                    prop_assert_eq!(after, table);
+                }
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+            Ok(())
+        })
+        .unwrap();
+    // Both outcomes were exercised.
+    let (granted, refused) = (granted.get(), refused.get());
+    assert!(
+        granted > 100 && refused > 5,
+        "{granted} granted, {refused} refused"
+    );
+}
+
+fn small() -> StoreParams {
+    ClusterConfig::new("x", "b").store_params(Amounts::new(4, 100))
+}
+
+fn hello() -> RenewRequest {
+    RenewRequest::new("r1", Amounts::ZERO, Amounts::ZERO, Amounts::new(2, 10))
+}
+
+/// Foreign and corrupt values under the crate's keys: typed errors, nothing written.
+#[test]
+fn foreign_and_corrupt_values_are_refused_and_left_alone() {
+    let Some(server) = Server::get("corrupt") else {
+        return;
+    };
+    let mut c = server.conn();
+    let config = ClusterConfig::new(&namespace("corrupt"), "b");
+    let mut store = RedisStore::open(&server.url, &config).unwrap();
+    let [meta, leases] = store.keys().clone();
+    let p = small();
+    let dump = |c: &mut redis::Connection| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (
+            redis::cmd("DUMP").arg(&meta).query(c).unwrap(),
+            redis::cmd("DUMP").arg(&leases).query(c).unwrap(),
+        )
+    };
+    let cases: Vec<(
+        &str,
+        Box<dyn Fn(&mut redis::Connection)>,
+        fn(&StoreError) -> bool,
+    )> = vec![
+        (
+            "meta is a string",
+            Box::new(|c| redis::cmd("SET").arg(&meta).arg("hello").exec(c).unwrap()),
+            |e| matches!(e, StoreError::Foreign(_)),
+        ),
+        (
+            "leases is a list",
+            Box::new(|c| redis::cmd("RPUSH").arg(&leases).arg("x").exec(c).unwrap()),
+            |e| matches!(e, StoreError::Foreign(_)),
+        ),
+        (
+            "meta of another format",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&meta)
+                    .arg("format")
+                    .arg("other/9")
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Foreign(_)),
+        ),
+        (
+            "meta with a bad number",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&meta)
+                    .arg(&[
+                        ("format", "llm-bulkhead-lease/1"),
+                        ("epoch", "-1"),
+                        ("seq", "1"),
+                        ("learning_until", "0"),
+                        ("params", "x"),
+                    ])
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Corrupt(_)),
+        ),
+        (
+            "a record that is not nine numbers",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&leases)
+                    .arg("r2")
+                    .arg("1:2:3")
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Corrupt(_)),
+        ),
+        (
+            "a record with a float",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&leases)
+                    .arg("r2")
+                    .arg("1:2:3:4:5:6:7:8:1e3")
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Corrupt(_)),
+        ),
+    ];
+    for (name, set, expected) in cases {
+        redis::cmd("DEL")
+            .arg(&meta)
+            .arg(&leases)
+            .exec(&mut c)
+            .unwrap();
+        set(&mut c);
+        let before = dump(&mut c);
+        let e = store.renew(&p, &hello()).unwrap_err();
+        assert!(expected(&e), "{name}: {e:?}");
+        assert_eq!(dump(&mut c), before, "{name}: the script wrote");
+    }
+    // A demand above the global limit and other parameters on a live table: refused.
+    redis::cmd("DEL")
+        .arg(&meta)
+        .arg(&leases)
+        .exec(&mut c)
+        .unwrap();
+    let mut big = hello();
+    big.wants = Amounts::new(5, 0);
+    assert_eq!(
+        store.renew(&p, &big),
+        Err(StoreError::Refused(
+            llm_bulkhead::cluster::AllocError::AboveGlobal
+        ))
+    );
+    store.renew(&p, &hello()).unwrap();
+    let other = StoreParams {
+        ttl_ms: p.ttl_ms + 1,
+        ..p
+    };
+    assert_eq!(
+        store.renew(&other, &hello()),
+        Err(StoreError::Refused(
+            llm_bulkhead::cluster::AllocError::ConfigMismatch
+        ))
+    );
+}
+
+/// A server that refuses the script (here: an ACL user without `EVALSHA`/`EVAL`), a wrong
+/// password and an unreachable server are typed errors that never repeat the URL's password.
+#[test]
+fn refused_scripts_and_credentials_stay_private() {
+    let Some(server) = Server::get("acl") else {
+        return;
+    };
+    let mut c = server.conn();
+    let user = namespace("u").replace('-', "_");
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            &user,
+            "on",
+            ">s3cr3t-pw",
+            "~*",
+            "+@all",
+            "-eval",
+            "-evalsha",
+        ])
+        .exec(&mut c)
+        .unwrap();
+    let with_user = |pass: &str| -> String {
+        let sep = if server.url.contains('?') { '&' } else { '?' };
+        if server.url.starts_with("redis+unix") {
+            format!("{}{sep}user={user}&pass={pass}", server.url)
+        } else {
+            server
+                .url
+                .replacen("redis://", &format!("redis://{user}:{pass}@"), 1)
+        }
+    };
+    let config = ClusterConfig::new(&namespace("acl"), "b");
+    let p = small();
+    for (pass, refused) in [("s3cr3t-pw", true), ("wr0ng-pw", false)] {
+        let mut store = RedisStore::open(&with_user(pass), &config).unwrap();
+        let e = store.renew(&p, &hello()).unwrap_err();
+        if refused {
+            assert!(matches!(e, StoreError::ScriptRefused(_)), "{e:?}");
+        } else {
+            assert!(matches!(e, StoreError::Unreachable(_)), "{e:?}");
+        }
+        for text in [e.to_string(), format!("{e:?}"), format!("{store:?}")] {
+            assert!(!text.contains(pass) && !text.contains(&user), "{text}");
+        }
+    }
+    let mut gone = RedisStore::open("redis://:hidden-pw@127.0.0.1:1/", &config)
+        .unwrap()
+        .with_timeout(std::time::Duration::from_millis(200));
+    let e = gone.renew(&p, &hello()).unwrap_err();
+    assert!(matches!(e, StoreError::Unreachable(_)), "{e:?}");
+    assert!(!format!("{e} {e:?} {gone:?}").contains("hidden-pw"));
+    redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .exec(&mut c)
+        .unwrap();
+}
