@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use redis_server::{namespace, Server};
 use std::cell::{Cell, RefCell};
+use std::time::Duration;
 
 fn server_ms(c: &mut redis::Connection) -> u64 {
     let (s, us): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
@@ -450,4 +451,217 @@ fn refused_scripts_and_credentials_stay_private() {
         .arg(&user)
         .exec(&mut c)
         .unwrap();
+}
+
+mod agents {
+    use super::*;
+    use llm_bulkhead::cluster::{ClusterAgent, RunningAgent};
+    use llm_bulkhead::{Bulkhead, Demand, Reservation};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    pub const G: Amounts = Amounts::new(6, 600);
+
+    pub fn config(ns: &str) -> ClusterConfig {
+        let c = ClusterConfig::new(ns, "b")
+            .ttl(Duration::from_millis(300))
+            .max_admission(Duration::from_millis(200))
+            .floor(Amounts::new(1, 100))
+            .floor_hold(Duration::from_millis(100));
+        let q = c.needed_quarantine_ms();
+        c.quarantine(Duration::from_millis(q))
+    }
+
+    /// The global in-flight tally: raised right after an admission, lowered right before its
+    /// release; every raise is checked against the global limits.
+    #[derive(Default)]
+    pub struct Tally {
+        slots: AtomicU64,
+        tokens: AtomicU64,
+        pub admitted: AtomicU64,
+        pub peak_slots: AtomicU64,
+    }
+
+    impl Tally {
+        fn raise(&self, tokens: u64) {
+            let s = self.slots.fetch_add(1, Ordering::SeqCst) + 1;
+            let t = self.tokens.fetch_add(tokens, Ordering::SeqCst) + tokens;
+            self.admitted.fetch_add(1, Ordering::Relaxed);
+            self.peak_slots.fetch_max(s, Ordering::Relaxed);
+            assert!(
+                s <= G.slots,
+                "{s} slots in flight across replicas > {}",
+                G.slots
+            );
+            assert!(
+                t <= G.tokens,
+                "{t} tokens in flight across replicas > {}",
+                G.tokens
+            );
+        }
+
+        fn lower(&self, tokens: u64) {
+            self.slots.fetch_sub(1, Ordering::SeqCst);
+            self.tokens.fetch_sub(tokens, Ordering::SeqCst);
+        }
+    }
+
+    pub fn bulkhead() -> Bulkhead {
+        Bulkhead::builder()
+            .max_concurrent(G.slots as u32)
+            .token_budget(G.tokens)
+            .build()
+            .unwrap()
+    }
+
+    pub fn start(url: &str, c: &ClusterConfig, b: &Bulkhead) -> RunningAgent {
+        let store = RedisStore::open(url, c).unwrap();
+        ClusterAgent::new(b.clone(), Box::new(store), c.clone())
+            .unwrap()
+            .spawn()
+            .unwrap()
+    }
+
+    /// `threads` workers on `b` until `stop`: admit, hold a little, release.
+    pub fn load(
+        b: &Bulkhead,
+        tally: &Arc<Tally>,
+        stop: &Arc<AtomicBool>,
+        threads: usize,
+        hold: Duration,
+    ) -> Vec<std::thread::JoinHandle<u64>> {
+        (0..threads)
+            .map(|k| {
+                let (b, tally, stop) = (b.clone(), tally.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) && i < 2_000_000 {
+                        i += 1;
+                        let tokens = 20 + (i * 7 + k as u64 * 13) % 80;
+                        let d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
+                        if let Ok(a) = b.try_acquire(d) {
+                            tally.raise(tokens);
+                            n += 1;
+                            std::thread::sleep(hold);
+                            tally.lower(tokens);
+                            drop(a);
+                        } else {
+                            std::thread::sleep(Duration::from_micros(300));
+                        }
+                    }
+                    n
+                })
+            })
+            .collect()
+    }
+
+    pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+        let until = Instant::now() + limit;
+        while !f() {
+            assert!(Instant::now() < until, "{what}: not within {limit:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Three bulkheads with agents against the real server, skewed load (8, 2 and 1 worker
+/// threads): the independent tally of the global in-flight sum never passes the global limits,
+/// every replica admits, and the loaded replica's share grows beyond an equal split.
+#[test]
+fn three_replicas_share_one_budget_under_a_global_tally() {
+    use agents::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(server) = Server::get("three") else {
+        return;
+    };
+    let c = config(&namespace("three"));
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let running: Vec<_> = bs.iter().map(|b| start(&server.url, &c, b)).collect();
+    let mut workers = Vec::new();
+    for (b, threads) in bs.iter().zip([8, 2, 1]) {
+        workers.push(load(b, &tally, &stop, threads, Duration::from_millis(2)));
+    }
+    // Bounded: the learning period, then until the loaded replica holds more than 2 of 6 slots.
+    wait_for("a grant after learning", Duration::from_secs(20), || {
+        running
+            .iter()
+            .all(|r| r.status().renewals > 2 && !r.status().learning)
+    });
+    wait_for(
+        "the loaded replica's share grows",
+        Duration::from_secs(20),
+        || running[0].status().installed.slots > 2,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let per: Vec<u64> = workers
+        .into_iter()
+        .map(|w| w.into_iter().map(|h| h.join().unwrap()).sum())
+        .collect();
+    for r in running {
+        r.stop().unwrap();
+    }
+    assert!(
+        per.iter().all(|&n| n > 0),
+        "every replica admitted: {per:?}"
+    );
+    // Everyone left gracefully: the table is empty.
+    let mut conn = server.conn();
+    let left: usize = redis::cmd("HLEN")
+        .arg(format!("llm-bulkhead:{{{}/b}}:v1:leases", c.namespace))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+/// The server restarts without its data while three replicas run under load: the tally holds
+/// throughout, the table comes back in learning mode, and grants resume after it.
+#[test]
+fn a_redis_restart_that_loses_the_data_keeps_the_bound() {
+    use agents::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(mut server) = Server::private("restart") else {
+        return;
+    };
+    let c = config(&namespace("restart"));
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let running: Vec<_> = bs.iter().map(|b| start(&server.url, &c, b)).collect();
+    let workers: Vec<_> = bs
+        .iter()
+        .map(|b| load(b, &tally, &stop, 3, Duration::from_millis(2)))
+        .collect();
+    wait_for("grants", Duration::from_secs(20), || {
+        running.iter().all(|r| r.status().installed.slots > 0)
+    });
+    let before = tally.admitted.load(Ordering::Relaxed);
+    server.restart();
+    wait_for(
+        "learning after the restart",
+        Duration::from_secs(20),
+        || running.iter().any(|r| r.status().learning),
+    );
+    wait_for("grants after learning", Duration::from_secs(20), || {
+        running
+            .iter()
+            .all(|r| !r.status().learning && r.status().installed.slots > 0)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        for h in w {
+            h.join().unwrap();
+        }
+    }
+    assert!(tally.admitted.load(Ordering::Relaxed) > before);
+    for r in running {
+        r.stop().unwrap();
+    }
 }

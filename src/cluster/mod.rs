@@ -61,8 +61,9 @@
 //!   clock does not step forward by more than the slack in `quarantine`.
 //! * **A3** the agent thread runs within `margin` of its deadlines (a replica paused longer,
 //!   e.g. by `SIGSTOP`, keeps an expired share installed until it runs again).
-//! * **A4** every admission ends within `max_admission` (the gateway cuts it with a deadline:
-//!   [`ClusterAgent::admission_deadline`]); the configuration requires
+//! * **A4** every admission ends within `max_admission` (the gateway cuts it with a deadline,
+//!   e.g. its upstream timeout; the agent reports work still in flight that long after its
+//!   share dropped to zero as [`AgentEvent::AdmissionOverdue`]); the configuration requires
 //!   `quarantine ≥ floor_hold + max_admission` plus slack ([`ClusterConfig::validate`]).
 //! * **A5** replica ids are unique per process start (the agent draws one).
 //!
@@ -78,13 +79,13 @@
 //! local validity ends and degrades ([`Degrade`]). Nothing panics and no error adds capacity.
 //! The Redis URL (it may carry a password) never appears in an error or an event.
 
-//mod agent;
+mod agent;
 mod allocator;
 mod lease;
 mod redis;
 mod store;
 
-//pub use agent::{AgentEvent, AgentStatus, ClusterAgent, Clock, SystemClock};
+pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
 pub use allocator::{
     release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
     RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
