@@ -370,3 +370,198 @@ fn a_store_that_lost_its_data_lets_nobody_grow() {
     sim.step(&Op::Renew(2)).unwrap();
     assert!(sim.replicas[2].lease.grant().slots > 0);
 }
+
+mod agent {
+    use llm_bulkhead::cluster::{Amounts, Clock, ClusterAgent, ClusterConfig, MemoryStore, Phase};
+    use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// One clock for the store and the replica (ms), moved by the test.
+    #[derive(Clone, Default)]
+    struct Manual(Arc<AtomicU64>);
+
+    impl Clock for Manual {
+        fn now_ms(&self) -> u64 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Manual {
+        fn set(&self, t: u64) {
+            self.0.store(t, Ordering::SeqCst);
+        }
+    }
+
+    fn config() -> ClusterConfig {
+        ClusterConfig::new("agent", "b")
+            .ttl(Duration::from_millis(1_000))
+            .max_admission(Duration::from_millis(1_000))
+            .floor(Amounts::new(2, 0))
+            .floor_hold(Duration::from_millis(500))
+            .quarantine(Duration::from_millis(2_000))
+    }
+
+    fn setup(b: &Bulkhead) -> (Manual, MemoryStore, ClusterAgent) {
+        let clock = Manual::default();
+        let c2 = clock.clone();
+        let store = MemoryStore::with_clock(move || c2.now_ms());
+        let agent = ClusterAgent::new(b.clone(), Box::new(store.clone()), config()).unwrap();
+        (clock, store, agent)
+    }
+
+    /// Lease, cut-off, floor, zero, heal: the bulkhead's limits follow the lease on the
+    /// injected clock, with strictly increasing revisions.
+    #[test]
+    fn the_agent_degrades_on_its_own_deadline() {
+        let b = Bulkhead::new(8).unwrap();
+        let (clock, store, mut agent) = setup(&b);
+        assert_eq!(b.limits().max_concurrent, 0, "zero until the first grant");
+        agent.tick(&clock);
+        assert!(agent.status().learning);
+        assert_eq!(b.limits().max_concurrent, 0, "a new table learns first");
+        clock.set(3_001);
+        agent.tick(&clock);
+        assert_eq!(
+            b.limits().max_concurrent,
+            8,
+            "alone: the floor and all the spare"
+        );
+        let renewed = 3_001;
+        store.set_reachable(false);
+        let mut revisions = vec![b.limits().revision];
+        let mut seen = Vec::new();
+        // Valid until 1000 − 1% − 50 ms after the send; then the floor for 500 ms; then zero.
+        for t in (renewed..renewed + 2_000).step_by(10) {
+            clock.set(t);
+            agent.tick(&clock);
+            let l = b.limits();
+            if revisions.last() != Some(&l.revision) {
+                revisions.push(l.revision);
+                seen.push((t, l.max_concurrent, agent.status().phase));
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (renewed + 940, 2, Phase::Floor),
+                (renewed + 1_440, 0, Phase::Closed)
+            ]
+        );
+        assert!(agent.status().failures > 0);
+        store.set_reachable(true);
+        clock.set(renewed + 2_100);
+        agent.tick(&clock);
+        assert_eq!(b.limits().max_concurrent, 8);
+        revisions.push(b.limits().revision);
+        assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
+    }
+
+    /// Class floors are split with the share, rounded down; ceilings capped at the share.
+    #[test]
+    fn class_floors_scale_with_the_share() {
+        let b = Bulkhead::builder()
+            .max_concurrent(8)
+            .class(
+                "a",
+                ClassLimits {
+                    protected_concurrent: 4,
+                    max_concurrent: Some(6),
+                    ..Default::default()
+                },
+            )
+            .class(
+                "b",
+                ClassLimits {
+                    protected_concurrent: 3,
+                    ..Default::default()
+                },
+            )
+            .default_class("a")
+            .build()
+            .unwrap();
+        let (clock, store, mut agent) = setup(&b);
+        // A second replica takes half the budget.
+        let mut other = ClusterAgent::new(
+            Bulkhead::builder()
+                .max_concurrent(8)
+                .class(
+                    "a",
+                    ClassLimits {
+                        protected_concurrent: 4,
+                        max_concurrent: Some(6),
+                        ..Default::default()
+                    },
+                )
+                .class(
+                    "b",
+                    ClassLimits {
+                        protected_concurrent: 3,
+                        ..Default::default()
+                    },
+                )
+                .default_class("a")
+                .build()
+                .unwrap(),
+            Box::new(store.clone()),
+            config(),
+        )
+        .unwrap();
+        // Both renew during the learning period (records stay live), then after it.
+        for t in [0, 2_000, 3_001] {
+            clock.set(t);
+            agent.tick(&clock);
+            other.tick(&clock);
+        }
+        let l = b.limits();
+        assert_eq!(l.max_concurrent, 4, "an equal split of 8");
+        let a = l.classes.get(b.class_id("a").unwrap()).unwrap();
+        let bb = l.classes.get(b.class_id("b").unwrap()).unwrap();
+        assert_eq!((a.protected_concurrent, a.max_concurrent), (2, Some(4)));
+        assert_eq!(bb.protected_concurrent, 1, "3 * 4 / 8 rounded down");
+    }
+
+    /// Refusals raise a replica's demand and it renews early; an idle replica's share shrinks
+    /// toward the floor; the loaded one gets the rest (after the idle one confirmed).
+    #[test]
+    fn refusals_move_the_share() {
+        let (busy, idle) = (Bulkhead::new(8).unwrap(), Bulkhead::new(8).unwrap());
+        let (clock, store, mut a) = setup(&busy);
+        let mut b = ClusterAgent::new(idle.clone(), Box::new(store.clone()), config()).unwrap();
+        for t in [0, 2_000] {
+            clock.set(t);
+            a.tick(&clock);
+            b.tick(&clock);
+        }
+        let mut t = 3_001;
+        for _ in 0..20 {
+            clock.set(t);
+            // The busy replica takes everything it may, is refused once more, and finishes.
+            let mut held = Vec::new();
+            while let Ok(x) = busy.try_acquire(Demand::slot()) {
+                held.push(x);
+            }
+            drop(held);
+            a.tick(&clock);
+            b.tick(&clock);
+            t += 100;
+        }
+        assert_eq!(
+            idle.limits().max_concurrent,
+            2,
+            "the idle replica keeps its floor"
+        );
+        assert_eq!(
+            busy.limits().max_concurrent,
+            6,
+            "the busy one gets the rest"
+        );
+        let total = llm_bulkhead::cluster::reserved_total(
+            &store.table(),
+            &config().store_params(Amounts::new(8, 0)),
+            t,
+        );
+        assert!(total.slots <= 8);
+    }
+}
