@@ -286,11 +286,9 @@ fn foreign_and_corrupt_values_are_refused_and_left_alone() {
             redis::cmd("DUMP").arg(&leases).query(c).unwrap(),
         )
     };
-    let cases: Vec<(
-        &str,
-        Box<dyn Fn(&mut redis::Connection)>,
-        fn(&StoreError) -> bool,
-    )> = vec![
+    type Set<'a> = Box<dyn Fn(&mut redis::Connection) + 'a>;
+    type Case<'a> = (&'a str, Set<'a>, fn(&StoreError) -> bool);
+    let cases: Vec<Case<'_>> = vec![
         (
             "meta is a string",
             Box::new(|c| redis::cmd("SET").arg(&meta).arg("hello").exec(c).unwrap()),

@@ -42,8 +42,9 @@ pub enum Degrade {
 ///     .max_admission(Duration::from_secs(2))
 ///     .floor(Amounts::new(1, 500))
 ///     .floor_hold(Duration::from_millis(500));
-/// assert!(c.validate().is_err()); // the default quarantine is shorter than floor_hold + max_admission
-/// assert!(c.clone().quarantine(Duration::from_secs(3)).validate().is_ok());
+/// // A quarantine shorter than floor_hold + max_admission (plus slack) is refused.
+/// assert!(c.clone().quarantine(Duration::from_secs(2)).validate().is_err());
+/// assert!(c.quarantine(Duration::from_secs(3)).validate().is_ok());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {
