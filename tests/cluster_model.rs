@@ -461,29 +461,7 @@ mod agent {
     /// Class floors are split with the share, rounded down; ceilings capped at the share.
     #[test]
     fn class_floors_scale_with_the_share() {
-        let b = Bulkhead::builder()
-            .max_concurrent(8)
-            .class(
-                "a",
-                ClassLimits {
-                    protected_concurrent: 4,
-                    max_concurrent: Some(6),
-                    ..Default::default()
-                },
-            )
-            .class(
-                "b",
-                ClassLimits {
-                    protected_concurrent: 3,
-                    ..Default::default()
-                },
-            )
-            .default_class("a")
-            .build()
-            .unwrap();
-        let (clock, store, mut agent) = setup(&b);
-        // A second replica takes half the budget.
-        let mut other = ClusterAgent::new(
+        let classed = || {
             Bulkhead::builder()
                 .max_concurrent(8)
                 .class(
@@ -503,11 +481,12 @@ mod agent {
                 )
                 .default_class("a")
                 .build()
-                .unwrap(),
-            Box::new(store.clone()),
-            config(),
-        )
-        .unwrap();
+                .unwrap()
+        };
+        let b = classed();
+        let (clock, store, mut agent) = setup(&b);
+        // A second replica takes half the budget.
+        let mut other = ClusterAgent::new(classed(), Box::new(store.clone()), config()).unwrap();
         // Both renew during the learning period (records stay live), then after it.
         for t in [0, 2_000, 3_001] {
             clock.set(t);

@@ -35,13 +35,7 @@ fn monotonic_us() -> u64 {
 }
 
 fn config(ns: &str) -> ClusterConfig {
-    let c = ClusterConfig::new(ns, "b")
-        .ttl(Duration::from_millis(300))
-        .max_admission(Duration::from_millis(200))
-        .floor(Amounts::new(1, 100))
-        .floor_hold(Duration::from_millis(100));
-    let q = c.needed_quarantine_ms();
-    c.quarantine(Duration::from_millis(q))
+    redis_server::quick_config(ns, 300)
 }
 
 /// The replica, when this binary runs as a child (`url|namespace|run_ms`); a no-op otherwise.

@@ -462,13 +462,7 @@ mod agents {
     pub const G: Amounts = Amounts::new(6, 600);
 
     pub fn config(ns: &str) -> ClusterConfig {
-        let c = ClusterConfig::new(ns, "b")
-            .ttl(Duration::from_millis(300))
-            .max_admission(Duration::from_millis(200))
-            .floor(Amounts::new(1, 100))
-            .floor_hold(Duration::from_millis(100));
-        let q = c.needed_quarantine_ms();
-        c.quarantine(Duration::from_millis(q))
+        super::redis_server::quick_config(ns, 300)
     }
 
     /// The global in-flight tally: raised right after an admission, lowered right before its

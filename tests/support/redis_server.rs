@@ -116,3 +116,16 @@ pub fn namespace(test: &str) -> String {
         .subsec_nanos();
     format!("t{}-{nanos}-{test}", std::process::id())
 }
+
+/// Short timings for the cluster tests and figures: `ttl_ms`, admissions of at most 200 ms, a
+/// floor of one slot and 100 tokens held 100 ms, and the shortest quarantine `validate` accepts.
+pub fn quick_config(ns: &str, ttl_ms: u64) -> llm_bulkhead::cluster::ClusterConfig {
+    use llm_bulkhead::cluster::{Amounts, ClusterConfig};
+    let c = ClusterConfig::new(ns, "b")
+        .ttl(Duration::from_millis(ttl_ms))
+        .max_admission(Duration::from_millis(200))
+        .floor(Amounts::new(1, 100))
+        .floor_hold(Duration::from_millis(100));
+    let q = c.needed_quarantine_ms();
+    c.quarantine(Duration::from_millis(q))
+}
