@@ -24,14 +24,14 @@ use std::time::{Duration, Instant};
 const CHILD: &str = "LLM_BULKHEAD_CLUSTER_CHILD";
 const G: Amounts = Amounts::new(6, 600);
 
-fn monotonic_us() -> u64 {
+fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn config(ns: &str) -> ClusterConfig {
@@ -55,6 +55,7 @@ fn replica_child() {
     let store = RedisStore::open(url, &c).unwrap();
     let agent = ClusterAgent::new(b.clone(), Box::new(store), c)
         .unwrap()
+        .on_event(|e| println!("@@ V {} {e:?}", monotonic_ns()))
         .spawn()
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -68,9 +69,9 @@ fn replica_child() {
                     let tokens = 20 + (i * 7 + k * 13) % 80;
                     let d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
                     if let Ok(a) = b.try_acquire(d) {
-                        println!("@@ S {k}.{i} {} {tokens}", monotonic_us());
+                        println!("@@ S {k}.{i} {} {tokens}", monotonic_ns());
                         std::thread::sleep(Duration::from_millis(2));
-                        println!("@@ E {k}.{i} {} {tokens}", monotonic_us());
+                        println!("@@ E {k}.{i} {} {tokens}", monotonic_ns());
                         drop(a);
                     } else {
                         std::thread::sleep(Duration::from_micros(500));
@@ -84,39 +85,51 @@ fn replica_child() {
     for w in workers {
         w.join().unwrap();
     }
+    println!("@@ X {}", monotonic_ns());
     agent.stop().unwrap();
+    println!("@@ L {}", monotonic_ns());
     std::io::stdout().flush().unwrap();
 }
 
 struct Interval {
+    replica: usize,
     start: u64,
     end: u64,
     tokens: u64,
 }
 
-/// Largest (slots, tokens) in flight at any instant; starts before ends at equal times (both
-/// logged intervals contain that instant, so both true ones do).
-fn sweep(all: &[Interval]) -> (u64, u64) {
-    let mut ev: Vec<(u64, i8, u64)> = Vec::new();
+/// Largest (slots, tokens) in flight at any instant. Ends before starts at equal stamps: a
+/// release and the admission it made room for are stamped in that order (the end before the
+/// release, the start after the admission), so an equal stamp is one clock tick both fell in,
+/// not an overlap (with starts first, microsecond stamps made this sweep report 7 of 6).
+/// Also returns, for the first instant of the slot peak, that instant and the slots each
+/// replica had in flight then.
+fn sweep(all: &[Interval]) -> (u64, u64, u64, [i64; 3]) {
+    let mut ev: Vec<(u64, i8, u64, usize)> = Vec::new();
     for i in all {
-        ev.push((i.start, 0, i.tokens));
-        ev.push((i.end, 1, i.tokens));
+        ev.push((i.start, 1, i.tokens, i.replica));
+        ev.push((i.end, 0, i.tokens, i.replica));
     }
     ev.sort();
     let (mut s, mut t, mut ms, mut mt) = (0i64, 0i64, 0i64, 0i64);
-    for (_, kind, tokens) in ev {
+    let (mut per, mut at, mut per_at) = ([0i64; 3], 0, [0i64; 3]);
+    for (time, kind, tokens, r) in ev {
         let tokens = tokens as i64;
-        if kind == 0 {
+        if kind == 1 {
             s += 1;
             t += tokens;
+            per[r] += 1;
         } else {
             s -= 1;
             t -= tokens;
+            per[r] -= 1;
         }
-        ms = ms.max(s);
+        if s > ms {
+            (ms, at, per_at) = (s, time, per);
+        }
         mt = mt.max(t);
     }
-    (ms as u64, mt as u64)
+    (ms as u64, mt as u64, at, per_at)
 }
 
 #[test]
@@ -184,7 +197,7 @@ fn replica_processes_killed_and_stopped_stay_within_the_global_limits() {
     // SAFETY: kill(2) on a child we started and have not reaped.
     unsafe { libc::kill(pid0, libc::SIGKILL) };
     children[0].wait().unwrap();
-    let killed_at = monotonic_us();
+    let killed_at = monotonic_ns();
     // SIGSTOP replica 1 for 150 ms (less than the quarantine), then SIGCONT.
     let pid1 = children[1].id() as i32;
     // SAFETY: as above.
@@ -199,7 +212,7 @@ fn replica_processes_killed_and_stopped_stay_within_the_global_limits() {
     wait_for("the survivors hold more than two thirds", &mut || {
         granted(&mut conn).iter().sum::<u64>() > 4
     });
-    let took_over_at = monotonic_us();
+    let took_over_at = monotonic_ns();
     for mut ch in children.into_iter().skip(1) {
         assert!(ch.wait().unwrap().success());
     }
@@ -212,6 +225,9 @@ fn replica_processes_killed_and_stopped_stay_within_the_global_limits() {
     let mut all = Vec::new();
     for (n, line) in logs.iter() {
         let f: Vec<&str> = line.split_whitespace().collect();
+        if !matches!(f[1], "S" | "E") {
+            continue;
+        }
         let (kind, id, t, tokens) = (
             f[1],
             f[2].to_string(),
@@ -222,6 +238,7 @@ fn replica_processes_killed_and_stopped_stay_within_the_global_limits() {
             open.insert((*n, id), (t, tokens));
         } else if let Some((start, tokens)) = open.remove(&(*n, id)) {
             all.push(Interval {
+                replica: *n,
                 start,
                 end: t,
                 tokens,
@@ -231,25 +248,45 @@ fn replica_processes_killed_and_stopped_stay_within_the_global_limits() {
     for ((n, _), (start, tokens)) in open {
         assert_eq!(n, 0, "only the killed replica leaves work open");
         all.push(Interval {
+            replica: n,
             start,
             end: killed_at,
             tokens,
         });
     }
-    let (slots, tokens) = sweep(&all);
+    let (slots, tokens, peak_at, per) = sweep(&all);
+    if slots > G.slots {
+        // The agents' events around the peak, for the failure message.
+        for (n, line) in logs.iter() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let t: u64 = f[2].parse().unwrap_or(0);
+            if matches!(f[1], "V" | "X" | "L")
+                && t + 500_000_000 > peak_at
+                && t < peak_at + 100_000_000
+            {
+                eprintln!(
+                    "replica {n} at {} ms: {}",
+                    (t as i64 - peak_at as i64) / 1_000_000,
+                    f[1..].join(" ")
+                );
+            }
+        }
+    }
     eprintln!(
         "{} admissions logged; peak in flight across processes: {slots} slots, {tokens} tokens \
          (global {G:?}); take-over {} ms after the kill",
         all.len(),
-        (took_over_at - killed_at) / 1_000
+        (took_over_at - killed_at) / 1_000_000
     );
     assert!(all.len() > 100);
     assert!(
         slots <= G.slots && tokens <= G.tokens,
-        "overshoot: {slots} slots, {tokens} tokens"
+        "overshoot: {slots} slots, {tokens} tokens; the slot peak {} ms after the kill, per \
+         replica {per:?}",
+        (peak_at as i64 - killed_at as i64) / 1_000_000
     );
     // The quarantine was respected: no take-over before ttl + quarantine after the kill
     // (the killed replica renewed less than a TTL before it).
     let hold_ms = c.store_params(G).hold_ms();
-    assert!((took_over_at - killed_at) / 1_000 + c.ttl.as_millis() as u64 >= hold_ms);
+    assert!((took_over_at - killed_at) / 1_000_000 + c.ttl.as_millis() as u64 >= hold_ms);
 }
