@@ -37,7 +37,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let r = 0..REPLICAS;
     prop_oneof![
-        6 => (1u64..400).prop_map(Op::Advance),
+        6 => (1u64..800).prop_map(Op::Advance),
         6 => r.clone().prop_map(Op::Renew),
         1 => r.clone().prop_map(Op::RenewLost),
         1 => (r.clone(), 1u64..300).prop_map(|(i, d)| Op::RenewLate(i, d)),
@@ -264,10 +264,11 @@ fn drifts() -> impl Strategy<Value = [i64; REPLICAS]> {
     ]
 }
 
-fn runner(cases: u32) -> TestRunner {
+fn runner(cases: u32, max_shrink_iters: u32) -> TestRunner {
     TestRunner::new_with_rng(
         Config {
             cases,
+            max_shrink_iters,
             failure_persistence: None,
             ..Config::default()
         },
@@ -278,7 +279,7 @@ fn runner(cases: u32) -> TestRunner {
 #[test]
 fn shares_never_sum_above_the_global_limits() {
     let c = good();
-    let mut r = runner(400);
+    let mut r = runner(400, 1_024);
     let strategy = (drifts(), prop::collection::vec(op(), 1..400));
     r.run(&strategy, |(d, ops)| run(&c, d, &ops)).unwrap();
 }
@@ -289,9 +290,15 @@ fn a_quarantine_shorter_than_an_admission_is_caught() {
     // off with long work in flight has its share handed out while that work runs.
     let c = config().quarantine(Duration::from_millis(500));
     assert!(c.validate().is_err(), "validate must refuse it too");
-    let mut r = runner(2_000);
+    // Found within the first cases; a short shrink keeps the test quick.
+    let mut r = runner(2_000, 16);
     let strategy = (drifts(), prop::collection::vec(op(), 1..400));
-    let found = r.run(&strategy, |(d, ops)| run(&c, d, &ops));
+    let cases = std::cell::Cell::new(0u32);
+    let found = r.run(&strategy, |(d, ops)| {
+        cases.set(cases.get() + 1);
+        run(&c, d, &ops)
+    });
+    eprintln!("{} cases run (with shrinking)", cases.get());
     let Err(e) = found else {
         panic!("the checker did not find the overshoot of a short quarantine");
     };
