@@ -657,3 +657,122 @@ fn a_redis_restart_that_loses_the_data_keeps_the_bound() {
         r.stop().unwrap();
     }
 }
+
+/// A loopback TCP proxy to the server's Unix socket that can blackhole its traffic (bytes read
+/// and dropped, nothing answered), as a network partition does.
+mod proxy {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    pub struct Proxy {
+        pub url: String,
+        pub cut: Arc<AtomicBool>,
+    }
+
+    fn pump(mut from: impl Read, mut to: impl Write, cut: Arc<AtomicBool>) {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !cut.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    }
+
+    pub fn start(socket: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        let cut = Arc::new(AtomicBool::new(false));
+        let (socket, c) = (socket.to_string(), cut.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = UnixStream::connect(&socket) else {
+                    continue;
+                };
+                let (c1, c2) = (c.clone(), c.clone());
+                let (client2, server2): (TcpStream, UnixStream) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pump(client, server, c1));
+                std::thread::spawn(move || pump(server2, client2, c2));
+            }
+        });
+        Proxy { url, cut }
+    }
+}
+
+/// Replica 0 reaches Redis through a proxy that blackholes it for a while: it falls to its
+/// floor at its own deadline and then to zero (its store calls bounded by that deadline), the
+/// others do not get its share before its quarantine, the tally holds throughout, and after
+/// the heal it gets a share again.
+#[test]
+fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
+    use agents::*;
+    use llm_bulkhead::cluster::Phase;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(server) = Server::private("blackhole") else {
+        return;
+    };
+    let socket = server.url.trim_start_matches("redis+unix://").to_string();
+    let proxy = proxy::start(&socket);
+    // A floor held for 1 s, and replica 0's client waiting up to 5 s for an answer: unless the
+    // agent bounds each call by its own next deadline, the blackholed call outlasts the floor.
+    let c = config(&namespace("blackhole")).floor_hold(Duration::from_secs(1));
+    let c = c
+        .clone()
+        .quarantine(Duration::from_millis(c.needed_quarantine_ms()));
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let slow = RedisStore::open(&proxy.url, &c)
+        .unwrap()
+        .with_timeout(Duration::from_secs(5));
+    let mut running =
+        vec![
+            llm_bulkhead::cluster::ClusterAgent::new(bs[0].clone(), Box::new(slow), c.clone())
+                .unwrap()
+                .spawn()
+                .unwrap(),
+        ];
+    running.extend(bs[1..].iter().map(|b| start(&server.url, &c, b)));
+    let workers: Vec<_> = bs
+        .iter()
+        .map(|b| load(b, &tally, &stop, 3, Duration::from_millis(2)))
+        .collect();
+    wait_for("grants", Duration::from_secs(20), || {
+        running
+            .iter()
+            .all(|r| r.status().installed.slots > 0 && !r.status().learning)
+    });
+    proxy.cut.store(true, Ordering::SeqCst);
+    let mut phases = vec![running[0].status().phase];
+    wait_for("replica 0 closed", Duration::from_secs(20), || {
+        let p = running[0].status().phase;
+        if phases.last() != Some(&p) {
+            phases.push(p);
+        }
+        p == Phase::Closed
+    });
+    assert_eq!(bs[0].limits().max_concurrent, 0);
+    // The floor came at the lease's end, not after a blocked call: the call was bounded.
+    assert!(phases.contains(&Phase::Floor), "{phases:?}");
+    proxy.cut.store(false, Ordering::SeqCst);
+    wait_for("replica 0 rejoins", Duration::from_secs(20), || {
+        running[0].status().installed.slots > 0
+    });
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        for h in w {
+            h.join().unwrap();
+        }
+    }
+    for r in running {
+        let _ = r.stop();
+    }
+}

@@ -402,6 +402,10 @@ impl ClusterAgent {
             let s = self.bulkhead.stats();
             self.rejected_seen = s.rejected.saturating_sub(s.rejected_by_reason.shutdown);
             self.peak = held;
+            // A store that stops answering must not hold this thread past the next change of
+            // the share (the end of the lease or of the floor): the call gets what is left.
+            let left = self.lease.next_change(now).map_or(u64::MAX, |t| t - now);
+            self.store.set_call_timeout(Duration::from_millis(left));
             match self.store.renew(&self.params, &req) {
                 Ok(reply) => {
                     self.lease.on_reply(now, &reply);

@@ -60,7 +60,9 @@
 //! * **A2** replica and store clock *rates* differ by at most `rate_bound_ppm`, and the store's
 //!   clock does not step forward by more than the slack in `quarantine`.
 //! * **A3** the agent thread runs within `margin` of its deadlines (a replica paused longer,
-//!   e.g. by `SIGSTOP`, keeps an expired share installed until it runs again).
+//!   e.g. by `SIGSTOP`, keeps an expired share installed until it runs again). A store that
+//!   stops answering does not delay it: each store call is bounded by the time left until the
+//!   installed share must change ([`LeaseStore::set_call_timeout`]).
 //! * **A4** every admission ends within `max_admission` (the gateway cuts it with a deadline,
 //!   e.g. its upstream timeout; the agent reports work still in flight that long after its
 //!   share dropped to zero as [`AgentEvent::AdmissionOverdue`]); the configuration requires

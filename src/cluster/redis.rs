@@ -8,7 +8,7 @@ use super::allocator::{AllocError, RenewReply, RenewRequest, StoreParams};
 use super::lease::ClusterConfig;
 use super::store::{LeaseStore, StoreError};
 use super::Amounts;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const FORMAT: &str = "llm-bulkhead-lease/1";
 
@@ -28,6 +28,7 @@ pub struct RedisStore {
     keys: [String; 2],
     script: redis::Script,
     timeout: Duration,
+    call_timeout: Duration,
     round_trips: u64,
 }
 
@@ -62,6 +63,7 @@ impl RedisStore {
             keys: [format!("{base}:meta"), format!("{base}:leases")],
             script: redis::Script::new(include_str!("lease.lua")),
             timeout: Duration::from_millis(500),
+            call_timeout: Duration::from_millis(500),
             round_trips: 0,
         })
     }
@@ -71,7 +73,7 @@ impl RedisStore {
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{ClusterConfig, RedisStore};
-    /// # use std::time::Duration;
+    /// # use std::time::{Duration, Instant};
     /// let s = RedisStore::open("redis://127.0.0.1/", &ClusterConfig::new("a", "b")).unwrap()
     ///     .with_timeout(Duration::from_millis(100));
     /// # let _ = s;
@@ -79,6 +81,7 @@ impl RedisStore {
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.call_timeout = timeout;
         self
     }
 
@@ -107,26 +110,32 @@ impl RedisStore {
     }
 
     /// The connection, opened and checked (server version ≥ 5.0) if there is none.
-    fn connection(&mut self) -> Result<&mut redis::Connection, StoreError> {
-        if self.conn.is_none() {
-            let conn = self
-                .client
-                .get_connection_with_timeout(self.timeout)
-                .map_err(map_error)?;
-            let t = Some(self.timeout);
-            conn.set_read_timeout(t).map_err(map_error)?;
-            conn.set_write_timeout(t).map_err(map_error)?;
-            let mut conn = conn;
-            self.round_trips += 2;
-            let info: String = redis::cmd("INFO")
-                .arg("server")
-                .query(&mut conn)
-                .map_err(map_error)?;
-            check_version(&info)?;
-            self.conn = Some(conn);
+    /// The connection, opened and checked (server version ≥ 5.0, script loaded) if there is
+    /// none; every step bounded by what is left until `deadline`.
+    fn connection(&mut self, deadline: Instant) -> Result<(), StoreError> {
+        if self.conn.is_some() {
+            return Ok(());
         }
-        // Just set above when it was missing.
-        self.conn.as_mut().ok_or(StoreError::Partitioned)
+        // The client's connect waits its timeout for the socket and again for each reply of
+        // its set-up pipeline (CLIENT SETINFO twice, AUTH, SELECT): a quarter of what is left
+        // keeps the whole connect inside the deadline against a server that stopped answering.
+        let mut conn = self
+            .client
+            .get_connection_with_timeout(left(deadline)? / 4)
+            .map_err(map_error)?;
+        self.round_trips += 3;
+        bound(&conn, deadline)?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut conn)
+            .map_err(map_error)?;
+        check_version(&info)?;
+        // Loaded here, inside the deadline, so that the call's EVALSHA does not meet NOSCRIPT
+        // (which would cost two more round trips, each with the whole timeout).
+        bound(&conn, deadline)?;
+        self.script.load(&mut conn).map_err(map_error)?;
+        self.conn = Some(conn);
+        Ok(())
     }
 
     fn call(
@@ -135,8 +144,14 @@ impl RedisStore {
         p: &StoreParams,
         req: &RenewRequest,
     ) -> Result<redis::Value, StoreError> {
-        self.connection()?;
+        // One deadline for the whole call: connect, version check, script load and EVALSHA.
+        let deadline = Instant::now() + self.call_timeout;
+        self.connection(deadline)?;
         let conn = self.conn.as_mut().ok_or(StoreError::Partitioned)?;
+        if let Err(e) = bound(conn, deadline) {
+            self.conn = None;
+            return Err(e);
+        }
         let mut inv = self.script.prepare_invoke();
         inv.key(&self.keys[0])
             .key(&self.keys[1])
@@ -170,6 +185,22 @@ impl RedisStore {
             map_error(e)
         })
     }
+}
+
+/// What is left until `deadline` (at least 1 ms), or a timeout if nothing is.
+fn left(deadline: Instant) -> Result<Duration, StoreError> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d < Duration::from_millis(1) {
+        return Err(StoreError::Unreachable("timed out".into()));
+    }
+    Ok(d)
+}
+
+/// Sets the connection's read and write timeouts to what is left until `deadline`.
+fn bound(conn: &redis::Connection, deadline: Instant) -> Result<(), StoreError> {
+    let t = Some(left(deadline)?);
+    conn.set_read_timeout(t).map_err(map_error)?;
+    conn.set_write_timeout(t).map_err(map_error)
 }
 
 /// Refuses servers before 5.0 (scripts not replicated as effects by default, so `TIME` before a
@@ -273,6 +304,10 @@ impl LeaseStore for RedisStore {
             now_ms,
             learning: learning == 1,
         })
+    }
+
+    fn set_call_timeout(&mut self, timeout: Duration) {
+        self.call_timeout = timeout.clamp(Duration::from_millis(1), self.timeout);
     }
 
     fn release(&mut self, p: &StoreParams, req: &RenewRequest) -> Result<(), StoreError> {

@@ -82,6 +82,14 @@ pub trait LeaseStore: Send {
     /// # Errors
     /// [`StoreError`]; the record stays until `ttl + quarantine`.
     fn release(&mut self, p: &StoreParams, req: &RenewRequest) -> Result<(), StoreError>;
+
+    /// Bounds the next calls to `timeout` (connect, send and answer). The agent sets it before
+    /// every renewal to the time left until its installed share must change, so a store that
+    /// stops answering cannot hold the agent past its own deadline. The default ignores it
+    /// (a store that never blocks).
+    fn set_call_timeout(&mut self, timeout: std::time::Duration) {
+        let _ = timeout;
+    }
 }
 
 type NowFn = dyn Fn() -> u64 + Send + Sync;
