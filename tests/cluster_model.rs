@@ -551,3 +551,38 @@ mod agent {
         assert!(total.slots <= 8);
     }
 }
+
+/// Fail-open is explicit and does what its name says: once the lease lapsed, the replica
+/// installs the whole global limits (up to R× the global limit across R replicas), and its
+/// configuration is exempt from the quarantine rule. The default and fail-closed never do.
+#[test]
+fn fail_open_is_explicit_and_installs_the_global_limits() {
+    use llm_bulkhead::cluster::{Degrade, Phase, RenewReply};
+    let reply = RenewReply {
+        granted: Amounts::new(3, 300),
+        epoch: 1,
+        seq: 1,
+        now_ms: 0,
+        learning: false,
+    };
+    let lapsed = 10_000;
+    for (degrade, after) in [
+        (Degrade::FailOpen, GLOBAL),
+        (Degrade::FailClosed, Amounts::ZERO),
+        (Degrade::FloorThenClosed, Amounts::ZERO),
+    ] {
+        let c = config().degrade(degrade).quarantine(Duration::ZERO);
+        assert_eq!(
+            c.validate().is_ok(),
+            degrade == Degrade::FailOpen,
+            "{degrade:?}"
+        );
+        let mut l = Lease::new(&c, GLOBAL);
+        l.on_reply(0, &reply);
+        assert_eq!(l.share_at(1), reply.granted);
+        assert_eq!(
+            (l.phase_at(lapsed), l.share_at(lapsed)),
+            (Phase::Closed, after)
+        );
+    }
+}
