@@ -1,6 +1,9 @@
 //! Token estimation cost: the naive and the model-aware estimator on a 200-character message
 //! with a text block and an image block (the reference's ≈5.4 µs acquire+release-with-estimator
-//! case), per KB of prompt, and a plain 200-character string message.
+//! case), per KB of prompt, and a plain 200-character string message. Then request shapes as
+//! JSON bodies (`shape/...`): estimated while parsing (`estimate_body`), estimated from a parsed
+//! request (`estimate_parsed`), and, as the anchor, parsing the body into an `LlmRequest`
+//! (`parse`: what a gateway did before estimating).
 
 use criterion::{black_box, criterion_main, Criterion, Throughput};
 use llm_bulkhead::llm::{
@@ -76,7 +79,63 @@ fn estimate(c: &mut Criterion) {
             b.iter(|| aware.estimate(black_box(&r)).unwrap())
         });
     }
+    shapes(&mut g, &aware);
     g.finish();
+}
+
+/// The shapes' bodies.
+fn bodies() -> Vec<(&'static str, String)> {
+    let english = "The gateway admits a request when its reservation fits the budget, and refuses it otherwise. ";
+    let prose = |n: usize| english.repeat(n.div_ceil(english.len()))[..n].to_owned();
+    let tool = |i: usize| {
+        serde_json::json!({"type": "function", "function": {"name": format!("tool_{i}"),
+            "description": prose(200), "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": prose(60)}, "limit": {"type": "integer"}},
+            "required": ["query"]}}})
+    };
+    let mut transcript = vec![serde_json::json!({"role": "system", "content": prose(800)})];
+    for i in 0..12 {
+        transcript.push(serde_json::json!({"role": "user", "content": prose(200)}));
+        transcript.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{i}"),
+            "type": "function", "function": {"name": "grep", "arguments": format!("{{\"pattern\": \"budget_{i}\", \"path\": \"src/\"}}")}}]}));
+        transcript.push(serde_json::json!({"role": "tool", "tool_call_id": format!("call_{i}"), "content": prose(900)}));
+    }
+    let png = "iVBORw0KGgoAAAANSUhEUgAABAAAAAQACAYAAAB/".to_owned() + &"A".repeat(200);
+    let images: Vec<_> = (0..20)
+        .map(|_| serde_json::json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}))
+        .collect();
+    vec![
+        ("chat_1kb", serde_json::json!({"model": "gpt-4o", "max_tokens": 256, "messages": [
+            {"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": prose(1_000)}]}).to_string()),
+        ("cjk_1kb", serde_json::json!({"model": "gpt-4o", "messages": [
+            {"role": "user", "content": "预算允许请求进入网关否则拒绝".repeat(24)}]}).to_string()),
+        ("tools_4kb", serde_json::json!({"model": "gpt-4o", "tools": (0..12).map(tool).collect::<Vec<_>>(),
+            "messages": [{"role": "user", "content": "hi"}]}).to_string()),
+        ("agent_16kb", serde_json::json!({"model": "gpt-4o", "max_tokens": 2_000, "messages": transcript}).to_string()),
+        ("images_20", serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [
+            {"role": "user", "content": images}]}).to_string()),
+    ]
+}
+
+/// Request shapes as JSON bodies.
+fn shapes(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    aware: &ModelAwareEstimator,
+) {
+    for (name, body) in bodies() {
+        let body = body.into_bytes();
+        let parsed: LlmRequest = serde_json::from_slice(&body).unwrap();
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(format!("shape/{name}/estimate_body"), |b| {
+            b.iter(|| aware.estimate_body(black_box(&body)).unwrap())
+        });
+        g.bench_function(format!("shape/{name}/estimate_parsed"), |b| {
+            b.iter(|| aware.estimate(black_box(&parsed)).unwrap())
+        });
+        g.bench_function(format!("shape/{name}/parse"), |b| {
+            b.iter(|| serde_json::from_slice::<LlmRequest>(black_box(&body)).unwrap())
+        });
+    }
 }
 
 /// The criterion group of this target (in a module: the macro's function has no doc comment).

@@ -15,6 +15,10 @@
 //! round stops early after 20 s.
 #![allow(missing_docs)]
 
+#[path = "support/args.rs"]
+mod args;
+
+use args::arg;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
@@ -35,31 +39,11 @@ struct Opts {
 }
 
 fn opts() -> Opts {
-    let mut o = Opts {
-        connections: 16,
-        requests: 1_000,
-        rounds: 3,
-    };
-    let args: Vec<String> = std::env::args().collect();
-    let mut i = 1;
-    while i < args.len() {
-        let v = args.get(i + 1).and_then(|v| v.parse().ok());
-        match (args[i].as_str(), v) {
-            ("--connections", Some(v)) => o.connections = v,
-            ("--requests", Some(v)) => o.requests = v,
-            ("--rounds", Some(v)) => o.rounds = v,
-            // `cargo bench` passes `--bench`; anything else is ignored too.
-            _ => {
-                i += 1;
-                continue;
-            }
-        }
-        i += 2;
+    Opts {
+        connections: arg("--connections").unwrap_or(16).clamp(1, 256),
+        requests: arg("--requests").unwrap_or(1_000).clamp(1, 100_000),
+        rounds: arg("--rounds").unwrap_or(3).clamp(1, 20),
     }
-    o.connections = o.connections.clamp(1, 256);
-    o.requests = o.requests.clamp(1, 100_000);
-    o.rounds = o.rounds.clamp(1, 20);
-    o
 }
 
 fn app() -> Router {

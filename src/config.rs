@@ -47,6 +47,7 @@
 //! A control plane sends [`LimitsConfig`]s: the whole snapshot, classes by name.
 //! [`apply_limits_file`] reads one from a file and applies it only if its revision is newer.
 
+use crate::vocab::class_name;
 use crate::{
     Bulkhead, BulkheadBuilder, ClassLimits, ConfigError, LimitsSnapshot, Profile, RejectReason,
     MAX_CLASSES,
@@ -117,8 +118,14 @@ pub struct BulkheadConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub shadow_reasons: Option<Vec<RejectReason>>,
-    /// The model the LLM layer's estimator assumes when a request names none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The model the LLM layer's estimator assumes when a request names none. Not empty:
+    /// reading `"model": ""` fails on field `model`, and [`estimator`](Self::estimator)
+    /// refuses an empty one set in code.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "non_empty_model"
+    )]
     pub model: Option<String>,
     /// The in-flight token budget (absent: no budget).
     #[serde(
@@ -263,14 +270,19 @@ impl From<ClassLimits> for ClassConfig {
 
 /// Classes by name, in the order they were written. Serialised as a map; a name given twice is
 /// an error (a plain map would silently keep one of them), and so are more than
-/// [`MAX_CLASSES`] classes.
+/// [`MAX_CLASSES`] classes. Names are compared as the bulkhead compares them: trimmed of white
+/// space and in Unicode normalisation form C, so `"a"` and `"a "` (or `"a\u{a0}"`, or two
+/// spellings of `"é"`) are one name, given twice; they are kept in that canonical spelling. A
+/// name that is empty, or holds a control or bidirectional formatting character, is refused.
 ///
 /// ```
 /// use llm_bulkhead::config::{ClassConfig, ClassMap};
-/// let m: ClassMap = serde_json::from_str(r#"{"b": {}, "a": {"maxConcurrent": 1}}"#).unwrap();
+/// let m: ClassMap = serde_json::from_str(r#"{"b": {}, " a ": {"maxConcurrent": 1}}"#).unwrap();
 /// assert_eq!(m.get("a").unwrap().max_concurrent, Some(1));
 /// assert_eq!(m.names().collect::<Vec<_>>(), ["b", "a"]);
 /// assert!(serde_json::from_str::<ClassMap>(r#"{"a": {}, "a": {}}"#).is_err());
+/// assert!(serde_json::from_str::<ClassMap>(r#"{"a": {"maxConcurrent": 1}, "a\t": {}}"#).is_err());
+/// assert!(serde_json::from_str::<ClassMap>(r#"{"a\u202e": {}}"#).is_err());
 /// let built: ClassMap = [("x", ClassConfig::default())].into_iter().collect();
 /// assert_eq!(built.len(), 1);
 /// ```
@@ -287,7 +299,8 @@ impl ClassMap {
     /// ```
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&ClassConfig> {
-        self.0.iter().find(|(n, _)| n == name).map(|(_, c)| c)
+        let key = class_name::lookup_key(name);
+        self.0.iter().find(|(n, _)| *n == key).map(|(_, c)| c)
     }
 
     /// The names, in order.
@@ -332,17 +345,21 @@ impl ClassMap {
         self.0.is_empty()
     }
 
-    /// Sets the limits of `name` (replacing them, or appending a new class).
+    /// Sets the limits of `name` (replacing them, or appending a new class). The name is kept
+    /// in its canonical spelling (trimmed, Unicode form C), so `"a "` replaces `"a"`; a name
+    /// the bulkhead refuses (empty, with a control or bidirectional formatting character) is
+    /// kept as given, and building or applying the configuration refuses it.
     ///
     /// ```
     /// # use llm_bulkhead::config::{ClassConfig, ClassMap};
     /// let mut m = ClassMap::default();
     /// m.insert("a", ClassConfig { max_concurrent: Some(2), ..Default::default() });
-    /// m.insert("a", ClassConfig::default());
+    /// m.insert("a ", ClassConfig::default());
     /// assert_eq!((m.len(), m.get("a").unwrap().max_concurrent), (1, None));
     /// ```
     pub fn insert(&mut self, name: impl Into<String>, limits: ClassConfig) {
         let name = name.into();
+        let name = class_name::lookup_key(&name).into_owned();
         match self.0.iter_mut().find(|(n, _)| *n == name) {
             Some((_, c)) => *c = limits,
             None => self.0.push((name, limits)),
@@ -383,10 +400,22 @@ impl<'de> Deserialize<'de> for ClassMap {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<ClassMap, A::Error> {
                 let mut out: Vec<(String, ClassConfig)> = Vec::new();
-                while let Some(name) = a.next_key::<String>()? {
-                    if out.iter().any(|(n, _)| *n == name) {
+                while let Some(given) = a.next_key::<String>()? {
+                    // Quoted names are bounded: a key can be megabytes long.
+                    let quoted = || format!("{:?}", error::bounded(&given));
+                    let name = class_name::canonical(&given)
+                        .map_err(|why| {
+                            serde::de::Error::custom(format_args!(
+                                "admission class {}: {why}",
+                                quoted()
+                            ))
+                        })?
+                        .into_owned();
+                    if let Some((first, _)) = out.iter().find(|(n, _)| *n == name) {
                         return Err(serde::de::Error::custom(format_args!(
-                            "admission class {name:?} is given twice"
+                            "admission class {} is given twice (as {first:?} after trimming \
+                             and Unicode normalisation)",
+                            quoted()
                         )));
                     }
                     if out.len() == MAX_CLASSES {
@@ -507,7 +536,7 @@ impl BulkheadConfig {
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             profile: None,
             initial_revision: l.revision,
-            measure_queue_waits: false,
+            measure_queue_waits: bulkhead.measures_queue_waits(),
             wait_for_tokens: bulkhead.waits_for_tokens(),
             mode: RolloutMode::Enforce,
             shadow_reasons: None,
@@ -559,7 +588,8 @@ impl BulkheadConfig {
     /// `token_budget.output_cap` as the output cap).
     ///
     /// # Errors
-    /// The estimator builder's [`EstimateError`](crate::llm::EstimateError).
+    /// The estimator builder's [`EstimateError`](crate::llm::EstimateError) (an empty `model`
+    /// is `InvalidSetting` on field `default_model`).
     ///
     /// ```
     /// use llm_bulkhead::config::BulkheadConfig;
@@ -616,3 +646,14 @@ pub use limits::{BudgetConfig, LimitsConfig};
 mod text;
 #[cfg(any(feature = "json", feature = "toml"))]
 pub use text::{apply_limits_file, FileOutcome};
+
+/// Reads [`BulkheadConfig::model`], refusing an empty name (the reader names the field).
+fn non_empty_model<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let model = Option::<String>::deserialize(d)?;
+    if model.as_deref() == Some("") {
+        return Err(serde::de::Error::custom(
+            "model must be a non-empty model name",
+        ));
+    }
+    Ok(model)
+}

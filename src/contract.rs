@@ -108,6 +108,21 @@
 //!    back, and a hand-off to a waiter is one atomic decision.
 //! 5. `drain` never hangs after the last waiter leaves by timeout or cancellation.
 //! 6. Invalid input is refused by the types or by a typed error, before any state changes.
+//! 7. (LLM layer) `run` and `run_blocking` do not de-duplicate: on a bulkhead whose
+//!    de-duplication is enabled they refuse a call that does not opt out with a typed error
+//!    (`RunError::Invalid`, field `dedup`) instead of running it alone; `run_shared`
+//!    de-duplicates. Why: a shared call is driven by whichever participant polls it, so its
+//!    work must be `Send + 'static`, which the work of `run` (a closure borrowing its context)
+//!    is not.
+//! 8. (LLM layer) At the borrowed-concurrency deadline the async `run` answers at expiry by
+//!    dropping the work's future (its tokens are settled then, with its last usage report)
+//!    rather than leaving it running; `run_blocking` answers when the work returns. Why: the
+//!    work of `run` borrows its context and cannot outlive the call, and a blocking closure
+//!    cannot leave the caller's thread. `run_shared` with `detach_at_deadline` is the seed's
+//!    behaviour (§12).
+//! 9. (LLM layer) A de-duplication follower's refusal (`timeout`, `aborted`,
+//!    `unshareable_result`) carries the capacity detail of the moment it was answered (the
+//!    reference sends none), and a follower answers `RunError::Shared`, not `Rejected`.
 //!
 //! ## §10 Concurrency guarantees
 //!
@@ -130,3 +145,78 @@
 //!   headers, when asked), and dropping the response future releases it;
 //! * a refused request never reaches the inner service, and its answer is 429 (capacity) or
 //!   503 (shutdown) with the refusal's figures and no `Retry-After`.
+//!
+//! ## §12 The LLM layer (feature `llm`)
+//!
+//! [`LlmBulkhead`](crate::llm::LlmBulkhead) adds these promises:
+//!
+//! * **No setting silently does nothing.** `run` and `run_blocking` on a bulkhead whose
+//!   de-duplication is enabled refuse `dedup: true` (§9.7); the request-level acquires refuse
+//!   a deadline, `detach_at_deadline`, observe mode, and (`try_acquire`) wait options; each as
+//!   a typed error before anything changes. They never de-duplicate (the seed's `acquire()`).
+//! * **Request-level acquires.** `try_acquire`, `acquire` and `acquire_blocking` estimate the
+//!   request exactly as `estimate` previews it, apply the class, priority (and so the
+//!   high-priority reserve) and reservation override of the same `RunOptions` as `run`, and
+//!   return the [`Admission`](crate::Admission); refusals are counted as any other.
+//! * **Follower refusals are refusals.** A de-duplication follower that gets no result (its
+//!   own timeout, its own cancellation, an unshareable result) is counted in `rejected` and
+//!   `rejected_by_reason` (`timeout`, `aborted`, `unshareable_result`; per class too) and
+//!   published as a `reject` event, so the metrics count it; a leader's error passed on to
+//!   its followers is not counted again.
+//! * **The borrowed-concurrency deadline, by entry point.** Expiry always abandons the slot
+//!   at once (cause `deadline`) and fires the run's stop signal; the caller is answered
+//!   `RunError::Deadline`:
+//!
+//!   | entry point | the caller is answered | the work | its tokens |
+//!   |---|---|---|---|
+//!   | async `run` | at expiry | its future is dropped (that cancels it) | settled at expiry with its last usage report |
+//!   | `run_blocking` | when the work returns (it runs on the caller's thread) | runs on; should poll `stop_requested` | settled when it returns |
+//!   | `run_shared` without `detach_at_deadline` | at expiry, followers too | its future is dropped | settled at expiry |
+//!   | `run_shared` with `detach_at_deadline` (the seed's) | at expiry, followers too | handed to the application's spawner, runs on | settled when it ends; drain counts it until then |
+//!
+//! * **Classes by name.** Wherever a class leaves the process (events, usage and release
+//!   reports, the deadline error) it is serialised as its name, never its index. An empty
+//!   model name (the estimator's default model, `BulkheadConfig::model`) is a typed error.
+//!
+//! ## §13 The client-side coordinator (feature `coordinator`)
+//!
+//! The [`coordinator`](crate#modules) is a different discipline from the bulkhead's: its
+//! queue is **eligibility-ordered FIFO**, not strict FIFO. A ticket waits for four things at
+//! once: a client slot (`client_limit`), a slot of its provider (an optional limit), its
+//! provider's time gate (`readyAt = max(cooldown not-before, last start + min_interval)`), and
+//! its key (at most one running invocation per key). Among the queued tickets that can start,
+//! the oldest starts first; a ticket that cannot (its provider full, pacing or cooling down,
+//! its key running, no client slot) is skipped and blocks nobody behind it. The start rule runs
+//! inside the operation that changed the state (a completion, a cooldown, a deadline passing,
+//! a submit), at every intermediate instant in time order, starts before timeouts at one
+//! instant; so at the moment a newcomer is judged no queued ticket is eligible, and a newcomer
+//! that can start takes no queue place and jumps nobody. The queue is bounded by `queue_cap`
+//! (queued tickets only). Admission errors (overflow, timeout, close, cancel while queued) are
+//! typed apart from any failure of the work and concern only tickets that never started.
+//!
+//! The open choices of the seed, each made as `COORDINATOR.md` §8 decides:
+//!
+//! | id | choice made |
+//! |---|---|
+//! | C1 | The start rule is atomic with the operation that enabled it: a freed slot goes to the oldest eligible queued ticket before any later operation; passed deadlines are honoured before a newcomer is judged. A newcomer is never started while an eligible ticket is queued. |
+//! | C2 | Readiness is inclusive: a ticket is eligible at exactly `readyAt`. |
+//! | C3 | At one instant, starts come before timeouts: a ticket eligible exactly at its deadline starts. |
+//! | C4 | An admission timeout of zero is a typed error (`ZeroAdmissionTimeout`) when the ticket is submitted; a `Duration` cannot be negative. |
+//! | C5 | A provider's first start is never paced; pacing counts starts, not completions. |
+//! | C6 | Keys are one client-wide namespace: a key running on one provider blocks it on every provider. |
+//! | C7 | An unknown provider is checked before `closed`. |
+//! | C8 | A submit after close gets `AdmissionError::Closed`. |
+//! | C9 | `close` is idempotent. |
+//! | C10 | Cancelling a running invocation (its signal) keeps its client slot, provider slot and key until the work completes; `Ticket::cancel` of a started ticket does nothing. |
+//! | C11 | `cooldown` after close is accepted; of an unknown provider is `UnknownProvider`; a zero delay or one ending no later than the current not-before changes nothing; one whose deadline overflows the clock is `DeadlineOverflow` and changes nothing. |
+//! | C12 | Pacing and cooldown are separate deadlines combined by `max`; a cooldown neither resets pacing nor touches running work. |
+//! | C13 | `queue_cap` counts queued tickets only; 0 is allowed (start now or overflow). |
+//! | C14 | Overflow, closed and unknown-provider submits leave no trace in the state. |
+//! | C15 | Several timeouts at one instant are reported in FIFO order; several starts in one step in FIFO order. |
+//! | C16 | Several queued tickets may share a key; they start one at a time, oldest first. |
+//! | C17 | A snapshot shows a cooldown or pacing deadline only while it is later than its `now`; otherwise `None`. |
+//!
+//! Time: the monotonic clock drives pacing, cooldowns and admission timeouts; the wall clock
+//! only stamps `received_at`; a wall-clock jump changes no admission state. Monotonic instants
+//! are `Duration`s from the clock's own origin and are never persisted. The attempt timeout
+//! counts from the start. Limits are per coordinator (one client), not across processes.

@@ -14,12 +14,24 @@
 //!
 //! # The rule
 //!
-//! **`apply_limits` does not return until every operation that may hold the previous tag has
-//! finished.** So at any instant the operations in flight hold the current tag or the one
-//! before it, never an older one: a tag value, a ring slot or a class tag is reused only after
-//! everybody who read its old meaning is gone, whatever the install rate and however long a
-//! thread is preempted. Two ring slots and one tag bit would be enough; the wider fields are
-//! margin. ABA is excluded by construction, not by a probability.
+//! **An install never brings a tag to a value that an operation still in progress on the same
+//! bulkhead may hold.** Let `M` be the bulkhead's tag period: `2^14` installs without classes
+//! (the state word's tag), 4 with classes (the class words' tag, which the ring of 4 slots
+//! matches). An operation that holds a tag read at install count `t` is harmed only by the
+//! install that brings the count to some `n ≡ t (mod M)` with `n > t`, or by a rewrite of the
+//! ring slot `t` names, which happens only at such an `n` too (without classes a torn slot is
+//! harmless: the CAS or the refusal's re-read sees the tag moved, `crate::words::limits`). So
+//! before install `n` bumps the tag, it waits for every operation of *its own bulkhead* that
+//! may hold a count `≤ n − M`: an operation still in progress after a whole tag period. Any
+//! other operation, on this bulkhead or another, is not waited for. ABA is excluded by
+//! construction, not by a probability: whatever the install rate and however long a thread is
+//! preempted, no operation ever sees its tag value (or ring slot) reused.
+//!
+//! Nothing waits per install. A preempted operation holds back only the install that would
+//! complete a tag period over it: without classes, 16,384 installs later; with classes, four.
+//! A busy data plane (threads preempted inside operations at every instant) therefore costs
+//! an install only a barrier and a scan of the markers, and an operation on another bulkhead
+//! costs it nothing at all.
 //!
 //! # How an operation is seen: per-thread markers
 //!
@@ -27,34 +39,58 @@
 //! an [`Op`]: it makes a **reader marker** of the calling thread odd before its first read, and
 //! even again after its last step. A marker is written only by its thread, on a cache line no
 //! other thread writes; entering costs a plain store and a compiler fence, leaving one plain
-//! store. Operations on the process-wide cell nest (a release that pumps the queue decides for
-//! a waiter): only the outermost one moves the marker. A decision's marker in its counters
-//! entry is never entered twice, so it skips the nesting arithmetic (`enter_outermost`, with
-//! a debug assertion). Markers live in two places:
+//! store. Markers live in two places:
 //!
 //! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`) and the class
 //!   protocol's fast attempt (`crate::protocol::classed::try_fast`) use the thread's counters
 //!   entry of that bulkhead, which the decision looks up anyway to count the admission (or,
 //!   without classes, the refusal): one lookup for both. Their callers hold a handle, so the
-//!   entry outlives the operation; no subscriber's hook runs inside a no-class decision;
+//!   entry outlives the operation. Such a marker belongs to one bulkhead: its sequence number
+//!   alone (`s + 1` entering, `s + 2` leaving: never nested, [`enter_outermost`]);
 //! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a
 //!   class release may leave its operation after it gave away the last reference to the
-//!   bulkhead, so its marker must not live in the bulkhead.
+//!   bulkhead, so its marker must not live in the bulkhead. The cell holds `[bulkhead:32]
+//!   [sequence:32]`: entering writes the bulkhead's grace id ([`GraceId`]) beside the odd
+//!   sequence, so an installer of another bulkhead skips it. Operations on the cell nest (a
+//!   release that pumps the queue decides for a waiter of the same bulkhead): only the
+//!   outermost one moves the sequence; a nested one on another bulkhead would widen the id to
+//!   [`ANY`], which every installer counts as its own.
 //!
-//! The grace period scans both: the process-wide cells (operations on any bulkhead: they are
-//! all short) and this bulkhead's counters entries.
+//! Ids are a process-wide serial cut to 32 bits: two bulkheads may share one (after 2^32
+//! bulkheads), which only makes an installer wait for an operation it need not wait for, never
+//! the other way round.
 //!
-//! The reconfigurer, after installing (the tag bump and every class migration), issues a heavy
-//! barrier and then waits until each marker that was odd has moved. The argument is the
-//! classic store→load (Dekker) pattern: the operation stores its marker and then loads the
-//! word; the reconfigurer modifies the word and then loads the marker. With a full barrier
-//! between each pair, either the operation's load sees the new tag (it never held the old
-//! one), or the reconfigurer sees the odd marker and waits for it.
+//! # The period a marker holds: observed, not published
+//!
+//! A marker does not say which tag its operation read (publishing it would cost the decision a
+//! second load of the word). The installer infers a lower bound instead, from its own scans.
+//! A scan, under the reconfiguration lock, issues a heavy barrier and then reads every marker,
+//! remembering (in [`Periods`], which the lock owns) each marker's value and, for an odd one,
+//! the install count `since` from which its operation may hold tags:
+//!
+//! * a marker odd with the value the previous scan saw is the same operation: `since` is kept;
+//! * any other odd marker (a new value, or a marker the previous scan did not see) began after
+//!   the previous scan read it. The previous scan ran after the bump of its install count `p`,
+//!   behind a heavy barrier; the operation stores its marker and then loads the word, with its
+//!   own barrier between. That is the store→load (Dekker) pattern: since the scan did not see
+//!   the store, the operation's load sees the bump, so it holds a count `≥ p`: `since = p`.
+//!
+//! Install `n` then waits for each odd marker of its bulkhead with `since ≤ n − M` to move,
+//! and only then writes the ring slot, bumps the tag and migrates the class words. An
+//! operation that starts after the scan reads count `n − 1` or later, which `n` cannot reuse.
+//! The wait is for operations that were in progress when the scan's barrier ran and had been
+//! for a whole period; never for one that began after the install.
+//!
+//! A scan is made only every half period (every install under loom, where the period is 2;
+//! every second install with classes; every 8,192 without), or sooner when an operation the
+//! last scan left running could be due: an operation a scan finds new is bounded by the last
+//! scan that ran, which is older, so the bound stays a lower bound and leaves it at least half
+//! a period. Most installs therefore issue no barrier at all.
 //!
 //! # The barriers: asymmetric where the OS offers it
 //!
 //! A full fence on every decision costs a locked instruction (about as much as the CAS
-//! itself). On Linux the operation instead issues only a compiler fence, and the reconfigurer
+//! itself). On Linux the operation instead issues only a compiler fence, and the installer
 //! calls `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which makes every running thread of
 //! the process execute a full barrier before it returns (threads not running get one at their
 //! context switch): the fence is paid by the rare side. The process registers for it when the
@@ -64,18 +100,39 @@
 //!
 //! # Progress
 //!
-//! Deciders never wait for anything here. `apply_limits` may wait for a thread that was
-//! preempted inside an operation, until it runs again (a few hundred nanoseconds of work once
-//! scheduled); it waits only for operations that started before its install. It never waits
-//! for its own thread (an event subscriber that reconfigures from inside an operation would
-//! otherwise wait for itself); such a nested install relies on the outer operation's CAS
-//! failing on the tag that moved by one.
+//! Deciders never wait for anything here. `apply_limits` waits only for an operation of its
+//! own bulkhead that was in progress across a whole tag period, never for another bulkhead's,
+//! and never for a thread of its own (its markers are skipped). No subscriber runs inside an
+//! operation: a class refusal is built inside its decision's operation and its subscribers are
+//! called after it left, as without classes. Not yet so for wakers: a class release (or undo)
+//! that visits the queue wakes the waiters it admitted before its operation leaves, and a
+//! waiter's waker is cloned and dropped under the queue lock, which is an operation too. Such a
+//! waker can hold back only its own bulkhead's installs, and only from the install that
+//! completes a tag period over it (the fourth, with classes). `limits()`, `stats()` and
+//! `would_admit()` read a copy the install publishes with its tag bump
+//! (`crate::shared::Shared::published`), so they never wait for a grace period.
 
 use crate::sync::{fence, AtomicU64, Ordering};
+use std::collections::HashMap;
 
 /// One thread's reader marker: even when the thread is in no operation. Written only by its
-/// thread; read by reconfigurers.
+/// thread; read by installers.
 pub(crate) type Reader = AtomicU64;
+
+/// A bulkhead's id in process-wide markers (module docs): a process-wide serial cut to 32
+/// bits ([`new_id`]).
+pub(crate) type GraceId = u32;
+
+/// The id a nested operation on a second bulkhead leaves in its thread's cell: every installer
+/// counts it as its own.
+pub(crate) const ANY: GraceId = GraceId::MAX;
+
+/// A new bulkhead's id: a process-wide serial cut to 32 bits, never [`ANY`]. After 2^32
+/// bulkheads two may share one, which only makes an installer wait for an operation it need
+/// not wait for (a bulkhead keeps its one id, which is all soundness needs).
+pub(crate) fn new_id() -> GraceId {
+    (crate::sync::next_serial() as GraceId) % ANY
+}
 
 /// An operation in progress (module docs). Leaving it (dropping it, on unwinding too) makes the
 /// marker even again, if this is the outermost operation of the thread.
@@ -86,67 +143,152 @@ pub(crate) struct Op<'a> {
     leave: u64,
 }
 
-/// Enters an operation on `reader`, the calling thread's marker.
-#[inline(always)]
-pub(crate) fn enter(reader: &Reader) -> Op<'_> {
-    enter_with(reader, asymmetric())
-}
-
-/// [`enter`] with the barrier mode already known (`asymmetric`: [`asymmetric`]'s answer, which
-/// never changes once a bulkhead exists; a bulkhead keeps a copy next to the flags its fast
-/// path reads, so the decision does not load the process-wide mode).
+/// Enters an operation on bulkhead `id` on `reader`, the calling thread's process-wide cell,
+/// with the barrier mode `asymmetric` ([`asymmetric`]'s answer).
 ///
-/// Branch-free: the marker `s` becomes `s | 1`, and leaving stores `s + 2` if `s` was even
-/// (the outermost operation) or `s` itself if it was odd (a nested one, which must leave the
-/// marker odd for its outer operation: storing the value the marker already holds is no
-/// change a reconfigurer can see).
+/// The cell `s` becomes `[id][seq + 1]` if it was even (the outermost operation; leaving
+/// stores `[id][seq + 2]`), and stays as it is if it was odd for the same bulkhead (a nested
+/// one, which must leave it odd for its outer operation: leaving stores the value it holds).
+/// A nested operation on another bulkhead widens the id to [`ANY`] until the outer one leaves.
 #[inline(always)]
-pub(crate) fn enter_with(reader: &Reader, asymmetric: bool) -> Op<'_> {
+pub(crate) fn enter_with(reader: &Reader, id: GraceId, asymmetric: bool) -> Op<'_> {
     // Single writer: a plain load and store (no locked instruction).
     let s = reader.load(Ordering::Relaxed);
-    let odd = s | 1;
-    reader.store(odd, Ordering::Relaxed);
+    let (now, leave) = if s & 1 == 0 {
+        let seq = u64::from((s as u32).wrapping_add(1));
+        let id = u64::from(id) << 32;
+        (id | seq, id | u64::from((seq as u32).wrapping_add(1)))
+    } else if (s >> 32) as GraceId == id {
+        (s, s)
+    } else {
+        let wide = s | (u64::from(ANY) << 32);
+        (wide, wide)
+    };
+    reader.store(now, Ordering::Relaxed);
     light_barrier(asymmetric);
-    Op {
-        reader,
-        leave: odd + 1 - (s & 1),
-    }
+    Op { reader, leave }
 }
 
 impl Drop for Op<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        // Release: everything the operation did happens-before a reconfigurer that sees the
+        // Release: everything the operation did happens-before an installer that sees the
         // marker move.
         self.reader.store(self.leave, Ordering::Release);
     }
 }
 
-/// Waits until every reader marker that `for_each` visits (except `own`, the caller's) has left
-/// the operation it was in, if any, when this was called. Call after the install is complete
-/// (tag bump and class migrations).
-pub(crate) fn wait_for_readers(own: &[&Reader], for_each: impl FnOnce(&mut dyn FnMut(&Reader))) {
-    crate::sync::pause(crate::sync::PausePoint::GracePeriod);
+/// What one bulkhead's installer remembers of the markers between installs (module docs, "The
+/// period a marker holds"). Owned by the reconfiguration lock.
+pub(crate) struct Periods {
+    /// Each marker seen (by address): the value the last scan read and, if odd, the install
+    /// count from which its operation may hold tags.
+    seen: HashMap<usize, (u64, u64)>,
+    /// The install count at the last scan (the bulkhead's first count before any).
+    last_scan: u64,
+    /// The oldest `since` of an odd marker of this bulkhead that the last scan left running
+    /// (`u64::MAX`: none).
+    oldest: u64,
+}
+
+impl Periods {
+    /// Before the first install of a bulkhead whose tag starts at count `tag`.
+    pub(crate) fn new(tag: u64) -> Periods {
+        Periods {
+            seen: HashMap::new(),
+            last_scan: tag,
+            oldest: u64::MAX,
+        }
+    }
+}
+
+/// Where a marker lives, which says whose operation it marks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A decision marker in a counters entry of the installing bulkhead.
+    Decision,
+    /// A process-wide cell: the bulkhead is the id it carries.
+    Cell,
+}
+
+/// Readies install `next` (the count the tag is about to reach) of the bulkhead `id`, whose tag
+/// period is `period`: a heavy barrier, a scan of every marker `for_each` visits (except
+/// `own`, the caller's), and a wait for each operation of this bulkhead that may hold a count
+/// `≤ next − period` (module docs). Call under the reconfiguration lock, before the ring slot
+/// of `next` is written and the tag bumped.
+pub(crate) fn before_install(
+    periods: &mut Periods,
+    id: GraceId,
+    next: u64,
+    period: u64,
+    own: &[&Reader],
+    for_each: impl FnOnce(&mut dyn FnMut(&Reader, Kind)),
+) {
+    // A scan only every half period: an operation the next scan finds new is bounded by the
+    // last scan that ran (older, so still a lower bound), and has half a period of installs
+    // before it could hold anything back. An operation the last scan left running may be due
+    // sooner: then scan now.
+    let half = (period / 2).max(1);
+    if next < periods.last_scan.saturating_add(half) && periods.oldest.saturating_add(period) > next
+    {
+        return;
+    }
     heavy_barrier();
-    for_each(&mut |r: &Reader| {
+    let now = next.wrapping_sub(1);
+    let last = periods.last_scan;
+    let mut oldest = u64::MAX;
+    for_each(&mut |r: &Reader, kind: Kind| {
         if own.iter().any(|o| std::ptr::eq(r, *o)) {
             return;
         }
-        let s = r.load(Ordering::Acquire);
-        if s & 1 == 0 || wait_skipped() {
+        let v = r.load(Ordering::Acquire);
+        let key = r as *const Reader as usize;
+        let since = match periods.seen.get(&key) {
+            Some(&(seen, since)) if seen == v => since,
+            _ if bound_from_this_scan() => now,
+            _ => last,
+        };
+        periods.seen.insert(key, (v, since));
+        if v & 1 == 0 {
             return;
         }
-        let backoff = crossbeam_utils::Backoff::new();
-        while r.load(Ordering::Acquire) == s {
-            // Under loom, hand the turn to loom at once (crossbeam's backoff spins on std
-            // primitives loom cannot see, and every spin would be a branch of the model).
-            if cfg!(loom) || backoff.is_completed() {
-                crate::sync::thread::yield_now();
-            } else {
-                backoff.snooze();
-            }
+        let cell_id = (v >> 32) as GraceId;
+        let ours = match kind {
+            Kind::Decision => true,
+            Kind::Cell => !cells_ignored() && (cell_id == id || cell_id == ANY),
+        };
+        // Loads after the barrier are as good as the first: waiting here, inside the scan,
+        // delays the later loads, which only makes what they see fresher.
+        if !ours {
+            return;
+        }
+        if since.saturating_add(period) <= next {
+            wait_for_move(r, v);
+        } else {
+            oldest = oldest.min(since);
         }
     });
+    periods.last_scan = now;
+    periods.oldest = oldest;
+}
+
+/// Waits until marker `r` no longer holds `v` (its operation left), unless the grace period is
+/// switched off (a deliberately broken variant).
+fn wait_for_move(r: &Reader, v: u64) {
+    if wait_skipped() {
+        return;
+    }
+    crate::sync::pause(crate::sync::PausePoint::GracePeriod);
+    let backoff = crossbeam_utils::Backoff::new();
+    while r.load(Ordering::Acquire) == v {
+        // Under loom, hand the turn to loom at once (crossbeam's backoff spins on std
+        // primitives loom cannot see, and every spin would be a branch of the model).
+        if cfg!(loom) || backoff.is_completed() {
+            crate::sync::thread::yield_now();
+        } else {
+            backoff.snooze();
+        }
+    }
 }
 
 /// Whether the grace period skips its wait: the deliberately broken variants. Under loom,
@@ -174,13 +316,39 @@ fn wait_skipped() -> bool {
 /// the deliberately broken variant that shows the tag-wrap models see those markers (without
 /// them, a decision's marker is invisible to `apply_limits`, as if it had none).
 #[inline]
-fn skip_decision_markers_for_loom() -> bool {
+pub(crate) fn skip_decision_markers_for_loom() -> bool {
+    loom_broken("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW=1` takes an odd marker the previous scan did
+/// not see to hold the current count, not the previous scan's: the deliberately broken
+/// variant of the Dekker bound (module docs), shown to fail on the tag-wrap models whose
+/// operation reads between the previous scan and its bump.
+#[inline]
+fn bound_from_this_scan() -> bool {
+    loom_broken("LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW")
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS=1` counts no process-wide cell as an
+/// operation of the installing bulkhead, whatever id it carries: the deliberately broken
+/// variant of the ids, shown to fail on the tag-wrap models of class operations (which mark
+/// the process-wide cell).
+#[inline]
+fn cells_ignored() -> bool {
+    loom_broken("LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS")
+}
+
+/// Whether the loom-only broken variant `name` is switched on (`crate::sync::broken_variant`);
+/// never outside loom.
+#[inline]
+fn loom_broken(name: &str) -> bool {
     #[cfg(loom)]
     {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
+        crate::sync::broken_variant(name)
     }
     #[cfg(not(loom))]
     {
+        let _ = name;
         false
     }
 }
@@ -275,36 +443,34 @@ mod membarrier {
 /// The calling thread's reader marker: a process-wide per-thread cell of the facade
 /// ([`crate::sync::per_thread`]). Markers must outlive every bulkhead, because a release leaves
 /// its operation after it may have given away the last reference to the state
-/// (`crate::protocol::classed::release`). A reconfigurer therefore waits for operations on any bulkhead;
-/// they are all short.
+/// (`crate::protocol::classed::release`); the id they carry says whose operation it is.
 #[inline(always)]
 pub(crate) fn reader() -> &'static Reader {
     crate::sync::per_thread::local()
 }
 
-/// Enters an operation that reads a tag (module docs).
+/// Enters an operation on bulkhead `id` that reads a tag (module docs).
 #[inline(always)]
-pub(crate) fn op() -> Op<'static> {
-    enter(reader())
+pub(crate) fn op(id: GraceId) -> Op<'static> {
+    enter_with(reader(), id, asymmetric())
 }
 
-/// Enters a decision of the bulkhead whose counters entry `c` is (the calling thread's): a
-/// no-class decision, or the class fast attempt. The marker lives in that entry, which the
-/// decision looks up anyway. Only for a caller that keeps the bulkhead alive until it leaves
-/// (a handle). `asymmetric` is the bulkhead's copy of [`asymmetric`] (`Shared::asymmetric`).
-/// Under loom, where one counters entry is shared by every thread, the entry keeps a marker
-/// per loom thread (`Counters::reader`), so the models check these markers as they run natively.
+/// Enters a decision on `reader`, the calling thread's marker in its counters entry of the
+/// bulkhead (`Counters::reader`): a no-class decision, or the class fast attempt. The entry is
+/// looked up by the decision anyway. Only for a caller that keeps the bulkhead alive until it
+/// leaves (a handle). `asymmetric` is the bulkhead's copy of [`asymmetric`]
+/// (`Shared::asymmetric`).
 #[inline(always)]
-pub(crate) fn enter_decision(c: &crate::record::stats::Counters, asymmetric: bool) -> Op<'_> {
-    enter_outermost(c.reader(), asymmetric)
+pub(crate) fn enter_decision(reader: &Reader, asymmetric: bool) -> Op<'_> {
+    enter_outermost(reader, asymmetric)
 }
 
-/// [`enter_with`] for a marker that is never entered twice: a decision's marker in its
-/// counters entry ([`enter_decision`]). Nothing a decision does between entering and leaving
-/// enters another decision (its undo and queue visits use the process-wide cell, [`op`], and
-/// no hook runs inside one), so the marker is even at entry: it becomes `s + 1` and leaving
-/// stores `s + 2`, without the nesting arithmetic. A debug assertion checks the premise on
-/// every decision of the test suite.
+/// [`enter_with`] for a marker that is never entered twice and belongs to one bulkhead: a
+/// decision's marker in its counters entry ([`enter_decision`]). Nothing a decision does
+/// between entering and leaving enters another decision (its undo and queue visits use the
+/// process-wide cell, [`op`], and no hook runs inside one), so the marker is even at entry: it
+/// becomes `s + 1` and leaving stores `s + 2`, without the nesting arithmetic or an id. A debug
+/// assertion checks the premise on every decision of the test suite.
 #[inline(always)]
 fn enter_outermost(reader: &Reader, asymmetric: bool) -> Op<'_> {
     // Single writer: a plain load and store (no locked instruction).
@@ -319,18 +485,4 @@ fn enter_outermost(reader: &Reader, asymmetric: bool) -> Op<'_> {
         reader,
         leave: s.wrapping_add(2),
     }
-}
-
-/// The grace period of `apply_limits` on the bulkhead whose counters entries are `counters`: returns once no operation of another thread
-/// that started before the call is still in progress, whether it is marked in the process-wide
-/// cells or in this bulkhead's counters entries ([`enter_decision`]).
-pub(crate) fn grace_period(counters: &crate::sync::Stripes<crate::record::stats::Counters>) {
-    let own_decisions: &Reader = counters.local(crate::record::stats::Counters::new).reader();
-    let own = reader();
-    wait_for_readers(&[own, own_decisions], |f| {
-        crate::sync::per_thread::for_each(f);
-        if !skip_decision_markers_for_loom() {
-            counters.for_each(|c| c.for_each_reader(f));
-        }
-    });
 }

@@ -117,6 +117,31 @@
 //!   decision with sanitized fields and counts admissions and refusals by class and reason;
 //!   call `record_gauges` when metrics are scraped. The crate ships no exporter.
 //!
+//!
+//! ## 8. Choosing the LLM layer's entry point
+//!
+//! * **`run` (async)** for work that fits one callback. With a borrowed-concurrency deadline
+//!   it answers the caller **at expiry** and drops the work's future (that cancels the
+//!   provider call; tokens are settled with the last usage report).
+//! * **`run_blocking`** for synchronous work: it runs on the caller's thread, so at expiry it
+//!   can only return the slot and set `stop_requested`; the caller hears of the deadline when
+//!   the work returns. Poll `stop_requested` in long loops.
+//! * **`run_shared`** when identical requests should share one call: configure
+//!   [`with_dedup`](crate::llm::LlmBulkhead::with_dedup) and use it (its work returns a boxed
+//!   `Send` future). With de-duplication enabled, `run` and `run_blocking` refuse calls that do
+//!   not pass `dedup: false`, so a shared call is never silently made twice. Followers that
+//!   time out, are cancelled or cannot be given the result count as refusals (`timeout`,
+//!   `aborted`, `unshareable_result`), so dashboards built on rejections see them. With
+//!   `detach_at_deadline` and your spawner, the caller is answered at expiry and the work
+//!   runs on to settle its real usage (the seed's behaviour).
+//! * **`try_acquire` / `acquire` / `acquire_blocking`** on `LlmBulkhead` when the work does
+//!   not fit a callback (an external lease first, a stream handed elsewhere): they estimate
+//!   the request and apply the class, priority and reserve of the same `RunOptions`, and give
+//!   back the [`Admission`](crate::Admission) to release yourself. They never de-duplicate.
+//!
+//! Reports and errors name classes by name (`"class": "batch"`), as events do, so a gateway
+//! forwards them as they are. [`contract`](crate::contract) §12 is the exact list.
+//!
 //! [`config::LimitsConfig`]: crate::config::LimitsConfig
 //! [`config::BulkheadConfig`]: crate::config::BulkheadConfig
 #![cfg_attr(

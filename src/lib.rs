@@ -93,9 +93,9 @@
 //!   decision may block briefly on the `thread_local` crate's global thread-id lock (once per
 //!   thread). The per-operation table is in `src/words/state.rs`.
 //! * **Atomic reconfiguration:** once `apply_limits` returns, no decision made under an older
-//!   snapshot can succeed, and none is still in progress (a grace period waits for them, so no
-//!   limits tag is ever reused under a stopped decision); every admission keeps the revision
-//!   that authorised it.
+//!   snapshot can succeed (a grace period keeps any limits tag from being reused under a
+//!   stopped decision of the same bulkhead; it waits for nothing else); every admission keeps
+//!   the revision that authorised it.
 //! * **Precision:** without classes, a refusal is explained by one real state: no request is
 //!   refused because of another request's tentative step. With classes a decision takes steps
 //!   on two words, and a step that another decider sees before it is taken back (a borrower's
@@ -144,6 +144,9 @@ pub mod config;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod conformance;
 pub mod contract;
+#[cfg(feature = "coordinator")]
+#[cfg_attr(docsrs, doc(cfg(feature = "coordinator")))]
+pub mod coordinator;
 // The guide links to the LLM layer and the `config` types, which exist only with `llm` (a
 // default feature): without it those links cannot resolve, and the text stays as it is.
 #[cfg_attr(not(feature = "llm"), allow(rustdoc::broken_intra_doc_links))]
@@ -178,11 +181,13 @@ pub use vocab::class::{ClassId, Resources, UnknownClass, MAX_CLASSES};
 pub use vocab::demand::{Demand, Priority, Reconcile, Reservation, Usage};
 pub use vocab::error::{ConfigError, ConfigProblem, UsageError};
 pub use vocab::id::AdmissionId;
+pub use vocab::never_fits::{FitLimit, NeverFits};
 pub use vocab::rejection::{
     CapacityDetail, ClassCapacity, ClassDetail, ClassTokenCapacity, Constraint, RejectReason,
     Rejection, SharedAmount, SharedCapacity, TokenCapacity,
 };
 pub use wait::cancel::{CancelToken, Cancelled};
+pub use wait::multi as multi_wait;
 pub use wait::waiting::{
     Acquire, AcquireTimed, Drain, DrainReport, QueueTimeout, Timed, Timing, WaitOptions,
 };

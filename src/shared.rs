@@ -65,6 +65,9 @@ pub(crate) struct Canonical {
     pub(crate) current: LimitsSnapshot,
     /// The tag of `current` in the state word (only the lock holder changes the tag).
     pub(crate) tag: usize,
+    /// What the installer remembers of the grace-period markers between installs
+    /// (`crate::grace`, "The period a marker holds").
+    pub(crate) periods: crate::grace::Periods,
 }
 
 pub(crate) struct Shared {
@@ -80,6 +83,11 @@ pub(crate) struct Shared {
     pub(crate) ring: Ring,
     pub(crate) counters: Stripes<Counters>,
     pub(crate) reconfig: Mutex<Canonical>,
+    /// The current limits as readers see them (`limits()`, `stats()`, `would_admit()`): a copy
+    /// of `Canonical::current` that an install replaces under this lock together with its tag
+    /// bump and class migrations (`crate::protocol::install`), never while it waits out a grace
+    /// period, so a reader never waits for one.
+    pub(crate) published: Mutex<LimitsSnapshot>,
     /// The wait queue (`crate::wait::list`); touched only on the slow path.
     queue: Mutex<crate::wait::list::Queue>,
     /// A mirror of the queue's length, written only under the queue mutex (at every unlock,
@@ -99,6 +107,8 @@ pub(crate) struct Shared {
     /// block was made: a copy beside the flags the fast decision reads anyway, so that entering
     /// its grace-period marker loads no process-wide static.
     pub(crate) asymmetric: bool,
+    /// This bulkhead's id in the process-wide grace-period markers (`crate::grace::GraceId`).
+    pub(crate) grace_id: crate::grace::GraceId,
     /// The bits all admission ids of this bulkhead share (see `crate::vocab::id`).
     pub(crate) id_prefix: u128,
     /// One word per admission class (layout in `crate::protocol::classed`: queue flag, detached, class
@@ -211,6 +221,13 @@ impl Handle {
             })
             .collect();
         let classed = !class_names.is_empty();
+        let class_ids: Box<[&'static str]> =
+            class_names.iter().map(|n| crate::sync::intern(n)).collect();
+        #[cfg(feature = "serde")]
+        if classed {
+            // So that an id serialises as its name (`ClassId`'s `Serialize`).
+            crate::vocab::class::register_names(class_owner, &class_ids);
+        }
         // With classes the word holds U and V, which start at the floor sums.
         let first_word = if classed {
             crate::words::class_word::initial_shared_word(&canonical.current)
@@ -226,15 +243,17 @@ impl Handle {
             refs: AtomicUsize::new(1),
             ring,
             counters: Stripes::new(),
+            published: Mutex::new(canonical.current),
             reconfig: Mutex::new(canonical),
             queue: Mutex::new(crate::wait::list::Queue::default()),
             queued: AtomicUsize::new(0),
             queued_classes: AtomicU64::new(0),
             has_budget,
             asymmetric: crate::grace::asymmetric(),
+            grace_id: crate::grace::new_id(),
             id_prefix: crate::vocab::id::prefix(),
             class_words,
-            class_ids: class_names.iter().map(|n| crate::sync::intern(n)).collect(),
+            class_ids,
             class_names: class_names.into_boxed_slice(),
             default_class,
             class_owner,
@@ -435,7 +454,7 @@ impl Shared {
         // Every decision made under the queue lock (a hand-off's grant, a pump, an enqueue's
         // proof that no slot is free) reads the limits tag and commits on it: the lock guard is
         // also a grace-period operation (`crate::grace`), entered before the first read.
-        let op = crate::grace::op();
+        let op = crate::grace::op(self.grace_id);
         QueueGuard {
             q: crate::sync::lock(&self.queue),
             shared: self,

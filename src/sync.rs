@@ -480,8 +480,8 @@ pub enum PausePoint {
     /// A class-word operation (decision, release, decrease, growth, migration) has read its
     /// class word and the floors of its tag and is about to CAS it.
     ClassCas,
-    /// `apply_limits` has installed its snapshot and is about to wait for the operations that
-    /// may still hold the previous tag (the grace period).
+    /// `apply_limits` is about to wait for an operation of its bulkhead that may hold a tag a
+    /// whole tag period old, before it bumps the tag (the grace period, `crate::grace`).
     GracePeriod,
     /// A no-class hand-off has given its slot away (granted it to the head waiter, or
     /// returned it to the word) and still holds the queue lock.

@@ -242,16 +242,30 @@ mod tracing_part {
                 refunded_tokens = e.refunded_tokens,
                 "released"
             ),
-            Event::Reconfigure(c) => info!(
-                target: "llm_bulkhead",
-                bulkhead,
-                revision = c.current.revision,
-                previous_revision = c.previous.revision,
-                max_concurrent = c.current.max_concurrent,
-                max_queue = c.current.max_queue,
-                token_budget = c.current.token_budget.map(|t| t.budget),
-                "limits applied"
-            ),
+            Event::Reconfigure(c) => match c.current.token_budget {
+                // A reserve above the budget refuses every normal-priority token demand (a
+                // snapshot may install it on purpose): not a routine change.
+                Some(t) if t.high_priority_reserve > t.budget => warn!(
+                    target: "llm_bulkhead",
+                    bulkhead,
+                    revision = c.current.revision,
+                    previous_revision = c.previous.revision,
+                    token_budget = t.budget,
+                    high_priority_reserve = t.high_priority_reserve,
+                    "limits applied with a high-priority reserve above the token budget: every \
+                     normal-priority token demand is refused"
+                ),
+                _ => info!(
+                    target: "llm_bulkhead",
+                    bulkhead,
+                    revision = c.current.revision,
+                    previous_revision = c.previous.revision,
+                    max_concurrent = c.current.max_concurrent,
+                    max_queue = c.current.max_queue,
+                    token_budget = c.current.token_budget.map(|t| t.budget),
+                    "limits applied"
+                ),
+            },
             Event::BorrowedConcurrencyAbandon(e) => warn!(
                 target: "llm_bulkhead",
                 bulkhead,
@@ -294,10 +308,10 @@ mod metrics_part {
         admitted: Vec<Counter>,
         released: Vec<Counter>,
         refunded: Vec<Counter>,
-        rejected: Vec<[Counter; 6]>,
+        rejected: Vec<[Counter; RejectReason::COUNTED.len()]>,
         /// Registered (at zero) without the `llm` feature too, which alone makes bypasses.
         #[cfg_attr(not(feature = "llm"), allow(dead_code))]
-        bypassed: Vec<[Counter; 6]>,
+        bypassed: Vec<[Counter; RejectReason::COUNTED.len()]>,
         abandoned: [Counter; 2],
         reconfigured: Counter,
     }
@@ -334,7 +348,7 @@ mod metrics_part {
                     .map(|k| counter!(metric, labels(name, *k, &[])))
                     .collect()
             };
-            let by_reason = |metric: &'static str| -> Vec<[Counter; 6]> {
+            let by_reason = |metric: &'static str| -> Vec<[Counter; RejectReason::COUNTED.len()]> {
                 keys.iter()
                     .map(|k| {
                         RejectReason::COUNTED

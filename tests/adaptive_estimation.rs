@@ -6,8 +6,14 @@ use llm_bulkhead::llm::{
 };
 use llm_bulkhead::{Bulkhead, Demand, Usage};
 
+/// A request whose base estimate is the reference's `ceil(chars / ratio)`: the base
+/// estimators now count every part (message overheads, a script bound on text), so the
+/// reference's base is given as `extra_input_tokens` of a request with no messages. What these
+/// tests check is the correction, which sees only the base.
 fn request(model: &str, chars: usize) -> LlmRequest {
-    let mut r = LlmRequest::new(model, &[&"x".repeat(chars)]);
+    let (ratio, _) = ModelAwareEstimator::default().ratio_for(model);
+    let mut r = LlmRequest::new(model, &[]);
+    r.extra_input_tokens = Some((chars as f64 / ratio).ceil() as u64);
     r.max_tokens = Some(50);
     r
 }

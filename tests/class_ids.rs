@@ -110,10 +110,23 @@ fn a_class_on_a_bulkhead_without_classes_is_refused() {
 }
 
 #[test]
-fn a_class_id_serialises_as_its_position_and_is_not_statistics() {
+fn a_class_id_serialises_as_its_name_and_is_not_statistics() {
     let b = classed();
     let id: ClassId = b.class_id("standard").unwrap();
-    assert_eq!(serde_json::to_string(&id).unwrap(), "1");
+    // By name, as events carry it (issue 32 item 6); another bulkhead's class of the same
+    // position keeps its own name.
+    assert_eq!(serde_json::to_string(&id).unwrap(), r#""standard""#);
+    let other = Bulkhead::builder()
+        .max_concurrent(1)
+        .class("x", llm_bulkhead::ClassLimits::default())
+        .class("y", llm_bulkhead::ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap();
+    assert_eq!(
+        serde_json::to_string(&other.class_id("y").unwrap()).unwrap(),
+        r#""y""#
+    );
     assert!(!RejectReason::COUNTED.contains(&RejectReason::UnknownClass));
     assert_eq!(RejectReason::UnknownClass.as_str(), "unknown_class");
 }

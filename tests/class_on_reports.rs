@@ -87,14 +87,20 @@ fn usage_and_release_reports_carry_the_class() {
 
 #[cfg(feature = "serde")]
 #[test]
-fn reports_serialise_their_class() {
+fn reports_serialise_their_class_by_name() {
+    // By name, as events carry it (issue 32 item 6): a gateway forwards them as they are.
     let b = classed();
     let premium = b.class_id("premium").unwrap();
     let mut a = b.try_acquire(tokens(100, 200).in_class(premium)).unwrap();
     let u = serde_json::to_value(a.report_usage(Usage::new(1, 1)).unwrap()).unwrap();
-    assert_eq!(u["class"], 0);
+    assert_eq!(u["class"], "premium");
     let r = serde_json::to_value(a.release(None).unwrap()).unwrap();
-    assert_eq!(r["class"], 0);
+    assert_eq!(r["class"], "premium");
+    // The default class too, and after the bulkhead is gone.
+    let a = b.try_acquire(tokens(100, 200)).unwrap();
+    drop(b);
+    let r = serde_json::to_value(a.release(None).unwrap()).unwrap();
+    assert_eq!(r["class"], "standard");
 }
 
 #[test]

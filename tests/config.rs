@@ -444,3 +444,149 @@ fn bulkhead_config_reads_files_too() {
         BulkheadConfig::from_json(SEED_JSON).unwrap()
     );
 }
+
+/// Class names that differ only by white space or Unicode normalisation are one name in both
+/// configuration types and both formats: given twice, they are refused (before, `LimitsConfig`
+/// kept the last, and `"a"` lost its ceiling). Names with control or bidirectional formatting
+/// characters are refused.
+#[test]
+fn class_names_are_compared_trimmed_and_normalised() {
+    let b = BulkheadConfig::from_json(
+        r#"{"max_concurrent": 8, "admission_classes": {"default_class": "a", "classes": {"a": {"maxConcurrent": 1}, "b": {}}}}"#,
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    for twin in ["a ", " a", "a\\t", "a\\u00a0", "\\u3000a"] {
+        let json = format!(
+            r#"{{"revision": 1, "max_concurrent": 8, "max_queue": 0, "classes": {{"a": {{"max_concurrent": 1}}, "b": {{}}, "{twin}": {{}}}}}}"#
+        );
+        let e = LimitsConfig::from_json(&json).unwrap_err();
+        assert!(
+            matches!(&e, LoadError::Parse { path, .. } if path.starts_with("classes")),
+            "{twin}: {e:?}"
+        );
+        assert!(e.to_string().contains("given twice"), "{e}");
+        let bulkhead = format!(
+            r#"{{"max_concurrent": 8, "admission_classes": {{"default_class": "a", "classes": {{"a": {{}}, "{twin}": {{}}}}}}}}"#
+        );
+        assert!(BulkheadConfig::from_json(&bulkhead).is_err(), "{twin}");
+    }
+    let toml = "revision = 1\nmax_concurrent = 8\nmax_queue = 0\n[classes.a]\nmax_concurrent = 1\n[classes.b]\n[classes.\"a \"]\n";
+    let e = LimitsConfig::from_toml(toml).unwrap_err();
+    assert!(e.to_string().contains("given twice"), "{e}");
+    // Two Unicode spellings of "é": one name.
+    let e = LimitsConfig::from_json(
+        r#"{"revision": 1, "max_concurrent": 8, "max_queue": 0, "classes": {"caf\u00e9": {}, "cafe\u0301": {}}}"#,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("given twice"), "{e}");
+    // A single spelling with white space names the class; its ceiling is kept.
+    let one = LimitsConfig::from_json(
+        r#"{"revision": 1, "max_concurrent": 8, "max_queue": 0, "classes": {" a\t": {"max_concurrent": 1}, "b": {}}}"#,
+    )
+    .unwrap();
+    one.apply(&b).unwrap();
+    let a = b.class_id("a").unwrap();
+    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+    assert!(b.try_acquire(Demand::slot().in_class(a)).is_err());
+    drop(held);
+    // Control and bidirectional formatting characters are refused, in every config type and
+    // in the builder (a typed `ConfigProblem::ClassTable`).
+    for bad in ["a\\u0000", "ad\\u202emin", "a\\u001b[31m", "a\\u2066b"] {
+        let json = format!(r#"{{"{bad}": {{}}}}"#);
+        assert!(
+            serde_json::from_str::<llm_bulkhead::config::ClassMap>(&json).is_err(),
+            "{bad}"
+        );
+    }
+    let e = llm_bulkhead::Bulkhead::builder()
+        .max_concurrent(2)
+        .class("ad\u{202e}min", llm_bulkhead::ClassLimits::default())
+        .default_class("ad\u{202e}min")
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(e.problem, ConfigProblem::ClassTable(why) if why.contains("bidirectional")),
+        "{e:?}"
+    );
+    let e = llm_bulkhead::Bulkhead::builder()
+        .max_concurrent(2)
+        .class("a", llm_bulkhead::ClassLimits::default())
+        .class("a\u{a0}", llm_bulkhead::ClassLimits::default())
+        .default_class("a")
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.problem,
+        ConfigProblem::ClassTable("class names must be unique")
+    );
+}
+
+/// A 1 MB configuration (10 MB behaves the same) yields an error of a few hundred bytes, in both formats, whatever
+/// the error (a syntax error on a long line, a wrong-typed 10 MB value, a 10 MB key).
+#[test]
+fn config_errors_quote_a_bounded_excerpt() {
+    let big = "x".repeat(1 << 20);
+    let cases = [
+        (Format::Json, format!(r#"{{"max_concurrent": "{big}"}}"#)),
+        (Format::Json, format!(r#"{{"max_concurrent": 1, "{big}": 1}}"#)),
+        (Format::Json, format!(r#"{{"max_concurrent": 1, "admission_classes": {{"default_class": "a", "classes": {{"{big}": {{"bogus": 1}}}}}}}}"#)),
+        (Format::Json, format!(r#"{{"max_concurrent": [{}]}}"#, "1,".repeat(1 << 19))),
+        (Format::Toml, format!("max_concurrent = \"{big}\"\n")),
+        (Format::Toml, format!("max_concurrent = 1\nmodel = \"{big}\" bogus\n")),
+        (Format::Toml, format!("max_concurrent = [{}\n", "1,".repeat(1 << 19))),
+        (Format::Toml, format!("max_concurrent = 1\n[admission_classes]\ndefault_class = \"a\"\n[admission_classes.classes.{big}]\nbogus = 1\n")),
+    ];
+    for (i, (format, text)) in cases.iter().enumerate() {
+        let e = BulkheadConfig::parse(*format, text).unwrap_err();
+        let LoadError::Parse { path, message, .. } = &e else {
+            panic!("case {i}: {e:?}");
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.len() < 600 && path.len() < 200 && message.len() < 400,
+            "case {i}: a {}-byte message: {}",
+            shown.len(),
+            &shown[..shown.len().min(300)]
+        );
+        // Still an error that says where and what.
+        assert!(
+            shown.contains("line") || !path.is_empty(),
+            "case {i}: {shown}"
+        );
+    }
+}
+
+/// A snapshot naming an unknown class of a megabyte quotes a bounded excerpt of it.
+#[test]
+fn an_unknown_class_is_quoted_bounded() {
+    let b = BulkheadConfig::from_json(
+        r#"{"max_concurrent": 2, "admission_classes": {"default_class": "a", "classes": {"a": {}}}}"#,
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let name = "t".repeat(1 << 20);
+    let json = format!(
+        r#"{{"revision": 1, "max_concurrent": 2, "max_queue": 0, "classes": {{"a": {{}}, "{name}": {{}}}}}}"#
+    );
+    let e = LimitsConfig::from_json(&json)
+        .unwrap()
+        .apply(&b)
+        .unwrap_err();
+    assert!(matches!(&e, LoadError::UnknownClass { class, .. } if class.len() == 1 << 20));
+    assert!(e.to_string().len() < 400, "{}", e.to_string().len());
+}
+
+/// `BulkheadConfig::of` reads back `measure_queue_waits` (it was always written as off).
+#[test]
+fn of_keeps_measure_queue_waits() {
+    let config = BulkheadConfig {
+        max_concurrent: 2,
+        max_queue: Some(1),
+        measure_queue_waits: true,
+        ..Default::default()
+    };
+    assert_eq!(BulkheadConfig::of(&config.build().unwrap()), config);
+}

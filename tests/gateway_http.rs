@@ -6,6 +6,8 @@
 mod app;
 #[path = "../examples/gateway/provider.rs"]
 mod provider;
+#[path = "../examples/gateway/serve.rs"]
+mod serve;
 mod support;
 
 use llm_bulkhead::config::BulkheadConfig;
@@ -159,7 +161,6 @@ fn a_client_that_disconnects_mid_stream_releases_its_slot_and_tokens() {
         .await;
         let mut body = c.response.into_body();
         next_chunk(&mut body).await.unwrap();
-        s.control.paused_at_least(1).await;
         assert_eq!(s.gw.bulkhead.stats().in_flight, 1);
         // The client goes away mid-stream; the provider is still paused.
         c.connection.abort();
@@ -212,7 +213,8 @@ fn the_kill_switch_refuses_with_429_until_lifted() {
         // Bad bodies never reach the bulkhead.
         let c = call(addr, post_json("/v1/chat/completions", "{not json", &[])).await;
         assert_eq!(c.response.status(), 400);
-        assert!(text(c.response).await.contains("\"type\":\"invalid_json\""));
+        let bad = text(c.response).await;
+        assert!(bad.contains("\"code\":\"invalid_json\""), "{bad}");
         let st = s.gw.bulkhead.stats();
         assert_eq!((st.admitted, st.rejected, st.in_flight), (1, 1, 0));
     });
@@ -371,5 +373,290 @@ fn observe_mode_from_the_configuration_lets_overload_through() {
         assert_eq!((st.admitted, st.rejected, st.in_flight), (1, 0, 0));
         assert_eq!(LlmStats::of(&s.gw.bulkhead).observe.unwrap().bypassed, 1);
         assert_eq!(s.control.served.load(Ordering::SeqCst), 2);
+    });
+}
+
+/// The gateway stack served by `serve::serve` (the example's server) with `timeouts`, the
+/// body deadline `body_read`, until `stop` fires; the server's task returns its report.
+struct Served {
+    addr: std::net::SocketAddr,
+    control: Arc<ProviderControl>,
+    gw: Arc<app::Gateway>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<serve::Stopped>,
+    _provider: Server,
+}
+
+async fn served(
+    name: &str,
+    timeouts: serve::Timeouts,
+    body_read: std::time::Duration,
+    shutdown: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+) -> Served {
+    let control = ProviderControl::new(42, false);
+    let provider = Server::start(provider::router(control.clone())).await;
+    let config = BulkheadConfig::from_json(PLAIN).unwrap();
+    let (router, gw) = app::gateway_with(&config, provider.addr, name, body_read).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = shutdown.unwrap_or_else(|| {
+        Box::pin(async move {
+            let _ = stopped.await;
+        })
+    });
+    let bulkhead = gw.bulkhead.clone();
+    let server = tokio::spawn(serve::serve(listener, router, bulkhead, timeouts, shutdown));
+    Served {
+        addr,
+        control,
+        gw,
+        stop: Some(stop),
+        server,
+        _provider: provider,
+    }
+}
+
+const LONG: std::time::Duration = std::time::Duration::from_secs(600);
+const SHORT: std::time::Duration = std::time::Duration::from_millis(200);
+
+fn timeouts(
+    header_read: std::time::Duration,
+    idle: std::time::Duration,
+    drain: std::time::Duration,
+) -> serve::Timeouts {
+    serve::Timeouts {
+        header_read,
+        idle,
+        drain,
+    }
+}
+
+/// Writes `bytes` on a new connection and reads until the server closes it. The 60 s
+/// watchdog of `run` is the failure detector: a server that never closes fails the test.
+async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(bytes).await?;
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+const HEAD: &str =
+    "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n";
+
+#[test]
+fn a_stalled_body_gets_a_408_and_the_server_closes_the_connection() {
+    run(async {
+        let s = served("stalled", timeouts(LONG, LONG, LONG), SHORT, None).await;
+        let request = format!("{HEAD}content-length: 1000\r\n\r\n{{\"model\": \"gpt-4o\"");
+        let answer = raw(s.addr, request.as_bytes()).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
+        assert_eq!(s.control.served.load(Ordering::SeqCst), 0);
+        assert_eq!(s.gw.bulkhead.stats().admitted, 0);
+    });
+}
+
+#[test]
+fn silent_partial_header_and_idle_connections_are_closed_by_the_server() {
+    run(async {
+        let s = served("silent", timeouts(SHORT, LONG, LONG), LONG, None).await;
+        // Nothing at all, then a head that never ends: both closed, no response.
+        assert_eq!(raw(s.addr, b"").await.unwrap(), "");
+        let partial = format!("{HEAD}content-length: 10\r\nx-traffic");
+        let answer = raw(s.addr, partial.as_bytes()).await.unwrap();
+        assert!(!answer.contains("HTTP/1.1 2"), "{answer}");
+        // A keep-alive connection idle after its response is closed as well.
+        let ok = b"GET /stats HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+        let answer = raw(s.addr, ok).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    });
+}
+
+/// The idle timeout: a connection on which no byte moves (here, a request whose provider
+/// stalls) is closed, and its admission released.
+#[test]
+fn a_connection_that_moves_no_byte_is_closed_and_releases_its_admission() {
+    run(async {
+        let s = served("idle", timeouts(LONG, SHORT, LONG), LONG, None).await;
+        let (mut released, _sub) = releases(&s.gw);
+        s.control.set_hold(true);
+        let body = chat(false);
+        let request = format!("{HEAD}content-length: {}\r\n\r\n{body}", body.len());
+        let answer = raw(s.addr, request.as_bytes()).await;
+        // Closed by the server without an answer (or reset).
+        assert!(
+            !answer.as_deref().unwrap_or("").contains("HTTP/1.1"),
+            "{answer:?}"
+        );
+        released.recv().await.unwrap();
+        assert_eq!(s.gw.bulkhead.stats().in_flight, 0);
+        s.control.set_hold(false);
+    });
+}
+
+/// A malformed chunked body is the client's error (400), not a 413; a declared length over
+/// the bound gets its 413 before any body is read, so `Expect: 100-continue` is answered
+/// with the 413 (no `100 Continue`, no reset); both are counted by code in the metrics.
+#[test]
+fn bad_bodies_get_400_or_413_and_are_counted() {
+    run(async {
+        let s = served("bodies", timeouts(LONG, LONG, LONG), LONG, None).await;
+        let chunked =
+            format!("{HEAD}transfer-encoding: chunked\r\n\r\nzz-not-hex\r\n{{}}\r\n0\r\n\r\n");
+        let answer = raw(s.addr, chunked.as_bytes()).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("\"code\":\"invalid_body\""), "{answer}");
+        let expect = format!(
+            "{HEAD}content-length: {}\r\nexpect: 100-continue\r\n\r\n",
+            2 * app::MAX_BODY
+        );
+        let answer = raw(s.addr, expect.as_bytes()).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(!answer.contains("100 Continue"), "{answer}");
+        assert!(answer.contains("\"code\":\"body_too_large\""), "{answer}");
+        // A reservation that can never fit: a 413 in OpenAI's shape, naming the limit.
+        let huge = r#"{"model": "gpt-4o", "max_tokens": 1000000, "messages": [{"role": "user", "content": "hi"}]}"#;
+        let c = call(s.addr, post_json("/v1/chat/completions", huge, &[])).await;
+        assert_eq!(c.response.status(), 413);
+        let body: serde_json::Value = serde_json::from_str(&text(c.response).await).unwrap();
+        assert_eq!(body["error"]["code"], "request_too_large");
+        assert_eq!(body["error"]["reason"], "budget_limit");
+        assert_eq!(body["error"]["limit"]["name"], "effective_budget");
+        assert!(body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("never fit"));
+        let metrics = text(call(s.addr, get("/metrics")).await.response).await;
+        for (status, code) in [
+            ("400", "invalid_body"),
+            ("413", "body_too_large"),
+            ("413", "request_too_large"),
+        ] {
+            let line = metrics
+                .lines()
+                .find(|l| {
+                    l.starts_with("llm_bulkhead_http_refusals_total{")
+                        && l.contains("bulkhead=\"bodies\"")
+                        && l.contains(&format!("status=\"{status}\""))
+                        && l.contains(&format!("code=\"{code}\""))
+                })
+                .unwrap_or_else(|| panic!("no {status} {code} in\n{metrics}"));
+            assert!(line.ends_with(" 1"), "{line}");
+        }
+        assert_eq!(s.control.served.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// A duplicated `x-traffic-class` header is a 400 over HTTP too.
+#[test]
+fn a_duplicated_class_header_is_a_400() {
+    run(async {
+        let s = stack("dup", app::DEFAULT_CONFIG).await;
+        let c = call(
+            s.gateway.addr,
+            post_json(
+                "/v1/chat/completions",
+                &chat(false),
+                &[
+                    ("x-traffic-class", "interactive"),
+                    ("x-traffic-class", "batch"),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(c.response.status(), 400);
+        assert!(text(c.response)
+            .await
+            .contains("\"code\":\"duplicate_header\""));
+        assert_eq!(s.control.served.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// Shutdown closes the bulkhead and lets a stream in flight finish: it reaches `[DONE]`.
+#[test]
+fn shutdown_drains_a_stream_in_flight() {
+    run(async {
+        let mut s = served("drain", timeouts(LONG, LONG, LONG), LONG, None).await;
+        let body = held_stream(&s).await;
+        s.stop.take().unwrap().send(()).unwrap();
+        finish_stream(&s, body).await;
+        let stopped = s.server.await.unwrap();
+        assert!(stopped.drained && stopped.cut == 0, "{stopped:?}");
+        assert_eq!(stopped.in_flight, 0);
+    });
+}
+
+/// A stream whose provider holds it before its last chunk, its first chunk read.
+async fn held_stream(s: &Served) -> hyper::body::Incoming {
+    s.control.set_hold(true);
+    let c = call(s.addr, post_json("/v1/chat/completions", &chat(true), &[])).await;
+    assert_eq!(c.response.status(), 200);
+    let mut body = c.response.into_body();
+    next_chunk(&mut body).await.unwrap();
+    s.control.paused_at_least(1).await;
+    body
+}
+
+/// The rest of a held stream once the provider lets go: it ends with `[DONE]`.
+async fn finish_stream(s: &Served, mut body: hyper::body::Incoming) {
+    // The bulkhead is closed before the provider lets go: new requests are refused.
+    while !s.gw.bulkhead.is_closed() {
+        tokio::task::yield_now().await;
+    }
+    s.control.set_hold(false);
+    let mut rest = String::new();
+    while let Some(chunk) = next_chunk(&mut body).await {
+        rest.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
+}
+
+/// Shutdown ends at its deadline whatever clients do: a stalled upload and a stream whose
+/// provider never finishes are cut, and their admissions released.
+#[test]
+fn shutdown_is_bounded_whatever_clients_do() {
+    run(async {
+        let mut s = served("bounded", timeouts(LONG, LONG, SHORT), LONG, None).await;
+        let mut body = held_stream(&s).await;
+        let stalled = {
+            let request = format!("{HEAD}content-length: 1000\r\n\r\n{{");
+            let addr = s.addr;
+            tokio::spawn(async move { raw(addr, request.as_bytes()).await })
+        };
+        assert_eq!(s.gw.bulkhead.stats().in_flight, 1);
+        s.stop.take().unwrap().send(()).unwrap();
+        let stopped = s.server.await.unwrap();
+        assert!(!stopped.drained && stopped.cut >= 1, "{stopped:?}");
+        assert_eq!(stopped.in_flight, 0);
+        assert_eq!(s.gw.bulkhead.stats().in_flight, 0);
+        // Both clients see their connection closed.
+        let _ = stalled.await.unwrap();
+        while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut body).await {}
+        s.control.set_hold(false);
+    });
+}
+
+/// SIGTERM (what systemd and Kubernetes send) shuts the gateway down as SIGINT does: the
+/// bulkhead closes and the stream in flight still reaches `[DONE]`.
+#[test]
+fn sigterm_closes_the_bulkhead_and_drains() {
+    run(async {
+        let signals = serve::signals().unwrap();
+        let shutdown = Box::pin(async move {
+            assert_eq!(signals.await, "SIGTERM");
+        });
+        let s = served("sigterm", timeouts(LONG, LONG, LONG), LONG, Some(shutdown)).await;
+        let body = held_stream(&s).await;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        finish_stream(&s, body).await;
+        let stopped = s.server.await.unwrap();
+        assert!(stopped.drained && stopped.cut == 0, "{stopped:?}");
     });
 }

@@ -2,6 +2,11 @@
 //! `estimation_surface.test.ts` #1–#4, #6–#12 and #20 (the cases that concern estimation;
 //! run, events and de-duplication come with the LLM layer's `run`). JS validation of negative or
 //! fractional numbers becomes a deserialisation error naming the field.
+//!
+//! Where this crate now counts more than the reference (issue 30: every part, per-message
+//! overheads, a script bound on text), the expected numbers say so: text is made of spaces,
+//! whose script bound (a quarter token per space after a space) stays below the ratio, so the
+//! reference's `ceil(chars / ratio)` still shows, plus [`MSG`] for one message.
 #![cfg(feature = "llm")]
 
 use llm_bulkhead::llm::{
@@ -24,9 +29,13 @@ fn req(model: Option<&str>, content: Content, max_tokens: Option<u64>) -> LlmReq
     }
 }
 
+/// `n` characters of text whose tokens are the reference's `ceil(n / ratio)`.
 fn text(n: usize) -> Content {
-    Content::from("x".repeat(n).as_str())
+    Content::from(" ".repeat(n).as_str())
 }
+
+/// The overhead of a request with one message: 4 for the message, 3 for the reply.
+const MSG: u64 = 7;
 
 fn blocks(b: Vec<ContentBlock>) -> Content {
     Content::Blocks(b)
@@ -65,22 +74,30 @@ fn naive_estimator() {
     // #6–#12
     assert_eq!(
         est(&NaiveEstimator, &req(None, text(400), None)),
-        (100, 2_048)
+        (100 + MSG, 2_048)
     );
     assert_eq!(
         est(&NaiveEstimator, &req(None, text(400), Some(1_024))).1,
         1_024
     );
     let mut two = req(None, text(200), None);
-    two.messages.push(Message::user(&"y".repeat(200)));
-    assert_eq!(est(&NaiveEstimator, &two).0, 100);
+    two.messages.push(Message::user(&" ".repeat(200)));
+    assert_eq!(est(&NaiveEstimator, &two).0, 100 + 11);
     assert_eq!(est(&NaiveEstimator, &LlmRequest::default()), (0, 2_048));
-    assert_eq!(est(&NaiveEstimator, &req(None, text(401), None)).0, 101);
+    assert_eq!(
+        est(&NaiveEstimator, &req(None, text(401), None)).0,
+        101 + MSG
+    );
+    // An image is no longer free: with no model and no dimensions, the largest formula's
+    // cost (Anthropic's 1,600); the text block's keys and structure cost 7 tokens.
     let mm = blocks(vec![
-        ContentBlock::from_text("x".repeat(400)),
+        ContentBlock::from_text(" ".repeat(400)),
         ContentBlock::of_type("image"),
     ]);
-    assert_eq!(est(&NaiveEstimator, &req(None, mm, None)).0, 100);
+    assert_eq!(
+        est(&NaiveEstimator, &req(None, mm, None)).0,
+        100 + MSG + 7 + 1_600
+    );
 }
 
 #[test]
@@ -98,14 +115,17 @@ fn model_aware_ratios() {
             &req(None, text(390), None)
         )
         .0,
-        100
+        100 + MSG
     );
     // #14: an override (2.0) for the request's model.
     let o = ModelAwareEstimator::builder()
         .ratio("custom-model", 2.0)
         .build()
         .unwrap();
-    assert_eq!(est(&o, &req(Some("custom-model"), text(200), None)).0, 100);
+    assert_eq!(
+        est(&o, &req(Some("custom-model"), text(200), None)).0,
+        100 + MSG
+    );
     // #16: an exact-only override does not prefix-match; the longest built-in prefix wins (3.8).
     let o = ModelAwareEstimator::builder()
         .ratio("claude-3", 3.0)
@@ -113,7 +133,7 @@ fn model_aware_ratios() {
         .unwrap();
     assert_eq!(
         est(&o, &req(Some("claude-3-5-haiku-20250101"), text(380), None)).0,
-        100
+        100 + MSG
     );
     // #17: an exact override beats the prefix table.
     let o = ModelAwareEstimator::builder()
@@ -121,14 +141,14 @@ fn model_aware_ratios() {
         .default_model("claude-sonnet-4-custom")
         .build()
         .unwrap();
-    assert_eq!(est(&o, &req(None, text(200), None)).0, 100);
+    assert_eq!(est(&o, &req(None, text(200), None)).0, 100 + MSG);
     // #18: the override is found through the lower-cased model name.
     let o = ModelAwareEstimator::builder()
         .ratio("my-model", 2.0)
         .default_model("MY-MODEL")
         .build()
         .unwrap();
-    assert_eq!(est(&o, &req(None, text(200), None)).0, 100);
+    assert_eq!(est(&o, &req(None, text(200), None)).0, 100 + MSG);
     // #19: the prefix scan is case-insensitive.
     assert_eq!(
         est(
@@ -136,7 +156,7 @@ fn model_aware_ratios() {
             &req(None, text(390), None)
         )
         .0,
-        100
+        100 + MSG
     );
     // #20: unknown models use 4.0.
     assert_eq!(
@@ -145,7 +165,7 @@ fn model_aware_ratios() {
             &req(None, text(400), None)
         )
         .0,
-        100
+        100 + MSG
     );
     // #25, #26: the request's model wins over the default; the default fills in.
     assert_eq!(
@@ -154,7 +174,7 @@ fn model_aware_ratios() {
             &req(Some("claude-sonnet-4"), text(390), None)
         )
         .0,
-        100
+        100 + MSG
     );
     assert_eq!(
         est(
@@ -162,26 +182,30 @@ fn model_aware_ratios() {
             &req(None, text(390), None)
         )
         .0,
-        100
+        100 + MSG
     );
-    // #27 multimodal; #28–#30 more prefixes.
+    // #27 multimodal; #28–#30 more prefixes. The image is no longer free (Anthropic's largest
+    // cost without dimensions, 1,600), nor the text block's keys and structure (7).
     let mm = blocks(vec![
-        ContentBlock::from_text("x".repeat(390)),
+        ContentBlock::from_text(" ".repeat(390)),
         ContentBlock::of_type("image"),
     ]);
     assert_eq!(
         est(&default_model("claude-sonnet-4"), &req(None, mm, None)).0,
-        100
+        100 + MSG + 5 + 1_600
     );
     let e = ModelAwareEstimator::default();
     assert_eq!(
         est(&e, &req(Some("claude-haiku-4-5-20260301"), text(380), None)).0,
-        100
+        100 + MSG
     );
-    assert_eq!(est(&e, &req(Some("gpt-4.1-mini"), text(370), None)).0, 100);
+    assert_eq!(
+        est(&e, &req(Some("gpt-4.1-mini"), text(370), None)).0,
+        100 + MSG
+    );
     assert_eq!(
         est(&e, &req(Some("gemini-2.5-pro"), text(380), None)).0,
-        100
+        100 + MSG
     );
 }
 
@@ -216,21 +240,22 @@ fn output_cap() {
 fn system_prompt_and_extra_input_tokens() {
     // estimation_surface #1: 4-char message + 8-char system → 3; without system → 1.
     let mut r = req(None, text(4), None);
-    assert_eq!(est(&NaiveEstimator, &r).0, 1);
+    assert_eq!(est(&NaiveEstimator, &r).0, 1 + MSG);
     r.system = Some(text(8));
-    assert_eq!(est(&NaiveEstimator, &r).0, 3);
-    // #2: gpt-4o (3.7), 37 chars + system [text 37, marker] → {20, 5}; the marker is free.
+    assert_eq!(est(&NaiveEstimator, &r).0, 3 + MSG);
+    // #2: gpt-4o (3.7), 37 chars + system [text 37, marker] → {20, 5}. The marker is no
+    // longer free: a part of an unknown type costs its size (here 15 with the text block's).
     let mut r = req(Some("gpt-4o"), text(37), Some(5));
     r.system = Some(blocks(vec![
-        ContentBlock::from_text("s".repeat(37)),
+        ContentBlock::from_text(" ".repeat(37)),
         ContentBlock::of_type("cache_control_marker"),
     ]));
-    assert_eq!(est(&ModelAwareEstimator::default(), &r), (20, 5));
+    assert_eq!(est(&ModelAwareEstimator::default(), &r), (20 + MSG + 15, 5));
     // #3: extra 500 added verbatim by both estimators.
     let mut r = req(Some("unknown"), text(40), None);
     r.extra_input_tokens = Some(500);
-    assert_eq!(est(&NaiveEstimator, &r).0, 510);
-    assert_eq!(est(&ModelAwareEstimator::default(), &r).0, 510);
+    assert_eq!(est(&NaiveEstimator, &r).0, 510 + MSG);
+    assert_eq!(est(&ModelAwareEstimator::default(), &r).0, 510 + MSG);
 }
 
 #[test]
@@ -248,73 +273,29 @@ fn invalid_numbers_are_refused_when_deserialising() {
 
 #[test]
 fn opaque_block_charges() {
-    // estimation_surface #6: 2048 per block, claude-sonnet-4: [image, text 39] + system [document].
-    let e = ModelAwareEstimator::builder()
-        .opaque_block_tokens(2_048)
-        .build()
-        .unwrap();
-    let mut r = req(
-        Some("claude-sonnet-4"),
-        blocks(vec![
-            ContentBlock::of_type("image"),
-            ContentBlock::from_text("x".repeat(39)),
-        ]),
-        Some(7),
-    );
-    r.system = Some(blocks(vec![ContentBlock::of_type("document")]));
-    assert_eq!(est(&e, &r), (10 + 4_096, 7));
-    // #7: {default 100, byType {image 1500}}; [image, document] + system [audio] → 1700.
-    let e = ModelAwareEstimator::builder()
-        .opaque_block_costs(OpaqueBlockTokens::by_type(Some(100), [("image", 1_500)]))
-        .build()
-        .unwrap();
-    let mut r = req(
-        Some("gpt-4o"),
-        blocks(vec![
-            ContentBlock::of_type("image"),
-            ContentBlock::of_type("document"),
-        ]),
-        None,
-    );
-    r.system = Some(blocks(vec![ContentBlock::of_type("audio")]));
-    assert_eq!(est(&e, &r).0, 1_700);
-    // #8: no default → unlisted types cost 0.
-    let e = ModelAwareEstimator::builder()
-        .opaque_block_costs(OpaqueBlockTokens::by_type(None, [("image", 1_500)]))
-        .build()
-        .unwrap();
-    let r = req(
-        Some("gpt-4o"),
-        blocks(vec![
-            ContentBlock::of_type("image"),
-            ContentBlock::of_type("document"),
-        ]),
-        None,
-    );
-    assert_eq!(est(&e, &r).0, 1_500);
-    // #9: a malformed text block is opaque (conservative).
-    let e = ModelAwareEstimator::builder()
-        .opaque_block_tokens(50)
-        .build()
-        .unwrap();
-    let malformed: ContentBlock = serde_json::from_str(r#"{"type": "text", "text": 123}"#).unwrap();
-    assert_eq!(
-        est(&e, &req(Some("gpt-4o"), blocks(vec![malformed]), None)).0,
-        50
-    );
-    // #10: strings and well-formed text blocks are never charged (39 + 39 chars at 3.9 → 20).
-    let e = ModelAwareEstimator::builder()
-        .opaque_block_tokens(9_999)
-        .build()
-        .unwrap();
-    let mut r = req(Some("claude-sonnet-4"), text(39), None);
-    r.messages.push(Message {
-        role: "user".into(),
-        content: blocks(vec![ContentBlock::from_text("y".repeat(39))]),
-        extra: Default::default(),
-    });
-    assert_eq!(est(&e, &r).0, 20);
-    // #11: without the option opaque blocks are free.
+    // estimation_surface #6–#11, as this crate now reads them: a configured cost replaces an
+    // image's formula (`image`, `image_url`, `input_image`); every other part, of any type,
+    // costs its size and is never free.
+    let image_only = |costs| {
+        let e = ModelAwareEstimator::builder()
+            .opaque_block_costs(costs)
+            .build()
+            .unwrap();
+        let r = req(
+            Some("gpt-4o"),
+            blocks(vec![ContentBlock::of_type("image")]),
+            Some(3),
+        );
+        est(&e, &r)
+    };
+    // A `{"type": "image"}` block is 3 tokens of structure besides the image itself.
+    assert_eq!(image_only(OpaqueBlockTokens::Flat(2_048)), (2_048 + MSG, 3));
+    let listed = OpaqueBlockTokens::by_type(Some(100), [("image", 1_500)]);
+    assert_eq!(image_only(listed), (1_500 + MSG, 3));
+    // No cost for the type and no default: the formula (gpt-4o, no dimensions: 8 tiles).
+    let unlisted = OpaqueBlockTokens::by_type(None, [("image_url", 1_500)]);
+    assert_eq!(image_only(unlisted), (85 + 170 * 8 + MSG, 3));
+    // Without the option, the formula too.
     assert_eq!(
         est(
             &ModelAwareEstimator::default(),
@@ -324,35 +305,92 @@ fn opaque_block_charges() {
                 Some(3)
             )
         ),
-        (0, 3)
+        (85 + 170 * 8 + MSG, 3)
     );
+    // Documents, audio and malformed text blocks cost their size, whatever the option.
+    let e = ModelAwareEstimator::builder()
+        .opaque_block_tokens(9_999)
+        .build()
+        .unwrap();
+    let malformed: ContentBlock = serde_json::from_str(r#"{"type": "text", "text": 123}"#).unwrap();
+    for block in [
+        ContentBlock::of_type("document"),
+        ContentBlock::of_type("audio"),
+        malformed,
+    ] {
+        let (input, _) = est(&e, &req(Some("gpt-4o"), blocks(vec![block.clone()]), None));
+        assert!((MSG + 2..MSG + 16).contains(&input), "{block:?}: {input}");
+    }
 }
 
 #[test]
 fn invalid_ratio_is_refused_at_construction() {
     // estimation_surface #12 adapted (costs are u64, so only ratios can be invalid here), and
     // reference bug B14 (a 0 ratio gives an infinite estimate there).
-    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+    // And ratios beyond sane bounds (1e300 made every estimate 1, 1e-10 reserved 4×10¹³ for
+    // 4,000 characters), and one model given twice in different cases.
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300, 1e-10, 0.49, 32.5] {
         let e = ModelAwareEstimator::builder()
             .ratio("m", bad)
             .build()
             .unwrap_err();
         assert!(matches!(e, EstimateError::InvalidRatio { .. }), "{bad}");
     }
+    let twice = ModelAwareEstimator::builder()
+        .ratio("My-Model", 2.0)
+        .ratio("my-model", 3.0);
+    assert!(matches!(
+        twice.build().unwrap_err(),
+        EstimateError::InvalidRatio { .. }
+    ));
+    let e = ModelAwareEstimator::builder()
+        .ratio("My-Model", 2.0)
+        .build()
+        .unwrap();
+    assert_eq!(e.ratio_for("MY-MODEL"), (2.0, true));
+    // Output caps: 0, and one so large every estimate would overflow; parts limit 0.
+    for cap in [0, llm_bulkhead::llm::MAX_OUTPUT_CAP + 1, u64::MAX] {
+        let e = ModelAwareEstimator::builder()
+            .output_cap(cap)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EstimateError::InvalidSetting {
+                    field: "output_cap",
+                    ..
+                }
+            ),
+            "{cap}"
+        );
+    }
+    let e = ModelAwareEstimator::builder()
+        .max_parts(0)
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        EstimateError::InvalidSetting {
+            field: "max_parts",
+            ..
+        }
+    ));
 }
 
 #[test]
 fn gateway_shaped_request_end_to_end() {
     // estimation_surface #20: Anthropic-shaped JSON, claude-sonnet-4 estimator with 2048 per
-    // opaque block; request claude-sonnet-4-5, system 39 chars, 39-char text + image, max 1024,
-    // extra 350 → {2418, 1024, 3442}; admitted with that reservation and released.
+    // image; request claude-sonnet-4-5, system 39 chars, 39-char text + image, max 1024,
+    // extra 350 → the reference's {2418, 1024, 3442}, plus this crate's 7 for the message and
+    // 7 for the text block's keys; admitted with that reservation and released.
     let body = format!(
         r#"{{"model": "claude-sonnet-4-5", "system": "{}", "max_tokens": 1024, "extraInputTokens": 350,
             "metadata": {{"user_id": "u-1"}},
             "messages": [{{"role": "user", "content": [{{"type": "text", "text": "{}"}},
                 {{"type": "image", "source": {{"type": "base64", "media_type": "image/png", "data": "AA=="}}}}]}}]}}"#,
-        "s".repeat(39),
-        "t".repeat(39)
+        " ".repeat(39),
+        " ".repeat(39)
     );
     let request: LlmRequest = serde_json::from_str(&body).unwrap();
     assert!(request.extra.contains_key("metadata"));
@@ -364,7 +402,7 @@ fn gateway_shaped_request_end_to_end() {
     let r = e.estimate(&request).unwrap();
     assert_eq!(
         (r.input(), r.max_output(), r.total()),
-        (2_418, 1_024, 3_442)
+        (2_432, 1_024, 3_456)
     );
     let b = Bulkhead::builder()
         .max_concurrent(2)
@@ -372,7 +410,7 @@ fn gateway_shaped_request_end_to_end() {
         .build()
         .unwrap();
     let a = b.try_acquire(Demand::tokens(r)).unwrap();
-    assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 3_442);
+    assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 3_456);
     a.release(Some(Usage::new(2_000, 500))).unwrap();
     assert_eq!(b.stats().token_budget.unwrap().in_flight_tokens, 0);
 }
@@ -385,14 +423,40 @@ fn openai_shape_and_round_trip() {
                      {"role": "assistant", "content": null, "tool_calls": []}],
         "max_completion_tokens": 300}"#;
     let r: LlmRequest = serde_json::from_str(body).unwrap();
+    // `max_completion_tokens` stays as sent (o-series models refuse `max_tokens`).
     assert_eq!(
         (r.text_len(), r.max_tokens, r.opaque_blocks().count()),
-        (17, Some(300), 1)
+        (17, None, 1)
     );
-    assert_eq!(est(&ModelAwareEstimator::default(), &r), (5, 300)); // ceil(17 / 3.7)
-                                                                    // Unknown fields survive a round trip, so a gateway can forward the request unchanged.
-    let again: LlmRequest = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(r.extra["max_completion_tokens"], 300);
+    // gpt-4o-mini's image cost without dimensions: 2,833 + 5,667 × 8 tiles.
+    let (input, output) = est(&ModelAwareEstimator::default(), &r);
+    assert_eq!(output, 300);
+    assert!(
+        (2_833 + 5_667 * 8..2_833 + 5_667 * 8 + 40).contains(&input),
+        "{input}"
+    );
+    // Unknown fields survive a round trip, so a gateway can forward the request unchanged.
+    let sent = serde_json::to_string(&r).unwrap();
+    assert!(sent.contains(r#""max_completion_tokens":300"#) && !sent.contains("max_tokens\""));
+    let again: LlmRequest = serde_json::from_str(&sent).unwrap();
     assert_eq!(again, r);
+    // Both caps: refused, naming both.
+    let both = r#"{"max_tokens": 1, "max_completion_tokens": 2, "messages": []}"#;
+    let e = serde_json::from_str::<LlmRequest>(both)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_tokens") && e.contains("max_completion_tokens"),
+        "{e}"
+    );
+    let e = NaiveEstimator.estimate_body(both.as_bytes()).unwrap_err();
+    assert_eq!(
+        e,
+        EstimateError::ConflictingFields {
+            fields: ["max_tokens", "max_completion_tokens"]
+        }
+    );
 }
 
 #[test]
@@ -448,4 +512,58 @@ mod properties {
             prop_assert_eq!(utf16_len(&s), s.encode_utf16().count() as u64);
         }
     }
+}
+
+#[test]
+fn output_side_n_thinking_budgets_and_responses_caps() {
+    // Issue 30: `n` multiplies the output reserve; a thinking budget above the cap raises it;
+    // the Responses API's `max_output_tokens` is read; each through the body and the parsed
+    // request alike.
+    let e = ModelAwareEstimator::default();
+    let out = |body: &str| {
+        let streamed = e.estimate_body(body.as_bytes()).unwrap();
+        let parsed = e
+            .estimate(&LlmRequest::from_json(body.as_bytes(), 100).unwrap())
+            .unwrap();
+        assert_eq!(streamed, parsed, "{body}");
+        streamed.max_output()
+    };
+    assert_eq!(
+        out(r#"{"model": "gpt-4o", "n": 3, "max_tokens": 100, "messages": []}"#),
+        300
+    );
+    assert_eq!(
+        out(r#"{"model": "gpt-4o", "n": 4, "messages": []}"#),
+        4 * 2_048
+    );
+    assert_eq!(
+        out(r#"{"model": "o3", "max_completion_tokens": 700, "messages": []}"#),
+        700
+    );
+    assert_eq!(
+        out(r#"{"model": "gpt-4.1", "max_output_tokens": 900, "input": "hi"}"#),
+        900
+    );
+    assert_eq!(
+        out(r#"{"model": "claude-sonnet-4-5", "max_tokens": 1000,
+            "thinking": {"type": "enabled", "budget_tokens": 16000}, "messages": []}"#),
+        16_000
+    );
+    let overflow = r#"{"n": 18446744073709551615, "max_tokens": 2, "messages": []}"#;
+    assert_eq!(
+        e.estimate_body(overflow.as_bytes()).unwrap_err(),
+        EstimateError::Overflow {
+            field: "max_output"
+        }
+    );
+    // Images: OpenAI's low detail is the base (85), without dimensions the formula's largest.
+    let img = |detail: &str| {
+        let body = format!(
+            r#"{{"model": "gpt-4o", "messages": [{{"role": "user", "content": [{{"type": "image_url",
+                "image_url": {{"url": "https://example.com/a.png", "detail": "{detail}"}}}}]}}]}}"#
+        );
+        e.estimate_body(body.as_bytes()).unwrap().input()
+    };
+    assert_eq!(img("low"), 85 + MSG);
+    assert_eq!(img("high"), 85 + 170 * 8 + MSG);
 }

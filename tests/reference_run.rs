@@ -195,7 +195,9 @@ fn override_is_ignored_without_a_budget() {
 fn gateway_shaped_request_end_to_end() {
     // estimation_surface #20: model-aware (default model claude-sonnet-4, opaque 2048);
     // request claude-sonnet-4-5, system 39 chars, text 39 chars + image, max 1024, extra 350
-    // → {2418, 1024, 3442}; released with {2000, 500} → T 0.
+    // → {2418, 1024, 3442}, plus this crate's 7 for the message and 7 for the text block's keys
+    // (text of spaces, whose tokens are the reference's chars / ratio); released with
+    // {2000, 500} → T 0.
     let estimator = ModelAwareEstimator::builder()
         .default_model("claude-sonnet-4")
         .opaque_block_tokens(2_048)
@@ -204,11 +206,11 @@ fn gateway_shaped_request_end_to_end() {
     let llm = LlmBulkhead::new(budget(4, 10_000), estimator);
     let request = LlmRequest {
         model: Some("claude-sonnet-4-5".into()),
-        system: Some(Content::from("s".repeat(39).as_str())),
+        system: Some(Content::from(" ".repeat(39).as_str())),
         messages: vec![Message {
             role: "user".into(),
             content: Content::Blocks(vec![
-                ContentBlock::from_text("t".repeat(39)),
+                ContentBlock::from_text(" ".repeat(39)),
                 ContentBlock::of_type("image"),
             ]),
             extra: Default::default(),
@@ -223,12 +225,12 @@ fn gateway_shaped_request_end_to_end() {
         .unwrap();
     assert_eq!(
         (e.input(), e.max_output(), e.total()),
-        (2_418, 1_024, 3_442)
+        (2_432, 1_024, 3_456)
     );
     let options = RunOptions::default().with_usage(|_: &()| Some(Usage::new(2_000, 500)));
     llm.run_blocking(&request, options, |ctx| {
         assert_eq!(ctx.reservation(), Some(e));
-        assert_eq!(tokens_in_flight(&llm), 3_442);
+        assert_eq!(tokens_in_flight(&llm), 3_456);
         Ok::<_, ()>(())
     })
     .unwrap();
@@ -398,7 +400,10 @@ fn would_admit_detail_matches_the_reference() {
     // v38_features #12: mc3 B1000, gpt-4o 40 chars max 20 → requested 31, detail
     // {revision 0, in_flight 0, pending 0, mc 3, mq 0, budget 1000, T 0, eff 1000, available 1000}.
     let llm = LlmBulkhead::new(budget(3, 1_000), ModelAwareEstimator::default());
-    let mut r = LlmRequest::new("gpt-4o", &[&"x".repeat(40)]);
+    // The reference's 11 input tokens (40 chars at 3.7) as extra input tokens (this crate's
+    // estimate of 40 characters adds its message overhead).
+    let mut r = LlmRequest::new("gpt-4o", &[]);
+    r.extra_input_tokens = Some(11);
     r.max_tokens = Some(20);
     let a = llm.would_admit(&r, &RunOptions::default()).unwrap();
     assert!(a.admits());
@@ -686,7 +691,10 @@ fn adaptive_estimator_fed_by_release_events() {
             .unwrap(),
     );
     let llm = LlmBulkhead::with_shared_estimator(budget(2, 100_000), adaptive.clone());
-    let request = LlmRequest::new("gpt-4o", &[&"x".repeat(370)]);
+    // The reference's base of 100 (370 chars at 3.7), given as extra input tokens: this crate's
+    // base now counts message overheads and a script bound too.
+    let mut request = LlmRequest::new("gpt-4o", &[]);
+    request.extra_input_tokens = Some(100);
     let (feed, r2) = (adaptive.clone(), request.clone());
     let _sub = llm.bulkhead().subscribe(move |e: &Event| {
         if let Event::Release(x) = e {

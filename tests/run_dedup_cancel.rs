@@ -148,14 +148,16 @@ fn a_cancelled_follower_answers_at_once_and_the_call_goes_on() {
     let s = llm.stats();
     let d = s.dedup.unwrap();
     assert_eq!((d.hits, d.cancelled, d.timeouts, d.active), (2, 1, 0, 0));
-    // Not an admission refusal: the bulkhead refused nothing.
+    // A refusal of that caller (`aborted`, as the reference counts its dedup-wait
+    // rejections: issue 32 item 2), though no admission was refused.
     assert_eq!(
         (
             s.bulkhead.admitted,
             s.bulkhead.rejected,
+            s.bulkhead.rejected_by_reason.aborted,
             s.bulkhead.in_flight
         ),
-        (1, 0, 0)
+        (1, 1, 1, 0)
     );
     assert_eq!(
         dedup_outcomes(&log),

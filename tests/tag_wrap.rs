@@ -6,9 +6,10 @@
 //! Before the grace period, the installs completed and the stopped CAS then succeeded against a
 //! word that was bit-identical again, with limits (or floors) that were no longer current: the
 //! class case over-admitted (`in_flight 5` with `max_concurrent 4`), the no-class case admitted
-//! under revision 0 after `apply_limits` had installed `max_concurrent 1`. Now `apply_limits`
-//! waits, before it returns, for every operation that may still hold the previous tag, so the
-//! installer reports that it is waiting on the stopped thread and cannot get further; the test
+//! under revision 0 after `apply_limits` had installed `max_concurrent 1`. Now the install that
+//! would complete the tag period waits, before it bumps the tag, for every operation of its
+//! bulkhead that may still hold a tag that old, so the installer reports that it is waiting on
+//! the stopped thread and cannot get further; the test
 //! then lets the stopped thread go, its CAS fails (the tag moved by one) and it decides again
 //! under the current limits.
 //!

@@ -248,3 +248,53 @@ fn bypasses_reach_tracing_and_metrics() {
         assert!(labels.contains(&l), "{labels:?}");
     }
 }
+
+/// A limits install whose high-priority reserve exceeds the budget (every normal-priority
+/// token demand refused) is a warning that says so, not the routine "limits applied".
+#[test]
+fn a_reserve_above_the_budget_is_logged_as_a_warning() {
+    let out = Buffer::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let b = Bulkhead::builder()
+            .max_concurrent(2)
+            .token_budget(1_000)
+            .build()
+            .unwrap();
+        let _sub = Telemetry::default().metrics(false).instrument(&b);
+        let routine = b.limits().with_revision(1);
+        b.apply_limits(routine).unwrap();
+        let starved =
+            b.limits()
+                .with_revision(2)
+                .with_token_budget(Some(llm_bulkhead::BudgetLimits {
+                    budget: 1_000,
+                    high_priority_reserve: 1_500,
+                }));
+        b.apply_limits(starved).unwrap();
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let first = text
+            .lines()
+            .find(|l| l.contains("revision=1"))
+            .expect(&text);
+        assert!(
+            first.contains("INFO") && first.contains("limits applied"),
+            "{first}"
+        );
+        let second = text
+            .lines()
+            .find(|l| l.contains("revision=2"))
+            .expect(&text);
+        assert!(second.contains("WARN"), "{second}");
+        assert!(second.contains("high_priority_reserve=1500"), "{second}");
+        assert!(
+            second.contains("normal-priority token demand is refused"),
+            "{second}"
+        );
+    });
+}

@@ -749,3 +749,194 @@ fn observe_mode_lets_refused_requests_through_and_counts_them() {
         );
     });
 }
+
+/// A reservation above what the current limits could ever admit is a 413 naming the limit
+/// (clients do not retry it), not a 429; a reservation that fits an idle bulkhead is still a
+/// 429 when the budget is busy. The core's reason stays `budget_limit`.
+#[test]
+fn a_reservation_that_can_never_fit_is_a_413_naming_the_limit() {
+    run(async {
+        let bulkhead = Bulkhead::builder()
+            .max_concurrent(8)
+            .token_budget(60_000)
+            .high_priority_reserve(4_000)
+            .class(
+                "interactive",
+                ClassLimits {
+                    protected_tokens: 20_000,
+                    ..Default::default()
+                },
+            )
+            .class(
+                "batch",
+                ClassLimits {
+                    max_tokens: Some(20_000),
+                    ..Default::default()
+                },
+            )
+            .default_class("interactive")
+            .build()
+            .unwrap();
+        let (inner, mut bodies, seen) = streaming();
+        let classify = HeaderClassifier::new(&bulkhead).class_header("x-traffic-class");
+        let svc = BulkheadLayer::new(bulkhead.clone(), classify).layer(inner);
+        let req = |class: &str, tokens: u64| {
+            let mut r = Request::get("/")
+                .header("x-traffic-class", class)
+                .body(())
+                .unwrap();
+            r.extensions_mut()
+                .insert(TokenEstimate(Reservation::new(tokens, 0).unwrap()));
+            r
+        };
+        // Above the effective budget (60,000 - 4,000 for normal priority), any class.
+        for (class, tokens, limit, most) in [
+            ("interactive", 100_000, "effective_budget", 56_000),
+            ("interactive", 56_001, "effective_budget", 56_000),
+            ("interactive", u64::MAX / 4, "effective_budget", 56_000),
+            ("batch", 20_001, "class_max_tokens", 20_000),
+            // batch's reach: no floor, and 56,000 - 20,000 (interactive's floor) shared.
+            ("batch", 36_001, "class_max_tokens", 20_000),
+        ] {
+            let resp = svc.clone().oneshot(req(class, tokens)).await.unwrap();
+            assert_eq!(
+                resp.status(),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "{class} {tokens}"
+            );
+            let json = json_of(resp).await;
+            let e = &json["error"];
+            assert_eq!(e["reason"], "budget_limit");
+            assert_eq!(e["code"], "request_too_large");
+            assert_eq!(e["limit"]["name"], limit, "{json}");
+            assert_eq!(e["limit"]["most"], most);
+            assert_eq!(e["limit"]["requested"], tokens);
+            assert!(
+                e["message"].as_str().unwrap().contains("never fit"),
+                "{json}"
+            );
+        }
+        // Fits an idle bulkhead: a 429 while the budget is busy.
+        let held = svc.clone().oneshot(req("batch", 20_000)).await.unwrap();
+        let _stream = bodies.recv().await.unwrap();
+        let busy = svc.clone().oneshot(req("batch", 1)).await.unwrap();
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        let json = json_of(busy).await;
+        assert_eq!(json["error"]["code"], "budget_limit");
+        assert!(json["error"].get("limit").is_none(), "{json}");
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+        drop(held);
+        assert_eq!(in_flight(&bulkhead), 0);
+    });
+}
+
+/// A class or priority header given twice is a 400 `duplicate_header`, whichever value comes
+/// first: never "first wins".
+#[test]
+fn a_duplicated_class_or_priority_header_is_a_400() {
+    run(async {
+        let bulkhead = Bulkhead::builder()
+            .max_concurrent(4)
+            .class("premium", ClassLimits::default())
+            .class("standard", ClassLimits::default())
+            .default_class("standard")
+            .build()
+            .unwrap();
+        let (inner, _bodies, seen) = streaming();
+        let classify = HeaderClassifier::new(&bulkhead)
+            .class_header("x-traffic-class")
+            .priority_header("x-priority");
+        let svc = BulkheadLayer::new(bulkhead.clone(), classify).layer(inner);
+        for (h, a, b) in [
+            ("x-traffic-class", "premium", "standard"),
+            ("x-traffic-class", "standard", "standard"),
+            ("x-priority", "high", "normal"),
+        ] {
+            let req = Request::get("/")
+                .header(h, a)
+                .header(h, b)
+                .body(())
+                .unwrap();
+            let resp = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{h}");
+            let json = json_of(resp).await;
+            assert_eq!(json["error"]["code"], "duplicate_header");
+            assert_eq!(json["error"]["type"], "invalid_request");
+        }
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+        // A class header spelled with white space still names its class.
+        let req = Request::get("/")
+            .header("x-traffic-class", " premium")
+            .body(())
+            .unwrap();
+        let resp = svc.oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    });
+}
+
+/// With metrics on, every refusal the layer answers is counted by status and code: the
+/// classifier's 400s, a 413 for a reservation that can never fit, and the 429s.
+#[cfg(feature = "metrics")]
+#[test]
+fn refusals_are_counted_by_status_and_code() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let bulkhead = Bulkhead::builder()
+            .max_concurrent(1)
+            .token_budget(100)
+            .build()
+            .unwrap();
+        let svc = BulkheadLayer::builder(bulkhead.clone())
+            .classifier(HeaderClassifier::new(&bulkhead).priority_header("x-priority"))
+            .record_metrics_named("gw")
+            .build()
+            .layer(service_fn(|_: Request<()>| async {
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            }));
+        let call = |tokens: u64, priority: &str| {
+            let mut r = Request::get("/")
+                .header("x-priority", priority)
+                .body(())
+                .unwrap();
+            r.extensions_mut()
+                .insert(TokenEstimate(Reservation::new(tokens, 0).unwrap()));
+            futures_lite::future::block_on(svc.clone().oneshot(r))
+                .unwrap()
+                .status()
+        };
+        assert_eq!(call(10, "urgent"), 400);
+        assert_eq!(call(10, "urgent"), 400);
+        assert_eq!(call(500, "normal"), 413);
+        let held = bulkhead.try_acquire(Demand::slot()).unwrap();
+        assert_eq!(call(10, "normal"), 429);
+        drop(held);
+        assert_eq!(call(10, "normal"), 200);
+    });
+    // One snapshot: taking one resets the counters.
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |status: &str, code: &str| {
+        snapshot
+            .iter()
+            .find(|(k, _, _, _)| {
+                let key = k.key();
+                key.name() == llm_bulkhead::tower::HTTP_REFUSALS
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "status" && l.value() == status)
+                    && key.labels().any(|l| l.key() == "code" && l.value() == code)
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "bulkhead" && l.value() == "gw")
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{other:?}"),
+            })
+    };
+    assert_eq!(count("400", "invalid_priority"), Some(2));
+    assert_eq!(count("413", "request_too_large"), Some(1));
+    assert_eq!(count("429", "concurrency_limit"), Some(1));
+    assert_eq!(count("429", "budget_limit"), Some(0));
+}

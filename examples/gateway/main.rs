@@ -4,7 +4,15 @@
 //! ```text
 //! cargo run --release --example gateway --features tower,metrics,tracing -- [--listen 127.0.0.1:8080]
 //!     [--config bulkhead.json|bulkhead.toml] [--seed 7] [--no-latency]
+//!     [--header-timeout-ms 10000] [--body-timeout-ms 30000] [--idle-timeout-ms 60000]
+//!     [--drain-timeout-ms 20000]
 //! ```
+//!
+//! The server (`serve.rs`) closes connections whose request head does not arrive within the
+//! header timeout (idle keep-alives included), bodies not complete within the body timeout
+//! (408), and connections that move no byte for the idle timeout. SIGTERM and SIGINT both
+//! close the bulkhead, let responses in flight finish, and cut what is left at the drain
+//! deadline: a shutdown takes at most that long, whatever clients do.
 //!
 //! Endpoints: `POST /v1/chat/completions` (JSON, or SSE with `"stream": true`; the class from
 //! `x-traffic-class`, the priority from `x-priority`), `GET /metrics` (Prometheus text),
@@ -14,6 +22,7 @@
 
 mod app;
 mod provider;
+mod serve;
 
 use axum::extract::State;
 use axum::routing::post;
@@ -23,12 +32,23 @@ use provider::ProviderControl;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 struct Args {
     listen: SocketAddr,
     config: Option<std::path::PathBuf>,
     seed: u64,
     realtime: bool,
+    timeouts: serve::Timeouts,
+    body_read: Duration,
+}
+
+fn millis(name: &str, value: Result<String, String>) -> Result<Duration, String> {
+    let ms: u64 = value?.parse().map_err(|e| format!("{name}: {e}"))?;
+    if ms == 0 {
+        return Err(format!("{name}: must be at least 1"));
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -37,6 +57,8 @@ fn parse_args() -> Result<Args, String> {
         config: None,
         seed: 7,
         realtime: true,
+        timeouts: serve::Timeouts::default(),
+        body_read: app::BODY_READ_TIMEOUT,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -54,8 +76,16 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|e| format!("--seed: {e}"))?
             }
             "--no-latency" => args.realtime = false,
+            "--header-timeout-ms" => {
+                args.timeouts.header_read = millis(&a, value("--header-timeout-ms"))?
+            }
+            "--body-timeout-ms" => args.body_read = millis(&a, value("--body-timeout-ms"))?,
+            "--idle-timeout-ms" => args.timeouts.idle = millis(&a, value("--idle-timeout-ms"))?,
+            "--drain-timeout-ms" => {
+                args.timeouts.drain = millis(&a, value("--drain-timeout-ms"))?
+            }
             "-h" | "--help" => {
-                return Err("usage: gateway [--listen 127.0.0.1:PORT] [--config FILE] [--seed N] [--no-latency]".into())
+                return Err("usage: gateway [--listen 127.0.0.1:PORT] [--config FILE] [--seed N] [--no-latency] [--header-timeout-ms MS] [--body-timeout-ms MS] [--idle-timeout-ms MS] [--drain-timeout-ms MS]".into())
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -114,7 +144,7 @@ async fn main() {
     let upstream = provider.local_addr().expect("the provider's address");
     let provider_router = provider::router(control.clone());
     tokio::spawn(async move { axum::serve(provider, provider_router).await });
-    let (router, gw) = match app::gateway(&config, upstream, "gateway") {
+    let (router, gw) = match app::gateway_with(&config, upstream, "gateway", args.body_read) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("configuration: {e}");
@@ -139,23 +169,31 @@ async fn main() {
         gw.bulkhead.class_names()
     );
     println!("try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"gpt-4o\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"max_tokens\":64}}'");
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // Installed now, so that a signal sent from here on is never lost.
+    let signals = match serve::signals() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("signal handlers: {e}");
+            std::process::exit(1);
+        }
     };
-    if let Err(e) = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        eprintln!("server: {e}");
-        std::process::exit(1);
-    }
-    gw.bulkhead.close();
-    let report = gw
-        .bulkhead
-        .drain(Some(std::time::Duration::from_secs(5)))
-        .await;
+    let shutdown = async {
+        let name = signals.await;
+        println!(
+            "{name}: closing the bulkhead and draining (at most {:?})",
+            args.timeouts.drain
+        );
+    };
+    let stopped = serve::serve(
+        listener,
+        router,
+        gw.bulkhead.clone(),
+        args.timeouts,
+        shutdown,
+    )
+    .await;
     println!(
-        "closed: drained = {}, in flight = {}",
-        report.drained, report.in_flight
+        "closed: drained = {}, connections cut = {}, in flight = {}",
+        stopped.drained, stopped.cut, stopped.in_flight
     );
 }

@@ -20,6 +20,17 @@
 //! scans the process-wide cells alone, and the two decision models fail: loom sees those
 //! markers, and they are what holds the installs back.
 //!
+//! The grace period waits only for operations of the installing bulkhead that may hold a
+//! count a whole tag period old (here: two installs), bounded from the installer's own scans
+//! (`src/grace.rs`, "The period a marker holds"). Two more broken variants show the models see
+//! that bound and the bulkhead ids: with `LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW=1` an operation
+//! the previous scan did not see is taken to hold the current count (not the previous scan's),
+//! and seven models fail at `LOOM_MAX_PREEMPTIONS=3` (the operation must read between the first
+//! install's scan and its bump: three preemptions); with `LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS=1`
+//! no process-wide cell counts as an operation of the installing bulkhead, and the four models
+//! of class operations marked there fail (token return, protected release, usage growth,
+//! abandonment). `.ci/run` asserts that each of the four variants fails this file.
+//!
 //! Asserted in every interleaving:
 //! * **no-class** (a decision, and the drain-time admission of a decision that found `WAITERS`
 //!   up for a drainer alone): an admission made under revision 0 was made before the first

@@ -122,9 +122,11 @@ impl fmt::Display for LoadError {
                 f.write_str(message)
             }
             LoadError::Parse { path, message, .. } => write!(f, "{path}: {message}"),
+            // The name is the snapshot's, of any length: quoted bounded.
             LoadError::UnknownClass { class, known } => write!(
                 f,
-                "admission_classes: unknown class {class:?} (the bulkhead's classes are {known:?})"
+                "admission_classes: unknown class {:?} (the bulkhead's classes are {known:?})",
+                bounded(class)
             ),
             LoadError::MissingClass { class } => write!(
                 f,
@@ -157,5 +159,19 @@ impl std::error::Error for LoadError {
 impl From<ConfigError> for LoadError {
     fn from(e: ConfigError) -> LoadError {
         LoadError::Invalid(e)
+    }
+}
+
+/// The most characters of a parser's message (and of a field's path) an error keeps. A
+/// configuration is operator input that error messages end up in logs with: a 10 MB value or
+/// line is quoted as a short excerpt, never whole.
+pub(crate) const MAX_QUOTED: usize = 160;
+
+/// `s` cut to at most [`MAX_QUOTED`] characters (on a character boundary), saying how much was
+/// left out.
+pub(crate) fn bounded(s: &str) -> String {
+    match s.char_indices().nth(MAX_QUOTED) {
+        None => s.to_owned(),
+        Some((cut, _)) => format!("{}... ({} more bytes)", &s[..cut], s.len() - cut),
     }
 }

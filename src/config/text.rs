@@ -1,17 +1,60 @@
 //! Reading and writing the configuration types as JSON (feature `json`) and TOML (feature
 //! `toml`), and the file helper for a control plane.
 
+use super::error::bounded;
 use super::{BulkheadConfig, Format, LimitsConfig, LoadError};
 use crate::{ApplyLimitsError, Bulkhead, LimitsChange};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::Path;
 
-/// Parses `text` as `format`, naming the field of any error.
+/// A JSON error's message, bounded, with its position.
+#[cfg(feature = "json")]
+fn json_message(e: &serde_json::Error) -> String {
+    let whole = e.to_string();
+    let at = format!(" at line {} column {}", e.line(), e.column());
+    match whole.strip_suffix(&at) {
+        Some(message) if e.line() > 0 => format!("{}{at}", bounded(message)),
+        _ => bounded(&whole),
+    }
+}
+
+/// A TOML error's message, bounded, with the line and column of its span and a short excerpt
+/// of that line (the parser's own rendering quotes the whole line, whatever its length).
+#[cfg(feature = "toml")]
+fn toml_message(e: &toml::de::Error, text: &str) -> String {
+    let message = bounded(e.message().trim_end());
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let start = span.start.min(text.len());
+    let before = text.get(..start).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    // Up to 40 characters of its line either side of the error.
+    let lead: String = {
+        let mut back: Vec<char> = before[line_start..].chars().rev().take(40).collect();
+        back.reverse();
+        back.into_iter().collect()
+    };
+    let rest: String = text
+        .get(start..)
+        .and_then(|t| t.lines().next())
+        .unwrap_or("")
+        .chars()
+        .take(40)
+        .collect();
+    let excerpt = format!("{lead}{rest}");
+    format!("line {line}, column {column}: {message} (near {excerpt:?})")
+}
+
+/// Parses `text` as `format`, naming the field of any error. Messages and paths are bounded
+/// ([`MAX_QUOTED`](super::error::MAX_QUOTED)).
 fn parse<T: DeserializeOwned>(format: Format, text: &str) -> Result<T, LoadError> {
-    let fail = |path: String, message: String| LoadError::Parse {
+    let fail = |path: &str, message: String| LoadError::Parse {
         format,
-        path,
+        path: bounded(path),
         message,
     };
     match format {
@@ -19,23 +62,20 @@ fn parse<T: DeserializeOwned>(format: Format, text: &str) -> Result<T, LoadError
         Format::Json => {
             let mut de = serde_json::Deserializer::from_str(text);
             let value: T = serde_path_to_error::deserialize(&mut de)
-                .map_err(|e| fail(e.path().to_string(), e.into_inner().to_string()))?;
-            de.end().map_err(|e| fail(String::new(), e.to_string()))?;
+                .map_err(|e| fail(&e.path().to_string(), json_message(e.inner())))?;
+            de.end().map_err(|e| fail("", json_message(&e)))?;
             Ok(value)
         }
         #[cfg(feature = "toml")]
         Format::Toml => {
-            let de = toml::Deserializer::parse(text)
-                .map_err(|e| fail(String::new(), e.to_string().trim_end().to_owned()))?;
-            serde_path_to_error::deserialize(de).map_err(|e| {
-                let path = e.path().to_string();
-                // TOML messages are multi-line excerpts; keep them, without the trailing newline.
-                fail(path, e.into_inner().to_string().trim_end().to_owned())
-            })
+            let de =
+                toml::Deserializer::parse(text).map_err(|e| fail("", toml_message(&e, text)))?;
+            serde_path_to_error::deserialize(de)
+                .map_err(|e| fail(&e.path().to_string(), toml_message(e.inner(), text)))
         }
         #[allow(unreachable_patterns)]
         _ => Err(fail(
-            String::new(),
+            "",
             format!(
                 "this build cannot read {} (enable the `{}` feature)",
                 format.as_str(),

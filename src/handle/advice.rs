@@ -123,12 +123,14 @@ impl Bulkhead {
             0
         };
         let priority = demand.priority();
-        // The limits and the word are read under the reconfiguration lock (so the word's
-        // figures belong to that snapshot); the queue lock is taken after, never nested.
-        let canon = lock(&shared.reconfig);
-        let snap = canon.current;
+        // The limits and the word are read under the lock of the published limits (so the
+        // word's figures belong to that snapshot: an install replaces both under it, and never
+        // holds it while it waits out a grace period); the queue lock is taken after, never
+        // nested.
+        let published = lock(&shared.published);
+        let snap = *published;
         let w = Word(shared.word.load(Ordering::Acquire));
-        drop(canon);
+        drop(published);
         let pending = crate::protocol::handoff::pending(shared) as u64;
         let hot = Hot {
             revision: snap.revision,

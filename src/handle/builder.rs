@@ -3,6 +3,7 @@
 use crate::handle::bulkhead::Bulkhead;
 use crate::shared::{Canonical, Handle};
 use crate::vocab::class::MAX_CLASSES;
+use crate::vocab::class_name;
 use crate::vocab::error::{ConfigError, ConfigProblem};
 use crate::words::classes::{ClassLimits, ClassTable};
 use crate::words::limits::{BudgetLimits, LimitsSnapshot, Ring};
@@ -262,11 +263,13 @@ impl BulkheadBuilder {
         let mut table = ClassTable::default();
         let mut names = Vec::new();
         for (name, limits) in &self.classes {
-            let name = name.trim();
-            if name.is_empty() {
-                return table_err("classes", "a class name must not be empty");
-            }
-            if names.iter().any(|n: &String| n == name) {
+            // One spelling per name: `"a"`, `"a "` and `"a\u{a0}"` are one class, and so are
+            // two Unicode spellings of one text.
+            let name = match class_name::canonical(name) {
+                Ok(n) => n,
+                Err(why) => return table_err("classes", why),
+            };
+            if names.iter().any(|n: &String| *n == name) {
                 return table_err("classes", "class names must be unique");
             }
             if !table.push(*limits) {
@@ -278,7 +281,7 @@ impl BulkheadBuilder {
                     },
                 });
             }
-            names.push(name.to_owned());
+            names.push(name.into_owned());
         }
         let default_class = match (&self.default_class, names.is_empty()) {
             (None, true) => 0,
@@ -286,7 +289,7 @@ impl BulkheadBuilder {
             (None, false) => {
                 return table_err("default_class", "is required with admission classes")
             }
-            (Some(d), false) => match names.iter().position(|n| n == d.trim()) {
+            (Some(d), false) => match names.iter().position(|n| *n == class_name::lookup_key(d)) {
                 Some(i) => i,
                 None => return table_err("default_class", "must name a configured class"),
             },
@@ -322,6 +325,7 @@ impl BulkheadBuilder {
             Canonical {
                 current: first,
                 tag: 0,
+                periods: crate::grace::Periods::new(0),
             },
             token_budget.is_some(),
             names,

@@ -220,7 +220,8 @@ impl Bulkhead {
     }
 
     /// Counts and explains the refusal of a waiter (or of a request refused before it could
-    /// wait: `aborted`), with the state as it is now.
+    /// wait: `aborted`; or of a caller waiting on a call shared with others: `timeout`,
+    /// `aborted`, `unshareable_result`), with the state as it is now.
     #[cold]
     pub(crate) fn waiter_refusal(&self, reason: RejectReason, demand: &Demand) -> Rejection {
         let shared = &*self.shared;
@@ -236,7 +237,9 @@ impl Bulkhead {
         };
         if shared.classed {
             let constraint = match reason {
-                RejectReason::Shutdown | RejectReason::Aborted => None,
+                RejectReason::Shutdown
+                | RejectReason::Aborted
+                | RejectReason::UnshareableResult => None,
                 _ => Some(crate::vocab::rejection::Constraint::Global),
             };
             let k = self
@@ -390,7 +393,9 @@ impl Bulkhead {
     /// ```
     #[must_use = "limits() is a snapshot: reading it changes nothing"]
     pub fn limits(&self) -> LimitsSnapshot {
-        lock(&self.shared.reconfig).current
+        // Not the reconfiguration lock, which an install holds while it waits out a grace
+        // period: the published copy, which it replaces only with its tag bump.
+        *lock(&self.shared.published)
     }
 
     /// A snapshot of state and counters. Without classes, state fields come from one read of

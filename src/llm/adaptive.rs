@@ -123,7 +123,7 @@ impl AdaptiveEstimatorBuilder {
 /// use llm_bulkhead::llm::{AdaptiveEstimator, LlmRequest, ModelAwareEstimator, TokenEstimator};
 /// use llm_bulkhead::Usage;
 /// let est = AdaptiveEstimator::builder(ModelAwareEstimator::default()).min_samples(3).smoothing(1.0).build()?;
-/// let req = LlmRequest::new("gpt-4o", &[&"x".repeat(370)]); // base input: 370 / 3.7 = 100
+/// let req = LlmRequest::new("gpt-4o", &[&" ".repeat(370)]); // base input: 370 / 3.7 + 7 = 107
 /// for _ in 0..3 {
 ///     est.observe(&req, Usage::new(150, 10))?; // the provider keeps reporting 150
 /// }

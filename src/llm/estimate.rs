@@ -1,21 +1,73 @@
 //! Token estimation: from a request to the [`Reservation`] admission will hold
-//! (`input + max_output`), with the reference library's numbers.
+//! (`input + max_output`).
 //!
-//! * [`NaiveEstimator`]: `ceil(chars / 4) + extra_input_tokens`, output `max_tokens` or 2048.
+//! Both built-in estimators read every part of a request a provider counts (the walk of
+//! `tally`): message and system text, tool definitions (`tools`, `functions`), tool calls and
+//! their arguments, tool results, documents, the Responses API's `input`, `instructions` and
+//! `prompt`, unknown fields and content-part types (by their size, never as zero), with an
+//! overhead per message (4 tokens, and 3 for the reply) and per tool (10, and 346 once for a
+//! request with tools: Anthropic's tool-use system prompt, the largest documented), and images by
+//! their provider's formula (`image`). Text costs the larger of `ceil(chars / ratio)` and a
+//! bound from its UTF-8 bytes and script classes (`text`) that no text exceeds by more than
+//! 1.25× under o200k_base or cl100k_base, whatever its script.
+//!
+//! * [`NaiveEstimator`]: the ratio is 4.0; output `max_tokens` (or `max_completion_tokens`,
+//!   `max_output_tokens`) or 2048.
 //! * [`ModelAwareEstimator`]: a characters-per-token ratio by model (overrides first, then the
 //!   built-in table by longest case-insensitive prefix, else 4.0), a default model, an output
-//!   cap, and charges for opaque blocks (images, documents, audio).
+//!   cap, image costs, a limit on parts.
 //! * Any `Fn(&LlmRequest) -> Result<Reservation, EstimateError>` is a custom estimator.
 //! * [`ReservationOverride`]: an explicit per-call reservation with the consistency check.
 //!
-//! Characters are UTF-16 code units and the division is IEEE-754 `f64` followed by `ceil`, so
-//! the numbers equal the reference's.
+//! The output side: the request's cap (a thinking budget raises it), times `n` (choices).
+//!
+//! # Parse cost
+//!
+//! [`TokenEstimator::estimate_body`] estimates a JSON body as it parses it, without
+//! materialising it: memory stays within the JSON nesting depth (serde_json's limit is 128),
+//! whatever the body holds. Every object counts as a part; a body with more than the limit
+//! ([`DEFAULT_MAX_PARTS`], or [`ModelAwareEstimatorBuilder::max_parts`]) is refused with
+//! [`EstimateError::TooManyParts`]. A custom estimator needs the parsed request: its default
+//! `estimate_body` checks the limit [`DEFAULT_MAX_PARSED_PARTS`] with the same streaming walk
+//! before parsing (about 750 bytes of heap per object once parsed).
 
-use super::request::{utf16_len, Content, LlmRequest};
+mod image;
+mod tally;
+#[cfg(test)]
+mod tests;
+mod text;
+
+use super::request::LlmRequest;
 use crate::Reservation;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+pub(crate) use tally::{Stop, Tally};
+
+/// Objects a request may hold (messages, content blocks, tools, the objects inside them)
+/// before estimation refuses it.
+pub const DEFAULT_MAX_PARTS: u64 = 131_072;
+
+/// Objects a request may hold when it is parsed into an [`LlmRequest`] (by the default
+/// [`TokenEstimator::estimate_body`], for a custom estimator): about 750 bytes of heap each, so
+/// at most about 12 MB.
+pub const DEFAULT_MAX_PARSED_PARTS: u64 = 16_384;
+
+/// The largest output cap an estimator accepts (2^40 tokens): larger ones make every estimate
+/// overflow.
+pub const MAX_OUTPUT_CAP: u64 = 1 << 40;
+
+/// The ratios an override may set (characters per token): outside them every estimate is
+/// absurd (`1e-10` reserves 4×10¹³ for 4,000 characters).
+pub const RATIO_RANGE: (f64, f64) = (0.5, 32.0);
+
+/// Tokens per message (OpenAI's 3, and the role), and once for the reply's priming.
+const PER_MESSAGE: u64 = 4;
+const REPLY: u64 = 3;
+/// Tokens per tool definition, and once for a request with tools (Anthropic's tool-use system
+/// prompt, 346 tokens at most).
+const PER_TOOL: u64 = 10;
+const TOOLS: u64 = 346;
 
 /// The output cap used when the request sets no `max_tokens` and none is configured.
 pub const DEFAULT_OUTPUT_CAP: u64 = 2_048;
@@ -62,7 +114,8 @@ pub enum EstimateError {
         /// What overflowed.
         field: &'static str,
     },
-    /// A ratio override is not a finite number above zero.
+    /// A ratio override is not a finite number within [`RATIO_RANGE`], or two overrides name
+    /// the same model in different cases.
     InvalidRatio {
         /// The model it was given for.
         model: String,
@@ -75,6 +128,33 @@ pub enum EstimateError {
         field: &'static str,
         /// The range it must be in.
         expected: &'static str,
+    },
+    /// A request holds more objects (messages, blocks, tools, …) than the limit.
+    TooManyParts {
+        /// The limit.
+        limit: u64,
+    },
+    /// A request gives two fields that exclude each other.
+    ConflictingFields {
+        /// The fields.
+        fields: [&'static str; 2],
+    },
+    /// A request field has the wrong type (its value is never quoted).
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// A body is not a JSON request (syntax, or a wrong type where the request is parsed); the
+    /// problem never quotes the body.
+    InvalidJson {
+        /// Line of the problem (1-based; 0 when unknown).
+        line: usize,
+        /// Column of the problem.
+        column: usize,
+        /// What is wrong, without the value.
+        problem: String,
     },
     /// An explicit reservation's `reserved` does not equal `input + max_output`.
     InconsistentReservation {
@@ -91,11 +171,30 @@ impl fmt::Display for EstimateError {
             EstimateError::Overflow { field } => write!(f, "{field} overflows a 64-bit token count"),
             EstimateError::InvalidRatio { model, ratio } => write!(
                 f,
-                "ratio for model {model:?} must be a finite number above 0 (got {ratio})"
+                "ratio for model {model:?} must be a finite number from {} to {} (got {ratio}), given once whatever its case",
+                RATIO_RANGE.0, RATIO_RANGE.1
             ),
             EstimateError::InvalidSetting { field, expected } => {
                 write!(f, "{field} is out of range: it must be {expected}")
             }
+            EstimateError::TooManyParts { limit } => write!(
+                f,
+                "the request holds more than {limit} parts (messages, blocks, tools and the objects in them)"
+            ),
+            EstimateError::ConflictingFields { fields: [a, b] } => {
+                write!(f, "the request gives both {a} and {b}; send one of them")
+            }
+            EstimateError::InvalidField { field, expected } => {
+                write!(f, "field `{field}` must be {expected}")
+            }
+            EstimateError::InvalidJson {
+                line,
+                column,
+                problem,
+            } => write!(
+                f,
+                "the body is not a JSON request: {problem} at line {line} column {column}"
+            ),
             EstimateError::InconsistentReservation { reserved, sum } => write!(
                 f,
                 "reservation.reserved ({reserved}) must equal reservation.input + reservation.max_output ({sum})"
@@ -122,6 +221,28 @@ pub trait TokenEstimator: Send + Sync {
     /// # Errors
     /// [`EstimateError`] when the numbers overflow (or a custom estimator's own reasons).
     fn estimate(&self, request: &LlmRequest) -> Result<Reservation, EstimateError>;
+
+    /// The reservation for a JSON request body. By default the body is parsed with
+    /// [`LlmRequest::from_json`] (its parts limit is [`DEFAULT_MAX_PARSED_PARTS`]) and
+    /// estimated; the
+    /// built-in estimators override it to estimate while parsing, without materialising the
+    /// body.
+    ///
+    /// # Errors
+    /// [`EstimateError::InvalidJson`], [`EstimateError::InvalidField`],
+    /// [`EstimateError::ConflictingFields`], [`EstimateError::TooManyParts`], or the
+    /// estimate's own.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmRequest, TokenEstimator};
+    /// use llm_bulkhead::Reservation;
+    /// let by_messages = |r: &LlmRequest| Reservation::new(r.messages.len() as u64, 1).map_err(|_| unreachable!());
+    /// let r = by_messages.estimate_body(br#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap();
+    /// assert_eq!(r.input(), 1);
+    /// ```
+    fn estimate_body(&self, body: &[u8]) -> Result<Reservation, EstimateError> {
+        self.estimate(&LlmRequest::from_json(body, DEFAULT_MAX_PARSED_PARTS)?)
+    }
 }
 
 impl<F> TokenEstimator for F
@@ -130,6 +251,97 @@ where
 {
     fn estimate(&self, request: &LlmRequest) -> Result<Reservation, EstimateError> {
         self(request)
+    }
+}
+
+/// A walk's own refusals as estimation errors.
+pub(crate) fn stop_error(stop: Stop, max_parts: u64) -> EstimateError {
+    match stop {
+        Stop::TooManyParts => EstimateError::TooManyParts { limit: max_parts },
+        Stop::BothMaxTokens => EstimateError::ConflictingFields {
+            fields: ["max_tokens", "max_completion_tokens"],
+        },
+        Stop::NotACount(field) => EstimateError::InvalidField {
+            field,
+            expected: "a non-negative integer",
+        },
+    }
+}
+
+/// Walks a JSON body; a syntax error becomes [`EstimateError::InvalidJson`] (serde_json's
+/// syntax messages never quote the input).
+pub(crate) fn tally_json(body: &[u8], max_parts: u64) -> Result<Tally, EstimateError> {
+    let (t, r) = Tally::of_json(body, max_parts);
+    match (t.stop, r) {
+        (Some(stop), _) => Err(stop_error(stop, max_parts)),
+        (None, Err(e)) => Err(EstimateError::InvalidJson {
+            line: e.line(),
+            column: e.column(),
+            problem: super::request::scrub(&e),
+        }),
+        (None, Ok(())) => Ok(t),
+    }
+}
+
+/// The settings a tally is turned into a reservation with.
+struct Finish<'a> {
+    model: Option<&'a str>,
+    ratio: f64,
+    output_cap: u64,
+    images: Option<&'a OpaqueBlockTokens>,
+}
+
+impl Finish<'_> {
+    /// `input = text + overheads + images + extra_input_tokens`, `max_output = cap × n`.
+    fn reservation(&self, t: &Tally) -> Result<Reservation, EstimateError> {
+        // IEEE-754 double division and ceil, as the reference computes it.
+        let by_ratio = (t.chars as f64 / self.ratio).ceil();
+        if !(by_ratio.is_finite() && by_ratio < u64::MAX as f64) {
+            return Err(EstimateError::Overflow { field: "input" });
+        }
+        let text = (by_ratio as u64).max(t.units.div_ceil(text::UNIT));
+        let messages = t.messages * PER_MESSAGE + if t.messages > 0 { REPLY } else { 0 };
+        let tools = t.tools * PER_TOOL + if t.tools > 0 { TOOLS } else { 0 };
+        let mut buf = [0u8; 32];
+        let model = self.model.map(|m| {
+            let n = m.len().min(buf.len());
+            buf[..n].copy_from_slice(&m.as_bytes()[..n]);
+            buf[..n].make_ascii_lowercase();
+            &buf[..n]
+        });
+        let mut images = 0u64;
+        for (kind, cost) in t.images.iter().enumerate() {
+            let configured = self
+                .images
+                .and_then(|c| c.configured(tally::IMAGE_KINDS[kind]));
+            images += match configured {
+                Some(per) => per.saturating_mul(cost.images),
+                None => cost.tokens(model),
+            };
+        }
+        let mut input = 0u64;
+        for part in [
+            text,
+            messages,
+            tools,
+            images,
+            t.out.extra_input.unwrap_or(0),
+        ] {
+            input = plus(input, part, "input")?;
+        }
+        let cap = t
+            .out
+            .max_completion_tokens
+            .or(t.out.max_tokens)
+            .or(t.out.max_output_tokens)
+            .unwrap_or(self.output_cap)
+            .max(t.out.thinking_budget.unwrap_or(0));
+        let output =
+            cap.checked_mul(t.out.n.unwrap_or(1).max(1))
+                .ok_or(EstimateError::Overflow {
+                    field: "max_output",
+                })?;
+        reservation(input, output)
     }
 }
 
@@ -143,25 +355,49 @@ fn plus(a: u64, b: u64, field: &'static str) -> Result<u64, EstimateError> {
     a.checked_add(b).ok_or(EstimateError::Overflow { field })
 }
 
-/// `input = ceil(chars / 4) + extra_input_tokens`; `max_output = max_tokens` or 2048.
+/// Every part counted (see the [module](self)), text at 4 characters per token or its
+/// script bound, whichever is larger; `max_output` = the request's cap or 2048, times `n`.
 ///
 /// ```
 /// use llm_bulkhead::llm::{LlmRequest, NaiveEstimator, TokenEstimator};
-/// let r = NaiveEstimator.estimate(&LlmRequest::new("any", &[&"x".repeat(401)])).unwrap();
-/// assert_eq!((r.input(), r.max_output()), (101, 2_048));
+/// // 400 characters of short English words: 154 by the script bound (o200k_base counts 117),
+/// // and 7 for one message and the reply.
+/// let text = "the cat sat on the mat. ".repeat(17)[..400].to_owned();
+/// let r = NaiveEstimator.estimate(&LlmRequest::new("any", &[&text])).unwrap();
+/// assert_eq!((r.input(), r.max_output()), (161, 2_048));
+/// // Dense text costs its bound: a four-byte character 3.2 (its length / 1.25; no token is
+/// // shorter than a byte), 0.8 for the space the text starts after, 7 for the message.
+/// let r = NaiveEstimator.estimate(&LlmRequest::new("any", &[&"😀".repeat(100)])).unwrap();
+/// assert_eq!(r.input(), 321 + 7);
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NaiveEstimator;
 
 impl TokenEstimator for NaiveEstimator {
     fn estimate(&self, request: &LlmRequest) -> Result<Reservation, EstimateError> {
-        let input = request.text_len().div_ceil(4);
-        let input = plus(input, request.extra_input_tokens.unwrap_or(0), "input")?;
-        reservation(input, request.max_tokens.unwrap_or(DEFAULT_OUTPUT_CAP))
+        let t = Tally::of_request(request, DEFAULT_MAX_PARTS)
+            .map_err(|s| stop_error(s, DEFAULT_MAX_PARTS))?;
+        NaiveEstimator::FINISH.reservation(&t)
+    }
+
+    fn estimate_body(&self, body: &[u8]) -> Result<Reservation, EstimateError> {
+        NaiveEstimator::FINISH.reservation(&tally_json(body, DEFAULT_MAX_PARTS)?)
     }
 }
 
-/// What an opaque (non-text) block costs.
+impl NaiveEstimator {
+    const FINISH: Finish<'static> = Finish {
+        model: None,
+        ratio: 4.0,
+        output_cap: DEFAULT_OUTPUT_CAP,
+        images: None,
+    };
+}
+
+/// What an image costs instead of its provider's formula, by its content-part type (`image`,
+/// `image_url`, `input_image`), for a deployment that knows its images better than the
+/// formula's worst case. Every other part is counted by its size; a type with no cost here
+/// (`ByType` without a default) keeps the formula.
 ///
 /// ```
 /// use llm_bulkhead::llm::OpaqueBlockTokens;
@@ -194,7 +430,17 @@ impl OpaqueBlockTokens {
         }
     }
 
-    /// The cost of one block of type `kind`.
+    /// The configured cost of type `kind`, if any.
+    fn configured(&self, kind: &str) -> Option<u64> {
+        match self {
+            OpaqueBlockTokens::Flat(n) => Some(*n),
+            OpaqueBlockTokens::ByType { default, by_type } => {
+                by_type.get(kind).copied().or(*default)
+            }
+        }
+    }
+
+    /// The cost of one block of type `kind` (0 where none is configured).
     #[must_use]
     pub fn cost(&self, kind: Option<&str>) -> u64 {
         match self {
@@ -222,18 +468,20 @@ impl fmt::Debug for UnknownModelHook {
 #[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct ModelAwareEstimatorBuilder {
-    overrides: HashMap<String, f64>,
+    overrides: Vec<(String, f64)>,
     default_model: Option<String>,
     output_cap: Option<u64>,
+    max_parts: Option<u64>,
     opaque: Option<OpaqueBlockTokens>,
     on_unknown_model: Option<UnknownModelHook>,
 }
 
 impl ModelAwareEstimatorBuilder {
-    /// A characters-per-token ratio for one model name, checked before the built-in table
-    /// (exact name first, then its lower-cased form).
+    /// A characters-per-token ratio for one model name, checked before the built-in table.
+    /// Names match case-insensitively, as the table does; the same name given again (in any
+    /// case) is refused at [`build`](Self::build), as is a ratio outside [`RATIO_RANGE`].
     pub fn ratio(mut self, model: &str, ratio: f64) -> Self {
-        self.overrides.insert(model.to_owned(), ratio);
+        self.overrides.push((model.to_owned(), ratio));
         self
     }
 
@@ -243,19 +491,25 @@ impl ModelAwareEstimatorBuilder {
         self
     }
 
-    /// The output cap when a request sets no `max_tokens` (default 2048).
+    /// The output cap when a request sets none (default 2048); from 1 to [`MAX_OUTPUT_CAP`].
     pub fn output_cap(mut self, cap: u64) -> Self {
         self.output_cap = Some(cap);
         self
     }
 
-    /// Every opaque block costs `tokens`.
+    /// The most objects a request may hold (default [`DEFAULT_MAX_PARTS`]; at least 1).
+    pub fn max_parts(mut self, parts: u64) -> Self {
+        self.max_parts = Some(parts);
+        self
+    }
+
+    /// Every image costs `tokens` instead of its provider's formula.
     pub fn opaque_block_tokens(mut self, tokens: u64) -> Self {
         self.opaque = Some(OpaqueBlockTokens::Flat(tokens));
         self
     }
 
-    /// Opaque blocks cost by type.
+    /// Images cost by type instead of their provider's formula.
     pub fn opaque_block_costs(mut self, costs: OpaqueBlockTokens) -> Self {
         self.opaque = Some(costs);
         self
@@ -267,52 +521,93 @@ impl ModelAwareEstimatorBuilder {
         self
     }
 
-    /// Validates the ratios and builds the estimator.
+    /// Validates the settings and builds the estimator.
     ///
     /// # Errors
-    /// [`EstimateError::InvalidRatio`] for a ratio that is not finite and above 0.
+    /// [`EstimateError::InvalidRatio`] for a ratio outside [`RATIO_RANGE`] or a model given
+    /// twice (whatever the case); [`EstimateError::InvalidSetting`] for an empty model name
+    /// (field `default_model`, or `ratio` for an override), an output cap of 0 or above
+    /// [`MAX_OUTPUT_CAP`], or a parts limit of 0.
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{EstimateError, ModelAwareEstimator};
+    /// let e = |b: llm_bulkhead::llm::ModelAwareEstimatorBuilder| b.build().unwrap_err();
+    /// assert!(matches!(e(ModelAwareEstimator::builder().default_model("")), EstimateError::InvalidSetting { field: "default_model", .. }));
+    /// assert!(matches!(e(ModelAwareEstimator::builder().ratio("m", 1e300)), EstimateError::InvalidRatio { .. }));
+    /// assert!(matches!(e(ModelAwareEstimator::builder().ratio("M", 3.0).ratio("m", 3.0)), EstimateError::InvalidRatio { .. }));
+    /// assert!(matches!(e(ModelAwareEstimator::builder().output_cap(0)), EstimateError::InvalidSetting { field: "output_cap", .. }));
+    /// assert!(matches!(e(ModelAwareEstimator::builder().output_cap(u64::MAX)), EstimateError::InvalidSetting { .. }));
+    /// ```
     pub fn build(self) -> Result<ModelAwareEstimator, EstimateError> {
+        let empty = |field| EstimateError::InvalidSetting {
+            field,
+            expected: "a non-empty model name",
+        };
+        if self.default_model.as_deref() == Some("") {
+            return Err(empty("default_model"));
+        }
+        if self.overrides.iter().any(|(m, _)| m.is_empty()) {
+            return Err(empty("ratio"));
+        }
+        let mut overrides = HashMap::new();
         for (model, ratio) in &self.overrides {
-            if !(ratio.is_finite() && *ratio > 0.0) {
+            let sane = ratio.is_finite() && (RATIO_RANGE.0..=RATIO_RANGE.1).contains(ratio);
+            if !sane || overrides.insert(model.to_lowercase(), *ratio).is_some() {
                 return Err(EstimateError::InvalidRatio {
                     model: model.clone(),
                     ratio: *ratio,
                 });
             }
         }
+        let output_cap = self.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP);
+        if !(1..=MAX_OUTPUT_CAP).contains(&output_cap) {
+            return Err(EstimateError::InvalidSetting {
+                field: "output_cap",
+                expected: "from 1 to 2^40",
+            });
+        }
+        let max_parts = self.max_parts.unwrap_or(DEFAULT_MAX_PARTS);
+        if max_parts == 0 {
+            return Err(EstimateError::InvalidSetting {
+                field: "max_parts",
+                expected: "at least 1",
+            });
+        }
         Ok(ModelAwareEstimator {
-            overrides: self.overrides,
+            overrides,
             default_model: self.default_model,
-            output_cap: self.output_cap.unwrap_or(DEFAULT_OUTPUT_CAP),
+            output_cap,
+            max_parts,
             opaque: self.opaque,
             on_unknown_model: self.on_unknown_model,
         })
     }
 }
 
-/// Estimates with a characters-per-token ratio chosen by model.
+/// Estimates every part of a request (see the [module](self)), with a characters-per-token
+/// ratio chosen by model for text (or the text's script bound, if larger) and image formulas
+/// chosen by model.
 ///
-/// `input = ceil(chars / ratio) + Σ opaque block costs + extra_input_tokens`;
-/// `max_output = max_tokens`, or the output cap.
+/// `input = text + 4 per message (+3) + tools + images + extra_input_tokens`;
+/// `max_output` = the request's cap (or the output cap, or a larger thinking budget) × `n`.
 ///
 /// ```
-/// use llm_bulkhead::llm::{ContentBlock, Content, LlmRequest, Message, ModelAwareEstimator, TokenEstimator};
-/// // The reference's worked example: 78 chars at 3.9, one image at 2048, 350 extra, 1024 out.
-/// let mut req = LlmRequest::new("claude-sonnet-4-5", &[]);
-/// req.system = Some(Content::from("x".repeat(39).as_str()));
-/// req.messages.push(Message { role: "user".into(), extra: Default::default(),
-///     content: Content::Blocks(vec![ContentBlock::from_text("y".repeat(39)), ContentBlock::of_type("image")]) });
-/// req.max_tokens = Some(1_024);
-/// req.extra_input_tokens = Some(350);
+/// use llm_bulkhead::llm::{ModelAwareEstimator, TokenEstimator};
 /// let est = ModelAwareEstimator::builder().opaque_block_tokens(2_048).build().unwrap();
-/// let r = est.estimate(&req).unwrap();
-/// assert_eq!((r.input(), r.total()), (2_418, 3_442));
+/// let body = br#"{"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "Be brief.",
+///   "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe this."},
+///   {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}"#;
+/// let r = est.estimate_body(body).unwrap();
+/// assert_eq!(r.max_output(), 1_024);
+/// assert!(r.input() > 2_048 + 7);
 /// ```
 #[derive(Clone, Debug)]
 pub struct ModelAwareEstimator {
+    /// Lower-cased model name → ratio.
     overrides: HashMap<String, f64>,
     default_model: Option<String>,
     output_cap: u64,
+    max_parts: u64,
     opaque: Option<OpaqueBlockTokens>,
     on_unknown_model: Option<UnknownModelHook>,
 }
@@ -323,6 +618,7 @@ impl Default for ModelAwareEstimator {
             overrides: HashMap::new(),
             default_model: None,
             output_cap: DEFAULT_OUTPUT_CAP,
+            max_parts: DEFAULT_MAX_PARTS,
             opaque: None,
             on_unknown_model: None,
         }
@@ -330,7 +626,7 @@ impl Default for ModelAwareEstimator {
 }
 
 impl ModelAwareEstimator {
-    /// A builder with no overrides, no default model, output cap 2048 and free opaque blocks.
+    /// A builder with no overrides, no default model, output cap 2048, images by formula.
     pub fn builder() -> ModelAwareEstimatorBuilder {
         ModelAwareEstimatorBuilder::default()
     }
@@ -351,16 +647,21 @@ impl ModelAwareEstimator {
     ///
     /// ```
     /// # use llm_bulkhead::llm::ModelAwareEstimator;
-    /// let e = ModelAwareEstimator::default();
+    /// let e = ModelAwareEstimator::builder().ratio("My-Model", 2.5).build().unwrap();
     /// assert_eq!(e.ratio_for("CLAUDE-HAIKU-4-5-20260301"), (3.8, true));
     /// assert_eq!(e.ratio_for("O1-PREVIEW"), (3.7, true));
+    /// assert_eq!(e.ratio_for("MY-MODEL"), (2.5, true));
     /// assert_eq!(e.ratio_for("unknown"), (4.0, false));
     /// ```
     #[must_use]
     pub fn ratio_for(&self, model: &str) -> (f64, bool) {
         if !self.overrides.is_empty() {
-            let exact = self.overrides.get(model);
-            if let Some(r) = exact.or_else(|| self.overrides.get(&model.to_lowercase())) {
+            let found = if model.bytes().any(|b| b.is_ascii_uppercase()) || !model.is_ascii() {
+                self.overrides.get(&model.to_lowercase())
+            } else {
+                self.overrides.get(model)
+            };
+            if let Some(r) = found {
                 return (*r, true);
             }
         }
@@ -379,6 +680,24 @@ impl ModelAwareEstimator {
             lowered.as_bytes()
         };
         built_in_ratio(name).map_or((4.0, false), |r| (r, true))
+    }
+
+    /// The reservation of a walked request naming `model`.
+    fn finish(&self, model: Option<&str>, t: &Tally) -> Result<Reservation, EstimateError> {
+        let model = model.or(self.default_model.as_deref());
+        let (ratio, known) = self.ratio_for(model.unwrap_or(""));
+        if !known {
+            if let Some(f) = &self.on_unknown_model {
+                (f.0)(model.unwrap_or(""));
+            }
+        }
+        Finish {
+            model,
+            ratio,
+            output_cap: self.output_cap,
+            images: self.opaque.as_ref(),
+        }
+        .reservation(t)
     }
 }
 
@@ -437,153 +756,16 @@ fn built_in_ratio(name: &[u8]) -> Option<f64> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{built_in_ratio, BUILT_IN_RATIOS};
-    use proptest::prelude::*;
-
-    /// The definition: the ratio of the longest table entry that prefixes `name`.
-    fn scan(name: &[u8]) -> Option<f64> {
-        BUILT_IN_RATIOS
-            .iter()
-            .filter(|(prefix, _)| name.starts_with(prefix.as_bytes()))
-            .max_by_key(|(prefix, _)| prefix.len())
-            .map(|(_, r)| *r)
-    }
-
-    #[test]
-    fn lookup_equals_the_longest_prefix_scan() {
-        let mut names: Vec<Vec<u8>> = vec![Vec::new()];
-        for (entry, _) in BUILT_IN_RATIOS {
-            let e = entry.as_bytes();
-            for n in 0..=e.len() {
-                names.push(e[..n].to_vec());
-            }
-            for tail in [&b"-20250101"[..], b"x", b"-", b".", b"5", b"o", b"-mini"] {
-                names.push([e, tail].concat());
-            }
-            // Every one-byte change of the entry, over the table's own alphabet.
-            for i in 0..e.len() {
-                for c in b"abcdeghiklmnoprstuvz0123456789-." {
-                    let mut m = e.to_vec();
-                    m[i] = *c;
-                    names.push(m);
-                }
-            }
-        }
-        for name in &names {
-            assert_eq!(
-                built_in_ratio(name),
-                scan(name),
-                "{}",
-                String::from_utf8_lossy(name)
-            );
-        }
-    }
-
-    #[test]
-    fn one_pass_measure_equals_text_len_and_opaque_blocks() {
-        use super::{ModelAwareEstimator, OpaqueBlockTokens};
-        use crate::llm::{Content, ContentBlock, LlmRequest, Message};
-        let blocks = |n: usize| {
-            Content::Blocks(vec![
-                ContentBlock::from_text("é".repeat(n)),
-                ContentBlock::of_type("image"),
-                ContentBlock::of_type("audio"),
-                ContentBlock::from_text("𝄞x".repeat(n)),
-            ])
-        };
-        let mut r = LlmRequest::new("m", &["plain text", "ü"]);
-        r.system = Some(blocks(3));
-        r.messages.push(Message {
-            role: "user".into(),
-            content: blocks(5),
-            extra: Default::default(),
-        });
-        let costs = OpaqueBlockTokens::by_type(Some(7), [("image", 100)]);
-        for e in [
-            ModelAwareEstimator::default(),
-            ModelAwareEstimator::builder()
-                .opaque_block_costs(costs.clone())
-                .build()
-                .unwrap(),
-        ] {
-            let (chars, opaque) = e.measure(&r).unwrap();
-            assert_eq!(chars, r.text_len());
-            let two_pass: u64 = match &e.opaque {
-                None => 0,
-                Some(c) => r.opaque_blocks().map(|b| c.cost(b.kind())).sum(),
-            };
-            assert_eq!(opaque, two_pass);
-        }
-        assert_eq!(r.opaque_blocks().count(), 4);
-    }
-
-    proptest! {
-        #[test]
-        fn random_names_agree(name in "(claude-|gpt-|gemini-|o)?[0-9a-z.-]{0,12}") {
-            prop_assert_eq!(built_in_ratio(name.as_bytes()), scan(name.as_bytes()));
-        }
-    }
-}
-
-impl ModelAwareEstimator {
-    /// The request's text length in UTF-16 units ([`LlmRequest::text_len`]) and the summed
-    /// cost of its opaque blocks ([`LlmRequest::opaque_blocks`]), in one pass over the content.
-    #[inline]
-    fn measure(&self, request: &LlmRequest) -> Result<(u64, u64), EstimateError> {
-        let mut chars = 0u64;
-        let mut opaque = 0u64;
-        let contents = request
-            .messages
-            .iter()
-            .map(|m| &m.content)
-            .chain(request.system.as_ref());
-        for content in contents {
-            match content {
-                Content::Text(s) => chars += utf16_len(s),
-                Content::Blocks(blocks) => {
-                    for b in blocks {
-                        match b.text() {
-                            Some(t) => chars += utf16_len(t),
-                            None => {
-                                if let Some(costs) = &self.opaque {
-                                    opaque = plus(opaque, costs.cost(b.kind()), "input")?;
-                                }
-                            }
-                        }
-                    }
-                }
-                Content::Other(_) => {}
-            }
-        }
-        Ok((chars, opaque))
-    }
-}
-
 impl TokenEstimator for ModelAwareEstimator {
     fn estimate(&self, request: &LlmRequest) -> Result<Reservation, EstimateError> {
-        let model = request
-            .model
-            .as_deref()
-            .or(self.default_model.as_deref())
-            .unwrap_or("");
-        let (ratio, known) = self.ratio_for(model);
-        if !known {
-            if let Some(f) = &self.on_unknown_model {
-                (f.0)(model);
-            }
-        }
-        // One pass over the content: the text length and the opaque blocks' costs.
-        let (chars, opaque) = self.measure(request)?;
-        // IEEE-754 double division and ceil, as the reference computes it.
-        let text = (chars as f64 / ratio).ceil();
-        if !(text.is_finite() && text < u64::MAX as f64) {
-            return Err(EstimateError::Overflow { field: "input" });
-        }
-        let mut input = plus(text as u64, opaque, "input")?;
-        input = plus(input, request.extra_input_tokens.unwrap_or(0), "input")?;
-        reservation(input, request.max_tokens.unwrap_or(self.output_cap))
+        let t = Tally::of_request(request, self.max_parts)
+            .map_err(|s| stop_error(s, self.max_parts))?;
+        self.finish(request.model.as_deref(), &t)
+    }
+
+    fn estimate_body(&self, body: &[u8]) -> Result<Reservation, EstimateError> {
+        let t = tally_json(body, self.max_parts)?;
+        self.finish(t.model.as_deref(), &t)
     }
 }
 

@@ -38,7 +38,8 @@ pub use dedup::events::{DedupEvent, DedupOutcome};
 pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
 pub use estimate::{
     EstimateError, ModelAwareEstimator, ModelAwareEstimatorBuilder, NaiveEstimator,
-    OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS, DEFAULT_OUTPUT_CAP,
+    OpaqueBlockTokens, ReservationOverride, TokenEstimator, BUILT_IN_RATIOS,
+    DEFAULT_MAX_PARSED_PARTS, DEFAULT_MAX_PARTS, DEFAULT_OUTPUT_CAP, MAX_OUTPUT_CAP, RATIO_RANGE,
 };
 pub use events::LlmEvent;
 pub use observe::events::{BypassEvent, BypassReleaseEvent, BypassUsageEvent};
@@ -47,7 +48,8 @@ pub use observe::stats::ObserveStats;
 pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{
-    Deadline, DeadlineExpired, DeadlineTrigger, Detach, DetachedWork, LlmBulkhead, NoUsage,
-    RunContext, RunError, RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped, UsageFrom,
+    AcquireError, Deadline, DeadlineExpired, DeadlineTrigger, Detach, DetachedWork, LlmBulkhead,
+    NoUsage, RunContext, RunError, RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped,
+    UsageFrom,
 };
 pub use shared_run::{BoxWork, DedupKeyFn, DedupSettings, LlmStats};

@@ -13,7 +13,7 @@
 //! // Sync work; the usage is taken from the result.
 //! let options = RunOptions::default().with_usage(|r: &(String, Usage)| Some(r.1));
 //! let (text, _) = llm.run_blocking(&request, options, |ctx| {
-//!     assert_eq!(ctx.reservation().unwrap().total(), 3 + 2_048);
+//!     assert_eq!(ctx.reservation().unwrap().total(), 4 + 7 + 2_048); // text, message, output
 //!     Ok::<_, std::io::Error>(("hi".to_owned(), Usage::new(3, 1)))
 //! })?;
 //! assert_eq!(text, "hi");
@@ -47,11 +47,13 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+mod acquire;
 mod context;
 mod llm_bulkhead;
+pub use acquire::AcquireError;
 pub use context::{RunContext, Stopped};
 pub use llm_bulkhead::LlmBulkhead;
-pub(super) use llm_bulkhead::{admit_now, settle};
+pub(super) use llm_bulkhead::{admit_now, race_deadline, settle, settle_raced};
 
 /// Takes the usage from a successful result (the reference's `getUsage`). Any
 /// `Fn(&R) -> Option<Usage>` is one; [`NoUsage`] takes none.
@@ -188,7 +190,12 @@ impl fmt::Debug for DeadlineTrigger {
 /// It starts at admission (queue time never counts) and applies only when the admission's slot
 /// was borrowed from the shared remainder. On expiry the slot is abandoned (cause `deadline`),
 /// the work's stop signal fires, and the run answers [`RunError::Deadline`]; the tokens stay
-/// held until the work ends, and a drain counts the admission until then.
+/// held until the work ends, and a drain counts the admission until then. When the caller is
+/// answered depends on the entry point (contract §12): the async
+/// [`run`](LlmBulkhead::run) at expiry (the work's future is dropped then, which ends it),
+/// [`run_blocking`](LlmBulkhead::run_blocking) when the work returns (it runs on the caller's
+/// thread), [`run_shared`](LlmBulkhead::run_shared) with
+/// [`detach_at_deadline`](RunOptions::detach_at_deadline) at expiry while the work goes on.
 ///
 /// # What it guarantees, and what it does not
 /// Expiry returns **this process's** admission slot (an in-process bound): it is not evidence
@@ -251,8 +258,12 @@ pub struct RunOptions<U = NoUsage> {
     pub mode: Mode,
     /// Take part in de-duplication when the bulkhead de-duplicates (the default, `true`);
     /// `false` opts this call out. As in the reference, `true` cannot switch it on for a
-    /// bulkhead without it. Read by [`LlmBulkhead::run_shared`] and
-    /// [`LlmBulkhead::run_shared_with`] only (`run` and `run_blocking` never de-duplicate).
+    /// bulkhead without it. [`LlmBulkhead::run_shared`] and [`LlmBulkhead::run_shared_with`]
+    /// de-duplicate; `run` and `run_blocking` cannot (their work is neither `Send` nor
+    /// `'static`), so on a bulkhead whose de-duplication is enabled they refuse `true` as
+    /// [`RunError::Invalid`] (field `dedup`) instead of silently running alone: pass `false`,
+    /// or call `run_shared`. The request-level acquires never de-duplicate (the seed's
+    /// `acquire()`) and do not read it.
     pub dedup: bool,
     /// The de-duplication scope (a trusted tenant id, for example): calls share only within
     /// one scope and one class (`None`: the empty scope).
@@ -343,7 +354,9 @@ impl<U> fmt::Debug for RunOptions<U> {
 }
 
 /// The borrowed-concurrency deadline expired: the slot was abandoned (cause `deadline`) and
-/// the work was asked to stop; its tokens were settled when it finished.
+/// the work was asked to stop; its tokens were settled when it finished (the async `run`
+/// finishes it at expiry by dropping its future). With classes, `class` serialises as the
+/// class's name.
 ///
 /// # What it guarantees, and what it does not
 /// This error reports that **this process's** admission slot was returned (an in-process
@@ -405,8 +418,10 @@ pub enum RunError<E> {
     Deadline(DeadlineExpired),
     /// A de-duplication follower ([`LlmBulkhead::run_shared`]) got no result: its own timeout
     /// passed ([`DedupError::Timeout`]) or the leader's result could not be shared with it
-    /// ([`DedupError::Unshareable`]). Counted in [`DedupStats`](super::DedupStats) and seen as
-    /// a `dedup` event.
+    /// ([`DedupError::Unshareable`]), or its own token was cancelled
+    /// ([`DedupError::Cancelled`]). Counted in [`DedupStats`](super::DedupStats) and seen as a
+    /// `dedup` event, and counted as a refusal of this caller (reasons `timeout`,
+    /// `unshareable_result`, `aborted`) with a `reject` event.
     Shared(DedupError),
     /// The work's own error.
     Work(E),

@@ -19,7 +19,8 @@
 //! answers the caller (and the followers) [`RunError::Deadline`] at once, and the work, still
 //! running, is handed to the spawner; it settles its tokens when it ends, and a drain counts
 //! it until then. The flight's key is freed at expiry, so an identical call meanwhile starts a
-//! new call (the reference's B13).
+//! new call (the reference's B13). Without a spawner a shared run answers at expiry as `run`
+//! does: the work's future is dropped.
 //!
 //! # Partitions
 //! The key is the bulkhead's key function of the request (default: [`DedupKey::for_request`],
@@ -33,8 +34,12 @@
 //! validation, its B11). A follower's failures (its own timeout, its own cancellation,
 //! an unshareable result) are [`RunError::Shared`], counted in [`DedupStats`] (`timeouts`,
 //! `cancelled`, `unshareable`) and seen as a `dedup` event (outcomes `timeout`, `cancelled`,
-//! `unshareable`), not as admission refusals: the bulkhead did not refuse anything, so they
-//! are not in `Stats::rejected_by_reason` and carry no capacity detail. A follower waits with
+//! `unshareable`); as in the reference (its dedup-wait rejections) they are also refusals of
+//! that caller: counted in `Stats::rejected` and `rejected_by_reason` (reasons `timeout`,
+//! `aborted`, `unshareable_result`; per class too), published as a `reject` event, and so
+//! in the metrics. Their rejection's capacity detail is the state when the follower was
+//! answered (the reference sends none). A leader's error passed on to its followers is not
+//! counted again. A follower waits with
 //! an explicit `wait.timeout` only; it leaves at once when its own `wait.cancel` token fires
 //! (the token wakes it) or when its future is dropped, and neither cancels the leader's call
 //! or the other followers. The leader's token is the leader's, as in `run`: it cancels the
@@ -45,9 +50,12 @@ use super::dedup::{Dedup, DedupError, DedupKey, DedupStats, FollowerOptions};
 use super::observe::stats::{ObserveCounters, ObserveStats};
 use super::observe::Mode;
 use super::request::LlmRequest;
-use super::run::{admit_now, settle, LlmBulkhead, RunContext, RunError, RunOptions, UsageFrom};
+use super::run::{
+    admit_now, race_deadline, settle, settle_raced, LlmBulkhead, RunContext, RunError, RunOptions,
+    UsageFrom,
+};
 use super::EstimateError;
-use crate::{ClassId, Stats};
+use crate::{ClassId, RejectReason, Stats};
 use std::any::{Any, TypeId};
 use std::fmt;
 use std::future::Future;
@@ -217,6 +225,13 @@ pub(super) struct SharedDedup {
     flights: Dedup<Erased>,
 }
 
+impl SharedDedup {
+    /// Whether calls that do not opt out are de-duplicated ([`DedupSettings::enabled`]).
+    pub(super) fn enabled(&self) -> bool {
+        self.settings.enabled
+    }
+}
+
 /// What a shared run does once registered: run on its own, or take part in a flight.
 enum Path<U, F> {
     Solo(LlmBulkhead, crate::Demand, RunOptions<U>, F),
@@ -224,7 +239,12 @@ enum Path<U, F> {
     /// always gets its own result, so it takes no reference to them).
     Flight(
         super::dedup::DedupRun<Erased>,
-        Option<(Option<ClassId>, Arc<SharedDedup>, crate::Bulkhead)>,
+        Option<(
+            Option<ClassId>,
+            Arc<SharedDedup>,
+            crate::Bulkhead,
+            crate::Demand,
+        )>,
     ),
 }
 
@@ -340,7 +360,14 @@ impl LlmBulkhead {
     /// [`RunError::Shared`]`(Timeout)` while the call goes on; when its own
     /// `options.wait.cancel` token fires it answers [`RunError::Shared`]`(Cancelled)` at once
     /// (counted in `DedupStats::cancelled`, a `dedup` event with outcome `cancelled`), and the
-    /// leader and the other followers go on.
+    /// leader and the other followers go on. Each such answer is also a refusal of that caller
+    /// (reasons `timeout` and `aborted`): counted in the bulkhead's `rejected` and
+    /// `rejected_by_reason`, with a `reject` event.
+    ///
+    /// At the borrowed-concurrency deadline it answers [`RunError::Deadline`] at expiry, as
+    /// [`run`](Self::run) does (the work's future is dropped); with
+    /// [`RunOptions::detach_at_deadline`] the work is handed to the spawner instead and goes
+    /// on (the seed's behaviour).
     ///
     /// # Cancel safety
     /// Dropping the future leaves the flight (see above); nothing leaks.
@@ -384,8 +411,9 @@ impl LlmBulkhead {
     /// the leader's success, and the leader keeps the original. `share` answering `None` means
     /// the result cannot be shared (the reference's `unshareable_result`): that follower gets
     /// [`RunError::Shared`]`(Unshareable)`, counted in `DedupStats::unshareable` and seen as a
-    /// `dedup` event with outcome `unshareable`. A leader's error reaches followers by
-    /// `Clone`.
+    /// `dedup` event with outcome `unshareable`, and counted as a refusal with reason
+    /// [`RejectReason::UnshareableResult`] (with a `reject` event). A leader's error reaches
+    /// followers by `Clone`.
     ///
     /// # Cancel safety
     /// As [`run_shared`](Self::run_shared).
@@ -407,6 +435,8 @@ impl LlmBulkhead {
     /// assert_eq!(a.unwrap().0, 7);
     /// assert!(matches!(b, Err(RunError::Shared(DedupError::Unshareable))));
     /// assert_eq!(llm.stats().dedup.unwrap().unshareable, 1);
+    /// let rejected = llm.stats().bulkhead.rejected_by_reason;
+    /// assert_eq!(rejected.get(llm_bulkhead::RejectReason::UnshareableResult), 1);
     /// ```
     pub fn run_shared_with<R, E, U, S, F>(
         &self,
@@ -490,7 +520,7 @@ impl LlmBulkhead {
             let flight = d.flights.run(Some(key), follower, call);
             let follower = flight.is_follower().then(|| {
                 self.dedup_event(class, DedupOutcome::Joined);
-                (class, d.clone(), self.bulkhead.clone())
+                (class, d.clone(), self.bulkhead.clone(), demand)
             });
             Path::Flight(flight, follower)
         });
@@ -504,16 +534,21 @@ impl LlmBulkhead {
             // A follower's failure, counted and reported (a leader has none: it gets its own
             // result, never a share, a timeout or a cancellation of its own).
             let failed = |e: DedupError, count: bool| {
-                if let Some((class, dedup, bulkhead)) = &follower {
+                if let Some((class, dedup, bulkhead, demand)) = &follower {
                     if count {
                         dedup.flights.count_unshareable();
                     }
-                    let outcome = match e {
-                        DedupError::Unshareable => DedupOutcome::Unshareable,
-                        DedupError::Timeout => DedupOutcome::Timeout,
-                        DedupError::Cancelled => DedupOutcome::Cancelled,
+                    let (outcome, reason) = match e {
+                        DedupError::Unshareable => {
+                            (DedupOutcome::Unshareable, RejectReason::UnshareableResult)
+                        }
+                        DedupError::Timeout => (DedupOutcome::Timeout, RejectReason::Timeout),
+                        DedupError::Cancelled => (DedupOutcome::Cancelled, RejectReason::Aborted),
                     };
                     emit_dedup(bulkhead, *class, outcome);
+                    // A refusal of this caller as well (the reference's dedup-wait rejection):
+                    // counted by reason (and per class), with a `reject` event.
+                    drop(bulkhead.waiter_refusal(reason, demand));
                 }
                 Err(RunError::Shared(e))
             };
@@ -583,10 +618,16 @@ impl LlmBulkhead {
                 }
             };
             ctx.set_caller(caller);
-            let watch = detach_at_deadline.and_then(|d| ctx.deadline_watch().map(|w| (d, w)));
-            let Some((detach, (signal, expired))) = watch else {
+            let Some((signal, expired)) = ctx.deadline_watch() else {
                 let out = work(&mut ctx).await;
                 let out = settle(&mut ctx, out, &usage);
+                drop(ctx);
+                return finish(out);
+            };
+            let Some(detach) = detach_at_deadline else {
+                // As `run`: answered at expiry, the work dropped (nowhere to detach it to).
+                let out = race_deadline(work(&mut ctx), &signal).await;
+                let out = settle_raced(&mut ctx, out, &usage, expired);
                 drop(ctx);
                 return finish(out);
             };

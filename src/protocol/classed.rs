@@ -300,7 +300,7 @@ pub(crate) fn try_fast(
     r: u64,
     priority: Priority,
 ) -> Option<Admitted> {
-    let _op = crate::grace::enter_decision(c, shared.asymmetric);
+    let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
     first_try(shared, k, r, priority)
 }
 
@@ -314,7 +314,7 @@ pub(crate) fn acquire(
 ) -> Result<Admitted, Refused> {
     // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
     // bring a tag it read back to the same value while it is in progress.
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
@@ -332,7 +332,7 @@ pub(crate) fn acquire_after_fast<T>(
     priority: Priority,
     refused: impl Fn(&Refused) -> T,
 ) -> Result<Admitted, T> {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     acquire_contended_with(
         shared,
         Req {
@@ -365,7 +365,7 @@ fn contended(
     priority: Priority,
     in_queue: bool,
 ) -> Result<Admitted, Refused> {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     acquire_contended(
         shared,
         Req {

@@ -2,13 +2,14 @@
 //! protocol step of a reconfiguration, for both protocols. The handle validates the snapshot
 //! and holds the reconfiguration lock; this module changes the words:
 //!
+//! 0. wait out the grace period (`crate::grace`): no operation of this bulkhead that may hold
+//!    a count a whole tag period older than the next tag is still in progress, so no tag value
+//!    or ring slot is reused under anyone;
 //! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`);
 //! 2. bump the state word's tag with one `SeqCst` CAS, which, with classes, also advances `U`
 //!    and `V` by every raise of a floor (`crate::words::class_word::floor_advance`);
 //! 3. migrate every class word to the new tag and floors (`crate::protocol::classed`,
-//!    "Reconfiguration");
-//! 4. wait out the grace period (`crate::grace`): once it returns, no decision that read the
-//!    previous tag is still in progress, so no tag value or ring slot is reused under anyone.
+//!    "Reconfiguration").
 //!
 //! After the lock is released, [`after_install`] answers waiters that can no longer fit
 //! (token waiting) and pumps the queue, since a raised limit admits queued waiters at once
@@ -19,16 +20,20 @@ use crate::sync::Ordering;
 use crate::words::limits::LimitsSnapshot;
 use crate::words::state::Word;
 
-/// Steps 1–4 of the module docs for `next` (validated, with this bulkhead's class table), under
+/// Steps 0–3 of the module docs for `next` (validated, with this bulkhead's class table), under
 /// the reconfiguration lock whose content is `canon`. Returns whether a class migration asks
 /// for a visit of the queue (pass it to [`after_install`]). `canon.current` is left as it was:
 /// the caller replaces it (and keeps the previous snapshot for its report).
 ///
 /// # Panics
-/// As `crate::grace::grace_period` (a kernel barrier failing after registration); no input
+/// As `crate::grace::before_install` (a kernel barrier failing after registration); no input
 /// reaches it.
 pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnapshot) -> bool {
     let tag = canon.tag.wrapping_add(1);
+    before_install(shared, canon, tag);
+    // Readers of the published limits see the ring, the tag and the class words change
+    // together with the copy they read (and wait for nothing else).
+    let mut published = crate::sync::lock(&shared.published);
     shared.ring.write(tag, next);
     let advance = if shared.classed {
         crate::words::class_word::floor_advance(&canon.current, next)
@@ -54,9 +59,44 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     for k in 0..shared.class_words.len() {
         visit |= crate::protocol::classed::migrate(shared, k, tag);
     }
-    // Under the lock: the next install waits for this one's grace period.
-    crate::grace::grace_period(&shared.counters);
+    *published = *next;
     visit
+}
+
+/// The grace period of install `tag` (`crate::grace`): before the ring slot of `tag` is written
+/// and the tag bumped, waits for every operation of this bulkhead that may still hold a count a
+/// whole tag period older, whether it is marked in the process-wide cells or in this
+/// bulkhead's counters entries (`crate::grace::enter_decision`).
+fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize) {
+    use crate::grace::Kind;
+    let counters = &shared.counters;
+    let own_decisions = counters.local(crate::record::stats::Counters::new).reader();
+    let own = crate::grace::reader();
+    crate::grace::before_install(
+        &mut canon.periods,
+        shared.grace_id,
+        tag as u64,
+        tag_period(shared.classed),
+        &[own, own_decisions],
+        |f| {
+            crate::sync::per_thread::for_each(&mut |r| f(r, Kind::Cell));
+            if !crate::grace::skip_decision_markers_for_loom() {
+                counters.for_each(|c| c.for_each_reader(&mut |r| f(r, Kind::Decision)));
+            }
+        },
+    );
+}
+
+/// How many installs bring a tag an operation may hold back to its value: the state word's
+/// `2^TAG_BITS`, or with classes the class words' `CTAG_MOD` (which the ring matches).
+fn tag_period(classed: bool) -> u64 {
+    let word = 1u64 << crate::words::state::TAG_BITS;
+    if classed {
+        word.min(crate::words::class_word::CTAG_MOD as u64)
+            .min(crate::words::limits::RING as u64)
+    } else {
+        word
+    }
 }
 
 /// The queue's side of an install, after the reconfiguration lock is released: with token

@@ -239,10 +239,10 @@ fn decide_loop<'a, E>(
     let word = &*shared.word;
     let c = shared.counters.local(Counters::new);
     #[cfg(not(loom))]
-    let _op = crate::grace::enter_decision(c, shared.asymmetric);
+    let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
     // Under loom an `Option`, so that the broken variant below can leave the operation early.
     #[cfg(loom)]
-    let mut op = Some(crate::grace::enter_decision(c, shared.asymmetric));
+    let mut op = Some(crate::grace::enter_decision(c.reader(), shared.asymmetric));
     let mut w = Word(word.load(Ordering::Acquire));
     let backoff = crossbeam_utils::Backoff::new();
     loop {

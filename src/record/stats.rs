@@ -41,7 +41,7 @@ pub(crate) struct Counters {
     pub(crate) admitted: Stripe,
     /// Refusals by [`RejectReason::index`]; one more entry than there are counted reasons, for
     /// `UnknownClass` (never counted), so that indexing by any reason needs no bounds check.
-    pub(crate) rejected: [Stripe; 7],
+    pub(crate) rejected: [Stripe; 8],
     pub(crate) total_reserved: Stripe,
     pub(crate) total_consumed: Stripe,
     pub(crate) total_refunded: Stripe,
@@ -66,7 +66,7 @@ pub(crate) struct ClassCounters {
     /// Releases of abandoned admissions of this class (other releases are derived:
     /// `admitted − in flight − abandoned and not yet released`, so a release books nothing).
     pub(crate) abandoned_settled: Stripe,
-    pub(crate) rejected: [Stripe; 6],
+    pub(crate) rejected: [Stripe; 7],
     pub(crate) reserved: Stripe,
     pub(crate) consumed: Stripe,
     pub(crate) refunded: Stripe,
@@ -134,6 +134,9 @@ pub struct RejectCounts {
     pub aborted: u64,
     /// `shutdown` refusals.
     pub shutdown: u64,
+    /// `unshareable_result` refusals (callers of a shared call whose share of its result
+    /// could not be made).
+    pub unshareable_result: u64,
 }
 
 impl RejectCounts {
@@ -152,6 +155,7 @@ impl RejectCounts {
             RejectReason::Timeout => self.timeout,
             RejectReason::Aborted => self.aborted,
             RejectReason::Shutdown => self.shutdown,
+            RejectReason::UnshareableResult => self.unshareable_result,
             RejectReason::UnknownClass => 0,
         }
     }
@@ -177,6 +181,7 @@ impl RejectCounts {
             RejectReason::Timeout => &mut self.timeout,
             RejectReason::Aborted => &mut self.aborted,
             RejectReason::Shutdown => &mut self.shutdown,
+            RejectReason::UnshareableResult => &mut self.unshareable_result,
             // Only called for `RejectReason::COUNTED`, which does not hold it.
             RejectReason::UnknownClass => unreachable!("unknown_class is never counted"),
         }

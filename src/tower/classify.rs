@@ -3,7 +3,7 @@
 
 use crate::{Bulkhead, ClassId, Demand, Priority, Reservation};
 use http::request::Parts;
-use http::{HeaderName, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use std::fmt;
 
 /// Makes the [`Demand`] of a request from its parts, in `call`. It sees headers and
@@ -137,7 +137,9 @@ fn from_extensions(parts: &Parts) -> Option<Demand> {
 /// * priority header `high` or `normal` (absent: normal); anything else: 400
 ///   `invalid_priority`;
 /// * no estimate: a slot only, or 400 `missing_estimate` with
-///   [`require_estimate`](Self::require_estimate) on a bulkhead with a budget.
+///   [`require_estimate`](Self::require_estimate) on a bulkhead with a budget;
+/// * either header given more than once: 400 `duplicate_header` (never "first wins": a
+///   client's own header must not override one an authentication layer appended).
 ///
 /// ```
 /// use llm_bulkhead::tower::{Classify, HeaderClassifier};
@@ -247,7 +249,7 @@ impl Classify for HeaderClassifier {
             None => Demand::slot(),
         };
         if let Some(h) = &self.priority_header {
-            match parts.headers.get(h).map(|v| v.as_bytes()) {
+            match single(parts, h)?.map(|v| v.as_bytes()) {
                 None | Some(b"normal") => {}
                 Some(b"high") => demand = demand.with_priority(Priority::High),
                 Some(_) => {
@@ -259,9 +261,10 @@ impl Classify for HeaderClassifier {
             }
         }
         if let Some(h) = &self.class_header {
-            if let Some(v) = parts.headers.get(h) {
-                let name = v.to_str().unwrap_or("").trim();
-                match self.classes.iter().find(|(n, _)| n == name) {
+            if let Some(v) = single(parts, h)? {
+                // Compared as the bulkhead compares names (trimmed, Unicode form C).
+                let name = crate::vocab::class_name::lookup_key(v.to_str().unwrap_or(""));
+                match self.classes.iter().find(|(n, _)| *n == name) {
                     Some((_, id)) => demand = demand.in_class(*id),
                     None => {
                         // The name is the client's own header; it is not echoed (it may be
@@ -278,10 +281,26 @@ impl Classify for HeaderClassifier {
     }
 }
 
+/// The one value of header `h`, if any. Given twice, it is refused rather than read as its
+/// first value: an authentication layer that appends the trusted class would otherwise be
+/// overridden by the client's own header.
+fn single<'a>(parts: &'a Parts, h: &HeaderName) -> Result<Option<&'a HeaderValue>, ClassifyError> {
+    let mut all = parts.headers.get_all(h).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(ClassifyError::bad_request(
+            "duplicate_header",
+            format!("header {h} must be given once"),
+        ));
+    }
+    Ok(first)
+}
+
 /// Estimates the token reservation of a chat request from its JSON body (features `tower` and
 /// `llm`), for a middleware or extractor that read the body before the layer: parse, estimate,
 /// and put the result in the request's extensions for [`HeaderClassifier`]. Errors are 400
-/// refusals naming the problem (`invalid_json`, `invalid_estimate`), never echoing the body.
+/// refusals naming the problem (`invalid_json`, `too_many_parts`, `invalid_estimate`) and the
+/// field, never echoing the body nor a slice of it.
 ///
 /// # Errors
 /// A [`ClassifyError`] for a body that is not a chat request, or that the estimator refuses.
@@ -300,14 +319,20 @@ pub fn estimate_json(
     body: &[u8],
     estimator: &dyn crate::llm::TokenEstimator,
 ) -> Result<TokenEstimate, ClassifyError> {
-    let request: crate::llm::LlmRequest = serde_json::from_slice(body).map_err(|e| {
-        ClassifyError::bad_request(
-            "invalid_json",
-            format!("the body is not a chat request: {e}"),
-        )
-    })?;
+    // Estimated while parsing: nothing of the body is materialised, its parts are limited,
+    // and no error quotes it (`TokenEstimator::estimate_body`).
+    use crate::llm::EstimateError as E;
     estimator
-        .estimate(&request)
+        .estimate_body(body)
         .map(TokenEstimate)
-        .map_err(|e| ClassifyError::bad_request("invalid_estimate", e.to_string()))
+        .map_err(|e| {
+            let code = match e {
+                E::InvalidJson { .. } | E::InvalidField { .. } | E::ConflictingFields { .. } => {
+                    "invalid_json"
+                }
+                E::TooManyParts { .. } => "too_many_parts",
+                _ => "invalid_estimate",
+            };
+            ClassifyError::bad_request(code, e.to_string())
+        })
 }

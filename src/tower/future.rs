@@ -168,8 +168,9 @@ where
                     settings.record_wait(*started);
                     match outcome {
                         Err(rejection) => {
+                            let refusal = settings.refused(Refusal::Rejected(Box::new(rejection)));
                             this.state.set(State::Refused { refusal: None });
-                            return Poll::Ready(M::refuse(Refusal::Rejected(Box::new(rejection))));
+                            return Poll::Ready(M::refuse(refusal));
                         }
                         Ok(admission) => {
                             let (Some(mut svc), Some(req)) = (service.take(), request.take())

@@ -39,8 +39,10 @@
 //! * **Usage on the way**: a [`UsageHook`] (such as [`openai_usage`]) looks at body frames; a
 //!   final usage chunk reports usage with a reconciliation, so the unused tokens go back to the
 //!   budget before the stream closes, while the slot stays held to the end.
-//! * **Refusals**: by default ([`Respond`]) a ready response: 429 for capacity, 503 for a
-//!   closed bulkhead, a JSON [`RefusalBody`], no `Retry-After` (contract §8); the service keeps
+//! * **Refusals**: by default ([`Respond`]) a ready response: 429 for capacity, 413 for a
+//!   reservation the current limits could never admit ([`Rejection::never_fits`](crate::Rejection::never_fits): retrying
+//!   it is useless), 503 for a closed bulkhead, a JSON [`RefusalBody`] shaped as OpenAI's
+//!   errors (with `code`), no `Retry-After` (contract §8); the service keeps
 //!   the inner error type, so axum needs no `HandleErrorLayer`. With
 //!   [`refuse_with_error`](BulkheadLayer::refuse_with_error) ([`Fail`]) a [`Refused`] error.
 //!   Either way a refused request never reaches the inner service.
@@ -76,8 +78,10 @@ pub use body::{openai_usage, AdmittedBody, UsageHook, UsageUpdate};
 pub use classify::estimate_json;
 pub use classify::{Classify, ClassifyError, HeaderClassifier, SlotPerRequest, TokenEstimate};
 pub use future::ResponseFuture;
+#[cfg(feature = "metrics")]
+pub use refusal::{count_http_refusal, HTTP_REFUSALS};
 pub use refusal::{
-    CapacityBody, ClassBody, ClassTokensBody, Fail, Refusal, RefusalBody, RefusalError,
+    CapacityBody, ClassBody, ClassTokensBody, Fail, LimitBody, Refusal, RefusalBody, RefusalError,
     RefusalMode, Refused, Respond, SharedBody, TokensBody,
 };
 
@@ -119,6 +123,8 @@ pub(crate) struct Settings {
     hook: Option<UsageHook>,
     #[cfg(feature = "metrics")]
     metrics: Option<metrics::LayerMetrics>,
+    #[cfg(feature = "metrics")]
+    refusals: Option<refusal::HttpRefusals>,
     /// Observe mode: the shadow reasons, and the bulkhead's observe-mode counters.
     #[cfg(feature = "llm")]
     observe: Option<(
@@ -192,6 +198,16 @@ impl Settings {
             Ok(a) => Ok(self.hold(a)),
             Err(r) => Err(Refusal::Rejected(Box::new(r))),
         }
+    }
+
+    /// Counts `refusal` in [`HTTP_REFUSALS`] (when metrics are recorded) and passes it on.
+    #[cold]
+    fn refused(&self, refusal: Refusal) -> Refusal {
+        #[cfg(feature = "metrics")]
+        if let Some(c) = &self.refusals {
+            c.count(&refusal);
+        }
+        refusal
     }
 
     fn record_wait(&self, _started: std::time::Instant) {
@@ -330,7 +346,8 @@ impl BulkheadLayerBuilder {
     /// Records a histogram of hold time (admission to release) per class and of queue wait
     /// through the `metrics` facade (feature `metrics`): `llm_bulkhead_hold_seconds` and
     /// `llm_bulkhead_queue_wait_seconds`. Install the recorder before building the layer: the
-    /// handles are registered here.
+    /// handles are registered here. It also counts every refusal the layer answers, by status
+    /// and code, in [`HTTP_REFUSALS`].
     ///
     /// ```
     /// # use llm_bulkhead::tower::BulkheadLayer;
@@ -342,6 +359,7 @@ impl BulkheadLayerBuilder {
     pub fn record_metrics(mut self, on: bool) -> Self {
         self.settings.metrics =
             on.then(|| metrics::LayerMetrics::new(&self.settings.bulkhead, None));
+        self.settings.refusals = on.then(|| refusal::HttpRefusals::new(None));
         self
     }
 
@@ -361,6 +379,7 @@ impl BulkheadLayerBuilder {
             &self.settings.bulkhead,
             Some(name),
         ));
+        self.settings.refusals = Some(refusal::HttpRefusals::new(Some(name)));
         self
     }
 
@@ -424,6 +443,8 @@ impl BulkheadLayer {
                 hook: None,
                 #[cfg(feature = "metrics")]
                 metrics: None,
+                #[cfg(feature = "metrics")]
+                refusals: None,
                 #[cfg(feature = "llm")]
                 observe: None,
             },
@@ -622,7 +643,7 @@ where
                     status = e.status.as_u16(),
                     "request refused by the classifier"
                 );
-                return ResponseFuture::refused(Refusal::Unclassified(e));
+                return ResponseFuture::refused(self.settings.refused(Refusal::Unclassified(e)));
             }
         };
         let req = Request::from_parts(parts, body);
@@ -641,7 +662,7 @@ where
         }
         match self.settings.decide(demand) {
             // The inner service stays ready and untouched: it never sees the request.
-            Err(refusal) => ResponseFuture::refused(refusal),
+            Err(refusal) => ResponseFuture::refused(self.settings.refused(refusal)),
             Ok(held) => {
                 // Called now, so the service `poll_ready` readied is the one that takes it.
                 let future = self.inner.call(req);

@@ -3,7 +3,7 @@
 
 use super::body::AdmittedBody;
 use super::classify::ClassifyError;
-use crate::{Constraint, RejectReason, Rejection};
+use crate::{Constraint, FitLimit, RejectReason, Rejection};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde::Serialize;
@@ -31,9 +31,12 @@ pub enum Refusal {
 impl Refusal {
     /// The status of the response mode: 503 for `shutdown` (the bulkhead is closed) and
     /// `aborted`, 429 for every capacity refusal (`concurrency_limit`, `queue_limit`,
-    /// `budget_limit`, `timeout`), and the classifier's status for its refusals. 500 only for
-    /// `unknown_class`: a classifier that returned a class of another bulkhead (the gateway's
-    /// own bug, not the client's and not a capacity refusal).
+    /// `budget_limit`, `timeout`), and the classifier's status for its refusals. 413 for a
+    /// `budget_limit` refusal whose reservation the current limits could never admit
+    /// ([`Rejection::never_fits`]): a retry cannot succeed, and clients (the OpenAI SDKs among
+    /// them) retry a 429 but not a 413. 500 only for `unknown_class`: a classifier that
+    /// returned a class of another bulkhead (the gateway's own bug, not the client's and not a
+    /// capacity refusal).
     ///
     /// ```
     /// use llm_bulkhead::tower::{ClassifyError, Refusal};
@@ -43,16 +46,28 @@ impl Refusal {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            Refusal::Rejected(r) => match r.reason {
-                RejectReason::Shutdown | RejectReason::Aborted => StatusCode::SERVICE_UNAVAILABLE,
-                RejectReason::ConcurrencyLimit
-                | RejectReason::QueueLimit
-                | RejectReason::BudgetLimit
-                | RejectReason::Timeout => StatusCode::TOO_MANY_REQUESTS,
-                // The classifier chose a class of another bulkhead: the gateway's own error.
-                RejectReason::UnknownClass => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            Refusal::Rejected(r) if r.never_fits().is_some() => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Rejected(r) => reason_status(r.reason),
             Refusal::Unclassified(e) => e.status,
+        }
+    }
+
+    /// The stable code of the body's `code` field (OpenAI's error field): the classifier's
+    /// code, `request_too_large` for a reservation that can never fit, else the bulkhead's
+    /// reason (`concurrency_limit`, ...).
+    ///
+    /// ```
+    /// use llm_bulkhead::tower::Refusal;
+    /// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(1).token_budget(10).build().unwrap();
+    /// let r = b.try_acquire(llm_bulkhead::Demand::tokens(llm_bulkhead::Reservation::new(20, 0).unwrap())).unwrap_err();
+    /// assert_eq!(Refusal::Rejected(Box::new(r)).code(), "request_too_large");
+    /// ```
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Unclassified(e) => e.code,
+            Refusal::Rejected(r) if r.never_fits().is_some() => NEVER_FITS_CODE,
+            Refusal::Rejected(r) => r.reason.as_str(),
         }
     }
 
@@ -224,14 +239,41 @@ impl<E> RefusalMode<E> for Fail {
     }
 }
 
-/// The JSON body of a refusal response. The field names are stable; absent parts are left out
-/// (never `null`):
+/// The status of a bulkhead refusal for `reason` (one that could fit: see
+/// [`Refusal::status`]).
+fn reason_status(reason: RejectReason) -> StatusCode {
+    match reason {
+        // A de-duplication follower's unshareable result (the layer makes none): the
+        // service could not answer this caller, which is not the caller's fault.
+        RejectReason::Shutdown | RejectReason::Aborted | RejectReason::UnshareableResult => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        RejectReason::ConcurrencyLimit
+        | RejectReason::QueueLimit
+        | RejectReason::BudgetLimit
+        | RejectReason::Timeout => StatusCode::TOO_MANY_REQUESTS,
+        // The classifier chose a class of another bulkhead: the gateway's own error.
+        RejectReason::UnknownClass => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The `code` of a refusal for a reservation the limits could never admit.
+const NEVER_FITS_CODE: &str = "request_too_large";
+
+/// The JSON body of a refusal response, shaped as OpenAI's errors (`type`, `message`, `code`)
+/// with the bulkhead's figures beside them. The field names are stable; absent parts are left
+/// out (never `null`):
 ///
 /// ```json
 /// {"error": {
 ///   "type": "admission_rejected",          // or "invalid_request" for classifier refusals
+///   "code": "concurrency_limit",           // Refusal::code: the reason, the classifier's
+///                                          // code, or "request_too_large"
 ///   "reason": "concurrency_limit",         // contract §2's reasons, or the classifier's code
 ///   "message": "admission refused: ...",
+///   "limit": {"name": "effective_budget",  // a reservation that can never fit (413) only:
+///             "requested": 100000,         // the bound it is above (`effective_budget`,
+///             "most": 56000},              // `class_max_tokens`, `class_reach`)
 ///   "constraint": "admission_class",       // with classes only
 ///   "class": "standard",                   // with classes only
 ///   "revision": 3,                         // the limits revision the decision used
@@ -281,10 +323,15 @@ pub struct RefusalError {
     /// `admission_rejected` (the bulkhead) or `invalid_request` (the classifier).
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// OpenAI's `code` field: [`Refusal::code`].
+    pub code: &'static str,
     /// The reason (`concurrency_limit`, ...) or the classifier's code.
     pub reason: String,
     /// A human-readable summary.
     pub message: String,
+    /// The bound a reservation that can never fit is above (a 413 only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitBody>,
     /// The binding constraint (with classes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub constraint: Option<&'static str>,
@@ -297,6 +344,27 @@ pub struct RefusalError {
     /// What the decision saw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityBody>,
+}
+
+/// The bound of a reservation that can never fit ([`Rejection::never_fits`]).
+///
+/// ```
+/// use llm_bulkhead::tower::{Refusal, RefusalBody};
+/// let b = llm_bulkhead::Bulkhead::builder().max_concurrent(1).token_budget(10).build().unwrap();
+/// let r = b.try_acquire(llm_bulkhead::Demand::tokens(llm_bulkhead::Reservation::new(20, 0).unwrap())).unwrap_err();
+/// let limit = RefusalBody::of(&Refusal::Rejected(Box::new(r))).error.limit.unwrap();
+/// assert_eq!((limit.name, limit.requested, limit.most), ("effective_budget", 20, 10));
+/// ```
+#[derive(Clone, Copy, Debug, Serialize)]
+#[non_exhaustive]
+pub struct LimitBody {
+    /// [`FitLimit::as_str`](crate::FitLimit::as_str): `effective_budget`, `class_max_tokens`
+    /// or `class_reach`.
+    pub name: &'static str,
+    /// The reservation.
+    pub requested: u64,
+    /// The most that bound admits.
+    pub most: u64,
 }
 
 /// Slots, queue and, when configured, tokens and class figures.
@@ -450,8 +518,10 @@ impl RefusalBody {
         let error = match refusal {
             Refusal::Unclassified(e) => RefusalError {
                 kind: "invalid_request",
+                code: e.code,
                 reason: e.code.to_string(),
                 message: e.message.clone(),
+                limit: None,
                 constraint: None,
                 class: None,
                 revision: None,
@@ -460,10 +530,28 @@ impl RefusalBody {
             Refusal::Rejected(r) => {
                 let d = &r.detail();
                 let classes = d.classes.as_deref();
+                let never = r.never_fits();
+                let mut message = r.to_string();
+                if let Some(n) = never {
+                    message = format!(
+                        "{message}; a reservation of {} tokens can never fit: the {} admits at \
+                         most {} tokens under the current limits (do not retry it; ask for \
+                         fewer tokens)",
+                        n.requested,
+                        limit_words(n.limit),
+                        n.most
+                    );
+                }
                 RefusalError {
                     kind: "admission_rejected",
+                    code: refusal.code(),
                     reason: r.reason.as_str().to_owned(),
-                    message: r.to_string(),
+                    message,
+                    limit: never.map(|n| LimitBody {
+                        name: n.limit.as_str(),
+                        requested: n.requested,
+                        most: n.most,
+                    }),
                     constraint: r.constraint.map(Constraint::as_str),
                     class: classes.map(|c| c.class.id.clone()),
                     revision: Some(r.revision),
@@ -510,5 +598,98 @@ impl RefusalBody {
             }
         };
         RefusalBody { error }
+    }
+}
+
+/// The bound, in a sentence.
+fn limit_words(limit: FitLimit) -> &'static str {
+    match limit {
+        FitLimit::EffectiveBudget => "effective token budget",
+        FitLimit::ClassMaxTokens => "class's token ceiling (max_tokens)",
+        FitLimit::ClassReach => "class's token floor plus the shared token remainder",
+    }
+}
+
+/// The counter of the layer's refusals by status and code (feature `metrics`; see
+/// [`HTTP_REFUSALS`]).
+#[cfg(feature = "metrics")]
+pub(crate) struct HttpRefusals {
+    name: Option<String>,
+    /// The bulkhead's refusals, registered when the layer is built: one per
+    /// [`RejectReason::COUNTED`] reason, then `unknown_class`, then a reservation that can
+    /// never fit. Classifier refusals (client errors, rarer) are looked up when they happen.
+    bulkhead: Vec<metrics::Counter>,
+}
+
+/// `llm_bulkhead_http_refusals_total{status, code}` (with `bulkhead` when the layer is
+/// named): every refusal a layer built with
+/// [`record_metrics`](super::BulkheadLayerBuilder::record_metrics) answers, by HTTP status
+/// and [`Refusal::code`] (400s of the classifier, 413s of reservations that can never fit,
+/// 429s and 503s of the bulkhead). A gateway counts its own refusals made before the layer
+/// (an unreadable body, ...) with [`count_http_refusal`].
+///
+/// ```
+/// assert_eq!(llm_bulkhead::tower::HTTP_REFUSALS, "llm_bulkhead_http_refusals_total");
+/// ```
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const HTTP_REFUSALS: &str = "llm_bulkhead_http_refusals_total";
+
+/// Adds one to [`HTTP_REFUSALS`] for a refusal with `status` and `code`, labelled
+/// `bulkhead = name` when given (as the layer's own).
+///
+/// ```
+/// llm_bulkhead::tower::count_http_refusal(Some("gateway"), http::StatusCode::PAYLOAD_TOO_LARGE, "body_too_large");
+/// ```
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn count_http_refusal(name: Option<&str>, status: StatusCode, code: &'static str) {
+    http_refusals(name, status, code).increment(1);
+}
+
+#[cfg(feature = "metrics")]
+fn http_refusals(name: Option<&str>, status: StatusCode, code: &'static str) -> metrics::Counter {
+    let mut labels = vec![
+        metrics::Label::new("status", status.as_str().to_owned()),
+        metrics::Label::from_static_parts("code", code),
+    ];
+    if let Some(n) = name {
+        labels.push(metrics::Label::new("bulkhead", n.to_owned()));
+    }
+    metrics::counter!(HTTP_REFUSALS, labels)
+}
+
+#[cfg(feature = "metrics")]
+impl HttpRefusals {
+    pub(crate) fn new(name: Option<&str>) -> HttpRefusals {
+        let mut bulkhead: Vec<metrics::Counter> = RejectReason::COUNTED
+            .iter()
+            .chain([&RejectReason::UnknownClass])
+            .map(|&reason| http_refusals(name, reason_status(reason), reason.as_str()))
+            .collect();
+        bulkhead.push(http_refusals(
+            name,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            NEVER_FITS_CODE,
+        ));
+        HttpRefusals {
+            name: name.map(str::to_owned),
+            bulkhead,
+        }
+    }
+
+    /// Counts `refusal` (the status and code its response has).
+    pub(crate) fn count(&self, refusal: &Refusal) {
+        let i = match refusal {
+            Refusal::Unclassified(e) => {
+                return count_http_refusal(self.name.as_deref(), e.status, e.code);
+            }
+            Refusal::Rejected(r) if r.never_fits().is_some() => self.bulkhead.len() - 1,
+            Refusal::Rejected(r) if r.reason == RejectReason::UnknownClass => {
+                RejectReason::COUNTED.len()
+            }
+            Refusal::Rejected(r) => r.reason.index(),
+        };
+        self.bulkhead[i].increment(1);
     }
 }

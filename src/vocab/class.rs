@@ -128,12 +128,57 @@ impl std::fmt::Debug for ClassId {
     }
 }
 
-/// Serialises as its position (a number), for reports; there is no `Deserialize`: a class is
-/// named by [`Bulkhead::class_id`](crate::Bulkhead::class_id), never read back from a number.
+/// Serialises as its class's name (`"batch"`), as events name it, so that a report a gateway
+/// forwards ([`UsageReport`](crate::UsageReport), [`ReleaseReport`](crate::ReleaseReport), the
+/// LLM layer's deadline error) needs no lookup. There is no `Deserialize`: a class is named by
+/// [`Bulkhead::class_id`](crate::Bulkhead::class_id).
+///
+/// ```
+/// use llm_bulkhead::{Bulkhead, ClassLimits};
+/// let b = Bulkhead::builder().max_concurrent(1).class("batch", ClassLimits::default())
+///     .default_class("batch").build().unwrap();
+/// assert_eq!(serde_json::to_string(&b.class_id("batch").unwrap()).unwrap(), r#""batch""#);
+/// ```
 #[cfg(feature = "serde")]
 impl serde::Serialize for ClassId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u8(self.index() as u8)
+        match self.name() {
+            Some(name) => s.serialize_str(name),
+            // Only ids made without a bulkhead (the crate's own unit tests) have no name.
+            None => s.serialize_u8(self.index() as u8),
+        }
+    }
+}
+
+/// The class names of every bulkhead built with classes, by its identity bits
+/// ([`ClassOwner::bits`]): read when a [`ClassId`] is serialised (never on a decision), so its
+/// lock is plain `std` under loom too, as `crate::sync::intern`'s. An entry is a few words
+/// (the names themselves are interned once per distinct name) and stays for the life of the
+/// process, because ids are `Copy` and may be serialised after their bulkhead is gone.
+#[cfg(feature = "serde")]
+#[allow(clippy::disallowed_types)]
+static NAMES: std::sync::Mutex<std::collections::BTreeMap<u64, Box<[&'static str]>>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Records the class names of the bulkhead whose identity is `owner` (when it is built).
+#[cfg(feature = "serde")]
+pub(crate) fn register_names(owner: ClassOwner, names: &[&'static str]) {
+    NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(owner.bits(), names.into());
+}
+
+#[cfg(feature = "serde")]
+impl ClassId {
+    /// The class's name, as its bulkhead was built with it.
+    fn name(self) -> Option<&'static str> {
+        let names = NAMES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        names
+            .get(&(self.0.get() & !INDEX_MASK))
+            .and_then(|n| n.get(self.index()).copied())
     }
 }
 

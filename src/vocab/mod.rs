@@ -3,7 +3,9 @@
 //! word, protocol, queue or handle.
 
 pub(crate) mod class;
+pub(crate) mod class_name;
 pub(crate) mod demand;
 pub(crate) mod error;
 pub(crate) mod id;
+pub(crate) mod never_fits;
 pub(crate) mod rejection;

@@ -1,5 +1,6 @@
 //! Refusals: why a demand was not admitted, with the capacity that explains it.
 
+use crate::vocab::never_fits::{FitLimit, NeverFits};
 use std::fmt;
 
 /// Why a demand was refused (CONTRACT.md §2).
@@ -25,6 +26,12 @@ pub enum RejectReason {
     Aborted,
     /// The bulkhead is closed.
     Shutdown,
+    /// A caller that joined a call already in flight for an identical request could not be
+    /// given its own share of that call's result (the reference's `unshareable_result`): the
+    /// LLM layer's `run_shared_with`, whose share function declined or panicked. Never a
+    /// capacity decision: its [`Rejection`] carries the capacity as it was when the caller
+    /// was answered.
+    UnshareableResult,
     /// The demand named a class this bulkhead does not have: a [`ClassId`](crate::ClassId) of
     /// another bulkhead, or any class on a bulkhead without classes. The caller's error, not a
     /// capacity refusal: decided before anything changed, it is not counted in
@@ -41,13 +48,14 @@ impl RejectReason {
     /// use llm_bulkhead::RejectReason;
     /// assert!(!RejectReason::COUNTED.contains(&RejectReason::UnknownClass));
     /// ```
-    pub const COUNTED: [RejectReason; 6] = [
+    pub const COUNTED: [RejectReason; 7] = [
         RejectReason::ConcurrencyLimit,
         RejectReason::QueueLimit,
         RejectReason::BudgetLimit,
         RejectReason::Timeout,
         RejectReason::Aborted,
         RejectReason::Shutdown,
+        RejectReason::UnshareableResult,
     ];
 
     /// The wire name (`snake_case`), as the reference library spells it.
@@ -65,6 +73,7 @@ impl RejectReason {
             RejectReason::Timeout => "timeout",
             RejectReason::Aborted => "aborted",
             RejectReason::Shutdown => "shutdown",
+            RejectReason::UnshareableResult => "unshareable_result",
             RejectReason::UnknownClass => "unknown_class",
         }
     }
@@ -603,6 +612,80 @@ impl Rejection {
     }
 }
 
+impl Rejection {
+    /// Whether this `budget_limit` refusal is for a reservation the limits it saw could never
+    /// admit, and which bound says so: above the effective budget, above the class's token
+    /// ceiling, or above the class's floor plus the shared remainder. `None` for every other
+    /// reason and for a reservation that fits an idle bulkhead (retrying it later may
+    /// succeed). The reason stays [`RejectReason::BudgetLimit`] (contract §2); this is its
+    /// explanation, computed when asked from the numbers the decision read, so refusing costs
+    /// nothing more. A later limits change can make the demand fit.
+    ///
+    /// ```
+    /// use llm_bulkhead::{Bulkhead, ClassLimits, Demand, FitLimit, Reservation};
+    /// let b = Bulkhead::builder().max_concurrent(4).token_budget(10_000)
+    ///     .class("batch", ClassLimits { max_tokens: Some(2_000), ..Default::default() })
+    ///     .default_class("batch").build().unwrap();
+    /// let big = b.try_acquire(Demand::tokens(Reservation::new(2_500, 0).unwrap())).unwrap_err();
+    /// assert_eq!(big.never_fits().unwrap().limit, FitLimit::ClassMaxTokens);
+    /// let held = b.try_acquire(Demand::tokens(Reservation::new(1_500, 0).unwrap())).unwrap();
+    /// let later = b.try_acquire(Demand::tokens(Reservation::new(1_000, 0).unwrap())).unwrap_err();
+    /// assert_eq!(later.never_fits(), None); // it fits once `held` is released
+    /// # drop(held);
+    /// ```
+    #[must_use]
+    pub fn never_fits(&self) -> Option<NeverFits> {
+        if self.reason != RejectReason::BudgetLimit {
+            return None;
+        }
+        match self.more.as_deref() {
+            Some(More::Given(d)) => {
+                let t = d.token_budget?;
+                let class = d.classes.as_deref();
+                let ceiling = class.and_then(|c| c.class.token_budget?.max_tokens);
+                let reach = class.and_then(|c| {
+                    let floor = c.class.token_budget?.protected_tokens;
+                    Some(floor.saturating_add(c.shared.token_budget?.capacity))
+                });
+                FitLimit::tightest(
+                    t.requested,
+                    [
+                        (FitLimit::EffectiveBudget, Some(t.effective_budget)),
+                        (FitLimit::ClassMaxTokens, ceiling),
+                        (FitLimit::ClassReach, reach),
+                    ],
+                )
+            }
+            more => {
+                let k = &self.counts;
+                if k.shape & SHAPE_HAS_BUDGET == 0 {
+                    return None;
+                }
+                let class = match more {
+                    Some(More::Class(c)) => Some(c),
+                    _ => None,
+                };
+                FitLimit::tightest(
+                    k.requested,
+                    [
+                        (FitLimit::EffectiveBudget, Some(k.budget >> 32)),
+                        (
+                            FitLimit::ClassMaxTokens,
+                            class.and_then(|c| c.max_tokens.map(u64::from)),
+                        ),
+                        (
+                            FitLimit::ClassReach,
+                            class.map(|c| {
+                                u64::from(c.protected_tokens) + u64::from(c.shared_tokens)
+                            }),
+                        ),
+                    ],
+                )
+            }
+        }
+    }
+}
+
 impl PartialEq for Rejection {
     fn eq(&self, other: &Rejection) -> bool {
         (self.reason, self.constraint, self.revision)
@@ -696,6 +779,9 @@ impl fmt::Display for Rejection {
                 t.requested, t.available, t.effective_budget
             ),
             (RejectReason::Shutdown | RejectReason::Aborted, _) => Ok(()),
+            (RejectReason::UnshareableResult, _) => {
+                f.write_str(": the shared call's result could not be shared with this caller")
+            }
             (RejectReason::UnknownClass, _) => {
                 f.write_str(": the demand's class is not a class of this bulkhead")
             }

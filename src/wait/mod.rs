@@ -3,5 +3,6 @@
 
 pub(crate) mod cancel;
 pub(crate) mod list;
+pub mod multi;
 pub(crate) mod timer;
 pub(crate) mod waiting;

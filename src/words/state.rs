@@ -85,12 +85,13 @@
 //! The tag has 14 bits, so 2^14 = 16,384 installs bring it back to a value an old decision
 //! read. On its own that would let a decider stopped between its load and its CAS commit under
 //! a superseded snapshot (reproduced deterministically in `tests/tag_wrap.rs`). It cannot
-//! happen: `apply_limits` does not return before every operation that may hold the previous tag
-//! has finished (per-thread markers and an asymmetric barrier, `src/grace.rs`), so at any
-//! instant the decisions in flight hold the current tag or the one before it, whatever the
-//! install rate and however long a decider is descheduled. The width of the tag is margin, not
-//! the argument; under loom it is one bit and the models in `loom-tests/tests/tag_wrap.rs`
-//! cross a wrap with two installs.
+//! happen: an install does not bump the tag while an operation of its bulkhead that may hold a
+//! count a whole tag period old is still in progress (per-thread markers, the installer's own
+//! scans and an asymmetric barrier, `src/grace.rs`), so no tag value is ever reused under a
+//! stopped decision, whatever the install rate and however long a decider is descheduled. It
+//! waits for nothing else: not for other bulkheads, not for operations that began within the
+//! period. Under loom the tag is one bit and the models in `loom-tests/tests/tag_wrap.rs` cross
+//! a wrap with two installs.
 //!
 //! # Admission classes
 //!

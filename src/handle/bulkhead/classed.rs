@@ -40,10 +40,16 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        let refused = |f: &_| self.class_refusal(k, f, r, priority);
+        // The refusal is built inside the decision's grace-period operation (from the collect
+        // that explained it, by reference), but its subscribers are called after the operation
+        // left: no user code runs while an operation may hold off an install (`crate::grace`).
+        let refused = |f: &_| self.count_class_refusal(k, f, r, priority);
         match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused) {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
-            Err(rej) => Err(rej),
+            Err(rej) => {
+                crate::handle::events::rejected(&self.shared, Some(k), &rej);
+                Err(rej)
+            }
         }
     }
 
@@ -132,10 +138,27 @@ impl Bulkhead {
         self.class_refusal(k, &f, r, priority)
     }
 
-    /// Counts and explains a class refusal from the collect that decided its reason.
+    /// Counts and explains a class refusal from the collect that decided its reason, and calls
+    /// its subscribers (so only outside a grace-period operation).
     #[cold]
     #[inline(never)]
     pub(crate) fn class_refusal(
+        &self,
+        k: usize,
+        f: &crate::protocol::classed::Refused,
+        r: u64,
+        priority: Priority,
+    ) -> Rejection {
+        let rej = self.count_class_refusal(k, f, r, priority);
+        crate::handle::events::rejected(&self.shared, Some(k), &rej);
+        rej
+    }
+
+    /// [`class_refusal`](Self::class_refusal) without the subscribers: counts and explains.
+    /// Runs no user code, so it may run inside a grace-period operation.
+    #[cold]
+    #[inline(never)]
+    fn count_class_refusal(
         &self,
         k: usize,
         f: &crate::protocol::classed::Refused,
@@ -151,7 +174,6 @@ impl Bulkhead {
         if f.reason != RejectReason::Shutdown {
             rej.set_class(f.summary.counts(shared.class_ids[k], r, f.stored_shared));
         }
-        crate::handle::events::rejected(shared, Some(k), &rej);
         rej
     }
 
@@ -167,12 +189,13 @@ impl Bulkhead {
     /// assert!(b.class_id("tenant-42").is_err());
     /// ```
     pub fn class_id(&self, name: &str) -> Result<ClassId, UnknownClass> {
-        // Names are stored trimmed (the builder trims them), so look them up trimmed too.
-        let key = name.trim();
+        // Names are stored canonical (the builder trims and normalises them), so look them up
+        // the same way (no allocation for a name already canonical).
+        let key = crate::vocab::class_name::lookup_key(name);
         self.shared
             .class_names
             .iter()
-            .position(|n| n == key)
+            .position(|n| *n == key)
             .map(|i| ClassId::new(self.shared.class_owner, i))
             .ok_or_else(|| UnknownClass(name.to_owned()))
     }
@@ -188,6 +211,19 @@ impl Bulkhead {
     #[must_use]
     pub fn waits_for_tokens(&self) -> bool {
         self.shared.wait_for_tokens
+    }
+
+    /// Whether queue waits are timed for `stats().queue_waits`
+    /// ([`BulkheadBuilder::measure_queue_waits`](crate::BulkheadBuilder::measure_queue_waits)).
+    ///
+    /// ```
+    /// use llm_bulkhead::Bulkhead;
+    /// assert!(!Bulkhead::new(1).unwrap().measures_queue_waits());
+    /// assert!(Bulkhead::builder().max_concurrent(1).measure_queue_waits(true).build().unwrap().measures_queue_waits());
+    /// ```
+    #[must_use]
+    pub fn measures_queue_waits(&self) -> bool {
+        self.shared.measure_waits
     }
 
     /// The default time a waiter may stay queued (from the builder's `queue_timeout` or

@@ -68,7 +68,7 @@ pub(crate) struct ObserveCounters {
     bypassed: AtomicU64,
     race_bypassed: AtomicU64,
     /// By reason (only the four shadow reasons are ever written).
-    by_reason: [AtomicU64; 6],
+    by_reason: [AtomicU64; RejectReason::COUNTED.len()],
     /// Bypassed runs that finished (the rest are in flight).
     settled: AtomicU64,
     /// Bypassed runs that finished with usage, and the tokens of that usage.

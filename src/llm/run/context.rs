@@ -11,9 +11,9 @@ use super::*;
 /// use llm_bulkhead::{Bulkhead, Usage};
 /// let llm = LlmBulkhead::new(Bulkhead::builder().max_concurrent(1).token_budget(5_000).build().unwrap(), NaiveEstimator);
 /// llm.run_blocking(&LlmRequest::new("m", &["abcd"]), RunOptions::default(), |ctx| {
-///     assert_eq!((ctx.revision(), ctx.held()), (0, 1 + 2_048));
-///     let r = ctx.report_usage(Usage::new(1, 10)).unwrap();
-///     assert_eq!(r.held, 1 + 2_048);
+///     assert_eq!((ctx.revision(), ctx.held()), (0, 9 + 2_048)); // 2 for the text, 7 per message
+///     let r = ctx.report_usage(Usage::new(9, 10)).unwrap();
+///     assert_eq!(r.held, 9 + 2_048);
 ///     assert!(!ctx.stop_requested());
 ///     Ok::<_, ()>(())
 /// }).unwrap();
@@ -138,6 +138,12 @@ impl RunContext {
             state,
             caller: self.stop.caller.clone(),
         }
+    }
+
+    /// Whether the admission is leased to an armed deadline (its slot was borrowed).
+    #[inline(always)]
+    pub(in crate::llm) fn is_leased(&self) -> bool {
+        matches!(self.inner, Inner::Leased(_))
     }
 
     /// With an armed deadline: the stop signal and the error the run answers on expiry.

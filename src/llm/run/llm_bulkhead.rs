@@ -12,8 +12,8 @@ use super::*;
 ///     Bulkhead::builder().max_concurrent(4).token_budget(10_000).build().unwrap(),
 ///     ModelAwareEstimator::default(),
 /// );
-/// let request = LlmRequest::new("gpt-4o", &[&"x".repeat(37)]);
-/// assert_eq!(llm.estimate(&request, &RunOptions::default()).unwrap().unwrap().input(), 10);
+/// let request = LlmRequest::new("gpt-4o", &[&" ".repeat(37)]); // 37 / 3.7, and 7 per message
+/// assert_eq!(llm.estimate(&request, &RunOptions::default()).unwrap().unwrap().input(), 17);
 /// ```
 #[derive(Clone)]
 pub struct LlmBulkhead {
@@ -169,25 +169,51 @@ impl LlmBulkhead {
     }
 
     /// What `run` and `run_blocking` check before anything changes: the deadline option, that
-    /// nothing asks to detach, and the demand (estimation and class), in that order. The two
-    /// option checks are out of line and skipped when neither option is set (the common call).
+    /// nothing asks to detach, that nothing asks for de-duplication they cannot give, and the
+    /// demand (estimation and class), in that order. The option checks are out of line and
+    /// skipped when no option is set and the bulkhead does not de-duplicate (the common call).
     #[inline(always)]
     fn prepare<U>(
         &self,
         request: &LlmRequest,
         options: &RunOptions<U>,
     ) -> Result<Demand, EstimateError> {
-        if options.borrowed_concurrency_deadline.is_some() || options.detach_at_deadline.is_some() {
-            Self::check_deadline_and_detach(options)?;
+        // Bitwise: three tests and one branch.
+        if options.borrowed_concurrency_deadline.is_some()
+            | options.detach_at_deadline.is_some()
+            | self.dedup.is_some()
+        {
+            self.check_options(options)?;
         }
         self.demand(request, options)
     }
 
-    /// The deadline and detach checks of [`prepare`](Self::prepare), in that order.
+    /// The deadline, detach and de-duplication checks of [`prepare`](Self::prepare), in that
+    /// order.
+    #[cold]
     #[inline(never)]
-    fn check_deadline_and_detach<U>(options: &RunOptions<U>) -> Result<(), EstimateError> {
+    fn check_options<U>(&self, options: &RunOptions<U>) -> Result<(), EstimateError> {
         Self::check_deadline(&options.borrowed_concurrency_deadline)?;
-        Self::check_no_detach(options)
+        Self::check_no_detach(options)?;
+        self.check_no_dedup(options)
+    }
+
+    /// `run` and `run_blocking` cannot de-duplicate (their work is neither `Send` nor
+    /// `'static`, and a shared call is driven by whichever participant polls it): on a
+    /// bulkhead that de-duplicates, a call that does not opt out (`options.dedup`) is refused
+    /// rather than run alone as if the setting did not exist.
+    pub(in crate::llm) fn check_no_dedup<U>(
+        &self,
+        options: &RunOptions<U>,
+    ) -> Result<(), EstimateError> {
+        match &self.dedup {
+            Some(d) if d.enabled() && options.dedup => Err(EstimateError::InvalidSetting {
+                field: "dedup",
+                expected: "false on run and run_blocking of a de-duplicating bulkhead \
+                           (run_shared de-duplicates)",
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// A clock deadline must be above zero and representable as an instant.
@@ -215,12 +241,17 @@ impl LlmBulkhead {
     /// already abandoned does nothing.
     ///
     /// # When the caller hears of the deadline
-    /// Here, only when `work` returns: it runs on the caller's thread, so nothing can answer
-    /// the caller before it does. This differs from the seed, where the caller is rejected at
-    /// expiry and the callback goes on in the background: a blocking closure cannot be
-    /// detached from the thread that runs it. Work that must answer at expiry polls
-    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns.
-    /// The async [`run`](Self::run) can answer at expiry; see there.
+    /// `run_blocking` runs `work` **on the caller's thread**, so it answers only when `work`
+    /// returns: nothing can answer the caller before then, and a blocking closure cannot be
+    /// detached from the thread that runs it. At expiry the slot is abandoned at once (it is
+    /// free for others) and [`RunContext::stop_requested`] turns true; the answer is
+    /// [`RunError::Deadline`] when `work` returns, its result dropped and its tokens settled.
+    /// This differs from the seed, where the caller is rejected at expiry and the callback
+    /// goes on in the background. Work that must answer at expiry polls
+    /// [`RunContext::stop_requested`] (or waits on a [`StopSignal`] in a helper) and returns;
+    /// the async [`run`](Self::run) answers at expiry by itself, and
+    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] does the
+    /// seed's detach (contract §12 lists each entry point).
     ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
@@ -228,8 +259,10 @@ impl LlmBulkhead {
     /// `aborted` are still answered.
     ///
     /// # Errors
-    /// [`RunError::Invalid`] (before anything changes), [`RunError::Rejected`],
-    /// [`RunError::Deadline`], or the work's own error as [`RunError::Work`].
+    /// [`RunError::Invalid`] (before anything changes; also `options.dedup` left `true` on a
+    /// bulkhead whose de-duplication is enabled, see [`RunOptions::dedup`]),
+    /// [`RunError::Rejected`], [`RunError::Deadline`], or the work's own error as
+    /// [`RunError::Work`].
     ///
     /// ```
     /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunOptions};
@@ -375,9 +408,10 @@ impl LlmBulkhead {
     /// when `run` is called, so the future does not borrow it.
     ///
     /// # When the caller hears of the deadline
-    /// When `work` returns, as with [`run_blocking`](Self::run_blocking), unless the work
-    /// races [`RunContext::stopped`] against its provider call: then the caller is answered
-    /// [`RunError::Deadline`] at expiry, whatever the work returns:
+    /// **At expiry.** When the deadline fires while `work` is pending, `run` answers
+    /// [`RunError::Deadline`] at once: the slot is abandoned (cause `deadline`), the work's
+    /// future is dropped, and its tokens are settled with its last usage report. The work
+    /// needs no cooperation; a work that ignores its stop signal is dropped all the same:
     ///
     /// ```
     /// use futures_lite::future;
@@ -388,21 +422,25 @@ impl LlmBulkhead {
     /// let llm = LlmBulkhead::new(b, NaiveEstimator);
     /// let trigger = DeadlineTrigger::new();
     /// let options = RunOptions { borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())), ..RunOptions::default() };
-    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |ctx| {
-    ///     let provider_call = future::pending::<Result<&str, ()>>(); // never answers
+    /// let r = future::block_on(llm.run(&LlmRequest::default(), options, async |_ctx| {
     ///     trigger.fire(); // (a clock deadline fires on the timer thread)
-    ///     future::or(provider_call, async { ctx.stopped().await; Err(()) }).await
+    ///     future::pending::<Result<&str, ()>>().await // a provider call that never answers
     /// }));
     /// assert!(matches!(r, Err(RunError::Deadline(_))));
+    /// assert_eq!(llm.bulkhead().stats().admissions_in_flight, 0); // settled at expiry
     /// ```
     ///
-    /// The provider call is then dropped, not detached: the work's future borrows its context
-    /// and is not `'static`, so it cannot outlive the run, and the tokens are settled at once
-    /// with the last usage report. The seed's detached callback, which keeps its tokens until
-    /// it settles, needs work that owns its context and an executor to go on running on:
-    /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] offers it
-    /// (the caller is answered at expiry and the work is handed to the application's
-    /// spawner); `run` refuses that option.
+    /// The provider call is dropped, not detached: the work's future borrows its context and
+    /// is not `'static`, so it cannot outlive the run. Dropping it is how Rust cancels it
+    /// (an HTTP client closes its request); whether the provider stops generating is the
+    /// provider's affair (see [`Deadline`]). The seed's detached callback, which goes on and
+    /// keeps its tokens until it settles with its real usage, needs work that owns its
+    /// context and an executor to go on running on: [`run_shared`](Self::run_shared) with
+    /// [`RunOptions::detach_at_deadline`] offers it (the caller is answered at expiry and the
+    /// work is handed to the application's spawner); `run` refuses that option. A work that
+    /// completes in the same poll in which the deadline fired is settled with its usage and
+    /// answered `Deadline`. Without a deadline, or on a slot that is not borrowed, nothing of
+    /// this runs (the common call takes one branch more).
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
@@ -459,6 +497,10 @@ impl LlmBulkhead {
                 .await
                 .map_err(RunError::Rejected)?,
             };
+            if ctx.is_leased() {
+                // Boxed: rare, and the future of every run would carry its state.
+                return Box::pin(until_deadline(&mut ctx, work, &options.usage)).await;
+            }
             let out = work(&mut ctx).await;
             settle(&mut ctx, out, &options.usage)
         }
@@ -520,6 +562,67 @@ pub(in crate::llm) fn admit_now(
         b.try_decide(r, priority).ok()?
     };
     Some(b.admission_from(g, priority, reservation))
+}
+
+/// Runs `work` on a context whose borrowed slot has an armed deadline, and answers at expiry
+/// ([`race_deadline`], then [`settle_raced`]). Out of line: only a borrowed slot with a
+/// deadline comes here.
+#[inline(never)]
+async fn until_deadline<R, E, U, F>(
+    ctx: &mut RunContext,
+    work: F,
+    usage: &U,
+) -> Result<R, RunError<E>>
+where
+    U: UsageFrom<R>,
+    F: AsyncFnOnce(&mut RunContext) -> Result<R, E>,
+{
+    let Some((signal, expired)) = ctx.deadline_watch() else {
+        let out = work(ctx).await;
+        return settle(ctx, out, usage);
+    };
+    let out = race_deadline(work(ctx), &signal).await;
+    settle_raced(ctx, out, usage, expired)
+}
+
+/// Polls `running` until it completes (`Some`) or the deadline of `signal` fires while it is
+/// pending (`None`; `running` is dropped on return, and with it the provider call).
+pub(in crate::llm) async fn race_deadline<T>(
+    running: impl Future<Output = T>,
+    signal: &StopSignal,
+) -> Option<T> {
+    let mut running = std::pin::pin!(running);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = running.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        signal.register(cx.waker());
+        // `fire` stores the cause before it wakes: registering first misses no expiry.
+        match signal.deadline_fired() {
+            true => Poll::Ready(None),
+            false => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// The answer after [`race_deadline`]: a work that completed is settled as [`settle`] does
+/// (the deadline still wins if it fired in the work's last poll); a work dropped at expiry
+/// has its tokens settled with its last usage report, and the answer is
+/// [`RunError::Deadline`].
+pub(in crate::llm) fn settle_raced<R, E, U: UsageFrom<R>>(
+    ctx: &mut RunContext,
+    out: Option<Result<R, E>>,
+    usage: &U,
+    expired: DeadlineExpired,
+) -> Result<R, RunError<E>> {
+    match out {
+        Some(out) => settle(ctx, out, usage),
+        None => {
+            ctx.finish(None);
+            Err(RunError::Deadline(expired))
+        }
+    }
 }
 
 /// Releases the admission of a finished work and builds the answer. The caller drops `ctx`

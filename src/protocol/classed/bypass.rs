@@ -97,7 +97,7 @@ pub(super) fn protected(l: &HotClass, n: u64, t: u64, r: u64) -> bool {
 /// `r` tokens in class `k` would bypass the queued waiters now, so that it makes the decision
 /// (which admits it) instead of joining the tail. Reads only; the decision checks again.
 pub(crate) fn may_bypass(shared: &Shared, k: usize, r: u64) -> bool {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let g = GWord(shared.word.load(SeqCst));
     let lim = shared.ring.read(g.tag());
     let l = shared.ring.read_class(g.tag(), k);

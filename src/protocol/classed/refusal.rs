@@ -153,7 +153,7 @@ pub(crate) fn precheck(shared: &Shared, k: usize, r: u64, priority: Priority) ->
     if n > ROOM {
         return Precheck::Refused;
     }
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let g = GWord(shared.word.load(SeqCst));
     let mut classes = [(0u64, 0u64); ROOM];
     let mut limits = [HotClass {
@@ -198,7 +198,7 @@ pub(crate) fn describe(
     reason: RejectReason,
     constraint: Option<Constraint>,
 ) -> Refused {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let g = GWord(shared.word.load(SeqCst));
     let lim = shared.ring.read(g.tag());
     Refused {

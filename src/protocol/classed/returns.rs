@@ -16,7 +16,7 @@ pub(super) fn undo(shared: &Shared, k: usize, r: u64, in_queue: bool) {
 /// first, then the shared-word amount it computes from the word it replaced; visits the queue
 /// if either word was flagged (unless the caller holds the queue mutex, `in_queue`).
 pub(super) fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64, in_queue: bool) {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
@@ -50,7 +50,7 @@ pub(super) fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: boo
 /// Returns whether that decrease found `WAITERS` set (the caller visits the queue).
 #[must_use]
 pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
     let new = shared.ring.read_class(tag, k);
     let mut c = CWord(cw.load(SeqCst));
@@ -129,7 +129,7 @@ pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool
     // A grace-period operation (`crate::grace`): the floors read below are those of the class
     // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
     // the last reference is given away touches nothing freed.
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
     if borrowed {
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
@@ -197,7 +197,7 @@ fn pending_mark() -> u64 {
 unsafe fn release_contended(slot: &SlotRef, k: usize, held: u64) -> bool {
     let shared = slot.get();
     // Nested in `release`'s operation (a no-op marker) when called from there.
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
@@ -265,7 +265,7 @@ pub(crate) fn return_tokens(shared: &Shared, k: usize, amount: u64) {
 /// # Errors
 /// `Err(())` when the stored `V` would pass its field's room; nothing changed.
 pub(crate) fn grow_tokens(shared: &Shared, k: usize, amount: u64) -> Result<(), ()> {
-    let _op = crate::grace::op();
+    let _op = crate::grace::op(shared.grace_id);
     let word = &*shared.word;
     let mut s = GWord(word.load(SeqCst));
     loop {

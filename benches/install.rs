@@ -1,0 +1,162 @@
+//! Latency of `apply_limits` while the data plane is busy (issue 26, item 1).
+//!
+//! Eight worker threads run `try_acquire`/release pairs while the main thread installs
+//! snapshots that alternate `max_concurrent`, and the latency of each `apply_limits` call is
+//! recorded. Three scenarios:
+//!
+//! * `same bulkhead`: the workers and the installs on one bulkhead without classes;
+//! * `across bulkheads`: the workers on another bulkhead, with three classes (pairs inside
+//!   and beyond their floors), the installs on an idle bulkhead without classes;
+//! * `across, paced 1 ms`: the same, with the installs 1 ms apart, as a control plane sends
+//!   them (500 installs);
+//! * `same classed bulkhead` (no target, for the record): the workers and the installs on the
+//!   classed bulkhead. A class tag has four values, so an operation preempted across four
+//!   installs holds back the fourth (`src/grace.rs`): with installs back to back, that is a
+//!   scheduler quantum now and then.
+//!
+//! Prints one row per scenario: `scenario  installs  p50  p90  p99  max` (microseconds).
+//! `scripts/perf-table` runs it (target `install`) and prints the rows beside the targets
+//! (p99 ≤ 50 µs, max ≤ 1 ms). With more runnable threads than cores (8 workers on a 2-core
+//! machine) most workers are preempted at any instant, which is the condition measured.
+//!
+//! Usage: `cargo bench --bench install -- [--installs N] [--workers N]` (defaults 2,000 and 8).
+
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+fn main() {
+    let mut installs = 2_000usize;
+    let mut workers = 8usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--installs" => {
+                installs = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--installs N")
+            }
+            "--workers" => {
+                workers = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .expect("--workers N")
+            }
+            // cargo bench passes --bench; anything else is criterion-style noise we ignore.
+            _ => {}
+        }
+    }
+    println!(
+        "{:<24}{:>9}{:>10}{:>10}{:>10}{:>10}",
+        "scenario", "installs", "p50 µs", "p90 µs", "p99 µs", "max µs"
+    );
+    let same = Bulkhead::new(1_000).unwrap();
+    row("same bulkhead", &run(&same, &same, workers, installs, None));
+    let busy = classed();
+    let idle = Bulkhead::new(1_000).unwrap();
+    row(
+        "across bulkheads",
+        &run(&busy, &idle, workers, installs, None),
+    );
+    let idle = Bulkhead::new(1_000).unwrap();
+    let paced = installs.min(500);
+    row(
+        "across, paced 1 ms",
+        &run(&busy, &idle, workers, paced, Some(Duration::from_millis(1))),
+    );
+    row(
+        "same classed bulkhead",
+        &run(&busy, &busy, workers, installs, None),
+    );
+}
+
+/// A bulkhead with three classes, each with floors of 2 slots, 1,000 slots in all: a worker's
+/// pair is protected or borrows depending on what the others hold.
+fn classed() -> Bulkhead {
+    let floors = ClassLimits {
+        protected_concurrent: 2,
+        ..ClassLimits::default()
+    };
+    Bulkhead::builder()
+        .max_concurrent(1_000)
+        .class("a", floors)
+        .class("b", floors)
+        .class("c", floors)
+        .default_class("a")
+        .build()
+        .unwrap()
+}
+
+/// Installs `installs` snapshots on `target` (alternating `max_concurrent` 999 and 1,000)
+/// while `workers` threads run pairs on `busy`; returns each install's latency, sorted.
+fn run(
+    busy: &Bulkhead,
+    target: &Bulkhead,
+    workers: usize,
+    installs: usize,
+    pace: Option<Duration>,
+) -> Vec<Duration> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(workers + 1));
+    let classes: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .filter_map(|n| busy.class_id(n).ok())
+        .collect();
+    let handles: Vec<_> = (0..workers)
+        .map(|i| {
+            let (b, stop, start) = (busy.clone(), stop.clone(), start.clone());
+            let class = (!classes.is_empty()).then(|| classes[i % classes.len()]);
+            std::thread::spawn(move || {
+                start.wait();
+                let mut pairs = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let d = match class {
+                        Some(c) => Demand::slot().in_class(c),
+                        None => Demand::slot(),
+                    };
+                    if let Ok(a) = b.try_acquire(d) {
+                        drop(a);
+                    }
+                    pairs += 1;
+                }
+                pairs
+            })
+        })
+        .collect();
+    start.wait();
+    // Let the workers reach full speed first.
+    std::thread::sleep(Duration::from_millis(20));
+    let mut lat = Vec::with_capacity(installs);
+    for i in 0..installs {
+        let cur = target.limits();
+        let next = cur
+            .with_revision(cur.revision + 1)
+            .with_max_concurrent(if i % 2 == 0 { 999 } else { 1_000 });
+        let t0 = Instant::now();
+        target.apply_limits(next).unwrap();
+        lat.push(t0.elapsed());
+        if let Some(p) = pace {
+            std::thread::sleep(p);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let pairs: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(pairs > 0, "the workers ran no pair");
+    lat.sort();
+    lat
+}
+
+fn row(name: &str, lat: &[Duration]) {
+    let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
+    println!(
+        "{:<24}{:>9}{:>10.1}{:>10.1}{:>10.1}{:>10.1}",
+        name,
+        lat.len(),
+        q(0.50),
+        q(0.90),
+        q(0.99),
+        lat[lat.len() - 1].as_secs_f64() * 1e6
+    );
+}

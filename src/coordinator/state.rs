@@ -1,0 +1,222 @@
+//! The coordinator's admission state (COORDINATOR.md §2–§4) as a [`multi_wait`] state: the
+//! eligibility test of §3 is [`Admit::try_start`], and the clock's catch-up runs the start
+//! rule and the timeouts at every intermediate instant (§5 `advance`).
+//!
+//! [`multi_wait`]: crate::wait::multi
+
+use crate::wait::cancel::CancelToken;
+use crate::wait::multi::{Admit, Leave, Start, Txn};
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::time::Duration;
+
+use super::{Event, EventKind, TicketId};
+
+/// One provider's configuration and state.
+#[derive(Debug)]
+pub(crate) struct Provider {
+    pub(crate) name: String,
+    pub(crate) limit: Option<u32>,
+    pub(crate) min_interval: Duration,
+    pub(crate) in_flight: u32,
+    pub(crate) last_start: Option<Duration>,
+    pub(crate) not_before: Option<Duration>,
+}
+
+impl Provider {
+    /// `readyAt(p)`: the later of the cooldown and the pacing deadline; `None` = −∞ (§3, C5,
+    /// C12).
+    pub(crate) fn ready_at(&self) -> Option<Duration> {
+        let paced = self.paced_until();
+        match (self.not_before, paced) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// `lastStart + minInterval` (none without pacing or before the first start).
+    pub(crate) fn paced_until(&self) -> Option<Duration> {
+        if self.min_interval.is_zero() {
+            return None;
+        }
+        // Saturating: a pacing deadline past the clock's end simply never comes.
+        self.last_start.map(|s| s.saturating_add(self.min_interval))
+    }
+}
+
+/// A queued or starting ticket.
+#[derive(Debug)]
+pub(crate) struct Request<K> {
+    pub(crate) ticket: TicketId,
+    pub(crate) provider: usize,
+    pub(crate) key: K,
+    pub(crate) deadline: Option<Duration>,
+}
+
+/// A started ticket's holdings: a client slot, a provider slot, its key.
+#[derive(Debug)]
+pub(crate) struct Grant<K> {
+    pub(crate) ticket: TicketId,
+    pub(crate) provider: usize,
+    pub(crate) key: K,
+    pub(crate) started_at: Duration,
+    pub(crate) signal: CancelToken,
+}
+
+/// Admission state (COORDINATOR.md §2).
+pub(crate) struct State<K> {
+    /// The instant the start rule is applied at (moves instant by instant in a catch-up).
+    pub(crate) now: Duration,
+    /// The latest clock reading of an operation: when a start actually happens. Equal to
+    /// `now` except while a late timer or a jumped clock is caught up, instant by instant;
+    /// a start is then decided at its instant but stamped (pacing, attempt timeout) with
+    /// the reading, so the gap between actual starts never falls below `min_interval`.
+    pub(crate) clock_now: Duration,
+    pub(crate) closed: bool,
+    pub(crate) client_limit: u32,
+    pub(crate) queue_cap: usize,
+    pub(crate) in_flight: u32,
+    pub(crate) providers: Vec<Provider>,
+    /// Key → its running ticket and that invocation's signal; a key is absent when idle.
+    pub(crate) running: HashMap<K, (TicketId, CancelToken)>,
+    pub(crate) next_ticket: u64,
+    /// Events since the last drain, when recording (`None`: not recording).
+    pub(crate) events: Option<Vec<Event>>,
+    /// The instant of the earliest wake-up handed to the scheduler and not fired yet.
+    pub(crate) scheduled: Option<Duration>,
+}
+
+impl<K: Hash + Eq + Clone> State<K> {
+    fn record(&mut self, ticket: TicketId, kind: EventKind) {
+        let at = self.now;
+        if let Some(e) = &mut self.events {
+            e.push(Event { at, ticket, kind });
+        }
+    }
+
+    /// Gives back a started ticket's slots and key (the `complete` of §5).
+    pub(crate) fn release(&mut self, g: &Grant<K>) {
+        self.in_flight -= 1;
+        self.providers[g.provider].in_flight -= 1;
+        self.running.remove(&g.key);
+    }
+
+    /// Raises a provider's not-before instant to `until` (never lowers it: C11, I7).
+    pub(crate) fn cool(&mut self, provider: usize, until: Duration) {
+        let p = &mut self.providers[provider];
+        if p.not_before.is_none_or(|nb| until > nb) {
+            p.not_before = Some(until);
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Admit for State<K> {
+    type Request = Request<K>;
+    type Grant = Grant<K>;
+
+    /// Eligibility (§3): a client slot, a provider slot, the provider ready (inclusive, C2),
+    /// the key idle (client-wide keys, C6). The start takes all of them and stamps the pacing.
+    fn try_start(&mut self, r: &Request<K>) -> Start<Grant<K>> {
+        if self.in_flight >= self.client_limit {
+            return Start::Nobody;
+        }
+        let now = self.now;
+        let p = &self.providers[r.provider];
+        if p.limit.is_some_and(|l| p.in_flight >= l)
+            || p.ready_at().is_some_and(|at| now < at)
+            || self.running.contains_key(&r.key)
+        {
+            return Start::NotYet;
+        }
+        let signal = CancelToken::new();
+        let stamp = now.max(self.clock_now);
+        self.in_flight += 1;
+        let p = &mut self.providers[r.provider];
+        p.in_flight += 1;
+        p.last_start = Some(stamp);
+        self.running
+            .insert(r.key.clone(), (r.ticket, signal.clone()));
+        self.record(r.ticket, EventKind::Start);
+        Start::Now(Grant {
+            ticket: r.ticket,
+            provider: r.provider,
+            key: r.key.clone(),
+            started_at: stamp,
+            signal,
+        })
+    }
+
+    fn give_back(&mut self, g: Grant<K>) {
+        self.release(&g);
+    }
+
+    /// The queue cap counts queued tickets only (C13).
+    fn may_queue(&mut self, _: &Request<K>, queued: usize) -> bool {
+        queued < self.queue_cap
+    }
+
+    fn left_queue(&mut self, r: &Request<K>, why: Option<Leave>) {
+        match why {
+            Some(Leave::TimedOut) => self.record(r.ticket, EventKind::Timeout),
+            Some(Leave::Closed) => self.record(r.ticket, EventKind::Closed),
+            Some(Leave::Cancelled) => self.record(r.ticket, EventKind::Cancelled),
+            None => {}
+        }
+    }
+}
+
+/// The next instant after `after` and not after `until` at which something can happen: a
+/// queued ticket's deadline, or the ready instant of a provider with a queued ticket.
+pub(crate) fn next_instant<K: Hash + Eq + Clone>(
+    t: &Txn<'_, State<K>>,
+    after: Duration,
+    until: Option<Duration>,
+) -> Option<Duration> {
+    t.read(|s, queue| {
+        let mut best: Option<Duration> = None;
+        let mut consider = |at: Duration| {
+            if at > after && until.is_none_or(|u| at <= u) && best.is_none_or(|b| at < b) {
+                best = Some(at);
+            }
+        };
+        for r in queue {
+            if let Some(d) = r.deadline {
+                consider(d);
+            }
+            if let Some(at) = s.providers[r.provider].ready_at() {
+                consider(at);
+            }
+        }
+        best
+    })
+}
+
+/// Starts, then timeouts, at the current instant (§4.1: starts before timeouts, C3).
+fn settle<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>) {
+    t.start_eligible();
+    let now = t.state().now;
+    t.remove_where(|_, r| r.deadline.is_some_and(|d| d <= now), Leave::TimedOut);
+}
+
+/// Brings the state's clock to `now`, settling at every intermediate instant in time order
+/// (§5 `advance`): each start and timeout is decided at its exact instant (a start is stamped
+/// with the clock reading, see [`State::clock_now`]), and a start sets the
+/// pacing that the following instants see. A clock reading earlier than the state's (it
+/// cannot happen with a monotonic clock) leaves the time where it is.
+pub(crate) fn catch_up<K: Hash + Eq + Clone>(t: &mut Txn<'_, State<K>>, now: Duration) {
+    let s = t.state();
+    s.clock_now = s.clock_now.max(now);
+    loop {
+        let cur = t.state().now;
+        match next_instant(t, cur, Some(now)) {
+            Some(n) => {
+                t.state().now = n;
+                settle(t);
+            }
+            None => break,
+        }
+    }
+    let s = t.state();
+    s.now = s.now.max(now);
+    settle(t);
+}

@@ -1,0 +1,365 @@
+//! A submitted ticket ([`Ticket`]), its wait (blocking or [`TicketWait`]), and the running
+//! invocation ([`Invocation`]) that holds the slots until the work completes.
+
+use super::state::{catch_up, Grant, State};
+use super::{plan_wake, schedule_tick, AdmissionError, Shared, TicketId};
+use crate::wait::cancel::CancelToken;
+use crate::wait::multi::{Leave, MultiWait, Submitted, WaitFuture, Waited, WaiterId};
+use std::future::Future;
+use std::hash::Hash;
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+enum Place<K> {
+    Started(Grant<K>),
+    Queued(WaiterId),
+}
+
+/// A submitted ticket: started already, or queued. Wait for it with
+/// [`wait_blocking`](Ticket::wait_blocking) or [`wait`](Ticket::wait); dropping it unwaited
+/// gives everything back (a queued ticket leaves the queue; a started one completes).
+///
+/// ```
+/// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+/// let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+/// let t = c.submit("a", "k", SubmitOptions::default()).unwrap();
+/// assert!(t.is_started());
+/// drop(t);
+/// assert_eq!(c.snapshot().client_in_flight, 0);
+/// ```
+pub struct Ticket<K: Hash + Eq + Clone + Send + 'static> {
+    shared: Arc<Shared<K>>,
+    id: TicketId,
+    place: Option<Place<K>>,
+    received_at: SystemTime,
+    attempt_timeout: Option<Duration>,
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
+    pub(super) fn new(
+        shared: Arc<Shared<K>>,
+        id: TicketId,
+        s: Submitted<Grant<K>>,
+        received_at: SystemTime,
+        attempt_timeout: Option<Duration>,
+    ) -> Self {
+        let place = Some(match s {
+            Submitted::Started(g) => Place::Started(g),
+            Submitted::Queued(w) => Place::Queued(w),
+        });
+        Ticket {
+            shared,
+            id,
+            place,
+            received_at,
+            attempt_timeout,
+        }
+    }
+
+    /// Its id.
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// assert_eq!(c.submit("a", "k", SubmitOptions::default()).unwrap().id().get(), 0);
+    /// ```
+    pub fn id(&self) -> TicketId {
+        self.id
+    }
+
+    /// Whether it started at its submit (then it took no queue place).
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// assert!(c.submit("a", "k", SubmitOptions::default()).unwrap().is_started());
+    /// ```
+    pub fn is_started(&self) -> bool {
+        matches!(self.place, Some(Place::Started(_)))
+    }
+
+    /// When it was received, on the wall clock (a stamp; no rule reads it).
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// assert!(c.submit("a", "k", SubmitOptions::default()).unwrap().received_at() > std::time::UNIX_EPOCH);
+    /// ```
+    pub fn received_at(&self) -> SystemTime {
+        self.received_at
+    }
+
+    /// Cancels a queued ticket (it leaves the queue; its wait ends with
+    /// [`AdmissionError::Cancelled`]). Returns whether it was queued; a ticket that already
+    /// started is not affected (cancel its [`Invocation::signal`] instead).
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{AdmissionError, Coordinator, ProviderLimits, SubmitOptions};
+    /// let c: Coordinator = Coordinator::builder().queue_cap(1).provider("a", ProviderLimits::default()).build().unwrap();
+    /// let _running = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    /// let queued = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    /// assert!(queued.cancel());
+    /// assert_eq!(queued.wait_blocking().err(), Some(AdmissionError::Cancelled));
+    /// ```
+    pub fn cancel(&self) -> bool {
+        match self.place {
+            Some(Place::Queued(w)) => {
+                let now = self.shared.clocks.elapsed.elapsed();
+                let (removed, wake) = self.shared.wait.transaction(|t| {
+                    catch_up(t, now);
+                    let removed = t.remove_where(|_, r| r.ticket == self.id, Leave::Cancelled);
+                    (!removed.is_empty(), plan_wake(t))
+                });
+                schedule_tick(&self.shared, wake);
+                let _ = w;
+                removed
+            }
+            _ => false,
+        }
+    }
+
+    fn invocation(&self, g: Grant<K>) -> Invocation<K> {
+        if let Some(d) = self.attempt_timeout {
+            // The attempt timeout counts from the start, not from the submit.
+            let signal = g.signal.clone();
+            if let Some(at) = g.started_at.checked_add(d) {
+                self.shared
+                    .clocks
+                    .scheduler
+                    .schedule(at, Box::new(move || signal.cancel()));
+            }
+        }
+        Invocation {
+            shared: self.shared.clone(),
+            grant: Some(g),
+            received_at: self.received_at,
+        }
+    }
+
+    fn outcome(&self, w: Waited<Grant<K>>) -> Result<Invocation<K>, AdmissionError> {
+        match w {
+            Waited::Started(g) => Ok(self.invocation(g)),
+            Waited::Left(Leave::TimedOut) => Err(AdmissionError::Timeout),
+            Waited::Left(Leave::Closed) => Err(AdmissionError::Closed),
+            Waited::Left(Leave::Cancelled) => Err(AdmissionError::Cancelled),
+        }
+    }
+
+    /// Blocks until the ticket starts (its [`Invocation`]) or leaves the queue (timeout,
+    /// close, cancel). Admission timeouts fire from the coordinator's scheduler.
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
+    /// inv.complete();
+    /// ```
+    pub fn wait_blocking(mut self) -> Result<Invocation<K>, AdmissionError> {
+        match self.place.take().expect("a ticket is waited once") {
+            Place::Started(g) => Ok(self.invocation(g)),
+            Place::Queued(w) => {
+                let out = self.shared.wait.wait_blocking(w, None);
+                self.outcome(out)
+            }
+        }
+    }
+
+    /// Waits asynchronously (any runtime). Dropping the future cancels the ticket; if it had
+    /// started, its slots go back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it loses nothing: the ticket leaves the queue, or its grant is given back.
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// let t = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    /// let inv = futures_lite::future::block_on(t.wait()).unwrap();
+    /// inv.complete();
+    /// ```
+    pub fn wait(mut self) -> TicketWait<K> {
+        let inner = match self.place.take().expect("a ticket is waited once") {
+            Place::Started(g) => WaitInner::Ready(Some(Ok(self.invocation(g)))),
+            Place::Queued(w) => WaitInner::Queued(WaitFuture::new(WaitRef(self.shared.clone()), w)),
+        };
+        TicketWait {
+            ticket: self,
+            inner,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Drop for Ticket<K> {
+    fn drop(&mut self) {
+        match self.place.take() {
+            None => {}
+            Some(Place::Started(g)) => drop(self.invocation_no_timer(g)),
+            Some(Place::Queued(w)) => self.shared.wait.abandon(w),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
+    fn invocation_no_timer(&self, g: Grant<K>) -> Invocation<K> {
+        Invocation {
+            shared: self.shared.clone(),
+            grant: Some(g),
+            received_at: self.received_at,
+        }
+    }
+}
+
+/// A pointer to the coordinator's wait, for [`WaitFuture`].
+pub(crate) struct WaitRef<K: Hash + Eq + Clone>(Arc<Shared<K>>);
+
+impl<K: Hash + Eq + Clone> Deref for WaitRef<K> {
+    type Target = MultiWait<State<K>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0.wait
+    }
+}
+
+enum WaitInner<K: Hash + Eq + Clone + Send + 'static> {
+    Ready(Option<Result<Invocation<K>, AdmissionError>>),
+    Queued(WaitFuture<State<K>, WaitRef<K>>),
+}
+
+/// The future of [`Ticket::wait`].
+///
+/// ```
+/// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+/// let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+/// let f = c.submit("a", "k", SubmitOptions::default()).unwrap().wait();
+/// assert!(futures_lite::future::block_on(f).is_ok());
+/// ```
+pub struct TicketWait<K: Hash + Eq + Clone + Send + 'static> {
+    ticket: Ticket<K>,
+    inner: WaitInner<K>,
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Unpin for TicketWait<K> {}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Future for TicketWait<K> {
+    type Output = Result<Invocation<K>, AdmissionError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &mut this.inner {
+            WaitInner::Ready(r) => Poll::Ready(r.take().expect("polled after completion")),
+            WaitInner::Queued(f) => match Pin::new(f).poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(w) => Poll::Ready(this.ticket.outcome(w)),
+            },
+        }
+    }
+}
+
+/// A running invocation: it holds its client slot, provider slot and key until it
+/// completes ([`complete`](Invocation::complete) or drop: the promise's `finally`).
+/// Cancelling its [`signal`](Invocation::signal) (unsubscribe, close, attempt timeout) does
+/// not release them: the work must end first.
+///
+/// ```
+/// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+/// let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+/// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
+/// inv.signal().cancel(); // unsubscribe: the slot stays held
+/// assert_eq!(c.snapshot().client_in_flight, 1);
+/// inv.complete();
+/// assert_eq!(c.snapshot().client_in_flight, 0);
+/// ```
+pub struct Invocation<K: Hash + Eq + Clone + Send + 'static> {
+    shared: Arc<Shared<K>>,
+    grant: Option<Grant<K>>,
+    received_at: SystemTime,
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
+    fn grant(&self) -> &Grant<K> {
+        self.grant.as_ref().expect("held until drop")
+    }
+
+    /// Its ticket.
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
+    /// assert_eq!(inv.ticket().get(), 0);
+    /// ```
+    pub fn ticket(&self) -> TicketId {
+        self.grant().ticket
+    }
+
+    /// Its fresh cancellation signal (one per invocation), cancelled by close, by the attempt
+    /// timeout, or by the caller (unsubscribe).
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
+    /// assert!(!inv.signal().is_cancelled());
+    /// ```
+    pub fn signal(&self) -> &CancelToken {
+        &self.grant().signal
+    }
+
+    /// The monotonic instant it started (the attempt timeout counts from here).
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
+    /// let _ = inv.started_at();
+    /// ```
+    pub fn started_at(&self) -> Duration {
+        self.grant().started_at
+    }
+
+    /// When its ticket was received, on the wall clock.
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
+    /// assert!(inv.received_at() > std::time::UNIX_EPOCH);
+    /// ```
+    pub fn received_at(&self) -> SystemTime {
+        self.received_at
+    }
+
+    /// The work ended: its slots and key go back, and the queued tickets that this makes
+    /// eligible start inside this call (the same as dropping it).
+    ///
+    /// ```
+    /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+    /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
+    /// c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap().complete();
+    /// assert_eq!(c.snapshot().client_in_flight, 0);
+    /// ```
+    pub fn complete(self) {
+        drop(self)
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
+    fn drop(&mut self) {
+        let Some(g) = self.grant.take() else { return };
+        let now = self.shared.clocks.elapsed.elapsed();
+        let wake = self.shared.wait.transaction(|t| {
+            catch_up(t, now);
+            t.state().release(&g);
+            // The start rule runs as the transaction ends; its wake plan must see those
+            // starts, so run it here first.
+            t.start_eligible();
+            plan_wake(t)
+        });
+        // The grant (its signal) is dropped after the mutex.
+        drop(g);
+        schedule_tick(&self.shared, wake);
+    }
+}

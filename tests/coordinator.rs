@@ -1,0 +1,576 @@
+//! The coordinator with fake clocks, one test per sentence of seed 002 (each names its
+//! sentence), plus bad input, blocking and async callers (tokio and futures-lite), wake
+//! counting, bounded per-key state, and a stress run on real threads with an independent tally.
+
+use futures_lite::future::block_on;
+use llm_bulkhead::coordinator::testing::ManualClocks;
+use llm_bulkhead::coordinator::{
+    parse_retry_after, AdmissionError, Coordinator, CoordinatorError, Invocation, ProviderLimits,
+    SubmitOptions,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn build(
+    c: u32,
+    q: usize,
+    providers: &[(&str, Option<u32>, u64)],
+    clocks: &ManualClocks,
+) -> Coordinator {
+    let mut b = Coordinator::builder()
+        .client_limit(c)
+        .queue_cap(q)
+        .clocks(clocks.clocks());
+    for &(n, limit, pace) in providers {
+        b = b.provider(
+            n,
+            ProviderLimits {
+                limit,
+                min_interval: ms(pace),
+            },
+        );
+    }
+    b.build().unwrap()
+}
+
+fn go(c: &Coordinator, p: &str, k: &str) -> Invocation<String> {
+    c.submit(p, k, SubmitOptions::default())
+        .unwrap()
+        .wait_blocking()
+        .unwrap()
+}
+
+fn opts(timeout: Option<u64>) -> SubmitOptions {
+    SubmitOptions {
+        admission_timeout: timeout.map(ms),
+        ..SubmitOptions::default()
+    }
+}
+
+/// "Unknown provider names throw when the query is created."
+#[test]
+fn seed_unknown_provider_names_throw_when_the_query_is_created() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    let e = c
+        .submit("nope", "k", SubmitOptions::default())
+        .err()
+        .unwrap();
+    assert_eq!(e, CoordinatorError::UnknownProvider("nope".into()));
+    assert_eq!(
+        c.cooldown("nope", ms(5)),
+        Err(CoordinatorError::UnknownProvider("nope".into()))
+    );
+    let s = c.snapshot();
+    assert_eq!((s.client_in_flight, s.queue.len()), (0, 0));
+}
+
+/// Bad input: typed errors, nothing changes.
+#[test]
+fn bad_input_gets_typed_errors_and_changes_nothing() {
+    let clocks = ManualClocks::new(ms(5));
+    let b = || Coordinator::<String>::builder().clocks(clocks.clocks());
+    let a = ProviderLimits::default();
+    assert_eq!(
+        b().client_limit(0).provider("a", a).build().err(),
+        Some(CoordinatorError::ZeroClientLimit)
+    );
+    assert_eq!(
+        b().provider(
+            "a",
+            ProviderLimits {
+                limit: Some(0),
+                ..a
+            }
+        )
+        .build()
+        .err(),
+        Some(CoordinatorError::ZeroProviderLimit("a".into()))
+    );
+    assert_eq!(b().build().err(), Some(CoordinatorError::NoProviders));
+    assert_eq!(
+        b().provider("a", a).provider("a", a).build().err(),
+        Some(CoordinatorError::DuplicateProvider("a".into()))
+    );
+    let c = build(1, 2, &[("a", None, 0)], &clocks);
+    let before = c.snapshot();
+    assert_eq!(
+        c.submit("a", "k", opts(Some(0))).err(),
+        Some(CoordinatorError::ZeroAdmissionTimeout)
+    );
+    let huge = SubmitOptions {
+        admission_timeout: Some(Duration::MAX),
+        ..SubmitOptions::default()
+    };
+    assert_eq!(
+        c.submit("a", "k", huge).err(),
+        Some(CoordinatorError::DeadlineOverflow)
+    );
+    assert_eq!(
+        c.cooldown("a", Duration::MAX),
+        Err(CoordinatorError::DeadlineOverflow)
+    );
+    assert_eq!(c.snapshot(), before);
+    c.close();
+    assert_eq!(
+        c.submit("a", "k", SubmitOptions::default()).err(),
+        Some(CoordinatorError::Admission(AdmissionError::Closed))
+    );
+    // A cooldown after close is accepted (bookkeeping).
+    c.cooldown("a", ms(10)).unwrap();
+    assert_eq!(c.snapshot().providers[0].cooling_until, Some(ms(15)));
+}
+
+/// "Limits are per client, not across processes or tabs."
+#[test]
+fn seed_limits_are_per_client() {
+    let clocks = ManualClocks::new(ms(0));
+    let one = build(1, 0, &[("a", None, 0)], &clocks);
+    let two = build(1, 0, &[("a", None, 0)], &clocks);
+    let _held = go(&one, "a", "k");
+    // The other client has its own slot and its own key namespace.
+    let _also = go(&two, "a", "k");
+    assert_eq!(
+        (
+            one.snapshot().client_in_flight,
+            two.snapshot().client_in_flight
+        ),
+        (1, 1)
+    );
+}
+
+/// "The attempt timeout starts when queryFn is called, not while the cycle is queued."
+#[test]
+fn seed_the_attempt_timeout_starts_when_the_work_starts() {
+    let clocks = ManualClocks::new(ms(1000));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    let first = go(&c, "a", "k1");
+    let o = SubmitOptions {
+        attempt_timeout: Some(ms(100)),
+        ..SubmitOptions::default()
+    };
+    let queued = c.submit("a", "k2", o).unwrap();
+    clocks.scheduler.advance(ms(500)); // queued for 500 ms: longer than the attempt timeout
+    first.complete();
+    let inv = queued.wait_blocking().unwrap();
+    assert_eq!(inv.started_at(), ms(1500));
+    assert!(!inv.signal().is_cancelled());
+    clocks.scheduler.advance(ms(99));
+    assert!(
+        !inv.signal().is_cancelled(),
+        "the attempt timeout counted queue time"
+    );
+    clocks.scheduler.advance(MS);
+    assert!(
+        inv.signal().is_cancelled(),
+        "the attempt timeout did not fire at start + 100 ms"
+    );
+    // The cancelled signal does not release the slot.
+    assert_eq!(c.snapshot().client_in_flight, 1);
+}
+
+/// "Each invocation gets a new AbortSignal linked to pause, dispose, and timeoutMs."
+#[test]
+fn seed_each_invocation_gets_a_new_signal() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 1, &[("a", None, 0)], &clocks);
+    let a = go(&c, "a", "k");
+    a.signal().cancel();
+    a.complete();
+    let b = go(&c, "a", "k");
+    assert!(
+        !b.signal().is_cancelled(),
+        "the new invocation inherited an aborted signal"
+    );
+    let other = go(&c, "a", "j");
+    c.close(); // dispose: every running invocation's signal is aborted
+    assert!(b.signal().is_cancelled() && other.signal().is_cancelled());
+}
+
+/// "Unsubscribe aborts that signal but does not release the slot. The slot is released in
+/// the promise finally. The same key cannot start another invocation until that release."
+#[test]
+fn seed_unsubscribe_aborts_the_signal_but_keeps_the_slot_until_the_finally() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let inv = go(&c, "a", "k");
+    inv.signal().cancel();
+    let later = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    assert!(!later.is_started());
+    let s = c.snapshot();
+    assert_eq!((s.client_in_flight, s.queue.len()), (1, 1));
+    inv.complete(); // the finally
+    let next = later.wait_blocking().unwrap();
+    assert_eq!(c.snapshot().running, vec![("k".to_string(), next.ticket())]);
+}
+
+/// "A source that ignores abort and never settles can hold its client and provider slot
+/// indefinitely. Dispose does not cancel that promise. Later cycles for that key fail
+/// admission instead of overlapping the call."
+#[test]
+fn seed_a_hung_source_holds_its_slots_and_later_cycles_fail_admission() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", Some(1), 0)], &clocks);
+    let hung = go(&c, "a", "k");
+    hung.signal().cancel();
+    let later = c.submit("a", "k", opts(Some(1000))).unwrap();
+    clocks.scheduler.advance(ms(1000));
+    assert_eq!(later.wait_blocking().err(), Some(AdmissionError::Timeout));
+    c.close();
+    let s = c.snapshot();
+    assert_eq!((s.client_in_flight, s.providers[0].in_flight), (1, 1));
+    assert_eq!(
+        c.submit("a", "k", SubmitOptions::default()).err(),
+        Some(CoordinatorError::Admission(AdmissionError::Closed))
+    );
+    drop(hung);
+}
+
+/// "Admission queue overflow, admission timeout, and admission close set error, end the
+/// cycle, and do not count as source attempts. shouldRetry is not consulted for those errors."
+#[test]
+fn seed_admission_errors_are_typed_and_never_source_failures() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    let _run = go(&c, "a", "k1");
+    let q = c.submit("a", "k2", opts(Some(10))).unwrap();
+    let over = c.submit("a", "k3", SubmitOptions::default()).err().unwrap();
+    assert_eq!(over.admission(), Some(AdmissionError::Overflow));
+    clocks.scheduler.advance(ms(10));
+    let timeout = q.wait_blocking().err().unwrap();
+    let q2 = c.submit("a", "k4", SubmitOptions::default()).unwrap();
+    c.close();
+    let closed = q2.wait_blocking().err().unwrap();
+    for e in [over.admission().unwrap(), timeout, closed] {
+        assert!(e.is_admission(), "{e}");
+    }
+    assert_eq!(
+        (timeout, closed),
+        (AdmissionError::Timeout, AdmissionError::Closed)
+    );
+}
+
+/// "now stamps receivedAt and defaults to Date.now. elapsed drives pacing and cooldown ...
+/// Wall-clock changes do not by themselves release a cooldown that was recorded on the
+/// elapsed clock."
+#[test]
+fn seed_now_stamps_received_at_and_a_wall_jump_releases_no_cooldown() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    c.cooldown("a", ms(1000)).unwrap();
+    let before = llm_bulkhead::coordinator::WallClock::now(&*clocks.wall);
+    let t = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    assert_eq!(t.received_at(), before);
+    clocks.wall.jump(10 * 3_600_000);
+    clocks.scheduler.advance(ms(999));
+    assert_eq!(c.snapshot().queue, vec![t.id()]);
+    clocks.scheduler.advance(MS);
+    let inv = t.wait_blocking().unwrap();
+    assert_eq!(inv.received_at(), before);
+}
+
+/// "minIntervalMs is the gap between actual starts, measured with the monotonic elapsed
+/// clock": with a late wake-up (the clock moved past the ready instant before anything ran),
+/// the ticket still starts (it was eligible before its deadline), and the next start is paced
+/// from when this one actually started.
+#[test]
+fn seed_min_interval_is_the_gap_between_actual_starts_even_after_a_late_wake_up() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(3, 3, &[("a", None, 100)], &clocks);
+    let _first = go(&c, "a", "k1");
+    let second = c.submit("a", "k2", opts(Some(120))).unwrap();
+    clocks.elapsed.advance(ms(130)); // the clock moves; no timer has run yet
+    let s = c.snapshot(); // the next operation catches up: ready at 100, deadline 120
+    assert_eq!(s.providers[0].paced_until, Some(ms(230)));
+    let inv = second.wait_blocking().unwrap();
+    assert_eq!(inv.started_at(), ms(130));
+}
+
+/// "You parse Retry-After yourself." (the helper, then the cooldown)
+#[test]
+fn seed_retry_after_is_parsed_by_the_caller_then_fed_to_cooldown() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    let now = llm_bulkhead::coordinator::WallClock::now(&*clocks.wall);
+    let d = parse_retry_after("2", now).unwrap();
+    c.cooldown("a", d).unwrap();
+    assert_eq!(c.snapshot().providers[0].cooling_until, Some(ms(2000)));
+}
+
+/// "Abort, timeout, and close remove the ticket and do not leak a permit." (a dropped
+/// ticket and a dropped future, too)
+#[test]
+fn seed_abort_timeout_and_close_leak_no_permit() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 4, &[("a", None, 0)], &clocks);
+    let held = go(&c, "a", "k0");
+    let a = c.submit("a", "k1", SubmitOptions::default()).unwrap();
+    let b = c.submit("a", "k2", SubmitOptions::default()).unwrap();
+    let d = c.submit("a", "k3", SubmitOptions::default()).unwrap();
+    assert!(a.cancel());
+    drop(b); // an unwaited queued ticket leaves the queue
+    let mut f = Box::pin(d.wait());
+    assert!(block_on(futures_lite::future::poll_once(&mut f)).is_none());
+    drop(f); // a dropped future leaves the queue
+    assert!(c.snapshot().queue.is_empty());
+    // A ticket that started while its owner was not looking: dropping it gives the slot back.
+    let e = c.submit("a", "k4", SubmitOptions::default()).unwrap();
+    held.complete();
+    assert_eq!(c.snapshot().client_in_flight, 1);
+    drop(e);
+    let s = c.snapshot();
+    assert_eq!(
+        (s.client_in_flight, s.running.len(), s.queue.len()),
+        (0, 0, 0)
+    );
+}
+
+/// Blocking callers: a thread blocked in `wait_blocking` is started by another thread's
+/// completion (no timing: the main thread waits for the queue to hold the ticket).
+#[test]
+fn blocking_callers_are_started_by_a_completion_on_another_thread() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 1, &[("a", None, 0)], &clocks);
+    let held = go(&c, "a", "k");
+    let ticket = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    let t = std::thread::spawn(move || ticket.wait_blocking().map(|i| i.started_at()));
+    held.complete();
+    assert_eq!(t.join().unwrap(), Ok(ms(0)));
+}
+
+/// Async callers on tokio: queued futures started by completions and timed out by the fake
+/// scheduler.
+#[test]
+fn async_callers_on_tokio() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let clocks = ManualClocks::new(ms(0));
+        let c = build(1, 3, &[("a", None, 0)], &clocks);
+        let held = c
+            .submit("a", "k", SubmitOptions::default())
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        let next = tokio::spawn(c.submit("a", "k", SubmitOptions::default()).unwrap().wait());
+        let late = tokio::spawn(c.submit("a", "j", opts(Some(50))).unwrap().wait());
+        clocks.scheduler.advance(ms(50));
+        assert_eq!(late.await.unwrap().err(), Some(AdmissionError::Timeout));
+        held.complete();
+        let inv = next.await.unwrap().unwrap();
+        assert_eq!(inv.started_at(), ms(50));
+    });
+}
+
+/// Async callers on a second executor (futures-lite's `block_on` on plain threads).
+#[test]
+fn async_callers_on_futures_lite() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 2, &[("a", None, 0)], &clocks);
+    let held = go(&c, "a", "k");
+    let t = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    let th = std::thread::spawn(move || block_on(t.wait()).map(|i| i.ticket().get()));
+    held.complete();
+    assert_eq!(th.join().unwrap(), Ok(1));
+}
+
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A completion that makes one queued ticket eligible wakes that ticket only.
+#[test]
+fn a_completion_wakes_only_the_ticket_it_starts() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(8, 8, &[("a", None, 0)], &clocks);
+    let mut held = go(&c, "a", "k");
+    let mut waits: Vec<_> = (0..6)
+        .map(|_| {
+            (
+                Arc::new(Count(AtomicUsize::new(0))),
+                Box::pin(c.submit("a", "k", SubmitOptions::default()).unwrap().wait()),
+            )
+        })
+        .collect();
+    for (n, f) in &mut waits {
+        let w = Waker::from(n.clone());
+        assert!(f.as_mut().poll(&mut Context::from_waker(&w)).is_pending());
+    }
+    for i in 0..6 {
+        held.complete();
+        let woken: Vec<usize> = waits
+            .iter()
+            .map(|(n, _)| n.0.load(Ordering::SeqCst))
+            .collect();
+        assert_eq!(
+            woken,
+            (0..6).map(|j| usize::from(j <= i)).collect::<Vec<_>>()
+        );
+        let (n, f) = &mut waits[i];
+        let w = Waker::from(n.clone());
+        let Poll::Ready(Ok(inv)) = f.as_mut().poll(&mut Context::from_waker(&w)) else {
+            panic!()
+        };
+        held = inv;
+    }
+    held.complete();
+}
+
+use std::future::Future;
+
+/// "Per-key state is dropped when idle": a million distinct keys through one coordinator
+/// leave the key table as large as the keys running at once.
+#[test]
+fn memory_stays_flat_over_a_million_distinct_keys() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(4, 4, &[("a", None, 0)], &clocks);
+    let mut running = std::collections::VecDeque::new();
+    for i in 0..1_000_000u64 {
+        running.push_back(go(&c, "a", &format!("key-{i}")));
+        if running.len() == 4 {
+            running.pop_front().unwrap().complete();
+        }
+    }
+    drop(running);
+    assert!(
+        c.key_table_capacity() <= 16,
+        "capacity {}",
+        c.key_table_capacity()
+    );
+    assert!(c.snapshot().running.is_empty());
+}
+
+/// Pacing and cooldown wait without a busy loop: one armed timer, however many tickets wait.
+#[test]
+fn waiting_tickets_arm_one_timer_not_one_each() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(50, 50, &[("a", None, 100)], &clocks);
+    let _first = go(&c, "a", "k0");
+    let tickets: Vec<_> = (1..40)
+        .map(|i| {
+            c.submit("a", format!("k{i}").as_str(), SubmitOptions::default())
+                .unwrap()
+        })
+        .collect();
+    for i in 0..10 {
+        c.cooldown("a", ms(100 + i)).unwrap();
+    }
+    assert!(
+        clocks.scheduler.pending() <= 3,
+        "{} timers",
+        clocks.scheduler.pending()
+    );
+    clocks.scheduler.advance(ms(10_000));
+    assert!(clocks.scheduler.pending() <= 2);
+    drop(tickets);
+}
+
+/// Real threads, the real clock and scheduler: an independent tally (raised after a start
+/// returns, lowered before the completion) checked against every limit and the key rule.
+#[test]
+fn stress_on_real_threads_with_an_independent_tally() {
+    let c: Coordinator = Coordinator::builder()
+        .client_limit(3)
+        .queue_cap(64)
+        .provider(
+            "a",
+            ProviderLimits {
+                limit: Some(2),
+                min_interval: Duration::ZERO,
+            },
+        )
+        .provider(
+            "b",
+            ProviderLimits {
+                limit: None,
+                min_interval: Duration::from_micros(50),
+            },
+        )
+        .build()
+        .unwrap();
+    #[derive(Default)]
+    struct Tally {
+        client: u32,
+        a: u32,
+        keys: std::collections::HashSet<String>,
+        started: u64,
+        refused: u64,
+    }
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let threads: Vec<_> = (0..6u64)
+        .map(|t| {
+            let (c, tally) = (c.clone(), tally.clone());
+            std::thread::spawn(move || {
+                let mut x = t * 7919 + 1;
+                for i in 0..300u64 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let p = if x >> 60 & 1 == 0 { "a" } else { "b" };
+                    let key = format!("k{}", (x >> 40) % 6);
+                    if i % 97 == 0 {
+                        c.cooldown(p, Duration::from_micros(200)).unwrap();
+                    }
+                    let o = SubmitOptions {
+                        admission_timeout: Some(Duration::from_millis(200)),
+                        ..Default::default()
+                    };
+                    match c
+                        .submit(p, key.as_str(), o)
+                        .map_err(|e| e.admission())
+                        .and_then(|t| t.wait_blocking().map_err(Some))
+                    {
+                        Ok(inv) => {
+                            {
+                                let mut g = tally.lock().unwrap();
+                                g.client += 1;
+                                g.a += u32::from(p == "a");
+                                g.started += 1;
+                                assert!(g.client <= 3, "client limit exceeded");
+                                assert!(g.a <= 2, "provider limit exceeded");
+                                assert!(g.keys.insert(key.clone()), "key {key} overlapped");
+                            }
+                            std::thread::yield_now();
+                            {
+                                let mut g = tally.lock().unwrap();
+                                g.client -= 1;
+                                g.a -= u32::from(p == "a");
+                                g.keys.remove(&key);
+                            }
+                            inv.complete();
+                        }
+                        Err(Some(_)) => tally.lock().unwrap().refused += 1,
+                        Err(None) => panic!("unexpected error"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let g = tally.lock().unwrap();
+    assert_eq!(g.started + g.refused, 1800);
+    assert!(g.started > 0);
+    let s = c.snapshot();
+    assert_eq!(
+        (s.client_in_flight, s.running.len(), s.queue.len()),
+        (0, 0, 0)
+    );
+    assert!(s.providers.iter().all(|p| p.in_flight == 0));
+}
