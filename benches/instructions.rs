@@ -54,6 +54,8 @@ const OPS: &[&str] = &[
     "acquire_await_budget_tokens",
     "tokio_handoff_async",
     "handoff_async",
+    "pool_pair",
+    "pool_refusal",
 ];
 
 fn token_demand() -> Demand {
@@ -324,6 +326,23 @@ fn run(op: &str, n: u64) {
                 }
             });
             assert!(probe.stats().queued_total >= n / 2);
+        }
+        // Gateway pools: one admission and its release (partition, connection, guard), and a
+        // refusal by a full partition.
+        #[cfg(feature = "serde")]
+        "pool_pair" | "pool_refusal" => {
+            use llm_bulkhead::pools::{PoolRequest, Pools, PoolsConfig};
+            let p = Pools::new(&PoolsConfig::single("p", "c", 1)).unwrap();
+            let req = PoolRequest::new(1, p.partition("p-c").unwrap());
+            let _held = (op == "pool_refusal").then(|| p.try_admit(&req).unwrap());
+            let mut admitted = 0;
+            for _ in 0..n {
+                if let Ok(permit) = p.try_admit(black_box(&req)) {
+                    drop(permit);
+                    admitted += 1;
+                }
+            }
+            assert_eq!(admitted, if op == "pool_pair" { n } else { 0 });
         }
         other => panic!("unknown operation {other}"),
     }

@@ -645,6 +645,8 @@ pub use limits::{BudgetConfig, LimitsConfig};
 #[cfg(any(feature = "json", feature = "toml"))]
 mod text;
 #[cfg(any(feature = "json", feature = "toml"))]
+pub(crate) use text::parse as parse_text;
+#[cfg(any(feature = "json", feature = "toml"))]
 pub use text::{apply_limits_file, FileOutcome};
 
 /// Reads [`BulkheadConfig::model`], refusing an empty name (the reader names the field).

@@ -117,7 +117,6 @@
 //!   decision with sanitized fields and counts admissions and refusals by class and reason;
 //!   call `record_gauges` when metrics are scraped. The crate ships no exporter.
 //!
-//!
 //! ## 8. Choosing the LLM layer's entry point
 //!
 //! * **`run` (async)** for work that fits one callback. With a borrowed-concurrency deadline
@@ -141,6 +140,42 @@
 //!
 //! Reports and errors name classes by name (`"class": "batch"`), as events do, so a gateway
 //! forwards them as they are. [`contract`](crate::contract) §12 is the exact list.
+//!
+//! ## 9. Gateway pools: one boundary per provider and traffic class
+//!
+//! One bulkhead in front of several providers lets a slow provider take the permits a healthy
+//! one needs. [`pools`](crate::pools) (feature `serde`, on by default) splits them:
+//!
+//! * **Partitions** are keyed by provider and traffic class (`primary-interactive`,
+//!   `secondary-batch`), optionally split by model family or tenant tier when quotas or
+//!   priorities differ. Each has an active limit, a high-priority reserve, an optional token
+//!   budget and a retry budget. Each provider has a connection limit its partitions share, and
+//!   a global guard bounds them all. Write them as a matrix in TOML or JSON
+//!   ([`PoolsConfig`](crate::pools::PoolsConfig)); a typo, a zero or contradictory limit, a
+//!   retry percent above 100, an unknown name or a fallback cycle is an error naming its cell.
+//! * **One decision.** A request is admitted only when it holds its partition's unit, a
+//!   connection of its provider and a unit of the guard together. No count ever passes its
+//!   limit, at any instant; a refusal is cheap and gives back what it took.
+//! * **Overflow** is one documented action per class: a fast rejection, a degraded answer the
+//!   caller serves, or the partition's approved fallbacks in order, each with its own budget.
+//!   The route lists every decision, never visits a partition twice and stops at the attempt
+//!   budget. Nothing retries on its own.
+//! * **Retries** are charged to their partition when decided
+//!   ([`charge_retry`](crate::pools::Pools::charge_retry)), held through the back-off and the
+//!   attempt, and bounded by `max(percent × active, min)` (Envoy's shape: 20 % and 3 by
+//!   default). Let exactly one layer retry: turn the provider SDK's own retries off.
+//! * **Rollout**: set `observe = true` on a partition to count what its limits would refuse
+//!   (`shadow_refusals`) without refusing, then enforce one partition at a time. Every
+//!   decision carries its partition's limit version, so an incident review can tell a limit
+//!   change from a provider event.
+//! * **Events**: one decision event per decision and one completion event (latency, failure
+//!   class) per admitted request, sanitized by construction; the
+//!   [`TracingObserver`](crate::pools::PoolsObserver) and metrics observers emit them, and
+//!   `Pools::stats` has per-partition counts, including the retry budget's remaining, open and
+//!   overflow figures.
+//!
+//! Not there yet: a pending queue per partition (bounded waits with a queue age) and routing
+//! from the tower layer; a full partition answers at once with its overflow action.
 //!
 //! [`config::LimitsConfig`]: crate::config::LimitsConfig
 //! [`config::BulkheadConfig`]: crate::config::BulkheadConfig

@@ -73,6 +73,8 @@
 //! * `telemetry` (features `tracing`, `metrics`): tracing events and metrics, no exporter.
 //! * `cluster` (feature `cluster`): one global budget shared by several replicas as leased
 //!   shares kept in Redis, applied to each replica's bulkhead as revisioned snapshots.
+//! * `pools` (feature `serde`): gateway pools, provider × traffic-class partitions behind a
+//!   global guard, with connection limits, retry budgets, overflow actions and fallbacks.
 //! * [`contract`]: the behaviour contract (cited as "contract §N"); [`guide`]: the user guide.
 //!
 //! ## Features
@@ -157,6 +159,9 @@ pub mod llm;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod model;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod pools;
 #[cfg(any(feature = "tracing", feature = "metrics"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "tracing", feature = "metrics"))))]
 pub mod telemetry;

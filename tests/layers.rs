@@ -78,6 +78,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ),
     ("telemetry", 8, "tracing and metrics"),
     (
+        "pools",
+        8,
+        "gateway pools: partitions, connections, global guard, retry budgets, fallbacks",
+    ),
+    (
         "coordinator",
         8,
         "the client-side coordinator (seed 002), over the multi-resource wait",

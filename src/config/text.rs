@@ -49,9 +49,9 @@ fn toml_message(e: &toml::de::Error, text: &str) -> String {
     format!("line {line}, column {column}: {message} (near {excerpt:?})")
 }
 
-/// Parses `text` as `format`, naming the field of any error. Messages and paths are bounded
-/// ([`MAX_QUOTED`](super::error::MAX_QUOTED)).
-fn parse<T: DeserializeOwned>(format: Format, text: &str) -> Result<T, LoadError> {
+/// Parses `text` as `format`, naming the field of any error (also the pools'
+/// configuration). Messages and paths are bounded ([`MAX_QUOTED`](super::error::MAX_QUOTED)).
+pub(crate) fn parse<T: DeserializeOwned>(format: Format, text: &str) -> Result<T, LoadError> {
     let fail = |path: &str, message: String| LoadError::Parse {
         format,
         path: bounded(path),

@@ -1,0 +1,448 @@
+//! The state of a [`Pools`](super::Pools) and its one decision over several resources.
+//!
+//! ## The decision
+//!
+//! A request is admitted only when it holds, together, a unit of its partition's active limit
+//! (and its tokens, when the partition has a token budget), a connection of its provider and a
+//! unit of the global guard. [`Engine::decide`] takes them in that order, each with a CAS that
+//! succeeds only if the count stays within its limit:
+//!
+//! 1. the partition's active word, as a *tentative* unit (counted in the word's tentative part);
+//! 2. the partition's tokens, tentatively;
+//! 3. the provider's connections, tentatively;
+//! 4. the global guard;
+//! 5. the versions of the three limit cells are read again: a change means a reconfiguration
+//!    overlapped the decision, which then gives every unit back and decides again;
+//! 6. the tentative marks are cleared: the admission is final.
+//!
+//! A refused step gives back the units taken before it, in reverse order, and the request is
+//! refused with the reason of that step. Nothing waits while holding a unit (no hold-and-wait,
+//! no deadlock), and every step is lock-free.
+//!
+//! **No overshoot, at any instant.** A count only grows by a CAS that checked the new value
+//! against the limit the decision read; it shrinks by undo and release. So no count is ever
+//! above its limit, tentative units included (Envoy's fetch-add-then-check, envoy#2927,
+//! overshoots for a moment). After a reconfiguration to a lower limit, units admitted under the
+//! older one stay until released, as in the core; no new unit is taken above the new limit once
+//! [`apply_partition`](super::Pools::apply_partition) returns.
+//!
+//! **Spurious refusals.** A tentative unit that is later given back may refuse another request
+//! that no serial order refuses. A step that finds its count full while some of it is tentative
+//! reads it again a few times before refusing, and a refusal that still saw a tentative part is
+//! counted as `contended_refusals` in the partition's stats: an upper bound on the spurious
+//! ones (`tests/pools_stress.rs` reports it; it is zero in the uncontended case by
+//! construction, since a lone decider sees no tentative unit but its own).
+
+use super::config::{check_limits, Overflow, PartitionConfig, PoolsConfig, PoolsConfigError};
+use super::events::{DecisionEvent, PoolsObserver, Reason};
+use super::words::{retry_limit, ActiveWord, Gauge, LimitCell};
+use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::Priority;
+use crossbeam_utils::CachePadded;
+
+/// Limit words of a partition: active limit, reserve, token budget (0: none), retry percent,
+/// retry min, observe.
+pub(crate) const ACTIVE_LIMIT: usize = 0;
+pub(crate) const RESERVE: usize = 1;
+pub(crate) const TOKEN_BUDGET: usize = 2;
+pub(crate) const RETRY_PERCENT: usize = 3;
+pub(crate) const RETRY_MIN: usize = 4;
+pub(crate) const OBSERVE: usize = 5;
+
+/// Per-partition counters (relaxed: statistics only).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) admitted: AtomicU64,
+    pub(crate) completed: AtomicU64,
+    /// Refusals by the step that refused: active, reserve, tokens, connection, global.
+    pub(crate) refused: [AtomicU64; 5],
+    pub(crate) fallbacks: AtomicU64,
+    pub(crate) degraded: AtomicU64,
+    pub(crate) shadow_refusals: AtomicU64,
+    pub(crate) contended_refusals: AtomicU64,
+    pub(crate) reconfig_retries: AtomicU64,
+    pub(crate) retries_charged: AtomicU64,
+    pub(crate) retry_overflow: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The hot line of a partition: its active word and its counters.
+pub(crate) struct Hot {
+    pub(crate) active: ActiveWord,
+    pub(crate) counters: Counters,
+}
+
+pub(crate) struct Partition {
+    pub(crate) name: String,
+    pub(crate) provider: usize,
+    pub(crate) class: usize,
+    pub(crate) config: PartitionConfig,
+    pub(crate) fallback: Box<[usize]>,
+    pub(crate) overflow: Overflow,
+    pub(crate) hot: CachePadded<Hot>,
+    pub(crate) tokens: CachePadded<Gauge>,
+    pub(crate) limits: LimitCell<6>,
+}
+
+pub(crate) struct Provider {
+    pub(crate) name: String,
+    pub(crate) conns: CachePadded<Gauge>,
+    pub(crate) limits: LimitCell<1>,
+}
+
+pub(crate) struct Engine {
+    pub(crate) global: CachePadded<Gauge>,
+    pub(crate) global_limits: LimitCell<1>,
+    pub(crate) providers: Box<[Provider]>,
+    pub(crate) partitions: Box<[Partition]>,
+    pub(crate) classes: Box<[String]>,
+    pub(crate) max_attempts: u32,
+    /// Serialises the writers of the limit cells.
+    pub(crate) reconfig: Mutex<()>,
+    pub(crate) observer: Option<Box<dyn PoolsObserver>>,
+}
+
+/// A refused decision: the reason and the limit version the decision read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) reason: Reason,
+    pub(crate) version: u64,
+}
+
+/// An admitted decision: the version, and whether observe mode let it past a partition limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Granted {
+    pub(crate) version: u64,
+    pub(crate) shadow: bool,
+    /// Tokens taken (0 when the partition had no budget).
+    pub(crate) tokens: u64,
+}
+
+pub(crate) fn partition_words(p: &PartitionConfig) -> [u64; 6] {
+    [
+        p.active_limit,
+        p.high_priority_reserve,
+        p.token_budget.unwrap_or(0),
+        p.retry.percent,
+        p.retry.min,
+        u64::from(p.observe),
+    ]
+}
+
+impl Engine {
+    pub(crate) fn new(
+        c: &PoolsConfig,
+        observer: Option<Box<dyn PoolsObserver>>,
+    ) -> Result<Engine, PoolsConfigError> {
+        c.validate()?;
+        let providers: Vec<Provider> = c
+            .providers
+            .iter()
+            .map(|(name, p)| Provider {
+                name: name.clone(),
+                conns: CachePadded::new(Gauge::default()),
+                limits: LimitCell::new([p.connection_limit]),
+            })
+            .collect();
+        let classes: Vec<String> = c.classes.keys().cloned().collect();
+        let names: Vec<&String> = c.partitions.keys().collect();
+        let index = |list: &[&String], n: &str| list.iter().position(|x| *x == n);
+        let partitions = c
+            .partitions
+            .iter()
+            .map(|(name, p)| Partition {
+                name: name.clone(),
+                provider: index(&c.providers.keys().collect::<Vec<_>>(), &p.provider).unwrap_or(0),
+                class: classes
+                    .iter()
+                    .position(|x| *x == p.traffic_class)
+                    .unwrap_or(0),
+                config: p.clone(),
+                // Names were checked by `validate`.
+                fallback: p.fallback.iter().filter_map(|t| index(&names, t)).collect(),
+                overflow: c.classes[&p.traffic_class].overflow,
+                hot: CachePadded::new(Hot {
+                    active: ActiveWord::default(),
+                    counters: Counters::default(),
+                }),
+                tokens: CachePadded::new(Gauge::default()),
+                limits: LimitCell::new(partition_words(p)),
+            })
+            .collect();
+        Ok(Engine {
+            global: CachePadded::new(Gauge::default()),
+            global_limits: LimitCell::new([c.global.max_active]),
+            providers: providers.into(),
+            partitions,
+            classes: classes.into(),
+            max_attempts: c.max_attempts,
+            reconfig: Mutex::new(()),
+            observer,
+        })
+    }
+
+    /// One decision on partition `pi` (module docs, "The decision").
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        pi: usize,
+        priority: Priority,
+        tokens: u64,
+    ) -> Result<Granted, Refused> {
+        let p = &self.partitions[pi];
+        let prov = &self.providers[p.provider];
+        loop {
+            let (pv, pl) = p.limits.read();
+            let (cv, [conn_limit]) = prov.limits.read();
+            let (gv, [global_limit]) = self.global_limits.read();
+            let version = pv / 2;
+            let refuse = |reason| Err(Refused { reason, version });
+            let enforce = pl[OBSERVE] == 0;
+            let cap = match priority {
+                Priority::High => pl[ACTIVE_LIMIT],
+                Priority::Normal => pl[ACTIVE_LIMIT] - pl[RESERVE],
+            };
+            // 1. The partition's active unit (tentative).
+            let mut shadow = match p.hot.active.take(cap, enforce) {
+                Ok(over) => over,
+                Err(full) => {
+                    let reserve = p.hot.active.read().active < pl[ACTIVE_LIMIT];
+                    self.count_refusal(p, if reserve { 1 } else { 0 }, full.contended);
+                    return refuse(if reserve {
+                        Reason::HighPriorityReserve
+                    } else {
+                        Reason::ActiveLimitReached
+                    });
+                }
+            };
+            // 2. The partition's tokens (tentative), when it has a budget.
+            let budget = pl[TOKEN_BUDGET];
+            let take_tokens = budget != 0 && tokens != 0;
+            if take_tokens {
+                let limit = if enforce {
+                    budget
+                } else {
+                    super::words::MAX_GAUGE
+                };
+                match p.tokens.take(tokens, limit, true) {
+                    Ok(()) => shadow |= !enforce && p.tokens.held() > budget,
+                    Err(full) => {
+                        p.hot.active.give(true, false);
+                        self.count_refusal(p, 2, full.contended);
+                        return refuse(Reason::TokenBudgetReached);
+                    }
+                }
+            }
+            // 3. The provider's connection (tentative).
+            if let Err(full) = prov.conns.take(1, conn_limit, true) {
+                self.undo_partition(p, take_tokens.then_some(tokens));
+                self.count_refusal(p, 3, full.contended);
+                return refuse(Reason::ConnectionLimitReached);
+            }
+            // 4. The global guard: the last step, never tentative.
+            if let Err(full) = self.global.take(1, global_limit, false) {
+                prov.conns.give(1, true);
+                self.undo_partition(p, take_tokens.then_some(tokens));
+                self.count_refusal(p, 4, full.contended);
+                return refuse(Reason::GlobalLimitReached);
+            }
+            // 5. No reconfiguration overlapped the steps: every limit read was in force at
+            // each CAS. Otherwise give everything back and decide under the new limits.
+            if !(p.limits.unchanged(pv)
+                && prov.limits.unchanged(cv)
+                && self.global_limits.unchanged(gv))
+            {
+                self.global.give(1, false);
+                prov.conns.give(1, true);
+                self.undo_partition(p, take_tokens.then_some(tokens));
+                bump(&p.hot.counters.reconfig_retries);
+                continue;
+            }
+            // 6. Final.
+            p.hot.active.confirm();
+            if take_tokens {
+                p.tokens.confirm();
+            }
+            prov.conns.confirm();
+            bump(&p.hot.counters.admitted);
+            if shadow {
+                bump(&p.hot.counters.shadow_refusals);
+            }
+            return Ok(Granted {
+                version,
+                shadow,
+                tokens: if take_tokens { tokens } else { 0 },
+            });
+        }
+    }
+
+    fn undo_partition(&self, p: &Partition, tokens: Option<u64>) {
+        if let Some(n) = tokens {
+            p.tokens.give(n, true);
+        }
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_SKIP_UNDO") {
+            // Broken on purpose: the partition's tentative unit is never given back
+            // (`loom-tests/tests/pools.rs` fails on it).
+            return;
+        }
+        p.hot.active.give(true, false);
+    }
+
+    fn count_refusal(&self, p: &Partition, step: usize, contended: bool) {
+        bump(&p.hot.counters.refused[step]);
+        if contended {
+            bump(&p.hot.counters.contended_refusals);
+        }
+    }
+
+    /// Gives back an admission's units: global, connection, tokens, then the active unit (and
+    /// its retry unit).
+    #[inline]
+    pub(crate) fn release(&self, pi: usize, tokens: u64, retry: bool) {
+        let p = &self.partitions[pi];
+        self.global.give(1, false);
+        self.providers[p.provider].conns.give(1, false);
+        if tokens != 0 {
+            p.tokens.give(tokens, false);
+        }
+        p.hot.active.give(false, retry);
+        bump(&p.hot.counters.completed);
+    }
+
+    /// Charges a retry to partition `pi`: `Ok((version, limit))` or the refusal.
+    pub(crate) fn charge_retry(&self, pi: usize) -> Result<(u64, u64), Refused> {
+        let p = &self.partitions[pi];
+        let (pv, pl) = p.limits.read();
+        let enforce = pl[OBSERVE] == 0;
+        match p
+            .hot
+            .active
+            .charge_retry(pl[RETRY_PERCENT], pl[RETRY_MIN], enforce)
+        {
+            Ok((limit, over)) => {
+                bump(&p.hot.counters.retries_charged);
+                if over {
+                    bump(&p.hot.counters.shadow_refusals);
+                }
+                Ok((pv / 2, limit))
+            }
+            Err(_) => {
+                bump(&p.hot.counters.retry_overflow);
+                Err(Refused {
+                    reason: Reason::RetryBudgetReached,
+                    version: pv / 2,
+                })
+            }
+        }
+    }
+
+    /// A decision event for partition `pi`, read after the decision.
+    pub(crate) fn event<'a>(
+        &'a self,
+        pi: usize,
+        request_id: u64,
+        priority: Priority,
+        d: (super::events::Decision, Reason, u64),
+        fallback: Option<usize>,
+        attempt: u32,
+    ) -> DecisionEvent<'a> {
+        let p = &self.partitions[pi];
+        let (_, pl) = p.limits.read();
+        let c = p.hot.active.read();
+        DecisionEvent {
+            request_id,
+            provider: &self.providers[p.provider].name,
+            partition: &p.name,
+            traffic_class: &self.classes[p.class],
+            priority,
+            active: c.active,
+            active_limit: pl[ACTIVE_LIMIT],
+            pending: 0,
+            pending_limit: 0,
+            retry_count: c.retries,
+            retry_limit: retry_limit(pl[RETRY_PERCENT], pl[RETRY_MIN], c.active - c.tentative, 0),
+            decision: d.0,
+            reason: d.1,
+            fallback_partition: fallback.map(|f| self.partitions[f].name.as_str()),
+            limit_version: d.2,
+            attempt,
+        }
+    }
+
+    /// Installs a partition's new limits (same provider, class, keys and fallbacks).
+    pub(crate) fn apply_partition(
+        &self,
+        pi: usize,
+        next: &PartitionConfig,
+    ) -> Result<u64, PoolsConfigError> {
+        let _serial = crate::sync::lock(&self.reconfig);
+        let p = &self.partitions[pi];
+        let same_shape = next.provider == p.config.provider
+            && next.traffic_class == p.config.traffic_class
+            && next.model_family == p.config.model_family
+            && next.tenant_tier == p.config.tenant_tier
+            && next.fallback == p.config.fallback;
+        if !same_shape {
+            return Err(PoolsConfigError::Inconsistent {
+                cell: format!("partitions.{}", p.name),
+                field: "provider",
+                detail: "a change of limits keeps the partition's provider, class, keys and \
+                         fallbacks"
+                    .into(),
+            });
+        }
+        let (_, [g]) = self.global_limits.read();
+        let (_, [c]) = self.providers[p.provider].limits.read();
+        check_limits(&p.name, next, g, c)?;
+        Ok(p.limits.store(partition_words(next)) / 2)
+    }
+
+    /// Installs a provider's connection limit (at least every partition's active limit).
+    pub(crate) fn apply_provider(&self, vi: usize, limit: u64) -> Result<u64, PoolsConfigError> {
+        let _serial = crate::sync::lock(&self.reconfig);
+        let cell = format!("providers.{}", self.providers[vi].name);
+        self.check_gauge(cell, "connection_limit", limit, Some(vi))?;
+        Ok(self.providers[vi].limits.store([limit]) / 2)
+    }
+
+    /// Installs the global guard's limit (at least every partition's active limit).
+    pub(crate) fn apply_global(&self, limit: u64) -> Result<u64, PoolsConfigError> {
+        let _serial = crate::sync::lock(&self.reconfig);
+        self.check_gauge("global".into(), "max_active", limit, None)?;
+        Ok(self.global_limits.store([limit]) / 2)
+    }
+
+    fn check_gauge(
+        &self,
+        cell: String,
+        field: &'static str,
+        limit: u64,
+        provider: Option<usize>,
+    ) -> Result<(), PoolsConfigError> {
+        if limit == 0 {
+            return Err(PoolsConfigError::ZeroLimit { cell, field });
+        }
+        if limit > super::words::MAX_GAUGE {
+            let max = super::words::MAX_GAUGE;
+            return Err(PoolsConfigError::TooLarge { cell, field, max });
+        }
+        for p in self.partitions.iter() {
+            let (_, pl) = p.limits.read();
+            if provider.is_none_or(|v| v == p.provider) && pl[ACTIVE_LIMIT] > limit {
+                return Err(PoolsConfigError::Inconsistent {
+                    cell,
+                    field,
+                    detail: format!(
+                        "{limit} is below partitions.{}.active_limit {}",
+                        p.name, pl[ACTIVE_LIMIT]
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}

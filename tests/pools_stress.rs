@@ -1,0 +1,245 @@
+//! The pools on real threads, under reconfiguration: an independent tally of every limit
+//! (each partition's active units and tokens, each provider's connections, the global guard,
+//! each partition's retries in flight), raised only after an admission or a charge returns and
+//! lowered before it is given back, is checked against the limits after every raise. Limits
+//! move between two sets while the threads run, so a tally is checked against the larger of the
+//! two (units admitted under a larger limit stay until released). At rest everything is zero.
+//!
+//! It prints the refusals that saw another decision's tentative unit (`contended_refusals`, an
+//! upper bound on refusals no serial order makes) beside all refusals.
+
+use llm_bulkhead::pools::*;
+use llm_bulkhead::Priority;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+const PARTS: [&str; 4] = ["a-x", "a-y", "b-x", "b-y"];
+/// Larger and smaller active limits, per partition.
+const BIG: [u64; 4] = [4, 3, 4, 3];
+const SMALL: [u64; 4] = [2, 1, 3, 2];
+const CONN: [(u64, u64); 2] = [(6, 4), (5, 4)];
+const GLOBAL: (u64, u64) = (8, 6);
+const BUDGET: u64 = 20;
+const RETRY_MIN: u64 = 1;
+const RETRY_PERCENT: u64 = 50;
+
+fn config() -> PoolsConfig {
+    let mut c = PoolsConfig::default();
+    c.global.max_active = GLOBAL.0;
+    for (name, (limit, _)) in ["a", "b"].iter().zip(CONN) {
+        c.providers.insert(
+            (*name).into(),
+            ProviderConfig {
+                connection_limit: limit,
+            },
+        );
+    }
+    c.classes.insert(
+        "x".into(),
+        ClassConfig {
+            overflow: Overflow::Fallback,
+        },
+    );
+    c.classes.insert(
+        "y".into(),
+        ClassConfig {
+            overflow: Overflow::Reject,
+        },
+    );
+    for (i, name) in PARTS.iter().enumerate() {
+        let mut p = PartitionConfig::new(&name[..1], &name[2..], BIG[i]);
+        p.high_priority_reserve = 1;
+        p.token_budget = Some(BUDGET);
+        p.retry = RetryConfig {
+            percent: RETRY_PERCENT,
+            min: RETRY_MIN,
+        };
+        c.partitions.insert((*name).into(), p);
+    }
+    c.partitions.get_mut("a-x").unwrap().fallback = vec!["b-x".into()];
+    c
+}
+
+#[derive(Default)]
+struct Tally {
+    active: [AtomicU64; 4],
+    tokens: [AtomicU64; 4],
+    retries: [AtomicU64; 4],
+    conns: [AtomicU64; 2],
+    global: AtomicU64,
+}
+
+fn raise(c: &AtomicU64, n: u64, limit: u64, what: &str) {
+    let now = c.fetch_add(n, Ordering::SeqCst) + n;
+    assert!(now <= limit, "{what}: {now} > {limit}");
+}
+
+fn lower(c: &AtomicU64, n: u64) {
+    c.fetch_sub(n, Ordering::SeqCst);
+}
+
+/// A small xorshift: no timing, no OS randomness.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// One admitted request of a worker: permit, partition, tokens, the partition of its retry.
+type Held<'p> = (PoolPermit<'p>, usize, u64, Option<usize>);
+
+fn give_back(tally: &Tally, (permit, at, tokens, retry): Held<'_>) {
+    lower(&tally.global, 1);
+    lower(&tally.conns[at / 2], 1);
+    lower(&tally.tokens[at], tokens);
+    lower(&tally.active[at], 1);
+    if let Some(r) = retry {
+        lower(&tally.retries[r], 1);
+    }
+    permit.complete(None);
+}
+
+/// Each worker holds up to three admissions at a time, so the threads together can reach
+/// every limit (the guard, connections, tokens).
+fn worker(pools: &Pools, tally: &Tally, seed: u64, rounds: u32) {
+    let mut rng = Rng(seed);
+    let ids: Vec<PartitionId> = PARTS.iter().map(|n| pools.partition(n).unwrap()).collect();
+    let retry_cap = (RETRY_PERCENT * BIG.iter().max().unwrap() / 100).max(RETRY_MIN);
+    let mut held: Vec<Held<'_>> = Vec::new();
+    for n in 0..rounds {
+        if held.len() == 3 || !held.is_empty() && rng.next(3) == 0 {
+            let k = rng.next(held.len() as u64) as usize;
+            give_back(tally, held.swap_remove(k));
+            continue;
+        }
+        let part = rng.next(4) as usize;
+        let mut req = PoolRequest::new(u64::from(n), ids[part]);
+        req.tokens = rng.next(7);
+        req.priority = if rng.next(3) == 0 {
+            Priority::High
+        } else {
+            Priority::Normal
+        };
+        let charge = if rng.next(4) == 0 {
+            match pools.charge_retry(u64::from(n), ids[part]) {
+                Ok(c) => {
+                    raise(&tally.retries[part], 1, retry_cap, "retries");
+                    Some(c)
+                }
+                Err(_) => continue,
+            }
+        } else {
+            None
+        };
+        let retry = charge.is_some().then_some(part);
+        let out = match charge {
+            Some(c) if rng.next(3) == 0 => {
+                // The retry is abandoned during its back-off.
+                lower(&tally.retries[part], 1);
+                drop(c);
+                continue;
+            }
+            Some(c) => pools.admit_retry(&req, c),
+            None => pools.admit(&req),
+        };
+        let Some(permit) = out.into_permit() else {
+            if retry.is_some() {
+                lower(&tally.retries[part], 1);
+            }
+            continue;
+        };
+        let at = permit.partition().index();
+        raise(&tally.active[at], 1, BIG[at], PARTS[at]);
+        raise(&tally.tokens[at], req.tokens, BUDGET, "tokens");
+        raise(&tally.conns[at / 2], 1, CONN[at / 2].0, "connections");
+        raise(&tally.global, 1, GLOBAL.0, "global");
+        held.push((permit, at, req.tokens, retry));
+    }
+    for h in held {
+        give_back(tally, h);
+    }
+}
+
+#[test]
+fn every_limit_holds_on_real_threads_under_reconfiguration() {
+    let config = config();
+    let pools = Arc::new(Pools::new(&config).unwrap());
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let reconfigurer = {
+        let (pools, stop, config) = (pools.clone(), stop.clone(), config.clone());
+        std::thread::spawn(move || {
+            let mut small = false;
+            let mut changes = 0u64;
+            while !stop.load(Ordering::SeqCst) && changes < 20_000 {
+                small = !small;
+                let pick = |(b, s): (u64, u64)| if small { s } else { b };
+                // Shrink partitions before their providers and the guard; grow them after.
+                let parts = |pools: &Pools| {
+                    for (i, name) in PARTS.iter().enumerate() {
+                        let mut p = config.partitions[*name].clone();
+                        p.active_limit = pick((BIG[i], SMALL[i]));
+                        p.high_priority_reserve = 1.min(p.active_limit - 1);
+                        pools.apply_partition(name, &p).unwrap();
+                    }
+                };
+                if small {
+                    parts(&pools);
+                }
+                pools.apply_provider("a", pick(CONN[0])).unwrap();
+                pools.apply_provider("b", pick(CONN[1])).unwrap();
+                pools.apply_global(pick(GLOBAL)).unwrap();
+                if !small {
+                    parts(&pools);
+                }
+                changes += 1;
+                std::thread::yield_now();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let (pools, tally) = (pools.clone(), tally.clone());
+            std::thread::spawn(move || worker(&pools, &tally, 0x9e37_79b9 + t, 40_000))
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    reconfigurer.join().unwrap();
+
+    let s = pools.stats();
+    assert_eq!(s.global.held, 0, "{s:?}");
+    assert!(s.providers.iter().all(|p| p.held == 0), "{s:?}");
+    for p in &s.partitions {
+        assert_eq!(
+            (p.active, p.tentative, p.tokens, p.retries_in_flight),
+            (0, 0, 0, 0),
+            "{p:?}"
+        );
+        assert_eq!(p.admitted, p.completed);
+    }
+    let refused: u64 = s
+        .partitions
+        .iter()
+        .map(|p| {
+            p.refused_active
+                + p.refused_reserve
+                + p.refused_tokens
+                + p.refused_connection
+                + p.refused_global
+        })
+        .sum();
+    let contended: u64 = s.partitions.iter().map(|p| p.contended_refusals).sum();
+    let reconfig: u64 = s.partitions.iter().map(|p| p.reconfig_retries).sum();
+    let admitted: u64 = s.partitions.iter().map(|p| p.admitted).sum();
+    println!(
+        "admitted {admitted}, refused {refused}, contended refusals {contended} ({:.3}% of refusals), decisions redone after a reconfiguration {reconfig}",
+        100.0 * contended as f64 / refused.max(1) as f64
+    );
+}
