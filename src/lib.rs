@@ -71,6 +71,8 @@
 //! * `tower` (feature `tower`): a `Layer` for HTTP gateways that holds each admission until the
 //!   last byte of the response body, with 429/503 JSON refusals.
 //! * `telemetry` (features `tracing`, `metrics`): tracing events and metrics, no exporter.
+//! * `cluster` (feature `cluster`): one global budget shared by several replicas as leased
+//!   shares kept in Redis, applied to each replica's bulkhead as revisioned snapshots.
 //! * `pools` (feature `serde`): gateway pools, provider × traffic-class partitions behind a
 //!   global guard, with connection limits, retry budgets, overflow actions and fallbacks.
 //! * [`contract`]: the behaviour contract (cited as "contract §N"); [`guide`]: the user guide.
@@ -78,7 +80,7 @@
 //! ## Features
 //!
 //! `llm` (default, with `json` and `serde`), `serde` (derives only), `json`, `toml`, `tower`,
-//! `tracing`, `metrics`; `--no-default-features` is the bare core. `testing` is test support.
+//! `tracing`, `metrics`, `cluster`; `--no-default-features` is the bare core. `testing` is test support.
 //!
 //! ## Guarantees (contract §10)
 //!
@@ -134,6 +136,9 @@ mod vocab;
 mod wait;
 mod words;
 
+#[cfg(all(feature = "cluster", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+pub mod cluster;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod config;

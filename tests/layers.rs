@@ -71,6 +71,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
     ("llm", 8, "the LLM layer"),
     ("config", 8, "configuration files and control planes"),
     ("tower", 8, "the tower integration"),
+    (
+        "cluster",
+        8,
+        "cluster mode: leased shares of a global budget, over apply_limits and stats",
+    ),
     ("telemetry", 8, "tracing and metrics"),
     (
         "pools",

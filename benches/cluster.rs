@@ -1,0 +1,287 @@
+//! Cluster-mode figures against a real Redis (`LLM_BULKHEAD_REDIS_URL`, or a private
+//! `redis-server` on a Unix socket):
+//!
+//! 1. the decision path: an admit + release pair on a bulkhead whose limits an agent manages
+//!    (renewing in the background) beside the same pair on an unmanaged bulkhead, alternating
+//!    rounds in one run;
+//! 2. store traffic: commands the server processed per renewal (its own counter), and the
+//!    latency of one renewal (`EVALSHA`);
+//! 3. demand to use, TTL 1 s: how long after one replica's load rises its work in flight
+//!    reaches its fair share;
+//! 4. utilisation of the global budget under skewed load across three replicas (8, 3 and 1
+//!    busy workers for 8 slots), against the ideal and against a static split.
+//!
+//! ```sh
+//! cargo bench --features cluster --bench cluster
+//! ```
+
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+
+use llm_bulkhead::cluster::{Amounts, ClusterAgent, ClusterConfig, RedisStore, RunningAgent};
+use llm_bulkhead::cluster::{LeaseStore, RenewRequest};
+use llm_bulkhead::{Bulkhead, Demand, Reservation};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const G: Amounts = Amounts::new(8, 8_000);
+
+fn config(ns: &str, ttl_ms: u64) -> ClusterConfig {
+    redis_server::quick_config(ns, ttl_ms)
+}
+
+fn bulkhead() -> Bulkhead {
+    Bulkhead::builder()
+        .max_concurrent(G.slots as u32)
+        .token_budget(G.tokens)
+        .build()
+        .unwrap()
+}
+
+fn agent(url: &str, c: &ClusterConfig, b: &Bulkhead) -> RunningAgent {
+    let store = RedisStore::open(url, c).unwrap();
+    ClusterAgent::new(b.clone(), Box::new(store), c.clone())
+        .unwrap()
+        .spawn()
+        .unwrap()
+}
+
+fn wait(what: &str, f: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < until, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn pair_ns(b: &Bulkhead, n: u32) -> f64 {
+    let d = Demand::tokens(Reservation::new(100, 0).unwrap());
+    let t = Instant::now();
+    for _ in 0..n {
+        drop(black_box(b.try_acquire(black_box(d)).unwrap()));
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Calls per command name at the server (`INFO commandstats`); commands a script runs count
+/// under their own names.
+fn commands(c: &mut redis::Connection) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
+/// Workers that keep `b` busy: admit, hold `hold`, release; until `stop`.
+fn busy(
+    b: &Bulkhead,
+    n: usize,
+    hold: Duration,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match b.try_acquire(Demand::tokens(Reservation::new(100, 0).unwrap())) {
+                        Ok(a) => {
+                            std::thread::sleep(hold);
+                            drop(a);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_micros(200)),
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let Some(server) = redis_server::Server::get("bench") else {
+        return;
+    };
+    let url = server.url.clone();
+    let mut conn = server.conn();
+    println!("cluster-mode figures (noisy 2-core machine; Redis on a Unix socket, same host)\n");
+
+    // 1. The decision path, managed vs unmanaged, alternating rounds.
+    let c = config(&redis_server::namespace("pair"), 1_000);
+    let managed = bulkhead();
+    let running = agent(&url, &c, &managed);
+    wait("the first grant", || {
+        managed.limits().max_concurrent == G.slots as u32
+    });
+    let plain = bulkhead();
+    let (mut a, mut p) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        p.push(pair_ns(&plain, 2_000_000));
+        a.push(pair_ns(&managed, 2_000_000));
+    }
+    let (pm, am) = (median(p), median(a));
+    println!("1. admit + release pair (1 thread, median of 7 rounds of 2M):");
+    println!("   unmanaged bulkhead      {pm:6.1} ns");
+    println!(
+        "   agent-managed bulkhead  {am:6.1} ns   ratio {:.2}",
+        am / pm
+    );
+    let renewals = running.status().renewals;
+    running.stop().unwrap();
+
+    // 2. Store traffic per renewal, and renewal latency.
+    let c = config(&redis_server::namespace("traffic"), 1_000);
+    let before = commands(&mut conn);
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let agents: Vec<_> = bs.iter().map(|b| agent(&url, &c, b)).collect();
+    std::thread::sleep(Duration::from_secs(4));
+    let n: u64 = agents.iter().map(|a| a.status().renewals).sum();
+    let failures: u64 = agents.iter().map(|a| a.status().failures).sum();
+    for a in agents {
+        a.stop().unwrap();
+    }
+    let after = commands(&mut conn);
+    let delta = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);
+    let (evalsha, eval) = (delta("evalsha"), delta("eval"));
+    let setup: u64 = ["info", "client|setinfo", "script|load", "hello", "ping"]
+        .iter()
+        .map(|k| delta(k))
+        .sum::<u64>()
+        - 1;
+    let inner: u64 = ["type", "hgetall", "time", "hset", "hdel"]
+        .iter()
+        .map(|k| delta(k))
+        .sum();
+    println!(
+        "\n2. store traffic: 3 replicas, TTL 1 s, 4 s: {n} renewals ({failures} failed), {:.1} per \
+         replica per second",
+        n as f64 / 3.0 / 4.0
+    );
+    println!(
+        "   round trips: {evalsha} EVALSHA + {eval} EVAL (3 of them the releases at stop) = {:.2} \
+         per renewal, plus {setup} set-up commands in all (INFO, CLIENT SETINFO, SCRIPT LOAD); \
+         inside the script {:.1} commands per call",
+        (evalsha + eval) as f64 / n as f64,
+        inner as f64 / (evalsha + eval).max(1) as f64
+    );
+    let mut store =
+        RedisStore::open(&url, &config(&redis_server::namespace("lat"), 1_000)).unwrap();
+    let p = config("x", 1_000).store_params(G);
+    let mut lat = Vec::new();
+    for i in 0..2_000u64 {
+        let req = RenewRequest::new(
+            &format!("r{}", i % 3),
+            Amounts::ZERO,
+            Amounts::ZERO,
+            Amounts::new(2, 100),
+        );
+        let t = Instant::now();
+        store.renew(&p, &req).unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "   one renewal (EVALSHA, 3 records): p50 {:.0} µs, p99 {:.0} µs",
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100]
+    );
+    let _ = renewals;
+
+    // 3. Demand to use, TTL 1 s.
+    let c = config(&redis_server::namespace("rise"), 1_000);
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let agents: Vec<_> = bs.iter().map(|b| agent(&url, &c, b)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for b in &bs {
+        workers.extend(busy(b, 1, Duration::from_millis(3), &stop));
+    }
+    wait("learning over", || {
+        agents
+            .iter()
+            .all(|a| a.status().renewals > 3 && !a.status().learning)
+    });
+    std::thread::sleep(Duration::from_millis(1_500));
+    let before = bs[0].limits().max_concurrent;
+    let t0 = Instant::now();
+    workers.extend(busy(&bs[0], 10, Duration::from_millis(3), &stop));
+    // Fair share for demands (≥ 8, 1, 1) with floors of 1: 6 slots.
+    let mut reached = None;
+    while t0.elapsed() < Duration::from_secs(10) {
+        let s = bs[0].stats();
+        if s.in_flight >= 6 {
+            reached = Some(t0.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    println!("\n3. demand to use (TTL 1 s, renew every 333 ms, early renewals under refusals at most every 100 ms):");
+    println!(
+        "   replica 0's share before the rise: {before} slots; 6 slots in flight after {:?}",
+        reached.map(|d| d.as_millis())
+    );
+    stop.store(true, Ordering::Relaxed);
+    for w in workers.drain(..) {
+        w.join().unwrap();
+    }
+    for a in agents {
+        a.stop().unwrap();
+    }
+
+    // 4. Utilisation under skewed load.
+    let c = config(&redis_server::namespace("skew"), 1_000);
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let agents: Vec<_> = bs.iter().map(|b| agent(&url, &c, b)).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    for (b, n) in bs.iter().zip([8, 3, 1]) {
+        workers.extend(busy(b, n, Duration::from_millis(5), &stop));
+    }
+    wait("learning over", || {
+        agents
+            .iter()
+            .all(|a| a.status().renewals > 3 && !a.status().learning)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let (mut sum, mut samples) = (0u64, 0u64);
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        sum += bs.iter().map(|b| b.stats().in_flight).sum::<u64>();
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let shares: Vec<u32> = bs.iter().map(|b| b.limits().max_concurrent).collect();
+    stop.store(true, Ordering::Relaxed);
+    for w in workers.drain(..) {
+        w.join().unwrap();
+    }
+    for a in agents {
+        a.stop().unwrap();
+    }
+    let used = sum as f64 / samples as f64 / G.slots as f64;
+    println!(
+        "\n4. utilisation, 3 replicas with 8, 3 and 1 busy workers (5 ms holds) for 8 slots, 5 s:"
+    );
+    println!("   leased shares: {:.1} % of the global slots in flight on average (final shares {shares:?})", used * 100.0);
+    println!(
+        "   ideal: 100 % (demand 12 > 8); a static split 3/3/2: (3 + 3 + 1) / 8 = 87.5 % at best"
+    );
+}

@@ -1,0 +1,620 @@
+//! The agent: one per replica and budget. It leases a share from the store, installs it on the
+//! bulkhead as a revisioned snapshot, renews every `ttl / 3` (earlier, rate-limited, when the
+//! bulkhead refuses or queues work), reports what it has installed, what is in flight and its
+//! demand, and degrades on its own deadline when the store does not answer.
+//!
+//! [`ClusterAgent::tick`] is one step on an injected [`Clock`]; [`ClusterAgent::spawn`] runs
+//! the steps on a thread of its own with a blocking store client, so no async runtime is
+//! needed.
+
+use super::allocator::{Amounts, StoreParams};
+use super::lease::{ClusterConfig, ClusterConfigError, Lease, Phase};
+use super::store::{LeaseStore, StoreError};
+use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
+use crate::{BudgetLimits, Bulkhead, LimitsSnapshot};
+use std::time::{Duration, Instant};
+
+/// A monotonic clock in milliseconds.
+///
+/// ```
+/// use llm_bulkhead::cluster::{Clock, SystemClock};
+/// let c = SystemClock::new();
+/// assert!(c.now_ms() <= c.now_ms());
+/// ```
+pub trait Clock: Send + Sync {
+    /// Milliseconds since an arbitrary fixed origin; never decreases.
+    fn now_ms(&self) -> u64;
+}
+
+/// [`Instant`]-based [`Clock`] (`CLOCK_MONOTONIC` on Linux).
+///
+/// ```
+/// use llm_bulkhead::cluster::{Clock, SystemClock};
+/// assert!(SystemClock::new().now_ms() < 1_000);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock(Instant);
+
+impl SystemClock {
+    /// A clock whose origin is now.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::SystemClock;
+    /// let _ = SystemClock::new();
+    /// ```
+    #[must_use]
+    pub fn new() -> Self {
+        SystemClock(Instant::now())
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// What an agent did, for logs and metrics (never carries the store's URL).
+///
+/// ```
+/// use llm_bulkhead::cluster::{AgentEvent, Amounts};
+/// let e = AgentEvent::Installed { share: Amounts::new(2, 0), revision: 3 };
+/// assert!(matches!(e, AgentEvent::Installed { .. }));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AgentEvent {
+    /// The store answered a renewal.
+    Renewed {
+        /// The share granted.
+        granted: Amounts,
+        /// Whether the table is learning (nobody grows).
+        learning: bool,
+    },
+    /// A renewal failed; the lease runs on until its local validity ends.
+    StoreFailed(StoreError),
+    /// A new share was installed with `apply_limits`.
+    Installed {
+        /// The share.
+        share: Amounts,
+        /// The snapshot's revision.
+        revision: u64,
+    },
+    /// Work was still in flight `max_admission` after the share dropped to zero: assumption A4
+    /// (every admission ends within `max_admission`) does not hold for this gateway.
+    AdmissionOverdue {
+        /// Slots still in flight.
+        in_flight: u64,
+    },
+}
+
+/// An agent's state, for health checks.
+///
+/// ```
+/// use llm_bulkhead::cluster::{AgentStatus, Phase};
+/// assert_eq!(AgentStatus::default().phase, Phase::NoLease);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStatus {
+    /// The replica id (random per process start).
+    pub replica: String,
+    /// Where the lease stands.
+    pub phase: Phase,
+    /// The share installed now.
+    pub installed: Amounts,
+    /// The last grant received.
+    pub granted: Amounts,
+    /// Successful renewals.
+    pub renewals: u64,
+    /// Failed store calls.
+    pub failures: u64,
+    /// The last store error, if the last call failed.
+    pub last_error: Option<StoreError>,
+    /// Whether the last reply said the table is learning.
+    pub learning: bool,
+}
+
+impl Default for AgentStatus {
+    fn default() -> Self {
+        AgentStatus {
+            replica: String::new(),
+            phase: Phase::NoLease,
+            installed: Amounts::ZERO,
+            granted: Amounts::ZERO,
+            renewals: 0,
+            failures: 0,
+            last_error: None,
+            learning: false,
+        }
+    }
+}
+
+/// Why an agent could not be built.
+fn global_of(base: &LimitsSnapshot) -> Amounts {
+    Amounts::new(
+        u64::from(base.max_concurrent),
+        base.token_budget.map_or(0, |b| b.budget),
+    )
+}
+
+type EventFn = Box<dyn FnMut(&AgentEvent) + Send>;
+
+/// The agent of one replica for one budget.
+///
+/// ```
+/// use llm_bulkhead::cluster::{Amounts, ClusterAgent, ClusterConfig, Clock, MemoryStore, Phase};
+/// use llm_bulkhead::Bulkhead;
+/// use std::time::Duration;
+/// struct At(u64);
+/// impl Clock for At { fn now_ms(&self) -> u64 { self.0 } }
+///
+/// let store = MemoryStore::with_clock(|| 0);
+/// let c = ClusterConfig::new("doc", "b").ttl(Duration::from_secs(1))
+///     .max_admission(Duration::from_secs(1)).floor_hold(Duration::ZERO).quarantine(Duration::from_secs(2));
+/// // The bulkhead carries the global limits; the agent installs zero until the first lease.
+/// let b = Bulkhead::new(8).unwrap();
+/// let mut agent = ClusterAgent::new(b.clone(), Box::new(store), c).unwrap();
+/// assert_eq!(b.limits().max_concurrent, 0);
+/// agent.tick(&At(0)); // a new table learns first: still zero
+/// assert_eq!(agent.status().phase, Phase::Valid);
+/// ```
+pub struct ClusterAgent {
+    bulkhead: Bulkhead,
+    store: Box<dyn LeaseStore>,
+    config: ClusterConfig,
+    params: StoreParams,
+    base: LimitsSnapshot,
+    global: Amounts,
+    lease: Lease,
+    status: AgentStatus,
+    revision: u64,
+    next_renew: u64,
+    last_renew: Option<u64>,
+    rejected_seen: u64,
+    peak: Amounts,
+    closed_since: Option<u64>,
+    overdue_reported: bool,
+    on_event: Option<EventFn>,
+}
+
+impl std::fmt::Debug for ClusterAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterAgent")
+            .field("config", &self.config)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+fn replica_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let host = std::env::var("HOSTNAME").unwrap_or_default();
+    let host: String = host
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(40)
+        .collect();
+    // A fresh allocation's address adds entropy between agents of one process.
+    let salt = Box::new(0u8);
+    format!("{host}-{}-{nanos:x}-{:p}", std::process::id(), &*salt)
+}
+
+impl ClusterAgent {
+    /// An agent for `bulkhead`, whose current limits are the **global** limits. Installs share
+    /// zero at once (the bulkhead refuses everything until the first grant).
+    ///
+    /// # Errors
+    /// [`ClusterConfigError`] from [`ClusterConfig::validate`]; or `BadTtl` if the
+    /// bulkhead's limits cannot be replaced (a revision at [`MAX_REVISION`](crate::MAX_REVISION)).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// assert!(ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("", "b")).is_err());
+    /// ```
+    pub fn new(
+        bulkhead: Bulkhead,
+        store: Box<dyn LeaseStore>,
+        config: ClusterConfig,
+    ) -> Result<Self, ClusterConfigError> {
+        config.validate()?;
+        let base = bulkhead.limits();
+        let global = global_of(&base);
+        let mut agent = ClusterAgent {
+            params: config.store_params(global),
+            lease: Lease::new(&config, global),
+            status: AgentStatus {
+                replica: replica_id(),
+                ..AgentStatus::default()
+            },
+            revision: base.revision,
+            bulkhead,
+            store,
+            config,
+            base,
+            global,
+            next_renew: 0,
+            last_renew: None,
+            rejected_seen: 0,
+            peak: Amounts::ZERO,
+            closed_since: None,
+            overdue_reported: false,
+            on_event: None,
+        };
+        agent.status.installed = global;
+        if !agent.install(Amounts::ZERO) {
+            return Err(ClusterConfigError::BadTtl);
+        }
+        Ok(agent)
+    }
+
+    /// Calls `f` with every [`AgentEvent`] (on the agent's thread; keep it short).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap()
+    ///     .on_event(|e| eprintln!("{e:?}"));
+    /// # let _ = a;
+    /// ```
+    #[must_use]
+    pub fn on_event(mut self, f: impl FnMut(&AgentEvent) + Send + 'static) -> Self {
+        self.on_event = Some(Box::new(f));
+        self
+    }
+
+    /// The agent's state.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
+    /// assert_eq!(a.status().renewals, 0);
+    /// ```
+    #[must_use]
+    pub fn status(&self) -> &AgentStatus {
+        &self.status
+    }
+
+    fn emit(&mut self, e: AgentEvent) {
+        if let Some(f) = self.on_event.as_mut() {
+            f(&e);
+        }
+    }
+
+    /// The snapshot for `share`: the global limits scaled to it. Class floors are rounded down
+    /// (the replicas' floors never sum above the global floor); ceilings are capped at the
+    /// share; the high-priority reserve scales with the token share.
+    fn snapshot(&self, share: Amounts) -> LimitsSnapshot {
+        let scale = |x: u64, part: u64, whole: u64| {
+            if whole == 0 {
+                0
+            } else {
+                (u128::from(x) * u128::from(part) / u128::from(whole)) as u64
+            }
+        };
+        let g = self.global;
+        let slots = u32::try_from(share.slots.min(g.slots)).unwrap_or(u32::MAX);
+        let mut next =
+            self.base
+                .with_max_concurrent(slots)
+                .with_token_budget(self.base.token_budget.map(|b| BudgetLimits {
+                    budget: share.tokens.min(g.tokens),
+                    high_priority_reserve: scale(b.high_priority_reserve, share.tokens, g.tokens),
+                }));
+        for name in self.bulkhead.class_names() {
+            let Ok(id) = self.bulkhead.class_id(name) else {
+                continue;
+            };
+            let Some(c) = self.base.classes.get(id).copied() else {
+                continue;
+            };
+            let floor_s = scale(u64::from(c.protected_concurrent), share.slots, g.slots);
+            let c = crate::ClassLimits {
+                protected_concurrent: u32::try_from(floor_s).unwrap_or(0),
+                max_concurrent: c.max_concurrent.map(|m| m.min(slots)),
+                protected_tokens: scale(c.protected_tokens, share.tokens, g.tokens),
+                max_tokens: c.max_tokens.map(|m| m.min(share.tokens)),
+            };
+            next = next.with_class(id, c);
+        }
+        next
+    }
+
+    /// Installs `share` if it differs from what is installed; false if the bulkhead refused
+    /// (then it keeps its previous, and the store still counts that one as applied).
+    fn install(&mut self, share: Amounts) -> bool {
+        if share == self.status.installed {
+            return true;
+        }
+        let current = self.bulkhead.limits().revision;
+        self.revision = self.revision.max(current).saturating_add(1);
+        let next = self.snapshot(share).with_revision(self.revision);
+        match self.bulkhead.apply_limits(next) {
+            Ok(_) => {
+                self.status.installed = share;
+                let revision = self.revision;
+                self.emit(AgentEvent::Installed { share, revision });
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// What is in flight, the demand, and whether the bulkhead refused or queued work since
+    /// the last renewal. The demand is the peak in flight since the last renewal (sampled at
+    /// every step) or, under pressure, twice the share installed.
+    fn demand(&mut self) -> (Amounts, Amounts, bool) {
+        let s = self.bulkhead.stats();
+        let held = Amounts::new(
+            s.in_flight.max(s.admissions_in_flight),
+            s.token_budget.map_or(0, |t| t.in_flight_tokens),
+        );
+        let rejected = s.rejected.saturating_sub(s.rejected_by_reason.shutdown);
+        let pressed = rejected > self.rejected_seen || s.pending > 0;
+        self.peak = self.peak.max(held);
+        let mut wants = self.peak;
+        if pressed {
+            // Refused or queued work: ask for twice the share (at least one more slot).
+            let i = self.status.installed;
+            let more = Amounts::new(
+                (i.slots * 2).max(held.slots + s.pending + 1),
+                (i.tokens * 2).max(held.tokens + 1),
+            );
+            wants = wants.max(more);
+        }
+        (held, wants.min(self.global), pressed)
+    }
+
+    /// One step at `clock`'s time: renews when due (or early under pressure, at most every
+    /// `ttl / 10`), installs the share the lease allows now, and returns when to step again
+    /// (clock ms).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore, SystemClock};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let mut a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
+    /// let next = a.tick(&SystemClock::new());
+    /// assert!(next <= 1_000);
+    /// ```
+    pub fn tick(&mut self, clock: &dyn Clock) -> u64 {
+        let ttl = self.params.ttl_ms;
+        let gap = (ttl / 10).max(1);
+        let now = clock.now_ms();
+        let (held, wants, pressed) = self.demand();
+        let early = pressed
+            && self.lease.grant().slots < self.global.slots
+            && self.last_renew.is_none_or(|t| now >= t + gap);
+        if now >= self.next_renew || early {
+            let req = self
+                .lease
+                .request(&self.status.replica, self.status.installed, held, wants);
+            self.last_renew = Some(now);
+            let s = self.bulkhead.stats();
+            self.rejected_seen = s.rejected.saturating_sub(s.rejected_by_reason.shutdown);
+            self.peak = held;
+            // A store that stops answering must not hold this thread past the next change of
+            // the share (the end of the lease or of the floor): the call gets what is left.
+            let left = self.lease.next_change(now).map_or(u64::MAX, |t| t - now);
+            self.store.set_call_timeout(Duration::from_millis(left));
+            match self.store.renew(&self.params, &req) {
+                Ok(reply) => {
+                    self.lease.on_reply(now, &reply);
+                    self.status.renewals += 1;
+                    self.status.granted = reply.granted;
+                    self.status.learning = reply.learning;
+                    self.status.last_error = None;
+                    self.next_renew = now + (ttl / 3).max(1);
+                    self.emit(AgentEvent::Renewed {
+                        granted: reply.granted,
+                        learning: reply.learning,
+                    });
+                }
+                Err(e) => {
+                    self.status.failures += 1;
+                    self.status.last_error = Some(e.clone());
+                    self.next_renew = now + gap;
+                    self.emit(AgentEvent::StoreFailed(e));
+                }
+            }
+        }
+        let now = clock.now_ms();
+        self.status.phase = self.lease.phase_at(now);
+        let share = self.lease.share_at(now);
+        self.install(share);
+        self.watch_overdue(now, held);
+        let mut next = self.next_renew.min(now + gap);
+        if let Some(t) = self.lease.next_change(now) {
+            next = next.min(t);
+        }
+        next
+    }
+
+    /// A4's check: once the share is zero, everything in flight must end within
+    /// `max_admission`.
+    fn watch_overdue(&mut self, now: u64, held: Amounts) {
+        if self.status.installed != Amounts::ZERO {
+            self.closed_since = None;
+            self.overdue_reported = false;
+            return;
+        }
+        let since = *self.closed_since.get_or_insert(now);
+        let d = u64::try_from(self.config.max_admission.as_millis()).unwrap_or(u64::MAX);
+        if held.slots > 0 && now.saturating_sub(since) > d && !self.overdue_reported {
+            self.overdue_reported = true;
+            self.emit(AgentEvent::AdmissionOverdue {
+                in_flight: held.slots,
+            });
+        }
+    }
+
+    /// Leaves gracefully: installs zero, waits (at most `max_admission`, on `clock`) for the
+    /// work in flight to end, then removes its record so the share is free at once. If the
+    /// work does not end in time, the record stays and expires after `ttl + quarantine`.
+    ///
+    /// # Errors
+    /// The store's, if the release failed (the record then expires on its own).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore, SystemClock};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
+    /// a.leave(&SystemClock::new()).unwrap();
+    /// ```
+    pub fn leave(mut self, clock: &dyn Clock) -> Result<(), StoreError> {
+        self.install(Amounts::ZERO);
+        let d = u64::try_from(self.config.max_admission.as_millis()).unwrap_or(u64::MAX);
+        let until = clock.now_ms().saturating_add(d);
+        loop {
+            let (held, _, _) = self.demand();
+            if held == Amounts::ZERO {
+                break;
+            }
+            if clock.now_ms() >= until {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let req = self.lease.request(
+            &self.status.replica,
+            Amounts::ZERO,
+            Amounts::ZERO,
+            Amounts::ZERO,
+        );
+        self.store.release(&self.params, &req)
+    }
+
+    /// Runs the agent on its own thread with the system clock until [`RunningAgent::stop`].
+    ///
+    /// # Errors
+    /// The OS refused a thread.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
+    /// let running = a.spawn().unwrap();
+    /// running.stop().unwrap();
+    /// ```
+    pub fn spawn(self) -> std::io::Result<RunningAgent> {
+        let shared = Arc::new(Control {
+            stop: AtomicBool::new(false),
+            status: Mutex::new(self.status.clone()),
+            wake: Condvar::new(),
+            gate: Mutex::new(()),
+        });
+        let control = Arc::clone(&shared);
+        let thread = crate::sync::thread::Builder::new()
+            .name(format!("llm-bulkhead-cluster-{}", self.config.budget))
+            .spawn(move || run(self, &control))?;
+        Ok(RunningAgent {
+            control: shared,
+            thread: Some(thread),
+        })
+    }
+}
+
+struct Control {
+    stop: AtomicBool,
+    status: Mutex<AgentStatus>,
+    wake: Condvar,
+    gate: Mutex<()>,
+}
+
+fn run(mut agent: ClusterAgent, control: &Control) -> Result<(), StoreError> {
+    let clock = SystemClock::new();
+    while !control.stop.load(Ordering::Acquire) {
+        let next = agent.tick(&clock);
+        *lock(&control.status) = agent.status.clone();
+        let wait = next.saturating_sub(clock.now_ms());
+        let g = lock(&control.gate);
+        if control.stop.load(Ordering::Acquire) {
+            break;
+        }
+        // A stop notifies under the gate, so it is never missed between the check and the wait.
+        let _ = control.wake.wait_timeout(g, Duration::from_millis(wait));
+    }
+    agent.leave(&clock)
+}
+
+/// An agent running on its own thread.
+///
+/// ```
+/// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+/// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+/// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
+/// let running = a.spawn().unwrap();
+/// assert!(!running.status().replica.is_empty());
+/// running.stop().unwrap();
+/// ```
+#[derive(Debug)]
+pub struct RunningAgent {
+    control: Arc<Control>,
+    thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control").finish_non_exhaustive()
+    }
+}
+
+impl RunningAgent {
+    /// The agent's state after its last step.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// # let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// # let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap().spawn().unwrap();
+    /// let _ = a.status().phase;
+    /// # a.stop().unwrap();
+    /// ```
+    #[must_use]
+    pub fn status(&self) -> AgentStatus {
+        lock(&self.control.status).clone()
+    }
+
+    /// Stops the agent: it installs zero, waits for the work in flight (at most
+    /// `max_admission`) and returns its share to the store ([`ClusterAgent::leave`]).
+    ///
+    /// # Errors
+    /// The store's, if the release failed.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// # let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// # let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap().spawn().unwrap();
+    /// a.stop().unwrap();
+    /// ```
+    pub fn stop(mut self) -> Result<(), StoreError> {
+        self.signal();
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            _ => Ok(()),
+        }
+    }
+
+    fn signal(&self) {
+        self.control.stop.store(true, Ordering::Release);
+        let _g = lock(&self.control.gate);
+        self.control.wake.notify_all();
+    }
+}
+
+impl Drop for RunningAgent {
+    fn drop(&mut self) {
+        self.signal();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

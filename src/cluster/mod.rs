@@ -1,0 +1,97 @@
+//! Cluster mode (feature `cluster`): one global concurrency limit and token budget shared by
+//! several replicas of a gateway, each replica admitting locally and lock-free against a
+//! *leased share* kept in Redis.
+//!
+//! ```text
+//!                 ┌──────────────── Redis (one primary) ────────────────┐
+//!                 │ {ns}:v1:<budget>:meta    epoch, seq, learning_until │
+//!                 │ {ns}:v1:<budget>:leases  replica → applied, granted, │
+//!                 │                          held, wants, renewed_at     │
+//!                 └───────▲─────────────────────▲─────────────────▲─────┘
+//!       one EVALSHA per   │ renew every ttl/3   │                 │
+//!       renewal, no store │ (held, wants,       │                 │
+//!       call per request  │  applied) → grant   │                 │
+//!                 ┌───────┴──────┐      ┌───────┴──────┐   ┌──────┴───────┐
+//!                 │ agent thread │      │ agent thread │   │ agent thread │
+//!                 │ apply_limits │      │ apply_limits │   │ apply_limits │
+//!                 │   Bulkhead   │      │   Bulkhead   │   │   Bulkhead   │
+//!                 └──────────────┘      └──────────────┘   └──────────────┘
+//!                   replica 1              replica 2          replica 3
+//! ```
+//!
+//! The decision path is the core's, unchanged: the agent only calls
+//! [`Bulkhead::apply_limits`](crate::Bulkhead::apply_limits) and
+//! [`Bulkhead::stats`](crate::Bulkhead::stats). The bulkhead is built with the **global**
+//! limits; the agent reads them once, installs share zero, and from then on installs its
+//! lease as revisioned snapshots (it must be the only caller of `apply_limits`).
+//!
+//! # The pieces
+//!
+//! * [`renew`] / [`release`] (`allocator.rs`): the store-side decision, pure. A
+//!   demand-weighted fair share (each replica's demand raised to the floor; demand plus an
+//!   equal part of the spare when demands fit, max-min water-filling when they do not), capped
+//!   by what the other replicas' reservations leave.
+//! * [`Lease`] (`lease.rs`): the replica-side validity and degraded mode, pure.
+//! * [`LeaseStore`]: [`MemoryStore`] (the allocator behind a mutex, with an injected clock) and
+//!   [`RedisStore`] (the same algorithm as one Lua script per update).
+//! * [`ClusterAgent`]: the thread that renews, applies and reports.
+//!
+//! # The invariant, and what it assumes
+//!
+//! **I2 (store):** after every store write, the sum over live records of
+//! `max(applied, granted, held)` is at most the global limits, per resource.
+//! **I3 (cluster):** no replica admits beyond its currently valid share, so at every instant the
+//! slots and token reservations admitted across all replicas are at most the global limits.
+//!
+//! How: growing, the store reserves before the replica applies (a grant counts from the write
+//! that makes it). Shrinking, the replica applies first (attrition) and the store keeps the
+//! larger reservation until a later renewal reports the smaller share applied and `held` (the
+//! work in flight) below it. A replica's record lives `ttl + quarantine` after its last
+//! renewal, store time; the replica's own validity ends earlier (see [`Lease`]), then it keeps
+//! at most its pre-reserved floor for `floor_hold`, then zero. An empty store (first start,
+//! restart without data) and a replica reporting an epoch or a sequence the store does not
+//! have put the table in *learning mode* for `ttl + quarantine`: nobody grows, a replica keeps
+//! at most what it has installed or in flight, a new replica gets zero.
+//!
+//! Assumptions:
+//! * **A1** one linearizable store for the budget's keys (one Redis primary). A failover that
+//!   loses acknowledged writes is detected at the next renewal of a replica that saw them
+//!   (epoch, sequence) and bounded by it, but not excluded.
+//! * **A2** replica and store clock *rates* differ by at most `rate_bound_ppm`, and the store's
+//!   clock does not step forward by more than the slack in `quarantine`.
+//! * **A3** the agent thread runs within `margin` of its deadlines (a replica paused longer,
+//!   e.g. by `SIGSTOP`, keeps an expired share installed until it runs again). A store that
+//!   stops answering does not delay it: each store call is bounded by the time left until the
+//!   installed share must change ([`LeaseStore::set_call_timeout`]).
+//! * **A4** every admission ends within `max_admission` (the gateway cuts it with a deadline,
+//!   e.g. its upstream timeout; the agent reports work still in flight that long after its
+//!   share dropped to zero as [`AgentEvent::AdmissionOverdue`]); the configuration requires
+//!   `quarantine ≥ floor_hold + max_admission` plus slack ([`ClusterConfig::validate`]).
+//! * **A5** replica ids are unique per process start (the agent draws one).
+//!
+//! Usage growth after admission (a usage report above the reservation) is accounting, not
+//! admission, as in [contract §10](crate::contract). [`Degrade::FailOpen`] gives all this up:
+//! up to R× the global limit with R replicas.
+//!
+//! # Failures, typed
+//!
+//! A demand above the global limit, parameters that differ from the table's, a corrupt or
+//! foreign value under the crate's keys, a refused script, a server older than 5.0, an
+//! unreachable server: each is a [`StoreError`]; the agent then keeps its lease only until its
+//! local validity ends and degrades ([`Degrade`]). Nothing panics and no error adds capacity.
+//! The Redis URL (it may carry a password) never appears in an error or an event.
+
+mod agent;
+mod allocator;
+mod lease;
+mod redis;
+mod store;
+
+pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
+pub use allocator::{
+    release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
+    RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
+};
+pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
+pub use redis::RedisStore;
+pub use store::{LeaseStore, MemoryStore, StoreError};

@@ -1,0 +1,781 @@
+//! The Redis lease store against a real server: the script agrees with the pure allocator on
+//! random tables; foreign, corrupt and refused cases are typed errors that write nothing; a
+//! password in the URL is never printed; several bulkheads with agents in one process share
+//! one budget under an independent tally of the global in-flight sum.
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use llm_bulkhead::cluster::{
+    renew, Amounts, ClusterConfig, LeaseStore, LeaseTable, Meta, Record, RedisStore, RenewRequest,
+    StoreError, StoreParams,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use redis_server::{namespace, Server};
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+fn server_ms(c: &mut redis::Connection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(c).unwrap();
+    s * 1_000 + us / 1_000
+}
+
+fn params_str(p: &StoreParams) -> String {
+    format!(
+        "{}:{}:{}:{}:{}:{}",
+        p.global.slots, p.global.tokens, p.floor.slots, p.floor.tokens, p.ttl_ms, p.quarantine_ms
+    )
+}
+
+fn record_str(r: &Record) -> String {
+    format!(
+        "{}:{}:{}:{}:{}:{}:{}:{}:{}",
+        r.applied.slots,
+        r.applied.tokens,
+        r.granted.slots,
+        r.granted.tokens,
+        r.held.slots,
+        r.held.tokens,
+        r.wants.slots,
+        r.wants.tokens,
+        r.renewed_at
+    )
+}
+
+fn parse_record(s: &str) -> Record {
+    let n: Vec<u64> = s.split(':').map(|x| x.parse().unwrap()).collect();
+    Record {
+        applied: Amounts::new(n[0], n[1]),
+        granted: Amounts::new(n[2], n[3]),
+        held: Amounts::new(n[4], n[5]),
+        wants: Amounts::new(n[6], n[7]),
+        renewed_at: n[8],
+    }
+}
+
+/// Writes `t` under `store`'s keys, replacing what was there.
+fn write_table(c: &mut redis::Connection, keys: &[String; 2], t: &LeaseTable) {
+    let _: () = redis::cmd("DEL")
+        .arg(&keys[0])
+        .arg(&keys[1])
+        .query(c)
+        .unwrap();
+    if let Some(m) = t.meta {
+        let _: () = redis::cmd("HSET")
+            .arg(&keys[0])
+            .arg(&[
+                ("format", "llm-bulkhead-lease/1".to_string()),
+                ("epoch", m.epoch.to_string()),
+                ("seq", m.seq.to_string()),
+                ("learning_until", m.learning_until.to_string()),
+                ("params", params_str(&m.params)),
+            ])
+            .query(c)
+            .unwrap();
+    }
+    for (id, r) in &t.records {
+        let _: () = redis::cmd("HSET")
+            .arg(&keys[1])
+            .arg(id)
+            .arg(record_str(r))
+            .query(c)
+            .unwrap();
+    }
+}
+
+fn read_table(c: &mut redis::Connection, keys: &[String; 2]) -> LeaseTable {
+    let m: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&keys[0]).query(c).unwrap();
+    let meta = (!m.is_empty()).then(|| {
+        let n: Vec<u64> = m["params"].split(':').map(|x| x.parse().unwrap()).collect();
+        Meta {
+            epoch: m["epoch"].parse().unwrap(),
+            seq: m["seq"].parse().unwrap(),
+            learning_until: m["learning_until"].parse().unwrap(),
+            params: StoreParams {
+                global: Amounts::new(n[0], n[1]),
+                floor: Amounts::new(n[2], n[3]),
+                ttl_ms: n[4],
+                quarantine_ms: n[5],
+            },
+        }
+    });
+    let r: std::collections::HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&keys[1]).query(c).unwrap();
+    LeaseTable {
+        meta,
+        records: r
+            .iter()
+            .map(|(k, v)| (k.clone(), parse_record(v)))
+            .collect(),
+    }
+}
+
+fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
+    (0..=max.slots, 0..=max.tokens).prop_map(|(s, t)| Amounts::new(s, t))
+}
+
+/// A random table and request, times relative to the server's clock (offsets in ms).
+#[derive(Debug, Clone)]
+struct Case {
+    params: StoreParams,
+    meta: Option<(u64, u64, i64)>, // (epoch, seq, learning_until offset)
+    records: Vec<(u8, Amounts, Amounts, Amounts, Amounts, u64)>, // ages
+    req: (u8, Amounts, Amounts, Amounts, u64, u64),
+    other_params: bool,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let g = (1u64..20, 0u64..2_000).prop_map(|(s, t)| Amounts::new(s, t));
+    g.prop_flat_map(|g| {
+        let big = Amounts::new(g.slots + 3, g.tokens + 300);
+        let params =
+            (amounts(g), 50u64..500, 50u64..500).prop_map(move |(floor, ttl, q)| StoreParams {
+                global: g,
+                floor,
+                ttl_ms: ttl,
+                quarantine_ms: q,
+            });
+        let rec = (
+            0u8..6,
+            amounts(g),
+            amounts(g),
+            amounts(big),
+            amounts(g),
+            0u64..1_500,
+        );
+        let req = (
+            0u8..6,
+            amounts(g),
+            amounts(big),
+            amounts(big),
+            0u64..3,
+            0u64..40,
+        );
+        (
+            params,
+            proptest::option::of((1u64..4, 0u64..30, -600i64..600)),
+            prop::collection::vec(rec, 0..6),
+            req,
+            proptest::bool::weighted(0.05),
+        )
+            .prop_map(|(params, meta, records, req, other_params)| Case {
+                params,
+                meta,
+                records,
+                req,
+                other_params,
+            })
+    })
+}
+
+#[test]
+fn the_script_agrees_with_the_allocator() {
+    let Some(server) = Server::get("agree") else {
+        return;
+    };
+    let c = RefCell::new(server.conn());
+    let config = ClusterConfig::new(&namespace("agree"), "b");
+    let store = RefCell::new(RedisStore::open(&server.url, &config).unwrap());
+    let keys = store.borrow().keys().clone();
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 300,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let (granted, refused) = (Cell::new(0), Cell::new(0));
+    runner
+        .run(&case(), |k| {
+            let c = &mut *c.borrow_mut();
+            let now = server_ms(c);
+            let mut table = LeaseTable::default();
+            let mut epochs = vec![0];
+            if let Some((e, seq, lu)) = k.meta {
+                let epoch = now - e * 10_000;
+                epochs.push(epoch);
+                let mut params = k.params;
+                if k.other_params {
+                    params.ttl_ms += 1;
+                }
+                table.meta = Some(Meta {
+                    epoch,
+                    seq,
+                    learning_until: now.saturating_add_signed(lu),
+                    params,
+                });
+            }
+            for (id, applied, granted, held, wants, age) in &k.records {
+                table.records.insert(
+                    format!("r{id}"),
+                    Record {
+                        applied: *applied,
+                        granted: *granted,
+                        held: *held,
+                        wants: *wants,
+                        renewed_at: now - age,
+                    },
+                );
+            }
+            let (id, applied, held, wants, e, seq) = k.req;
+            let req = RenewRequest {
+                replica: format!("r{id}"),
+                applied,
+                held,
+                wants,
+                epoch: epochs[(e as usize) % epochs.len()],
+                seq,
+            };
+            write_table(c, &keys, &table);
+            let got = store.borrow_mut().renew(&k.params, &req);
+            let after = read_table(c, &keys);
+            match got {
+                Ok(reply) => {
+                    granted.set(granted.get() + 1);
+                    let mut expect = table.clone();
+                    let want = renew(&mut expect, &k.params, &req, reply.now_ms).unwrap();
+                    prop_assert_eq!(reply, want);
+                    prop_assert_eq!(after, expect);
+                }
+                Err(StoreError::Refused(e)) => {
+                    refused.set(refused.get() + 1);
+                    let mut expect = table.clone();
+                    let want = renew(&mut expect, &k.params, &req, now).unwrap_err();
+                    prop_assert_eq!(e, want);
+                    // Nothing written.
+                    prop_assert_eq!(after, table);
+                }
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+            Ok(())
+        })
+        .unwrap();
+    // Both outcomes were exercised.
+    let (granted, refused) = (granted.get(), refused.get());
+    assert!(
+        granted > 100 && refused > 5,
+        "{granted} granted, {refused} refused"
+    );
+}
+
+fn small() -> StoreParams {
+    ClusterConfig::new("x", "b").store_params(Amounts::new(4, 100))
+}
+
+fn hello() -> RenewRequest {
+    RenewRequest::new("r1", Amounts::ZERO, Amounts::ZERO, Amounts::new(2, 10))
+}
+
+/// Foreign and corrupt values under the crate's keys: typed errors, nothing written.
+#[test]
+fn foreign_and_corrupt_values_are_refused_and_left_alone() {
+    let Some(server) = Server::get("corrupt") else {
+        return;
+    };
+    let mut c = server.conn();
+    let config = ClusterConfig::new(&namespace("corrupt"), "b");
+    let mut store = RedisStore::open(&server.url, &config).unwrap();
+    let [meta, leases] = store.keys().clone();
+    let p = small();
+    let dump = |c: &mut redis::Connection| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (
+            redis::cmd("DUMP").arg(&meta).query(c).unwrap(),
+            redis::cmd("DUMP").arg(&leases).query(c).unwrap(),
+        )
+    };
+    type Set<'a> = Box<dyn Fn(&mut redis::Connection) + 'a>;
+    type Case<'a> = (&'a str, Set<'a>, fn(&StoreError) -> bool);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "meta is a string",
+            Box::new(|c| redis::cmd("SET").arg(&meta).arg("hello").exec(c).unwrap()),
+            |e| matches!(e, StoreError::Foreign(_)),
+        ),
+        (
+            "leases is a list",
+            Box::new(|c| redis::cmd("RPUSH").arg(&leases).arg("x").exec(c).unwrap()),
+            |e| matches!(e, StoreError::Foreign(_)),
+        ),
+        (
+            "meta of another format",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&meta)
+                    .arg("format")
+                    .arg("other/9")
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Foreign(_)),
+        ),
+        (
+            "meta with a bad number",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&meta)
+                    .arg(&[
+                        ("format", "llm-bulkhead-lease/1"),
+                        ("epoch", "-1"),
+                        ("seq", "1"),
+                        ("learning_until", "0"),
+                        ("params", "x"),
+                    ])
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Corrupt(_)),
+        ),
+        (
+            "a record that is not nine numbers",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&leases)
+                    .arg("r2")
+                    .arg("1:2:3")
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Corrupt(_)),
+        ),
+        (
+            "a record with a float",
+            Box::new(|c| {
+                redis::cmd("HSET")
+                    .arg(&leases)
+                    .arg("r2")
+                    .arg("1:2:3:4:5:6:7:8:1e3")
+                    .exec(c)
+                    .unwrap()
+            }),
+            |e| matches!(e, StoreError::Corrupt(_)),
+        ),
+    ];
+    for (name, set, expected) in cases {
+        redis::cmd("DEL")
+            .arg(&meta)
+            .arg(&leases)
+            .exec(&mut c)
+            .unwrap();
+        set(&mut c);
+        let before = dump(&mut c);
+        let e = store.renew(&p, &hello()).unwrap_err();
+        assert!(expected(&e), "{name}: {e:?}");
+        assert_eq!(dump(&mut c), before, "{name}: the script wrote");
+    }
+    // A demand above the global limit and other parameters on a live table: refused.
+    redis::cmd("DEL")
+        .arg(&meta)
+        .arg(&leases)
+        .exec(&mut c)
+        .unwrap();
+    let mut big = hello();
+    big.wants = Amounts::new(5, 0);
+    assert_eq!(
+        store.renew(&p, &big),
+        Err(StoreError::Refused(
+            llm_bulkhead::cluster::AllocError::AboveGlobal
+        ))
+    );
+    store.renew(&p, &hello()).unwrap();
+    let other = StoreParams {
+        ttl_ms: p.ttl_ms + 1,
+        ..p
+    };
+    assert_eq!(
+        store.renew(&other, &hello()),
+        Err(StoreError::Refused(
+            llm_bulkhead::cluster::AllocError::ConfigMismatch
+        ))
+    );
+}
+
+/// A server that refuses the script (here: an ACL user without `EVALSHA`/`EVAL`), a wrong
+/// password and an unreachable server are typed errors that never repeat the URL's password.
+#[test]
+fn refused_scripts_and_credentials_stay_private() {
+    let Some(server) = Server::get("acl") else {
+        return;
+    };
+    let mut c = server.conn();
+    let user = namespace("u").replace('-', "_");
+    redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            &user,
+            "on",
+            ">s3cr3t-pw",
+            "~*",
+            "+@all",
+            "-eval",
+            "-evalsha",
+        ])
+        .exec(&mut c)
+        .unwrap();
+    let with_user = |pass: &str| -> String {
+        let sep = if server.url.contains('?') { '&' } else { '?' };
+        if server.url.starts_with("redis+unix") {
+            format!("{}{sep}user={user}&pass={pass}", server.url)
+        } else {
+            server
+                .url
+                .replacen("redis://", &format!("redis://{user}:{pass}@"), 1)
+        }
+    };
+    let config = ClusterConfig::new(&namespace("acl"), "b");
+    let p = small();
+    for (pass, refused) in [("s3cr3t-pw", true), ("wr0ng-pw", false)] {
+        let mut store = RedisStore::open(&with_user(pass), &config).unwrap();
+        let e = store.renew(&p, &hello()).unwrap_err();
+        if refused {
+            assert!(matches!(e, StoreError::ScriptRefused(_)), "{e:?}");
+        } else {
+            assert!(matches!(e, StoreError::Unreachable(_)), "{e:?}");
+        }
+        for text in [e.to_string(), format!("{e:?}"), format!("{store:?}")] {
+            assert!(!text.contains(pass) && !text.contains(&user), "{text}");
+        }
+    }
+    let mut gone = RedisStore::open("redis://:hidden-pw@127.0.0.1:1/", &config)
+        .unwrap()
+        .with_timeout(std::time::Duration::from_millis(200));
+    let e = gone.renew(&p, &hello()).unwrap_err();
+    assert!(matches!(e, StoreError::Unreachable(_)), "{e:?}");
+    assert!(!format!("{e} {e:?} {gone:?}").contains("hidden-pw"));
+    redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .exec(&mut c)
+        .unwrap();
+}
+
+mod agents {
+    use super::*;
+    use llm_bulkhead::cluster::{ClusterAgent, RunningAgent};
+    use llm_bulkhead::{Bulkhead, Demand, Reservation};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    pub const G: Amounts = Amounts::new(6, 600);
+
+    pub fn config(ns: &str) -> ClusterConfig {
+        super::redis_server::quick_config(ns, 300)
+    }
+
+    /// The global in-flight tally: raised right after an admission, lowered right before its
+    /// release; every raise is checked against the global limits.
+    #[derive(Default)]
+    pub struct Tally {
+        slots: AtomicU64,
+        tokens: AtomicU64,
+        pub admitted: AtomicU64,
+        pub peak_slots: AtomicU64,
+    }
+
+    impl Tally {
+        fn raise(&self, tokens: u64) {
+            let s = self.slots.fetch_add(1, Ordering::SeqCst) + 1;
+            let t = self.tokens.fetch_add(tokens, Ordering::SeqCst) + tokens;
+            self.admitted.fetch_add(1, Ordering::Relaxed);
+            self.peak_slots.fetch_max(s, Ordering::Relaxed);
+            assert!(
+                s <= G.slots,
+                "{s} slots in flight across replicas > {}",
+                G.slots
+            );
+            assert!(
+                t <= G.tokens,
+                "{t} tokens in flight across replicas > {}",
+                G.tokens
+            );
+        }
+
+        fn lower(&self, tokens: u64) {
+            self.slots.fetch_sub(1, Ordering::SeqCst);
+            self.tokens.fetch_sub(tokens, Ordering::SeqCst);
+        }
+    }
+
+    pub fn bulkhead() -> Bulkhead {
+        Bulkhead::builder()
+            .max_concurrent(G.slots as u32)
+            .token_budget(G.tokens)
+            .build()
+            .unwrap()
+    }
+
+    pub fn start(url: &str, c: &ClusterConfig, b: &Bulkhead) -> RunningAgent {
+        let store = RedisStore::open(url, c).unwrap();
+        ClusterAgent::new(b.clone(), Box::new(store), c.clone())
+            .unwrap()
+            .spawn()
+            .unwrap()
+    }
+
+    /// `threads` workers on `b` until `stop`: admit, hold a little, release.
+    pub fn load(
+        b: &Bulkhead,
+        tally: &Arc<Tally>,
+        stop: &Arc<AtomicBool>,
+        threads: usize,
+        hold: Duration,
+    ) -> Vec<std::thread::JoinHandle<u64>> {
+        (0..threads)
+            .map(|k| {
+                let (b, tally, stop) = (b.clone(), tally.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) && i < 2_000_000 {
+                        i += 1;
+                        let tokens = 20 + (i * 7 + k as u64 * 13) % 80;
+                        let d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
+                        if let Ok(a) = b.try_acquire(d) {
+                            tally.raise(tokens);
+                            n += 1;
+                            std::thread::sleep(hold);
+                            tally.lower(tokens);
+                            drop(a);
+                        } else {
+                            std::thread::sleep(Duration::from_micros(300));
+                        }
+                    }
+                    n
+                })
+            })
+            .collect()
+    }
+
+    pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+        let until = Instant::now() + limit;
+        while !f() {
+            assert!(Instant::now() < until, "{what}: not within {limit:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Three bulkheads with agents against the real server, skewed load (8, 2 and 1 worker
+/// threads): the independent tally of the global in-flight sum never passes the global limits,
+/// every replica admits, and the loaded replica's share grows beyond an equal split.
+#[test]
+fn three_replicas_share_one_budget_under_a_global_tally() {
+    use agents::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(server) = Server::get("three") else {
+        return;
+    };
+    let c = config(&namespace("three"));
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let running: Vec<_> = bs.iter().map(|b| start(&server.url, &c, b)).collect();
+    let mut workers = Vec::new();
+    for (b, threads) in bs.iter().zip([8, 2, 1]) {
+        workers.push(load(b, &tally, &stop, threads, Duration::from_millis(2)));
+    }
+    // Bounded: the learning period, then until the loaded replica holds more than 2 of 6 slots.
+    wait_for("a grant after learning", Duration::from_secs(20), || {
+        running
+            .iter()
+            .all(|r| r.status().renewals > 2 && !r.status().learning)
+    });
+    wait_for(
+        "the loaded replica's share grows",
+        Duration::from_secs(20),
+        || running[0].status().installed.slots > 2,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let per: Vec<u64> = workers
+        .into_iter()
+        .map(|w| w.into_iter().map(|h| h.join().unwrap()).sum())
+        .collect();
+    for r in running {
+        r.stop().unwrap();
+    }
+    assert!(
+        per.iter().all(|&n| n > 0),
+        "every replica admitted: {per:?}"
+    );
+    // Everyone left gracefully: the table is empty.
+    let mut conn = server.conn();
+    let left: usize = redis::cmd("HLEN")
+        .arg(format!("llm-bulkhead:{{{}/b}}:v1:leases", c.namespace))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+/// The server restarts without its data while three replicas run under load: the tally holds
+/// throughout, the table comes back in learning mode, and grants resume after it.
+#[test]
+fn a_redis_restart_that_loses_the_data_keeps_the_bound() {
+    use agents::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(mut server) = Server::private("restart") else {
+        return;
+    };
+    let c = config(&namespace("restart"));
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let running: Vec<_> = bs.iter().map(|b| start(&server.url, &c, b)).collect();
+    let workers: Vec<_> = bs
+        .iter()
+        .map(|b| load(b, &tally, &stop, 3, Duration::from_millis(2)))
+        .collect();
+    wait_for("grants", Duration::from_secs(20), || {
+        running.iter().all(|r| r.status().installed.slots > 0)
+    });
+    let before = tally.admitted.load(Ordering::Relaxed);
+    server.restart();
+    wait_for(
+        "learning after the restart",
+        Duration::from_secs(20),
+        || running.iter().any(|r| r.status().learning),
+    );
+    wait_for("grants after learning", Duration::from_secs(20), || {
+        running
+            .iter()
+            .all(|r| !r.status().learning && r.status().installed.slots > 0)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        for h in w {
+            h.join().unwrap();
+        }
+    }
+    assert!(tally.admitted.load(Ordering::Relaxed) > before);
+    for r in running {
+        r.stop().unwrap();
+    }
+}
+
+/// A loopback TCP proxy to the server's Unix socket that can blackhole its traffic (bytes read
+/// and dropped, nothing answered), as a network partition does.
+mod proxy {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    pub struct Proxy {
+        pub url: String,
+        pub cut: Arc<AtomicBool>,
+    }
+
+    fn pump(mut from: impl Read, mut to: impl Write, cut: Arc<AtomicBool>) {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if !cut.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    }
+
+    pub fn start(socket: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        let cut = Arc::new(AtomicBool::new(false));
+        let (socket, c) = (socket.to_string(), cut.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = UnixStream::connect(&socket) else {
+                    continue;
+                };
+                let (c1, c2) = (c.clone(), c.clone());
+                let (client2, server2): (TcpStream, UnixStream) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pump(client, server, c1));
+                std::thread::spawn(move || pump(server2, client2, c2));
+            }
+        });
+        Proxy { url, cut }
+    }
+}
+
+/// Replica 0 reaches Redis through a proxy that blackholes it for a while: it falls to its
+/// floor at its own deadline and then to zero (its store calls bounded by that deadline), the
+/// others do not get its share before its quarantine, the tally holds throughout, and after
+/// the heal it gets a share again.
+#[test]
+fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
+    use agents::*;
+    use llm_bulkhead::cluster::Phase;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(server) = Server::private("blackhole") else {
+        return;
+    };
+    let socket = server.url.trim_start_matches("redis+unix://").to_string();
+    let proxy = proxy::start(&socket);
+    // A floor held for 1 s, and replica 0's client waiting up to 5 s for an answer: unless the
+    // agent bounds each call by its own next deadline, the blackholed call outlasts the floor.
+    let c = config(&namespace("blackhole")).floor_hold(Duration::from_secs(1));
+    // 300 ms above the shortest quarantine: assumption A3 (the agent thread wakes within
+    // `margin`, 50 ms, of its deadline) does not always hold on a loaded 2-core test machine;
+    // with the shortest quarantine a late wake-up at the floor's end once showed as 7 of 6.
+    let c = c
+        .clone()
+        .quarantine(Duration::from_millis(c.needed_quarantine_ms() + 300));
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
+    let slow = RedisStore::open(&proxy.url, &c)
+        .unwrap()
+        .with_timeout(Duration::from_secs(5));
+    let mut running =
+        vec![
+            llm_bulkhead::cluster::ClusterAgent::new(bs[0].clone(), Box::new(slow), c.clone())
+                .unwrap()
+                .spawn()
+                .unwrap(),
+        ];
+    running.extend(bs[1..].iter().map(|b| start(&server.url, &c, b)));
+    let workers: Vec<_> = bs
+        .iter()
+        .map(|b| load(b, &tally, &stop, 3, Duration::from_millis(2)))
+        .collect();
+    wait_for("grants", Duration::from_secs(20), || {
+        running
+            .iter()
+            .all(|r| r.status().installed.slots > 0 && !r.status().learning)
+    });
+    proxy.cut.store(true, Ordering::SeqCst);
+    let mut phases = vec![running[0].status().phase];
+    wait_for("replica 0 closed", Duration::from_secs(20), || {
+        let p = running[0].status().phase;
+        if phases.last() != Some(&p) {
+            phases.push(p);
+        }
+        p == Phase::Closed
+    });
+    assert_eq!(bs[0].limits().max_concurrent, 0);
+    // The floor came at the lease's end, not after a blocked call: the call was bounded.
+    assert!(phases.contains(&Phase::Floor), "{phases:?}");
+    proxy.cut.store(false, Ordering::SeqCst);
+    wait_for("replica 0 rejoins", Duration::from_secs(20), || {
+        running[0].status().installed.slots > 0
+    });
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        for h in w {
+            h.join().unwrap();
+        }
+    }
+    for r in running {
+        let _ = r.stop();
+    }
+}
