@@ -216,9 +216,8 @@ fn follower_refusals_reach_the_metrics() {
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
         let llm = dedup_llm(Bulkhead::new(4).unwrap());
-        let _sub = llm_bulkhead::telemetry::Telemetry::default()
-            .tracing(false)
-            .instrument(llm.bulkhead());
+        let telemetry = llm_bulkhead::telemetry::Telemetry::default().tracing(false);
+        let _sub = telemetry.instrument(llm.bulkhead());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let share = |_: &String| None;
         let mut leader = Box::pin(llm.run_shared_with(
@@ -234,6 +233,8 @@ fn follower_refusals_reach_the_metrics() {
         tx.send(()).unwrap();
         assert!(poll(follower.as_mut()).is_ready());
         assert!(poll(leader.as_mut()).is_ready());
+        // Counters are read from `stats()` when scraped.
+        telemetry.record(llm.bulkhead());
     });
     let found = snapshotter
         .snapshot()

@@ -270,7 +270,7 @@ struct Refusal {
 struct Counts {
     admitted: [u64; CLASSES],
     released: [u64; CLASSES],
-    rejected: [[u64; 6]; CLASSES],
+    rejected: [[u64; RejectReason::COUNTED.len()]; CLASSES],
     reserved: [u64; CLASSES],
     borrowed_admissions: [u64; CLASSES],
     borrowed_tokens: [u64; CLASSES],
