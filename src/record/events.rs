@@ -500,7 +500,7 @@ type Listener = Arc<dyn Fn(&Event) + Send + Sync>;
 ///
 /// A decision pays for events only when someone asked for its kind: a subscriber to
 /// [`REJECT`](Self::REJECT) and [`RECONFIGURE`](Self::RECONFIGURE) alone (what
-/// [`telemetry::Telemetry`](crate::telemetry::Telemetry) asks for by default) leaves the
+/// `telemetry::Telemetry` asks for by default) leaves the
 /// acquire + release pair exactly as fast as with nobody subscribed.
 ///
 /// ```
