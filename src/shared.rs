@@ -117,7 +117,7 @@ pub(crate) struct Shared {
     /// Class names, in construction order.
     pub(crate) class_names: Box<[String]>,
     /// The same names, interned (`crate::sync::intern`): what a refusal names its class with.
-    pub(crate) class_ids: Box<[&'static str]>,
+    pub(crate) class_ids: Box<[&'static &'static str]>,
     /// The class of demands that name none.
     pub(crate) default_class: usize,
     /// This bulkhead's identity in its [`ClassId`](crate::ClassId)s (`crate::vocab::class`): a
@@ -221,12 +221,13 @@ impl Handle {
             })
             .collect();
         let classed = !class_names.is_empty();
-        let class_ids: Box<[&'static str]> =
+        let class_ids: Box<[&'static &'static str]> =
             class_names.iter().map(|n| crate::sync::intern(n)).collect();
         #[cfg(feature = "serde")]
         if classed {
             // So that an id serialises as its name (`ClassId`'s `Serialize`).
-            crate::vocab::class::register_names(class_owner, &class_ids);
+            let names: Vec<&'static str> = class_ids.iter().map(|n| **n).collect();
+            crate::vocab::class::register_names(class_owner, &names);
         }
         // With classes the word holds U and V, which start at the floor sums.
         let first_word = if classed {

@@ -94,21 +94,23 @@ pub(crate) use std::sync::atomic::Ordering;
 /// protocol reads (so it is plain `arc-swap` under loom too, outside the models).
 pub(crate) type ArcSwap<T> = arc_swap::ArcSwap<T>;
 
-/// `name` as a `&'static str`, interned process-wide: a refusal names its class with this
-/// pointer, so that refusing allocates nothing. Called only when a bulkhead is built (never on
-/// a decision), so its lock is plain `std` under loom too (it is no part of any protocol). Each
-/// distinct class name is kept once for the life of the process, however many bulkheads use it
-/// (class names are configuration, at most `MAX_CLASSES` per bulkhead).
-pub(crate) fn intern(name: &str) -> &'static str {
+/// `name` interned process-wide, behind a thin pointer (one word, where a `&'static str` is
+/// two): a refusal names its class with this pointer, so that refusing allocates nothing and
+/// the refusal stays small. Called only when a bulkhead is built (never on a decision), so its
+/// lock is plain `std` under loom too (it is no part of any protocol). Each distinct class name
+/// is kept once for the life of the process, however many bulkheads use it (class names are
+/// configuration, at most `MAX_CLASSES` per bulkhead).
+pub(crate) fn intern(name: &str) -> &'static &'static str {
     #[allow(clippy::disallowed_types)]
-    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    static NAMES: std::sync::Mutex<Vec<&'static &'static str>> = std::sync::Mutex::new(Vec::new());
     let mut names = NAMES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(&n) = names.iter().find(|&&n| n == name) {
+    if let Some(&n) = names.iter().find(|&&n| *n == name) {
         return n;
     }
-    let n: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    let n: &'static &'static str =
+        Box::leak(Box::new(&*Box::leak(name.to_owned().into_boxed_str())));
     names.push(n);
     n
 }

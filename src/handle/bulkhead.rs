@@ -111,7 +111,9 @@ impl Bulkhead {
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
         // Decision timing (`Interest::DECISION_TIMING`): one relaxed load unless asked for.
-        let _timing = shared.events.time_decision();
+        // No scope to drop on every exit: with timing asked for, every exit passes through the
+        // admit hook (an admission is then observed, below) or the reject hook, which end it.
+        shared.events.start_decision();
         let reservation = if shared.has_budget {
             Some(demand.reservation().unwrap_or(Reservation::ZERO))
         } else {
@@ -151,11 +153,12 @@ impl Bulkhead {
         reservation: Option<Reservation>,
     ) -> Admission {
         // The only event cost on the fast path: one relaxed load (`crate::record::events`).
-        // Only subscribers to admissions or releases make an admission observed.
+        // Only subscribers to admissions or releases, or to decision timing (whose clock the
+        // admit hook ends), make an admission observed.
         let observed = self
             .shared
             .events
-            .wants(Interest::ADMIT | Interest::RELEASE);
+            .wants(Interest::ADMIT | Interest::RELEASE | Interest::DECISION_TIMING);
         self.admission_observed(g, priority, reservation, observed)
     }
 

@@ -34,6 +34,8 @@ pub(crate) fn admitted(
             timing: None, // filled in by the delivery when asked for
         })
     });
+    // The decision's clock, if it was timed, has been read (`Bulkhead::try_acquire`).
+    crate::record::timing::end();
 }
 
 /// A subscription: dropping it unsubscribes. It holds a handle to the bulkhead.

@@ -192,7 +192,7 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use refusal::*;
-pub(crate) use refusal::{collect, describe, precheck, Precheck};
+pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck};
 use returns::*;
 pub(crate) use returns::{grow_tokens, migrate, release, return_slot_only, return_tokens};
 

@@ -15,10 +15,15 @@ pub(crate) fn emit(shared: &Shared, make: impl FnOnce() -> Event) {
     }
 }
 
-/// The `reject` hook of a refusal in class `class` (`None` without classes).
+/// The `reject` hook of a refusal in class `class` (`None` without classes). It also ends the
+/// decision's clock when decision timing is asked for (`Bulkhead::try_acquire` times its
+/// decision without a scope).
 #[inline(always)]
 pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
-    if shared.events.wants(Interest::REJECT) {
+    if shared
+        .events
+        .wants(Interest::REJECT | Interest::DECISION_TIMING)
+    {
         emit_rejected(shared, class, rejection);
     }
 }
@@ -26,6 +31,13 @@ pub(crate) fn rejected(shared: &Shared, class: Option<usize>, rejection: &Reject
 #[cold]
 #[inline(never)]
 fn emit_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
+    if shared.events.wants(Interest::REJECT) {
+        deliver_rejected(shared, class, rejection);
+    }
+    crate::record::timing::end();
+}
+
+fn deliver_rejected(shared: &Shared, class: Option<usize>, rejection: &Rejection) {
     shared.events.emit(|| {
         let mut rejection = rejection.clone();
         if !shared.classed {

@@ -548,7 +548,7 @@ pub(crate) fn rejection(
 /// limits are kept packed, with the demand's effective budget in `eff(normal)`'s place (the
 /// budget itself for `High`), and decoded only by [`Rejection::detail`].
 #[inline(always)]
-fn packed_rejection(
+pub(crate) fn packed_rejection(
     w: Word,
     p: Packed,
     reason: RejectReason,

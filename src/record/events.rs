@@ -738,6 +738,16 @@ impl Subscribers {
         }
     }
 
+    /// Starts the clock of `try_acquire`'s decision on this thread if decision timing is asked
+    /// for (`crate::record::timing::begin_now`; one `Relaxed` load and a branch otherwise). No
+    /// scope: the admit and reject hooks end it (`crate::record::timing::end`).
+    #[inline(always)]
+    pub(crate) fn start_decision(&self) {
+        if self.wants(Interest::DECISION_TIMING) {
+            crate::record::timing::begin_now();
+        }
+    }
+
     /// Times the decision starting now on this thread ([`TimingScope`]), if asked for.
     #[inline(always)]
     pub(crate) fn time_decision(&self) -> TimingScope {

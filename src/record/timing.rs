@@ -91,10 +91,25 @@ impl TimingScope {
     }
 }
 
+/// Ends the decision timed on this thread, if one is (its admit or reject hook calls this once
+/// the event is built, or when nobody subscribed to the event).
 #[cold]
 #[inline(never)]
-fn end() {
+pub(crate) fn end() {
     DECISION.with(|d| d.set(None));
+}
+
+/// Starts timing a decision on this thread now, without a scope: `try_acquire`'s decision,
+/// whose every exit with timing asked for passes through an admit or reject hook that calls
+/// [`end`] (so the untimed decision carries nothing to drop on its exits).
+#[cold]
+#[inline(never)]
+pub(crate) fn begin_now() {
+    let clock = DecisionClock {
+        start: Instant::now(),
+        queued: Duration::ZERO,
+    };
+    DECISION.with(|d| d.set(Some(clock)));
 }
 
 /// Records `wait` as the queue time of the decision timed on this thread, if there is one.

@@ -273,9 +273,9 @@ pub struct ClassTokenCapacity {
 /// A refused demand. Implements [`std::error::Error`] and, with the default `serde` feature,
 /// serialises to a body a gateway can send with a 429 or 503. No retry-after is invented.
 ///
-/// A refusal keeps the numbers its decision saw in a small record (a no-class refusal
-/// allocates nothing; a class refusal boxes its class numbers once, and names its class with
-/// a `&'static str` interned when the bulkhead is built), and
+/// A refusal keeps the numbers its decision saw in a small record, inline (no refusal of a
+/// decision allocates: a class refusal packs its class numbers into a few words and names its
+/// class with a pointer to its name, interned when the bulkhead is built), and
 /// [`detail`](Rejection::detail), `Display` and serialisation compute the explanation from
 /// them when asked: refusing, the hot path under overload, builds no explanation nobody reads.
 ///
@@ -303,9 +303,9 @@ pub struct Rejection {
     /// The revision of the limits the decision used.
     pub revision: u64,
     counts: Counts,
-    /// A class refusal's numbers, or a whole detail: `None` for a no-class refusal, so that
-    /// dropping one is a single test of this pointer. The box is recycled ([`more_box`]).
-    more: Option<Box<More>>,
+    /// A class refusal's numbers, or (deserialised, or from the model) a whole detail, which
+    /// then explains the refusal instead of the counts.
+    more: More,
 }
 
 /// The wire form of a [`Rejection`] (its fields and its computed detail).
@@ -337,58 +337,15 @@ impl From<RejectionBody> for Rejection {
     }
 }
 
-/// What a refusal saw beyond its [`Counts`]: a class refusal's numbers, or (deserialised, or
-/// from the model) a whole detail, which then explains the refusal instead of the counts.
+/// What a refusal saw beyond its [`Counts`]: nothing (a no-class refusal), a class refusal's
+/// numbers (inline: refusing allocates nothing), or a whole detail (deserialised, or the
+/// model's; boxed, as no decision makes one). One word wider than [`ClassCounts`]: its
+/// `ceilings` byte tells the variants apart.
 #[derive(Clone, Debug)]
 enum More {
+    None,
     Class(ClassCounts),
-    Given(CapacityDetail),
-}
-
-// A class refusal's [`More`] box is recycled: when the refusal is dropped, its box becomes the
-// thread's spare ([`keep_spare`], from `Rejection`'s drop), and the thread's next class
-// refusal fills the spare instead of allocating ([`more_box`]). A class refusal answered and
-// dropped before the next one (the pattern under overload) then allocates and frees nothing;
-// a box dropped on another thread becomes that thread's spare. At most one spare per thread,
-// freed when the thread exits. Not under loom (no per-thread state there beyond the facade's;
-// a plain box).
-#[cfg(not(loom))]
-std::thread_local! {
-    /// The thread's spare box (a scratch value no protocol shares).
-    static SPARE: std::cell::Cell<Option<Box<More>>> = const { std::cell::Cell::new(None) };
-}
-
-/// `more` in the thread's spare box, or in a new one.
-#[inline]
-fn more_box(more: More) -> Box<More> {
-    #[cfg(not(loom))]
-    if let Some(mut b) = SPARE.try_with(std::cell::Cell::take).ok().flatten() {
-        *b = more;
-        return b;
-    }
-    Box::new(more)
-}
-
-/// Makes `b` the thread's spare box. Out of line, so that dropping a refusal (most have no
-/// box) stays a single test of the pointer.
-#[inline(never)]
-fn keep_spare(b: Box<More>) {
-    // A spare already there (a refusal made while this one was alive) is freed; so is this box
-    // if the thread's storage is already gone (thread exit), or under loom.
-    #[cfg(not(loom))]
-    let _ = SPARE.try_with(|s| s.set(Some(b)));
-    #[cfg(loom)]
-    drop(b);
-}
-
-impl Drop for Rejection {
-    /// Recycles a class refusal's box (the thread's spare); a no-class refusal has none.
-    #[inline(always)]
-    fn drop(&mut self) {
-        if let Some(b) = self.more.take() {
-            keep_spare(b);
-        }
-    }
+    Given(Box<CapacityDetail>),
 }
 
 /// The numbers a decision saw, as the engine had them; [`Rejection::detail`] derives the rest.
@@ -413,27 +370,170 @@ pub(crate) struct Counts {
     pub(crate) budget: u64,
 }
 
-/// A class refusal's own numbers and the shared remainder's.
+/// A class refusal's own numbers and the shared remainder's, packed: every slot count of a
+/// bulkhead with classes fits 16 bits and every token count 32 (`crate::words::class_word`;
+/// wider values saturate), so the record is five words and a refusal carries it inline. What
+/// follows from these and the [`Counts`] (the shared capacities, what the demand would borrow,
+/// every `available`) is computed by [`Rejection::detail`] when asked.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ClassCounts {
-    pub(crate) name: &'static str,
-    /// Capacity of the shared remainder (slots) and what is borrowed of it.
-    pub(crate) shared_slots: u32,
-    pub(crate) shared_slots_in_use: u32,
-    /// Whether the demand would borrow a slot.
-    pub(crate) borrows_slot: bool,
-    /// The class's slots in use, its floor and its ceiling.
-    pub(crate) in_flight: u32,
-    pub(crate) protected_concurrent: u32,
-    pub(crate) max_concurrent: Option<u32>,
-    /// The class's tokens, token floor and token ceiling.
-    pub(crate) tokens: u32,
-    pub(crate) protected_tokens: u32,
-    pub(crate) max_tokens: Option<u32>,
-    /// The shared remainder's tokens: capacity, borrowed, what the demand would borrow.
-    pub(crate) shared_tokens: u32,
+    /// The class's name, interned when the bulkhead was built (`crate::sync::intern`): one
+    /// word, where a `&'static str` is two.
+    name: &'static &'static str,
+    /// The class's tokens (low 32 bits), slots in use (bits 32..48), concurrency floor (48..64).
+    own: u64,
+    /// The class's token floor (low 32), concurrency ceiling (32..48), shared slots in use
+    /// (48..64).
+    floors: u64,
+    /// The class's token ceiling.
+    max_tokens: u32,
+    /// `Σ protected_concurrent`.
+    sum_pc: u16,
+    /// Which ceilings the class has (and, through its spare values, which [`More`] this is).
+    ceilings: Ceilings,
+    /// `Σ protected_tokens` (low 32 bits) and the shared tokens in use (high 32).
+    shared_tokens: u64,
+}
+
+/// Which of its two ceilings a class has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Ceilings {
+    Neither,
+    Concurrency,
+    Tokens,
+    Both,
+}
+
+/// A class refusal's numbers in [`ClassCounts`]'s layout ([`ClassCounts::from_words`]), for a
+/// decision that has them in fields already within their widths.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClassWords {
+    pub(crate) own: u64,
+    pub(crate) floors: u64,
+    pub(crate) max_tokens: u32,
+    pub(crate) sum_pc: u16,
+    pub(crate) ceilings: Ceilings,
+    pub(crate) shared_tokens: u64,
+}
+
+/// A class refusal's numbers, unpacked ([`ClassCounts::new`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClassNumbers {
+    /// The class's slots in use and tokens, its floors and ceilings.
+    pub(crate) in_flight: u64,
+    pub(crate) tokens: u64,
+    pub(crate) protected_concurrent: u64,
+    pub(crate) max_concurrent: Option<u64>,
+    pub(crate) protected_tokens: u64,
+    pub(crate) max_tokens: Option<u64>,
+    /// `Σ protected_concurrent`, `Σ protected_tokens`.
+    pub(crate) sum_pc: u64,
+    pub(crate) sum_pt: u64,
+    /// What is borrowed of the shared remainder (slots, tokens).
+    pub(crate) shared_slots_in_use: u64,
     pub(crate) shared_tokens_in_use: u64,
-    pub(crate) borrows_tokens: u64,
+}
+
+/// `x` in 16 bits (saturating; the engine's slot counts fit).
+#[inline(always)]
+fn n16(x: u64) -> u64 {
+    x.min(0xffff)
+}
+
+impl ClassCounts {
+    /// The numbers of class `name`, already packed (the layout of the fields above).
+    #[inline(always)]
+    pub(crate) fn from_words(name: &'static &'static str, w: ClassWords) -> ClassCounts {
+        ClassCounts {
+            name,
+            own: w.own,
+            floors: w.floors,
+            max_tokens: w.max_tokens,
+            sum_pc: w.sum_pc,
+            ceilings: w.ceilings,
+            shared_tokens: w.shared_tokens,
+        }
+    }
+
+    /// The numbers `n` of class `name`, packed.
+    #[inline(always)]
+    pub(crate) fn new(name: &'static &'static str, n: ClassNumbers) -> ClassCounts {
+        let ceilings = match (n.max_concurrent.is_some(), n.max_tokens.is_some()) {
+            (false, false) => Ceilings::Neither,
+            (true, false) => Ceilings::Concurrency,
+            (false, true) => Ceilings::Tokens,
+            (true, true) => Ceilings::Both,
+        };
+        ClassCounts {
+            name,
+            own: u64::from(n32(n.tokens))
+                | (n16(n.in_flight) << 32)
+                | (n16(n.protected_concurrent) << 48),
+            floors: u64::from(n32(n.protected_tokens))
+                | (n16(n.max_concurrent.unwrap_or(0)) << 32)
+                | (n16(n.shared_slots_in_use) << 48),
+            max_tokens: n32(n.max_tokens.unwrap_or(0)),
+            sum_pc: n16(n.sum_pc) as u16,
+            ceilings,
+            shared_tokens: u64::from(n32(n.sum_pt))
+                | (u64::from(n32(n.shared_tokens_in_use)) << 32),
+        }
+    }
+
+    fn in_flight(&self) -> u64 {
+        (self.own >> 32) & 0xffff
+    }
+
+    fn tokens(&self) -> u64 {
+        self.own & 0xffff_ffff
+    }
+
+    fn protected_concurrent(&self) -> u64 {
+        self.own >> 48
+    }
+
+    fn protected_tokens(&self) -> u64 {
+        self.floors & 0xffff_ffff
+    }
+
+    fn max_concurrent(&self) -> Option<u64> {
+        matches!(self.ceilings, Ceilings::Concurrency | Ceilings::Both)
+            .then_some((self.floors >> 32) & 0xffff)
+    }
+
+    fn max_tokens(&self) -> Option<u64> {
+        matches!(self.ceilings, Ceilings::Tokens | Ceilings::Both)
+            .then_some(u64::from(self.max_tokens))
+    }
+
+    fn shared_slots_in_use(&self) -> u64 {
+        self.floors >> 48
+    }
+
+    fn sum_pt(&self) -> u64 {
+        self.shared_tokens & 0xffff_ffff
+    }
+
+    fn shared_tokens_in_use(&self) -> u64 {
+        self.shared_tokens >> 32
+    }
+
+    /// The shared remainder's tokens under effective budget `eff`.
+    fn shared_token_capacity(&self, eff: u64) -> u64 {
+        eff.saturating_sub(self.sum_pt())
+    }
+
+    /// What a demand of `r` tokens would borrow: `(slot?, tokens)` (`Summary::borrow`).
+    fn borrows(&self, r: u64) -> (bool, u64) {
+        let (i, t) = (self.in_flight(), self.tokens());
+        let tokens = if r == 0 {
+            0
+        } else {
+            r - r.min(self.protected_tokens().saturating_sub(t))
+        };
+        (i >= self.protected_concurrent(), tokens)
+    }
 }
 
 /// The widest slot count [`Counts::used`] holds: 15 bits, the no-class state word's field
@@ -477,43 +577,48 @@ impl Counts {
                     requested: r,
                 }
             }),
-            classes: class.map(|c| Box::new(c.detail(has_budget, r))),
+            classes: class.map(|c| {
+                Box::new(c.detail(
+                    self.shape & 0xffff,
+                    has_budget.then_some(self.budget >> 32),
+                    r,
+                ))
+            }),
         }
     }
 }
 
 impl ClassCounts {
-    fn detail(&self, budget: bool, r: u64) -> ClassDetail {
+    /// The class detail under `max_concurrent` and (with a budget) the demand's effective
+    /// budget `eff`, for a demand of `r` tokens.
+    fn detail(&self, max_concurrent: u64, eff: Option<u64>, r: u64) -> ClassDetail {
         let amount = |capacity: u64, in_use: u64, requested_borrowed: u64| SharedAmount {
             capacity,
             in_use,
             available: capacity.saturating_sub(in_use),
             requested_borrowed,
         };
-        let (i, pc) = (
-            u64::from(self.in_flight),
-            u64::from(self.protected_concurrent),
-        );
-        let (t, pt) = (u64::from(self.tokens), u64::from(self.protected_tokens));
-        let mc = self.max_concurrent.map(u64::from);
-        let mt = self.max_tokens.map(u64::from);
+        let (i, pc) = (self.in_flight(), self.protected_concurrent());
+        let (t, pt) = (self.tokens(), self.protected_tokens());
+        let (mc, mt) = (self.max_concurrent(), self.max_tokens());
+        let (borrows_slot, borrows_tokens) = self.borrows(r);
         ClassDetail {
             shared: SharedCapacity {
                 concurrency: amount(
-                    self.shared_slots.into(),
-                    self.shared_slots_in_use.into(),
-                    u64::from(self.borrows_slot),
+                    max_concurrent.saturating_sub(self.sum_pc.into()),
+                    self.shared_slots_in_use(),
+                    u64::from(borrows_slot),
                 ),
-                token_budget: budget.then(|| {
+                token_budget: eff.map(|eff| {
                     amount(
-                        self.shared_tokens.into(),
-                        self.shared_tokens_in_use,
-                        self.borrows_tokens,
+                        self.shared_token_capacity(eff),
+                        self.shared_tokens_in_use(),
+                        borrows_tokens,
                     )
                 }),
             },
             class: ClassCapacity {
-                id: self.name.to_owned(),
+                id: (*self.name).to_owned(),
                 in_flight: i,
                 protected_concurrent: pc,
                 protected_concurrent_in_use: i.min(pc),
@@ -521,7 +626,7 @@ impl ClassCounts {
                 available_protected_concurrent: pc.saturating_sub(i),
                 max_concurrent: mc,
                 available_concurrent: mc.map(|m| m.saturating_sub(i)),
-                token_budget: budget.then(|| ClassTokenCapacity {
+                token_budget: eff.map(|_| ClassTokenCapacity {
                     in_flight_tokens: t,
                     protected_tokens: pt,
                     protected_tokens_in_use: t.min(pt),
@@ -552,7 +657,7 @@ impl Rejection {
             pending: 0,
             revision,
             counts,
-            more: None,
+            more: More::None,
         }
     }
 
@@ -574,21 +679,22 @@ impl Rejection {
                 shape: 0,
                 budget: 0,
             },
-            more: Some(more_box(More::Given(detail))),
+            more: More::Given(Box::new(detail)),
         }
     }
 
     /// Adds a class refusal's numbers.
+    #[inline(always)]
     pub(crate) fn set_class(&mut self, class: ClassCounts) {
-        if self.more.is_none() {
-            self.more = Some(more_box(More::Class(class)));
+        if matches!(self.more, More::None) {
+            self.more = More::Class(class);
         }
     }
 
     /// Sets the queue length the refusal reports (`detail().pending`).
     pub(crate) fn set_pending(&mut self, pending: u64) {
         self.pending = n32(pending);
-        if let Some(More::Given(d)) = self.more.as_deref_mut() {
+        if let More::Given(d) = &mut self.more {
             d.pending = pending;
         }
     }
@@ -604,10 +710,10 @@ impl Rejection {
     /// ```
     #[must_use]
     pub fn detail(&self) -> CapacityDetail {
-        match self.more.as_deref() {
-            None => self.counts.detail(self.pending, None),
-            Some(More::Class(c)) => self.counts.detail(self.pending, Some(c)),
-            Some(More::Given(d)) => d.clone(),
+        match &self.more {
+            More::None => self.counts.detail(self.pending, None),
+            More::Class(c) => self.counts.detail(self.pending, Some(c)),
+            More::Given(d) => (**d).clone(),
         }
     }
 }
@@ -638,8 +744,8 @@ impl Rejection {
         if self.reason != RejectReason::BudgetLimit {
             return None;
         }
-        match self.more.as_deref() {
-            Some(More::Given(d)) => {
+        match &self.more {
+            More::Given(d) => {
                 let t = d.token_budget?;
                 let class = d.classes.as_deref();
                 let ceiling = class.and_then(|c| c.class.token_budget?.max_tokens);
@@ -662,7 +768,7 @@ impl Rejection {
                     return None;
                 }
                 let class = match more {
-                    Some(More::Class(c)) => Some(c),
+                    More::Class(c) => Some(c),
                     _ => None,
                 };
                 FitLimit::tightest(
@@ -671,12 +777,12 @@ impl Rejection {
                         (FitLimit::EffectiveBudget, Some(k.budget >> 32)),
                         (
                             FitLimit::ClassMaxTokens,
-                            class.and_then(|c| c.max_tokens.map(u64::from)),
+                            class.and_then(ClassCounts::max_tokens),
                         ),
                         (
                             FitLimit::ClassReach,
                             class.map(|c| {
-                                u64::from(c.protected_tokens) + u64::from(c.shared_tokens)
+                                c.protected_tokens() + c.shared_token_capacity(k.budget >> 32)
                             }),
                         ),
                     ],

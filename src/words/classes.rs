@@ -367,42 +367,38 @@ impl Summary {
         None
     }
 
-    /// The refusal detail for this class (named `name`) and a demand of `r` tokens.
-    /// The class numbers of a refusal of `r` tokens (kept raw: the refusal's `detail()`
-    /// derives [`detail`](Self::detail)'s numbers from them), with the shared remainder in use
+    /// The class numbers of a refusal (kept raw: the refusal's `detail()` derives
+    /// [`detail`](Self::detail)'s numbers from them), with the shared remainder in use
     /// raised to `stored` (slots, tokens) when the stored shared word explains the refusal.
     pub(crate) fn counts(
         &self,
-        name: &'static str,
-        r: u64,
+        name: &'static &'static str,
         stored: Option<(u64, u64)>,
     ) -> crate::vocab::rejection::ClassCounts {
-        use crate::vocab::rejection::n32;
         let ShareSums {
             sum_pc,
             sum_pt,
             prot_c,
             prot_t,
         } = self.sums;
-        let (borrow_c, borrow_t) = self.borrow(r);
         let (stored_c, stored_t) = stored.unwrap_or((0, 0));
         let (i, t) = self.own;
         let l = &self.limits;
-        crate::vocab::rejection::ClassCounts {
+        crate::vocab::rejection::ClassCounts::new(
             name,
-            shared_slots: n32(self.max_concurrent.saturating_sub(sum_pc)),
-            shared_slots_in_use: n32(self.g.saturating_sub(prot_c).max(stored_c)),
-            borrows_slot: borrow_c,
-            in_flight: n32(i),
-            protected_concurrent: n32(l.pc),
-            max_concurrent: l.mc.map(n32),
-            tokens: n32(t),
-            protected_tokens: n32(l.pt),
-            max_tokens: l.mt.map(n32),
-            shared_tokens: n32(self.eff.unwrap_or(0).saturating_sub(sum_pt)),
-            shared_tokens_in_use: self.t.saturating_sub(prot_t).max(stored_t),
-            borrows_tokens: borrow_t,
-        }
+            crate::vocab::rejection::ClassNumbers {
+                in_flight: i,
+                tokens: t,
+                protected_concurrent: l.pc,
+                max_concurrent: l.mc,
+                protected_tokens: l.pt,
+                max_tokens: l.mt,
+                sum_pc,
+                sum_pt,
+                shared_slots_in_use: self.g.saturating_sub(prot_c).max(stored_c),
+                shared_tokens_in_use: self.t.saturating_sub(prot_t).max(stored_t),
+            },
+        )
     }
 
     pub(crate) fn detail(&self, name: &str, r: u64) -> crate::vocab::rejection::ClassDetail {

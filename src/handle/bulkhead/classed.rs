@@ -27,19 +27,32 @@ impl Bulkhead {
         let c = shared.counters.local(Counters::new);
         match crate::protocol::classed::try_fast(shared, c, k, r, priority) {
             Some(a) => Ok(self.count_class_in(c, k, r, a.revision, a.resources)),
-            None => self.try_acquire_classed_contended(k, r, priority),
+            None => self.try_acquire_classed_contended(c, k, r, priority),
         }
     }
 
-    /// The classed decision after the fast attempt gave up: the full protocol, and the
-    /// refusal if it refuses (out of line: its result carries the collect that explains it).
+    /// The classed decision after the fast attempt gave up: a refusal at a class ceiling if
+    /// that is what one collect shows (`crate::protocol::classed::ceiling_refusal`, the hot
+    /// path under overload: counted in this thread's entry `c`, no allocation), otherwise the
+    /// full protocol, and the refusal if it refuses (out of line: its result carries the
+    /// collect that explains it).
     #[inline(never)]
     pub(super) fn try_acquire_classed_contended(
         &self,
+        c: &Counters,
         k: usize,
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
+        if let Some(f) = crate::protocol::classed::ceiling_refusal(&self.shared, c, k, r, priority)
+        {
+            // Built in the result, and the subscribers given its address there.
+            let out = Err(f.rejection(r, priority));
+            if let Err(rej) = &out {
+                crate::handle::events::rejected(&self.shared, Some(k), rej);
+            }
+            return out;
+        }
         // The refusal is built inside the decision's grace-period operation (from the collect
         // that explained it, by reference), but its subscribers are called after the operation
         // left: no user code runs while an operation may hold off an install (`crate::grace`).
@@ -172,7 +185,7 @@ impl Bulkhead {
         let mut rej = plain::rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
         rej.constraint = f.constraint;
         if f.reason != RejectReason::Shutdown {
-            rej.set_class(f.summary.counts(shared.class_ids[k], r, f.stored_shared));
+            rej.set_class(f.summary.counts(shared.class_ids[k], f.stored_shared));
         }
         rej
     }
@@ -255,5 +268,7 @@ impl Bulkhead {
 #[cold]
 #[inline(never)]
 pub(crate) fn unknown_class() -> Rejection {
+    // Nothing is published for it, so a timed decision's clock ends here (`try_acquire`).
+    crate::record::timing::end();
     Rejection::unknown_class()
 }

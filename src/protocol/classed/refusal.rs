@@ -4,6 +4,9 @@
 #![allow(clippy::result_large_err)]
 
 use super::*;
+use crate::vocab::rejection::{
+    Ceilings, ClassCounts, ClassWords, Counts, Rejection, SHAPE_HAS_BUDGET,
+};
 
 /// One pass over every class word: the [`Summary`] of class `k` under the limits of tag `tag`
 /// (`lim`) for a demand of priority `priority`. Allocates nothing.
@@ -130,6 +133,131 @@ pub(super) fn explain<T>(
             }
         }
         None => Explained::Fits,
+    }
+}
+
+/// The refusal of a demand of `r` tokens at `priority` in class `k` at one of its class's
+/// ceilings (CONTRACT.md §2 rows 2 and 3), decided, counted in this thread's entry `c` and
+/// explained inside a decision operation of its own, in a few dozen instructions and without
+/// allocating: under overload this is the hot path of `try_acquire` with classes. `None`
+/// whenever the collect below does not show a ceiling as the first failing row: the caller
+/// then takes the full protocol, which decides and explains everything else.
+///
+/// It reads the shared word (closed: `None`, the full path answers `shutdown`), the class's
+/// limits under its tag, then every class word once, the collect that [`explain`] decides on:
+/// all on that tag (a class still on the previous one needs its migration helped: `None`), the
+/// class's own `(n, t)`, and the totals `G`, `T`. A re-read of the shared word with the same tag
+/// shows that the limits read are those of every word of the collect (no tag comes back during
+/// an operation, `crate::grace`). On that collect, as [`explain`] and the sequential model decide:
+/// row 1 (`T + r > eff`) comes first and is left to the full path; then the class's token
+/// ceiling, then its concurrency ceiling. What the refusal keeps is what was read: the totals,
+/// the class's words and limits, the floor sums and the shared remainder in use as the shared
+/// word stores it (`U − Σ pc`, `V − Σ pt`: exact when no other decision is between its two
+/// steps, above the truth by those steps otherwise, never below it); its detail is computed
+/// only when asked ([`Rejection::detail`]). Runs no user code (the caller calls the reject
+/// subscribers after this returns). Inlined into its one caller, which builds the refusal in
+/// its own result ([`AtCeiling::rejection`]: a `Rejection` moved out of a call is copied word
+/// by word).
+#[inline(always)]
+pub(crate) fn ceiling_refusal(
+    shared: &Shared,
+    c: &crate::record::stats::Counters,
+    k: usize,
+    r: u64,
+    priority: Priority,
+) -> Option<AtCeiling> {
+    let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
+    let word = &*shared.word;
+    let g = GWord(word.load(SeqCst));
+    let tag = g.tag();
+    let l = shared.ring.read_class(tag, k);
+    if g.closed() || (l.mc.is_none() && l.mt.is_none()) {
+        return None;
+    }
+    let (mut n_sum, mut t_sum, mut own) = (0, 0, CWord(0));
+    for (j, w) in shared.class_words.iter().enumerate() {
+        let w = CWord(w.load(SeqCst));
+        if w.ctag() != tag % CTAG_MOD {
+            return None;
+        }
+        n_sum += w.in_flight();
+        t_sum += w.tokens();
+        if j == k {
+            own = w;
+        }
+    }
+    // The ring slot's words as stored (`Packed`): the refusal keeps them so.
+    let p = shared.ring.read_packed(tag);
+    let (sum_pc, sum_pt) = shared.ring.read_sums(tag);
+    if GWord(word.load(SeqCst)).tag() != tag {
+        return None;
+    }
+    let (n, t) = (own.in_flight(), own.tokens());
+    if p.shape & SHAPE_HAS_BUDGET != 0 {
+        let eff = match priority {
+            Priority::High => p.budget & 0xffff_ffff,
+            Priority::Normal => p.budget >> 32,
+        };
+        if t_sum.saturating_add(r) > eff {
+            return None;
+        }
+    }
+    let reason = if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
+        RejectReason::BudgetLimit
+    } else if l.mc.is_some_and(|mc| n >= mc) {
+        RejectReason::ConcurrencyLimit
+    } else {
+        return None;
+    };
+    c.rejected[reason.index()].add(1);
+    c.classes[k].rejected[reason.index()].add(1);
+    let ceilings = match (l.mc, l.mt) {
+        (Some(_), Some(_)) => Ceilings::Both,
+        (Some(_), None) => Ceilings::Concurrency,
+        _ => Ceilings::Tokens,
+    };
+    // Every field below is within its packed width by the words it comes from (`n`: 14 bits,
+    // the ring's class limits: 16 and 32, `U`: 16, `V`: 32); only `Σ pt` can be wider.
+    Some(AtCeiling {
+        reason,
+        used: Counts::used(t_sum, n_sum),
+        p,
+        class: ClassCounts::from_words(
+            shared.class_ids[k],
+            ClassWords {
+                own: t | (n << 32) | (l.pc << 48),
+                floors: l.pt | (l.mc.unwrap_or(0) << 32) | (g.u().saturating_sub(sum_pc) << 48),
+                max_tokens: l.mt.unwrap_or(0) as u32,
+                sum_pc: sum_pc as u16,
+                ceilings,
+                shared_tokens: sum_pt.min(u64::from(u32::MAX))
+                    | (g.v().saturating_sub(sum_pt) << 32),
+            },
+        ),
+    })
+}
+
+/// A refusal at a class ceiling ([`ceiling_refusal`]) as the words it was decided on: a few
+/// words the caller turns into the [`Rejection`] in its own result ([`AtCeiling::rejection`]).
+#[derive(Clone, Copy)]
+pub(crate) struct AtCeiling {
+    reason: RejectReason,
+    /// `T` (low 32 bits) and `G` (from bit 32), as [`Counts::used`] keeps them.
+    used: u64,
+    p: crate::words::limits::Packed,
+    class: ClassCounts,
+}
+
+impl AtCeiling {
+    /// The refusal of a demand of `r` tokens at `priority`.
+    #[inline(always)]
+    pub(crate) fn rejection(self, r: u64, priority: Priority) -> Rejection {
+        let used = crate::words::state::Word(self.used);
+        let mut rej =
+            crate::protocol::plain::packed_rejection(used, self.p, self.reason, r, priority);
+        rej.constraint = Some(Constraint::AdmissionClass);
+        rej.set_class(self.class);
+        rej
     }
 }
 

@@ -1,0 +1,254 @@
+//! Class refusals, the hot path of `try_acquire` under overload with classes: they allocate
+//! nothing (counted by a per-thread counting global allocator, with every refusal kept alive,
+//! as a caller that answers with it does), and a refusal at a class ceiling, decided by its
+//! own short path, explains itself exactly as `would_admit` (which decides from its own
+//! collect of the words) does: same reason, constraint, revision and whole detail.
+
+use llm_bulkhead::{
+    Advice, Bulkhead, ClassId, ClassLimits, Constraint, Demand, RejectReason, Rejection,
+    Reservation,
+};
+use proptest::prelude::*;
+
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::allocs;
+
+/// Two classes on 6 slots and (optionally) a budget: `capped` with ceilings, `floored` with
+/// floors.
+fn bulkhead(budget: bool) -> Bulkhead {
+    let b = Bulkhead::builder().max_concurrent(6);
+    let b = if budget { b.token_budget(10_000) } else { b };
+    b.class(
+        "capped",
+        ClassLimits {
+            protected_concurrent: 1,
+            max_concurrent: Some(2),
+            protected_tokens: if budget { 500 } else { 0 },
+            max_tokens: budget.then_some(3_000),
+        },
+    )
+    .class(
+        "floored",
+        ClassLimits {
+            protected_concurrent: 2,
+            protected_tokens: if budget { 2_000 } else { 0 },
+            ..ClassLimits::default()
+        },
+    )
+    .default_class("capped")
+    .build()
+    .unwrap()
+}
+
+fn demand(b: &Bulkhead, class: &str, tokens: u64) -> Demand {
+    let id = b.class_id(class).unwrap();
+    if tokens == 0 {
+        Demand::slot().in_class(id)
+    } else {
+        Demand::tokens(Reservation::new(tokens, 0).unwrap()).in_class(id)
+    }
+}
+
+/// Allocations made while `refusals` refusals of `d` are made and kept.
+fn allocations_of_kept_refusals(b: &Bulkhead, d: Demand, refusals: usize) -> (u64, Vec<Rejection>) {
+    // Warm-up: the thread's statistics entry is made by its first decision.
+    assert!(b.try_acquire(d).is_err());
+    let mut kept = Vec::with_capacity(refusals);
+    let before = allocs();
+    for _ in 0..refusals {
+        kept.push(b.try_acquire(d).unwrap_err());
+    }
+    (allocs() - before, kept)
+}
+
+#[test]
+fn a_refusal_at_a_class_ceiling_allocates_nothing() {
+    for budget in [false, true] {
+        let b = bulkhead(budget);
+        let d = demand(&b, "capped", 0);
+        let held: Vec<_> = (0..2).map(|_| b.try_acquire(d).unwrap()).collect();
+        let (n, kept) = allocations_of_kept_refusals(&b, d, 100);
+        assert_eq!(
+            n, 0,
+            "budget {budget}: {n} allocations for 100 kept refusals"
+        );
+        for r in &kept {
+            assert_eq!(
+                (r.reason, r.constraint),
+                (
+                    RejectReason::ConcurrencyLimit,
+                    Some(Constraint::AdmissionClass)
+                )
+            );
+            let c = r.detail().classes.unwrap().class;
+            assert_eq!(
+                (c.id.as_str(), c.in_flight, c.max_concurrent),
+                ("capped", 2, Some(2))
+            );
+        }
+        drop(held);
+    }
+    // The token ceiling.
+    let b = bulkhead(true);
+    let (n, kept) = allocations_of_kept_refusals(&b, demand(&b, "capped", 3_001), 100);
+    assert_eq!(n, 0);
+    assert_eq!(kept[0].reason, RejectReason::BudgetLimit);
+    assert_eq!(kept[0].constraint, Some(Constraint::AdmissionClass));
+}
+
+/// The refusals the full class protocol explains (another class's floor, the global slots)
+/// keep their numbers inline too.
+#[test]
+fn other_class_refusals_allocate_nothing() {
+    // The global slots: no floors, both slots held.
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .class("x", ClassLimits::default())
+        .class("y", ClassLimits::default())
+        .default_class("x")
+        .build()
+        .unwrap();
+    let x = demand(&b, "x", 0);
+    let held: Vec<_> = (0..2).map(|_| b.try_acquire(x).unwrap()).collect();
+    let (n, kept) = allocations_of_kept_refusals(&b, x, 50);
+    assert_eq!(n, 0);
+    assert_eq!(kept[0].reason, RejectReason::ConcurrencyLimit);
+    assert_eq!(kept[0].constraint, Some(Constraint::Global));
+    drop(held);
+    // Another class's floor: `a` holds the one shared slot (3 minus b's floor of 2), so a
+    // second slot would borrow into b's floor.
+    let b = Bulkhead::builder()
+        .max_concurrent(3)
+        .class("a", ClassLimits::default())
+        .class(
+            "b",
+            ClassLimits {
+                protected_concurrent: 2,
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("a")
+        .build()
+        .unwrap();
+    let a = demand(&b, "a", 0);
+    let _held = b.try_acquire(a).unwrap();
+    let (n, kept) = allocations_of_kept_refusals(&b, a, 50);
+    assert_eq!(n, 0);
+    assert_eq!(
+        kept[0].constraint,
+        Some(Constraint::AdmissionClassProtection)
+    );
+}
+
+/// The refusal `try_acquire` gives for `d`, beside `would_admit`'s, which decides and explains
+/// from its own collect of every word.
+fn both(b: &Bulkhead, d: Demand) -> Option<(Rejection, Rejection)> {
+    let advice = b.would_admit(&d);
+    match b.try_acquire(d) {
+        Ok(a) => {
+            assert!(matches!(advice, Advice::Admit { .. }), "{advice:?}");
+            drop(a);
+            None
+        }
+        Err(r) => match advice {
+            Advice::Refuse(w) => Some((r, w)),
+            other => panic!("try_acquire refused {r:?}, would_admit said {other:?}"),
+        },
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Acquire (and keep) in class 0 or 1 with this many tokens.
+    Take(usize, u64),
+    /// Release the oldest kept admission.
+    Release,
+    /// Ask in class 0 or 1 with this many tokens (high priority or not), keep nothing.
+    Ask(usize, u64, bool),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0..2usize, 0..1_500u64).prop_map(|(k, t)| Step::Take(k, t)),
+        Just(Step::Release),
+        (0..2usize, 0..4_000u64, any::<bool>()).prop_map(|(k, t, h)| Step::Ask(k, t, h)),
+    ]
+}
+
+fn limits() -> impl Strategy<Value = ClassLimits> {
+    (
+        0..3u32,
+        prop::option::of(0..4u32),
+        0..1_500u64,
+        prop::option::of(0..4_000u64),
+    )
+        .prop_map(|(pc, mc, pt, mt)| ClassLimits {
+            protected_concurrent: pc,
+            max_concurrent: mc.map(|m| m.max(pc)),
+            protected_tokens: pt,
+            max_tokens: mt.map(|m| m.max(pt)),
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Every refusal of `try_acquire` on a bulkhead with classes, ceiling refusals included,
+    /// equals `would_admit`'s for the same demand in the same state (reason, constraint,
+    /// revision, whole detail), with or without a budget.
+    #[test]
+    fn class_refusals_explain_themselves_as_would_admit_does(
+        budget in prop::option::of((6_000..12_000u64, 0..2_000u64)),
+        a in limits(),
+        b_limits in limits(),
+        steps in prop::collection::vec(step(), 1..40),
+    ) {
+        let mut builder = Bulkhead::builder().max_concurrent(6);
+        if let Some((budget, reserve)) = budget {
+            builder = builder.token_budget(budget).high_priority_reserve(reserve);
+        }
+        let strip = |l: ClassLimits| if budget.is_some() {
+            l
+        } else {
+            ClassLimits { protected_tokens: 0, max_tokens: None, ..l }
+        };
+        let Ok(b) = builder
+            .class("a", strip(a))
+            .class("b", strip(b_limits))
+            .default_class("a")
+            .build()
+        else {
+            return Ok(()); // limits the builder refuses (floors over the budget)
+        };
+        let ids: [ClassId; 2] = [b.class_id("a").unwrap(), b.class_id("b").unwrap()];
+        let make = |k: usize, t: u64, high: bool| {
+            let d = if budget.is_some() && t > 0 {
+                Demand::tokens(Reservation::new(t, 0).unwrap())
+            } else {
+                Demand::slot()
+            };
+            let d = d.in_class(ids[k]);
+            if high { d.with_priority(llm_bulkhead::Priority::High) } else { d }
+        };
+        let mut held = std::collections::VecDeque::new();
+        for s in steps {
+            match s {
+                Step::Take(k, t) => {
+                    let d = make(k, t, false);
+                    if let Some((r, w)) = both(&b, d) {
+                        prop_assert_eq!(r, w);
+                    } else {
+                        held.push_back(b.try_acquire(d).unwrap());
+                    }
+                }
+                Step::Release => drop(held.pop_front()),
+                Step::Ask(k, t, high) => {
+                    if let Some((r, w)) = both(&b, make(k, t, high)) {
+                        prop_assert_eq!(r, w);
+                    }
+                }
+            }
+        }
+    }
+}
