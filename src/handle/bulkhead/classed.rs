@@ -46,13 +46,27 @@ impl Bulkhead {
     ) -> Result<Granted, Rejection> {
         if let Some(f) = crate::protocol::classed::ceiling_refusal(&self.shared, c, k, r, priority)
         {
-            // Built in the result, and the subscribers given its address there.
-            let out = Err(f.rejection(r, priority));
-            if let Err(rej) = &out {
-                crate::handle::events::rejected(&self.shared, Some(k), rej);
+            // Subscribers get a copy of their own (built only for them), so that the refusal
+            // returned is built straight in the result, not on the stack and copied there.
+            if self.shared.events.wants(Interest::REJECT | Interest::DECISION_TIMING) {
+                let rej = f.rejection(r, priority);
+                crate::handle::events::rejected(&self.shared, Some(k), &rej);
             }
-            return out;
+            return Err(f.rejection(r, priority));
         }
+        self.try_acquire_classed_full(k, r, priority)
+    }
+
+    /// [`try_acquire_classed_contended`](Self::try_acquire_classed_contended) past the class
+    /// ceilings: the full protocol (its own function, so that the short path's frame stays
+    /// small).
+    #[inline(never)]
+    fn try_acquire_classed_full(
+        &self,
+        k: usize,
+        r: u64,
+        priority: Priority,
+    ) -> Result<Granted, Rejection> {
         // The refusal is built inside the decision's grace-period operation (from the collect
         // that explained it, by reference), but its subscribers are called after the operation
         // left: no user code runs while an operation may hold off an install (`crate::grace`).
