@@ -483,6 +483,50 @@ impl From<ClassLimits> for HotClass {
     }
 }
 
+/// One class's limits as a ring slot stores them: `a` = floor (16 bits) | ceiling (16 bits,
+/// from bit 16) | has-ceiling (bit 32) | has-token-ceiling (bit 33), `b` = token floor (32
+/// bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
+/// decoding (`crate::protocol::classed::ceiling_refusal`).
+#[derive(Clone, Copy)]
+pub(crate) struct ClassLimitWords {
+    a: u64,
+    b: u64,
+}
+
+impl ClassLimitWords {
+    /// The concurrency floor.
+    #[inline(always)]
+    pub(crate) fn pc(self) -> u64 {
+        self.a & 0xffff
+    }
+
+    /// The concurrency ceiling, 0 when there is none.
+    #[inline(always)]
+    pub(crate) fn mc_or_zero(self) -> u64 {
+        (self.a >> 16) & 0xffff
+    }
+
+    /// The token floor.
+    #[inline(always)]
+    pub(crate) fn pt(self) -> u64 {
+        self.b & 0xffff_ffff
+    }
+
+    /// The token ceiling, 0 when there is none.
+    #[inline(always)]
+    pub(crate) fn mt_or_zero(self) -> u64 {
+        self.b >> 32
+    }
+
+    /// Which ceilings there are: bit 0 the concurrency ceiling, bit 1 the token ceiling.
+    #[inline(always)]
+    pub(crate) fn ceilings(self) -> u8 {
+        ((self.a >> 32) & 3) as u8
+    }
+}
+
+const _: () = assert!(HAS_MAX_C == 1 << 32 && HAS_MAX_T == 1 << 33);
+
 /// The ring of packed limits. See the module docs.
 pub(crate) struct Ring {
     slots: [CachePadded<Slot>; RING],
@@ -529,6 +573,17 @@ impl Ring {
             let b = c.protected_tokens | (c.max_tokens.unwrap_or(0) << 32);
             slot.classes[i][0].store(a, Ordering::Relaxed);
             slot.classes[i][1].store(b, Ordering::Relaxed);
+        }
+    }
+
+    /// Class `k`'s limits in the slot for `tag` as stored ([`ClassLimitWords`]; same caveat as
+    /// [`Ring::read`]).
+    #[inline]
+    pub(crate) fn read_class_words(&self, tag: usize, k: usize) -> ClassLimitWords {
+        let c = &self.slots[tag % RING].classes[k];
+        ClassLimitWords {
+            a: c[0].load(Ordering::Acquire),
+            b: c[1].load(Ordering::Acquire),
         }
     }
 

@@ -48,7 +48,11 @@ impl Bulkhead {
         {
             // Subscribers get a copy of their own (built only for them), so that the refusal
             // returned is built straight in the result, not on the stack and copied there.
-            if self.shared.events.wants(Interest::REJECT | Interest::DECISION_TIMING) {
+            if self
+                .shared
+                .events
+                .wants(Interest::REJECT | Interest::DECISION_TIMING)
+            {
                 let rej = f.rejection(r, priority);
                 crate::handle::events::rejected(&self.shared, Some(k), &rej);
             }

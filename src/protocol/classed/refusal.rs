@@ -170,8 +170,8 @@ pub(crate) fn ceiling_refusal(
     let word = &*shared.word;
     let g = GWord(word.load(SeqCst));
     let tag = g.tag();
-    let l = shared.ring.read_class(tag, k);
-    if g.closed() || (l.mc.is_none() && l.mt.is_none()) {
+    let l = shared.ring.read_class_words(tag, k);
+    if g.closed() || l.ceilings() == 0 {
         return None;
     }
     let (mut n_sum, mut t_sum, mut own) = (0, 0, CWord(0));
@@ -202,20 +202,15 @@ pub(crate) fn ceiling_refusal(
             return None;
         }
     }
-    let reason = if l.mt.is_some_and(|mt| t.saturating_add(r) > mt) {
+    let reason = if l.ceilings() & 2 != 0 && t.saturating_add(r) > l.mt_or_zero() {
         RejectReason::BudgetLimit
-    } else if l.mc.is_some_and(|mc| n >= mc) {
+    } else if l.ceilings() & 1 != 0 && n >= l.mc_or_zero() {
         RejectReason::ConcurrencyLimit
     } else {
         return None;
     };
     c.rejected[reason.index()].add(1);
     c.classes[k].rejected[reason.index()].add(1);
-    let ceilings = match (l.mc, l.mt) {
-        (Some(_), Some(_)) => Ceilings::Both,
-        (Some(_), None) => Ceilings::Concurrency,
-        _ => Ceilings::Tokens,
-    };
     // Every field below is within its packed width by the words it comes from (`n`: 14 bits,
     // the ring's class limits: 16 and 32, `U`: 16, `V`: 32); only `Σ pt` can be wider.
     Some(AtCeiling {
@@ -225,11 +220,11 @@ pub(crate) fn ceiling_refusal(
         class: ClassCounts::from_words(
             shared.class_ids[k],
             ClassWords {
-                own: t | (n << 32) | (l.pc << 48),
-                floors: l.pt | (l.mc.unwrap_or(0) << 32) | (g.u().saturating_sub(sum_pc) << 48),
-                max_tokens: l.mt.unwrap_or(0) as u32,
+                own: t | (n << 32) | (l.pc() << 48),
+                floors: l.pt() | (l.mc_or_zero() << 32) | (g.u().saturating_sub(sum_pc) << 48),
+                max_tokens: l.mt_or_zero() as u32,
                 sum_pc: sum_pc as u16,
-                ceilings,
+                ceilings: Ceilings::from_bits(l.ceilings()),
                 shared_tokens: sum_pt.min(u64::from(u32::MAX))
                     | (g.v().saturating_sub(sum_pt) << 32),
             },

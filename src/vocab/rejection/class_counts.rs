@@ -40,6 +40,19 @@ pub(crate) enum Ceilings {
     Both,
 }
 
+impl Ceilings {
+    /// From bits: bit 0 a concurrency ceiling, bit 1 a token ceiling (higher bits ignored).
+    #[inline(always)]
+    pub(crate) fn from_bits(bits: u8) -> Ceilings {
+        match bits & 3 {
+            0 => Ceilings::Neither,
+            1 => Ceilings::Concurrency,
+            2 => Ceilings::Tokens,
+            _ => Ceilings::Both,
+        }
+    }
+}
+
 /// A class refusal's numbers in [`ClassCounts`]'s layout ([`ClassCounts::from_words`]), for a
 /// decision that has them in fields already within their widths.
 #[derive(Clone, Copy, Debug)]
