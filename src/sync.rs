@@ -360,6 +360,23 @@ impl Stripe {
         }
     }
 
+    /// Adds one and returns the previous value: [`add`](Self::add)`(1)` without the saturation,
+    /// which counting by ones cannot need (a thread counting one a nanosecond would take 584
+    /// years to reach `u64::MAX`), and which costs a decision two instructions.
+    #[inline]
+    pub(crate) fn incr(&self) -> u64 {
+        #[cfg(not(loom))]
+        {
+            let v = self.0.load(Ordering::Relaxed);
+            self.0.store(v.wrapping_add(1), Ordering::Relaxed);
+            v
+        }
+        #[cfg(loom)]
+        {
+            self.0.fetch_add(1, Ordering::Relaxed)
+        }
+    }
+
     /// Raises the value to at least `v` (single writer; a CAS loop under loom).
     pub(crate) fn raise(&self, v: u64) {
         #[cfg(not(loom))]

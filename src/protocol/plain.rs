@@ -324,7 +324,7 @@ fn refuse<const HIGH: bool>(
     if !Word(shared.word.load(Ordering::Acquire)).same_tag(w) {
         return None;
     }
-    c.rejected[reason.index()].add(1);
+    c.rejected[reason.index()].incr();
     let p = if HIGH {
         Packed {
             budget: high_budget(p.budget),
@@ -409,7 +409,7 @@ pub(crate) fn count(shared: &Shared, revision: u64, r: u64) -> Granted {
 /// [`count`] into this thread's entry `c`.
 #[inline(always)]
 pub(crate) fn count_in(shared: &Shared, c: &Counters, revision: u64, r: u64) -> Granted {
-    let n = c.admitted.add(1);
+    let n = c.admitted.incr();
     if shared.has_budget {
         c.total_reserved.add(r);
     }
@@ -451,7 +451,7 @@ pub(crate) fn refusal_of(
     if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
         return None;
     }
-    c.rejected[reason.index()].add(1);
+    c.rejected[reason.index()].incr();
     let rej = rejection(w.slots(), w.tokens(), lim, reason, r, priority);
     crate::protocol::hooks::rejected(shared, None, &rej);
     Some(rej)
@@ -481,7 +481,7 @@ fn refuse_later(
     if Word(shared.word.load(Ordering::Acquire)).tag() != w.tag() {
         return None;
     }
-    c.rejected[reason.index()].add(1);
+    c.rejected[reason.index()].incr();
     let packed = Packed {
         shape,
         budget,
@@ -506,7 +506,7 @@ pub(crate) fn waiter_refusal(
     let w = Word(shared.word.load(Ordering::Acquire));
     let lim = shared.ring.read(w.tag());
     let c = shared.counters.local(Counters::new);
-    c.rejected[reason.index()].add(1);
+    c.rejected[reason.index()].incr();
     let mut rej = rejection(w.slots(), w.tokens(), &lim, reason, r, priority);
     rej.set_pending(crate::protocol::handoff::pending(shared) as u64);
     crate::protocol::hooks::rejected(shared, None, &rej);

@@ -4,9 +4,10 @@
 //! available capacity) are derived from the state word; event counts (admissions, releases,
 //! refusals by reason, token totals) live in one `Counters` block per thread, each written
 //! only by its own thread, and are summed by [`Bulkhead::stats`](crate::Bulkhead::stats).
-//! Every counter and every sum saturates at `u64::MAX` instead of wrapping: a usage report
+//! Every amount and every sum saturates at `u64::MAX` instead of wrapping: a usage report
 //! of `u64::MAX − 1` tokens followed by one of 5 leaves `total_consumed` at `u64::MAX`, never
-//! at a small number.
+//! at a small number. A count of decisions goes up by ones (`Stripe::incr`), which could not
+//! reach `u64::MAX` in centuries, so the decision paths do not test for it.
 //!
 //! # Memory ordering
 //!

@@ -132,11 +132,11 @@ impl Bulkhead {
         resources: crate::vocab::class::Resources,
     ) -> Granted {
         let shared = &*self.shared;
-        let n = c.admitted.add(1);
+        let n = c.admitted.incr();
         let cc = &c.classes[k];
-        cc.admitted.add(1);
+        cc.admitted.incr();
         if resources.borrowed_concurrency {
-            cc.borrowed_admissions.add(1);
+            cc.borrowed_admissions.incr();
         }
         if shared.has_budget {
             c.total_reserved.add(r);
@@ -198,8 +198,8 @@ impl Bulkhead {
     ) -> Rejection {
         let shared = &*self.shared;
         let c = shared.counters.local(Counters::new);
-        c.rejected[f.reason.index()].add(1);
-        c.classes[k].rejected[f.reason.index()].add(1);
+        c.rejected[f.reason.index()].incr();
+        c.classes[k].rejected[f.reason.index()].incr();
         let mut rej = plain::rejection(f.summary.g, f.summary.t, &f.lim, f.reason, r, priority);
         rej.constraint = f.constraint;
         if f.reason != RejectReason::Shutdown {

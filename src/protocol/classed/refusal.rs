@@ -209,8 +209,8 @@ pub(crate) fn ceiling_refusal(
     } else {
         return None;
     };
-    c.rejected[reason.index()].add(1);
-    c.classes[k].rejected[reason.index()].add(1);
+    c.rejected[reason.index()].incr();
+    c.classes[k].rejected[reason.index()].incr();
     // Every field below is within its packed width by the words it comes from (`n`: 14 bits,
     // the ring's class limits: 16 and 32, `U`: 16, `V`: 32); only `Σ pt` can be wider.
     Some(AtCeiling {
