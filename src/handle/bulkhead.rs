@@ -110,10 +110,13 @@ impl Bulkhead {
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
-        // Decision timing (`Interest::DECISION_TIMING`): one relaxed load unless asked for.
-        // No scope to drop on every exit: with timing asked for, every exit passes through the
-        // admit hook (an admission is then observed, below) or the reject hook, which end it.
-        shared.events.start_decision();
+        // The subscribers' interests, read once (one relaxed load): with nobody subscribed, the
+        // no-class decision below does not ask again, and its admission is not observed (a
+        // subscription made meanwhile may miss this decision's event: `crate::record::events`).
+        // Decision timing (`Interest::DECISION_TIMING`) has no scope to drop on every exit:
+        // with timing asked for, every exit passes through the admit hook (an admission is
+        // then observed) or the reject hook, which end it.
+        let interests = shared.events.interests();
         let reservation = if shared.has_budget {
             Some(demand.reservation().unwrap_or(Reservation::ZERO))
         } else {
@@ -129,8 +132,11 @@ impl Bulkhead {
         // merging two whole `Admission` values (one from an out-of-line call) made the compiler
         // move the admission through memory in a way that stalled on store forwarding.
         let g = if shared.classed {
+            if interests.intersects(Interest::DECISION_TIMING) {
+                crate::record::timing::begin_now();
+            }
             self.try_acquire_classed(demand.class(), r, priority)?
-        } else {
+        } else if interests.is_empty() {
             if demand.class().is_some() {
                 return Err(classed::unknown_class());
             }
@@ -140,8 +146,33 @@ impl Bulkhead {
                 Err(plain::NoAdmit::Refused(f)) => return Err(f.rejection(r)),
                 Err(plain::NoAdmit::Rejected(rejection)) => return Err(rejection),
             }
+        } else {
+            self.try_admit_observed(demand, r, priority, interests)?
         };
-        Ok(self.admission_from(g, priority, reservation))
+        let observed =
+            interests.intersects(Interest::ADMIT | Interest::RELEASE | Interest::DECISION_TIMING);
+        Ok(self.admission_observed(g, priority, reservation, observed))
+    }
+
+    /// The no-class decision of `try_acquire` with subscribers (`interests`): timed if asked
+    /// for, its refusal counted and explained after its operation and published
+    /// (`crate::protocol::plain::try_admit_observed`).
+    #[cold]
+    #[inline(never)]
+    fn try_admit_observed(
+        &self,
+        demand: Demand,
+        r: u64,
+        priority: Priority,
+        interests: Interest,
+    ) -> Result<Granted, Rejection> {
+        if interests.intersects(Interest::DECISION_TIMING) {
+            crate::record::timing::begin_now();
+        }
+        if demand.class().is_some() {
+            return Err(classed::unknown_class());
+        }
+        plain::try_admit_observed(&self.shared, r, priority)
     }
 
     /// Builds the admission of a successful decision.

@@ -117,11 +117,11 @@ pub(crate) fn try_decide(
     })
 }
 
-/// The fast decision of `Bulkhead::try_acquire`: [`try_decide`]'s, with a refusal counted and
-/// explained before the decision leaves its grace-period operation ([`refuse`], inlined; with
-/// a slot free but `WAITERS` up, [`waiters_up`], out of line). A refusal with event
-/// subscribers is left to [`try_admit_observed`], which decides again after this operation
-/// (nothing was counted).
+/// The fast decision of `Bulkhead::try_acquire` when its read of the interests found nobody
+/// subscribed: [`try_decide`]'s, with a refusal counted and explained before the decision
+/// leaves its grace-period operation ([`refuse`], inlined; with a slot free but `WAITERS` up,
+/// [`waiters_up`], out of line). With subscribers `try_acquire` calls [`try_admit_observed`]
+/// instead, which publishes the refusal after the operation.
 #[inline(always)]
 pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, NoAdmit> {
     let out = decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
@@ -132,9 +132,6 @@ pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<G
                 Answer::Again => None,
                 Answer::Observed => Some(Err(None)),
             };
-        }
-        if shared.events.on() {
-            return Some(Err(None));
         }
         let refused = match priority {
             Priority::Normal => refuse::<false>(shared, c, w, p, reason),

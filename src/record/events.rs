@@ -582,6 +582,11 @@ impl Interest {
         self.0 & other.0 != 0
     }
 
+    /// Whether no kind is in `self`.
+    pub(crate) const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
     /// The kind of `event`.
     ///
     /// ```
@@ -650,6 +655,12 @@ impl Subscribers {
     #[inline(always)]
     pub(crate) fn on(&self) -> bool {
         self.mask.load(Ordering::Relaxed) != 0
+    }
+
+    /// The union of the subscribers' interests (one `Relaxed` load).
+    #[inline(always)]
+    pub(crate) fn interests(&self) -> Interest {
+        Interest(self.mask.load(Ordering::Relaxed))
     }
 
     /// Whether anyone subscribes to a kind of `interest` (one `Relaxed` load).
@@ -735,16 +746,6 @@ impl Subscribers {
             Some(Instant::now())
         } else {
             None
-        }
-    }
-
-    /// Starts the clock of `try_acquire`'s decision on this thread if decision timing is asked
-    /// for (`crate::record::timing::begin_now`; one `Relaxed` load and a branch otherwise). No
-    /// scope: the admit and reject hooks end it (`crate::record::timing::end`).
-    #[inline(always)]
-    pub(crate) fn start_decision(&self) {
-        if self.wants(Interest::DECISION_TIMING) {
-            crate::record::timing::begin_now();
         }
     }
 
