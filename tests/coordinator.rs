@@ -161,7 +161,7 @@ fn seed_the_attempt_timeout_starts_when_the_work_starts() {
     clocks.scheduler.advance(ms(500)); // queued for 500 ms: longer than the attempt timeout
     first.complete();
     let inv = queued.wait_blocking().unwrap();
-    assert_eq!(inv.started_at(), ms(1500));
+    assert_eq!(inv.started_at(), Some(ms(1500)));
     assert!(!inv.signal().is_cancelled());
     clocks.scheduler.advance(ms(99));
     assert!(
@@ -291,7 +291,7 @@ fn seed_min_interval_is_the_gap_between_actual_starts_even_after_a_late_wake_up(
     let s = c.snapshot(); // the next operation catches up: ready at 100, deadline 120
     assert_eq!(s.providers[0].paced_until, Some(ms(230)));
     let inv = second.wait_blocking().unwrap();
-    assert_eq!(inv.started_at(), ms(130));
+    assert_eq!(inv.started_at(), Some(ms(130)));
 }
 
 /// "You parse Retry-After yourself." (the helper, then the cooldown)
@@ -343,7 +343,7 @@ fn blocking_callers_are_started_by_a_completion_on_another_thread() {
     let ticket = c.submit("a", "k", SubmitOptions::default()).unwrap();
     let t = std::thread::spawn(move || ticket.wait_blocking().map(|i| i.started_at()));
     held.complete();
-    assert_eq!(t.join().unwrap(), Ok(ms(0)));
+    assert_eq!(t.join().unwrap(), Ok(Some(ms(0))));
 }
 
 /// Async callers on tokio: queued futures started by completions and timed out by the fake
@@ -369,7 +369,7 @@ fn async_callers_on_tokio() {
         assert_eq!(late.await.unwrap().err(), Some(AdmissionError::Timeout));
         held.complete();
         let inv = next.await.unwrap().unwrap();
-        assert_eq!(inv.started_at(), ms(50));
+        assert_eq!(inv.started_at(), Some(ms(50)));
     });
 }
 
@@ -447,8 +447,10 @@ fn memory_stays_flat_over_a_million_distinct_keys() {
         }
     }
     drop(running);
+    // The table is sharded (one shard per running key here, 4): each shard's capacity
+    // follows the keys it held at once (at most 4, so at most 7 places), never the million.
     assert!(
-        c.key_table_capacity() <= 16,
+        c.key_table_capacity() <= 28,
         "capacity {}",
         c.key_table_capacity()
     );

@@ -72,27 +72,6 @@ impl CancelToken {
         self.0.cancelled.load(Ordering::Acquire)
     }
 
-    /// This token as a fresh one, if nobody else can ever see it: it is the only handle and was
-    /// never cancelled (its registration lists are emptied). Lets a caller reuse the allocation
-    /// instead of dropping it and allocating a new token; otherwise the token comes back
-    /// unchanged in `Err` (the caller chooses where to drop it).
-    #[cfg(feature = "coordinator")]
-    pub(crate) fn recycle(mut self) -> Result<CancelToken, CancelToken> {
-        if self.is_cancelled() {
-            return Err(self);
-        }
-        // Unique: no other handle exists, so no thread can cancel, register or clone it now.
-        let Some(inner) = Arc::get_mut(&mut self.0) else {
-            return Err(self);
-        };
-        let (Ok(sleepers), Ok(wakers)) = (inner.sleepers.get_mut(), inner.wakers.get_mut()) else {
-            return Err(self);
-        };
-        sleepers.clear();
-        wakers.1.clear();
-        Ok(self)
-    }
-
     pub(crate) fn register(&self, t: crate::sync::thread::Thread) {
         lock(&self.0.sleepers).push(t);
     }
