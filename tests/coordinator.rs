@@ -615,3 +615,47 @@ fn a_signal_someone_still_holds_is_never_a_later_invocations_signal() {
     drop(w);
     assert!(!e.signal().is_cancelled());
 }
+
+/// "It does not jump a queued ticket that is already eligible" (COORDINATOR.md C1), on the
+/// uncontended path: a ticket whose provider's cooldown ended while no timer ran yet is
+/// eligible; an eligible newcomer that could take the client slot without the mutex must not
+/// take it first. The queued path catches up and starts the queued ticket; the newcomer queues.
+#[test]
+fn an_uncontended_newcomer_never_overtakes_a_queued_ticket_whose_cooldown_just_ended() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 2, &[("a", None, 0), ("b", None, 0)], &clocks);
+    c.cooldown("b", ms(100)).unwrap();
+    let queued = c.submit("b", "k2", SubmitOptions::default()).unwrap();
+    assert!(!queued.is_started());
+    // The cooldown ends on the clock; the scheduler has not fired its timer yet.
+    clocks.elapsed.advance(ms(100));
+    let newcomer = c.submit("a", "k3", SubmitOptions::default()).unwrap();
+    assert!(
+        !newcomer.is_started(),
+        "the newcomer took the client slot ahead of an eligible queued ticket"
+    );
+    let s = c.snapshot();
+    assert_eq!(s.queue, vec![newcomer.id()]);
+    let first = queued.wait_blocking().unwrap();
+    assert_eq!(first.started_at(), Some(ms(100)));
+    first.complete();
+    newcomer.wait_blocking().unwrap().complete();
+    assert_eq!(c.snapshot().client_in_flight, 0);
+}
+
+/// A completion on the uncontended path (no mutex) still hands its key to the ticket queued
+/// for that key, inside the completion, and a newcomer for another key that raced it queues
+/// behind (client limit 1).
+#[test]
+fn an_uncontended_completion_hands_its_slot_and_key_to_the_queued_ticket() {
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(1, 2, &[("a", None, 0)], &clocks);
+    let running = go(&c, "a", "k");
+    let same_key = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    running.complete();
+    let other = c.submit("a", "j", SubmitOptions::default()).unwrap();
+    assert!(!other.is_started());
+    assert_eq!(c.snapshot().running, vec![("k".to_string(), same_key.id())]);
+    same_key.wait_blocking().unwrap().complete();
+    other.wait_blocking().unwrap().complete();
+}
