@@ -4,8 +4,10 @@
 //! Monotonic instants are `Duration`s since the clock's own origin: they mean nothing outside
 //! the process and are never persisted.
 
+#[cfg(not(loom))]
 use crate::sync::{Condvar, Mutex};
 use std::collections::BinaryHeap;
+#[cfg(not(loom))]
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -82,6 +84,7 @@ impl SystemClock {
     }
 
     /// The real instant of monotonic instant `at`.
+    #[cfg(not(loom))]
     fn instant(&self, at: Duration) -> Option<Instant> {
         self.origin.checked_add(at)
     }
@@ -189,11 +192,14 @@ impl Timers {
     }
 }
 
+#[cfg(not(loom))]
 struct ThreadShared {
     timers: Mutex<(Timers, bool)>,
     cv: Condvar,
 }
 
+// Not under loom: its thread would run outside the model (models pass fake clocks).
+#[cfg(not(loom))]
 /// The real scheduler: one thread that sleeps until the earliest timer of a [`SystemClock`]
 /// and runs due tasks on itself. The thread ends when the scheduler is dropped.
 ///
@@ -211,6 +217,7 @@ pub struct ThreadScheduler {
     shared: Arc<ThreadShared>,
 }
 
+#[cfg(not(loom))]
 impl ThreadScheduler {
     /// A scheduler for `clock`'s instants, with its thread started.
     ///
@@ -235,6 +242,7 @@ impl ThreadScheduler {
     }
 }
 
+#[cfg(not(loom))]
 fn run_timers(clock: SystemClock, s: &ThreadShared) {
     let mut g = crate::sync::lock(&s.timers);
     loop {
@@ -267,6 +275,7 @@ fn run_timers(clock: SystemClock, s: &ThreadShared) {
     }
 }
 
+#[cfg(not(loom))]
 impl Scheduler for ThreadScheduler {
     fn schedule(&self, at: Duration, task: Task) {
         let _ = self.clock;
@@ -275,6 +284,7 @@ impl Scheduler for ThreadScheduler {
     }
 }
 
+#[cfg(not(loom))]
 impl Drop for ThreadScheduler {
     fn drop(&mut self) {
         crate::sync::lock(&self.shared.timers).1 = true;

@@ -11,31 +11,35 @@
 //! start instant: an attempt timeout, recorded events). Anything it cannot take undoes what
 //! it took and sends the ticket to the queued path, which judges it under the mutex.
 //!
-//! # Why a fast start never overtakes a queued ticket
+//! # Why the queued path sees no half-done uncontended operation
 //!
 //! The client word's `WAITERS` bit is up whenever a ticket is queued: the queued path raises
 //! it (under the mutex) *before* it judges a newcomer, and lowers it only when the queue is
-//! empty. A fast admission's first CAS fails while it is up, so no fast start happens while
-//! an eligible ticket may be queued (COORDINATOR.md §4.2, C1).
+//! empty. Every uncontended operation is bracketed in the client word: its first RMW (a CAS
+//! that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
+//! `WAITERS`, the queued path waits until `BUSY` is zero before it judges anything: from then
+//! until the queue is empty again, no uncontended operation starts (an admission goes to the
+//! queued path, a completion gives its slots back under the mutex and runs the start rule
+//! there), and none is half done. So the start rule scans a state that only changes under the
+//! mutex: it is the same as if every operation took the mutex (COORDINATOR.md §4.2, C1), and a
+//! slot or key freed while a ticket is queued always reaches the start rule (no lost wake-up).
 //!
-//! # Why a queued ticket is never forgotten (no lost wake-up)
+//! A half-done operation seen by a scan would break that: a completion that freed its key in
+//! the middle of a scan would let a later ticket for that key start ahead of an earlier one
+//! judged a moment before (I6); an admission's undo, the same.
 //!
-//! A release frees its key, then its provider slot, then its client slot with a `fetch_sub`
-//! on the client word, and runs the start rule under the mutex when the word it replaced had
-//! `WAITERS` up. The queued path raises `WAITERS` with a `fetch_or` on the same word before
-//! it judges the newcomer. The two RMWs are ordered in the word's modification order: if the
-//! release's came first, the `fetch_or` (acquire) reads from it and the judge sees the freed
-//! key and slots; if the `fetch_or` came first, the release sees `WAITERS` and runs the start
-//! rule. A fast admission that gives back what it took (an undo) ends with the same
-//! `fetch_sub`, then goes to the queued path, which runs the start rule before it judges.
+//! The wait for `BUSY` to drain spins (yielding) under the mutex; it happens only when a
+//! ticket must queue while an uncontended operation is in flight, which then needs no lock to
+//! finish.
 //!
 //! # Memory ordering
 //!
-//! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): each release
-//! sequence carries the key table's and the provider word's changes to whoever reads the
-//! client word next. The key table's shards are mutexes. The cooldown gate is raised with
-//! `fetch_max` under the wait's mutex and cleared (once expired) only by a CAS from the exact
-//! expired value, so a raise is never lost.
+//! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): the bracket's
+//! closing RMW is a release that the queued path's drain (an acquire load that reads it, or a
+//! later value of its release sequence) synchronises with, so it sees every change of the key
+//! table and the provider words made inside the bracket. The key table's shards are mutexes.
+//! The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
+//! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
 use super::TicketId;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
@@ -46,6 +50,10 @@ use std::time::Duration;
 
 /// The client word's in-flight count (the low 32 bits).
 pub(crate) const COUNT: u64 = u32::MAX as u64;
+/// One uncontended operation in flight (bits 32..56).
+const BUSY: u64 = 1 << 32;
+/// The count of uncontended operations in flight.
+const BUSY_MASK: u64 = ((1 << 24) - 1) << 32;
 /// Some ticket is queued (or a newcomer is being judged under the mutex).
 pub(crate) const WAITERS: u64 = 1 << 62;
 /// The coordinator is closed.
@@ -261,13 +269,21 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         self.client.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Raises `WAITERS` (the queued path, under the mutex, before it judges a newcomer).
+    /// Raises `WAITERS` and waits until no uncontended operation is in flight (the queued
+    /// path, under the mutex, before it judges a newcomer; module docs).
     pub(crate) fn raise_waiters(&self) {
+        let mut w = self.client.fetch_or(WAITERS, Ordering::AcqRel) | WAITERS;
+        // Broken variant (loom model `coordinator.rs`, model 2): without the wait, a
+        // completion in flight frees its key after the judgement saw it held, outside the
+        // mutex and without the start rule: the ticket queued for the key waits forever.
         #[cfg(loom)]
-        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_NO_WAITERS_BIT") {
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN") {
             return;
         }
-        self.client.fetch_or(WAITERS, Ordering::AcqRel);
+        while w & BUSY_MASK != 0 {
+            crate::sync::thread::yield_now();
+            w = self.client.load(Ordering::Acquire);
+        }
     }
 
     /// Lowers `WAITERS` (under the mutex, once the queue is empty).
@@ -280,9 +296,20 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         self.client.fetch_or(CLOSED, Ordering::AcqRel);
     }
 
-    /// Takes a client slot if one is free (`fast`: only while nobody waits and not closed).
+    /// Takes a client slot if one is free. `fast`: only while nobody waits and not closed,
+    /// and it opens the uncontended bracket (`BUSY`, module docs).
     fn claim_client(&self, fast: bool) -> bool {
         let flags = if fast { WAITERS | CLOSED } else { 0 };
+        let add = if fast { BUSY + 1 } else { 1 };
+        // Broken variant (loom model `coordinator.rs`, model 1): a fast admission that does
+        // not look at `WAITERS` can take a slot a completion freed for a queued ticket.
+        #[cfg(loom)]
+        let flags =
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_FAST_IGNORES_WAITERS") {
+                flags & !WAITERS
+            } else {
+                flags
+            };
         let mut w = self.client.load(Ordering::Acquire);
         loop {
             if w & flags != 0 || w & COUNT >= self.client_limit {
@@ -290,7 +317,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             }
             match self
                 .client
-                .compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(w, w + add, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return true,
                 Err(x) => w = x,
@@ -298,9 +325,14 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// Gives a client slot back; returns the word it replaced.
-    fn unclaim_client(&self) -> u64 {
-        self.client.fetch_sub(1, Ordering::AcqRel)
+    /// Closes the uncontended bracket, giving back `slots` client slots with it.
+    fn end_fast(&self, slots: u64) {
+        self.client.fetch_sub(BUSY + slots, Ordering::AcqRel);
+    }
+
+    /// Gives a client slot back (under the mutex).
+    fn unclaim_client(&self) {
+        self.client.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
@@ -318,7 +350,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             return Err(NotFast(key));
         }
         if !p.claim() {
-            self.unclaim_client();
+            self.end_fast(1);
             return Err(NotFast(key));
         }
         let cool = p.cool_until.load(Ordering::Acquire);
@@ -329,7 +361,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             if cool != 0 {
                 if nanos(n) < cool {
                     p.unclaim();
-                    self.unclaim_client();
+                    self.end_fast(1);
                     return Err(NotFast(key));
                 }
                 // Expired: later admissions need not read the clock. Only from this exact
@@ -340,10 +372,13 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             }
         }
         match self.keys.claim(&key, || self.next_ticket()) {
-            Some(ticket) => Ok(FastStart { ticket, key, now }),
+            Some(ticket) => {
+                self.end_fast(0);
+                Ok(FastStart { ticket, key, now })
+            }
             None => {
                 p.unclaim();
-                self.unclaim_client();
+                self.end_fast(1);
                 Err(NotFast(key))
             }
         }
@@ -373,20 +408,53 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         Ok(())
     }
 
-    /// Gives back a start's key, provider slot and client slot, in that order (module docs);
-    /// returns whether a ticket was queued then (the caller must run the start rule).
+    /// Gives back a start's key, provider slot and client slot without the mutex, inside the
+    /// uncontended bracket, if nobody waits. Returns `false`, having given back nothing, if
+    /// somebody does: the caller then gives them back with
+    /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
     pub(crate) fn release(&self, provider: usize, key: &K) -> bool {
+        // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
+        // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
+        // the ticket queued for its key waits forever.
+        #[cfg(loom)]
+        let flags =
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS")
+            {
+                0
+            } else {
+                WAITERS
+            };
+        #[cfg(not(loom))]
+        let flags = WAITERS;
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            if w & flags != 0 {
+                return false;
+            }
+            match self.client.compare_exchange_weak(
+                w,
+                w + BUSY,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(x) => w = x,
+            }
+        }
         let signal = self.keys.release(key);
         self.providers[provider].unclaim();
-        #[cfg(loom)]
-        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS") {
-            self.unclaim_client();
-            drop(signal);
-            return false;
-        }
-        let waiters = self.unclaim_client() & WAITERS != 0;
+        self.end_fast(1);
         drop(signal);
-        waiters
+        true
+    }
+
+    /// Gives back a start's key, provider slot and client slot under the mutex (the start
+    /// rule runs after it); returns the signal, to drop after the mutex.
+    pub(crate) fn release_locked(&self, provider: usize, key: &K) -> Option<CancelToken> {
+        let signal = self.keys.release(key);
+        self.providers[provider].unclaim();
+        self.unclaim_client();
+        signal
     }
 
     /// The signal of the invocation of `ticket` running `key` (made on first use).

@@ -43,7 +43,9 @@ mod state;
 pub mod testing;
 mod ticket;
 
-pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, ThreadScheduler, WallClock};
+#[cfg(not(loom))]
+pub use clock::ThreadScheduler;
+pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, WallClock};
 pub use error::{AdmissionError, CoordinatorError};
 pub use retry_after::{parse_retry_after, RetryAfterError};
 pub use ticket::{Invocation, Ticket, TicketWait};
@@ -223,6 +225,7 @@ impl Clocks {
     /// ```
     /// let _ = llm_bulkhead::coordinator::Clocks::system();
     /// ```
+    #[cfg(not(loom))]
     pub fn system() -> Self {
         let c = SystemClock::new();
         Clocks {
@@ -343,7 +346,11 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
                 not_before: None,
             });
         }
+        #[cfg(not(loom))]
         let clocks = self.clocks.unwrap_or_else(Clocks::system);
+        // Under loom the real scheduler's thread would run outside the model.
+        #[cfg(loom)]
+        let clocks = self.clocks.expect("loom models pass fake clocks");
         let now = clocks.elapsed.elapsed();
         let gates = Gates::new(self.client_limit, provider_gates.into_boxed_slice());
         let state = State {
@@ -474,8 +481,8 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             }
             let s = t.state();
             let ticket = s.gates.next_ticket();
-            // Raised before the newcomer is judged (`gates` module docs): a release from now
-            // on runs the start rule, one before it is seen by the judgement.
+            // Raised before the newcomer is judged, and every uncontended operation in flight
+            // finished (`gates` module docs): from here the state changes only under the mutex.
             s.gates.raise_waiters();
             let r = Request {
                 ticket,

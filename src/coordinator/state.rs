@@ -134,8 +134,8 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     }
 
     fn give_back(&mut self, g: Grant<K>) {
-        // The start rule runs after this (the wait's give-back): the result is not needed.
-        let _ = self.gates.release(g.provider, &g.key);
+        // Under the mutex; the start rule runs after this (the wait's give-back).
+        drop(self.gates.release_locked(g.provider, &g.key));
     }
 
     /// The queue cap counts queued tickets only (C13).

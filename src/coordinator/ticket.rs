@@ -369,13 +369,14 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
     fn drop(&mut self) {
         let Some(g) = self.grant.take() else { return };
-        // Key, provider slot, client slot, without the mutex; the start rule runs only if a
-        // ticket was queued then (`gates` module docs).
-        if !self.shared.gates.release(g.provider, &g.key) {
+        // Key, provider slot, client slot, without the mutex while nobody waits; else under
+        // it, followed by the start rule (`gates` module docs).
+        if self.shared.gates.release(g.provider, &g.key) {
             return;
         }
         let clock = &self.shared.clocks.elapsed;
-        let wake = self.shared.wait.transaction(|t| {
+        let (signal, wake) = self.shared.wait.transaction(|t| {
+            let signal = t.state().gates.release_locked(g.provider, &g.key);
             // With nobody queued there is no deadline or ready time to settle, and every other
             // operation catches up before it reads the state: the clock read is skipped.
             if t.queued() > 0 {
@@ -384,8 +385,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
             // The start rule runs as the transaction ends; its wake plan must see those
             // starts, so run it here first.
             t.start_eligible();
-            plan_wake(t)
+            (signal, plan_wake(t))
         });
+        // The key and the signal are dropped after the mutex.
+        drop((g, signal));
         schedule_tick(&self.shared, wake);
     }
 }
