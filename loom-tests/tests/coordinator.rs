@@ -16,7 +16,9 @@
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN=1` (the queued path raises `WAITERS` but does not
 //!    wait for the uncontended operations in flight: a completion that opened its bracket
 //!    before frees the key after the judgement saw it held, and runs no start rule, so the
-//!    ticket waits forever) and `..._RELEASE_IGNORES_WAITERS=1`.
+//!    ticket waits forever) and `..._RELEASE_IGNORES_WAITERS=1`;
+//! 3. two uncontended admissions for the last client slot: exactly one starts (no
+//!    over-admission), the other is judged by the queued path and refused.
 #![cfg(loom)]
 
 mod common;
@@ -102,6 +104,27 @@ fn a_ticket_queued_while_its_key_completes_is_started() {
         });
         running.complete();
         later.join().unwrap();
+        assert_at_rest(&c);
+    });
+}
+
+/// Two uncontended admissions for the last client slot (client limit 1, no queue): exactly one
+/// starts, the other is refused with overflow after the queued path judged it; nothing leaks.
+#[test]
+fn two_uncontended_admissions_for_the_last_slot_start_one() {
+    model(|| {
+        let c = coordinator(1, 0);
+        let c2 = c.clone();
+        let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).ok());
+        let mine = c.submit("a", 1, SubmitOptions::default()).ok();
+        let other = other.join().unwrap();
+        let started = [&mine, &other]
+            .iter()
+            .filter(|t| t.as_ref().is_some_and(|t| t.is_started()))
+            .count();
+        assert_eq!(started, 1, "the client limit of 1 admitted {started}");
+        assert_eq!(c.snapshot().client_in_flight, 1);
+        drop((mine, other));
         assert_at_rest(&c);
     });
 }
