@@ -25,7 +25,7 @@ mod common;
 
 use common::model;
 use llm_bulkhead::coordinator::testing::ManualClocks;
-use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+use llm_bulkhead::coordinator::{Coordinator, Invocation, ProviderLimits, SubmitOptions};
 use loom::thread;
 use std::time::Duration;
 
@@ -40,6 +40,13 @@ fn coordinator(client_limit: u32, queue_cap: usize) -> Coordinator<u8> {
         .unwrap()
 }
 
+/// Submits a ticket for key `key` that starts at once.
+fn start(c: &Coordinator<u8>, key: u8) -> Invocation<u8> {
+    let t = c.submit("a", key, SubmitOptions::default()).unwrap();
+    assert!(t.is_started(), "key {key} should start at once");
+    t.wait_blocking().unwrap()
+}
+
 fn assert_at_rest(c: &Coordinator<u8>) {
     let s = c.snapshot();
     assert_eq!(s.client_in_flight, 0, "client slot leaked: {s:?}");
@@ -52,11 +59,7 @@ fn assert_at_rest(c: &Coordinator<u8>) {
 fn a_completion_hands_its_slot_to_the_queued_ticket_not_to_an_uncontended_newcomer() {
     model(|| {
         let c = coordinator(1, 2);
-        let running = c
-            .submit("a", 1, SubmitOptions::default())
-            .unwrap()
-            .wait_blocking()
-            .unwrap();
+        let running = start(&c, 1);
         let queued = c.submit("a", 1, SubmitOptions::default()).unwrap();
         assert!(!queued.is_started(), "key 1 is running");
         let c2 = c.clone();
@@ -86,11 +89,7 @@ fn a_completion_hands_its_slot_to_the_queued_ticket_not_to_an_uncontended_newcom
 fn a_ticket_queued_while_its_key_completes_is_started() {
     model(|| {
         let c = coordinator(2, 1);
-        let running = c
-            .submit("a", 1, SubmitOptions::default())
-            .unwrap()
-            .wait_blocking()
-            .unwrap();
+        let running = start(&c, 1);
         let c2 = c.clone();
         let later = thread::spawn(move || {
             // Queued (key 1 runs) or started at once (the completion came first): either
