@@ -50,7 +50,7 @@ pub use error::{AdmissionError, CoordinatorError};
 pub use retry_after::{parse_retry_after, RetryAfterError};
 pub use ticket::{Invocation, Ticket, TicketWait};
 
-use crate::wait::multi::{MultiWait, Refused, Submitted, Txn};
+use crate::wait::multi::{Admit, MultiWait, Refused, Start, Submitted, Txn};
 use gates::{Gates, NotFast, ProviderGate};
 use state::{catch_up, next_instant, Provider, Request, State};
 use std::hash::Hash;
@@ -481,15 +481,24 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             }
             let s = t.state();
             let ticket = s.gates.next_ticket();
-            // Raised before the newcomer is judged, and every uncontended operation in flight
-            // finished (`gates` module docs): from here the state changes only under the mutex.
-            s.gates.raise_waiters();
             let r = Request {
                 ticket,
                 provider,
                 key,
                 deadline,
             };
+            if s.queued == 0 {
+                // Nobody is queued, so starting now jumps nobody: try without raising
+                // `WAITERS` (a paced provider's tickets come this way on every start).
+                if let Start::Now(g) = s.try_start(&r) {
+                    return Ok((Ok((ticket, Submitted::Started(g))), plan_wake(t)));
+                }
+                // It may have to queue: `WAITERS` up and every uncontended operation in
+                // flight finished before it is judged again (`gates` module docs); from here
+                // the state changes only under the mutex. (With a ticket queued, `WAITERS` is
+                // up already.)
+                s.gates.raise_waiters();
+            }
             let submitted = t.submit(r);
             let s = t.state();
             if matches!(submitted, Ok(Submitted::Queued(_))) {
