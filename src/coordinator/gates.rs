@@ -14,8 +14,9 @@
 //! # Why the queued path sees no half-done uncontended operation
 //!
 //! The client word's `WAITERS` bit is up whenever a ticket is queued: the queued path raises
-//! it (under the mutex) *before* it judges a newcomer, and lowers it only when the queue is
-//! empty. Every uncontended operation is bracketed in the client word: its first RMW (a CAS
+//! it (under the mutex) *before* it judges a newcomer that may have to queue (one that can
+//! start while nobody is queued jumps nobody and is started without it), and lowers it only
+//! when the queue is empty. Every uncontended operation is bracketed in the client word: its first RMW (a CAS
 //! that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
 //! `WAITERS`, the queued path waits until `BUSY` is zero before it judges anything: from then
 //! until the queue is empty again, no uncontended operation starts (an admission goes to the
@@ -227,7 +228,8 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
 
 /// What a start holds: a client slot, a provider slot, a key.
 pub(crate) struct Gates<K> {
-    /// `[CLOSED @63][WAITERS @62][client in flight @0..32]`.
+    /// `[CLOSED @63][WAITERS @62][BUSY: uncontended operations in flight @32..56][client in
+    /// flight @0..32]`.
     client: CachePadded<AtomicU64>,
     client_limit: u64,
     pub(crate) providers: Box<[ProviderGate]>,
