@@ -121,6 +121,14 @@ impl Future for Acquire<'_> {
 }
 
 impl Acquire<'_> {
+    /// Whether the demand entered the queue (the LLM layer's timed runs read it once the
+    /// future is answered).
+    pub(crate) fn was_queued(&self) -> bool {
+        self.queued
+    }
+}
+
+impl Acquire<'_> {
     /// The decision timing of this poll (`Interest::DECISION_TIMING`): the first poll reads
     /// the clock only if a subscriber asked (one relaxed load otherwise). A queued waiter's
     /// later polls resume from when it joined the queue (the node keeps no other instant, to
