@@ -50,3 +50,31 @@ pub fn borrowing_builder() -> BulkheadBuilder {
         .class("batch", ClassLimits::default())
         .default_class("batch")
 }
+
+/// The borrowing bulkhead with a 1,000-token budget, each request reserving 100 + 200.
+pub fn borrowing_budgeted() -> LlmBulkhead {
+    let b = borrowing_builder().token_budget(1_000).build().unwrap();
+    LlmBulkhead::new(b, |_: &LlmRequest| {
+        Ok(llm_bulkhead::Reservation::new(100, 200).unwrap())
+    })
+}
+
+/// `b` with two classes: `premium`, one slot protected, and `batch`, the default, at most one
+/// slot.
+pub fn premium_and_batch(b: BulkheadBuilder) -> BulkheadBuilder {
+    b.class(
+        "premium",
+        ClassLimits {
+            protected_concurrent: 1,
+            ..ClassLimits::default()
+        },
+    )
+    .class(
+        "batch",
+        ClassLimits {
+            max_concurrent: Some(1),
+            ..ClassLimits::default()
+        },
+    )
+    .default_class("batch")
+}
