@@ -328,10 +328,7 @@ impl LlmBulkhead {
                 );
                 match admitted {
                     Ok(ctx) => ctx,
-                    Err(rej) => {
-                        w.decided();
-                        return w.wrap(Err(RunError::Rejected(rej)));
-                    }
+                    Err(rej) => return w.refused(rej),
                 }
             }
         };
@@ -569,10 +566,7 @@ impl LlmBulkhead {
                     .await;
                     match admitted {
                         Ok(ctx) => ctx,
-                        Err(rej) => {
-                            w.decided();
-                            return w.wrap(Err(RunError::Rejected(rej)));
-                        }
+                        Err(rej) => return w.refused(rej),
                     }
                 }
             };

@@ -112,6 +112,16 @@ pub(in crate::llm) trait Stopwatch: Send {
     fn publish(&self, cell: &Self::Cell);
     /// The answer with the timing the leader left in `cell`.
     fn wrap_from<T>(self, cell: &Self::Cell, value: T) -> Self::Out<T>;
+
+    /// The answer of a run refused by the decision.
+    #[inline(always)]
+    fn refused<R, E>(mut self, rejection: Rejection) -> Self::Out<Result<R, RunError<E>>>
+    where
+        Self: Sized,
+    {
+        self.decided();
+        self.wrap(Err(RunError::Rejected(rejection)))
+    }
 }
 
 /// The untimed runs: nothing is read, and every step is a no-op.
