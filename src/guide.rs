@@ -140,6 +140,15 @@
 //!   the request and apply the class, priority and reserve of the same `RunOptions`, and give
 //!   back the [`Admission`](crate::Admission) to release yourself. They never de-duplicate.
 //!
+//! * **`run_timed` / `run_blocking_timed` / `run_shared_timed`** when you want the
+//!   reference's `decisionDurationNs` and `queueWaitNs` per call: the same runs, answering
+//!   [`RunTimed`](crate::llm::RunTimed) (the result and its decision, queue and work
+//!   nanoseconds); the work reads the decision's part from `ctx.timing()`. Only these read a
+//!   clock, [`with_clock`](crate::llm::LlmBulkhead::with_clock)'s (a
+//!   [`ManualClock`](crate::llm::ManualClock) makes tests exact). For every decision of a
+//!   bulkhead, subscribe with `Interest::DECISION_TIMING` instead: admit and reject events then
+//!   carry the same two figures.
+//!
 //! Reports and errors name classes by name (`"class": "batch"`), as events do, so a gateway
 //! forwards them as they are. [`contract`](crate::contract) §12 is the exact list.
 //!
