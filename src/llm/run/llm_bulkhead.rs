@@ -293,7 +293,6 @@ impl LlmBulkhead {
 
     /// The body of `run_blocking` and `run_blocking_timed`: `w` takes the readings (none,
     /// untimed).
-    #[inline(always)]
     pub(in crate::llm) fn run_blocking_in<R, E, U, F, W>(
         &self,
         request: &LlmRequest,
@@ -334,8 +333,7 @@ impl LlmBulkhead {
         };
         w.admitted(&mut ctx);
         let out = work(&mut ctx);
-        w.ended();
-        w.wrap(settle(&mut ctx, out, &options.usage))
+        w.answer(|| settle(&mut ctx, out, &options.usage))
     }
 
     /// `run_blocking` after the fast decision declined: the waiting acquire (enforce) or the
@@ -578,8 +576,7 @@ impl LlmBulkhead {
                 return w.wrap(out);
             }
             let out = work(&mut ctx).await;
-            w.ended();
-            w.wrap(settle(&mut ctx, out, &options.usage))
+            w.answer(|| settle(&mut ctx, out, &options.usage))
         }
     }
 

@@ -113,6 +113,17 @@ pub(in crate::llm) trait Stopwatch: Send {
     /// The answer with the timing the leader left in `cell`.
     fn wrap_from<T>(self, cell: &Self::Cell, value: T) -> Self::Out<T>;
 
+    /// The answer `settle` builds once the work ended (built in place: the untimed calls
+    /// return it as it is, without a copy through [`wrap`](Self::wrap)).
+    #[inline(always)]
+    fn answer<T>(mut self, settle: impl FnOnce() -> T) -> Self::Out<T>
+    where
+        Self: Sized,
+    {
+        self.ended();
+        self.wrap(settle())
+    }
+
     /// The answer of a run refused by the decision.
     #[inline(always)]
     fn refused<R, E>(mut self, rejection: Rejection) -> Self::Out<Result<R, RunError<E>>>
@@ -150,6 +161,10 @@ impl Stopwatch for NoWatch {
     #[inline(always)]
     fn wrap<T>(self, value: T) -> T {
         value
+    }
+    #[inline(always)]
+    fn answer<T>(self, settle: impl FnOnce() -> T) -> T {
+        settle()
     }
     #[inline(always)]
     fn cell(&self) {}
