@@ -147,7 +147,7 @@
 //!   clock, [`with_clock`](crate::llm::LlmBulkhead::with_clock)'s (a
 //!   [`ManualClock`](crate::llm::ManualClock) makes tests exact). For every decision of a
 //!   bulkhead, subscribe with `Interest::DECISION_TIMING` instead: admit and reject events then
-//!   carry the same two figures.
+//!   carry the decision and queue-wait figures (measured by the core, on the system clock).
 //!
 //! Reports and errors name classes by name (`"class": "batch"`), as events do, so a gateway
 //! forwards them as they are. [`contract`](crate::contract) §12 is the exact list.

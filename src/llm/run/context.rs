@@ -275,8 +275,8 @@ impl RunContext {
     }
 
     /// How long the decision that admitted this run took, and how long of it was spent
-    /// queued (the figures an admit event carries with `Interest::DECISION_TIMING`), on the
-    /// bulkhead's clock. `None` unless the run is timed ([`LlmBulkhead::run_timed`],
+    /// queued (the figures an admit event carries with `Interest::DECISION_TIMING`, here read
+    /// on the bulkhead's clock at the run's own steps: see `src/llm/run/timed.rs`). `None` unless the run is timed ([`LlmBulkhead::run_timed`],
     /// [`run_blocking_timed`](LlmBulkhead::run_blocking_timed),
     /// [`run_shared_timed`](LlmBulkhead::run_shared_timed)): untimed runs read no clock.
     /// In observe mode it times the decision that ended in the bypass.

@@ -43,7 +43,7 @@ pub struct RunTiming {
 }
 
 impl RunTiming {
-    /// The decision's part, as the core's [`Timing`] (what admit and reject events carry).
+    /// The decision's part, as the core's [`Timing`] (the type admit and reject events carry).
     ///
     /// ```
     /// use llm_bulkhead::llm::RunTiming;
