@@ -405,7 +405,8 @@ impl Bulkhead {
 
     /// [`acquire_blocking`](Self::acquire_blocking), also telling `queued` (when given)
     /// whether the demand waited in the queue: how the LLM layer's timed runs split their
-    /// decision from their queue wait on their own clock.
+    /// decision from their queue wait on their own clock (its one user, hence the feature).
+    #[cfg(feature = "llm")]
     pub(crate) fn acquire_blocking_noting(
         &self,
         demand: Demand,

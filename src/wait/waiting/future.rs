@@ -120,9 +120,10 @@ impl Future for Acquire<'_> {
     }
 }
 
+#[cfg(feature = "llm")]
 impl Acquire<'_> {
-    /// Whether the demand entered the queue (the LLM layer's timed runs read it once the
-    /// future is answered).
+    /// Whether the demand entered the queue (the LLM layer's timed runs, its one user, read
+    /// it once the future is answered).
     pub(crate) fn was_queued(&self) -> bool {
         self.queued
     }
