@@ -374,3 +374,43 @@ fn an_observed_bypass_is_timed_like_an_admission() {
     assert_eq!(r.unwrap(), (AdmissionKind::Bypassed, Some(decision(2, 0))));
     assert_eq!(t, timing(2, 0, Some(1)));
 }
+
+#[test]
+fn a_detached_works_time_ends_when_it_is_handed_on() {
+    use llm_bulkhead::llm::{Detach, DetachedWork};
+    let clock = ManualClock::new();
+    let b = llm_support::borrowing_builder().build().unwrap();
+    let llm = LlmBulkhead::new(b, NaiveEstimator).with_clock(clock.clone());
+    let parked: Arc<Mutex<Vec<DetachedWork>>> = Arc::default();
+    let p = parked.clone();
+    let detach: Detach = Arc::new(move |w: DetachedWork| p.lock().unwrap().push(w));
+    let trigger = DeadlineTrigger::new();
+    let options = RunOptions {
+        borrowed_concurrency_deadline: Some(Deadline::Manual(trigger.clone())),
+        detach_at_deadline: Some(detach),
+        ..RunOptions::default()
+    };
+    let (go, gate) = tokio::sync::oneshot::channel::<()>();
+    let tick = clock.clone();
+    let mut run = Box::pin(llm.run_shared_timed(&request(), options, move |_| {
+        Box::pin(async move {
+            tick.advance(Duration::from_millis(20));
+            gate.await.map_err(|_| ())?; // the provider call, which ignores the stop signal
+            tick.advance(Duration::from_millis(500)); // after the caller was answered
+            Ok::<u32, ()>(1)
+        })
+    }));
+    assert!(poll(run.as_mut()).is_pending());
+    trigger.fire();
+    let Poll::Ready(t) = poll(run.as_mut()) else {
+        panic!("answered at expiry")
+    };
+    let (r, t) = timed(t);
+    assert!(matches!(r, Err(RunError::Deadline(_))));
+    assert_eq!(t, timing(0, 0, Some(20)));
+    // The work goes on where it was handed, and settles when it ends.
+    let mut w = parked.lock().unwrap().pop().expect("the work was detached");
+    go.send(()).unwrap();
+    assert!(poll(w.as_mut()).is_ready());
+    assert_eq!(llm.bulkhead().stats().admissions_in_flight, 0);
+}

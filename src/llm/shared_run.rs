@@ -219,6 +219,25 @@ fn share_clone<R: Clone + Send + 'static, E: Clone + Send + 'static>(
     Some(Box::new(r.clone()))
 }
 
+/// The sharer of `run_shared_with*`: a follower gets `share` of the leader's success (`None`:
+/// unshareable), and its error by `Clone`.
+fn share_with<R, E, S>(share: S) -> Sharer
+where
+    R: Send + 'static,
+    E: Clone + Send + 'static,
+    S: Fn(&R) -> Option<R> + Send + Sync + 'static,
+{
+    let sharer: DynShare = Arc::new(move |v: &(dyn Any + Send)| {
+        let r = v.downcast_ref::<Result<R, RunError<E>>>()?;
+        let shared: Result<R, RunError<E>> = match r {
+            Ok(x) => Ok(share(x)?),
+            Err(e) => Err(e.clone()),
+        };
+        Some(Box::new(shared) as Box<dyn Any + Send>)
+    });
+    Sharer::Dyn(sharer)
+}
+
 /// The de-duplication of an [`LlmBulkhead`].
 pub(super) struct SharedDedup {
     settings: DedupSettings,
@@ -511,15 +530,60 @@ impl LlmBulkhead {
         S: Fn(&R) -> Option<R> + Send + Sync + 'static,
         F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
     {
-        let sharer: DynShare = Arc::new(move |v: &(dyn Any + Send)| {
-            let r = v.downcast_ref::<Result<R, RunError<E>>>()?;
-            let shared: Result<R, RunError<E>> = match r {
-                Ok(x) => Ok(share(x)?),
-                Err(e) => Err(e.clone()),
-            };
-            Some(Box::new(shared) as Box<dyn Any + Send>)
-        });
-        self.shared_run(request, options, Sharer::Dyn(sharer), work, NoWatch)
+        self.shared_run(
+            request,
+            options,
+            share_with::<R, E, S>(share),
+            work,
+            NoWatch,
+        )
+    }
+
+    /// [`run_shared_with`](Self::run_shared_with), also reporting its
+    /// [`RunTiming`](crate::llm::RunTiming), as [`run_shared_timed`](Self::run_shared_timed).
+    ///
+    /// # Cancel safety
+    /// As [`run_shared`](Self::run_shared).
+    ///
+    /// # Errors
+    /// As [`run_shared_with`](Self::run_shared_with), inside [`RunTimed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ManualClock, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// use std::time::Duration;
+    /// struct Stream(u32); // not Clone
+    /// let clock = ManualClock::new();
+    /// let llm = LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator).with_clock(clock.clone());
+    /// let tick = clock.clone();
+    /// let t = futures_lite::future::block_on(llm.run_shared_with_timed(&LlmRequest::default(),
+    ///     RunOptions::default(), |_: &Stream| None, move |_ctx| Box::pin(async move {
+    ///         tick.advance(Duration::from_millis(8));
+    ///         Ok::<_, ()>(Stream(3))
+    ///     })));
+    /// assert_eq!((t.value.unwrap().0, t.timing.work_ns), (3, Some(8_000_000)));
+    /// ```
+    pub fn run_shared_with_timed<R, E, U, S, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        share: S,
+        work: F,
+    ) -> impl Future<Output = RunTimed<Result<R, RunError<E>>>> + Send + 'static
+    where
+        R: Send + 'static,
+        E: Clone + Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        S: Fn(&R) -> Option<R> + Send + Sync + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        self.shared_run(
+            request,
+            options,
+            share_with::<R, E, S>(share),
+            work,
+            self.watch(),
+        )
     }
 
     /// The body of the `run_shared*` calls: `w` takes the readings (none, untimed).

@@ -1,6 +1,7 @@
 //! Timed runs (reference `decisionDurationNs`, `queueWaitNs` through `run`): [`RunTiming`] on
 //! the result of [`LlmBulkhead::run_timed`], [`LlmBulkhead::run_blocking_timed`] and
-//! [`LlmBulkhead::run_shared_timed`], and [`RunContext::timing`] for the work. Only these calls
+//! [`LlmBulkhead::run_shared_timed`] (and `run_shared_with_timed`), and
+//! [`RunContext::timing`] for the work. Only these calls
 //! read a clock (the bulkhead's [`Clock`], [`LlmBulkhead::with_clock`]); `run`, `run_blocking`
 //! and `run_shared` share their code through [`Stopwatch`], whose untimed kind is a
 //! zero-sized no-op the compiler removes.
