@@ -3,7 +3,8 @@
 //! the work ran, and the work reads the decision's part from its context. Every duration comes
 //! from an injected clock that moves only when the test moves it (and, for [`Ticking`], by a
 //! fixed step at each reading), so the figures are checked exactly; nothing sleeps. Untimed
-//! calls must not read the clock at all.
+//! calls must not read the clock at all. A property test drives the engine and a model of the
+//! readings with the same random paths, steps and work times.
 #![cfg(feature = "serde")]
 
 #[path = "support/llm.rs"]
@@ -413,4 +414,81 @@ fn a_detached_works_time_ends_when_it_is_handed_on() {
     go.send(()).unwrap();
     assert!(poll(w.as_mut()).is_ready());
     assert_eq!(llm.bulkhead().stats().admissions_in_flight, 0);
+}
+
+/// The way a generated call goes through the decision.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// A free slot, no token: the fast decision admits.
+    Fast,
+    /// A free slot and a token: the waiting acquire admits without queueing.
+    Slow,
+    /// No slot and no queue: refused by the waiting acquire.
+    Refused,
+    /// No slot, observe mode: bypassed.
+    Bypassed,
+    /// A zero deadline: invalid before any decision.
+    Invalid,
+}
+
+/// The model: what a timed run reports, from the readings its path takes (one `tick` each),
+/// and the work's own time `work`. Returns the timing and the number of readings.
+fn model(path: Path, tick: u64, work: u64) -> (RunTiming, u32) {
+    match path {
+        // start, decided, ended.
+        Path::Fast => (timing(tick, 0, Some(tick + work)), 3),
+        // start, waiting, decided, ended.
+        Path::Slow | Path::Bypassed => (timing(2 * tick, 0, Some(tick + work)), 4),
+        // start, waiting, decided.
+        Path::Refused => (timing(2 * tick, 0, None), 3),
+        Path::Invalid => (RunTiming::default(), 0),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Engine against model: random paths, clock steps and work times, through the blocking
+    /// and the async run; the run's timing, the context's, and the number of clock readings
+    /// are the model's.
+    #[test]
+    fn timed_runs_follow_the_model(
+        steps in proptest::collection::vec((0u8..5, 0u64..4, 0u64..50, proptest::bool::ANY), 1..12),
+    ) {
+        for (path, tick, work, blocking) in steps {
+            let path = [Path::Fast, Path::Slow, Path::Refused, Path::Bypassed, Path::Invalid][path as usize];
+            let clock = Ticking::new(tick);
+            let slots = if matches!(path, Path::Refused | Path::Bypassed) { 0 } else { 1 };
+            let llm = LlmBulkhead::new(Bulkhead::new(slots).unwrap(), NaiveEstimator)
+                .with_clock(clock.clone());
+            let mut options = RunOptions::default();
+            match path {
+                Path::Slow => options.wait = WaitOptions::new().cancel(CancelToken::new()),
+                Path::Bypassed => options.mode = Mode::observe(),
+                Path::Invalid => {
+                    options.borrowed_concurrency_deadline = Some(Deadline::After(Duration::ZERO))
+                }
+                Path::Fast | Path::Refused => {}
+            }
+            let t = if blocking {
+                llm.run_blocking_timed(&request(), options, |ctx| {
+                    clock.advance(work);
+                    Ok::<_, ()>(ctx.timing())
+                })
+            } else {
+                future::block_on(llm.run_timed(&request(), options, async |ctx| {
+                    clock.advance(work);
+                    Ok::<_, ()>(ctx.timing())
+                }))
+            };
+            let (want, reads) = model(path, tick, work);
+            proptest::prop_assert_eq!(t.timing, want);
+            proptest::prop_assert_eq!(clock.reads(), reads);
+            if let Ok(seen) = t.value {
+                proptest::prop_assert_eq!(seen, Some(want.decision()));
+            } else {
+                proptest::prop_assert!(want.work_ns.is_none());
+            }
+        }
+    }
 }
