@@ -256,6 +256,9 @@ impl LlmBulkhead {
     /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] does the
     /// seed's detach (contract §12 lists each entry point).
     ///
+    /// It reads no clock: [`run_blocking_timed`](Self::run_blocking_timed) is the same call
+    /// with its decision, queue and work time ([`RunTiming`](crate::llm::RunTiming)).
+    ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
     /// own events ([`LlmEvent`](crate::llm::LlmEvent)) and `stats().observe`. `shutdown` and
@@ -482,6 +485,9 @@ impl LlmBulkhead {
     /// completes in the same poll in which the deadline fired is settled with its usage and
     /// answered `Deadline`. Without a deadline, or on a slot that is not borrowed, nothing of
     /// this runs (the common call takes one branch more).
+    ///
+    /// It reads no clock: [`run_timed`](Self::run_timed) is the same call with its decision,
+    /// queue and work time ([`RunTiming`](crate::llm::RunTiming)).
     ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
