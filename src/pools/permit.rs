@@ -97,7 +97,7 @@ impl PoolPermit<'_> {
         let pi = self.partition.0 as usize;
         // A retry admitted in its own partition gives both units back in one step.
         let own_retry = self.retry == Some(self.partition);
-        e.release(pi, self.tokens, own_retry);
+        self.pools.release(pi, self.tokens, own_retry);
         if let Some(r) = self.retry.filter(|_| !own_retry) {
             e.partitions[r.0 as usize].hot.active.give_retry();
         }

@@ -213,7 +213,7 @@ pub struct Route {
 }
 
 impl Route {
-    fn new() -> Route {
+    pub(crate) fn new() -> Route {
         Route {
             len: 0,
             items: [None; MAX_ATTEMPTS as usize],
@@ -457,7 +457,7 @@ impl Pools {
     #[inline]
     pub fn try_admit(&self, req: &PoolRequest) -> Result<PoolPermit<'_>, PoolRefusal> {
         let pi = req.partition.index();
-        match self.engine.decide(pi, req.priority, req.tokens) {
+        match self.engine.decide::<true>(pi, req.priority, req.tokens) {
             Ok(g) => {
                 self.emit(
                     req,
@@ -470,6 +470,9 @@ impl Pools {
                 Ok(self.permit(req, req.partition, g, None))
             }
             Err(r) => {
+                if r.undid {
+                    self.kick();
+                }
                 self.emit(req, r.version, Decision::Reject, r.reason, None, 1);
                 Err(PoolRefusal {
                     partition: req.partition,
@@ -584,7 +587,7 @@ impl Pools {
         loop {
             let attempt = route.attempts() + 1;
             let p = &e.partitions[at.index()];
-            let refused = match e.decide(at.index(), req.priority, req.tokens) {
+            let refused = match e.decide::<true>(at.index(), req.priority, req.tokens) {
                 Ok(g) => {
                     let reason = granted_reason(g);
                     self.record(
@@ -602,9 +605,18 @@ impl Pools {
                 }
                 Err(r) => r,
             };
-            let Refused { reason, version } = refused;
+            let Refused {
+                reason,
+                version,
+                undid,
+            } = refused;
+            if undid {
+                self.kick();
+            }
             match p.overflow {
-                Overflow::Reject => {
+                // A caller that cannot wait is rejected (the waits are `admit_blocking` and
+                // `admit_async`).
+                Overflow::Reject | Overflow::Wait => {
                     self.record(&mut route, req, at, Decision::Reject, reason, None, version);
                     return PoolOutcome::Rejected { route };
                 }
@@ -658,7 +670,7 @@ impl Pools {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record(
+    pub(crate) fn record(
         &self,
         route: &mut Route,
         req: &PoolRequest,
@@ -708,7 +720,7 @@ impl Pools {
     }
 
     #[inline]
-    fn permit(
+    pub(crate) fn permit(
         &self,
         req: &PoolRequest,
         at: PartitionId,
@@ -729,7 +741,7 @@ impl Pools {
     }
 }
 
-fn granted_reason(g: Granted) -> Reason {
+pub(crate) fn granted_reason(g: Granted) -> Reason {
     if g.shadow {
         Reason::ObservedOverLimit
     } else {
