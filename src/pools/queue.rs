@@ -166,6 +166,7 @@ impl Admit for Pending {
         p.hot.pending.fetch_add(1, Ordering::SeqCst);
         // Counted before the start rule judges it again (module docs, "The hand-off").
         self.engine.queued.fetch_add(1, Ordering::SeqCst);
+        crate::sync::loom_sc_fence();
         super::engine::bump(&p.hot.counters.queued);
         true
     }
@@ -206,8 +207,25 @@ impl Pools {
             // finds a waiter left queued with its units free).
             return;
         }
+        // The release's SeqCst RMWs, then this load (loom needs the fence to see the total
+        // order: `sync::loom_sc_fence`).
+        crate::sync::loom_sc_fence();
         if self.engine.queued.load(Ordering::SeqCst) != 0 {
             self.kick_slow();
+        }
+    }
+
+    /// After a refused decision: one that gave units back is a release (module docs).
+    #[inline]
+    pub(crate) fn after_refusal(&self, undid: bool) {
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_UNDO_NO_HANDOFF") {
+            // Broken on purpose: an undone decision starts nobody; a waiter refused while it
+            // held units stays queued (`loom-tests/tests/pools_queue.rs`).
+            return;
+        }
+        if undid {
+            self.kick();
         }
     }
 
@@ -332,8 +350,7 @@ impl Pools {
         if p.hot.pending.load(Ordering::SeqCst) == 0 {
             match e.decide::<true>(pi, req.priority, req.tokens) {
                 Ok(g) => return Entry::Done(self.dispatched(req, g, route)),
-                Err(r) if r.undid => self.kick(),
-                Err(_) => {}
+                Err(r) => self.after_refusal(r.undid),
             }
         }
         let now = e.now();

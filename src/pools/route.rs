@@ -470,9 +470,7 @@ impl Pools {
                 Ok(self.permit(req, req.partition, g, None))
             }
             Err(r) => {
-                if r.undid {
-                    self.kick();
-                }
+                self.after_refusal(r.undid);
                 self.emit(req, r.version, Decision::Reject, r.reason, None, 1);
                 Err(PoolRefusal {
                     partition: req.partition,
@@ -610,9 +608,7 @@ impl Pools {
                 version,
                 undid,
             } = refused;
-            if undid {
-                self.kick();
-            }
+            self.after_refusal(undid);
             match p.overflow {
                 // A caller that cannot wait is rejected (the waits are `admit_blocking` and
                 // `admit_async`).
