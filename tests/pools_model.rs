@@ -206,7 +206,11 @@ impl Model {
                     tokens: taken,
                     retry: None,
                 };
-                return (Some(permit), vec![(i, Decision::Dispatch, r, None, v)], None);
+                return (
+                    Some(permit),
+                    vec![(i, Decision::Dispatch, r, None, v)],
+                    None,
+                );
             }
             Err(r) => r,
         };
@@ -554,7 +558,11 @@ fn poll_waits<'p>(
     let mut cx = Context::from_waker(Waker::noop());
     waits.retain_mut(|(f, i)| {
         let Poll::Ready(out) = f.as_mut().poll(&mut cx) else {
-            assert_eq!(m.waiters[*i].state, MWState::Queued, "engine waits, model not");
+            assert_eq!(
+                m.waiters[*i].state,
+                MWState::Queued,
+                "engine waits, model not"
+            );
             return true;
         };
         let w = &m.waiters[*i];

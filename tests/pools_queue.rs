@@ -47,7 +47,10 @@ fn a_waiter_older_than_the_max_age_is_refused_with_its_own_reason() {
     assert!(poll(&mut wait).is_pending());
     ms.store(AGE_MS / 2, Ordering::SeqCst);
     let s = &pools.stats().partitions[0];
-    assert_eq!((s.pending, s.oldest_wait), (1, Some(Duration::from_millis(AGE_MS / 2))));
+    assert_eq!(
+        (s.pending, s.oldest_wait),
+        (1, Some(Duration::from_millis(AGE_MS / 2)))
+    );
     // One waiter: the queue is short, and still its age refuses it.
     ms.store(AGE_MS, Ordering::SeqCst);
     pools.expire_waiters();

@@ -16,8 +16,8 @@
 
 use llm_bulkhead::pools::*;
 use llm_bulkhead::Priority;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -244,7 +244,13 @@ fn every_limit_holds_on_real_threads_under_reconfiguration() {
     assert!(s.providers.iter().all(|p| p.held == 0), "{s:?}");
     for p in &s.partitions {
         assert_eq!(
-            (p.active, p.tentative, p.tokens, p.retries_in_flight, p.pending),
+            (
+                p.active,
+                p.tentative,
+                p.tokens,
+                p.retries_in_flight,
+                p.pending
+            ),
             (0, 0, 0, 0, 0),
             "{p:?}"
         );

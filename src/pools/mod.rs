@@ -59,7 +59,7 @@ pub use events::MetricsObserver;
 #[cfg(feature = "tracing")]
 pub use events::TracingObserver;
 pub use events::{CompletionEvent, Decision, DecisionEvent, FailureClass, PoolsObserver, Reason};
-pub use permit::{PoolPermit, RetryCharge};
+pub use permit::{OwnedPoolPermit, PoolPermit, RetryCharge};
 pub use route::{
     Classification, DecisionRecord, PoolOutcome, PoolRefusal, PoolRequest, Route, RouteError,
 };

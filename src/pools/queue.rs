@@ -122,7 +122,10 @@ impl Admit for Pending {
     type Grant = (usize, Granted);
 
     fn try_start(&mut self, w: &Waiter) -> Start<(usize, Granted)> {
-        match self.engine.decide::<false>(w.partition, w.priority, w.tokens) {
+        match self
+            .engine
+            .decide::<false>(w.partition, w.priority, w.tokens)
+        {
             Ok(g) => Start::Now((w.partition, g)),
             Err(Refused {
                 reason, version, ..
@@ -419,7 +422,15 @@ impl Pools {
     fn dispatched(&self, req: &PoolRequest, g: Granted, mut route: Route) -> PoolOutcome<'_> {
         let at = req.partition;
         let reason = super::route::granted_reason(g);
-        self.record(&mut route, req, at, Decision::Dispatch, reason, None, g.version);
+        self.record(
+            &mut route,
+            req,
+            at,
+            Decision::Dispatch,
+            reason,
+            None,
+            g.version,
+        );
         let permit = self.permit(req, at, g, None);
         PoolOutcome::Dispatched { permit, route }
     }

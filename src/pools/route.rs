@@ -725,14 +725,16 @@ impl Pools {
     ) -> PoolPermit<'_> {
         PoolPermit {
             pools: self,
-            partition: at,
-            request_id: req.request_id,
-            priority: req.priority,
-            tokens: g.tokens,
-            retry,
-            version: g.version,
-            started: self.engine.observer.as_ref().map(|_| Instant::now()),
-            done: false,
+            core: super::permit::Core {
+                partition: at,
+                request_id: req.request_id,
+                priority: req.priority,
+                tokens: g.tokens,
+                retry,
+                version: g.version,
+                started: self.engine.observer.as_ref().map(|_| Instant::now()),
+                done: false,
+            },
         }
     }
 }
