@@ -242,6 +242,22 @@ impl Pools {
         &self.engine.partitions[id.index()].name
     }
 
+    /// The provider of a partition.
+    ///
+    /// # Panics
+    /// If `id` is not from these pools (ids are indices).
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
+    /// assert_eq!(pools.provider_of(pools.partition("p-c")?), "p");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn provider_of(&self, id: PartitionId) -> &str {
+        let e = &self.engine;
+        &e.providers[e.partitions[id.index()].provider].name
+    }
+
     /// The statistics of every partition, provider and the global guard.
     ///
     /// ```
