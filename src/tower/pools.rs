@@ -171,7 +171,7 @@ impl PoolClassify for HeaderPoolClassifier {
         if h("x-priority").is_some_and(|p| p.eq_ignore_ascii_case("high")) {
             req.priority = Priority::High;
         }
-        req.allow_fallback = !h("x-allow-fallback").is_some_and(|v| v == "false");
+        req.allow_fallback = h("x-allow-fallback").is_none_or(|v| v != "false");
         Ok(req)
     }
 }
