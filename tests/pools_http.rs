@@ -8,9 +8,9 @@
 
 #[path = "../examples/pools_gateway/app.rs"]
 mod app;
+mod support;
 #[path = "../examples/pools_gateway/upstream.rs"]
 mod upstream;
-mod support;
 
 use llm_bulkhead::pools::{PartitionStats, Pools, PoolsConfig};
 use std::collections::HashMap;
@@ -35,9 +35,10 @@ fn part(pools: &Pools, name: &str) -> PartitionStats {
 async fn chat(gw: std::net::SocketAddr, provider: &str, class: &str) -> (u16, String, String) {
     let req = post_json("/v1/chat/completions", CHAT, &headers(provider, class));
     let resp = call(gw, req).await.response;
-    let route = resp.headers().get("x-pool-route").map_or(String::new(), |v| {
-        v.to_str().unwrap().to_owned()
-    });
+    let route = resp
+        .headers()
+        .get("x-pool-route")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_owned());
     (resp.status().as_u16(), route, text(resp).await)
 }
 
@@ -116,7 +117,10 @@ fn a_slow_provider_fills_its_own_partitions_while_the_other_keeps_serving() {
             "primary-interactive:fallback:active_limit_reached,\
              secondary-interactive:reject:active_limit_reached"
         );
-        assert!(body.contains("\"reason\":\"no_eligible_fallback\""), "{body}");
+        assert!(
+            body.contains("\"reason\":\"no_eligible_fallback\""),
+            "{body}"
+        );
         secondary.set_open(true);
         for f in fallen {
             assert_eq!(f.await.unwrap().0, 200);
@@ -131,7 +135,10 @@ fn a_slow_provider_fills_its_own_partitions_while_the_other_keeps_serving() {
         until(|| part(&pools, "primary-batch").pending == 2).await;
         let (status, _, body) = chat(gw, "primary", "batch").await;
         assert_eq!(status, 429, "{body}");
-        assert!(body.contains("\"reason\":\"pending_limit_reached\""), "{body}");
+        assert!(
+            body.contains("\"reason\":\"pending_limit_reached\""),
+            "{body}"
+        );
         let p = part(&pools, "primary-batch");
         assert!(p.oldest_wait.is_some());
         // The other provider's batch partition is untouched by the primary's queue.
@@ -159,8 +166,7 @@ fn a_slow_provider_fills_its_own_partitions_while_the_other_keeps_serving() {
         // At rest: every count is zero.
         until(|| {
             let s = pools.stats();
-            s.global.held == 0
-                && s.partitions.iter().all(|p| p.active == 0 && p.pending == 0)
+            s.global.held == 0 && s.partitions.iter().all(|p| p.active == 0 && p.pending == 0)
         })
         .await;
         let p = part(&pools, "primary-batch");

@@ -20,7 +20,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
-
 async fn serve(router: Router) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -35,7 +34,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (primary, _) = upstream::Upstream::new("primary", true);
     let (secondary, _) = upstream::Upstream::new("secondary", true);
     let mut upstreams = HashMap::new();
-    upstreams.insert("primary".into(), serve(upstream::router(primary.clone())).await);
+    upstreams.insert(
+        "primary".into(),
+        serve(upstream::router(primary.clone())).await,
+    );
     upstreams.insert("secondary".into(), serve(upstream::router(secondary)).await);
     let (slow, fast) = (primary.clone(), primary);
     let switches = Router::new()

@@ -233,9 +233,9 @@ impl PartitionConfig {
     }
 }
 
-/// A retry budget of Envoy's shape: at most `max(percent × active / 100, min)` retries in
-/// flight (charged when a retry is decided, held through its back-off, given back when its
-/// attempt ends). The defaults are Envoy's: 20 % and 3.
+/// A retry budget of Envoy's shape: at most `max(percent × (active + pending) / 100, min)`
+/// retries in flight (charged when a retry is decided, held through its back-off, given back
+/// when its attempt ends). The defaults are Envoy's: 20 % and 3.
 ///
 /// ```
 /// let r = llm_bulkhead::pools::RetryConfig::default();

@@ -55,8 +55,9 @@ pub(crate) const MAX_AGE_MS: usize = 7;
 /// Per-partition counters (relaxed: statistics only).
 #[derive(Default)]
 pub(crate) struct Counters {
+    /// Admissions (their completions are `admitted` less the final active units: a release
+    /// counts nothing, which keeps a read-modify-write off its path).
     pub(crate) admitted: AtomicU64,
-    pub(crate) completed: AtomicU64,
     /// Refusals by the step that refused: active, reserve, tokens, connection, global.
     pub(crate) refused: [AtomicU64; 5],
     pub(crate) fallbacks: AtomicU64,
@@ -355,7 +356,6 @@ impl Engine {
             p.tokens.give(tokens, false);
         }
         p.hot.active.give(false, retry);
-        bump(&p.hot.counters.completed);
     }
 
     /// Charges a retry to partition `pi`: `Ok((version, limit))` or the refusal.

@@ -503,8 +503,9 @@ impl Pools {
     /// Charges a retry to `partition`'s retry budget when the retry is decided; the charge is
     /// held through the back-off and, once passed to [`admit_retry`](Self::admit_retry),
     /// until the retry's attempt ends. Exact under concurrency: the check against
-    /// `max(percent × active / 100, min)` and the charge are one CAS on the word that holds
-    /// both counts. Emits one decision event ([`Decision::Retry`] or a rejection).
+    /// `max(percent × (active + pending) / 100, min)` and the charge are one CAS on the word
+    /// that holds the active and retry counts (the pending count is read just before it).
+    /// Emits one decision event ([`Decision::Retry`] or a rejection).
     ///
     /// # Errors
     /// [`PoolRefusal`] with [`Reason::RetryBudgetReached`] (counted in `retry_overflow`).

@@ -113,7 +113,7 @@ pub struct PartitionStats {
     pub retries_charged: u64,
     /// Requests admitted.
     pub admitted: u64,
-    /// Admitted requests that ended.
+    /// Admitted requests that ended (admitted less those active at the read).
     pub completed: u64,
     /// Refusals by the active limit.
     pub refused_active: u64,
@@ -201,7 +201,9 @@ pub(crate) fn read(e: &Engine, oldest: &[Option<std::time::Duration>]) -> super:
                 retry_overflow: get(&c.retry_overflow),
                 retries_charged: get(&c.retries_charged),
                 admitted: get(&c.admitted),
-                completed: get(&c.completed),
+                // Derived (engine.rs, `Counters::admitted`), from two reads: while requests
+                // are admitted it may be off by the admissions in progress (never below 0).
+                completed: get(&c.admitted).saturating_sub(a.active - a.tentative),
                 refused_active: get(&c.refused[0]),
                 refused_reserve: get(&c.refused[1]),
                 refused_tokens: get(&c.refused[2]),

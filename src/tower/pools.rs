@@ -43,7 +43,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::body::{Hold, Held};
+use super::body::{Held, Hold};
 use super::AdmittedBody;
 use crate::pools::{
     Classification, Decision, FailureClass, PoolOutcome, PoolRequest, Pools, Route, RouteError,
@@ -163,9 +163,7 @@ impl PoolClassify for HeaderPoolClassifier {
         }
         let id = match h("x-request-id").and_then(|v| v.parse().ok()) {
             Some(id) => id,
-            None => self
-                .next_id
-                .fetch_add(1, crate::sync::Ordering::Relaxed),
+            None => self.next_id.fetch_add(1, crate::sync::Ordering::Relaxed),
         };
         let mut req = PoolRequest::new(id, pools.classify(&c)?);
         if h("x-priority").is_some_and(|p| p.eq_ignore_ascii_case("high")) {
