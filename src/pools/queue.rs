@@ -352,7 +352,7 @@ impl Pools {
         // Nobody waits here: decide without the lock.
         if p.hot.pending.load(Ordering::SeqCst) == 0 {
             match e.decide::<true>(pi, req.priority, req.tokens) {
-                Ok(g) => return Entry::Done(self.dispatched(req, g, route)),
+                Ok(g) => return Entry::Done(self.dispatched(req, req.partition, g, route, None)),
                 Err(r) => self.after_refusal(r.undid),
             }
         }
@@ -381,7 +381,9 @@ impl Pools {
             (out, w, s.last, s.last_version)
         });
         match submitted {
-            (Ok(Submitted::Started((_, g))), ..) => Entry::Done(self.dispatched(req, g, route)),
+            (Ok(Submitted::Started((_, g))), ..) => {
+                Entry::Done(self.dispatched(req, req.partition, g, route, None))
+            }
             (Ok(Submitted::Queued(id)), w, reason, version) => {
                 let at = req.partition;
                 self.record(&mut route, req, at, Decision::Queue, reason, None, version);
@@ -405,7 +407,7 @@ impl Pools {
         mut route: Route,
     ) -> PoolOutcome<'_> {
         match out {
-            Waited::Started((_, g)) => self.dispatched(req, g, route),
+            Waited::Started((_, g)) => self.dispatched(req, req.partition, g, route, None),
             Waited::Left(why) => {
                 let reason = match (why, w.by_age) {
                     (Leave::TimedOut, true) => Reason::QueueAgeExceeded,
@@ -417,22 +419,6 @@ impl Pools {
                 PoolOutcome::Rejected { route }
             }
         }
-    }
-
-    fn dispatched(&self, req: &PoolRequest, g: Granted, mut route: Route) -> PoolOutcome<'_> {
-        let at = req.partition;
-        let reason = super::route::granted_reason(g);
-        self.record(
-            &mut route,
-            req,
-            at,
-            Decision::Dispatch,
-            reason,
-            None,
-            g.version,
-        );
-        let permit = self.permit(req, at, g, None);
-        PoolOutcome::Dispatched { permit, route }
     }
 }
 

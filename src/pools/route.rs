@@ -588,19 +588,8 @@ impl Pools {
             let p = &e.partitions[at.index()];
             let refused = match e.decide::<true>(at.index(), req.priority, req.tokens) {
                 Ok(g) => {
-                    let reason = granted_reason(g);
-                    self.record(
-                        &mut route,
-                        req,
-                        at,
-                        Decision::Dispatch,
-                        reason,
-                        None,
-                        g.version,
-                    );
                     let retry = charge.take().map(RetryCharge::take);
-                    let permit = self.permit(req, at, g, retry);
-                    return PoolOutcome::Dispatched { permit, route };
+                    return self.dispatched(req, at, g, route, retry);
                 }
                 Err(r) => r,
             };
@@ -664,6 +653,29 @@ impl Pools {
                 }
             }
         }
+    }
+
+    /// An admission on `at`: its dispatch decision recorded, its permit made.
+    pub(crate) fn dispatched(
+        &self,
+        req: &PoolRequest,
+        at: PartitionId,
+        g: Granted,
+        mut route: Route,
+        retry: Option<PartitionId>,
+    ) -> PoolOutcome<'_> {
+        let reason = granted_reason(g);
+        self.record(
+            &mut route,
+            req,
+            at,
+            Decision::Dispatch,
+            reason,
+            None,
+            g.version,
+        );
+        let permit = self.permit(req, at, g, retry);
+        PoolOutcome::Dispatched { permit, route }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -740,7 +752,7 @@ impl Pools {
     }
 }
 
-pub(crate) fn granted_reason(g: Granted) -> Reason {
+fn granted_reason(g: Granted) -> Reason {
     if g.shadow {
         Reason::ObservedOverLimit
     } else {
