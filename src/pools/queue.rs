@@ -33,7 +33,15 @@
 //! unit that a release just freed before that release's start rule gives it to another
 //! partition's waiter (the newcomer then counts as having arrived first). So the queue keeps a
 //! partition's own units for its waiters, and shares the provider's connections and the global
-//! guard first come, first served.
+//! guard first come, first served. [`Pools::admit`] and [`Pools::try_admit`] never wait and
+//! never look at the queue: like a newcomer to an idle partition, they may take a unit a
+//! release frees before its start rule runs.
+//!
+//! ## Events
+//!
+//! A waiter's decisions are a [`Decision::Queue`], then a dispatch or a rejection (its age,
+//! its deadline). A waiter that is cancelled (its future dropped) makes no further decision:
+//! its queue decision is its last event, and the partition's `pending` count drops.
 //!
 //! ## Age and deadlines
 //!
