@@ -174,6 +174,18 @@
 //!   | `run_shared` without `detach_at_deadline` | at expiry, followers too | its future is dropped | settled at expiry |
 //!   | `run_shared` with `detach_at_deadline` (the seed's) | at expiry, followers too | handed to the application's spawner, runs on | settled when it ends; drain counts it until then |
 //!
+//! * **Decision timing, when asked.** Admit and reject events carry `Timing` (decision and
+//!   queue-wait nanoseconds) while a subscriber asks for `Interest::DECISION_TIMING`; the
+//!   core's `*_timed` acquires return it. `run_timed`, `run_blocking_timed`,
+//!   `run_shared_timed` and `run_shared_with_timed` answer `RunTimed`: the run's result with
+//!   its `RunTiming` (decision, queue wait, and the work's time from admission until the run
+//!   answered; `None` when no work ran), read on the `LlmBulkhead`'s clock (`with_clock`; the
+//!   system clock by default), and the work reads the decision's part and the admission
+//!   instant from `RunContext::timing` and `admitted_at`. A de-duplication follower, which takes no
+//!   admission, reports its wait for the shared call as queue time. Nothing else reads a
+//!   clock: `run`, `run_blocking` and `run_shared(_with)` share the timed calls' code through a
+//!   zero-sized no-op, their contexts' `timing()` is `None`, and the default `Telemetry`
+//!   (counters read at scrape time) asks for no timing.
 //! * **Classes by name.** Wherever a class leaves the process (events, usage and release
 //!   reports, the deadline error) it is serialised as its name, never its index. An empty
 //!   model name (the estimator's default model, `BulkheadConfig::model`) is a typed error.

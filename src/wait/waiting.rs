@@ -403,6 +403,25 @@ impl Bulkhead {
         AcquireTimed { inner, start: None }
     }
 
+    /// [`acquire_blocking`](Self::acquire_blocking), also telling `queued` (when given)
+    /// whether the demand waited in the queue: how the LLM layer's timed runs split their
+    /// decision from their queue wait on their own clock (its one user, hence the feature).
+    #[cfg(feature = "llm")]
+    pub(crate) fn acquire_blocking_noting(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+        queued: Option<&mut bool>,
+    ) -> Result<Admission, Rejection> {
+        let Some(queued) = queued else {
+            return self.acquire_blocking_inner(demand, options, None);
+        };
+        let mut wait = None;
+        let out = self.acquire_blocking_inner(demand, options, Some(&mut wait));
+        *queued = wait.is_some();
+        out
+    }
+
     /// The body of `acquire_blocking`; with `timing`, the time spent queued is written there.
     fn acquire_blocking_inner(
         &self,

@@ -120,6 +120,15 @@ impl Future for Acquire<'_> {
     }
 }
 
+#[cfg(feature = "llm")]
+impl Acquire<'_> {
+    /// Whether the demand entered the queue (the LLM layer's timed runs, its one user, read
+    /// it once the future is answered).
+    pub(crate) fn was_queued(&self) -> bool {
+        self.queued
+    }
+}
+
 impl Acquire<'_> {
     /// The decision timing of this poll (`Interest::DECISION_TIMING`): the first poll reads
     /// the clock only if a subscriber asked (one relaxed load otherwise). A queued waiter's
