@@ -414,8 +414,14 @@ mod agent {
         let clock = Manual::default();
         let c2 = clock.clone();
         let store = MemoryStore::with_clock(move || c2.now_ms());
-        let agent = ClusterAgent::new(b.clone(), Box::new(store.clone()), config()).unwrap();
+        let agent = on(b, &store, &clock);
         (clock, store, agent)
+    }
+
+    /// Another agent on the same store and clock.
+    fn on(b: &Bulkhead, store: &MemoryStore, clock: &Manual) -> ClusterAgent {
+        let clock = Arc::new(clock.clone());
+        ClusterAgent::with_clock(b.clone(), Box::new(store.clone()), config(), clock).unwrap()
     }
 
     /// Lease, cut-off, floor, zero, heal: the bulkhead's limits follow the lease on the
@@ -425,11 +431,11 @@ mod agent {
         let b = Bulkhead::new(8).unwrap();
         let (clock, store, mut agent) = setup(&b);
         assert_eq!(b.limits().max_concurrent, 0, "zero until the first grant");
-        agent.tick(&clock);
+        agent.tick();
         assert!(agent.status().learning);
         assert_eq!(b.limits().max_concurrent, 0, "a new table learns first");
         clock.set(3_001);
-        agent.tick(&clock);
+        agent.tick();
         assert_eq!(
             b.limits().max_concurrent,
             8,
@@ -442,7 +448,7 @@ mod agent {
         // Valid until 1000 − 1% − 50 ms after the send; then the floor for 500 ms; then zero.
         for t in (renewed..renewed + 2_000).step_by(10) {
             clock.set(t);
-            agent.tick(&clock);
+            agent.tick();
             let l = b.limits();
             if revisions.last() != Some(&l.revision) {
                 revisions.push(l.revision);
@@ -459,7 +465,7 @@ mod agent {
         assert!(agent.status().failures > 0);
         store.set_reachable(true);
         clock.set(renewed + 2_100);
-        agent.tick(&clock);
+        agent.tick();
         assert_eq!(b.limits().max_concurrent, 8);
         revisions.push(b.limits().revision);
         assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
@@ -493,12 +499,12 @@ mod agent {
         let b = classed();
         let (clock, store, mut agent) = setup(&b);
         // A second replica takes half the budget.
-        let mut other = ClusterAgent::new(classed(), Box::new(store.clone()), config()).unwrap();
+        let mut other = on(&classed(), &store, &clock);
         // Both renew during the learning period (records stay live), then after it.
         for t in [0, 2_000, 3_001] {
             clock.set(t);
-            agent.tick(&clock);
-            other.tick(&clock);
+            agent.tick();
+            other.tick();
         }
         let l = b.limits();
         assert_eq!(l.max_concurrent, 4, "an equal split of 8");
@@ -514,11 +520,11 @@ mod agent {
     fn refusals_move_the_share() {
         let (busy, idle) = (Bulkhead::new(8).unwrap(), Bulkhead::new(8).unwrap());
         let (clock, store, mut a) = setup(&busy);
-        let mut b = ClusterAgent::new(idle.clone(), Box::new(store.clone()), config()).unwrap();
+        let mut b = on(&idle, &store, &clock);
         for t in [0, 2_000] {
             clock.set(t);
-            a.tick(&clock);
-            b.tick(&clock);
+            a.tick();
+            b.tick();
         }
         let mut t = 3_001;
         for _ in 0..20 {
@@ -529,8 +535,8 @@ mod agent {
                 held.push(x);
             }
             drop(held);
-            a.tick(&clock);
-            b.tick(&clock);
+            a.tick();
+            b.tick();
             t += 100;
         }
         assert_eq!(

@@ -83,11 +83,13 @@
 
 mod agent;
 mod allocator;
+mod gate;
 mod lease;
 mod redis;
 mod store;
 
 pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
+pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
 pub use allocator::{
     release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
     RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,

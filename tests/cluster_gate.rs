@@ -1,0 +1,226 @@
+//! The cluster handle on an injected clock, no timing: admissions stop at the end of the
+//! installed share's window even when the agent has not stepped (its thread late), and also
+//! when the admitting thread is paused between the check and the commit; every admission
+//! carries its deadline; the agent's step fires cut signals at the deadline, drops the work of
+//! `run` there, and counts releases past the deadline.
+
+use llm_bulkhead::cluster::{
+    AgentEvent, Amounts, Clock, ClusterAgent, ClusterConfig, ClusterRejection, ClusterRunError,
+    MemoryStore, Phase,
+};
+use llm_bulkhead::{Bulkhead, Demand};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+/// One clock for the store, the agent and its handle (ms), moved by the test. Queued values
+/// are returned first, one per read: a thread paused between two reads.
+#[derive(Clone, Default)]
+struct Manual {
+    now: Arc<AtomicU64>,
+    queued: Arc<Mutex<VecDeque<u64>>>,
+}
+
+impl Clock for Manual {
+    fn now_ms(&self) -> u64 {
+        if let Some(t) = self.queued.lock().unwrap().pop_front() {
+            return t;
+        }
+        self.now.load(Ordering::SeqCst)
+    }
+}
+
+impl Manual {
+    fn set(&self, t: u64) {
+        self.now.store(t, Ordering::SeqCst);
+    }
+
+    fn next_reads(&self, ts: &[u64]) {
+        self.queued.lock().unwrap().extend(ts);
+    }
+}
+
+fn config() -> ClusterConfig {
+    ClusterConfig::new("gate", "b")
+        .ttl(Duration::from_millis(1_000))
+        .max_admission(Duration::from_millis(1_000))
+        .floor(Amounts::new(2, 0))
+        .floor_hold(Duration::from_millis(500))
+        .quarantine(Duration::from_millis(2_000))
+}
+
+/// An agent alone on a table, past learning, holding all 8 slots: valid until
+/// `RENEWED + 940`, then the floor (2) until `RENEWED + 1_440`.
+const RENEWED: u64 = 3_001;
+
+fn leased() -> (
+    Manual,
+    MemoryStore,
+    ClusterAgent,
+    Bulkhead,
+    Arc<Mutex<Vec<AgentEvent>>>,
+) {
+    let clock = Manual::default();
+    let c2 = clock.clone();
+    let store = MemoryStore::with_clock(move || c2.now_ms());
+    let b = Bulkhead::new(8).unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e2 = events.clone();
+    let mut agent = ClusterAgent::with_clock(
+        b.clone(),
+        Box::new(store.clone()),
+        config(),
+        Arc::new(clock.clone()),
+    )
+    .unwrap()
+    .on_event(move |e| e2.lock().unwrap().push(e.clone()));
+    agent.tick();
+    clock.set(RENEWED);
+    agent.tick();
+    assert_eq!(b.limits().max_concurrent, 8);
+    (clock, store, agent, b, events)
+}
+
+/// The agent has not stepped since its lease ended (a late thread): the bulkhead still has
+/// the whole grant installed, but the handle admits nothing; after the floor's window, again.
+#[test]
+fn admissions_stop_at_the_window_when_the_agent_is_late() {
+    let (clock, store, mut agent, b, _) = leased();
+    let h = agent.handle();
+    store.set_reachable(false);
+    clock.set(RENEWED + 939);
+    let last = h.try_acquire(Demand::slot()).expect("inside the window");
+    clock.set(RENEWED + 940);
+    assert_eq!(
+        h.try_acquire(Demand::slot()).unwrap_err(),
+        ClusterRejection::ShareLapsed
+    );
+    // The core alone would have admitted: the grant is still installed.
+    assert_eq!(b.limits().max_concurrent, 8);
+    drop(b.try_acquire(Demand::slot()).unwrap());
+    // The agent steps: the floor, with the floor's window; one slot is still held.
+    agent.tick();
+    assert_eq!(agent.status().phase, Phase::Floor);
+    assert_eq!(b.limits().max_concurrent, 2);
+    let floor = h.try_acquire(Demand::slot()).expect("the floor");
+    assert!(matches!(
+        h.try_acquire(Demand::slot()),
+        Err(ClusterRejection::Refused(_))
+    ));
+    drop((last, floor));
+    clock.set(RENEWED + 1_440);
+    assert_eq!(
+        h.try_acquire(Demand::slot()).unwrap_err(),
+        ClusterRejection::ShareLapsed
+    );
+    assert_eq!(b.limits().max_concurrent, 2, "the agent has not stepped");
+    agent.tick();
+    assert_eq!(b.limits().max_concurrent, 0);
+    assert!(agent.status().lapsed_refusals >= 2);
+    // With share zero the core refuses by itself (and counts the refusal as pressure).
+    assert!(matches!(
+        h.try_acquire(Demand::slot()),
+        Err(ClusterRejection::Refused(_))
+    ));
+}
+
+/// The admitting thread is paused between its check (inside the window) and the core's commit
+/// (after it): the second clock read refuses and gives the capacity back.
+#[test]
+fn a_thread_paused_across_the_window_end_admits_nothing() {
+    let (clock, _store, agent, b, _) = leased();
+    let h = agent.handle();
+    clock.next_reads(&[RENEWED + 939, RENEWED + 940]);
+    assert_eq!(
+        h.try_acquire(Demand::slot()).unwrap_err(),
+        ClusterRejection::ShareLapsed
+    );
+    assert_eq!(b.stats().in_flight, 0, "nothing held");
+}
+
+/// Deadlines: `max_admission` after the admission; the agent's step fires the cut signal at
+/// the deadline (and schedules itself for it), a release after the deadline is counted and
+/// reported, one before it is not.
+#[test]
+fn deadlines_fire_cut_signals_and_count_overdue_releases() {
+    let (clock, _store, mut agent, _b, events) = leased();
+    let h = agent.handle();
+    clock.set(RENEWED + 100);
+    let late = h.try_acquire(Demand::slot()).unwrap();
+    let early = h.try_acquire(Demand::slot()).unwrap();
+    assert_eq!(late.deadline_ms(), RENEWED + 1_100);
+    let cut = late.cut_signal();
+    clock.set(RENEWED + 200);
+    let next = agent.tick();
+    assert!(next <= RENEWED + 1_100);
+    drop(early);
+    clock.set(RENEWED + 1_099);
+    agent.tick();
+    assert!(!cut.is_cut() && !late.is_overdue());
+    clock.set(RENEWED + 1_100);
+    agent.tick();
+    assert!(cut.is_cut() && late.is_overdue());
+    assert_eq!(agent.status().cut, 1);
+    assert_eq!(agent.status().overdue, 0);
+    drop(late);
+    agent.tick();
+    assert_eq!(agent.status().overdue, 1, "released after its deadline");
+    let ev = events.lock().unwrap();
+    assert!(ev.contains(&AgentEvent::AdmissionsCut { count: 1 }));
+    assert!(ev.contains(&AgentEvent::OverdueReleased { total: 1 }));
+}
+
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `run`: work that outlives its deadline is woken at the agent's step, dropped, and answered
+/// `Cut`; its admission is released then.
+#[test]
+fn run_drops_the_work_at_its_deadline() {
+    let (clock, _store, mut agent, b, _) = leased();
+    let h = agent.handle();
+    clock.set(RENEWED + 10);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = DropFlag(dropped.clone());
+    let work = async move {
+        let _flag = flag;
+        std::future::pending::<()>().await;
+    };
+    let mut fut = pin!(h.run(Demand::slot(), work));
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(b.stats().in_flight, 1);
+    clock.set(RENEWED + 1_009);
+    agent.tick();
+    assert_eq!(count.0.load(Ordering::SeqCst), 0);
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    clock.set(RENEWED + 1_010);
+    agent.tick();
+    assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at the deadline");
+    assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Err(ClusterRunError::Cut)));
+    assert!(dropped.load(Ordering::SeqCst), "the work was dropped");
+    assert_eq!(b.stats().in_flight, 0);
+    // Work that ends in time returns its output.
+    let fut = pin!(h.run(Demand::slot(), async { 7 }));
+    let mut fut = fut;
+    assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(7)));
+}
