@@ -95,10 +95,12 @@ fn admissions_stop_at_the_window_when_the_agent_is_late() {
     clock.set(RENEWED + 939);
     let last = h.try_acquire(Demand::slot()).expect("inside the window");
     clock.set(RENEWED + 940);
+    let admitted = b.stats().admitted;
     assert_eq!(
         h.try_acquire(Demand::slot()).unwrap_err(),
         ClusterRejection::ShareLapsed
     );
+    assert_eq!(b.stats().admitted, admitted, "refused before the core decided");
     // The core alone would have admitted: the grant is still installed.
     assert_eq!(b.limits().max_concurrent, 8);
     drop(b.try_acquire(Demand::slot()).unwrap());
