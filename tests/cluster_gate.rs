@@ -100,7 +100,11 @@ fn admissions_stop_at_the_window_when_the_agent_is_late() {
         h.try_acquire(Demand::slot()).unwrap_err(),
         ClusterRejection::ShareLapsed
     );
-    assert_eq!(b.stats().admitted, admitted, "refused before the core decided");
+    assert_eq!(
+        b.stats().admitted,
+        admitted,
+        "refused before the core decided"
+    );
     // The core alone would have admitted: the grant is still installed.
     assert_eq!(b.limits().max_concurrent, 8);
     drop(b.try_acquire(Demand::slot()).unwrap());
@@ -218,7 +222,10 @@ fn run_drops_the_work_at_its_deadline() {
     clock.set(RENEWED + 1_010);
     agent.tick();
     assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at the deadline");
-    assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Err(ClusterRunError::Cut)));
+    assert_eq!(
+        fut.as_mut().poll(&mut cx),
+        Poll::Ready(Err(ClusterRunError::Cut))
+    );
     assert!(dropped.load(Ordering::SeqCst), "the work was dropped");
     assert_eq!(b.stats().in_flight, 0);
     // Work that ends in time returns its output.

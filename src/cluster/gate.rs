@@ -33,10 +33,10 @@
 
 use super::agent::Clock;
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-use std::sync::Weak;
 use crate::{Admission, Bulkhead, Demand, Rejection};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Weak;
 use std::task::{Context, Poll, Waker};
 
 /// What the agent shares with its handles.
@@ -51,6 +51,10 @@ pub(super) struct Gate {
     /// Refusals because the window had ended before the agent changed the share.
     late: AtomicU64,
     cuts: Mutex<Vec<Weak<CutState>>>,
+    /// The deliberately broken variant (`LLM_BULKHEAD_CLUSTER_NO_WINDOW=1` with the feature
+    /// `testing`, read once): the handle skips its window checks, as the bare bulkhead does.
+    /// `tests/cluster_redis.rs` (the blackhole test) and `tests/cluster_gate.rs` fail on it.
+    no_window: bool,
 }
 
 impl Gate {
@@ -62,11 +66,19 @@ impl Gate {
             overdue: AtomicU64::new(0),
             late: AtomicU64::new(0),
             cuts: Mutex::new(Vec::new()),
+            // Test builds only (feature `testing`), as the other broken variants.
+            no_window: cfg!(feature = "testing")
+                && std::env::var_os("LLM_BULKHEAD_CLUSTER_NO_WINDOW").is_some_and(|v| v == "1"),
         }
     }
 
     pub(super) fn until(&self) -> u64 {
         self.until.load(Ordering::Acquire)
+    }
+
+    /// Whether an admission at `now` falls outside the installed share's window.
+    fn outside(&self, now: u64) -> bool {
+        now >= self.until() && !self.no_window
     }
 
     pub(super) fn set_until(&self, until: u64) {
@@ -195,7 +207,7 @@ impl ClusterBulkhead {
     pub fn try_acquire(&self, demand: Demand) -> Result<ClusterAdmission, ClusterRejection> {
         let g = &*self.gate;
         let start = g.clock.now_ms();
-        if start >= g.until() {
+        if g.outside(start) {
             return Err(self.lapsed());
         }
         let admission = self
@@ -204,7 +216,7 @@ impl ClusterBulkhead {
             .map_err(ClusterRejection::Refused)?;
         // A thread paused between the check and the commit must not admit past the window:
         // the commit happened before this read, so this read bounds it.
-        if g.clock.now_ms() >= g.until() {
+        if g.outside(g.clock.now_ms()) {
             drop(admission);
             return Err(self.lapsed());
         }
@@ -251,7 +263,9 @@ impl ClusterBulkhead {
             if let Poll::Ready(v) = work.as_mut().poll(cx) {
                 return Poll::Ready(Ok(v));
             }
-            Pin::new(&mut cut).poll(cx).map(|()| Err(ClusterRunError::Cut))
+            Pin::new(&mut cut)
+                .poll(cx)
+                .map(|()| Err(ClusterRunError::Cut))
         })
         .await;
         drop(admission);

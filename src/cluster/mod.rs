@@ -89,11 +89,11 @@ mod redis;
 mod store;
 
 pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
-pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
 pub use allocator::{
     release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
     RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
 };
+pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
 pub use store::{LeaseStore, MemoryStore, StoreError};
