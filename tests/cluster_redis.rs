@@ -827,8 +827,6 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
     assert_eq!(bs[0].limits().max_concurrent, 0);
     // The floor came at the lease's end, not after a blocked call: the call was bounded.
     assert!(phases.contains(&Phase::Floor), "{phases:?}");
-    // The late agent left the floor installed past its window: the handle refused there.
-    assert!(running[0].status().lapsed_refusals > 0);
     proxy.cut.store(false, Ordering::SeqCst);
     wait_for("replica 0 rejoins", Duration::from_secs(20), || {
         running[0].status().installed.slots > 0
@@ -838,6 +836,8 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
         join(w);
     }
     no_overdue(&running);
+    // The late agent left the floor installed past its window: the handle refused there.
+    assert!(running[0].status().lapsed_refusals > 0);
     for r in running {
         let _ = r.stop();
     }
