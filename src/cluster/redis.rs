@@ -177,9 +177,10 @@ impl RedisStore {
         let r = inv.invoke::<redis::Value>(conn);
         self.round_trips += 1;
         r.map_err(|e| {
-            // A connection that failed once is not trusted again (a late reply could be read as
-            // the answer to the next request).
-            if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+            // A connection that failed once is not trusted again: a late reply, or the rest of a
+            // reply cut in two (a parse error, not an I/O one), could be read as the answer to
+            // the next request. Only the script's own typed refusals leave it in step.
+            if !e.code().is_some_and(|c| c.starts_with("LLMBH_")) {
                 self.conn = None;
             }
             map_error(e)
@@ -270,6 +271,34 @@ fn map_error(e: redis::RedisError) -> StoreError {
     }
 }
 
+/// The script's renewal reply, checked: six integers, a grant within the global limits.
+fn parse_renew(v: &redis::Value, p: &StoreParams) -> Result<RenewReply, StoreError> {
+    let bad = || StoreError::Protocol("renew reply".into());
+    let redis::Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let n: Vec<u64> = items
+        .iter()
+        .map(int)
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    let [gs, gt, epoch, seq, now_ms, learning] = n[..] else {
+        return Err(bad());
+    };
+    let granted = Amounts::new(gs, gt);
+    // Never more than the global limits, whatever the server says.
+    if !granted.fits_in(p.global) || learning > 1 {
+        return Err(bad());
+    }
+    Ok(RenewReply {
+        granted,
+        epoch,
+        seq,
+        now_ms,
+        learning: learning == 1,
+    })
+}
+
 fn int(v: &redis::Value) -> Option<u64> {
     match v {
         redis::Value::Int(n) => u64::try_from(*n).ok(),
@@ -280,30 +309,13 @@ fn int(v: &redis::Value) -> Option<u64> {
 impl LeaseStore for RedisStore {
     fn renew(&mut self, p: &StoreParams, req: &RenewRequest) -> Result<RenewReply, StoreError> {
         let v = self.call("renew", p, req)?;
-        let bad = || StoreError::Protocol("renew reply".into());
-        let redis::Value::Array(items) = v else {
-            return Err(bad());
-        };
-        let n: Vec<u64> = items
-            .iter()
-            .map(int)
-            .collect::<Option<_>>()
-            .ok_or_else(bad)?;
-        let [gs, gt, epoch, seq, now_ms, learning] = n[..] else {
-            return Err(bad());
-        };
-        let granted = Amounts::new(gs, gt);
-        // Never more than the global limits, whatever the server says.
-        if !granted.fits_in(p.global) || learning > 1 {
-            return Err(bad());
+        let reply = parse_renew(&v, p);
+        if reply.is_err() {
+            // A reply of the wrong shape may be another request's: the connection is out of
+            // step.
+            self.conn = None;
         }
-        Ok(RenewReply {
-            granted,
-            epoch,
-            seq,
-            now_ms,
-            learning: learning == 1,
-        })
+        reply
     }
 
     fn set_call_timeout(&mut self, timeout: Duration) {
@@ -313,7 +325,10 @@ impl LeaseStore for RedisStore {
     fn release(&mut self, p: &StoreParams, req: &RenewRequest) -> Result<(), StoreError> {
         match self.call("release", p, req)? {
             redis::Value::Int(0) => Ok(()),
-            _ => Err(StoreError::Protocol("release reply".into())),
+            _ => {
+                self.conn = None;
+                Err(StoreError::Protocol("release reply".into()))
+            }
         }
     }
 }
