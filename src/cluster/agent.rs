@@ -333,6 +333,12 @@ impl ClusterAgent {
         &self.status
     }
 
+    /// The agent's clock.
+    #[cfg(feature = "cluster-tokio")]
+    pub(super) fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.gate.clock)
+    }
+
     /// A handle whose admissions stop at the end of the installed share's window, whatever
     /// this agent's thread does, and carry the admission deadline ([`ClusterBulkhead`]).
     ///

@@ -87,6 +87,8 @@ mod gate;
 mod lease;
 mod redis;
 mod store;
+#[cfg(feature = "cluster-tokio")]
+mod task;
 
 pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
 pub use allocator::{
@@ -97,3 +99,6 @@ pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunEr
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
 pub use store::{LeaseStore, MemoryStore, StoreError};
+#[cfg(feature = "cluster-tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster-tokio")))]
+pub use task::{AsyncAgent, TokioClock};
