@@ -362,7 +362,6 @@ impl ClusterAdmission {
     ///     let _ = a.admission().revision();
     /// }
     /// ```
-    #[must_use]
     pub fn admission(&self) -> &Admission {
         &self.admission
     }
