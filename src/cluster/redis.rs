@@ -11,6 +11,7 @@ use super::Amounts;
 use std::time::{Duration, Instant};
 
 const FORMAT: &str = "llm-bulkhead-lease/1";
+const SOURCE: &str = include_str!("lease.lua");
 
 /// A lease store in Redis 5.0 or later (or Valkey). The URL (`redis://`, `redis+unix://`; it
 /// may carry a password) is used to connect and is never printed: not in errors, not in
@@ -61,7 +62,7 @@ impl RedisStore {
             client,
             conn: None,
             keys: [format!("{base}:meta"), format!("{base}:leases")],
-            script: redis::Script::new(include_str!("lease.lua")),
+            script: redis::Script::new(SOURCE),
             timeout: Duration::from_millis(500),
             call_timeout: Duration::from_millis(500),
             round_trips: 0,
@@ -133,7 +134,19 @@ impl RedisStore {
         // Loaded here, inside the deadline, so that the call's EVALSHA does not meet NOSCRIPT
         // (which would cost two more round trips, each with the whole timeout).
         bound(&conn, deadline)?;
-        self.script.load(&mut conn).map_err(map_error)?;
+        // By hand rather than `Script::load`, which only debug-asserts the server's hash (a
+        // panic in a debug build, nothing in a release one): a server that names another hash
+        // is not running this script.
+        let hash: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(SOURCE)
+            .query(&mut conn)
+            .map_err(map_error)?;
+        if hash != self.script.get_hash() {
+            return Err(StoreError::Protocol(
+                "SCRIPT LOAD answered another hash".into(),
+            ));
+        }
         self.conn = Some(conn);
         Ok(())
     }
