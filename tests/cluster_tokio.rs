@@ -129,3 +129,22 @@ async fn the_handle_refuses_at_the_floors_end() {
     // Still cut off: the release fails, typed, and the record expires on its own.
     assert_eq!(agent.stop().await, Err(StoreError::Partitioned));
 }
+
+/// A stop with work still in flight waits at most `max_admission` and leaves the record to
+/// expire; on a paused runtime (whose clock stands still while the leave waits on the blocking
+/// pool) it still ends, bounded by real time too.
+#[tokio::test(start_paused = true)]
+async fn a_stop_with_work_in_flight_ends_on_a_paused_clock() {
+    let b = Bulkhead::new(8).unwrap();
+    let (clock, store, agent) = start(&b);
+    until(&clock, "the grant", || b.limits().max_concurrent == 8).await;
+    let held = agent.handle().try_acquire(Demand::slot()).unwrap();
+    agent.stop().await.unwrap();
+    assert_eq!(b.limits().max_concurrent, 0);
+    assert_eq!(
+        store.table().records.len(),
+        1,
+        "not drained: the record stays"
+    );
+    drop(held);
+}

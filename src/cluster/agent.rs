@@ -595,12 +595,15 @@ impl ClusterAgent {
         self.install_windowed(now, Amounts::ZERO);
         let d = u64::try_from(self.config.max_admission.as_millis()).unwrap_or(u64::MAX);
         let until = clock.now_ms().saturating_add(d);
+        // Also bounded in real time: an injected clock that stands still (a paused test
+        // runtime) must not hold the leave for ever.
+        let real_until = Instant::now().checked_add(self.config.max_admission);
         loop {
             let (held, _, _) = self.demand();
             if held == Amounts::ZERO {
                 break;
             }
-            if clock.now_ms() >= until {
+            if clock.now_ms() >= until || real_until.is_some_and(|t| Instant::now() >= t) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(5));
