@@ -59,22 +59,22 @@ fn wait(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-fn pair_ns(b: &Bulkhead, n: u32) -> f64 {
+/// ns per call of `pair` (one admit + release of 100 tokens), over `n` calls.
+fn per_pair(n: u32, mut pair: impl FnMut(Demand)) -> f64 {
     let d = Demand::tokens(Reservation::new(100, 0).unwrap());
     let t = Instant::now();
     for _ in 0..n {
-        drop(black_box(b.try_acquire(black_box(d)).unwrap()));
+        pair(black_box(d));
     }
     t.elapsed().as_nanos() as f64 / f64::from(n)
 }
 
+fn pair_ns(b: &Bulkhead, n: u32) -> f64 {
+    per_pair(n, |d| drop(black_box(b.try_acquire(d).unwrap())))
+}
+
 fn handle_pair_ns(h: &ClusterBulkhead, n: u32) -> f64 {
-    let d = Demand::tokens(Reservation::new(100, 0).unwrap());
-    let t = Instant::now();
-    for _ in 0..n {
-        drop(black_box(h.try_acquire(black_box(d)).unwrap()));
-    }
-    t.elapsed().as_nanos() as f64 / f64::from(n)
+    per_pair(n, |d| drop(black_box(h.try_acquire(d).unwrap())))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

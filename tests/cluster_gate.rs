@@ -4,9 +4,12 @@
 //! carries its deadline; the agent's step fires cut signals at the deadline, drops the work of
 //! `run` there, and counts releases past the deadline.
 
+#[path = "support/cluster_config.rs"]
+mod cluster_config;
+
 use llm_bulkhead::cluster::{
-    AgentEvent, Amounts, Clock, ClusterAgent, ClusterConfig, ClusterRejection, ClusterRunError,
-    MemoryStore, Phase,
+    AgentEvent, Clock, ClusterAgent, ClusterConfig, ClusterRejection, ClusterRunError, MemoryStore,
+    Phase,
 };
 use llm_bulkhead::{Bulkhead, Demand};
 use std::collections::VecDeque;
@@ -15,7 +18,6 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
 
 /// One clock for the store, the agent and its handle (ms), moved by the test. Queued values
 /// are returned first, one per read: a thread paused between two reads.
@@ -45,12 +47,7 @@ impl Manual {
 }
 
 fn config() -> ClusterConfig {
-    ClusterConfig::new("gate", "b")
-        .ttl(Duration::from_millis(1_000))
-        .max_admission(Duration::from_millis(1_000))
-        .floor(Amounts::new(2, 0))
-        .floor_hold(Duration::from_millis(500))
-        .quarantine(Duration::from_millis(2_000))
+    cluster_config::agent_config("gate")
 }
 
 /// An agent alone on a table, past learning, holding all 8 slots: valid until

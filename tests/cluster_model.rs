@@ -8,6 +8,9 @@
 //! The checker can fail: a quarantine shorter than the longest admission must make it find an
 //! overshoot (`a_quarantine_shorter_than_an_admission_is_caught`).
 
+#[path = "support/cluster_config.rs"]
+mod cluster_config;
+
 use llm_bulkhead::cluster::{
     renew, reserved_total, Amounts, ClusterConfig, Lease, LeaseTable, StoreParams,
 };
@@ -383,7 +386,6 @@ mod agent {
     use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
     /// One clock for the store and the replica (ms), moved by the test.
     #[derive(Clone, Default)]
@@ -402,12 +404,7 @@ mod agent {
     }
 
     fn config() -> ClusterConfig {
-        ClusterConfig::new("agent", "b")
-            .ttl(Duration::from_millis(1_000))
-            .max_admission(Duration::from_millis(1_000))
-            .floor(Amounts::new(2, 0))
-            .floor_hold(Duration::from_millis(500))
-            .quarantine(Duration::from_millis(2_000))
+        super::cluster_config::agent_config("agent")
     }
 
     fn setup(b: &Bulkhead) -> (Manual, MemoryStore, ClusterAgent) {

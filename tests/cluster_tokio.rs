@@ -4,21 +4,18 @@
 //! whole budget alone; cut off, the floor at the lease's end and zero `floor_hold` later; a cut
 //! signal fires at its admission's deadline; a stop returns the share to the store.
 
+#[path = "support/cluster_config.rs"]
+mod cluster_config;
+
 use llm_bulkhead::cluster::{
-    Amounts, AsyncAgent, Clock, ClusterAgent, ClusterConfig, MemoryStore, Phase, StoreError,
-    TokioClock,
+    AsyncAgent, Clock, ClusterAgent, ClusterConfig, MemoryStore, Phase, StoreError, TokioClock,
 };
 use llm_bulkhead::{Bulkhead, Demand};
 use std::sync::Arc;
 use std::time::Duration;
 
 fn config() -> ClusterConfig {
-    ClusterConfig::new("tokio", "b")
-        .ttl(Duration::from_millis(1_000))
-        .max_admission(Duration::from_millis(1_000))
-        .floor(Amounts::new(2, 0))
-        .floor_hold(Duration::from_millis(500))
-        .quarantine(Duration::from_millis(2_000))
+    cluster_config::agent_config("tokio")
 }
 
 fn start(b: &Bulkhead) -> (TokioClock, MemoryStore, AsyncAgent) {
