@@ -740,18 +740,19 @@ mod proxy {
 fn late_at_the_floors_end(
     floor: Amounts,
     hold: Duration,
+    slept: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> impl FnMut(&llm_bulkhead::cluster::AgentEvent) + Send {
     use llm_bulkhead::cluster::AgentEvent;
+    use std::sync::atomic::Ordering;
     use std::time::Instant;
     let mut floor_since: Option<Instant> = None;
-    let mut slept = false;
     move |e| match e {
         AgentEvent::Installed { share, .. } if *share != Amounts::ZERO => {
             floor_since = (*share == share.min(floor)).then(Instant::now);
         }
-        AgentEvent::StoreFailed(_) if !slept => {
+        AgentEvent::StoreFailed(_) if !slept.load(Ordering::SeqCst) => {
             if let Some(t) = floor_since.filter(|t| t.elapsed() >= hold / 2) {
-                slept = true;
+                slept.store(true, Ordering::SeqCst);
                 std::thread::sleep((t + hold + Duration::from_millis(800)) - Instant::now());
             }
         }
@@ -793,6 +794,7 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
         .quarantine(Duration::from_millis(c.needed_quarantine_ms()));
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let late = Arc::new(AtomicBool::new(false));
     let bs: Vec<_> = (0..3).map(|_| bulkhead()).collect();
     let slow = RedisStore::open(&proxy.url, &c)
         .unwrap()
@@ -801,7 +803,7 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
         vec![
             llm_bulkhead::cluster::ClusterAgent::new(bs[0].clone(), Box::new(slow), c.clone())
                 .unwrap()
-                .on_event(late_at_the_floors_end(c.floor, c.floor_hold))
+                .on_event(late_at_the_floors_end(c.floor, c.floor_hold, late.clone()))
                 .spawn()
                 .unwrap(),
         ];
@@ -836,7 +838,9 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
         join(w);
     }
     no_overdue(&running);
-    // The late agent left the floor installed past its window: the handle refused there.
+    // The agent was made late, and left the floor installed past its window: the handle
+    // refused there.
+    assert!(late.load(Ordering::SeqCst), "the agent was not made late");
     assert!(running[0].status().lapsed_refusals > 0);
     for r in running {
         let _ = r.stop();
