@@ -5,8 +5,9 @@
 //! than `max_admission`. The agent alone cannot give the first: it changes the installed share
 //! from its own thread, and a thread can be descheduled, or held by a grace period in
 //! `apply_limits`, past the end of the window. So [`ClusterBulkhead::try_acquire`] checks the
-//! window itself, on the agent's clock, before and after the core's decision: whatever the
-//! agent's thread does, an admission commits only while the share that admitted it is valid.
+//! window itself, on the agent's clock, right after the core's commit: whatever the agent's
+//! thread does, an admission is kept only if it committed while the share that admitted it was
+//! valid. One clock read, after the commit, is enough: it bounds the commit from above.
 //!
 //! For the second, a demanding user wants three things, and gets them:
 //! * **every admission knows its deadline** ([`ClusterAdmission::deadline_ms`], `max_admission`
@@ -48,6 +49,9 @@ pub(super) struct Gate {
     max_admission_ms: u64,
     /// Admissions released after their deadline.
     overdue: AtomicU64,
+    /// The agent's clock at its last step: a release at or after it is past every deadline
+    /// up to it (read on release instead of the clock, which costs more than the pair).
+    stepped: AtomicU64,
     /// Refusals because the window had ended before the agent changed the share.
     late: AtomicU64,
     cuts: Mutex<Vec<Weak<CutState>>>,
@@ -64,6 +68,7 @@ impl Gate {
             until: AtomicU64::new(u64::MAX),
             max_admission_ms,
             overdue: AtomicU64::new(0),
+            stepped: AtomicU64::new(0),
             late: AtomicU64::new(0),
             cuts: Mutex::new(Vec::new()),
             // Test builds only (feature `testing`), as the other broken variants.
@@ -96,6 +101,7 @@ impl Gate {
     /// Fires every cut signal whose deadline is at or before `now`; returns how many fired and
     /// the earliest deadline still armed.
     pub(super) fn fire_due(&self, now: u64) -> (u64, Option<u64>) {
+        self.stepped.fetch_max(now, Ordering::Release);
         let mut fired = Vec::new();
         let next = {
             let mut cuts = lock(&self.cuts);
@@ -191,13 +197,19 @@ impl ClusterBulkhead {
         &self.bulkhead
     }
 
-    /// Admits `demand` now if the installed share is still valid and has room. Lock-free: two
-    /// clock reads and the core's `try_acquire`.
+    /// Admits `demand` now if the installed share has room and its window has not ended.
+    /// Lock-free: the core's `try_acquire`, then one clock read.
+    ///
+    /// The read comes after the core's commit, so it bounds the commit from above: a thread
+    /// paused anywhere before it (between its own decision to call and the commit, or inside
+    /// the core) is caught, and the deadline it gives (`read + max_admission`) is inside
+    /// `window end + max_admission`, the bound the quarantine is sized for. An admission found
+    /// past the window is released at once, so the core's statistics count it as admitted
+    /// and released.
     ///
     /// # Errors
-    /// [`ClusterRejection::ShareLapsed`] if the share's window ended (before or during the
-    /// decision; an admission that committed after it is given back at once), else the core's
-    /// refusal.
+    /// [`ClusterRejection::ShareLapsed`] if the share's window had ended at the commit, else
+    /// the core's refusal.
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
@@ -206,23 +218,19 @@ impl ClusterBulkhead {
     /// ```
     pub fn try_acquire(&self, demand: Demand) -> Result<ClusterAdmission, ClusterRejection> {
         let g = &*self.gate;
-        let start = g.clock.now_ms();
-        if g.outside(start) {
-            return Err(self.lapsed());
-        }
         let admission = self
             .bulkhead
             .try_acquire(demand)
             .map_err(ClusterRejection::Refused)?;
-        // A thread paused between the check and the commit must not admit past the window:
-        // the commit happened before this read, so this read bounds it.
-        if g.outside(g.clock.now_ms()) {
+        // After the commit: this read bounds it, however long the thread was paused before.
+        let now = g.clock.now_ms();
+        if g.outside(now) {
             drop(admission);
             return Err(self.lapsed());
         }
         Ok(ClusterAdmission {
             admission,
-            deadline_ms: start.saturating_add(g.max_admission_ms),
+            deadline_ms: now.saturating_add(g.max_admission_ms),
             gate: Arc::clone(&self.gate),
         })
     }
@@ -300,7 +308,9 @@ impl std::fmt::Display for ClusterRunError {
 impl std::error::Error for ClusterRunError {}
 
 /// An admission taken through a [`ClusterBulkhead`]: the core's [`Admission`] plus its deadline.
-/// Dropping it releases the capacity; a release after the deadline is counted as overdue.
+/// Dropping it releases the capacity; a release after the agent's first step at or past the
+/// deadline is counted as overdue (the agent steps at least every `ttl / 10`, and at every
+/// deadline a [`CutSignal`] waits for).
 ///
 /// ```
 /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
@@ -393,7 +403,7 @@ impl ClusterAdmission {
 impl Drop for ClusterAdmission {
     fn drop(&mut self) {
         // The admission itself is released right after (field drop).
-        if self.gate.clock.now_ms() >= self.deadline_ms {
+        if self.gate.stepped.load(Ordering::Acquire) >= self.deadline_ms {
             self.gate.overdue.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -65,10 +65,10 @@
 //!   clock does not step forward by more than the slack in `quarantine`.
 //! * **A3** no admission commits after the end of the installed share's window. Through a
 //!   [`ClusterBulkhead`] the crate enforces it on the admitting thread: the window's end is
-//!   checked on the agent's clock before the core's decision and again after its commit, so an
-//!   agent thread that runs late (descheduled, or in `apply_limits` waiting out a grace period
-//!   behind preempted workers) no longer extends its share. A thread paused between its check
-//!   and the commit is caught by the second read. Admissions taken on the
+//!   checked on the agent's clock right after the core's commit (an admission past it is given
+//!   back), so an agent thread that runs late (descheduled, or in `apply_limits` waiting out a
+//!   grace period behind preempted workers) no longer extends its share, and neither does an
+//!   admitting thread paused before its commit. Admissions taken on the
 //!   [`Bulkhead`](crate::Bulkhead) directly (the LLM and tower layers) stay within the
 //!   installed share but rely on the agent thread to change it within `margin` of its
 //!   deadlines, as before. A store that stops answering does not delay the agent: each store
