@@ -172,6 +172,7 @@ type EventFn = Box<dyn FnMut(&AgentEvent) + Send>;
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, ClusterAgent, ClusterConfig, Clock, MemoryStore, Phase};
 /// use llm_bulkhead::Bulkhead;
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// struct At(u64);
 /// impl Clock for At { fn now_ms(&self) -> u64 { self.0 } }
@@ -181,9 +182,9 @@ type EventFn = Box<dyn FnMut(&AgentEvent) + Send>;
 ///     .max_admission(Duration::from_secs(1)).floor_hold(Duration::ZERO).quarantine(Duration::from_secs(2));
 /// // The bulkhead carries the global limits; the agent installs zero until the first lease.
 /// let b = Bulkhead::new(8).unwrap();
-/// let mut agent = ClusterAgent::new(b.clone(), Box::new(store), c).unwrap();
+/// let mut agent = ClusterAgent::with_clock(b.clone(), Box::new(store), c, Arc::new(At(0))).unwrap();
 /// assert_eq!(b.limits().max_concurrent, 0);
-/// agent.tick(&At(0)); // a new table learns first: still zero
+/// agent.tick(); // a new table learns first: still zero
 /// assert_eq!(agent.status().phase, Phase::Valid);
 /// ```
 pub struct ClusterAgent {
