@@ -18,6 +18,7 @@ use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
 /// One clock for the store, the agent and its handle (ms), moved by the test. Queued values
 /// are returned first, one per read: a thread paused between two reads.
@@ -226,4 +227,65 @@ fn run_drops_the_work_at_its_deadline() {
     let fut = pin!(h.run(Demand::slot(), async { 7 }));
     let mut fut = fut;
     assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(7)));
+}
+
+/// The window narrows before a new share is installed. A renewal during a long floor (here
+/// `floor_hold` 2 s, longer than a lease) brings back the whole grant with a validity that
+/// ends *before* the floor's window would have. The agent's thread is held right after
+/// `apply_limits` (its `Installed` callback runs there) while the clock passes the new
+/// validity: the handle must refuse, not admit under the new share with the floor's window.
+#[test]
+fn a_new_share_never_runs_on_the_old_window() {
+    let clock = Manual::default();
+    let c2 = clock.clone();
+    let store = MemoryStore::with_clock(move || c2.now_ms());
+    let b = Bulkhead::new(8).unwrap();
+    let c = config()
+        .floor_hold(Duration::from_millis(2_000))
+        .quarantine(Duration::from_millis(4_000));
+    let handle: Arc<Mutex<Option<llm_bulkhead::cluster::ClusterBulkhead>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Result<(), ClusterRejection>>>> = Arc::default();
+    let (h2, s2, c3) = (handle.clone(), seen.clone(), clock.clone());
+    let mut agent = ClusterAgent::with_clock(
+        b.clone(),
+        Box::new(store.clone()),
+        c,
+        Arc::new(clock.clone()),
+    )
+    .unwrap()
+    .on_event(move |e| {
+        if let AgentEvent::Installed { share, .. } = e {
+            let h = h2.lock().unwrap();
+            if let (Some(h), 8) = (h.as_ref(), share.slots) {
+                // Held here past the new validity (renewed at `at`, valid until `at + 940`).
+                let at = c3.now_ms();
+                c3.next_reads(&[at + 950]);
+                s2.lock()
+                    .unwrap()
+                    .push(h.try_acquire(Demand::slot()).map(drop));
+            }
+        }
+    });
+    agent.tick();
+    clock.set(5_001); // past learning (ttl + quarantine)
+    agent.tick();
+    assert_eq!(b.limits().max_concurrent, 8);
+    *handle.lock().unwrap() = Some(agent.handle());
+    seen.lock().unwrap().clear();
+    // Cut off: the floor (2) from 5_001 + 940, for 2 s.
+    store.set_reachable(false);
+    clock.set(5_001 + 940);
+    agent.tick();
+    assert_eq!(b.limits().max_concurrent, 2);
+    // Healed; the next attempt (`ttl / 10` after the failure) gets the whole grant again,
+    // valid 940 ms from then, which ends before the floor's 2 s would have.
+    store.set_reachable(true);
+    clock.set(5_001 + 1_040);
+    agent.tick();
+    assert_eq!(b.limits().max_concurrent, 8);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![Err(ClusterRejection::ShareLapsed)],
+        "admitted under the new share on the floor's window"
+    );
 }
