@@ -146,13 +146,30 @@ fn main() {
     });
     let plain = bulkhead();
     let handle = running.handle();
-    let (mut a, mut p, mut h) = (Vec::new(), Vec::new(), Vec::new());
+    // A second managed bulkhead whose agent runs on the coarse clock.
+    let coarse_b = bulkhead();
+    let coarse_agent = ClusterAgent::with_clock(
+        coarse_b.clone(),
+        Box::new(RedisStore::open(&url, &c).unwrap()),
+        c.clone(),
+        Arc::new(llm_bulkhead::cluster::CoarseClock::new()),
+    )
+    .unwrap()
+    .spawn()
+    .unwrap();
+    wait("the coarse agent's grant", || {
+        coarse_b.limits().max_concurrent > 0
+    });
+    let coarse = coarse_agent.handle();
+    let (mut a, mut p, mut h, mut k) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..7 {
         p.push(pair_ns(&plain, 2_000_000));
         a.push(pair_ns(&managed, 2_000_000));
         h.push(handle_pair_ns(&handle, 2_000_000));
+        k.push(handle_pair_ns(&coarse, 2_000_000));
     }
-    let (pm, am, hm) = (median(p), median(a), median(h));
+    coarse_agent.stop().unwrap();
+    let (pm, am, hm, km) = (median(p), median(a), median(h), median(k));
     println!("1. admit + release pair (1 thread, median of 7 rounds of 2M):");
     println!("   unmanaged bulkhead      {pm:6.1} ns");
     println!(
@@ -162,6 +179,10 @@ fn main() {
     println!(
         "   through ClusterBulkhead {hm:6.1} ns   ratio {:.2}",
         hm / pm
+    );
+    println!(
+        "   the same, CoarseClock   {km:6.1} ns   ratio {:.2}",
+        km / pm
     );
     let renewals = running.status().renewals;
     running.stop().unwrap();

@@ -289,3 +289,44 @@ fn a_new_share_never_runs_on_the_old_window() {
         "admitted under the new share on the floor's window"
     );
 }
+
+/// A clock that may lag more than the margin is refused; the coarse clock (one kernel tick,
+/// 1-10 ms) fits the default 50 ms margin and runs an agent.
+#[test]
+fn a_clock_coarser_than_the_margin_is_refused() {
+    struct Lagging;
+    impl Clock for Lagging {
+        fn now_ms(&self) -> u64 {
+            0
+        }
+        fn resolution_ms(&self) -> u64 {
+            51
+        }
+    }
+    let b = Bulkhead::new(8).unwrap();
+    let e = ClusterAgent::with_clock(
+        b.clone(),
+        Box::new(MemoryStore::new()),
+        config(),
+        Arc::new(Lagging),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        llm_bulkhead::cluster::ClusterConfigError::ClockTooCoarse { resolution_ms: 51 }
+    );
+    #[cfg(target_os = "linux")]
+    {
+        let coarse = llm_bulkhead::cluster::CoarseClock::new();
+        assert!((1..=50).contains(&coarse.resolution_ms()));
+        let store = MemoryStore::with_clock(move || coarse.now_ms());
+        let mut agent =
+            ClusterAgent::with_clock(b.clone(), Box::new(store), config(), Arc::new(coarse))
+                .unwrap();
+        agent.tick();
+        assert!(
+            agent.handle().try_acquire(Demand::slot()).is_err(),
+            "learning"
+        );
+    }
+}

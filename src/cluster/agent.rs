@@ -25,6 +25,12 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync {
     /// Milliseconds since an arbitrary fixed origin; never decreases.
     fn now_ms(&self) -> u64;
+
+    /// How far a reading may lag the true time, in ms (0: not at all, the default). The agent
+    /// refuses a clock that lags more than the configuration's `margin`.
+    fn resolution_ms(&self) -> u64 {
+        0
+    }
 }
 
 /// [`Instant`]-based [`Clock`] (`CLOCK_MONOTONIC` on Linux).
@@ -254,10 +260,12 @@ impl ClusterAgent {
     }
 
     /// [`new`](Self::new) on `clock`: the agent's steps, its lease and its handles'
-    /// admission windows and deadlines all read it (tests inject a manual one).
+    /// admission windows and deadlines all read it (tests inject a manual one; `CoarseClock`
+    /// makes the handle's read cheap on Linux).
     ///
     /// # Errors
-    /// As [`new`](Self::new).
+    /// As [`new`](Self::new), and [`ClusterConfigError::ClockTooCoarse`] if the clock may lag
+    /// more than the configuration's `margin`.
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore, SystemClock};
@@ -274,6 +282,11 @@ impl ClusterAgent {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ClusterConfigError> {
         config.validate()?;
+        let margin_ms = u64::try_from(config.margin.as_millis()).unwrap_or(u64::MAX);
+        let resolution_ms = clock.resolution_ms();
+        if resolution_ms > margin_ms {
+            return Err(ClusterConfigError::ClockTooCoarse { resolution_ms });
+        }
         let max_admission_ms = u64::try_from(config.max_admission.as_millis()).unwrap_or(u64::MAX);
         let base = bulkhead.limits();
         let global = global_of(&base);

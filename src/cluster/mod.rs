@@ -100,6 +100,8 @@
 
 mod agent;
 mod allocator;
+#[cfg(target_os = "linux")]
+mod coarse;
 mod gate;
 mod lease;
 mod redis;
@@ -112,6 +114,8 @@ pub use allocator::{
     release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
     RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
 };
+#[cfg(target_os = "linux")]
+pub use coarse::CoarseClock;
 pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
