@@ -146,12 +146,13 @@ fn main() {
     });
     let plain = bulkhead();
     let handle = running.handle();
-    // A second managed bulkhead whose agent runs on the coarse clock.
+    // A second managed bulkhead, on a budget of its own, whose agent runs on the coarse clock.
+    let ck = config(&redis_server::namespace("pair-coarse"), 1_000);
     let coarse_b = bulkhead();
     let coarse_agent = ClusterAgent::with_clock(
         coarse_b.clone(),
-        Box::new(RedisStore::open(&url, &c).unwrap()),
-        c.clone(),
+        Box::new(RedisStore::open(&url, &ck).unwrap()),
+        ck,
         Arc::new(llm_bulkhead::cluster::CoarseClock::new()),
     )
     .unwrap()
