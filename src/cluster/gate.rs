@@ -22,6 +22,11 @@
 //!   after its deadline is counted in [`AgentStatus::overdue`](super::AgentStatus::overdue)
 //!   and reported as [`AgentEvent::OverdueReleased`](super::AgentEvent::OverdueReleased).
 //!
+//! The price is one read of the agent's clock per admission, after the core's commit, and an
+//! `Arc` count for the admission's link back to the agent. On a loaded VM the precise clock
+//! costs several times the core's pair; the agent's clock can be `CoarseClock` (Linux), which
+//! reads in a fraction of that and may lag one kernel tick (at most the `margin`, checked).
+//!
 //! Admissions taken on the [`Bulkhead`] directly (the LLM layer, the tower layer) skip the
 //! window check; they stay within the installed share, and the agent's punctuality (A3) is
 //! then assumed as before.

@@ -38,7 +38,8 @@
 //!   with the feature `cluster-tokio`, the same steps as a tokio task
 //!   (`ClusterAgent::spawn_on`, `AsyncAgent`, `TokioClock`).
 //! * [`ClusterBulkhead`] (`gate.rs`): the handle to admit through. It closes the share's
-//!   window on the admitting thread and gives every admission its deadline (below, A3 and A4).
+//!   window on the admitting thread and gives every admission its deadline (below, A3 and A4);
+//!   `CoarseClock` (`coarse.rs`, Linux) makes its one clock read cheap.
 //!
 //! # The invariant, and what it assumes
 //!
