@@ -25,7 +25,11 @@ impl Bulkhead {
         // One lookup of this thread's counters entry: the fast attempt's grace-period marker and
         // the admission's counts.
         let c = shared.counters.local(Counters::new);
-        match crate::protocol::classed::try_fast(shared, c, k, r, priority) {
+        let fast = crate::protocol::classed::try_fast(shared, c, k, r, priority);
+        // A step the attempt took back may have pumped the queue: the waiters it answered are
+        // woken now that it left its operation (`crate::wait::list`, "Where wake-ups run").
+        crate::wait::list::deliver_deferred();
+        match fast {
             Some(a) => Ok(self.count_class_in(c, k, r, a.revision, a.resources)),
             None => self.try_acquire_classed_contended(k, r, priority),
         }
@@ -44,7 +48,10 @@ impl Bulkhead {
         // that explained it, by reference), but its subscribers are called after the operation
         // left: no user code runs while an operation may hold off an install (`crate::grace`).
         let refused = |f: &_| self.count_class_refusal(k, f, r, priority);
-        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused) {
+        let decided =
+            crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused);
+        crate::wait::list::deliver_deferred();
+        match decided {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             Err(rej) => {
                 crate::handle::events::rejected(&self.shared, Some(k), &rej);

@@ -144,11 +144,13 @@ impl Acquire<'_> {
         let b = self.bulkhead;
         let (r, k, priority, _) = b.demand_parts(&self.demand);
         let slot = &mut self.wait;
-        let waker = cx.waker();
+        // Cloned before the queue lock (a clone runs the user's code, `crate::wait::list`,
+        // "Where wake-ups run"): the enqueue links the node under the lock. If the demand is
+        // answered at once instead, the clone is dropped with the closure, after the unlock.
+        let notify = Notify::Waker(cx.waker().clone());
         let make = node_maker(move || {
             let w = slot.insert(Wait {
-                // The waker is cloned only here, if the demand queues.
-                node: Waiter::new(r, k, priority, Notify::Waker(waker.clone())),
+                node: Waiter::new(r, k, priority, notify),
                 deadline: None,
                 timer: None,
                 cancel_reg: None,
@@ -250,10 +252,22 @@ impl Acquire<'_> {
             let guard = b.shared.slow_path();
             let q = guard.lock_queue();
             if !node.is_done() {
-                if node.needs_waker(&q, cx.waker()) {
-                    node.set_notify(&q, Notify::Waker(cx.waker().clone()));
+                if !node.needs_waker(&q, cx.waker()) {
+                    return Poll::Pending;
                 }
-                return Poll::Pending;
+                // A new waker: cloned outside the lock, and the old one dropped outside it
+                // (both run the user's code, `crate::wait::list`, "Where wake-ups run").
+                drop(q);
+                let fresh = Notify::Waker(cx.waker().clone());
+                let q = guard.lock_queue();
+                if !node.is_done() {
+                    let old = node.replace_notify(&q, fresh);
+                    drop(q);
+                    drop(old);
+                    return Poll::Pending;
+                }
+                drop(q);
+                drop(fresh);
             }
         }
         end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);
