@@ -291,6 +291,39 @@ both_paths!(
     blocking_wake
 );
 
+/// The release that leaves the bulkhead idle wakes a drainer whose waker blocks: installs
+/// return meanwhile.
+fn blocking_drain_wake(path: Path) {
+    let base = live_states();
+    let (b, other) = (bulkhead(path, 1), bulkhead(path, 1));
+    let (ctl, entered) = Ctl::new();
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    let mut drain = Box::pin(b.drain(None));
+    assert!(poll(drain.as_mut(), &probe(&ctl)).is_pending());
+    ctl.block_wake.store(true, Ordering::SeqCst);
+    std::thread::scope(|s| {
+        let releaser = s.spawn(move || drop(held));
+        assert_eq!(entered.recv_timeout(GUARD), Ok("wake"));
+        reconfigure_both(&b, &other);
+        ctl.open();
+        releaser.join().unwrap();
+    });
+    ctl.assert_not_held_off();
+    let Poll::Ready(report) = poll(drain.as_mut(), Waker::noop()) else {
+        panic!("the drain ends once the bulkhead is idle")
+    };
+    assert!(report.drained);
+    drop(drain);
+    settled(&b);
+    drop((b, other));
+    assert_eq!(live_states(), base, "a bulkhead's state was not freed");
+}
+
+both_paths!(
+    a_drainer_whose_waker_blocks_holds_off_no_install,
+    blocking_drain_wake
+);
+
 /// A waiter's first poll clones a waker that blocks: installs return meanwhile.
 fn blocking_clone(path: Path) {
     let base = live_states();
@@ -372,6 +405,16 @@ both_paths!(
 /// releaser after the release is complete: the granted waiter has its admission, the next
 /// release reaches the next waiter, and once everything is dropped the state is freed.
 fn panicking_wake_on_release(path: Path) {
+    panicking_on_release(path, &|bad| &bad.panic_wake);
+}
+
+/// As [`panicking_wake_on_release`], with a waker whose drop panics: the wake consumes the
+/// queue's reference, the last one.
+fn panicking_drop_on_release(path: Path) {
+    panicking_on_release(path, &|bad| &bad.panic_drop);
+}
+
+fn panicking_on_release(path: Path, arm: &dyn Fn(&Ctl) -> &AtomicBool) {
     let base = live_states();
     let b = bulkhead(path, 1);
     let (bad, _) = Ctl::new();
@@ -381,7 +424,7 @@ fn panicking_wake_on_release(path: Path) {
     let mut fb = Box::pin(b.acquire(Demand::slot(), wait()));
     assert!(poll(fa.as_mut(), &probe(&bad)).is_pending());
     assert!(poll(fb.as_mut(), &probe(&good)).is_pending());
-    bad.panic_wake.store(true, Ordering::SeqCst);
+    arm(&bad).store(true, Ordering::SeqCst);
     let released = catch_unwind(AssertUnwindSafe(|| drop(held)));
     assert!(released.is_err(), "the waker's panic reaches the releaser");
     assert_eq!(bad.wakes(), 1);
@@ -403,6 +446,10 @@ fn panicking_wake_on_release(path: Path) {
 both_paths!(
     a_waker_that_panics_when_a_release_wakes_it_leaks_nothing,
     panicking_wake_on_release
+);
+both_paths!(
+    a_waker_whose_drop_panics_when_a_release_wakes_it_leaks_nothing,
+    panicking_drop_on_release
 );
 
 /// One pump answers three waiters whose middle waker panics: the other two are woken all the
