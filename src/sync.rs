@@ -244,7 +244,7 @@ pub(crate) mod notify {
 
     impl Notify {
         /// Wakes the owner. Owns what it wakes, so it needs no access to the node.
-        #[inline]
+        #[inline(always)]
         pub(crate) fn wake(self) {
             match self {
                 Notify::None => {}

@@ -3,7 +3,7 @@
 //! * `Duration::MAX` for every waiting call (blocking, async, both drains, the builder's
 //!   default timeout): it means "no deadline", the call waits and ends normally, nothing panics.
 //! * User code that panics while a node is linked: a waker whose clone panics (the async
-//!   re-poll clones it under the queue lock), an event subscriber (caught and counted by the
+//!   re-poll clones it, outside the queue lock), an event subscriber (caught and counted by the
 //!   crate), and a token estimator run by the `llm` front end while another waiter is queued.
 //!   After each, nothing is left queued or held and the bulkhead still serves waiters.
 //!

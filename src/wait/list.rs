@@ -109,11 +109,13 @@ pub(crate) struct WakeList {
     /// `items[..len]` are initialised and owned by the list; the rest are not.
     items: [MaybeUninit<Notify>; WAKE_BATCH],
     len: usize,
-    /// Made inside an operation: `wake_all` defers to the thread instead of waking.
-    deferred: bool,
-    /// The first panic of a waker this list woke, kept until [`wake_all`](Self::wake_all)
-    /// (or the drop) resumes it: a batch delivered midway lets its caller finish first.
-    panic: Option<Panic>,
+    /// [`DEFERRED`] (made inside an operation: `wake_all` hands the wake-ups to the thread)
+    /// and [`KEPT`] (`kept` holds a panic): one byte, so that the common list pays one test.
+    flags: u8,
+    /// With [`KEPT`], the first panic of a waker this list woke, kept until
+    /// [`wake_all`](Self::wake_all) (or the drop) resumes it: a batch delivered midway lets its
+    /// caller finish first. Uninitialised otherwise (a list costs no store for it).
+    kept: MaybeUninit<Panic>,
     /// Wake-ups past the batch. Dropped by hand (`wake_rest`) so that the list's drop glue is
     /// the two tests of its `Drop` and can be inlined; an empty vector owns no allocation.
     spill: ManuallyDrop<Vec<Notify>>,
@@ -126,8 +128,8 @@ impl WakeList {
         WakeList {
             items: [const { MaybeUninit::uninit() }; WAKE_BATCH],
             len: 0,
-            deferred: false,
-            panic: None,
+            flags: 0,
+            kept: MaybeUninit::uninit(),
             spill: ManuallyDrop::new(Vec::new()),
         }
     }
@@ -137,7 +139,7 @@ impl WakeList {
     /// ([`deliver_deferred`]).
     pub(crate) fn in_operation() -> WakeList {
         let mut list = WakeList::new();
-        list.deferred = true;
+        list.flags = DEFERRED;
         list
     }
 
@@ -161,52 +163,84 @@ impl WakeList {
     /// Wakes everything collected (call after unlocking, as the caller's last step), or, for
     /// a list made inside an operation, hands it to the calling thread
     /// ([`deliver_deferred`]). A waker that panics does not keep the others from being woken:
-    /// the first panic (of this call or an earlier [`wake_batch`](Self::wake_batch)) is
-    /// resumed after the last. Always inlined: a call costs a hand-off, which wakes one
-    /// waiter, more than the loop does.
+    /// the unwind drops the list, which wakes the rest, each on its own (a second panic is
+    /// dropped, not an abort), and a panic kept by an earlier [`wake_batch`](Self::wake_batch)
+    /// is resumed here. Always inlined: a call costs a hand-off, which wakes one waiter, more
+    /// than the loop does.
     #[inline(always)]
     pub(crate) fn wake_all(&mut self) {
-        self.wake_batch();
-        if let Some(p) = self.panic.take() {
-            resume(p);
+        if self.flags != 0 {
+            return self.wake_all_flagged();
+        }
+        self.check_outside_operation();
+        while self.len > 0 {
+            // Shrunk first: if the wake below panics, the slot is no longer the list's (the
+            // value was moved out), so the unwind's `drop` wakes only the others.
+            self.len -= 1;
+            // SAFETY: `items[..len]` (before the decrement) are initialised; slot `len` is now
+            // outside that range, so it is read exactly once and never dropped again.
+            let n = unsafe { self.items[self.len].assume_init_read() };
+            n.wake();
+        }
+        if !self.spill.is_empty() {
+            self.wake_rest();
+        }
+    }
+
+    /// [`wake_all`](Self::wake_all) of a list made inside an operation, or holding a kept
+    /// panic.
+    #[cold]
+    #[inline(never)]
+    fn wake_all_flagged(&mut self) {
+        if self.flags & DEFERRED != 0 {
+            return self.defer_all();
+        }
+        self.wake_rest();
+    }
+
+    /// Keeps `p` if it is the first panic of this list's wakers (a later one is dropped).
+    fn keep(&mut self, p: Panic) {
+        if self.flags & KEPT == 0 {
+            self.kept.write(p);
+            self.flags |= KEPT;
         }
     }
 
     /// A full batch, midway through a loop (after unlocking): wakes (or hands to the thread)
-    /// what is collected, and keeps a waker's panic for the final [`wake_all`](Self::wake_all),
-    /// so that the loop still finishes its work (returns a slot, answers the rest).
-    #[inline(always)]
+    /// what is collected, each wake-up on its own, and keeps a waker's panic for the final
+    /// [`wake_all`](Self::wake_all), so that the loop still finishes its work (returns a slot,
+    /// answers the rest).
+    #[cold]
+    #[inline(never)]
     pub(crate) fn wake_batch(&mut self) {
-        if self.deferred {
+        if self.flags & DEFERRED != 0 {
             return self.defer_all();
         }
-        // Never inside an operation marked in the thread's cell (a decision's marker is not
-        // visible here): such a caller makes its list with `in_operation`.
+        self.check_outside_operation();
+        let mut first = None;
+        while self.len > 0 {
+            self.len -= 1;
+            // SAFETY: as in `wake_all`.
+            let n = unsafe { self.items[self.len].assume_init_read() };
+            wake_one(n, &mut first);
+        }
+        while let Some(n) = self.spill.pop() {
+            wake_one(n, &mut first);
+        }
+        if let Some(p) = first {
+            self.keep(p);
+        }
+    }
+
+    /// Never inside an operation marked in the thread's cell (a decision's marker is not
+    /// visible here): such a caller makes its list with [`in_operation`](Self::in_operation).
+    #[inline(always)]
+    fn check_outside_operation(&self) {
         #[cfg(all(debug_assertions, not(loom)))]
         debug_assert!(
             self.len == 0 || crate::grace::reader().load(crate::sync::Ordering::Relaxed) & 1 == 0,
             "wake-ups delivered inside a grace-period operation"
         );
-        let panic = &mut self.panic;
-        while self.len > 0 {
-            // Shrunk first: the slot is no longer the list's once its value is moved out.
-            self.len -= 1;
-            // SAFETY: `items[..len]` (before the decrement) are initialised; slot `len` is now
-            // outside that range, so it is read exactly once and never dropped again.
-            let n = unsafe { self.items[self.len].assume_init_read() };
-            wake_one(n, panic);
-        }
-        if !self.spill.is_empty() {
-            self.wake_spill();
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn wake_spill(&mut self) {
-        while let Some(n) = self.spill.pop() {
-            wake_one(n, &mut self.panic);
-        }
     }
 
     /// [`wake_all`](Self::wake_all) of a list made inside an operation.
@@ -224,6 +258,11 @@ impl WakeList {
         }
     }
 }
+
+/// [`WakeList::flags`]: the list was made inside an operation.
+const DEFERRED: u8 = 1;
+/// [`WakeList::flags`]: `kept` holds a panic.
+const KEPT: u8 = 2;
 
 /// A panic caught while waking, resumed once every wake-up was made.
 type Panic = Box<dyn std::any::Any + Send + 'static>;
@@ -284,7 +323,7 @@ impl Drop for WakeList {
     // allocated, its memory).
     #[inline(always)]
     fn drop(&mut self) {
-        if self.len != 0 || self.spill.capacity() != 0 || self.panic.is_some() {
+        if self.len != 0 || self.spill.capacity() != 0 || self.flags & KEPT != 0 {
             self.wake_rest();
         }
     }
@@ -299,8 +338,10 @@ impl WakeList {
     fn wake_rest(&mut self) {
         self.wake_batch();
         drop(std::mem::take(&mut *self.spill));
-        if let Some(p) = self.panic.take() {
-            resume(p);
+        if self.flags & KEPT != 0 {
+            self.flags &= !KEPT;
+            // SAFETY: `KEPT` says `kept` was written; clearing it first makes this the one read.
+            resume(unsafe { self.kept.assume_init_read() });
         }
     }
 }

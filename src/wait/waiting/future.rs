@@ -143,24 +143,22 @@ impl Acquire<'_> {
     fn start_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, Rejection>> {
         let b = self.bulkhead;
         let (r, k, priority, _) = b.demand_parts(&self.demand);
-        let slot = &mut self.wait;
-        // Cloned before the queue lock (a clone runs the user's code, `crate::wait::list`,
-        // "Where wake-ups run"): the enqueue links the node under the lock. If the demand is
-        // answered at once instead, the clone is dropped with the closure, after the unlock.
-        let notify = Notify::Waker(cx.waker().clone());
-        let make = node_maker(move || {
-            let w = slot.insert(Wait {
-                node: Waiter::new(r, k, priority, notify),
-                deadline: None,
-                timer: None,
-                cancel_reg: None,
-                since: None,
-                queue_wait: None,
-            });
-            // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned
-            // was moved or dropped by this write.
-            unsafe { Pin::new_unchecked(&w.node) }
+        // The node is built, with its clone of the waker, before the queue lock (a clone runs
+        // the user's code, `crate::wait::list`, "Where wake-ups run"); the enqueue only links
+        // it under the lock. If the demand is answered there instead, the node is never
+        // linked, and its waker goes with the future.
+        let w = self.wait.insert(Wait {
+            node: Waiter::new(r, k, priority, Notify::Waker(cx.waker().clone())),
+            deadline: None,
+            timer: None,
+            cancel_reg: None,
+            since: None,
+            queue_wait: None,
         });
+        // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned was
+        // moved or dropped by this write.
+        let node = unsafe { Pin::new_unchecked(&w.node) };
+        let make = node_maker(move || node);
         match b.enter_after_fast(k, r, priority, make) {
             Enter::Granted(g) => {
                 self.finished = true;
