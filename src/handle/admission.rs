@@ -400,7 +400,7 @@ impl Admission {
         if let Some(pin) = slot.try_pin() {
             crate::protocol::classed::return_slot_only(shared, k);
             // Its pump's wake-ups, after the decrease's operation (`crate::wait::list`).
-            crate::wait::list::deliver_deferred();
+            crate::protocol::class_pump::deliver_deferred();
             // Counted, and turned back into a handle by `settle_classed`.
             std::mem::forget(pin);
             self.class.0 |= ClassBits::PINNED;
@@ -590,7 +590,7 @@ impl Admission {
                     None => crate::protocol::plain::return_tokens(shared, delta),
                     Some(k) => {
                         crate::protocol::classed::return_tokens(shared, k, delta);
-                        crate::wait::list::deliver_deferred();
+                        crate::protocol::class_pump::deliver_deferred();
                         c.classes[k].refunded.add(delta);
                     }
                 }

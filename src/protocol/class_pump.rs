@@ -5,6 +5,10 @@ use crate::protocol::classed::Refused;
 use crate::shared::{QueueGuard, Shared, SlotRef, SlowPathRef};
 use crate::sync::Ordering;
 use crate::vocab::rejection::{Constraint, RejectReason};
+/// Delivers the wake-ups the calling thread kept inside operations (`crate::wait::list`,
+/// "Where wake-ups run"): the layers above call it here, after a class decision or return of
+/// capacity left its operation.
+pub(crate) use crate::wait::list::deliver_deferred;
 use crate::wait::list::{Outcome, Queue, WakeList};
 use crate::words::state::{Word, WAITERS};
 
@@ -28,7 +32,7 @@ impl SlotRef {
         // The waiters its pump answered, woken only now: outside the release's operation and
         // after its last step, so a waker that blocks holds off no install and one that panics
         // leaves nothing undone (`crate::wait::list`, "Where wake-ups run").
-        crate::wait::list::deliver_deferred();
+        deliver_deferred();
     }
 }
 

@@ -164,7 +164,7 @@ pub(super) fn settle_booked(
                 drop(unsafe { slot.into_pinned_handle() });
                 // Its pump's wake-ups, after the decrease's operation and the pin's drop (a
                 // waker that panics finds the state freed if this was the last owner).
-                crate::wait::list::deliver_deferred();
+                crate::protocol::class_pump::deliver_deferred();
             } else {
                 slot.return_class_slot(k, held, class.borrowed());
             }
@@ -210,7 +210,7 @@ pub(super) fn grow_class_hold(
 ) -> Result<(), UsageError> {
     let grown = crate::protocol::classed::grow_tokens(shared, k, delta);
     // Its pump's wake-ups, after the growth's operation (`crate::wait::list`).
-    crate::wait::list::deliver_deferred();
+    crate::protocol::class_pump::deliver_deferred();
     grown.map_err(|()| UsageError::HoldTooLarge {
         hold: new_hold,
         max: crate::words::class_word::MAX_CLASSED_HOLD,

@@ -30,7 +30,7 @@ impl Bulkhead {
                 // A step the attempt took back may have pumped the queue: the waiters it
                 // answered are woken now that it left its operation (`crate::wait::list`,
                 // "Where wake-ups run"; the contended path delivers its own).
-                crate::wait::list::deliver_deferred();
+                crate::protocol::class_pump::deliver_deferred();
                 Ok(self.count_class_in(c, k, r, a.revision, a.resources))
             }
             None => self.try_acquire_classed_contended(k, r, priority),
@@ -50,11 +50,11 @@ impl Bulkhead {
         // that explained it, by reference), but its subscribers are called after the operation
         // left: no user code runs while an operation may hold off an install (`crate::grace`).
         // The fast attempt's wake-ups (if it pumped before giving up), and this decision's.
-        crate::wait::list::deliver_deferred();
+        crate::protocol::class_pump::deliver_deferred();
         let refused = |f: &_| self.count_class_refusal(k, f, r, priority);
         let decided =
             crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused);
-        crate::wait::list::deliver_deferred();
+        crate::protocol::class_pump::deliver_deferred();
         match decided {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             Err(rej) => {

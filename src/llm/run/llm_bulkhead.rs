@@ -558,7 +558,7 @@ pub(in crate::llm) fn admit_now(
         let c = shared.counters.local(crate::record::stats::Counters::new);
         let fast = crate::protocol::classed::try_fast(shared, c, k, r, priority);
         // Wake-ups of a pump the attempt ran, after its operation (`crate::wait::list`).
-        crate::wait::list::deliver_deferred();
+        crate::protocol::class_pump::deliver_deferred();
         let a = fast?;
         b.count_class_in(c, k, r, a.revision, a.resources)
     } else if demand.class().is_some() {
