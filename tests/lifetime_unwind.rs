@@ -10,7 +10,11 @@
 //! Nothing here sleeps or times anything: a test waits for a waiter to be queued by looking
 //! at `stats().pending`, and ends its waits by releasing.
 
+#[path = "support/queue.rs"]
+mod queue;
+
 use llm_bulkhead::{Bulkhead, Demand, QueueTimeout, WaitOptions};
+use queue::{settled, until_pending};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,20 +35,6 @@ fn forever() -> WaitOptions {
         timeout: QueueTimeout::After(Duration::MAX),
         cancel: None,
     }
-}
-
-/// Waits (without sleeping) until `n` waiters are queued on `b`.
-fn until_pending(b: &Bulkhead, n: u64) {
-    while b.stats().pending != n {
-        std::thread::yield_now();
-    }
-}
-
-/// Nothing held, nobody queued, the fast path admits again.
-fn settled(b: &Bulkhead) {
-    let s = b.stats();
-    assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-    drop(b.try_acquire(Demand::slot()).expect("the fast path admits"));
 }
 
 #[test]

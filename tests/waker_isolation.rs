@@ -16,8 +16,12 @@
 //! Freeing is observed with `testing::live_states` (as in `tests/lifetime_class_release.rs`),
 //! so the tests take turns (`SERIAL`).
 
+#[path = "support/queue.rs"]
+mod queue;
+
 use llm_bulkhead::testing::live_states;
-use llm_bulkhead::{Bulkhead, ClassLimits, Demand, WaitOptions};
+use llm_bulkhead::{Admission, Bulkhead, ClassLimits, Demand, Rejection, WaitOptions};
+use queue::{settled, until_pending};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::{pin, Pin};
@@ -89,6 +93,77 @@ fn reconfigure(b: &Bulkhead, times: usize) {
 fn reconfigure_both(b: &Bulkhead, other: &Bulkhead) {
     reconfigure(b, 8);
     reconfigure(other, 1);
+}
+
+/// Waits until the waker blocks at `at`, runs [`reconfigure_both`] meanwhile (each call must
+/// return while it blocks), then lets the waker go.
+fn reconfigure_while_blocked(
+    ctl: &Ctl,
+    entered: &Receiver<&'static str>,
+    at: &str,
+    b: &Bulkhead,
+    other: &Bulkhead,
+) {
+    assert_eq!(entered.recv_timeout(GUARD), Ok(at));
+    reconfigure_both(b, other);
+    ctl.open();
+}
+
+/// A blocking scenario's parts: the state count before it, two bulkheads of one path (the
+/// second only reconfigured), a probe's control and where it reports blocking, a slot held on
+/// the first.
+type Scene = (
+    u64,
+    Bulkhead,
+    Bulkhead,
+    Arc<Ctl>,
+    Receiver<&'static str>,
+    Admission,
+);
+
+fn scene(path: Path) -> Scene {
+    let base = live_states();
+    let (b, other) = (bulkhead(path, 1), bulkhead(path, 1));
+    let (ctl, entered) = Ctl::new();
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    (base, b, other, ctl, entered, held)
+}
+
+/// Releases `held` on another thread, whose release wakes a waker that blocks; meanwhile
+/// [`reconfigure_while_blocked`]. The waker was not held off.
+fn release_while_blocked(
+    held: Admission,
+    ctl: &Ctl,
+    entered: &Receiver<&'static str>,
+    b: &Bulkhead,
+    other: &Bulkhead,
+) {
+    std::thread::scope(|s| {
+        let releaser = s.spawn(move || drop(held));
+        reconfigure_while_blocked(ctl, entered, "wake", b, other);
+        releaser.join().unwrap();
+    });
+    ctl.assert_not_held_off();
+}
+
+/// Drops `owners` (the last handles of the bulkheads made since `base`): every state is freed.
+fn freed<T>(base: u64, owners: T) {
+    drop(owners);
+    assert_eq!(live_states(), base, "a bulkhead's state was not freed");
+}
+
+/// `b` is at rest ([`settled`]); it and `rest` go, and every state made since `base` is freed.
+fn at_rest<T>(base: u64, b: Bulkhead, rest: T) {
+    settled(&b);
+    freed(base, (b, rest));
+}
+
+/// The waiter `f` was granted: it is ready with an admission (released here).
+fn admitted<F: Future<Output = Result<Admission, Rejection>>>(mut f: Pin<Box<F>>) {
+    assert!(matches!(
+        poll(f.as_mut(), Waker::noop()),
+        Poll::Ready(Ok(_))
+    ));
 }
 
 /// What a probe waker does, shared with the test.
@@ -235,20 +310,6 @@ fn until_ready<F: Future>(mut f: Pin<&mut F>) -> F::Output {
     }
 }
 
-/// Waits (without sleeping) until `n` waiters are queued on `b`.
-fn until_pending(b: &Bulkhead, n: u64) {
-    while b.stats().pending != n {
-        std::thread::yield_now();
-    }
-}
-
-/// Nothing held, nobody queued, the fast path admits.
-fn settled(b: &Bulkhead) {
-    let s = b.stats();
-    assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-    drop(b.try_acquire(Demand::slot()).expect("the fast path admits"));
-}
-
 fn wait() -> WaitOptions {
     WaitOptions::default()
 }
@@ -258,32 +319,16 @@ fn wait() -> WaitOptions {
 /// A release hands its slot to a waiter whose waker blocks when woken: installs on the same
 /// bulkhead and on another return while it blocks.
 fn blocking_wake(path: Path) {
-    let base = live_states();
-    let (b, other) = (bulkhead(path, 1), bulkhead(path, 1));
-    let (ctl, entered) = Ctl::new();
-    let held = b.try_acquire(Demand::slot()).unwrap();
+    let (base, b, other, ctl, entered, held) = scene(path);
     let waker = probe(&ctl);
     let mut f = Box::pin(b.acquire(Demand::slot(), wait()));
     assert!(poll(f.as_mut(), &waker).is_pending());
     drop(waker);
     ctl.block_wake.store(true, Ordering::SeqCst);
-    std::thread::scope(|s| {
-        // The release grants the waiter and wakes it: the wake blocks on this thread.
-        let releaser = s.spawn(move || drop(held));
-        assert_eq!(entered.recv_timeout(GUARD), Ok("wake"));
-        reconfigure_both(&b, &other);
-        ctl.open();
-        releaser.join().unwrap();
-    });
-    ctl.assert_not_held_off();
-    assert!(matches!(
-        poll(f.as_mut(), Waker::noop()),
-        Poll::Ready(Ok(_))
-    ));
-    drop(f);
-    settled(&b);
-    drop((b, other));
-    assert_eq!(live_states(), base, "a bulkhead's state was not freed");
+    // The release grants the waiter and wakes it: the wake blocks on the releasing thread.
+    release_while_blocked(held, &ctl, &entered, &b, &other);
+    admitted(f);
+    at_rest(base, b, other);
 }
 
 both_paths!(
@@ -294,29 +339,17 @@ both_paths!(
 /// The release that leaves the bulkhead idle wakes a drainer whose waker blocks: installs
 /// return meanwhile.
 fn blocking_drain_wake(path: Path) {
-    let base = live_states();
-    let (b, other) = (bulkhead(path, 1), bulkhead(path, 1));
-    let (ctl, entered) = Ctl::new();
-    let held = b.try_acquire(Demand::slot()).unwrap();
+    let (base, b, other, ctl, entered, held) = scene(path);
     let mut drain = Box::pin(b.drain(None));
     assert!(poll(drain.as_mut(), &probe(&ctl)).is_pending());
     ctl.block_wake.store(true, Ordering::SeqCst);
-    std::thread::scope(|s| {
-        let releaser = s.spawn(move || drop(held));
-        assert_eq!(entered.recv_timeout(GUARD), Ok("wake"));
-        reconfigure_both(&b, &other);
-        ctl.open();
-        releaser.join().unwrap();
-    });
-    ctl.assert_not_held_off();
+    release_while_blocked(held, &ctl, &entered, &b, &other);
     let Poll::Ready(report) = poll(drain.as_mut(), Waker::noop()) else {
         panic!("the drain ends once the bulkhead is idle")
     };
     assert!(report.drained);
     drop(drain);
-    settled(&b);
-    drop((b, other));
-    assert_eq!(live_states(), base, "a bulkhead's state was not freed");
+    at_rest(base, b, other);
 }
 
 both_paths!(
@@ -326,10 +359,7 @@ both_paths!(
 
 /// A waiter's first poll clones a waker that blocks: installs return meanwhile.
 fn blocking_clone(path: Path) {
-    let base = live_states();
-    let (b, other) = (bulkhead(path, 1), bulkhead(path, 1));
-    let (ctl, entered) = Ctl::new();
-    let held = b.try_acquire(Demand::slot()).unwrap();
+    let (base, b, other, ctl, entered, held) = scene(path);
     ctl.block_clone.store(true, Ordering::SeqCst);
     let waker = cloning_probe(&ctl);
     let (queued_tx, queued) = channel();
@@ -341,18 +371,14 @@ fn blocking_clone(path: Path) {
             assert!(first.is_pending());
             until_ready(f).map(drop)
         });
-        assert_eq!(entered.recv_timeout(GUARD), Ok("clone"));
-        reconfigure_both(&b, &other);
-        ctl.open();
+        reconfigure_while_blocked(&ctl, &entered, "clone", &b, &other);
         queued.recv().unwrap();
         drop(held);
         assert!(waiter.join().unwrap().is_ok());
     });
     ctl.assert_not_held_off();
     drop(waker);
-    settled(&b);
-    drop((b, other));
-    assert_eq!(live_states(), base, "a bulkhead's state was not freed");
+    at_rest(base, b, other);
 }
 
 both_paths!(
@@ -363,10 +389,7 @@ both_paths!(
 /// A queued waiter is polled again with another waker, which drops the one it had: that drop
 /// blocks, and installs return meanwhile.
 fn blocking_drop(path: Path) {
-    let base = live_states();
-    let (b, other) = (bulkhead(path, 1), bulkhead(path, 1));
-    let (ctl, entered) = Ctl::new();
-    let held = b.try_acquire(Demand::slot()).unwrap();
+    let (base, b, other, ctl, entered, held) = scene(path);
     let (queued_tx, queued) = channel();
     std::thread::scope(|s| {
         let waiter = s.spawn(|| {
@@ -381,17 +404,13 @@ fn blocking_drop(path: Path) {
             queued_tx.send(()).unwrap();
             until_ready(f).map(drop)
         });
-        assert_eq!(entered.recv_timeout(GUARD), Ok("drop"));
-        reconfigure_both(&b, &other);
-        ctl.open();
+        reconfigure_while_blocked(&ctl, &entered, "drop", &b, &other);
         queued.recv().unwrap();
         drop(held);
         assert!(waiter.join().unwrap().is_ok());
     });
     ctl.assert_not_held_off();
-    settled(&b);
-    drop((b, other));
-    assert_eq!(live_states(), base, "a bulkhead's state was not freed");
+    at_rest(base, b, other);
 }
 
 both_paths!(
@@ -438,9 +457,7 @@ fn panicking_on_release(path: Path, arm: &dyn Fn(&Ctl) -> &AtomicBool) {
         Poll::Ready(Ok(_))
     ));
     drop((fa, fb));
-    settled(&b);
-    drop(b);
-    assert_eq!(live_states(), base, "the bulkhead's state was not freed");
+    at_rest(base, b, ());
 }
 
 both_paths!(
@@ -480,8 +497,7 @@ fn panicking_wake_among_others(path: Path) {
     drop(fs);
     drop(held);
     assert_eq!(b.stats().in_flight, 0);
-    drop(b);
-    assert_eq!(live_states(), base, "the bulkhead's state was not freed");
+    freed(base, b);
 }
 
 both_paths!(
@@ -507,14 +523,8 @@ fn panicking_clone(path: Path) {
     assert!(poll(f.as_mut(), &waker).is_pending());
     assert_eq!(b.stats().pending, 1);
     drop(held);
-    assert!(matches!(
-        poll(f.as_mut(), Waker::noop()),
-        Poll::Ready(Ok(_))
-    ));
-    drop(f);
-    settled(&b);
-    drop((b, waker));
-    assert_eq!(live_states(), base, "the bulkhead's state was not freed");
+    admitted(f);
+    at_rest(base, b, waker);
 }
 
 both_paths!(
@@ -539,14 +549,8 @@ fn panicking_drop(path: Path) {
     until_pending(&b, 1);
     drop(held);
     assert_eq!(new.wakes(), 1, "the new waker is the one woken");
-    assert!(matches!(
-        poll(f.as_mut(), Waker::noop()),
-        Poll::Ready(Ok(_))
-    ));
-    drop(f);
-    settled(&b);
-    drop(b);
-    assert_eq!(live_states(), base, "the bulkhead's state was not freed");
+    admitted(f);
+    at_rest(base, b, ());
 }
 
 both_paths!(
