@@ -305,8 +305,9 @@ pub(crate) fn deliver_deferred() {
 #[inline(never)]
 fn deliver_deferred_now() {
     // Under loom, `LLM_BULKHEAD_LOOM_LOSE_DEFERRED_WAKES=1` drops the kept wake-ups unwoken:
-    // the deliberately broken variant `loom-tests/tests/waiting_classes.rs` is shown to fail
-    // on (a class release's pump answers a waiter that is then never woken).
+    // the deliberately broken variant that `loom-tests/tests/waiting_classes.rs` is shown to
+    // fail on (a class release's pump answers a waiter, or wakes a drainer, that is then never
+    // woken: models 1, 2 and 4 report a deadlock; `.ci/run` checks 1 and 4).
     #[cfg(loom)]
     if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_LOSE_DEFERRED_WAKES") {
         drop(crate::sync::notify::take());
