@@ -709,4 +709,84 @@ mod tests {
         eprintln!("waiter node: {size} bytes");
         assert!(size <= 112, "waiter node grew to {size} bytes");
     }
+
+    /// A waker that counts its wake-ups and panics on the first if `panics`.
+    struct Counting {
+        woken: std::sync::atomic::AtomicUsize,
+        panics: bool,
+    }
+
+    impl std::task::Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            let first = self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            assert!(!(first && self.panics), "a waker that panics");
+        }
+    }
+
+    /// `n` wakers, the one at `bad` panicking, and a list holding them all.
+    fn wakers(n: usize, bad: usize) -> (Vec<Arc<Counting>>, WakeList) {
+        let all: Vec<_> = (0..n)
+            .map(|i| {
+                Arc::new(Counting {
+                    woken: Default::default(),
+                    panics: i == bad,
+                })
+            })
+            .collect();
+        let mut list = WakeList::new();
+        for w in &all {
+            list.push(Notify::Waker(Waker::from(Arc::clone(w))));
+        }
+        (all, list)
+    }
+
+    fn all_woken_once(all: &[Arc<Counting>]) {
+        for w in all {
+            assert_eq!(w.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+    }
+
+    /// A batch past `WAKE_BATCH` (so the spill is used) with a panicking waker in each part:
+    /// `wake_batch` wakes every one and keeps the panic; the final `wake_all` resumes it.
+    #[test]
+    fn a_panicking_waker_in_a_batch_is_resumed_after_every_wake_up() {
+        for bad in [3, WAKE_BATCH + 2] {
+            let (all, mut list) = wakers(WAKE_BATCH + 5, bad);
+            list.wake_batch();
+            all_woken_once(&all);
+            let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| list.wake_all()));
+            assert!(end.is_err(), "the kept panic is resumed");
+            drop(list);
+        }
+    }
+
+    /// `wake_all` unwinds at the panicking waker; the list's drop wakes the rest.
+    #[test]
+    fn a_panicking_waker_in_wake_all_strands_nobody() {
+        let (all, mut list) = wakers(WAKE_BATCH + 5, WAKE_BATCH - 3);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || list.wake_all()));
+        assert!(r.is_err());
+        all_woken_once(&all);
+    }
+
+    /// A list made inside an operation wakes nobody: the thread delivers its wake-ups later,
+    /// the panicking one included, and resumes the panic after the others.
+    #[test]
+    fn a_list_made_inside_an_operation_defers_to_its_thread() {
+        let (all, mut items) = wakers(4, 1);
+        let mut list = WakeList::in_operation();
+        while items.len > 0 {
+            items.len -= 1;
+            // SAFETY: `items[..len]` (before the decrement) are initialised; moved out once.
+            list.push(unsafe { items.items[items.len].assume_init_read() });
+        }
+        list.wake_all();
+        assert!(all
+            .iter()
+            .all(|w| w.woken.load(std::sync::atomic::Ordering::SeqCst) == 0));
+        let r = std::panic::catch_unwind(deliver_deferred);
+        assert!(r.is_err(), "the panic is resumed after the others");
+        all_woken_once(&all);
+        assert!(!crate::sync::notify::pending());
+    }
 }
