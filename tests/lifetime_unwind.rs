@@ -158,7 +158,7 @@ fn a_waker_that_panics_while_its_node_is_linked_leaves_nothing_behind() {
         // First poll: queued, with a clone of w1.
         assert!(f.as_mut().poll(&mut Context::from_waker(&w1)).is_pending());
         assert_eq!(b.stats().pending, 1);
-        // Re-poll with the other waker, whose clone (made under the queue lock) panics.
+        // Re-poll with the other waker, whose clone (made before the queue lock) panics.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _ = f.as_mut().poll(&mut Context::from_waker(&w2));
         }));
@@ -168,7 +168,7 @@ fn a_waker_that_panics_while_its_node_is_linked_leaves_nothing_behind() {
     assert_eq!(b.stats().pending, 0);
     drop(held);
     settled(&b);
-    // A poisoned lock is not a broken one: the queue still serves a waiter.
+    // The queue still serves a waiter.
     let held = b.try_acquire(Demand::slot()).unwrap();
     let b2 = b.clone();
     let waiter = std::thread::spawn(move || b2.acquire_blocking(Demand::slot(), forever()).is_ok());
