@@ -179,6 +179,8 @@ struct Ctl {
     block_clone: AtomicBool,
     panic_clone: AtomicBool,
     wakes: AtomicUsize,
+    /// Released when woken: a waker that calls back into the bulkhead.
+    release_on_wake: Mutex<Option<Admission>>,
 }
 
 impl Ctl {
@@ -196,6 +198,7 @@ impl Ctl {
             block_clone: AtomicBool::new(false),
             panic_clone: AtomicBool::new(false),
             wakes: AtomicUsize::new(0),
+            release_on_wake: Mutex::new(None),
         };
         (Arc::new(ctl), rx)
     }
@@ -244,6 +247,8 @@ impl Wake for Probe {
         if self.0.panic_wake.swap(false, Ordering::SeqCst) {
             panic!("a waker that panics when woken");
         }
+        let release = self.0.release_on_wake.lock().unwrap().take();
+        drop(release);
     }
 }
 
@@ -355,6 +360,32 @@ fn blocking_drain_wake(path: Path) {
 both_paths!(
     a_drainer_whose_waker_blocks_holds_off_no_install,
     blocking_drain_wake
+);
+
+/// A release wakes a waiter whose waker releases another admission of the bulkhead (a call
+/// back into it, from where the first release delivers its wake-ups): that release hands its
+/// slot to the next waiter, which is woken too.
+fn releasing_wake(path: Path) {
+    let base = live_states();
+    let b = bulkhead(path, 2);
+    let (first, _) = Ctl::new();
+    let (second, _) = Ctl::new();
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    *first.release_on_wake.lock().unwrap() = Some(b.try_acquire(Demand::slot()).unwrap());
+    let mut fa = Box::pin(b.acquire(Demand::slot(), wait()));
+    let mut fb = Box::pin(b.acquire(Demand::slot(), wait()));
+    assert!(poll(fa.as_mut(), &probe(&first)).is_pending());
+    assert!(poll(fb.as_mut(), &probe(&second)).is_pending());
+    drop(held);
+    assert_eq!((first.wakes(), second.wakes()), (1, 1));
+    admitted(fa);
+    admitted(fb);
+    at_rest(base, b, ());
+}
+
+both_paths!(
+    a_waker_that_releases_when_woken_passes_the_slot_on,
+    releasing_wake
 );
 
 /// A waiter's first poll clones a waker that blocks: installs return meanwhile.
