@@ -712,7 +712,7 @@ mod tests {
 
     /// A waker that counts its wake-ups and panics on the first if `panics`.
     struct Counting {
-        woken: std::sync::atomic::AtomicUsize,
+        woken: crate::sync::AtomicUsize,
         panics: bool,
     }
 
