@@ -397,6 +397,65 @@ both_paths!(
     releasing_wake
 );
 
+/// A class decision's fast attempt takes its step back (the bulkhead was closed between its
+/// read and its class-word CAS, `PausePoint::ClassCas`), and that undo, inside the attempt's
+/// operation, finds the queue flagged for a drainer and leaves the bulkhead idle: the
+/// drainer's waker, which blocks, is woken only after the attempt left its operation, so
+/// installs return meanwhile.
+#[test]
+fn a_drainer_woken_by_a_class_attempts_undo_holds_off_no_install() {
+    let _turn = serial();
+    let base = live_states();
+    let floor = ClassLimits {
+        protected_concurrent: 1,
+        ..ClassLimits::default()
+    };
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .max_queue(8)
+        .class("x", floor)
+        .default_class("x")
+        .build()
+        .unwrap();
+    let other = bulkhead(Path::Classed, 1);
+    let (ctl, entered) = Ctl::new();
+    // A drainer stays registered (its future is not polled again), so the class words keep
+    // their queue flag with nobody queued: the fast attempt runs, and its undo pumps.
+    let held = b.try_acquire(Demand::slot()).unwrap();
+    let mut drain = Box::pin(b.drain(None));
+    assert!(poll(drain.as_mut(), &probe(&ctl)).is_pending());
+    drop(held);
+    assert_eq!(ctl.wakes(), 1);
+    ctl.block_wake.store(true, Ordering::SeqCst);
+    let (paused_tx, paused) = channel();
+    let (go_tx, go) = channel::<()>();
+    std::thread::scope(|s| {
+        let decider = s.spawn(|| {
+            let mut first = true;
+            llm_bulkhead::testing::set_pause_hook(move |p| {
+                if p == llm_bulkhead::testing::PausePoint::ClassCas && std::mem::take(&mut first) {
+                    paused_tx.send(()).unwrap();
+                    go.recv().unwrap();
+                }
+            });
+            let r = b.try_acquire(Demand::slot()).map(drop);
+            llm_bulkhead::testing::clear_pause_hook();
+            r
+        });
+        paused.recv().unwrap();
+        b.close();
+        go_tx.send(()).unwrap();
+        reconfigure_while_blocked(&ctl, &entered, "wake", &b, &other);
+        let refused = decider.join().unwrap().unwrap_err();
+        assert_eq!(refused.reason, llm_bulkhead::RejectReason::Shutdown);
+    });
+    ctl.assert_not_held_off();
+    assert_eq!(ctl.wakes(), 2);
+    drop(drain);
+    assert_eq!(b.stats().in_flight, 0);
+    freed(base, (b, other));
+}
+
 /// A waiter's first poll clones a waker that blocks: installs return meanwhile.
 fn blocking_clone(path: Path) {
     let (base, b, other, ctl, entered, held) = scene(path);
