@@ -17,10 +17,11 @@
 //! so the tests take turns (`SERIAL`).
 //!
 //! Against the code before this change (wakers woken inside class operations, cloned and
-//! dropped under the queue lock), eight of these fail: a waker blocking when cloned or dropped
+//! dropped under the queue lock), nine of these fail: a waker blocking when cloned or dropped
 //! (both paths: the install's pump waits for the queue lock), a waiter's or a drainer's waker
-//! blocking when a class release wakes it (the fourth install waits for the release's
-//! operation), and a waker that panics, or whose drop panics, when a class release wakes it
+//! blocking when a class release wakes it, a drainer's when a class decision's undo wakes it
+//! (the fourth install waits for the operation the wake ran in), and a waker that panics, or
+//! whose drop panics, when a class release wakes it
 //! (the release's pending-return mark is never removed: the state leaks). The others (the
 //! no-class wakes, panics when cloned or replaced, a panic among several wake-ups, a waker
 //! that releases) passed there too and guard against a regression.
