@@ -102,15 +102,22 @@
 //!
 //! Deciders never wait for anything here. `apply_limits` waits only for an operation of its
 //! own bulkhead that was in progress across a whole tag period, never for another bulkhead's,
-//! and never for a thread of its own (its markers are skipped). No subscriber runs inside an
-//! operation: a class refusal is built inside its decision's operation and its subscribers are
-//! called after it left, as without classes. Not yet so for wakers: a class release (or undo)
-//! that visits the queue wakes the waiters it admitted before its operation leaves, and a
-//! waiter's waker is cloned and dropped under the queue lock, which is an operation too. Such a
-//! waker can hold back only its own bulkhead's installs, and only from the install that
-//! completes a tag period over it (the fourth, with classes). `limits()`, `stats()` and
-//! `would_admit()` read a copy the install publishes with its tag bump
-//! (`crate::shared::Shared::published`), so they never wait for a grace period.
+//! and never for a thread of its own (its markers are skipped). **No user code runs inside an
+//! operation**, so the wait is for the crate's own steps, never for a callback that could block
+//! or call back:
+//!
+//! * a class refusal is built inside its decision's operation and its subscribers are called
+//!   after it left, as without classes;
+//! * no `Waker` is woken, cloned or dropped inside an operation or under the queue lock (whose
+//!   guard is an operation): a class pump that a decrease runs inside its operation (a release,
+//!   an undo, an abandonment, a refund) hands its wake-ups to the calling thread, which
+//!   delivers them once it has left (a release after its last step, so a waker that panics
+//!   finds it complete), and the waits clone and drop wakers outside the lock
+//!   (`crate::wait::list`, "Where wake-ups run"; `tests/waker_isolation.rs` has wakers that
+//!   block, waiting for installs on the same bulkhead and another, and wakers that panic).
+//!
+//! `limits()`, `stats()` and `would_admit()` read a copy the install publishes with its tag
+//! bump (`crate::shared::Shared::published`), so they never wait for a grace period.
 
 use crate::sync::{fence, AtomicU64, Ordering};
 use std::collections::HashMap;

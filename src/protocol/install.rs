@@ -111,7 +111,7 @@ pub(crate) fn after_install(shared: &Shared, visit: bool) {
     let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
     if shared.classed {
         if waiters || visit {
-            crate::protocol::class_pump::pump_classed(shared);
+            crate::protocol::class_pump::pump_classed_now(shared);
         }
     } else if waiters {
         crate::protocol::handoff::pump(shared);

@@ -76,26 +76,41 @@ impl CancelToken {
         lock(&self.0.sleepers).push(t);
     }
 
-    /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id.
+    /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id. The waker
+    /// is cloned, and a replaced one dropped, outside the token's lock (both run the user's
+    /// code).
     pub(crate) fn register_waker(&self, id: Option<u64>, w: &std::task::Waker) -> u64 {
-        let mut g = lock(&self.0.wakers);
         if let Some(id) = id {
-            if let Some(e) = g.1.iter_mut().find(|e| e.0 == id) {
-                if !e.1.will_wake(w) {
-                    e.1 = w.clone();
-                }
+            let g = lock(&self.0.wakers);
+            if g.1.iter().any(|e| e.0 == id && e.1.will_wake(w)) {
                 return id;
             }
         }
+        let fresh = w.clone();
+        let mut g = lock(&self.0.wakers);
+        if let Some(e) = id.and_then(|id| g.1.iter_mut().find(|e| e.0 == id)) {
+            let old = std::mem::replace(&mut e.1, fresh);
+            let id = e.0;
+            drop(g);
+            drop(old);
+            return id;
+        }
         let id = g.0;
         g.0 += 1;
-        g.1.push((id, w.clone()));
+        g.1.push((id, fresh));
         id
     }
 
-    /// Forgets an async waiter's waker (its wait ended).
+    /// Forgets an async waiter's waker (its wait ended); the waker is dropped after the
+    /// unlock.
     pub(crate) fn unregister_waker(&self, id: u64) {
-        lock(&self.0.wakers).1.retain(|e| e.0 != id);
+        let mut g = lock(&self.0.wakers);
+        let gone =
+            g.1.iter()
+                .position(|e| e.0 == id)
+                .map(|i| g.1.swap_remove(i));
+        drop(g);
+        drop(gone);
     }
 
     /// A future that completes once [`cancel`](Self::cancel) has been called (at once if it

@@ -643,7 +643,10 @@ pub(in crate::llm) fn admit_now(
     let g = if shared.classed {
         let k = b.class_index(demand.class())?;
         let c = shared.counters.local(crate::record::stats::Counters::new);
-        let a = crate::protocol::classed::try_fast(shared, c, k, r, priority)?;
+        let fast = crate::protocol::classed::try_fast(shared, c, k, r, priority);
+        // Wake-ups of a pump the attempt ran, after its operation (`crate::wait::list`).
+        crate::protocol::class_pump::deliver_deferred();
+        let a = fast?;
         b.count_class_in(c, k, r, a.revision, a.resources)
     } else if demand.class().is_some() {
         return None;
