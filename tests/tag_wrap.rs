@@ -143,15 +143,20 @@ fn two_classes(a_floor: u32) -> (Bulkhead, llm_bulkhead::ClassId, llm_bulkhead::
     (b, a, cb)
 }
 
-/// Revisions 1 to 4 with class `a`'s floor at `a_floor`: the fourth lands on the ring slot (and
-/// the 2-bit class tag) of revision 0.
+/// Revisions 1 to 4, each a change of class `a`'s limits: its floor goes to `a_floor` and a
+/// ceiling of 4 (harmless on 4 slots) comes and goes. A class tag is the class's version (one
+/// per change of its limits) mod 4, so the fourth brings `a`'s class tag back to the value of
+/// revision 0 and rewrites the floors entry it named.
 fn four_installs(b: &Bulkhead, a: llm_bulkhead::ClassId, a_floor: u32) -> Vec<LimitsSnapshot> {
-    let floor = ClassLimits {
-        protected_concurrent: a_floor,
-        ..ClassLimits::default()
-    };
     (1..=4)
-        .map(|rev| b.limits().with_revision(rev).with_class(a, floor))
+        .map(|rev| {
+            let limits = ClassLimits {
+                protected_concurrent: a_floor,
+                max_concurrent: (rev % 2 == 0).then_some(4),
+                ..ClassLimits::default()
+            };
+            b.limits().with_revision(rev).with_class(a, limits)
+        })
         .collect()
 }
 
@@ -279,4 +284,76 @@ fn a_decision_stopped_across_a_whole_tag_period_fails_its_cas() {
         Installer::InGrace,
         "apply_limits waited for the stopped decision"
     );
+}
+
+/// Eight installs on a classed bulkhead that change no class's limits: `max_concurrent`
+/// alternates 3 and 4 (ending at `last`). A class's tag is its version, which only a change of
+/// its own limits moves, so these leave every class word alone and wrap no tag.
+fn eight_global_installs(b: &Bulkhead, last: u32) -> Vec<LimitsSnapshot> {
+    (1..=8)
+        .map(|rev| {
+            let mc = if rev == 8 { last } else { 3 + (rev % 2) as u32 };
+            b.limits().with_revision(rev).with_max_concurrent(mc)
+        })
+        .collect()
+}
+
+/// A class release stopped at `point` (floor `floor` for `a`) while eight installs that change
+/// no class's limits complete: the installs do not wait for it (no class tag comes back), and
+/// afterwards `a` and `b` can take exactly `capacity` slots.
+fn assert_release_not_waited(floor: u32, point: PausePoint, capacity: (usize, usize)) {
+    let (b, a, cb) = two_classes(floor);
+    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+    assert_eq!(held.resources().borrowed_concurrency, floor == 0);
+    let installs = eight_global_installs(&b, 4);
+    let ((), first) = race(&b, point, move |_| drop(held), installs);
+    assert_eq!(
+        first,
+        Installer::Done,
+        "apply_limits waited for a class operation though no class tag came back"
+    );
+    assert_eq!(capacity_after(&b, a, cb), capacity);
+}
+
+#[test]
+fn installs_that_change_no_class_limits_do_not_wait_for_a_stopped_protected_release() {
+    // a keeps its floor of 1: it takes 1, b borrows the other 3.
+    assert_release_not_waited(1, PausePoint::ClassCas, (1, 3));
+}
+
+#[test]
+fn installs_that_change_no_class_limits_do_not_wait_for_a_stopped_borrowed_release() {
+    // No floor: b takes all 4.
+    assert_release_not_waited(0, PausePoint::ClassReturned, (0, 4));
+}
+
+#[test]
+fn installs_that_change_no_class_limits_do_not_wait_for_a_stopped_class_decision() {
+    // One slot held by b; a's decision is stopped before its class CAS while eight installs
+    // leave max_concurrent at 1: it must not admit a second slot under the old limits.
+    let (b, a, cb) = two_classes(1);
+    let held = b.try_acquire(Demand::slot().in_class(cb)).unwrap();
+    let installs = eight_global_installs(&b, 1);
+    let (out, first) = race(
+        &b,
+        PausePoint::ClassCas,
+        move |b| {
+            b.try_acquire(Demand::slot().in_class(a))
+                .map(|x| x.revision())
+        },
+        installs,
+    );
+    assert_eq!(
+        first,
+        Installer::Done,
+        "apply_limits waited for the decision"
+    );
+    assert_eq!(b.limits().max_concurrent, 1);
+    match out {
+        Ok(revision) => panic!("admitted under revision {revision} beyond max_concurrent 1"),
+        Err(r) => assert_eq!(r.reason, llm_bulkhead::RejectReason::ConcurrencyLimit),
+    }
+    assert_eq!(b.stats().in_flight, 1);
+    drop(held);
+    assert_eq!(capacity_after(&b, a, cb), (1, 0));
 }

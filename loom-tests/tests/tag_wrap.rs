@@ -1,6 +1,7 @@
 //! Models of tag reuse (issue 11; `src/grace.rs`): under loom the shared word's limits tag and
-//! the class words' tag have one bit and the limits ring two slots, so two installs bring every
-//! tag back to the value an operation read before them and rewrite the ring slot it read.
+//! the class words' tag (the class's version) have one bit and the limits ring two slots, so
+//! two installs (each changing class `a`'s limits) bring every tag back to the value an
+//! operation read before them and rewrite the ring slot (and floors entry) it read.
 //!
 //! Each model races one operation (a no-class decision, a drain-time admission, a class release
 //! of a protected and of a borrowed admission, a class decision, a usage growth, an abandonment,
@@ -90,10 +91,17 @@ fn classed(budget: Option<u64>) -> (Bulkhead, ClassId, ClassId) {
     (b, a, cb)
 }
 
-/// Installs revisions 1 and 2 with class `a`'s floor at `a_floor`.
+/// Installs revisions 1 and 2 with class `a`'s floor at `a_floor`, each a change of `a`'s
+/// limits (revision 2 adds a ceiling of 4, harmless on 4 slots): a class tag is the class's
+/// version (one per change of its limits), so the second brings `a`'s one-bit class tag back
+/// to the value of revision 0 and rewrites the floors entry it named.
 fn install_two(b: &Bulkhead, a: ClassId, a_floor: ClassLimits) {
     for rev in 1..=2 {
-        b.apply_limits(b.limits().with_revision(rev).with_class(a, a_floor))
+        let limits = ClassLimits {
+            max_concurrent: (rev == 2).then_some(4),
+            ..a_floor
+        };
+        b.apply_limits(b.limits().with_revision(rev).with_class(a, limits))
             .unwrap();
     }
 }
