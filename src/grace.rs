@@ -243,7 +243,7 @@ impl Periods {
     ) -> ([usize; MAX_CLASSES], u64) {
         let mut due = 0;
         let mut versions = [0; MAX_CLASSES];
-        for k in 0..MAX_CLASSES {
+        for (k, out) in versions.iter_mut().enumerate() {
             if changed(k) {
                 let v = self.version[k] + 1;
                 let m = CTAG_MOD as u64;
@@ -257,7 +257,7 @@ impl Periods {
                 self.began[k][(v % m) as usize] = next;
                 self.version[k] = v;
             }
-            versions[k] = (self.version[k] % CTAG_MOD as u64) as usize;
+            *out = (self.version[k] % CTAG_MOD as u64) as usize;
         }
         (versions, due)
     }

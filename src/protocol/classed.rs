@@ -135,16 +135,12 @@
 //! raise can add). It then migrates each class whose limits changed: a CAS that sets the class
 //! word's `ctag` to the new version (so the class's `n_k`, `t_k` are fixed at that instant),
 //! after which the exact change `max(n, pc') − max(n, pc)` replaces the advance (a decrease).
-//! A class whose limits did not change keeps its version and its word: its accounting and its
-//! ceilings are the same under the new tag, so a decision classified before the install is
-//! still right after it (the global limits it used are checked against the shared word's tag,
-//! below). Any decider that finds its class word on the version before the one its tag gives
-//! the class helps by migrating it first, so no one waits for the reconfigurer. What a decider
-//! reads from the global ring slot of its tag (global limits, the class's limits and version)
-//! counts only while that tag is current: a protected admission re-reads the shared word and
-//! checks the tag, a borrower's CAS on the shared word expects it, the collect-checked path
-//! re-reads it, and a helper's migration checks it before its CAS (`returns::migrate`), so a
-//! slot rewritten under a preempted decider decides nothing. A lowered floor takes effect at the tag bump; a raised floor
+//! A class whose limits did not change keeps its version and its word: its accounting and
+//! ceilings are the same under the new tag. A decider that finds its class word on the version
+//! before the one its tag gives the class helps by migrating it first, so no one waits for the
+//! reconfigurer. What a decider reads from the global ring slot of its tag counts only while
+//! that tag is current: the protected path re-reads it, a borrower's shared CAS expects it, the
+//! collect-checked path re-reads it, a helper's migration checks it (`returns::migrate`). A lowered floor takes effect at the tag bump; a raised floor
 //! revokes nothing (`U` may exceed `max_concurrent`, and borrowing pauses until completions
 //! bring it back). Class amounts always use the floors of the class word's own `ctag`, so
 //! the per-class sums still telescope across a migration. Every class CAS compares the `ctag`,
