@@ -235,18 +235,20 @@ impl Periods {
     /// limits (each of those moves to its next version): returns every class's version mod
     /// `CTAG_MOD` under `next`, and the class bound of its grace period (module docs, "Class
     /// versions"): the lowest install count an operation in progress must be known to hold
-    /// so that no version it holds comes back (0: no class version comes back).
+    /// so that no version it holds comes back (0: no class version comes back). Changes
+    /// nothing: [`commit_versions`](Self::commit_versions) records them once the install has
+    /// written them.
     pub(crate) fn next_versions(
-        &mut self,
-        next: u64,
+        &self,
         changed: impl Fn(usize) -> bool,
     ) -> ([usize; MAX_CLASSES], u64) {
+        let m = CTAG_MOD as u64;
         let mut due = 0;
         let mut versions = [0; MAX_CLASSES];
         for (k, out) in versions.iter_mut().enumerate() {
+            let mut v = self.version[k];
             if changed(k) {
-                let v = self.version[k] + 1;
-                let m = CTAG_MOD as u64;
+                v += 1;
                 // Version `v` takes the class tag (and floors entry) of `v − CTAG_MOD`. An
                 // operation whose count is at least the one version `v − CTAG_MOD + 1` began
                 // at holds that version or a later one (it began after the install of its
@@ -254,12 +256,19 @@ impl Periods {
                 if v >= m {
                     due = due.max(self.began[k][((v + 1) % m) as usize]);
                 }
-                self.began[k][(v % m) as usize] = next;
-                self.version[k] = v;
             }
-            *out = (self.version[k] % CTAG_MOD as u64) as usize;
+            *out = (v % m) as usize;
         }
         (versions, due)
+    }
+
+    /// Records the versions of install `next` ([`next_versions`](Self::next_versions) with the
+    /// same `changed`), after the install wrote them.
+    pub(crate) fn commit_versions(&mut self, next: u64, changed: impl Fn(usize) -> bool) {
+        for k in (0..MAX_CLASSES).filter(|&k| changed(k)) {
+            self.version[k] += 1;
+            self.began[k][(self.version[k] % CTAG_MOD as u64) as usize] = next;
+        }
     }
 }
 

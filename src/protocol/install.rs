@@ -39,7 +39,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
         (Some(a), Some(b)) => a != b,
         _ => false,
     };
-    let (versions, class_due) = canon.periods.next_versions(tag as u64, changed);
+    let (versions, class_due) = canon.periods.next_versions(changed);
     let bumped = (0..shared.class_words.len()).any(&changed);
     before_install(shared, canon, tag, bumped.then_some(class_due));
     // Readers of the published limits see the ring, the tag and the class words change
@@ -71,6 +71,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
         }
     }
     canon.tag = tag;
+    canon.periods.commit_versions(tag as u64, changed);
     let mut visit = false;
     for k in 0..shared.class_words.len() {
         visit |= crate::protocol::classed::migrate(shared, k, tag);
