@@ -607,7 +607,8 @@ impl Ring {
     /// Class `k`'s version (mod `CTAG_MOD`) under `tag` (same caveat as [`Ring::read`]).
     #[inline]
     pub(crate) fn version(&self, tag: usize, k: usize) -> usize {
-        self.read_class_versioned(tag, k).0
+        let a = self.slots[tag % RING].classes[k][0].load(Ordering::Acquire);
+        ((a >> VERSION_SHIFT) & 0xff) as usize
     }
 
     /// The limits of class `k` at its version `version` (a class word's `ctag`): what the
