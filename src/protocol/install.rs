@@ -36,6 +36,10 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     // (and their class words are left alone).
     let (old, new) = (canon.current.classes, next.classes);
     let changed = |k: usize| match (old.iter().nth(k), new.iter().nth(k)) {
+        (Some(a), Some(b)) if floors_only_for_loom() => {
+            (a.protected_concurrent, a.protected_tokens)
+                != (b.protected_concurrent, b.protected_tokens)
+        }
         (Some(a), Some(b)) => a != b,
         _ => false,
     };
@@ -78,6 +82,22 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     }
     *published = *next;
     visit
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` gives a class a new version only
+/// when its floors change, not its ceilings: the deliberately broken variant the tag-wrap model
+/// `a_borrower_never_lands_past_a_lowered_class_ceiling` is shown to fail on (a borrower that
+/// reserved before the install lands its class step on the unchanged word after it).
+#[inline]
+fn floors_only_for_loom() -> bool {
+    #[cfg(loom)]
+    {
+        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY")
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
 }
 
 /// The grace period of install `tag` (`crate::grace`): before the ring slot of `tag` is written
