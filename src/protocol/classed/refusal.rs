@@ -89,7 +89,7 @@ pub(super) fn explain<T>(
     let mut helped = false;
     for (k, w) in shared.class_words.iter().enumerate() {
         let c = CWord(w.load(SeqCst));
-        if c.ctag() != g.tag() % CTAG_MOD {
+        if c.ctag() != shared.ring.version(g.tag(), k) {
             help_migrate(shared, k, c, req.in_queue);
             helped = true;
         }
