@@ -2,8 +2,9 @@
 //! `redis-server` on a Unix socket):
 //!
 //! 1. the decision path: an admit + release pair on a bulkhead whose limits an agent manages
-//!    (renewing in the background) beside the same pair on an unmanaged bulkhead, alternating
-//!    rounds in one run;
+//!    (renewing in the background) beside the same pair on an unmanaged bulkhead, and the pair
+//!    through the agent's `ClusterBulkhead` (window checks and deadline: three clock reads),
+//!    alternating rounds in one run (`--pair-only` stops after this part);
 //! 2. store traffic: commands the server processed per renewal (its own counter), and the
 //!    latency of one renewal (`EVALSHA`);
 //! 3. demand to use, TTL 1 s: how long after one replica's load rises its work in flight
@@ -18,7 +19,9 @@
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
-use llm_bulkhead::cluster::{Amounts, ClusterAgent, ClusterConfig, RedisStore, RunningAgent};
+use llm_bulkhead::cluster::{
+    Amounts, ClusterAgent, ClusterBulkhead, ClusterConfig, RedisStore, RunningAgent,
+};
 use llm_bulkhead::cluster::{LeaseStore, RenewRequest};
 use llm_bulkhead::{Bulkhead, Demand, Reservation};
 use std::hint::black_box;
@@ -56,13 +59,22 @@ fn wait(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-fn pair_ns(b: &Bulkhead, n: u32) -> f64 {
+/// ns per call of `pair` (one admit + release of 100 tokens), over `n` calls.
+fn per_pair(n: u32, mut pair: impl FnMut(Demand)) -> f64 {
     let d = Demand::tokens(Reservation::new(100, 0).unwrap());
     let t = Instant::now();
     for _ in 0..n {
-        drop(black_box(b.try_acquire(black_box(d)).unwrap()));
+        pair(black_box(d));
     }
     t.elapsed().as_nanos() as f64 / f64::from(n)
+}
+
+fn pair_ns(b: &Bulkhead, n: u32) -> f64 {
+    per_pair(n, |d| drop(black_box(b.try_acquire(d).unwrap())))
+}
+
+fn handle_pair_ns(h: &ClusterBulkhead, n: u32) -> f64 {
+    per_pair(n, |d| drop(black_box(h.try_acquire(d).unwrap())))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -133,20 +145,51 @@ fn main() {
         managed.limits().max_concurrent == G.slots as u32
     });
     let plain = bulkhead();
-    let (mut a, mut p) = (Vec::new(), Vec::new());
+    let handle = running.handle();
+    // A second managed bulkhead, on a budget of its own, whose agent runs on the coarse clock.
+    let ck = config(&redis_server::namespace("pair-coarse"), 1_000);
+    let coarse_b = bulkhead();
+    let coarse_agent = ClusterAgent::with_clock(
+        coarse_b.clone(),
+        Box::new(RedisStore::open(&url, &ck).unwrap()),
+        ck,
+        Arc::new(llm_bulkhead::cluster::CoarseClock::new()),
+    )
+    .unwrap()
+    .spawn()
+    .unwrap();
+    wait("the coarse agent's grant", || {
+        coarse_b.limits().max_concurrent > 0
+    });
+    let coarse = coarse_agent.handle();
+    let (mut a, mut p, mut h, mut k) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..7 {
         p.push(pair_ns(&plain, 2_000_000));
         a.push(pair_ns(&managed, 2_000_000));
+        h.push(handle_pair_ns(&handle, 2_000_000));
+        k.push(handle_pair_ns(&coarse, 2_000_000));
     }
-    let (pm, am) = (median(p), median(a));
+    coarse_agent.stop().unwrap();
+    let (pm, am, hm, km) = (median(p), median(a), median(h), median(k));
     println!("1. admit + release pair (1 thread, median of 7 rounds of 2M):");
     println!("   unmanaged bulkhead      {pm:6.1} ns");
     println!(
         "   agent-managed bulkhead  {am:6.1} ns   ratio {:.2}",
         am / pm
     );
+    println!(
+        "   through ClusterBulkhead {hm:6.1} ns   ratio {:.2}",
+        hm / pm
+    );
+    println!(
+        "   the same, CoarseClock   {km:6.1} ns   ratio {:.2}",
+        km / pm
+    );
     let renewals = running.status().renewals;
     running.stop().unwrap();
+    if std::env::args().any(|a| a == "--pair-only") {
+        return;
+    }
 
     // 2. Store traffic per renewal, and renewal latency.
     let c = config(&redis_server::namespace("traffic"), 1_000);

@@ -2,8 +2,11 @@
 //! compares them:
 //!
 //! * `core_try_acquire_pair`: the core's `try_acquire(Demand::slot())` and drop (the anchor);
+//! * `tokio_try_acquire_pair`: tokio's `Semaphore::try_acquire` and drop (a second anchor);
 //! * `admit_release`: an eligible ticket with an empty queue, admitted and completed
-//!   (`submit` + `wait_blocking` that returns at once + `complete`), the real clocks, u64 keys;
+//!   (`submit` + `wait_blocking` that returns at once + `complete`), the real clocks, u64 keys
+//!   (the uncontended path: no mutex, the coarse wall clock for the received-at stamp, no
+//!   monotonic clock read);
 //! * `admit_release_paced_provider`: the same through a provider with `min_interval` 1 ns
 //!   (pacing bookkeeping on every start; the interval has always passed);
 //! * `cooldown`: one `cooldown()` call that changes nothing (the provider's not-before is
@@ -47,6 +50,10 @@ fn bench(c: &mut Criterion) {
     let core = Bulkhead::builder().max_concurrent(64).build().unwrap();
     g.bench_function("core_try_acquire_pair", |b| {
         b.iter(|| black_box(black_box(&core).try_acquire(Demand::slot()).is_ok()))
+    });
+    let sem = tokio::sync::Semaphore::new(64);
+    g.bench_function("tokio_try_acquire_pair", |b| {
+        b.iter(|| black_box(black_box(&sem).try_acquire().is_ok()))
     });
     let co = coordinator(Duration::ZERO);
     let mut key = 0u64;

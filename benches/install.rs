@@ -9,9 +9,12 @@
 //!   and beyond their floors), the installs on an idle bulkhead without classes;
 //! * `across, paced 1 ms`: the same, with the installs 1 ms apart, as a control plane sends
 //!   them (500 installs);
-//! * `same classed bulkhead` (no target, for the record): the workers and the installs on the
-//!   classed bulkhead. A class tag has four values, so an operation preempted across four
-//!   installs holds back the fourth (`src/grace.rs`): with installs back to back, that is a
+//! * `same classed bulkhead`: the workers and the installs on the classed bulkhead. A class
+//!   tag is the class's version, which only a change of that class's own limits moves
+//!   (`src/grace.rs`, "Class versions"), so these installs wait for no class operation;
+//! * `classed, floors change` (no target, for the record): the same, but every install also
+//!   changes class `a`'s floor (2 and 3 alternately). The fourth change of a class's limits
+//!   waits for an operation preempted across all four: with installs back to back, that is a
 //!   scheduler quantum now and then.
 //!
 //! Prints one row per scenario: `scenario  installs  p50  p90  p99  max` (microseconds).
@@ -70,6 +73,11 @@ fn main() {
         "same classed bulkhead",
         &run(&busy, &busy, workers, installs, None),
     );
+    let floors = |i: usize| Some(2 + (i % 2) as u32);
+    row(
+        "classed, floors change",
+        &run_with(&busy, &busy, workers, installs, None, floors),
+    );
 }
 
 /// A bulkhead with three classes, each with floors of 2 slots, 1,000 slots in all: a worker's
@@ -97,6 +105,19 @@ fn run(
     workers: usize,
     installs: usize,
     pace: Option<Duration>,
+) -> Vec<Duration> {
+    run_with(busy, target, workers, installs, pace, |_| None)
+}
+
+/// [`run`], with install `i` also setting class `a`'s floor to `a_floor(i)` when that is
+/// `Some`.
+fn run_with(
+    busy: &Bulkhead,
+    target: &Bulkhead,
+    workers: usize,
+    installs: usize,
+    pace: Option<Duration>,
+    a_floor: impl Fn(usize) -> Option<u32>,
 ) -> Vec<Duration> {
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(workers + 1));
@@ -131,9 +152,18 @@ fn run(
     let mut lat = Vec::with_capacity(installs);
     for i in 0..installs {
         let cur = target.limits();
-        let next = cur
+        let mut next = cur
             .with_revision(cur.revision + 1)
             .with_max_concurrent(if i % 2 == 0 { 999 } else { 1_000 });
+        if let (Some(floor), Ok(a)) = (a_floor(i), target.class_id("a")) {
+            next = next.with_class(
+                a,
+                ClassLimits {
+                    protected_concurrent: floor,
+                    ..ClassLimits::default()
+                },
+            );
+        }
         let t0 = Instant::now();
         target.apply_limits(next).unwrap();
         lat.push(t0.elapsed());

@@ -16,7 +16,11 @@
 //! 15's work: 2,712, 3,799, 5,959, 1,385, 703), and `run_blocking` over its pair: slot 335
 //! against 257 (+78), tokens override 353 against 270 (+83), classed protected 590 against
 //! 538 (+52), borrowing 689 against 637 (+52) (before: +224, +235, +211, +214).
-//! Operations: `pair_slot`, `run_blocking_slot`, `pair_tokens`,
+//! With timed runs (issue 32, N = 5,000, one run, the same binary's code before and after):
+//! `run_blocking_slot` 310 (309 before), `run_blocking_tokens_override` 331 (330),
+//! `run_blocking_classed_protected` 490 (489), `llm_run_1kb` 409 (466),
+//! `run_shared_leader_1kb` 4,717 (4,806); the opted-in `run_blocking_timed_slot` 871.
+//! Operations: `pair_slot`, `run_blocking_slot`, `run_blocking_timed_slot`, `pair_tokens`,
 //! `run_blocking_tokens_override` (a budget and a per-call reservation override, as
 //! `benches/run.rs`), `pair_classed_protected`,
 //! `run_blocking_classed_protected`, `pair_classed_borrowing`,
@@ -99,6 +103,13 @@ fn main() {
                 Ok::<_, ()>(ctx.revision())
             });
             black_box(r.unwrap());
+        }),
+        // The same run, timed (two clock readings more, and the timing boxed on the context).
+        "run_blocking_timed_slot" => Box::new(|| {
+            let t = llm_slots.run_blocking_timed(black_box(&small), RunOptions::default(), |ctx| {
+                Ok::<_, ()>(ctx.revision())
+            });
+            black_box((t.value.unwrap(), t.timing));
         }),
         "pair_tokens" => Box::new(|| {
             let d = Demand::tokens(Reservation::new(1_200, 800).unwrap());

@@ -13,6 +13,8 @@
 //!   per-call reservation override (no estimator call), each beside the bare
 //!   `try_acquire` + `release` pair of the same demand; and `run_blocking` on a bulkhead with
 //!   classes, protected and borrowing, beside the classed pair of the same demand.
+//!   `run_blocking_timed_slot` is `run_blocking_slot` timed (`RunTiming`: three clock
+//!   readings and the timing boxed on the context), beside the untimed call.
 //!
 //! * `observe`: what observe mode (`Mode::Observe`) costs. `enforce_run_blocking_slot` is
 //!   `run/run_blocking_slot` again (the enforce path observe mode must not slow down; compare
@@ -135,6 +137,16 @@ fn run(c: &mut Criterion) {
                     Ok::<_, ()>(ctx.revision())
                 })
                 .unwrap()
+        })
+    });
+    // The same run, timed: what asking for `RunTiming` costs over the untimed call.
+    g.bench_function("run_blocking_timed_slot", |b| {
+        b.iter(|| {
+            let t =
+                llm_slots.run_blocking_timed(black_box(&request), RunOptions::default(), |ctx| {
+                    Ok::<_, ()>(ctx.revision())
+                });
+            (t.value.unwrap(), t.timing)
         })
     });
     g.bench_function("run_async_slot", |b| {

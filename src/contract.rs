@@ -174,6 +174,18 @@
 //!   | `run_shared` without `detach_at_deadline` | at expiry, followers too | its future is dropped | settled at expiry |
 //!   | `run_shared` with `detach_at_deadline` (the seed's) | at expiry, followers too | handed to the application's spawner, runs on | settled when it ends; drain counts it until then |
 //!
+//! * **Decision timing, when asked.** Admit and reject events carry `Timing` (decision and
+//!   queue-wait nanoseconds) while a subscriber asks for `Interest::DECISION_TIMING`; the
+//!   core's `*_timed` acquires return it. `run_timed`, `run_blocking_timed`,
+//!   `run_shared_timed` and `run_shared_with_timed` answer `RunTimed`: the run's result with
+//!   its `RunTiming` (decision, queue wait, and the work's time from admission until the run
+//!   answered; `None` when no work ran), read on the `LlmBulkhead`'s clock (`with_clock`; the
+//!   system clock by default), and the work reads the decision's part and the admission
+//!   instant from `RunContext::timing` and `admitted_at`. A de-duplication follower, which takes no
+//!   admission, reports its wait for the shared call as queue time. Nothing else reads a
+//!   clock: `run`, `run_blocking` and `run_shared(_with)` share the timed calls' code through a
+//!   zero-sized no-op, their contexts' `timing()` is `None`, and the default `Telemetry`
+//!   (counters read at scrape time) asks for no timing.
 //! * **Classes by name.** Wherever a class leaves the process (events, usage and release
 //!   reports, the deadline error) it is serialised as its name, never its index. An empty
 //!   model name (the estimator's default model, `BulkheadConfig::model`) is a typed error.
@@ -220,3 +232,20 @@
 //! only stamps `received_at`; a wall-clock jump changes no admission state. Monotonic instants
 //! are `Duration`s from the clock's own origin and are never persisted. The attempt timeout
 //! counts from the start. Limits are per coordinator (one client), not across processes.
+//!
+//! Uncontended path: while no ticket is queued, a submit that can start and a completion take
+//! no mutex (the client and provider slots are atomic words, the key a shard of the running-key
+//! table). The start rule's guarantees above are unchanged: the queued path raises a `WAITERS`
+//! bit in the client word before it judges a newcomer and waits for the uncontended operations
+//! in flight to finish, and from then until the queue is empty every admission and completion
+//! goes through the mutex, so a scan never sees a half-done one (loom models in
+//! `loom-tests/tests/coordinator.rs`). What it changes, and is stated where it shows: an
+//! uncontended start reads the monotonic clock only when it must (a cooldown on record, an
+//! attempt timeout, recorded events), so `Invocation::started_at` is `None` for one that read
+//! none; a running invocation's signal is made on first use (`Invocation::signal`), cancelled
+//! already if the coordinator closed; a snapshot taken while another thread starts or completes
+//! uncontended may read its counters half changed; a provider with `min_interval`, and a ticket
+//! with an admission timeout of 2^32 s or more, always take the queued path. A ticket with a
+//! shorter admission timeout that starts at once never has its deadline computed, so a clock
+//! reading past 2^63 s (no real clock; a fake one set there) would start it where the queued
+//! path would report `DeadlineOverflow`.

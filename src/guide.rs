@@ -140,6 +140,15 @@
 //!   the request and apply the class, priority and reserve of the same `RunOptions`, and give
 //!   back the [`Admission`](crate::Admission) to release yourself. They never de-duplicate.
 //!
+//! * **`run_timed` / `run_blocking_timed` / `run_shared_timed`** when you want the
+//!   reference's `decisionDurationNs` and `queueWaitNs` per call: the same runs, answering
+//!   [`RunTimed`](crate::llm::RunTimed) (the result and its decision, queue and work
+//!   nanoseconds); the work reads the decision's part from `ctx.timing()`. Only these read a
+//!   clock, [`with_clock`](crate::llm::LlmBulkhead::with_clock)'s (a
+//!   [`ManualClock`](crate::llm::ManualClock) makes tests exact). For every decision of a
+//!   bulkhead, subscribe with `Interest::DECISION_TIMING` instead: admit and reject events then
+//!   carry the decision and queue-wait figures (measured by the core, on the system clock).
+//!
 //! Reports and errors name classes by name (`"class": "batch"`), as events do, so a gateway
 //! forwards them as they are. [`contract`](crate::contract) §12 is the exact list.
 //!
@@ -159,7 +168,9 @@
 //!   connection of its provider and a unit of the guard together. No count ever passes its
 //!   limit, at any instant; a refusal is cheap and gives back what it took.
 //! * **Overflow** is one documented action per class: a fast rejection, a degraded answer the
-//!   caller serves, or the partition's approved fallbacks in order, each with its own budget.
+//!   caller serves, the partition's approved fallbacks in order, each with its own budget, or
+//!   a bounded wait (`overflow = "wait"`) in the partition's pending queue, at most
+//!   `pending_limit` waiters and `queue_max_age_ms` each.
 //!   The route lists every decision, never visits a partition twice and stops at the attempt
 //!   budget. Nothing retries on its own.
 //! * **Retries** are charged to their partition when decided
@@ -176,8 +187,19 @@
 //!   `Pools::stats` has per-partition counts, including the retry budget's remaining, open and
 //!   overflow figures.
 //!
-//! Not there yet: a pending queue per partition (bounded waits with a queue age) and routing
-//! from the tower layer; a full partition answers at once with its overflow action.
+//! * **Waiting** ([`admit_blocking`](crate::pools::Pools::admit_blocking),
+//!   [`admit_async`](crate::pools::Pools::admit_async)): a waiter starts inside the release
+//!   that frees what it needs (its partition's unit, a connection, a guard unit), oldest
+//!   first; a waiter blocked on its own partition blocks nobody behind it. A waiter older than
+//!   the queue age is refused with `queue_age_exceeded` even when the queue is short; a caller
+//!   whose deadline is nearer than the age of the oldest waiter is refused at entry
+//!   (`deadline_unmeetable`); a full queue refuses with `pending_limit_reached`. A dropped
+//!   future leaves the queue and passes on any start it was given. Size the queue from the
+//!   caller's deadline and the provider's service time: a queue that waits longer than the
+//!   caller will is only a slower refusal.
+//! * **In a gateway**: the tower `PoolsLayer` (feature `tower`) classifies each request from
+//!   its headers, routes it through the pools and holds the permit to the last body byte;
+//!   `examples/pools_gateway` runs two providers behind it.
 //!
 //! [`config::LimitsConfig`]: crate::config::LimitsConfig
 //! [`config::BulkheadConfig`]: crate::config::BulkheadConfig

@@ -72,7 +72,8 @@
 //!   last byte of the response body, with 429/503 JSON refusals.
 //! * `telemetry` (features `tracing`, `metrics`): tracing events and metrics, no exporter.
 //! * `cluster` (feature `cluster`): one global budget shared by several replicas as leased
-//!   shares kept in Redis, applied to each replica's bulkhead as revisioned snapshots.
+//!   shares kept in Redis, applied to each replica's bulkhead as revisioned snapshots
+//!   (`cluster-tokio`: the agent as a tokio task).
 //! * `pools` (feature `serde`): gateway pools, provider × traffic-class partitions behind a
 //!   global guard, with connection limits, retry budgets, overflow actions and fallbacks.
 //! * [`contract`]: the behaviour contract (cited as "contract §N"); [`guide`]: the user guide.
@@ -80,7 +81,7 @@
 //! ## Features
 //!
 //! `llm` (default, with `json` and `serde`), `serde` (derives only), `json`, `toml`, `tower`,
-//! `tracing`, `metrics`, `cluster`; `--no-default-features` is the bare core. `testing` is test support.
+//! `tracing`, `metrics`, `cluster`, `cluster-tokio`; `--no-default-features` is the bare core. `testing` is test support.
 //!
 //! ## Guarantees (contract §10)
 //!
@@ -210,7 +211,7 @@ pub use words::state::{MAX_SLOTS, MAX_TOKENS};
 pub mod testing {
     pub use crate::sync::hooks::{
         clear_pause_hook, live_states, queue_locks, set_pause_hook,
-        skip_grace_period_on_this_thread,
+        skip_class_bound_on_this_thread, skip_grace_period_on_this_thread,
     };
     pub use crate::sync::PausePoint;
 

@@ -583,7 +583,10 @@ unsafe impl Send for SlowPathRef<'_> {}
 // SAFETY: `&SlowPathRef` only gives `&Shared`, and `Shared: Sync`.
 unsafe impl Sync for SlowPathRef<'_> {}
 
-/// The locked wait queue of one shared state.
+/// The locked wait queue of one shared state. Its holder is inside a grace-period operation
+/// (`crate::grace`), so nothing of the user's runs while it is held: wakers are moved in and
+/// out of nodes under it, never cloned, dropped or woken (`crate::wait::list`, "Where wake-ups
+/// run").
 pub(crate) struct QueueGuard<'a> {
     q: crate::sync::MutexGuard<'a, crate::wait::list::Queue>,
     shared: &'a Shared,

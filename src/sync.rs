@@ -226,6 +226,11 @@ pub(crate) mod thread {
     }
 }
 
+/// How to wake a waiter's owner, and the wake-ups a thread keeps until it has left its
+/// operation (`crate::wait::list`, "Where wake-ups run"). Here because the deferred list is a
+/// thread-local, and the crate's thread-locals live in this facade.
+pub(crate) mod notify;
+
 /// A `SeqCst` fence in the loom build only.
 ///
 /// Some steps of the class protocol (`crate::protocol::classed`) are store→load patterns across two
@@ -504,8 +509,8 @@ pub(crate) fn broken_variant(name: &str) -> bool {
 pub enum PausePoint {
     /// A no-class decision has read the word and its limits and is about to CAS it.
     DecisionCas,
-    /// A class-word operation (decision, release, decrease, growth, migration) has read its
-    /// class word and the floors of its tag and is about to CAS it.
+    /// A class-word operation (decision, release, decrease, growth) has read its class word
+    /// and the floors of its class tag (the class's version) and is about to CAS it.
     ClassCas,
     /// `apply_limits` is about to wait for an operation of its bulkhead that may hold a tag a
     /// whole tag period old, before it bumps the tag (the grace period, `crate::grace`).
@@ -518,8 +523,9 @@ pub enum PausePoint {
     EnterQueue,
     /// The release of a class admission that borrowed has returned its slot and hold to the
     /// class word (the `fetch_add` that also marks its pending return) and is about to read
-    /// the floors of the replaced word's tag, from which it computes the shared decrease: an
-    /// install that rewrote that ring slot meanwhile would give it the wrong floors (`crate::grace`).
+    /// the floors of the replaced word's class tag, from which it computes the shared
+    /// decrease: an install that rewrote that floors entry meanwhile would give it the wrong
+    /// floors (`crate::grace`).
     ClassReturned,
     /// A class release has taken its last step on the class word (the CAS that returned its
     /// slot, or the removal of its pending mark) and has not yet returned: from here the last
@@ -625,6 +631,34 @@ pub(crate) mod hooks {
     /// ```
     pub fn skip_grace_period_on_this_thread(skip: bool) {
         SKIP_GRACE.with(|c| c.set(skip));
+    }
+
+    std::thread_local! {
+        static SKIP_CLASS_BOUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Whether the calling thread's `apply_limits` leave out the grace period's class bound
+    /// ([`skip_class_bound_on_this_thread`]).
+    pub(crate) fn class_bound_skipped() -> bool {
+        SKIP_CLASS_BOUND.with(std::cell::Cell::get)
+    }
+
+    /// Makes every `apply_limits` of the calling thread leave out the grace period's class
+    /// bound (`true`: it waits only for operations a whole 16,384-install tag period old, as if
+    /// class tags were limits tags) or keep it again (`false`): the deliberately broken
+    /// variant the deterministic class tag-wrap regressions (`tests/tag_wrap.rs`) show they
+    /// fail on. Per thread; never for production: without the bound, the fourth change of a
+    /// class's limits can bring its class tag back to the value a stopped operation read.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// use llm_bulkhead::testing::skip_class_bound_on_this_thread;
+    /// skip_class_bound_on_this_thread(true);
+    /// skip_class_bound_on_this_thread(false);
+    /// # }
+    /// ```
+    pub fn skip_class_bound_on_this_thread(skip: bool) {
+        SKIP_CLASS_BOUND.with(|c| c.set(skip));
     }
 
     pub(crate) fn fire(point: PausePoint) {

@@ -8,6 +8,9 @@
 //! The checker can fail: a quarantine shorter than the longest admission must make it find an
 //! overshoot (`a_quarantine_shorter_than_an_admission_is_caught`).
 
+#[path = "support/cluster_config.rs"]
+mod cluster_config;
+
 use llm_bulkhead::cluster::{
     renew, reserved_total, Amounts, ClusterConfig, Lease, LeaseTable, StoreParams,
 };
@@ -383,7 +386,6 @@ mod agent {
     use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    use std::time::Duration;
 
     /// One clock for the store and the replica (ms), moved by the test.
     #[derive(Clone, Default)]
@@ -402,20 +404,21 @@ mod agent {
     }
 
     fn config() -> ClusterConfig {
-        ClusterConfig::new("agent", "b")
-            .ttl(Duration::from_millis(1_000))
-            .max_admission(Duration::from_millis(1_000))
-            .floor(Amounts::new(2, 0))
-            .floor_hold(Duration::from_millis(500))
-            .quarantine(Duration::from_millis(2_000))
+        super::cluster_config::agent_config("agent")
     }
 
     fn setup(b: &Bulkhead) -> (Manual, MemoryStore, ClusterAgent) {
         let clock = Manual::default();
         let c2 = clock.clone();
         let store = MemoryStore::with_clock(move || c2.now_ms());
-        let agent = ClusterAgent::new(b.clone(), Box::new(store.clone()), config()).unwrap();
+        let agent = on(b, &store, &clock);
         (clock, store, agent)
+    }
+
+    /// Another agent on the same store and clock.
+    fn on(b: &Bulkhead, store: &MemoryStore, clock: &Manual) -> ClusterAgent {
+        let clock = Arc::new(clock.clone());
+        ClusterAgent::with_clock(b.clone(), Box::new(store.clone()), config(), clock).unwrap()
     }
 
     /// Lease, cut-off, floor, zero, heal: the bulkhead's limits follow the lease on the
@@ -425,11 +428,11 @@ mod agent {
         let b = Bulkhead::new(8).unwrap();
         let (clock, store, mut agent) = setup(&b);
         assert_eq!(b.limits().max_concurrent, 0, "zero until the first grant");
-        agent.tick(&clock);
+        agent.tick();
         assert!(agent.status().learning);
         assert_eq!(b.limits().max_concurrent, 0, "a new table learns first");
         clock.set(3_001);
-        agent.tick(&clock);
+        agent.tick();
         assert_eq!(
             b.limits().max_concurrent,
             8,
@@ -442,7 +445,7 @@ mod agent {
         // Valid until 1000 − 1% − 50 ms after the send; then the floor for 500 ms; then zero.
         for t in (renewed..renewed + 2_000).step_by(10) {
             clock.set(t);
-            agent.tick(&clock);
+            agent.tick();
             let l = b.limits();
             if revisions.last() != Some(&l.revision) {
                 revisions.push(l.revision);
@@ -459,7 +462,7 @@ mod agent {
         assert!(agent.status().failures > 0);
         store.set_reachable(true);
         clock.set(renewed + 2_100);
-        agent.tick(&clock);
+        agent.tick();
         assert_eq!(b.limits().max_concurrent, 8);
         revisions.push(b.limits().revision);
         assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
@@ -493,12 +496,12 @@ mod agent {
         let b = classed();
         let (clock, store, mut agent) = setup(&b);
         // A second replica takes half the budget.
-        let mut other = ClusterAgent::new(classed(), Box::new(store.clone()), config()).unwrap();
+        let mut other = on(&classed(), &store, &clock);
         // Both renew during the learning period (records stay live), then after it.
         for t in [0, 2_000, 3_001] {
             clock.set(t);
-            agent.tick(&clock);
-            other.tick(&clock);
+            agent.tick();
+            other.tick();
         }
         let l = b.limits();
         assert_eq!(l.max_concurrent, 4, "an equal split of 8");
@@ -514,11 +517,11 @@ mod agent {
     fn refusals_move_the_share() {
         let (busy, idle) = (Bulkhead::new(8).unwrap(), Bulkhead::new(8).unwrap());
         let (clock, store, mut a) = setup(&busy);
-        let mut b = ClusterAgent::new(idle.clone(), Box::new(store.clone()), config()).unwrap();
+        let mut b = on(&idle, &store, &clock);
         for t in [0, 2_000] {
             clock.set(t);
-            a.tick(&clock);
-            b.tick(&clock);
+            a.tick();
+            b.tick();
         }
         let mut t = 3_001;
         for _ in 0..20 {
@@ -529,8 +532,8 @@ mod agent {
                 held.push(x);
             }
             drop(held);
-            a.tick(&clock);
-            b.tick(&clock);
+            a.tick();
+            b.tick();
             t += 100;
         }
         assert_eq!(

@@ -59,9 +59,12 @@ fn replica_child() {
         .spawn()
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    // The workers admit through the cluster handle (the share's window checked on their own
+    // threads), as a gateway would.
+    let h = agent.handle();
     let workers: Vec<_> = (0..4u64)
         .map(|k| {
-            let (b, stop) = (b.clone(), stop.clone());
+            let (b, stop) = (h.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) && i < 1_000_000 {

@@ -3,14 +3,18 @@
 //! * `Duration::MAX` for every waiting call (blocking, async, both drains, the builder's
 //!   default timeout): it means "no deadline", the call waits and ends normally, nothing panics.
 //! * User code that panics while a node is linked: a waker whose clone panics (the async
-//!   re-poll clones it under the queue lock), an event subscriber (caught and counted by the
+//!   re-poll clones it, outside the queue lock), an event subscriber (caught and counted by the
 //!   crate), and a token estimator run by the `llm` front end while another waiter is queued.
 //!   After each, nothing is left queued or held and the bulkhead still serves waiters.
 //!
 //! Nothing here sleeps or times anything: a test waits for a waiter to be queued by looking
 //! at `stats().pending`, and ends its waits by releasing.
 
+#[path = "support/queue.rs"]
+mod queue;
+
 use llm_bulkhead::{Bulkhead, Demand, QueueTimeout, WaitOptions};
+use queue::{settled, until_pending};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,20 +35,6 @@ fn forever() -> WaitOptions {
         timeout: QueueTimeout::After(Duration::MAX),
         cancel: None,
     }
-}
-
-/// Waits (without sleeping) until `n` waiters are queued on `b`.
-fn until_pending(b: &Bulkhead, n: u64) {
-    while b.stats().pending != n {
-        std::thread::yield_now();
-    }
-}
-
-/// Nothing held, nobody queued, the fast path admits again.
-fn settled(b: &Bulkhead) {
-    let s = b.stats();
-    assert_eq!((s.in_flight, s.pending), (0, 0), "{s:?}");
-    drop(b.try_acquire(Demand::slot()).expect("the fast path admits"));
 }
 
 #[test]
@@ -168,7 +158,7 @@ fn a_waker_that_panics_while_its_node_is_linked_leaves_nothing_behind() {
         // First poll: queued, with a clone of w1.
         assert!(f.as_mut().poll(&mut Context::from_waker(&w1)).is_pending());
         assert_eq!(b.stats().pending, 1);
-        // Re-poll with the other waker, whose clone (made under the queue lock) panics.
+        // Re-poll with the other waker, whose clone (made before the queue lock) panics.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _ = f.as_mut().poll(&mut Context::from_waker(&w2));
         }));
@@ -178,7 +168,7 @@ fn a_waker_that_panics_while_its_node_is_linked_leaves_nothing_behind() {
     assert_eq!(b.stats().pending, 0);
     drop(held);
     settled(&b);
-    // A poisoned lock is not a broken one: the queue still serves a waiter.
+    // The queue still serves a waiter.
     let held = b.try_acquire(Demand::slot()).unwrap();
     let b2 = b.clone();
     let waiter = std::thread::spawn(move || b2.acquire_blocking(Demand::slot(), forever()).is_ok());

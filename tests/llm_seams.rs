@@ -5,6 +5,9 @@
 //! nothing sleeps and no duration is asserted.
 #![cfg(feature = "serde")]
 
+#[path = "support/llm.rs"]
+mod llm_support;
+
 use llm_bulkhead::llm::{
     AcquireError, BoxWork, Deadline, DeadlineTrigger, DedupError, DedupSettings, EstimateError,
     LlmBulkhead, LlmRequest, Mode, NaiveEstimator, ReservationOverride, RunContext, RunError,
@@ -14,35 +17,13 @@ use llm_bulkhead::{
     Bulkhead, CancelToken, ClassLimits, Event, Priority, QueueTimeout, RejectReason, Reservation,
     WaitOptions,
 };
+use llm_support::{dedup_llm, poll, record, request};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
-
-fn poll<F: Future + ?Sized>(f: Pin<&mut F>) -> Poll<F::Output> {
-    f.poll(&mut Context::from_waker(Waker::noop()))
-}
-
-fn request() -> LlmRequest {
-    LlmRequest::new("gpt-4o", &["What is a bulkhead?"])
-}
-
-fn dedup_llm(b: Bulkhead) -> LlmBulkhead {
-    LlmBulkhead::new(b, NaiveEstimator)
-        .with_dedup(DedupSettings::default())
-        .unwrap()
-}
-
-fn record(b: &Bulkhead) -> (Arc<Mutex<Vec<Event>>>, llm_bulkhead::Subscription) {
-    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
-    let l = log.clone();
-    (
-        log,
-        b.subscribe(move |e: &Event| l.lock().unwrap().push(e.clone())),
-    )
-}
 
 fn rejects(log: &Mutex<Vec<Event>>) -> Vec<(Option<String>, RejectReason)> {
     log.lock()
@@ -258,14 +239,7 @@ fn follower_refusals_reach_the_metrics() {
 
 /// A classed bulkhead whose default class has no floor: every slot is borrowed.
 fn borrowing() -> LlmBulkhead {
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .token_budget(1_000)
-        .class("batch", ClassLimits::default())
-        .default_class("batch")
-        .build()
-        .unwrap();
-    LlmBulkhead::new(b, |_: &LlmRequest| Ok(Reservation::new(100, 200).unwrap()))
+    llm_support::borrowing_budgeted()
 }
 
 fn manual(trigger: &DeadlineTrigger) -> RunOptions {
@@ -424,23 +398,7 @@ fn try_acquire_estimates_and_applies_priority_reserve_and_override() {
 
 #[test]
 fn acquires_apply_the_class_and_refuse_what_they_cannot_honour() {
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .class(
-            "premium",
-            ClassLimits {
-                protected_concurrent: 1,
-                ..ClassLimits::default()
-            },
-        )
-        .class(
-            "batch",
-            ClassLimits {
-                max_concurrent: Some(1),
-                ..ClassLimits::default()
-            },
-        )
-        .default_class("batch")
+    let b = llm_support::premium_and_batch(Bulkhead::builder().max_concurrent(2))
         .build()
         .unwrap();
     let premium = b.class_id("premium").unwrap();

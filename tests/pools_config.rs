@@ -266,3 +266,47 @@ fn a_refused_change_changes_nothing() {
     assert!(pools.apply_global(0).is_err());
     assert_eq!(pools.stats(), before);
 }
+
+#[test]
+fn a_class_that_waits_needs_a_bounded_queue() {
+    let c = PoolsConfig::from_json(
+        r#"{"global": {"maxActive": 4}, "providers": {"p": {"connectionLimit": 4}},
+            "classes": {"w": {"overflow": "wait"}},
+            "partitions": {"p-w": {"provider": "p", "trafficClass": "w", "activeLimit": 2,
+                                   "pendingLimit": 3, "queueMaxAgeMs": 5000}}}"#,
+    )
+    .unwrap();
+    let p = &c.partitions["p-w"];
+    assert_eq!((p.pending_limit, p.queue_max_age_ms), (3, 5000));
+    let pools = Pools::new(&c).unwrap();
+    assert_eq!(pools.stats().partitions[0].pending_limit, 3);
+    for field in ["pending_limit", "queue_max_age_ms"] {
+        let mut bad = c.clone();
+        let q = bad.partitions.get_mut("p-w").unwrap();
+        if field == "pending_limit" {
+            q.pending_limit = 0;
+        } else {
+            q.queue_max_age_ms = 0;
+        }
+        let want = PoolsConfigError::ZeroLimit {
+            cell: "partitions.p-w".into(),
+            field,
+        };
+        assert_eq!(bad.validate(), Err(want.clone()));
+        // At run time too, and nothing changes.
+        assert_eq!(
+            pools.apply_partition("p-w", &bad.partitions["p-w"]),
+            Err(want)
+        );
+        assert_eq!(pools.stats().partitions[0].limit_version, 1);
+    }
+    let mut big = c.clone();
+    big.partitions.get_mut("p-w").unwrap().queue_max_age_ms = 86_400_001;
+    assert!(matches!(
+        big.validate(),
+        Err(PoolsConfigError::TooLarge {
+            field: "queue_max_age_ms",
+            ..
+        })
+    ));
+}

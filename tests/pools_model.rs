@@ -3,6 +3,12 @@
 //! reconfiguration of partitions, providers and the guard) and demands identical decisions,
 //! routes and counts after every step, and everything back to zero at rest.
 //!
+//! The pending queues are in the same model: waits (async futures polled by the test, on an
+//! injected clock), their refusals at entry (queue full, deadline unmeetable), starts by the
+//! releases and limit changes that free what they need (oldest first, a blocked waiter
+//! blocking nobody behind it), expiry by queue age or the caller's deadline, and cancellation
+//! before and after a start (a start that reached a dropped waiter goes to the next one).
+//!
 //! Also: no fallback loop for any configuration (random graphs, cyclic ones included: a cycle
 //! is refused at build with a real cycle named; an acyclic one never routes a request to a
 //! partition twice, whatever the sequence of refusals).
@@ -10,6 +16,12 @@
 use llm_bulkhead::pools::*;
 use llm_bulkhead::Priority;
 use proptest::prelude::*;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 const PROVIDERS: [&str; 2] = ["a", "b"];
 const CLASSES: [&str; 2] = ["x", "y"];
@@ -26,6 +38,9 @@ struct MPart {
     pct: u64,
     min: u64,
     observe: bool,
+    pending_limit: u64,
+    age: u64,
+    pending: u64,
     version: u64,
     active: u64,
     tokens: u64,
@@ -39,11 +54,38 @@ struct Model {
     conns: Vec<(u64, u64)>,
     global: (u64, u64),
     max_attempts: u32,
+    /// Every wait ever entered, in entry order (the queue is the `Queued` ones).
+    waiters: Vec<MW>,
+    /// The clock, in milliseconds.
+    now: u64,
+}
+
+/// One wait of the model.
+#[derive(Clone, Debug)]
+struct MW {
+    part: usize,
+    high: bool,
+    tokens: u64,
+    enq: u64,
+    deadline: u64,
+    by_age: bool,
+    /// The decision that queued it.
+    queued: Step,
+    state: MWState,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum MWState {
+    Queued,
+    /// Started (not yet collected): its permit, the version and reason of the start.
+    Started(MPermit, u64, Reason),
+    Left(Reason),
+    Gone,
 }
 
 type Step = (usize, Decision, Reason, Option<usize>, u64);
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct MPermit {
     part: usize,
     tokens: u64,
@@ -71,6 +113,9 @@ impl Model {
                 pct: p.retry.percent,
                 min: p.retry.min,
                 observe: p.observe,
+                pending_limit: p.pending_limit,
+                age: p.queue_max_age_ms,
+                pending: 0,
                 version: 1,
                 active: 0,
                 tokens: 0,
@@ -86,7 +131,126 @@ impl Model {
                 .collect(),
             global: (0, c.global.max_active),
             max_attempts: c.max_attempts,
+            waiters: Vec::new(),
+            now: 0,
         }
+    }
+
+    /// The start rule: every queued waiter that can start now starts, oldest first; a full
+    /// global guard ends the scan.
+    fn settle(&mut self) {
+        for i in 0..self.waiters.len() {
+            if self.waiters[i].state != MWState::Queued {
+                continue;
+            }
+            let (part, high, tokens) = {
+                let w = &self.waiters[i];
+                (w.part, w.high, w.tokens)
+            };
+            let v = self.parts[part].version;
+            match self.decide(part, high, tokens) {
+                Ok((shadow, taken)) => {
+                    let permit = MPermit {
+                        part,
+                        tokens: taken,
+                        retry: None,
+                    };
+                    let r = if shadow {
+                        Reason::ObservedOverLimit
+                    } else {
+                        Reason::CapacityAvailable
+                    };
+                    self.waiters[i].state = MWState::Started(permit, v, r);
+                    self.parts[part].pending -= 1;
+                }
+                Err(Reason::GlobalLimitReached) => break,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Waiters whose deadline passed leave with the reason of that deadline.
+    fn expire(&mut self) {
+        for w in &mut self.waiters {
+            if w.state == MWState::Queued && w.deadline <= self.now {
+                let r = if w.by_age {
+                    Reason::QueueAgeExceeded
+                } else {
+                    Reason::DeadlineExceeded
+                };
+                w.state = MWState::Left(r);
+                self.parts[w.part].pending -= 1;
+            }
+        }
+    }
+
+    /// A wait on partition `i` (its class waits): started at once, refused at entry, or
+    /// queued (the waiter's index).
+    fn enter(
+        &mut self,
+        i: usize,
+        high: bool,
+        tokens: u64,
+        within: Option<u64>,
+    ) -> (Option<MPermit>, Vec<Step>, Option<usize>) {
+        let v = self.parts[i].version;
+        let reason = match self.decide(i, high, tokens) {
+            Ok((shadow, taken)) => {
+                let r = if shadow {
+                    Reason::ObservedOverLimit
+                } else {
+                    Reason::CapacityAvailable
+                };
+                let permit = MPermit {
+                    part: i,
+                    tokens: taken,
+                    retry: None,
+                };
+                return (
+                    Some(permit),
+                    vec![(i, Decision::Dispatch, r, None, v)],
+                    None,
+                );
+            }
+            Err(r) => r,
+        };
+        let p = &self.parts[i];
+        let (deadline, by_age) = match within {
+            Some(d) if d < p.age => (self.now + d, false),
+            _ => (self.now + p.age, true),
+        };
+        let oldest = self
+            .waiters
+            .iter()
+            .filter(|w| w.part == i && w.state == MWState::Queued)
+            .map(|w| self.now - w.enq)
+            .max();
+        let left = deadline - self.now;
+        let refusal = if p.budget != 0 && tokens > p.budget {
+            Some(Reason::TokenBudgetReached)
+        } else if p.pending >= p.pending_limit {
+            Some(Reason::PendingLimitReached)
+        } else if left == 0 || oldest.is_some_and(|a| a > left) {
+            Some(Reason::DeadlineUnmeetable)
+        } else {
+            None
+        };
+        if let Some(r) = refusal {
+            return (None, vec![(i, Decision::Reject, r, None, v)], None);
+        }
+        let queued = (i, Decision::Queue, reason, None, v);
+        self.parts[i].pending += 1;
+        self.waiters.push(MW {
+            part: i,
+            high,
+            tokens,
+            enq: self.now,
+            deadline,
+            by_age,
+            queued,
+            state: MWState::Queued,
+        });
+        (None, vec![queued], Some(self.waiters.len() - 1))
     }
 
     /// One decision: `Ok((shadow, tokens taken))` or the reason.
@@ -157,7 +321,7 @@ impl Model {
                 Err(reason) => {
                     let p = &self.parts[at];
                     match p.overflow {
-                        Overflow::Reject => {
+                        Overflow::Reject | Overflow::Wait => {
                             steps.push((at, Decision::Reject, reason, None, v));
                             return (None, steps, None);
                         }
@@ -203,7 +367,7 @@ impl Model {
 
     fn charge(&mut self, i: usize) -> bool {
         let p = &mut self.parts[i];
-        let limit = (p.pct * p.active / 100).max(p.min);
+        let limit = (p.pct * (p.active + p.pending) / 100).max(p.min);
         if p.retries >= limit && !p.observe {
             return false;
         }
@@ -238,6 +402,18 @@ enum Op {
     },
     ApplyProvider(usize, u64),
     ApplyGlobal(u64),
+    /// An async wait, polled once (then after every step).
+    Wait {
+        part: usize,
+        high: bool,
+        tokens: u64,
+        within: Option<u64>,
+    },
+    /// A completion, then a dropped wait before anyone polls it (if it was started by the
+    /// completion, its start goes back and on).
+    CompleteThenCancel(usize, usize),
+    /// The clock moves on, then the expired waiters leave.
+    Advance(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -253,6 +429,11 @@ fn op() -> impl Strategy<Value = Op> {
                 part, limit, reserve, budget, pct, min, observe }),
         1 => (0..2usize, 0..7u64).prop_map(|(p, l)| Op::ApplyProvider(p, l)),
         1 => (0..12u64).prop_map(Op::ApplyGlobal),
+        4 => (0..4usize, any::<bool>(), 0..6u64, prop_oneof![
+                Just(None), Just(Some(0)), (2..12u64).prop_map(|k| Some(k * 10_000))])
+            .prop_map(|(part, high, tokens, within)| Op::Wait { part, high, tokens, within }),
+        2 => (0..16usize, 0..8usize).prop_map(|(k, j)| Op::CompleteThenCancel(k, j)),
+        1 => (1..8u64).prop_map(|k| Op::Advance(k * 10_000)),
     ]
 }
 
@@ -261,7 +442,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn config() -> impl Strategy<Value = PoolsConfig> {
     (
         prop::collection::vec((1..4u64, 0..2u64, 0..6u64, 0..3u64), 4),
-        prop::collection::vec(0..3u8, 2),
+        prop::collection::vec(0..4u8, 2),
         prop::collection::vec(prop::collection::vec(any::<bool>(), 4), 4),
         (4..6u64, 4..6u64, 4..9u64, 1..5u32),
     )
@@ -284,8 +465,12 @@ fn config() -> impl Strategy<Value = PoolsConfig> {
                 },
             );
             for (k, o) in CLASSES.iter().zip(&overflow) {
-                let overflow =
-                    [Overflow::Reject, Overflow::Fallback, Overflow::Degrade][*o as usize];
+                let overflow = [
+                    Overflow::Reject,
+                    Overflow::Fallback,
+                    Overflow::Degrade,
+                    Overflow::Wait,
+                ][*o as usize];
                 c.classes.insert((*k).into(), ClassConfig { overflow });
             }
             let names: Vec<String> = PROVIDERS
@@ -298,6 +483,8 @@ fn config() -> impl Strategy<Value = PoolsConfig> {
                 p.high_priority_reserve = reserve.min(limit - 1);
                 p.token_budget = (budget > 0).then_some(budget);
                 p.retry = RetryConfig { percent: 50, min };
+                // Ages far above a test's run time: only the injected clock ages a queue.
+                (p.pending_limit, p.queue_max_age_ms) = (1 + min, 60_000);
                 if c.classes[class].overflow == Overflow::Fallback {
                     p.fallback = (i + 1..4)
                         .filter(|j| edges[i][*j])
@@ -337,6 +524,13 @@ fn assert_counts(pools: &Pools, m: &Model) {
             "{p:?}"
         );
         assert_eq!((p.active_limit, p.limit_version), (mp.limit, mp.version));
+        let oldest = m
+            .waiters
+            .iter()
+            .filter(|w| w.state == MWState::Queued && s.partitions[w.part].name == p.name)
+            .map(|w| std::time::Duration::from_millis(m.now - w.enq))
+            .max();
+        assert_eq!((p.pending, p.oldest_wait), (mp.pending, oldest), "{p:?}");
     }
     for (p, (held, limit)) in s.providers.iter().zip(&m.conns) {
         assert_eq!((p.held, p.limit), (*held, *limit));
@@ -352,8 +546,64 @@ fn prio(high: bool) -> Priority {
     }
 }
 
+type Wait<'p> = Pin<Box<dyn Future<Output = PoolOutcome<'p>> + Send + 'p>>;
+
+/// Polls every wait once: each that ended must be one the model ended the same way (its
+/// decisions, its permit); each still pending must be queued in the model.
+fn poll_waits<'p>(
+    waits: &mut Vec<(Wait<'p>, usize)>,
+    m: &mut Model,
+    held: &mut Vec<(PoolPermit<'p>, MPermit)>,
+) {
+    let mut cx = Context::from_waker(Waker::noop());
+    waits.retain_mut(|(f, i)| {
+        let Poll::Ready(out) = f.as_mut().poll(&mut cx) else {
+            assert_eq!(
+                m.waiters[*i].state,
+                MWState::Queued,
+                "engine waits, model not"
+            );
+            return true;
+        };
+        let w = &m.waiters[*i];
+        let (second, permit) = match w.state.clone() {
+            MWState::Started(mp, v, r) => ((w.part, Decision::Dispatch, r, None, v), Some(mp)),
+            MWState::Left(r) => {
+                let v = m.parts[w.part].version;
+                ((w.part, Decision::Reject, r, None, v), None)
+            }
+            other => panic!("engine ended a wait the model has {other:?}"),
+        };
+        assert_eq!(engine_steps(&out), (vec![w.queued, second], None));
+        match (out.into_permit(), permit) {
+            (Some(p), Some(mp)) => held.push((p, mp)),
+            (None, None) => {}
+            _ => panic!("engine and model disagree on a wait's start"),
+        }
+        m.waiters[*i].state = MWState::Gone;
+        false
+    });
+}
+
+/// Drops a wait: a queued one leaves; a started one gives its units back and they go on.
+fn cancel_model(m: &mut Model, i: usize) {
+    match std::mem::replace(&mut m.waiters[i].state, MWState::Gone) {
+        MWState::Queued => m.parts[m.waiters[i].part].pending -= 1,
+        MWState::Started(mp, ..) => {
+            m.release(mp);
+            m.settle();
+        }
+        other => panic!("a dropped wait the model has {other:?}"),
+    }
+}
+
 fn run(config: PoolsConfig, ops: Vec<Op>) {
-    let pools = Pools::new(&config).unwrap();
+    let base = Instant::now();
+    let clock = Arc::new(AtomicU64::new(0));
+    let c = clock.clone();
+    let at = move |ms: u64| base + Duration::from_millis(ms);
+    let pools = Pools::with_clock(&config, None, move || at(c.load(Ordering::SeqCst))).unwrap();
+    let mut waits: Vec<(Wait<'_>, usize)> = Vec::new();
     let mut m = Model::new(&config);
     let ids: Vec<PartitionId> = config
         .partitions
@@ -390,6 +640,59 @@ fn run(config: PoolsConfig, ops: Vec<Op>) {
                 let (p, mp) = held.swap_remove(k % held.len());
                 p.complete(None);
                 m.release(mp);
+                m.settle();
+            }
+            Op::CompleteThenCancel(k, j) => {
+                if !held.is_empty() {
+                    let (p, mp) = held.swap_remove(k % held.len());
+                    p.complete(None);
+                    m.release(mp);
+                    m.settle();
+                }
+                if !waits.is_empty() {
+                    let (f, i) = waits.swap_remove(j % waits.len());
+                    drop(f);
+                    cancel_model(&mut m, i);
+                }
+            }
+            Op::Wait {
+                part,
+                high,
+                tokens,
+                within,
+            } => {
+                let mut req = PoolRequest::new(id, ids[part]);
+                req.priority = prio(high);
+                req.tokens = tokens;
+                let deadline = within.map(|d| at(m.now + d));
+                let mut f: Wait<'_> = Box::pin(pools.admit_async(req, deadline));
+                let (mp, steps, end, queued) = if m.parts[part].overflow == Overflow::Wait {
+                    let (mp, steps, q) = m.enter(part, high, tokens, within);
+                    (mp, steps, None, q)
+                } else {
+                    let (mp, steps, end) = m.admit(part, high, tokens, true, None);
+                    (mp, steps, end, None)
+                };
+                let mut cx = Context::from_waker(Waker::noop());
+                match (f.as_mut().poll(&mut cx), queued) {
+                    (Poll::Pending, Some(i)) => waits.push((f, i)),
+                    (Poll::Ready(out), None) => {
+                        assert_eq!(engine_steps(&out), (steps, end));
+                        match (out.into_permit(), mp) {
+                            (Some(p), Some(mp)) => held.push((p, mp)),
+                            (None, None) => {}
+                            _ => panic!("engine and model disagree on a wait's admission"),
+                        }
+                    }
+                    (_, q) => panic!("engine and model disagree on queueing (model: {q:?})"),
+                }
+            }
+            Op::Advance(ms) => {
+                m.now += ms;
+                clock.fetch_add(ms, Ordering::SeqCst);
+                pools.expire_waiters();
+                m.expire();
+                m.settle();
             }
             Op::Charge(part) => {
                 let got = pools.charge_retry(id, ids[part]);
@@ -446,6 +749,7 @@ fn run(config: PoolsConfig, ops: Vec<Op>) {
                     mp.version += 1;
                     assert_eq!(got.unwrap(), mp.version);
                     current.partitions.insert(names[part].clone(), next);
+                    m.settle();
                 }
             }
             Op::ApplyProvider(v, limit) => {
@@ -454,6 +758,7 @@ fn run(config: PoolsConfig, ops: Vec<Op>) {
                 assert_eq!(got.is_ok(), ok, "{got:?}");
                 if ok {
                     m.conns[v].1 = limit;
+                    m.settle();
                 }
             }
             Op::ApplyGlobal(limit) => {
@@ -462,13 +767,20 @@ fn run(config: PoolsConfig, ops: Vec<Op>) {
                 assert_eq!(got.is_ok(), ok, "{got:?}");
                 if ok {
                     m.global.1 = limit;
+                    m.settle();
                 }
             }
             _ => {}
         }
+        poll_waits(&mut waits, &mut m, &mut held);
         assert_counts(&pools, &m);
     }
     // At rest: everything back to zero.
+    for (f, i) in waits.drain(..) {
+        drop(f);
+        cancel_model(&mut m, i);
+    }
+    poll_waits(&mut waits, &mut m, &mut held);
     for (p, mp) in held.drain(..) {
         p.complete(None);
         m.release(mp);
@@ -484,7 +796,7 @@ fn run(config: PoolsConfig, ops: Vec<Op>) {
     assert!(s
         .partitions
         .iter()
-        .all(|p| p.active == 0 && p.tokens == 0 && p.retries_in_flight == 0));
+        .all(|p| p.active == 0 && p.tokens == 0 && p.retries_in_flight == 0 && p.pending == 0));
 }
 
 proptest! {

@@ -5,13 +5,21 @@
 //! move between two sets while the threads run, so a tally is checked against the larger of the
 //! two (units admitted under a larger limit stay until released). At rest everything is zero.
 //!
+//! Class `y` waits (a pending queue of two per partition): a worker that holds nothing waits
+//! for a `y` partition, blocking or async (an async wait is polled once and, if it has to
+//! wait, dropped at once: a cancellation that races with the releases that may start it). A
+//! started waiter is tallied as any admission; the pending counts never pass their limit
+//! (read by the reconfiguring thread after every change) and are zero at rest.
+//!
 //! It prints the refusals that saw another decision's tentative unit (`contended_refusals`, an
 //! upper bound on refusals no serial order makes) beside all refusals.
 
 use llm_bulkhead::pools::*;
 use llm_bulkhead::Priority;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 const PARTS: [&str; 4] = ["a-x", "a-y", "b-x", "b-y"];
 /// Larger and smaller active limits, per partition.
@@ -22,6 +30,7 @@ const GLOBAL: (u64, u64) = (8, 6);
 const BUDGET: u64 = 20;
 const RETRY_MIN: u64 = 1;
 const RETRY_PERCENT: u64 = 50;
+const PENDING: u64 = 2;
 
 fn config() -> PoolsConfig {
     let mut c = PoolsConfig::default();
@@ -43,12 +52,13 @@ fn config() -> PoolsConfig {
     c.classes.insert(
         "y".into(),
         ClassConfig {
-            overflow: Overflow::Reject,
+            overflow: Overflow::Wait,
         },
     );
     for (i, name) in PARTS.iter().enumerate() {
         let mut p = PartitionConfig::new(&name[..1], &name[2..], BIG[i]);
         p.high_priority_reserve = 1;
+        (p.pending_limit, p.queue_max_age_ms) = (PENDING, 60_000);
         p.token_budget = Some(BUDGET);
         p.retry = RetryConfig {
             percent: RETRY_PERCENT,
@@ -144,6 +154,19 @@ fn worker(pools: &Pools, tally: &Tally, seed: u64, rounds: u32) {
                 continue;
             }
             Some(c) => pools.admit_retry(&req, c),
+            // A worker that holds nothing may wait: the holders never wait, so they release.
+            None if held.is_empty() && part % 2 == 1 => {
+                if rng.next(2) == 0 {
+                    pools.admit_blocking(&req, None)
+                } else {
+                    let mut wait = Box::pin(pools.admit_async(req, None));
+                    let mut cx = Context::from_waker(Waker::noop());
+                    match wait.as_mut().poll(&mut cx) {
+                        Poll::Ready(out) => out,
+                        Poll::Pending => continue, // dropped: cancelled
+                    }
+                }
+            }
             None => pools.admit(&req),
         };
         let Some(permit) = out.into_permit() else {
@@ -197,6 +220,9 @@ fn every_limit_holds_on_real_threads_under_reconfiguration() {
                     parts(&pools);
                 }
                 changes += 1;
+                for p in pools.stats().partitions {
+                    assert!(p.pending <= p.pending_limit, "{p:?}");
+                }
                 std::thread::yield_now();
             }
         })
@@ -218,8 +244,14 @@ fn every_limit_holds_on_real_threads_under_reconfiguration() {
     assert!(s.providers.iter().all(|p| p.held == 0), "{s:?}");
     for p in &s.partitions {
         assert_eq!(
-            (p.active, p.tentative, p.tokens, p.retries_in_flight),
-            (0, 0, 0, 0),
+            (
+                p.active,
+                p.tentative,
+                p.tokens,
+                p.retries_in_flight,
+                p.pending
+            ),
+            (0, 0, 0, 0, 0),
             "{p:?}"
         );
         assert_eq!(p.admitted, p.completed);
@@ -238,8 +270,12 @@ fn every_limit_holds_on_real_threads_under_reconfiguration() {
     let contended: u64 = s.partitions.iter().map(|p| p.contended_refusals).sum();
     let reconfig: u64 = s.partitions.iter().map(|p| p.reconfig_retries).sum();
     let admitted: u64 = s.partitions.iter().map(|p| p.admitted).sum();
+    let queued: u64 = s.partitions.iter().map(|p| p.queued).sum();
+    let queue_refusals: u64 = s.partitions.iter().map(|p| p.queue_refusals).sum();
+    let timed_out: u64 = s.partitions.iter().map(|p| p.timed_out).sum();
     println!(
-        "admitted {admitted}, refused {refused}, contended refusals {contended} ({:.3}% of refusals), decisions redone after a reconfiguration {reconfig}",
+        "admitted {admitted}, refused {refused}, contended refusals {contended} ({:.3}% of refusals), decisions redone after a reconfiguration {reconfig}; queued {queued}, refused at the queue's entry {queue_refusals}, timed out {timed_out}",
         100.0 * contended as f64 / refused.max(1) as f64
     );
+    assert!(queued > 0, "no request waited: the queue was not exercised");
 }

@@ -64,7 +64,30 @@ fn reconfigure(b: &Bulkhead, n: usize) {
     }
 }
 
-/// A thread that makes [`INSTALLS`] installs on `b` and reports on the channel, first,
+/// [`reconfigure`], each install also changing class `a`'s limits (its ceiling goes from 1 to
+/// 2 and back): a class's tag is its version, which only a change of its own limits moves, so
+/// these installs complete a class tag period every fourth install.
+fn reconfigure_class(b: &Bulkhead, n: usize) {
+    let a = b.class_id("a").unwrap();
+    let mut done = 0;
+    while done < n {
+        let cur = b.limits();
+        let ceiling = cur.classes.get(a).unwrap().max_concurrent;
+        let next = cur.with_revision(cur.revision + 1).with_class(
+            a,
+            ClassLimits {
+                max_concurrent: Some(if ceiling == Some(1) { 2 } else { 1 }),
+                ..ClassLimits::default()
+            },
+        );
+        if b.apply_limits(next).is_ok() {
+            done += 1;
+        }
+    }
+}
+
+/// A thread that makes [`INSTALLS`] installs on `b` (changing class `a`'s limits each time,
+/// [`reconfigure_class`]) and reports on the channel, first,
 /// `"waiting"` if one of them waits in a grace period, then `"done"`.
 fn reporting_installer(b: &Bulkhead) -> (thread::JoinHandle<()>, mpsc::Receiver<&'static str>) {
     let (tx, rx) = mpsc::channel();
@@ -78,7 +101,7 @@ fn reporting_installer(b: &Bulkhead) -> (thread::JoinHandle<()>, mpsc::Receiver<
                 let _ = waiting.send("waiting");
             }
         });
-        reconfigure(&b, INSTALLS);
+        reconfigure_class(&b, INSTALLS);
         clear_pause_hook();
         let _ = tx.send("done");
     });

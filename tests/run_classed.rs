@@ -3,46 +3,23 @@
 //! right class, with the same events.
 #![cfg(feature = "serde")]
 
+#[path = "support/llm.rs"]
+mod llm_support;
+
 use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunError, RunOptions};
 use llm_bulkhead::{
-    Bulkhead, ClassLimits, Constraint, Demand, Event, QueueTimeout, RejectReason, Reservation,
-    WaitOptions,
+    Bulkhead, Constraint, Demand, Event, QueueTimeout, RejectReason, Reservation, WaitOptions,
 };
-use std::sync::{Arc, Mutex};
+use llm_support::record;
 use std::time::Duration;
 
 fn llm(max_queue: u32) -> LlmBulkhead {
     let b = Bulkhead::builder()
         .max_concurrent(2)
         .max_queue(max_queue)
-        .token_budget(1_000)
-        .class(
-            "premium",
-            ClassLimits {
-                protected_concurrent: 1,
-                ..ClassLimits::default()
-            },
-        )
-        .class(
-            "batch",
-            ClassLimits {
-                max_concurrent: Some(1),
-                ..ClassLimits::default()
-            },
-        )
-        .default_class("batch")
-        .build()
-        .unwrap();
+        .token_budget(1_000);
+    let b = llm_support::premium_and_batch(b).build().unwrap();
     LlmBulkhead::new(b, |_: &LlmRequest| Ok(Reservation::new(10, 10).unwrap()))
-}
-
-fn record(b: &Bulkhead) -> (Arc<Mutex<Vec<Event>>>, llm_bulkhead::Subscription) {
-    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
-    let l = log.clone();
-    (
-        log,
-        b.subscribe(move |e: &Event| l.lock().unwrap().push(e.clone())),
-    )
 }
 
 #[test]

@@ -5,45 +5,30 @@
 //! with a no-op waker, so nothing sleeps.
 #![cfg(feature = "serde")]
 
+#[path = "support/llm.rs"]
+mod llm_support;
+
 use llm_bulkhead::llm::{
     BoxWork, DedupError, DedupKey, DedupOutcome, DedupSettings, EstimateError, LlmBulkhead,
     LlmEvent, LlmRequest, NaiveEstimator, RunContext, RunError, RunOptions,
 };
 use llm_bulkhead::{Bulkhead, ClassId, ClassLimits, Event, QueueTimeout, RejectReason};
+use llm_support::{dedup_llm, poll_unpin as poll, record, request};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 type Out = Result<String, RunError<String>>;
-
-fn poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(Waker::noop()))
-}
 
 fn ready<F: Future + Unpin>(f: &mut F) -> F::Output {
     match poll(f) {
         Poll::Ready(v) => v,
         Poll::Pending => panic!("expected the future to be ready"),
     }
-}
-
-fn dedup_llm(b: Bulkhead) -> LlmBulkhead {
-    LlmBulkhead::new(b, NaiveEstimator)
-        .with_dedup(DedupSettings::default())
-        .unwrap()
-}
-
-fn record(b: &Bulkhead) -> (Arc<Mutex<Vec<Event>>>, llm_bulkhead::Subscription) {
-    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
-    let l = log.clone();
-    (
-        log,
-        b.subscribe(move |e: &Event| l.lock().unwrap().push(e.clone())),
-    )
 }
 
 /// A call that counts itself, waits for `gate` (if any), and answers `answer`.
@@ -69,10 +54,6 @@ fn boxed<F: Future<Output = Out> + Send + 'static>(
     f: F,
 ) -> Pin<Box<dyn Future<Output = Out> + Send>> {
     Box::pin(f)
-}
-
-fn request() -> LlmRequest {
-    LlmRequest::new("gpt-4o", &["What is a bulkhead?"])
 }
 
 #[test]

@@ -4,12 +4,15 @@
 //! Deadlines are driven by a manual trigger and threads synchronised with channels.
 #![cfg(feature = "serde")]
 
+#[path = "support/llm.rs"]
+mod llm_support;
+
 use futures_lite::future;
 use llm_bulkhead::llm::{
     Deadline, DeadlineTrigger, LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions,
     StopCause, StopSignal,
 };
-use llm_bulkhead::{Bulkhead, CancelToken, ClassLimits, QueueTimeout, WaitOptions};
+use llm_bulkhead::{CancelToken, QueueTimeout, WaitOptions};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
@@ -17,13 +20,10 @@ use std::task::{Context, Poll, Waker};
 
 /// A classed bulkhead whose default class has no floor: every slot is borrowed.
 fn borrowing() -> LlmBulkhead {
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .class("batch", ClassLimits::default())
-        .default_class("batch")
-        .build()
-        .unwrap();
-    LlmBulkhead::new(b, NaiveEstimator)
+    LlmBulkhead::new(
+        llm_support::borrowing_builder().build().unwrap(),
+        NaiveEstimator,
+    )
 }
 
 /// A thread that waits on the signal it is sent and reports the cause it woke with.
@@ -71,10 +71,7 @@ fn dropping_the_run_future_fires_the_signal() {
             Ok::<_, ()>(())
         }),
     );
-    assert!(run
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-        .is_pending());
+    assert!(llm_support::poll(run.as_mut()).is_pending());
     assert_eq!(llm.bulkhead().stats().in_flight, 1);
     drop(run); // the caller gave up
     assert_eq!(helper.join().unwrap(), StopCause::Ended);
@@ -146,16 +143,9 @@ fn a_run_that_returns_ends_its_signal() {
 #[test]
 fn run_shared_answers_at_the_deadline_and_detaches_the_work() {
     use llm_bulkhead::llm::{BoxWork, DedupSettings, Detach, DetachedWork, RunContext};
-    use llm_bulkhead::{Reservation, Usage};
+    use llm_bulkhead::Usage;
     use std::sync::{Arc, Mutex};
-    let b = Bulkhead::builder()
-        .max_concurrent(2)
-        .token_budget(1_000)
-        .class("batch", ClassLimits::default())
-        .default_class("batch")
-        .build()
-        .unwrap();
-    let llm = LlmBulkhead::new(b, |_: &LlmRequest| Ok(Reservation::new(100, 200).unwrap()))
+    let llm = llm_support::borrowing_budgeted()
         .with_dedup(DedupSettings::default())
         .unwrap();
     let parked: Arc<Mutex<Vec<DetachedWork>>> = Arc::default();

@@ -16,10 +16,12 @@
 //! Each test is written so that both outcomes are deterministic: the control thread waits for
 //! whichever comes first of "the installer finished" (the bug: then the stale CAS is resumed
 //! and the invariants are checked, and fail) and "the installer waits in the grace period" (the
-//! fix). The class tests also run their broken variant, in which the installer thread skips
-//! the grace period's wait (`testing::skip_grace_period_on_this_thread`), and check that the
-//! invariant then fails exactly as the bug would make it fail: each regression is shown to
-//! catch what it guards.
+//! fix). The class tests also run their broken variants, in which the installer thread skips
+//! the grace period's wait (`testing::skip_grace_period_on_this_thread`) or its class bound
+//! (`testing::skip_class_bound_on_this_thread`: a class tag is the class's version, which
+//! comes back after four changes of that class's limits, long before the limits tag's period),
+//! and check that the invariant then fails exactly as the bug would make it fail: each
+//! regression is shown to catch what it guards.
 //!
 //! A class release takes one of two paths. A protected admission's release reads its class
 //! word and the floors of its tag, then CASes (the window is before the CAS,
@@ -31,7 +33,8 @@
 #![cfg(feature = "testing")]
 
 use llm_bulkhead::testing::{
-    clear_pause_hook, set_pause_hook, skip_grace_period_on_this_thread, PausePoint,
+    clear_pause_hook, set_pause_hook, skip_class_bound_on_this_thread,
+    skip_grace_period_on_this_thread, PausePoint,
 };
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, LimitsSnapshot};
 use std::sync::mpsc;
@@ -55,18 +58,20 @@ fn race<T: Send + 'static>(
     stopped: impl FnOnce(&Bulkhead) -> T + Send + 'static,
     installs: Vec<LimitsSnapshot>,
 ) -> (T, Installer) {
-    race_with(b, point, stopped, installs, false)
+    race_with(b, point, stopped, installs, None)
 }
 
-/// [`race`]; with `skip_grace`, the installer's `apply_limits` skip the grace period's wait
-/// (the broken variant), so it reports only when it has finished.
+/// [`race`]; with `broken` (a per-thread switch of `llm_bulkhead::testing`), the installer's
+/// `apply_limits` run that broken variant (no grace-period wait, or no class bound), and it
+/// reports only when it has finished.
 fn race_with<T: Send + 'static>(
     b: &Bulkhead,
     point: PausePoint,
     stopped: impl FnOnce(&Bulkhead) -> T + Send + 'static,
     installs: Vec<LimitsSnapshot>,
-    skip_grace: bool,
+    broken: Option<fn(bool)>,
 ) -> (T, Installer) {
+    let skip_grace = broken.is_some();
     let (at_point_tx, at_point_rx) = mpsc::channel::<()>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let b1 = b.clone();
@@ -99,11 +104,15 @@ fn race_with<T: Send + 'static>(
                 let _ = tx.send(Installer::InGrace);
             }
         });
-        skip_grace_period_on_this_thread(skip_grace);
+        if let Some(switch) = broken {
+            switch(true);
+        }
         for s in installs {
             b2.apply_limits(s).unwrap();
         }
-        skip_grace_period_on_this_thread(false);
+        if let Some(switch) = broken {
+            switch(false);
+        }
         clear_pause_hook();
         let _ = report_tx.send(Installer::Done);
     });
@@ -143,15 +152,20 @@ fn two_classes(a_floor: u32) -> (Bulkhead, llm_bulkhead::ClassId, llm_bulkhead::
     (b, a, cb)
 }
 
-/// Revisions 1 to 4 with class `a`'s floor at `a_floor`: the fourth lands on the ring slot (and
-/// the 2-bit class tag) of revision 0.
+/// Revisions 1 to 4, each a change of class `a`'s limits: its floor goes to `a_floor` and a
+/// ceiling of 4 (harmless on 4 slots) comes and goes. A class tag is the class's version (one
+/// per change of its limits) mod 4, so the fourth brings `a`'s class tag back to the value of
+/// revision 0 and rewrites the floors entry it named.
 fn four_installs(b: &Bulkhead, a: llm_bulkhead::ClassId, a_floor: u32) -> Vec<LimitsSnapshot> {
-    let floor = ClassLimits {
-        protected_concurrent: a_floor,
-        ..ClassLimits::default()
-    };
     (1..=4)
-        .map(|rev| b.limits().with_revision(rev).with_class(a, floor))
+        .map(|rev| {
+            let limits = ClassLimits {
+                protected_concurrent: a_floor,
+                max_concurrent: (rev % 2 == 0).then_some(4),
+                ..ClassLimits::default()
+            };
+            b.limits().with_revision(rev).with_class(a, limits)
+        })
         .collect()
 }
 
@@ -180,21 +194,22 @@ fn capacity_after(
 /// A release of class `a` raced against four installs: an admission of `a` (floor
 /// `floor_before`) is released on a thread stopped at `point` while the installs move `a`'s
 /// floor to `floor_after`, bring its class word back to the same tag and rewrite the ring slot
-/// it read. With `skip_grace`, the installs skip the grace period's wait (the broken variant):
-/// the installer must then finish first, otherwise it must report that it waits for the
-/// stopped release. Afterwards `a` and `b` must be able to take exactly `capacity` slots.
+/// it read. With `broken`, the installs run that broken variant (no grace-period wait, or no
+/// class bound): the installer must then finish first, otherwise it must report that it
+/// waits for the stopped release. Afterwards `a` and `b` must be able to take exactly
+/// `capacity` slots.
 fn assert_release_race(
     (floor_before, floor_after): (u32, u32),
     point: PausePoint,
-    skip_grace: bool,
+    broken: Option<fn(bool)>,
     capacity: (usize, usize),
 ) {
     let (b, a, cb) = two_classes(floor_before);
     let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
     assert_eq!(held.resources().borrowed_concurrency, floor_before == 0);
     let installs = four_installs(&b, a, floor_after);
-    let ((), first) = race_with(&b, point, move |_| drop(held), installs, skip_grace);
-    let expected = if skip_grace {
+    let ((), first) = race_with(&b, point, move |_| drop(held), installs, broken);
+    let expected = if broken.is_some() {
         Installer::Done
     } else {
         Installer::InGrace
@@ -219,10 +234,26 @@ const PROTECTED: ((u32, u32), PausePoint) = ((1, 0), PausePoint::ClassCas);
 /// replaced word's tag.
 const BORROWED: ((u32, u32), PausePoint) = ((0, 2), PausePoint::ClassReturned);
 
+/// The broken variants: no grace-period wait at all, or no class bound (the installer waits
+/// only for operations a whole 16,384-install tag period old, as if a class tag were a limits
+/// tag).
+const NO_GRACE: Option<fn(bool)> = Some(skip_grace_period_on_this_thread);
+const NO_CLASS_BOUND: Option<fn(bool)> = Some(skip_class_bound_on_this_thread);
+
+#[test]
+fn without_the_class_bound_a_protected_class_release_leaves_u_too_high() {
+    assert_release_race(PROTECTED.0, PROTECTED.1, NO_CLASS_BOUND, (0, 3));
+}
+
+#[test]
+fn without_the_class_bound_a_borrowed_class_release_leaves_u_too_high() {
+    assert_release_race(BORROWED.0, BORROWED.1, NO_CLASS_BOUND, (2, 1));
+}
+
 #[test]
 fn a_protected_class_release_stopped_across_four_installs_keeps_u_exact() {
     // With no floor left, U must be exact again: b takes all 4 slots.
-    assert_release_race(PROTECTED.0, PROTECTED.1, false, (0, 4));
+    assert_release_race(PROTECTED.0, PROTECTED.1, None, (0, 4));
 }
 
 #[test]
@@ -230,13 +261,13 @@ fn without_the_grace_period_a_protected_class_release_leaves_u_too_high() {
     // The broken variant: the stale CAS succeeds and subtracts nothing (the slot was inside
     // the old floor of 1), though under the new floor of 0 it was borrowed: U stays one too
     // high and b can take only 3 slots.
-    assert_release_race(PROTECTED.0, PROTECTED.1, true, (0, 3));
+    assert_release_race(PROTECTED.0, PROTECTED.1, NO_GRACE, (0, 3));
 }
 
 #[test]
 fn a_borrowed_class_release_stopped_after_its_return_keeps_u_exact() {
     // U exact again: the floor of a (2) plus what b may borrow (2), no more.
-    assert_release_race(BORROWED.0, BORROWED.1, false, (2, 2));
+    assert_release_race(BORROWED.0, BORROWED.1, None, (2, 2));
 }
 
 #[test]
@@ -244,7 +275,7 @@ fn without_the_grace_period_a_borrowed_class_release_leaves_u_too_high() {
     // The broken variant: the release reads the floors of revision 4 (a floor of 2) for a word
     // accounted under revision 0 (no floor) and subtracts nothing for the slot it borrowed: U
     // stays one too high and b can borrow only 1 slot.
-    assert_release_race(BORROWED.0, BORROWED.1, true, (2, 1));
+    assert_release_race(BORROWED.0, BORROWED.1, NO_GRACE, (2, 1));
 }
 
 #[test]
@@ -279,4 +310,76 @@ fn a_decision_stopped_across_a_whole_tag_period_fails_its_cas() {
         Installer::InGrace,
         "apply_limits waited for the stopped decision"
     );
+}
+
+/// Eight installs on a classed bulkhead that change no class's limits: `max_concurrent`
+/// alternates 3 and 4 (ending at `last`). A class's tag is its version, which only a change of
+/// its own limits moves, so these leave every class word alone and wrap no tag.
+fn eight_global_installs(b: &Bulkhead, last: u32) -> Vec<LimitsSnapshot> {
+    (1..=8)
+        .map(|rev| {
+            let mc = if rev == 8 { last } else { 3 + (rev % 2) as u32 };
+            b.limits().with_revision(rev).with_max_concurrent(mc)
+        })
+        .collect()
+}
+
+/// A class release stopped at `point` (floor `floor` for `a`) while eight installs that change
+/// no class's limits complete: the installs do not wait for it (no class tag comes back), and
+/// afterwards `a` and `b` can take exactly `capacity` slots.
+fn assert_release_not_waited(floor: u32, point: PausePoint, capacity: (usize, usize)) {
+    let (b, a, cb) = two_classes(floor);
+    let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+    assert_eq!(held.resources().borrowed_concurrency, floor == 0);
+    let installs = eight_global_installs(&b, 4);
+    let ((), first) = race(&b, point, move |_| drop(held), installs);
+    assert_eq!(
+        first,
+        Installer::Done,
+        "apply_limits waited for a class operation though no class tag came back"
+    );
+    assert_eq!(capacity_after(&b, a, cb), capacity);
+}
+
+#[test]
+fn installs_that_change_no_class_limits_do_not_wait_for_a_stopped_protected_release() {
+    // a keeps its floor of 1: it takes 1, b borrows the other 3.
+    assert_release_not_waited(1, PausePoint::ClassCas, (1, 3));
+}
+
+#[test]
+fn installs_that_change_no_class_limits_do_not_wait_for_a_stopped_borrowed_release() {
+    // No floor: b takes all 4.
+    assert_release_not_waited(0, PausePoint::ClassReturned, (0, 4));
+}
+
+#[test]
+fn installs_that_change_no_class_limits_do_not_wait_for_a_stopped_class_decision() {
+    // One slot held by b; a's decision is stopped before its class CAS while eight installs
+    // leave max_concurrent at 1: it must not admit a second slot under the old limits.
+    let (b, a, cb) = two_classes(1);
+    let held = b.try_acquire(Demand::slot().in_class(cb)).unwrap();
+    let installs = eight_global_installs(&b, 1);
+    let (out, first) = race(
+        &b,
+        PausePoint::ClassCas,
+        move |b| {
+            b.try_acquire(Demand::slot().in_class(a))
+                .map(|x| x.revision())
+        },
+        installs,
+    );
+    assert_eq!(
+        first,
+        Installer::Done,
+        "apply_limits waited for the decision"
+    );
+    assert_eq!(b.limits().max_concurrent, 1);
+    match out {
+        Ok(revision) => panic!("admitted under revision {revision} beyond max_concurrent 1"),
+        Err(r) => assert_eq!(r.reason, llm_bulkhead::RejectReason::ConcurrencyLimit),
+    }
+    assert_eq!(b.stats().in_flight, 1);
+    drop(held);
+    assert_eq!(capacity_after(&b, a, cb), (1, 0));
 }

@@ -1,6 +1,7 @@
 //! Models of tag reuse (issue 11; `src/grace.rs`): under loom the shared word's limits tag and
-//! the class words' tag have one bit and the limits ring two slots, so two installs bring every
-//! tag back to the value an operation read before them and rewrite the ring slot it read.
+//! the class words' tag (the class's version) have one bit and the limits ring two slots, so
+//! two installs (each changing class `a`'s limits) bring every tag back to the value an
+//! operation read before them and rewrite the ring slot (and floors entry) it read.
 //!
 //! Each model races one operation (a no-class decision, a drain-time admission, a class release
 //! of a protected and of a borrowed admission, a class decision, a usage growth, an abandonment,
@@ -29,7 +30,10 @@
 //! install's scan and its bump: three preemptions); with `LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS=1`
 //! no process-wide cell counts as an operation of the installing bulkhead, and the four models
 //! of class operations marked there fail (token return, protected release, usage growth,
-//! abandonment). `.ci/run` asserts that each of the four variants fails this file.
+//! abandonment). A class's tag is its version, which every change of its limits moves, its
+//! ceilings too: with `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` (a ceiling-only change
+//! leaves the version alone) `a_borrower_never_lands_past_a_lowered_class_ceiling` fails.
+//! `.ci/run` asserts that each of the five variants fails this file.
 //!
 //! Asserted in every interleaving:
 //! * **no-class** (a decision, and the drain-time admission of a decision that found `WAITERS`
@@ -90,10 +94,17 @@ fn classed(budget: Option<u64>) -> (Bulkhead, ClassId, ClassId) {
     (b, a, cb)
 }
 
-/// Installs revisions 1 and 2 with class `a`'s floor at `a_floor`.
+/// Installs revisions 1 and 2 with class `a`'s floor at `a_floor`, each a change of `a`'s
+/// limits (revision 2 adds a ceiling of 4, harmless on 4 slots): a class tag is the class's
+/// version (one per change of its limits), so the second brings `a`'s one-bit class tag back
+/// to the value of revision 0 and rewrites the floors entry it named.
 fn install_two(b: &Bulkhead, a: ClassId, a_floor: ClassLimits) {
     for rev in 1..=2 {
-        b.apply_limits(b.limits().with_revision(rev).with_class(a, a_floor))
+        let limits = ClassLimits {
+            max_concurrent: (rev == 2).then_some(4),
+            ..a_floor
+        };
+        b.apply_limits(b.limits().with_revision(rev).with_class(a, limits))
             .unwrap();
     }
 }
@@ -312,5 +323,56 @@ fn a_token_return_never_lands_on_a_wrapped_class_tag() {
             b.stats()
         );
         drop(four);
+    });
+}
+
+/// A class's version moves when any of its limits changes, its ceilings too (not only its
+/// floors): a borrower of class `a` (no floor, ceiling 2, one admission held) reserves its
+/// slot in the shared word, and an install lowering `a`'s ceiling to 1 races it. The borrower
+/// may be admitted only before the install: if it was admitted under revision 0, the installer
+/// saw its slot right after `apply_limits` returned. With
+/// `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` (the broken variant: the ceiling-only change
+/// leaves `a`'s version and word alone) loom finds the class step landing on the unchanged
+/// word after the install: two in flight in `a` under a ceiling of 1.
+#[test]
+fn a_borrower_never_lands_past_a_lowered_class_ceiling() {
+    model(|| {
+        let ceiling = |m| ClassLimits {
+            max_concurrent: Some(m),
+            ..ClassLimits::default()
+        };
+        let b = Bulkhead::builder()
+            .max_concurrent(4)
+            .class("a", ceiling(2))
+            .default_class("a")
+            .build()
+            .unwrap();
+        let a = b.class_id("a").unwrap();
+        let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
+        let seen = Arc::new(AtomicU64::new(u64::MAX));
+        let installer = {
+            let (b, seen) = (b.clone(), seen.clone());
+            thread::spawn(move || {
+                b.apply_limits(b.limits().with_revision(1).with_class(a, ceiling(1)))
+                    .unwrap();
+                seen.store(b.stats().in_flight, Ordering::SeqCst);
+            })
+        };
+        let got = b.try_acquire(Demand::slot().in_class(a));
+        installer.join().unwrap();
+        if let Ok(x) = &got {
+            assert_eq!(
+                x.revision(),
+                0,
+                "revision 1 allows one slot in a, held already"
+            );
+            assert_eq!(
+                seen.load(Ordering::SeqCst),
+                2,
+                "admitted under revision 0 after revision 1 was installed"
+            );
+        }
+        drop((got, held));
+        assert_eq!(b.stats().in_flight, 0);
     });
 }

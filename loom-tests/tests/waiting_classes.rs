@@ -10,6 +10,11 @@
 //!    back, nothing leaks, and the flags come down;
 //! 4. a drain against the last class release: the drainer is woken (no polling), drained;
 //! 5. close against a class enqueue: `shutdown`, no hang, nothing held.
+//!
+//! A class release pumps inside its grace-period operation and leaves the wake-ups to its
+//! thread, which delivers them after its last step (`src/wait/list.rs`, "Where wake-ups
+//! run"): with `LLM_BULKHEAD_LOOM_LOSE_DEFERRED_WAKES=1` (those wake-ups dropped) models 1, 2
+//! and 4 deadlock.
 #![cfg(loom)]
 
 mod common;

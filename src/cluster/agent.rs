@@ -8,6 +8,7 @@
 //! needed.
 
 use super::allocator::{Amounts, StoreParams};
+use super::gate::{ClusterBulkhead, Gate};
 use super::lease::{ClusterConfig, ClusterConfigError, Lease, Phase};
 use super::store::{LeaseStore, StoreError};
 use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
@@ -24,6 +25,12 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync {
     /// Milliseconds since an arbitrary fixed origin; never decreases.
     fn now_ms(&self) -> u64;
+
+    /// How far a reading may lag the true time, in ms (0: not at all, the default). The agent
+    /// refuses a clock that lags more than the configuration's `margin`.
+    fn resolution_ms(&self) -> u64 {
+        0
+    }
 }
 
 /// [`Instant`]-based [`Clock`] (`CLOCK_MONOTONIC` on Linux).
@@ -92,6 +99,18 @@ pub enum AgentEvent {
         /// Slots still in flight.
         in_flight: u64,
     },
+    /// Cut signals fired at their admissions' deadlines
+    /// ([`ClusterAdmission::cut_signal`](super::ClusterAdmission::cut_signal)).
+    AdmissionsCut {
+        /// Signals fired in this step.
+        count: u64,
+    },
+    /// Admissions taken through the [`ClusterBulkhead`] were released after their deadline:
+    /// the work ran longer than `max_admission` (assumption A4 broken for them).
+    OverdueReleased {
+        /// All such releases so far.
+        total: u64,
+    },
 }
 
 /// An agent's state, for health checks.
@@ -118,6 +137,13 @@ pub struct AgentStatus {
     pub last_error: Option<StoreError>,
     /// Whether the last reply said the table is learning.
     pub learning: bool,
+    /// Admissions through the [`ClusterBulkhead`] released after their deadline.
+    pub overdue: u64,
+    /// Cut signals fired at admission deadlines.
+    pub cut: u64,
+    /// Admissions refused because the share's window had ended before the agent installed the
+    /// next share (the agent's thread ran late).
+    pub lapsed_refusals: u64,
 }
 
 impl Default for AgentStatus {
@@ -131,11 +157,13 @@ impl Default for AgentStatus {
             failures: 0,
             last_error: None,
             learning: false,
+            overdue: 0,
+            cut: 0,
+            lapsed_refusals: 0,
         }
     }
 }
 
-/// Why an agent could not be built.
 fn global_of(base: &LimitsSnapshot) -> Amounts {
     Amounts::new(
         u64::from(base.max_concurrent),
@@ -150,6 +178,7 @@ type EventFn = Box<dyn FnMut(&AgentEvent) + Send>;
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, ClusterAgent, ClusterConfig, Clock, MemoryStore, Phase};
 /// use llm_bulkhead::Bulkhead;
+/// use std::sync::Arc;
 /// use std::time::Duration;
 /// struct At(u64);
 /// impl Clock for At { fn now_ms(&self) -> u64 { self.0 } }
@@ -159,9 +188,9 @@ type EventFn = Box<dyn FnMut(&AgentEvent) + Send>;
 ///     .max_admission(Duration::from_secs(1)).floor_hold(Duration::ZERO).quarantine(Duration::from_secs(2));
 /// // The bulkhead carries the global limits; the agent installs zero until the first lease.
 /// let b = Bulkhead::new(8).unwrap();
-/// let mut agent = ClusterAgent::new(b.clone(), Box::new(store), c).unwrap();
+/// let mut agent = ClusterAgent::with_clock(b.clone(), Box::new(store), c, Arc::new(At(0))).unwrap();
 /// assert_eq!(b.limits().max_concurrent, 0);
-/// agent.tick(&At(0)); // a new table learns first: still zero
+/// agent.tick(); // a new table learns first: still zero
 /// assert_eq!(agent.status().phase, Phase::Valid);
 /// ```
 pub struct ClusterAgent {
@@ -181,6 +210,7 @@ pub struct ClusterAgent {
     closed_since: Option<u64>,
     overdue_reported: bool,
     on_event: Option<EventFn>,
+    gate: Arc<Gate>,
 }
 
 impl std::fmt::Debug for ClusterAgent {
@@ -226,7 +256,38 @@ impl ClusterAgent {
         store: Box<dyn LeaseStore>,
         config: ClusterConfig,
     ) -> Result<Self, ClusterConfigError> {
+        Self::with_clock(bulkhead, store, config, Arc::new(SystemClock::new()))
+    }
+
+    /// [`new`](Self::new) on `clock`: the agent's steps, its lease and its handles'
+    /// admission windows and deadlines all read it (tests inject a manual one; `CoarseClock`
+    /// makes the handle's read cheap on Linux).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new), and [`ClusterConfigError::ClockTooCoarse`] if the clock may lag
+    /// more than the configuration's `margin`.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore, SystemClock};
+    /// # use std::sync::Arc;
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let c = ClusterConfig::new("a", "b");
+    /// let a = ClusterAgent::with_clock(b, Box::new(MemoryStore::new()), c, Arc::new(SystemClock::new()));
+    /// assert!(a.is_ok());
+    /// ```
+    pub fn with_clock(
+        bulkhead: Bulkhead,
+        store: Box<dyn LeaseStore>,
+        config: ClusterConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ClusterConfigError> {
         config.validate()?;
+        let margin_ms = u64::try_from(config.margin.as_millis()).unwrap_or(u64::MAX);
+        let resolution_ms = clock.resolution_ms();
+        if resolution_ms > margin_ms {
+            return Err(ClusterConfigError::ClockTooCoarse { resolution_ms });
+        }
+        let max_admission_ms = u64::try_from(config.max_admission.as_millis()).unwrap_or(u64::MAX);
         let base = bulkhead.limits();
         let global = global_of(&base);
         let mut agent = ClusterAgent {
@@ -249,6 +310,7 @@ impl ClusterAgent {
             closed_since: None,
             overdue_reported: false,
             on_event: None,
+            gate: Arc::new(Gate::new(clock, max_admission_ms)),
         };
         agent.status.installed = global;
         if !agent.install(Amounts::ZERO) {
@@ -283,6 +345,26 @@ impl ClusterAgent {
     #[must_use]
     pub fn status(&self) -> &AgentStatus {
         &self.status
+    }
+
+    /// The agent's clock.
+    #[cfg(feature = "cluster-tokio")]
+    pub(super) fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.gate.clock)
+    }
+
+    /// A handle whose admissions stop at the end of the installed share's window, whatever
+    /// this agent's thread does, and carry the admission deadline ([`ClusterBulkhead`]).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
+    /// assert!(a.handle().try_acquire(llm_bulkhead::Demand::slot()).is_err());
+    /// ```
+    #[must_use]
+    pub fn handle(&self) -> ClusterBulkhead {
+        ClusterBulkhead::new(self.bulkhead.clone(), Arc::clone(&self.gate))
     }
 
     fn emit(&mut self, e: AgentEvent) {
@@ -359,7 +441,7 @@ impl ClusterAgent {
             s.in_flight.max(s.admissions_in_flight),
             s.token_budget.map_or(0, |t| t.in_flight_tokens),
         );
-        let rejected = s.rejected.saturating_sub(s.rejected_by_reason.shutdown);
+        let rejected = self.rejected(&s);
         let pressed = rejected > self.rejected_seen || s.pending > 0;
         self.peak = self.peak.max(held);
         let mut wants = self.peak;
@@ -375,18 +457,19 @@ impl ClusterAgent {
         (held, wants.min(self.global), pressed)
     }
 
-    /// One step at `clock`'s time: renews when due (or early under pressure, at most every
-    /// `ttl / 10`), installs the share the lease allows now, and returns when to step again
-    /// (clock ms).
+    /// One step at the agent's clock: renews when due (or early under pressure, at most every
+    /// `ttl / 10`), installs the share the lease allows now with its admission window, fires
+    /// the cut signals whose deadline passed, and returns when to step again (clock ms).
     ///
     /// ```
-    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore, SystemClock};
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
     /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
     /// let mut a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
-    /// let next = a.tick(&SystemClock::new());
+    /// let next = a.tick();
     /// assert!(next <= 1_000);
     /// ```
-    pub fn tick(&mut self, clock: &dyn Clock) -> u64 {
+    pub fn tick(&mut self) -> u64 {
+        let clock = Arc::clone(&self.gate.clock);
         let ttl = self.params.ttl_ms;
         let gap = (ttl / 10).max(1);
         let now = clock.now_ms();
@@ -399,8 +482,7 @@ impl ClusterAgent {
                 .lease
                 .request(&self.status.replica, self.status.installed, held, wants);
             self.last_renew = Some(now);
-            let s = self.bulkhead.stats();
-            self.rejected_seen = s.rejected.saturating_sub(s.rejected_by_reason.shutdown);
+            self.rejected_seen = self.rejected(&self.bulkhead.stats());
             self.peak = held;
             // A store that stops answering must not hold this thread past the next change of
             // the share (the end of the lease or of the floor): the call gets what is left.
@@ -430,11 +512,62 @@ impl ClusterAgent {
         let now = clock.now_ms();
         self.status.phase = self.lease.phase_at(now);
         let share = self.lease.share_at(now);
-        self.install(share);
+        self.install_windowed(now, share);
         self.watch_overdue(now, held);
         let mut next = self.next_renew.min(now + gap);
         if let Some(t) = self.lease.next_change(now) {
             next = next.min(t);
+        }
+        if let Some(t) = self.watch_deadlines(now) {
+            next = next.min(t);
+        }
+        next
+    }
+
+    /// Refusals since start that count as pressure (the core's, without shutdown, and the
+    /// handle's refusals past a lapsed window).
+    fn rejected(&self, s: &crate::Stats) -> u64 {
+        s.rejected
+            .saturating_sub(s.rejected_by_reason.shutdown)
+            .saturating_add(self.gate.late())
+    }
+
+    /// The end of the window in which `share`, installed at `now`, may admit: the lease's next
+    /// change while it is valid or on the floor; none (`u64::MAX`) for share zero, which the
+    /// core refuses by itself, and for fail-open's global limits.
+    fn window(&self, now: u64, share: Amounts) -> u64 {
+        match self.lease.phase_at(now) {
+            Phase::Valid | Phase::Floor if share != Amounts::ZERO => {
+                self.lease.next_change(now).unwrap_or(u64::MAX)
+            }
+            _ => u64::MAX,
+        }
+    }
+
+    /// Installs `share` with its window. The window only narrows before the install (a
+    /// handle never admits under the new share with the old, longer window, nor under the old
+    /// share with the new one) and takes its exact value after it.
+    fn install_windowed(&mut self, now: u64, share: Amounts) {
+        let until = self.window(now, share);
+        let narrowed = self.gate.until().min(until);
+        self.gate.set_until(narrowed);
+        if self.install(share) {
+            self.gate.set_until(until);
+        }
+    }
+
+    /// Fires due cut signals and reports overdue releases; returns the next armed deadline.
+    fn watch_deadlines(&mut self, now: u64) -> Option<u64> {
+        let (fired, next) = self.gate.fire_due(now);
+        if fired > 0 {
+            self.status.cut += fired;
+            self.emit(AgentEvent::AdmissionsCut { count: fired });
+        }
+        self.status.lapsed_refusals = self.gate.late();
+        let overdue = self.gate.overdue();
+        if overdue > self.status.overdue {
+            self.status.overdue = overdue;
+            self.emit(AgentEvent::OverdueReleased { total: overdue });
         }
         next
     }
@@ -465,21 +598,26 @@ impl ClusterAgent {
     /// The store's, if the release failed (the record then expires on its own).
     ///
     /// ```
-    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore, SystemClock};
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
     /// let b = llm_bulkhead::Bulkhead::new(4).unwrap();
     /// let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap();
-    /// a.leave(&SystemClock::new()).unwrap();
+    /// a.leave().unwrap();
     /// ```
-    pub fn leave(mut self, clock: &dyn Clock) -> Result<(), StoreError> {
-        self.install(Amounts::ZERO);
+    pub fn leave(mut self) -> Result<(), StoreError> {
+        let clock = Arc::clone(&self.gate.clock);
+        let now = clock.now_ms();
+        self.install_windowed(now, Amounts::ZERO);
         let d = u64::try_from(self.config.max_admission.as_millis()).unwrap_or(u64::MAX);
         let until = clock.now_ms().saturating_add(d);
+        // Also bounded in real time: an injected clock that stands still (a paused test
+        // runtime) must not hold the leave for ever.
+        let real_until = Instant::now().checked_add(self.config.max_admission);
         loop {
             let (held, _, _) = self.demand();
             if held == Amounts::ZERO {
                 break;
             }
-            if clock.now_ms() >= until {
+            if clock.now_ms() >= until || real_until.is_some_and(|t| Instant::now() >= t) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -513,10 +651,12 @@ impl ClusterAgent {
             gate: Mutex::new(()),
         });
         let control = Arc::clone(&shared);
+        let handle = self.handle();
         let thread = crate::sync::thread::Builder::new()
             .name(format!("llm-bulkhead-cluster-{}", self.config.budget))
             .spawn(move || run(self, &control))?;
         Ok(RunningAgent {
+            handle,
             control: shared,
             thread: Some(thread),
         })
@@ -531,9 +671,9 @@ struct Control {
 }
 
 fn run(mut agent: ClusterAgent, control: &Control) -> Result<(), StoreError> {
-    let clock = SystemClock::new();
+    let clock = Arc::clone(&agent.gate.clock);
     while !control.stop.load(Ordering::Acquire) {
-        let next = agent.tick(&clock);
+        let next = agent.tick();
         *lock(&control.status) = agent.status.clone();
         let wait = next.saturating_sub(clock.now_ms());
         let g = lock(&control.gate);
@@ -543,7 +683,7 @@ fn run(mut agent: ClusterAgent, control: &Control) -> Result<(), StoreError> {
         // A stop notifies under the gate, so it is never missed between the check and the wait.
         let _ = control.wake.wait_timeout(g, Duration::from_millis(wait));
     }
-    agent.leave(&clock)
+    agent.leave()
 }
 
 /// An agent running on its own thread.
@@ -558,6 +698,7 @@ fn run(mut agent: ClusterAgent, control: &Control) -> Result<(), StoreError> {
 /// ```
 #[derive(Debug)]
 pub struct RunningAgent {
+    handle: ClusterBulkhead,
     control: Arc<Control>,
     thread: Option<std::thread::JoinHandle<Result<(), StoreError>>>,
 }
@@ -581,6 +722,21 @@ impl RunningAgent {
     #[must_use]
     pub fn status(&self) -> AgentStatus {
         lock(&self.control.status).clone()
+    }
+
+    /// The agent's [`ClusterBulkhead`] ([`ClusterAgent::handle`]).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// # let b = llm_bulkhead::Bulkhead::new(4).unwrap();
+    /// # let a = ClusterAgent::new(b, Box::new(MemoryStore::new()), ClusterConfig::new("a", "b")).unwrap().spawn().unwrap();
+    /// let h = a.handle();
+    /// # let _ = h;
+    /// # a.stop().unwrap();
+    /// ```
+    #[must_use]
+    pub fn handle(&self) -> ClusterBulkhead {
+        self.handle.clone()
     }
 
     /// Stops the agent: it installs zero, waits for the work in flight (at most

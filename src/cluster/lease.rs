@@ -91,6 +91,12 @@ pub enum ClusterConfigError {
     },
     /// A clock-rate bound above 10 %.
     BadRateBound,
+    /// The agent's clock may lag the true time by more than `margin`
+    /// ([`Clock::resolution_ms`](super::Clock::resolution_ms)).
+    ClockTooCoarse {
+        /// The clock's resolution, in ms.
+        resolution_ms: u64,
+    },
 }
 
 impl std::fmt::Display for ClusterConfigError {
@@ -107,6 +113,10 @@ impl std::fmt::Display for ClusterConfigError {
                 "quarantine: at least floor_hold + max_admission with slack, {needed_ms} ms"
             ),
             ClusterConfigError::BadRateBound => f.write_str("rate_bound_ppm: at most 100000"),
+            ClusterConfigError::ClockTooCoarse { resolution_ms } => write!(
+                f,
+                "the clock may lag {resolution_ms} ms, more than the margin"
+            ),
         }
     }
 }

@@ -34,7 +34,12 @@
 //! * [`Lease`] (`lease.rs`): the replica-side validity and degraded mode, pure.
 //! * [`LeaseStore`]: [`MemoryStore`] (the allocator behind a mutex, with an injected clock) and
 //!   [`RedisStore`] (the same algorithm as one Lua script per update).
-//! * [`ClusterAgent`]: the thread that renews, applies and reports.
+//! * [`ClusterAgent`]: the thread that renews, applies and reports ([`ClusterAgent::spawn`]);
+//!   with the feature `cluster-tokio`, the same steps as a tokio task
+//!   (`ClusterAgent::spawn_on`, `AsyncAgent`, `TokioClock`).
+//! * [`ClusterBulkhead`] (`gate.rs`): the handle to admit through. It closes the share's
+//!   window on the admitting thread and gives every admission its deadline (below, A3 and A4);
+//!   `CoarseClock` (`coarse.rs`, Linux) makes its one clock read cheap.
 //!
 //! # The invariant, and what it assumes
 //!
@@ -59,14 +64,27 @@
 //!   (epoch, sequence) and bounded by it, but not excluded.
 //! * **A2** replica and store clock *rates* differ by at most `rate_bound_ppm`, and the store's
 //!   clock does not step forward by more than the slack in `quarantine`.
-//! * **A3** the agent thread runs within `margin` of its deadlines (a replica paused longer,
-//!   e.g. by `SIGSTOP`, keeps an expired share installed until it runs again). A store that
-//!   stops answering does not delay it: each store call is bounded by the time left until the
-//!   installed share must change ([`LeaseStore::set_call_timeout`]).
-//! * **A4** every admission ends within `max_admission` (the gateway cuts it with a deadline,
-//!   e.g. its upstream timeout; the agent reports work still in flight that long after its
-//!   share dropped to zero as [`AgentEvent::AdmissionOverdue`]); the configuration requires
-//!   `quarantine ≥ floor_hold + max_admission` plus slack ([`ClusterConfig::validate`]).
+//! * **A3** no admission commits after the end of the installed share's window. Through a
+//!   [`ClusterBulkhead`] the crate enforces it on the admitting thread: the window's end is
+//!   checked on the agent's clock right after the core's commit (an admission past it is given
+//!   back), so an agent thread that runs late (descheduled, or in `apply_limits` waiting out a
+//!   grace period behind preempted workers) no longer extends its share, and neither does an
+//!   admitting thread paused before its commit. Admissions taken on the
+//!   [`Bulkhead`](crate::Bulkhead) directly (the LLM and tower layers) stay within the
+//!   installed share but rely on the agent thread to change it within `margin` of its
+//!   deadlines, as before. A store that stops answering does not delay the agent: each store
+//!   call is bounded by the time left until the installed share must change
+//!   ([`LeaseStore::set_call_timeout`]).
+//! * **A4** every admission ends within `max_admission`. The crate gives every admission
+//!   through a [`ClusterBulkhead`] its deadline ([`ClusterAdmission::deadline_ms`]), fires
+//!   its [`CutSignal`] there, and [`ClusterBulkhead::run`] drops the work at it. It does not
+//!   release capacity under work that is still running: the global bound is about what runs
+//!   upstream, and a slot handed back early would hide exactly the overshoot it is meant to
+//!   prevent. Work that overruns is surfaced instead: releases after the deadline are counted
+//!   ([`AgentStatus::overdue`], [`AgentEvent::OverdueReleased`]), and work still in flight
+//!   `max_admission` after the share dropped to zero is reported as
+//!   [`AgentEvent::AdmissionOverdue`]. The configuration requires `quarantine ≥ floor_hold +
+//!   max_admission` plus slack ([`ClusterConfig::validate`]).
 //! * **A5** replica ids are unique per process start (the agent draws one).
 //!
 //! Usage growth after admission (a usage report above the reservation) is accounting, not
@@ -83,15 +101,26 @@
 
 mod agent;
 mod allocator;
+#[cfg(target_os = "linux")]
+mod coarse;
+mod gate;
 mod lease;
 mod redis;
 mod store;
+#[cfg(feature = "cluster-tokio")]
+mod task;
 
 pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
 pub use allocator::{
     release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
     RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
 };
+#[cfg(target_os = "linux")]
+pub use coarse::CoarseClock;
+pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
 pub use store::{LeaseStore, MemoryStore, StoreError};
+#[cfg(feature = "cluster-tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster-tokio")))]
+pub use task::{AsyncAgent, TokioClock};

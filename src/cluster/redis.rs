@@ -11,6 +11,7 @@ use super::Amounts;
 use std::time::{Duration, Instant};
 
 const FORMAT: &str = "llm-bulkhead-lease/1";
+const SOURCE: &str = include_str!("lease.lua");
 
 /// A lease store in Redis 5.0 or later (or Valkey). The URL (`redis://`, `redis+unix://`; it
 /// may carry a password) is used to connect and is never printed: not in errors, not in
@@ -61,7 +62,7 @@ impl RedisStore {
             client,
             conn: None,
             keys: [format!("{base}:meta"), format!("{base}:leases")],
-            script: redis::Script::new(include_str!("lease.lua")),
+            script: redis::Script::new(SOURCE),
             timeout: Duration::from_millis(500),
             call_timeout: Duration::from_millis(500),
             round_trips: 0,
@@ -133,7 +134,19 @@ impl RedisStore {
         // Loaded here, inside the deadline, so that the call's EVALSHA does not meet NOSCRIPT
         // (which would cost two more round trips, each with the whole timeout).
         bound(&conn, deadline)?;
-        self.script.load(&mut conn).map_err(map_error)?;
+        // By hand rather than `Script::load`, which only debug-asserts the server's hash (a
+        // panic in a debug build, nothing in a release one): a server that names another hash
+        // is not running this script.
+        let hash: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(SOURCE)
+            .query(&mut conn)
+            .map_err(map_error)?;
+        if hash != self.script.get_hash() {
+            return Err(StoreError::Protocol(
+                "SCRIPT LOAD answered another hash".into(),
+            ));
+        }
         self.conn = Some(conn);
         Ok(())
     }
@@ -177,9 +190,10 @@ impl RedisStore {
         let r = inv.invoke::<redis::Value>(conn);
         self.round_trips += 1;
         r.map_err(|e| {
-            // A connection that failed once is not trusted again (a late reply could be read as
-            // the answer to the next request).
-            if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+            // A connection that failed once is not trusted again: a late reply, or the rest of a
+            // reply cut in two (a parse error, not an I/O one), could be read as the answer to
+            // the next request. Only the script's own typed refusals leave it in step.
+            if !e.code().is_some_and(|c| c.starts_with("LLMBH_")) {
                 self.conn = None;
             }
             map_error(e)
@@ -270,6 +284,34 @@ fn map_error(e: redis::RedisError) -> StoreError {
     }
 }
 
+/// The script's renewal reply, checked: six integers, a grant within the global limits.
+fn parse_renew(v: &redis::Value, p: &StoreParams) -> Result<RenewReply, StoreError> {
+    let bad = || StoreError::Protocol("renew reply".into());
+    let redis::Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let n: Vec<u64> = items
+        .iter()
+        .map(int)
+        .collect::<Option<_>>()
+        .ok_or_else(bad)?;
+    let [gs, gt, epoch, seq, now_ms, learning] = n[..] else {
+        return Err(bad());
+    };
+    let granted = Amounts::new(gs, gt);
+    // Never more than the global limits, whatever the server says.
+    if !granted.fits_in(p.global) || learning > 1 {
+        return Err(bad());
+    }
+    Ok(RenewReply {
+        granted,
+        epoch,
+        seq,
+        now_ms,
+        learning: learning == 1,
+    })
+}
+
 fn int(v: &redis::Value) -> Option<u64> {
     match v {
         redis::Value::Int(n) => u64::try_from(*n).ok(),
@@ -280,30 +322,13 @@ fn int(v: &redis::Value) -> Option<u64> {
 impl LeaseStore for RedisStore {
     fn renew(&mut self, p: &StoreParams, req: &RenewRequest) -> Result<RenewReply, StoreError> {
         let v = self.call("renew", p, req)?;
-        let bad = || StoreError::Protocol("renew reply".into());
-        let redis::Value::Array(items) = v else {
-            return Err(bad());
-        };
-        let n: Vec<u64> = items
-            .iter()
-            .map(int)
-            .collect::<Option<_>>()
-            .ok_or_else(bad)?;
-        let [gs, gt, epoch, seq, now_ms, learning] = n[..] else {
-            return Err(bad());
-        };
-        let granted = Amounts::new(gs, gt);
-        // Never more than the global limits, whatever the server says.
-        if !granted.fits_in(p.global) || learning > 1 {
-            return Err(bad());
+        let reply = parse_renew(&v, p);
+        if reply.is_err() {
+            // A reply of the wrong shape may be another request's: the connection is out of
+            // step.
+            self.conn = None;
         }
-        Ok(RenewReply {
-            granted,
-            epoch,
-            seq,
-            now_ms,
-            learning: learning == 1,
-        })
+        reply
     }
 
     fn set_call_timeout(&mut self, timeout: Duration) {
@@ -313,7 +338,10 @@ impl LeaseStore for RedisStore {
     fn release(&mut self, p: &StoreParams, req: &RenewRequest) -> Result<(), StoreError> {
         match self.call("release", p, req)? {
             redis::Value::Int(0) => Ok(()),
-            _ => Err(StoreError::Protocol("release reply".into())),
+            _ => {
+                self.conn = None;
+                Err(StoreError::Protocol("release reply".into()))
+            }
         }
     }
 }

@@ -4,8 +4,10 @@
 //! Monotonic instants are `Duration`s since the clock's own origin: they mean nothing outside
 //! the process and are never persisted.
 
+#[cfg(not(loom))]
 use crate::sync::{Condvar, Mutex};
 use std::collections::BinaryHeap;
+#[cfg(not(loom))]
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -82,6 +84,7 @@ impl SystemClock {
     }
 
     /// The real instant of monotonic instant `at`.
+    #[cfg(not(loom))]
     fn instant(&self, at: Duration) -> Option<Instant> {
         self.origin.checked_add(at)
     }
@@ -100,9 +103,36 @@ impl MonotonicClock for SystemClock {
 }
 
 impl WallClock for SystemClock {
+    /// The wall clock, at the kernel tick's resolution on Linux (`CLOCK_REALTIME_COARSE`:
+    /// 1 to 10 ms, a fraction of the precise clock's cost, which every submit would pay for
+    /// its received-at stamp); `SystemTime::now()` elsewhere. A stamp needs no more than
+    /// JavaScript's `Date.now()` millisecond; inject a [`WallClock`] for a finer one.
     fn now(&self) -> SystemTime {
-        SystemTime::now()
+        coarse_wall_clock().unwrap_or_else(SystemTime::now)
     }
+}
+
+/// `CLOCK_REALTIME_COARSE` as a `SystemTime` (`None` if the kernel refuses it).
+#[cfg(target_os = "linux")]
+fn coarse_wall_clock() -> Option<SystemTime> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to a
+    // live, writable `timespec` on this stack frame; it keeps no reference to it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u32::try_from(ts.tv_nsec).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn coarse_wall_clock() -> Option<SystemTime> {
+    None
 }
 
 struct Timer {
@@ -162,11 +192,14 @@ impl Timers {
     }
 }
 
+#[cfg(not(loom))]
 struct ThreadShared {
     timers: Mutex<(Timers, bool)>,
     cv: Condvar,
 }
 
+// Not under loom: its thread would run outside the model (models pass fake clocks).
+#[cfg(not(loom))]
 /// The real scheduler: one thread that sleeps until the earliest timer of a [`SystemClock`]
 /// and runs due tasks on itself. The thread ends when the scheduler is dropped.
 ///
@@ -184,6 +217,7 @@ pub struct ThreadScheduler {
     shared: Arc<ThreadShared>,
 }
 
+#[cfg(not(loom))]
 impl ThreadScheduler {
     /// A scheduler for `clock`'s instants, with its thread started.
     ///
@@ -208,6 +242,7 @@ impl ThreadScheduler {
     }
 }
 
+#[cfg(not(loom))]
 fn run_timers(clock: SystemClock, s: &ThreadShared) {
     let mut g = crate::sync::lock(&s.timers);
     loop {
@@ -240,6 +275,7 @@ fn run_timers(clock: SystemClock, s: &ThreadShared) {
     }
 }
 
+#[cfg(not(loom))]
 impl Scheduler for ThreadScheduler {
     fn schedule(&self, at: Duration, task: Task) {
         let _ = self.clock;
@@ -248,6 +284,7 @@ impl Scheduler for ThreadScheduler {
     }
 }
 
+#[cfg(not(loom))]
 impl Drop for ThreadScheduler {
     fn drop(&mut self) {
         crate::sync::lock(&self.shared.timers).1 = true;

@@ -37,21 +37,28 @@
 
 mod clock;
 mod error;
+mod gates;
 mod retry_after;
 mod state;
 pub mod testing;
 mod ticket;
 
-pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, ThreadScheduler, WallClock};
+#[cfg(not(loom))]
+pub use clock::ThreadScheduler;
+pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, WallClock};
 pub use error::{AdmissionError, CoordinatorError};
 pub use retry_after::{parse_retry_after, RetryAfterError};
 pub use ticket::{Invocation, Ticket, TicketWait};
 
-use crate::wait::multi::{MultiWait, Refused, Txn};
+use crate::wait::multi::{Admit, MultiWait, Refused, Start, Submitted, Txn};
+use gates::{Gates, NotFast, ProviderGate};
 use state::{catch_up, next_instant, Provider, Request, State};
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The longest admission timeout a ticket may carry on the uncontended path (2^32 s).
+const FAST_TIMEOUT: Duration = Duration::from_secs(1 << 32);
 
 /// A ticket's id, unique in its coordinator, in submit order.
 ///
@@ -168,7 +175,10 @@ pub struct ProviderSnapshot {
     pub paced_until: Option<Duration>,
 }
 
-/// The coordinator's state at one instant, read in one operation (nothing races it).
+/// The coordinator's state at one instant, read in one operation under the coordinator's
+/// mutex: queued operations cannot race it. An uncontended start or completion on another
+/// thread at the same moment takes no mutex, so its counters may be read half changed; with
+/// no other thread running (a test driving fake clocks), the snapshot is exact.
 ///
 /// ```
 /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
@@ -215,6 +225,7 @@ impl Clocks {
     /// ```
     /// let _ = llm_bulkhead::coordinator::Clocks::system();
     /// ```
+    #[cfg(not(loom))]
     pub fn system() -> Self {
         let c = SystemClock::new();
         Clocks {
@@ -319,6 +330,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
         }
         let mut names = foldhash::HashMap::default();
         let mut providers = Vec::with_capacity(self.providers.len());
+        let mut provider_gates = Vec::with_capacity(self.providers.len());
         for (i, (name, l)) in self.providers.into_iter().enumerate() {
             if l.limit == Some(0) {
                 return Err(CoordinatorError::ZeroProviderLimit(name));
@@ -326,36 +338,38 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             if names.insert(name.clone(), i).is_some() {
                 return Err(CoordinatorError::DuplicateProvider(name));
             }
+            provider_gates.push(ProviderGate::new(l.limit, l.min_interval));
             providers.push(Provider {
                 name,
-                limit: l.limit,
                 min_interval: l.min_interval,
-                in_flight: 0,
                 last_start: None,
                 not_before: None,
             });
         }
+        #[cfg(not(loom))]
         let clocks = self.clocks.unwrap_or_else(Clocks::system);
+        // Under loom the real scheduler's thread would run outside the model.
+        #[cfg(loom)]
+        let clocks = self.clocks.expect("loom models pass fake clocks");
         let now = clocks.elapsed.elapsed();
+        let gates = Gates::new(self.client_limit, provider_gates.into_boxed_slice());
         let state = State {
             now,
             clock_now: now,
-            closed: false,
-            client_limit: self.client_limit,
             queue_cap: self.queue_cap,
-            in_flight: 0,
             providers,
-            running: foldhash::HashMap::default(),
-            next_ticket: 0,
+            gates: gates.clone(),
+            queued: 0,
             events: self.record.then(Vec::new),
             scheduled: None,
-            spare_signal: None,
         };
         Ok(Coordinator {
             shared: Arc::new(Shared {
                 wait: MultiWait::new(state),
+                gates,
                 names,
                 clocks,
+                record: self.record,
             }),
         })
     }
@@ -363,6 +377,11 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
 
 pub(crate) struct Shared<K: Hash + Eq + Clone> {
     pub(crate) wait: MultiWait<State<K>>,
+    /// The slots and keys as atomics: the uncontended path admits and releases with them
+    /// alone (`gates` module docs).
+    pub(crate) gates: crate::sync::Arc<Gates<K>>,
+    /// Events are recorded: a fast start records its own under the mutex.
+    record: bool,
     /// Provider name → index (foldhash: looked up on every submit and cooldown; fixed at build).
     names: foldhash::HashMap<String, usize>,
     pub(crate) clocks: Clocks,
@@ -441,8 +460,12 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             return Err(CoordinatorError::ZeroAdmissionTimeout);
         }
         let key = key.into();
-        let now = self.shared.clocks.elapsed.elapsed();
         let received_at = self.shared.clocks.now.now();
+        let key = match self.try_fast(provider, key, options, received_at) {
+            Ok(ticket) => return Ok(ticket),
+            Err(NotFast(key)) => key,
+        };
+        let now = self.shared.clocks.elapsed.elapsed();
         let (out, wake) = self.shared.wait.transaction(|t| {
             catch_up(t, now);
             let now = t.state().now;
@@ -457,15 +480,33 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                 return Err(CoordinatorError::Admission(AdmissionError::Closed));
             }
             let s = t.state();
-            let ticket = TicketId(s.next_ticket);
-            s.next_ticket += 1;
+            let ticket = s.gates.next_ticket();
             let r = Request {
                 ticket,
                 provider,
                 key,
                 deadline,
             };
-            let out = match t.submit(r) {
+            if s.queued == 0 {
+                // Nobody is queued, so starting now jumps nobody: try without raising
+                // `WAITERS` (a paced provider's tickets come this way on every start).
+                if let Start::Now(g) = s.try_start(&r) {
+                    return Ok((Ok((ticket, Submitted::Started(g))), plan_wake(t)));
+                }
+                // It may have to queue: `WAITERS` up and every uncontended operation in
+                // flight finished before it is judged again (`gates` module docs); from here
+                // the state changes only under the mutex. (With a ticket queued, `WAITERS` is
+                // up already.)
+                s.gates.raise_waiters();
+            }
+            let submitted = t.submit(r);
+            let s = t.state();
+            if matches!(submitted, Ok(Submitted::Queued(_))) {
+                s.queued += 1;
+            } else if s.queued == 0 {
+                s.gates.lower_waiters();
+            }
+            let out = match submitted {
                 Ok(s) => Ok((ticket, s)),
                 Err(Refused::Full) => Err(CoordinatorError::Admission(AdmissionError::Overflow)),
                 Err(Refused::Closed) => Err(CoordinatorError::Admission(AdmissionError::Closed)),
@@ -478,6 +519,50 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             self.shared.clone(),
             id,
             submitted,
+            received_at,
+            options.attempt_timeout,
+        ))
+    }
+
+    /// The uncontended start (`gates` module docs): no mutex unless events are recorded.
+    /// A ticket with an admission timeout takes it only when the timeout is below
+    /// [`FAST_TIMEOUT`]: its deadline is never computed (it starts now), and a shorter one
+    /// cannot overflow any clock reading below 2^63 seconds, so the queued path's overflow
+    /// error is not skipped.
+    fn try_fast(
+        &self,
+        provider: usize,
+        key: K,
+        options: SubmitOptions,
+        received_at: std::time::SystemTime,
+    ) -> Result<Ticket<K>, NotFast<K>> {
+        if options.admission_timeout.is_some_and(|d| d >= FAST_TIMEOUT) {
+            return Err(NotFast(key));
+        }
+        let shared = &self.shared;
+        let need_now = shared.record || options.attempt_timeout.is_some();
+        let clock = || shared.clocks.elapsed.elapsed();
+        let started = shared.gates.try_admit(provider, key, need_now, clock)?;
+        let (ticket, key, started_at) = (started.ticket, started.key, started.now);
+        if shared.record {
+            // The event at the coordinator's instant, as the queued path would record it.
+            let wake = shared.wait.transaction(|t| {
+                catch_up(t, started_at.unwrap_or_default());
+                t.state().record(ticket, EventKind::Start);
+                plan_wake(t)
+            });
+            self.schedule(wake);
+        }
+        let grant = state::Grant {
+            ticket,
+            provider,
+            key,
+            started_at,
+        };
+        Ok(Ticket::new(
+            shared.clone(),
+            ticket,
+            Submitted::Started(grant),
             received_at,
             options.attempt_timeout,
         ))
@@ -529,23 +614,20 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
     /// ```
     pub fn close(&self) {
         let now = self.shared.clocks.elapsed.elapsed();
-        let signals = self.shared.wait.transaction(|t| {
+        self.shared.wait.transaction(|t| {
             catch_up(t, now);
+            // Before the scan of the signals: a signal made after it is made cancelled.
+            t.state().gates.close();
             t.close();
-            let s = t.state();
-            s.closed = true;
-            s.running
-                .values()
-                .map(|(_, sig)| sig.clone())
-                .collect::<Vec<_>>()
         });
         // Cancelling wakes the signal's waiters (user code): after the mutex.
-        for s in signals {
+        for s in self.shared.gates.signals() {
             s.cancel();
         }
     }
 
-    /// The state now, read in one operation (COORDINATOR.md C17).
+    /// The state now, read in one operation (COORDINATOR.md C17; see [`Snapshot`] for what
+    /// concurrent uncontended starts do to it).
     ///
     /// ```
     /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits};
@@ -558,19 +640,19 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             catch_up(t, now);
             let snap = t.read(|s, queue| {
                 let later = |x: Option<Duration>| x.filter(|&at| at > s.now);
-                let mut running: Vec<(K, TicketId)> =
-                    s.running.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+                let mut running = s.gates.keys.running();
                 running.sort();
                 Snapshot {
                     now: s.now,
-                    closed: s.closed,
-                    client_in_flight: s.in_flight,
+                    closed: s.gates.is_closed(),
+                    client_in_flight: s.gates.client_in_flight(),
                     providers: s
                         .providers
                         .iter()
-                        .map(|p| ProviderSnapshot {
+                        .zip(s.gates.providers.iter())
+                        .map(|(p, g)| ProviderSnapshot {
                             name: p.name.clone(),
-                            in_flight: p.in_flight,
+                            in_flight: g.in_flight(),
                             cooling_until: later(p.not_before),
                             paced_until: later(p.paced_until()),
                         })
@@ -609,7 +691,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
     /// ```
     #[cfg(feature = "testing")]
     pub fn key_table_capacity(&self) -> usize {
-        self.shared.wait.read(|s, _| s.running.capacity())
+        self.shared.gates.keys.capacity()
     }
 
     fn schedule(&self, wake: Option<Duration>) {

@@ -4,20 +4,20 @@
 //!
 //! [`multi_wait`]: crate::wait::multi
 
-use crate::wait::cancel::CancelToken;
+use super::gates::Gates;
+use crate::sync::Arc;
 use crate::wait::multi::{Admit, Leave, Start, Txn};
 use std::hash::Hash;
 use std::time::Duration;
 
 use super::{Event, EventKind, TicketId};
 
-/// One provider's configuration and state.
+/// One provider's configuration and time state (its limit and in-flight count are atomics in
+/// [`Gates`]).
 #[derive(Debug)]
 pub(crate) struct Provider {
     pub(crate) name: String,
-    pub(crate) limit: Option<u32>,
     pub(crate) min_interval: Duration,
-    pub(crate) in_flight: u32,
     pub(crate) last_start: Option<Duration>,
     pub(crate) not_before: Option<Duration>,
 }
@@ -52,14 +52,16 @@ pub(crate) struct Request<K> {
     pub(crate) deadline: Option<Duration>,
 }
 
-/// A started ticket's holdings: a client slot, a provider slot, its key.
+/// A started ticket's holdings: a client slot, a provider slot, its key (its signal lives in
+/// the key's entry in [`Gates`], made on first use).
 #[derive(Debug)]
 pub(crate) struct Grant<K> {
     pub(crate) ticket: TicketId,
     pub(crate) provider: usize,
     pub(crate) key: K,
-    pub(crate) started_at: Duration,
-    pub(crate) signal: CancelToken,
+    /// The start instant; `None` for a start on the uncontended path that needed no clock
+    /// reading (no cooldown to check, no attempt timeout, no events recorded).
+    pub(crate) started_at: Option<Duration>,
 }
 
 /// Admission state (COORDINATOR.md §2).
@@ -71,55 +73,24 @@ pub(crate) struct State<K> {
     /// a start is then decided at its instant but stamped (pacing, attempt timeout) with
     /// the reading, so the gap between actual starts never falls below `min_interval`.
     pub(crate) clock_now: Duration,
-    pub(crate) closed: bool,
-    pub(crate) client_limit: u32,
     pub(crate) queue_cap: usize,
-    pub(crate) in_flight: u32,
     pub(crate) providers: Vec<Provider>,
-    /// Key → its running ticket and that invocation's signal; a key is absent when idle.
-    ///
-    /// foldhash rather than SipHash: this table is hashed on every start and release, and it
-    /// holds at most `client_limit` keys (running ones only), so a flood of colliding keys
-    /// cannot grow it; foldhash is still seeded per process.
-    pub(crate) running: foldhash::HashMap<K, (TicketId, CancelToken)>,
-    pub(crate) next_ticket: u64,
+    /// The slots, keys and flags, shared with the uncontended path.
+    pub(crate) gates: Arc<Gates<K>>,
+    /// Queued tickets (`WAITERS` is up while this is not zero).
+    pub(crate) queued: usize,
     /// Events since the last drain, when recording (`None`: not recording).
     pub(crate) events: Option<Vec<Event>>,
     /// The instant of the earliest wake-up handed to the scheduler and not fired yet.
     pub(crate) scheduled: Option<Duration>,
-    /// A released invocation's signal that nobody else holds and nobody cancelled, kept to be
-    /// the next start's signal (one allocation fewer per ticket; at most one is kept).
-    pub(crate) spare_signal: Option<CancelToken>,
 }
 
 impl<K: Hash + Eq + Clone> State<K> {
-    fn record(&mut self, ticket: TicketId, kind: EventKind) {
+    pub(crate) fn record(&mut self, ticket: TicketId, kind: EventKind) {
         let at = self.now;
         if let Some(e) = &mut self.events {
             e.push(Event { at, ticket, kind });
         }
-    }
-
-    /// Gives back a started ticket's slots and key (the `complete` of §5).
-    /// Frees the grant's slots and key; its signal is kept for reuse when nobody else holds it.
-    /// Returns what is left to drop after the mutex is released: the key, and the signal
-    /// unless it was kept.
-    pub(crate) fn release(&mut self, g: Grant<K>) -> (K, Option<CancelToken>) {
-        self.in_flight -= 1;
-        self.providers[g.provider].in_flight -= 1;
-        // The table's handle goes first, so that the grant's may be the only one left.
-        drop(self.running.remove(&g.key));
-        let signal = match &self.spare_signal {
-            None => match g.signal.recycle() {
-                Ok(fresh) => {
-                    self.spare_signal = Some(fresh);
-                    None
-                }
-                Err(shared) => Some(shared),
-            },
-            Some(_) => Some(g.signal),
-        };
-        (g.key, signal)
     }
 
     /// Raises a provider's not-before instant to `until` (never lowers it: C11, I7).
@@ -127,6 +98,7 @@ impl<K: Hash + Eq + Clone> State<K> {
         let p = &mut self.providers[provider];
         if p.not_before.is_none_or(|nb| until > nb) {
             p.not_before = Some(until);
+            self.gates.providers[provider].cool(until);
         }
     }
 }
@@ -138,37 +110,32 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     /// Eligibility (§3): a client slot, a provider slot, the provider ready (inclusive, C2),
     /// the key idle (client-wide keys, C6). The start takes all of them and stamps the pacing.
     fn try_start(&mut self, r: &Request<K>) -> Start<Grant<K>> {
-        if self.in_flight >= self.client_limit {
-            return Start::Nobody;
-        }
         let now = self.now;
-        let p = &self.providers[r.provider];
-        if p.limit.is_some_and(|l| p.in_flight >= l)
-            || p.ready_at().is_some_and(|at| now < at)
-            || self.running.contains_key(&r.key)
+        if self.providers[r.provider]
+            .ready_at()
+            .is_some_and(|at| now < at)
         {
             return Start::NotYet;
         }
-        let signal = self.spare_signal.take().unwrap_or_default();
+        match self.gates.claim_queued(r.provider, &r.key, r.ticket) {
+            Ok(()) => {}
+            Err(true) => return Start::Nobody,
+            Err(false) => return Start::NotYet,
+        }
         let stamp = now.max(self.clock_now);
-        self.in_flight += 1;
-        let p = &mut self.providers[r.provider];
-        p.in_flight += 1;
-        p.last_start = Some(stamp);
-        self.running
-            .insert(r.key.clone(), (r.ticket, signal.clone()));
+        self.providers[r.provider].last_start = Some(stamp);
         self.record(r.ticket, EventKind::Start);
         Start::Now(Grant {
             ticket: r.ticket,
             provider: r.provider,
             key: r.key.clone(),
-            started_at: stamp,
-            signal,
+            started_at: Some(stamp),
         })
     }
 
     fn give_back(&mut self, g: Grant<K>) {
-        drop(self.release(g));
+        // Under the mutex; the start rule runs after this (the wait's give-back).
+        drop(self.gates.release_locked(g.provider, &g.key));
     }
 
     /// The queue cap counts queued tickets only (C13).
@@ -177,6 +144,10 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     }
 
     fn left_queue(&mut self, r: &Request<K>, why: Option<Leave>) {
+        self.queued -= 1;
+        if self.queued == 0 {
+            self.gates.lower_waiters();
+        }
         match why {
             Some(Leave::TimedOut) => self.record(r.ticket, EventKind::Timeout),
             Some(Leave::Closed) => self.record(r.ticket, EventKind::Closed),

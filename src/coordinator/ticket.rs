@@ -31,7 +31,8 @@ enum Place<K> {
 /// assert_eq!(c.snapshot().client_in_flight, 0);
 /// ```
 pub struct Ticket<K: Hash + Eq + Clone + Send + 'static> {
-    shared: Arc<Shared<K>>,
+    /// The coordinator; moved into the invocation when the ticket starts (`None` after).
+    shared: Option<Arc<Shared<K>>>,
     id: TicketId,
     place: Option<Place<K>>,
     received_at: SystemTime,
@@ -51,7 +52,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
             Submitted::Queued(w) => Place::Queued(w),
         });
         Ticket {
-            shared,
+            shared: Some(shared),
             id,
             place,
             received_at,
@@ -107,13 +108,13 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     pub fn cancel(&self) -> bool {
         match self.place {
             Some(Place::Queued(w)) => {
-                let now = self.shared.clocks.elapsed.elapsed();
-                let (removed, wake) = self.shared.wait.transaction(|t| {
+                let now = self.shared().clocks.elapsed.elapsed();
+                let (removed, wake) = self.shared().wait.transaction(|t| {
                     catch_up(t, now);
                     let removed = t.remove_where(|_, r| r.ticket == self.id, Leave::Cancelled);
                     (!removed.is_empty(), plan_wake(t))
                 });
-                schedule_tick(&self.shared, wake);
+                schedule_tick(self.shared(), wake);
                 let _ = w;
                 removed
             }
@@ -121,25 +122,32 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
         }
     }
 
-    fn invocation(&self, g: Grant<K>) -> Invocation<K> {
+    fn shared(&self) -> &Arc<Shared<K>> {
+        self.shared.as_ref().expect("held until the ticket starts")
+    }
+
+    /// The invocation of a start: the ticket's handle on the coordinator moves into it (no
+    /// reference count changes hands).
+    fn invocation(&mut self, g: Grant<K>) -> Invocation<K> {
         if let Some(d) = self.attempt_timeout {
-            // The attempt timeout counts from the start, not from the submit.
-            let signal = g.signal.clone();
-            if let Some(at) = g.started_at.checked_add(d) {
-                self.shared
+            // The attempt timeout counts from the start, not from the submit (a start with an
+            // attempt timeout always read the clock).
+            let signal = self.shared().gates.signal(&g.key, g.ticket);
+            if let Some(at) = g.started_at.and_then(|s| s.checked_add(d)) {
+                self.shared()
                     .clocks
                     .scheduler
                     .schedule(at, Box::new(move || signal.cancel()));
             }
         }
         Invocation {
-            shared: self.shared.clone(),
+            shared: self.shared.take().expect("held until the ticket starts"),
             grant: Some(g),
             received_at: self.received_at,
         }
     }
 
-    fn outcome(&self, w: Waited<Grant<K>>) -> Result<Invocation<K>, AdmissionError> {
+    fn outcome(&mut self, w: Waited<Grant<K>>) -> Result<Invocation<K>, AdmissionError> {
         match w {
             Waited::Started(g) => Ok(self.invocation(g)),
             Waited::Left(Leave::TimedOut) => Err(AdmissionError::Timeout),
@@ -161,7 +169,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
         match self.place.take().expect("a ticket is waited once") {
             Place::Started(g) => Ok(self.invocation(g)),
             Place::Queued(w) => {
-                let out = self.shared.wait.wait_blocking(w, None);
+                let out = self.shared().wait.wait_blocking(w, None);
                 self.outcome(out)
             }
         }
@@ -184,7 +192,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     pub fn wait(mut self) -> TicketWait<K> {
         let inner = match self.place.take().expect("a ticket is waited once") {
             Place::Started(g) => WaitInner::Ready(Some(Ok(self.invocation(g)))),
-            Place::Queued(w) => WaitInner::Queued(WaitFuture::new(WaitRef(self.shared.clone()), w)),
+            Place::Queued(w) => {
+                WaitInner::Queued(WaitFuture::new(WaitRef(self.shared().clone()), w))
+            }
         };
         TicketWait {
             ticket: self,
@@ -198,15 +208,15 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Ticket<K> {
         match self.place.take() {
             None => {}
             Some(Place::Started(g)) => drop(self.invocation_no_timer(g)),
-            Some(Place::Queued(w)) => self.shared.wait.abandon(w),
+            Some(Place::Queued(w)) => self.shared().wait.abandon(w),
         }
     }
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
-    fn invocation_no_timer(&self, g: Grant<K>) -> Invocation<K> {
+    fn invocation_no_timer(&mut self, g: Grant<K>) -> Invocation<K> {
         Invocation {
-            shared: self.shared.clone(),
+            shared: self.shared.take().expect("held until the ticket starts"),
             grant: Some(g),
             received_at: self.received_at,
         }
@@ -295,28 +305,38 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
         self.grant().ticket
     }
 
-    /// Its fresh cancellation signal (one per invocation), cancelled by close, by the attempt
-    /// timeout, or by the caller (unsubscribe).
+    /// Its fresh cancellation signal (one per invocation; every call returns a handle to
+    /// the same one), cancelled by close, by the attempt timeout, or by the caller
+    /// (unsubscribe). It is made on the first call (an invocation nobody asks about costs no
+    /// allocation); one made after the coordinator closed is cancelled already.
     ///
     /// ```
     /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
     /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
     /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
     /// assert!(!inv.signal().is_cancelled());
+    /// inv.signal().cancel();
+    /// assert!(inv.signal().is_cancelled());
     /// ```
-    pub fn signal(&self) -> &CancelToken {
-        &self.grant().signal
+    pub fn signal(&self) -> CancelToken {
+        let g = self.grant();
+        self.shared.gates.signal(&g.key, g.ticket)
     }
 
-    /// The monotonic instant it started (the attempt timeout counts from here).
+    /// The monotonic instant it started (the attempt timeout counts from here), when the
+    /// coordinator read its clock for the start: always for a ticket that waited in the
+    /// queue, for a ticket with an attempt timeout, for a provider with pacing or a cooldown
+    /// on record, and with events recorded. An uncontended start that needed none of these
+    /// reads no clock and has `None`.
     ///
     /// ```
     /// # use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
     /// # let c: Coordinator = Coordinator::builder().provider("a", ProviderLimits::default()).build().unwrap();
-    /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
-    /// let _ = inv.started_at();
+    /// let o = SubmitOptions { attempt_timeout: Some(std::time::Duration::from_secs(9)), ..Default::default() };
+    /// let inv = c.submit("a", "k", o).unwrap().wait_blocking().unwrap();
+    /// assert!(inv.started_at().is_some());
     /// ```
-    pub fn started_at(&self) -> Duration {
+    pub fn started_at(&self) -> Option<Duration> {
         self.grant().started_at
     }
 
@@ -349,21 +369,26 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
     fn drop(&mut self) {
         let Some(g) = self.grant.take() else { return };
+        // Key, provider slot, client slot, without the mutex while nobody waits; else under
+        // it, followed by the start rule (`gates` module docs).
+        if self.shared.gates.release(g.provider, &g.key) {
+            return;
+        }
         let clock = &self.shared.clocks.elapsed;
-        let (key, wake) = self.shared.wait.transaction(|t| {
+        let (signal, wake) = self.shared.wait.transaction(|t| {
+            let signal = t.state().gates.release_locked(g.provider, &g.key);
             // With nobody queued there is no deadline or ready time to settle, and every other
             // operation catches up before it reads the state: the clock read is skipped.
             if t.queued() > 0 {
                 catch_up(t, clock.elapsed());
             }
-            let key = t.state().release(g);
             // The start rule runs as the transaction ends; its wake plan must see those
             // starts, so run it here first.
             t.start_eligible();
-            (key, plan_wake(t))
+            (signal, plan_wake(t))
         });
-        // The key is dropped after the mutex (the signal was kept for reuse or dropped).
-        drop(key);
+        // The key and the signal are dropped after the mutex.
+        drop((g, signal));
         schedule_tick(&self.shared, wake);
     }
 }

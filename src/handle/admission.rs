@@ -399,6 +399,8 @@ impl Admission {
         // slot. With no handle left nobody can use the slot, so it is kept until release.
         if let Some(pin) = slot.try_pin() {
             crate::protocol::classed::return_slot_only(shared, k);
+            // Its pump's wake-ups, after the decrease's operation (`crate::wait::list`).
+            crate::protocol::class_pump::deliver_deferred();
             // Counted, and turned back into a handle by `settle_classed`.
             std::mem::forget(pin);
             self.class.0 |= ClassBits::PINNED;
@@ -588,6 +590,7 @@ impl Admission {
                     None => crate::protocol::plain::return_tokens(shared, delta),
                     Some(k) => {
                         crate::protocol::classed::return_tokens(shared, k, delta);
+                        crate::protocol::class_pump::deliver_deferred();
                         c.classes[k].refunded.add(delta);
                     }
                 }

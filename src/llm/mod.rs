@@ -25,6 +25,7 @@
 //! ```
 
 mod adaptive;
+mod clock;
 mod dedup;
 mod estimate;
 mod events;
@@ -34,6 +35,7 @@ mod run;
 mod shared_run;
 
 pub use adaptive::{AdaptiveEstimator, AdaptiveEstimatorBuilder, Correction};
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::events::{DedupEvent, DedupOutcome};
 pub use dedup::{Dedup, DedupError, DedupKey, DedupRun, DedupStats, FollowerOptions};
 pub use estimate::{
@@ -49,7 +51,7 @@ pub use observe::{AdmissionKind, Mode, ModeError, ShadowReasons};
 pub use request::{utf16_len, Content, ContentBlock, LlmRequest, Message};
 pub use run::{
     AcquireError, Deadline, DeadlineExpired, DeadlineTrigger, Detach, DetachedWork, LlmBulkhead,
-    NoUsage, RunContext, RunError, RunOptions, StopCause, StopSignal, StopSignalFuture, Stopped,
-    UsageFrom,
+    NoUsage, RunContext, RunError, RunOptions, RunTimed, RunTiming, StopCause, StopSignal,
+    StopSignalFuture, Stopped, UsageFrom,
 };
 pub use shared_run::{BoxWork, DedupKeyFn, DedupSettings, LlmStats};

@@ -50,10 +50,14 @@ use std::time::{Duration, Instant};
 mod acquire;
 mod context;
 mod llm_bulkhead;
+mod timed;
 pub use acquire::AcquireError;
 pub use context::{RunContext, Stopped};
 pub use llm_bulkhead::LlmBulkhead;
-pub(super) use llm_bulkhead::{admit_now, race_deadline, settle, settle_raced};
+pub(super) use llm_bulkhead::{acquire_noting, admit_now, race_deadline, settle, settle_raced};
+use timed::AdmittedTimes;
+pub(super) use timed::{NoWatch, Stopwatch};
+pub use timed::{RunTimed, RunTiming};
 
 /// Takes the usage from a successful result (the reference's `getUsage`). Any
 /// `Fn(&R) -> Option<Usage>` is one; [`NoUsage`] takes none.

@@ -51,8 +51,8 @@ use super::observe::stats::{ObserveCounters, ObserveStats};
 use super::observe::Mode;
 use super::request::LlmRequest;
 use super::run::{
-    admit_now, race_deadline, settle, settle_raced, LlmBulkhead, RunContext, RunError, RunOptions,
-    UsageFrom,
+    acquire_noting, admit_now, race_deadline, settle, settle_raced, LlmBulkhead, NoWatch,
+    RunContext, RunError, RunOptions, RunTimed, Stopwatch, UsageFrom,
 };
 use super::EstimateError;
 use crate::{ClassId, RejectReason, Stats};
@@ -219,6 +219,25 @@ fn share_clone<R: Clone + Send + 'static, E: Clone + Send + 'static>(
     Some(Box::new(r.clone()))
 }
 
+/// The sharer of `run_shared_with*`: a follower gets `share` of the leader's success (`None`:
+/// unshareable), and its error by `Clone`.
+fn share_with<R, E, S>(share: S) -> Sharer
+where
+    R: Send + 'static,
+    E: Clone + Send + 'static,
+    S: Fn(&R) -> Option<R> + Send + Sync + 'static,
+{
+    let sharer: DynShare = Arc::new(move |v: &(dyn Any + Send)| {
+        let r = v.downcast_ref::<Result<R, RunError<E>>>()?;
+        let shared: Result<R, RunError<E>> = match r {
+            Ok(x) => Ok(share(x)?),
+            Err(e) => Err(e.clone()),
+        };
+        Some(Box::new(shared) as Box<dyn Any + Send>)
+    });
+    Sharer::Dyn(sharer)
+}
+
 /// The de-duplication of an [`LlmBulkhead`].
 pub(super) struct SharedDedup {
     settings: DedupSettings,
@@ -233,7 +252,7 @@ impl SharedDedup {
 }
 
 /// What a shared run does once registered: run on its own, or take part in a flight.
-enum Path<U, F> {
+enum Path<U, F, C> {
     Solo(LlmBulkhead, crate::Demand, RunOptions<U>, F),
     /// A flight, with what a follower needs to count and report its own failures (a leader
     /// always gets its own result, so it takes no reference to them).
@@ -245,6 +264,7 @@ enum Path<U, F> {
             crate::Bulkhead,
             crate::Demand,
         )>,
+        C,
     ),
 }
 
@@ -403,7 +423,65 @@ impl LlmBulkhead {
         U: UsageFrom<R> + Send + 'static,
         F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
     {
-        self.shared_run(request, options, Sharer::Fn(share_clone::<R, E>), work)
+        self.shared_run(
+            request,
+            options,
+            Sharer::Fn(share_clone::<R, E>),
+            work,
+            NoWatch,
+        )
+    }
+
+    /// [`run_shared`](Self::run_shared), also reporting its
+    /// [`RunTiming`](crate::llm::RunTiming) (as
+    /// [`run_timed`](Self::run_timed)). A leader, or a call not de-duplicated, gets the timing
+    /// of its own admission and work; a follower, which takes no admission and runs nothing,
+    /// gets its wait for the shared call as `queue_wait_ns` (and `work_ns` `None`). With
+    /// `detach_at_deadline`, the work's time ends when it is handed to the spawner.
+    ///
+    /// # Cancel safety
+    /// As [`run_shared`](Self::run_shared).
+    ///
+    /// # Errors
+    /// As [`run_shared`](Self::run_shared), inside [`RunTimed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{DedupSettings, LlmBulkhead, LlmRequest, ManualClock, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let llm = LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator)
+    ///     .with_dedup(DedupSettings::default()).unwrap().with_clock(clock.clone());
+    /// let request = LlmRequest::new("gpt-4o", &["hi"]);
+    /// let tick = clock.clone();
+    /// let leader = llm.run_shared_timed(&request, RunOptions::default(), move |_ctx| Box::pin(async move {
+    ///     tick.advance(Duration::from_millis(90)); // the provider call
+    ///     Ok::<_, ()>(1)
+    /// }));
+    /// let follower = llm.run_shared_timed(&request, RunOptions::default(), |_ctx| Box::pin(async { Ok::<_, ()>(2) }));
+    /// let (a, b) = futures_lite::future::block_on(async { (leader.await, follower.await) });
+    /// assert_eq!((a.value.unwrap(), a.timing.work_ns), (1, Some(90_000_000)));
+    /// assert_eq!((b.value.unwrap(), b.timing.queue_wait_ns, b.timing.work_ns), (1, 90_000_000, None));
+    /// ```
+    pub fn run_shared_timed<R, E, U, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+    ) -> impl Future<Output = RunTimed<Result<R, RunError<E>>>> + Send + 'static
+    where
+        R: Clone + Send + 'static,
+        E: Clone + Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        self.shared_run(
+            request,
+            options,
+            Sharer::Fn(share_clone::<R, E>),
+            work,
+            self.watch(),
+        )
     }
 
     /// As [`run_shared`](Self::run_shared), for results that are not `Clone` or must not be
@@ -452,29 +530,77 @@ impl LlmBulkhead {
         S: Fn(&R) -> Option<R> + Send + Sync + 'static,
         F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
     {
-        let sharer: DynShare = Arc::new(move |v: &(dyn Any + Send)| {
-            let r = v.downcast_ref::<Result<R, RunError<E>>>()?;
-            let shared: Result<R, RunError<E>> = match r {
-                Ok(x) => Ok(share(x)?),
-                Err(e) => Err(e.clone()),
-            };
-            Some(Box::new(shared) as Box<dyn Any + Send>)
-        });
-        self.shared_run(request, options, Sharer::Dyn(sharer), work)
+        self.shared_run(
+            request,
+            options,
+            share_with::<R, E, S>(share),
+            work,
+            NoWatch,
+        )
     }
 
-    fn shared_run<R, E, U, F>(
+    /// [`run_shared_with`](Self::run_shared_with), also reporting its
+    /// [`RunTiming`](crate::llm::RunTiming), as [`run_shared_timed`](Self::run_shared_timed).
+    ///
+    /// # Cancel safety
+    /// As [`run_shared`](Self::run_shared).
+    ///
+    /// # Errors
+    /// As [`run_shared_with`](Self::run_shared_with), inside [`RunTimed::value`].
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ManualClock, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// use std::time::Duration;
+    /// struct Stream(u32); // not Clone
+    /// let clock = ManualClock::new();
+    /// let llm = LlmBulkhead::new(Bulkhead::new(4).unwrap(), NaiveEstimator).with_clock(clock.clone());
+    /// let tick = clock.clone();
+    /// let t = futures_lite::future::block_on(llm.run_shared_with_timed(&LlmRequest::default(),
+    ///     RunOptions::default(), |_: &Stream| None, move |_ctx| Box::pin(async move {
+    ///         tick.advance(Duration::from_millis(8));
+    ///         Ok::<_, ()>(Stream(3))
+    ///     })));
+    /// assert_eq!((t.value.unwrap().0, t.timing.work_ns), (3, Some(8_000_000)));
+    /// ```
+    pub fn run_shared_with_timed<R, E, U, S, F>(
+        &self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        share: S,
+        work: F,
+    ) -> impl Future<Output = RunTimed<Result<R, RunError<E>>>> + Send + 'static
+    where
+        R: Send + 'static,
+        E: Clone + Send + 'static,
+        U: UsageFrom<R> + Send + 'static,
+        S: Fn(&R) -> Option<R> + Send + Sync + 'static,
+        F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+    {
+        self.shared_run(
+            request,
+            options,
+            share_with::<R, E, S>(share),
+            work,
+            self.watch(),
+        )
+    }
+
+    /// The body of the `run_shared*` calls: `w` takes the readings (none, untimed).
+    fn shared_run<R, E, U, F, W>(
         &self,
         request: &LlmRequest,
         options: RunOptions<U>,
         sharer: Sharer,
         work: F,
-    ) -> impl Future<Output = Result<R, RunError<E>>> + Send + 'static
+        mut w: W,
+    ) -> impl Future<Output = W::Out<Result<R, RunError<E>>>> + Send + 'static
     where
         R: Send + 'static,
         E: Send + 'static,
         U: UsageFrom<R> + Send + 'static,
         F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+        W: Stopwatch + Clone + 'static,
     {
         // Validation, estimation, the class and the key now, before anything joins.
         let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
@@ -502,6 +628,11 @@ impl LlmBulkhead {
                 // Not de-duplicated: the plain run, without the map, the box or the erasure.
                 return Path::Solo(llm, demand, options, work);
             };
+            // A follower's wait starts here (a leader's timing is its call's, left in `cell`).
+            w.start();
+            let leader_watch = w.clone();
+            let cell = w.cell();
+            let leader_cell = cell.clone();
             let follower = FollowerOptions {
                 timeout: match options.wait.timeout {
                     crate::QueueTimeout::After(d) => Some(d),
@@ -512,9 +643,12 @@ impl LlmBulkhead {
             // The execution itself is the flight's work (no future around it that would hold
             // its arguments a second time).
             let call = move || {
-                llm.execute(demand, options, work, move |out| Erased {
-                    value: Some(Box::new(out)),
-                    sharer,
+                llm.execute(demand, options, work, leader_watch, move |out, w: W| {
+                    w.publish(&leader_cell);
+                    Erased {
+                        value: Some(Box::new(out)),
+                        sharer,
+                    }
                 })
             };
             let flight = d.flights.run(Some(key), follower, call);
@@ -522,14 +656,17 @@ impl LlmBulkhead {
                 self.dedup_event(class, DedupOutcome::Joined);
                 (class, d.clone(), self.bulkhead.clone(), demand)
             });
-            Path::Flight(flight, follower)
+            Path::Flight(flight, follower, cell)
         });
         async move {
-            let (flight, follower) = match joined? {
-                Path::Solo(llm, demand, options, work) => {
-                    return llm.execute(demand, options, work, |out| out).await;
+            let (flight, follower, cell) = match joined {
+                Err(e) => return w.wrap(Err(e)),
+                Ok(Path::Solo(llm, demand, options, work)) => {
+                    return llm
+                        .execute(demand, options, work, w, |out, w: W| w.wrap(out))
+                        .await;
                 }
-                Path::Flight(flight, follower) => (flight, follower),
+                Ok(Path::Flight(flight, follower, cell)) => (flight, follower, cell),
             };
             // A follower's failure, counted and reported (a leader has none: it gets its own
             // result, never a share, a timeout or a cancellation of its own).
@@ -552,7 +689,7 @@ impl LlmBulkhead {
                 }
                 Err(RunError::Shared(e))
             };
-            match flight.await {
+            let out = match flight.await {
                 Ok(Erased { value: Some(v), .. }) => match v.downcast::<Result<R, RunError<E>>>() {
                     Ok(out) => *out,
                     // Unreachable: keys are typed by the result type.
@@ -563,7 +700,12 @@ impl LlmBulkhead {
                 // A share function that panicked (counted by the map), the follower's own
                 // timeout or cancellation (counted by the map too).
                 Err(e) => failed(e, false),
+            };
+            if follower.is_some() {
+                w.followed();
+                return w.wrap(out);
             }
+            w.wrap_from(&cell, out)
         }
     }
 
@@ -577,18 +719,20 @@ impl LlmBulkhead {
     ///
     /// Not an `async fn`: the options are taken apart first, so that the future holds only
     /// the parts it uses, once (an `async fn` would keep its argument and the parts).
-    fn execute<R, E, U, F, O>(
+    fn execute<R, E, U, F, O, W>(
         self,
         demand: crate::Demand,
         options: RunOptions<U>,
         work: F,
-        finish: impl FnOnce(Result<R, RunError<E>>) -> O + Send + 'static,
+        mut w: W,
+        finish: impl FnOnce(Result<R, RunError<E>>, W) -> O + Send + 'static,
     ) -> impl Future<Output = O> + Send + 'static
     where
         R: Send + 'static,
         E: Send + 'static,
         U: UsageFrom<R> + Send + 'static,
         F: for<'c> FnOnce(&'c mut RunContext) -> BoxWork<'c, R, E> + Send + 'static,
+        W: Stopwatch + 'static,
     {
         let RunOptions {
             wait,
@@ -600,36 +744,48 @@ impl LlmBulkhead {
         } = options;
         async move {
             let caller = wait.cancel.clone();
+            w.start();
             let mut ctx = match admit_now(&self.bulkhead, &demand, &wait) {
                 Some(a) => RunContext::new(a, deadline),
                 None => {
+                    w.waiting();
+                    let queued = w.queued();
                     let admitted = match mode {
-                        Mode::Enforce => Box::pin(self.bulkhead.acquire(demand, wait))
-                            .await
-                            .map(|a| RunContext::new(a, deadline)),
+                        Mode::Enforce => {
+                            Box::pin(acquire_noting(&self.bulkhead, demand, wait, queued))
+                                .await
+                                .map(|a| RunContext::new(a, deadline))
+                        }
                         Mode::Observe(shadow) => {
-                            Box::pin(self.observe_async(demand, wait, shadow, deadline)).await
+                            Box::pin(self.observe_async(demand, wait, shadow, deadline, queued))
+                                .await
                         }
                     };
                     match admitted {
                         Ok(ctx) => ctx,
-                        Err(e) => return finish(Err(RunError::Rejected(e))),
+                        Err(e) => {
+                            w.decided();
+                            return finish(Err(RunError::Rejected(e)), w);
+                        }
                     }
                 }
             };
+            w.admitted(&mut ctx);
             ctx.set_caller(caller);
             let Some((signal, expired)) = ctx.deadline_watch() else {
                 let out = work(&mut ctx).await;
+                w.ended();
                 let out = settle(&mut ctx, out, &usage);
                 drop(ctx);
-                return finish(out);
+                return finish(out, w);
             };
             let Some(detach) = detach_at_deadline else {
                 // As `run`: answered at expiry, the work dropped (nowhere to detach it to).
                 let out = race_deadline(work(&mut ctx), &signal).await;
+                w.ended();
                 let out = settle_raced(&mut ctx, out, &usage, expired);
                 drop(ctx);
-                return finish(out);
+                return finish(out, w);
             };
             // The work owns its context, so that it can outlive this run if the deadline detaches it.
             let mut body: Pin<Box<dyn Future<Output = Result<R, RunError<E>>> + Send>> =
@@ -654,7 +810,8 @@ impl LlmBulkhead {
                 std::task::Poll::Ready(Err(RunError::Deadline(expired.clone())))
             })
             .await;
-            finish(out)
+            w.ended();
+            finish(out, w)
         }
     }
 }

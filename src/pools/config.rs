@@ -144,6 +144,11 @@ pub enum Overflow {
     /// Answer with the gateway's documented degraded result (the caller serves it); no
     /// provider is called.
     Degrade,
+    /// A bounded wait in the partition's pending queue (at most `pending_limit` waiters, each
+    /// at most `queue_max_age_ms`), through [`Pools::admit_blocking`](super::Pools::admit_blocking)
+    /// or [`Pools::admit_async`](super::Pools::admit_async); a caller that cannot wait
+    /// ([`Pools::admit`](super::Pools::admit)) is rejected.
+    Wait,
 }
 
 /// A partition: one provider, one traffic class, optionally one model family and tenant tier.
@@ -193,6 +198,13 @@ pub struct PartitionConfig {
     /// Observe (shadow) mode: the partition's own limits are counted, not enforced.
     #[serde(default)]
     pub observe: bool,
+    /// The most requests waiting in the partition's pending queue (class overflow `wait`).
+    #[serde(default, alias = "pendingLimit")]
+    pub pending_limit: u64,
+    /// The longest a request may wait in the pending queue, in milliseconds (class overflow
+    /// `wait`); an older waiter is refused with [`Reason::QueueAgeExceeded`](super::Reason).
+    #[serde(default, alias = "queueMaxAgeMs")]
+    pub queue_max_age_ms: u64,
 }
 
 impl PartitionConfig {
@@ -215,13 +227,15 @@ impl PartitionConfig {
             retry: RetryConfig::default(),
             fallback: Vec::new(),
             observe: false,
+            pending_limit: 0,
+            queue_max_age_ms: 0,
         }
     }
 }
 
-/// A retry budget of Envoy's shape: at most `max(percent × active / 100, min)` retries in
-/// flight (charged when a retry is decided, held through its back-off, given back when its
-/// attempt ends). The defaults are Envoy's: 20 % and 3.
+/// A retry budget of Envoy's shape: at most `max(percent × (active + pending) / 100, min)`
+/// retries in flight (charged when a retry is decided, held through its back-off, given back
+/// when its attempt ends). The defaults are Envoy's: 20 % and 3.
 ///
 /// ```
 /// let r = llm_bulkhead::pools::RetryConfig::default();
@@ -429,6 +443,47 @@ pub(crate) fn check_limits(
             max: MAX_RETRIES,
         });
     }
+    for (field, v, max) in [
+        ("pending_limit", p.pending_limit, MAX_PENDING),
+        ("queue_max_age_ms", p.queue_max_age_ms, MAX_AGE_MS),
+    ] {
+        if v > max {
+            return Err(TooLarge {
+                cell: c(),
+                field,
+                max,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The longest pending queue of a partition.
+pub(crate) const MAX_PENDING: u64 = 1 << 24;
+/// The longest queue age: one day.
+pub(crate) const MAX_AGE_MS: u64 = 86_400_000;
+
+/// Checks that a partition of a class that waits has a bounded wait: a pending limit and a
+/// queue age, both positive (also for a change at run time).
+pub(crate) fn check_queue(
+    name: &str,
+    p: &PartitionConfig,
+    overflow: Overflow,
+) -> Result<(), PoolsConfigError> {
+    if overflow != Overflow::Wait {
+        return Ok(());
+    }
+    for (field, v) in [
+        ("pending_limit", p.pending_limit),
+        ("queue_max_age_ms", p.queue_max_age_ms),
+    ] {
+        if v == 0 {
+            return Err(PoolsConfigError::ZeroLimit {
+                cell: cell(name),
+                field,
+            });
+        }
+    }
     Ok(())
 }
 
@@ -501,6 +556,7 @@ impl PoolsConfig {
                 });
             }
             self.check_fallbacks(name, p, class.overflow)?;
+            check_queue(name, p, class.overflow)?;
         }
         match self.fallback_cycle() {
             Some(cycle) => Err(FallbackCycle { cycle }),

@@ -39,21 +39,25 @@ use super::words::{retry_limit, ActiveWord, Gauge, LimitCell};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use crate::Priority;
 use crossbeam_utils::CachePadded;
+use std::time::Instant;
 
 /// Limit words of a partition: active limit, reserve, token budget (0: none), retry percent,
-/// retry min, observe.
+/// retry min, observe, pending limit, queue max age (ms).
 pub(crate) const ACTIVE_LIMIT: usize = 0;
 pub(crate) const RESERVE: usize = 1;
 pub(crate) const TOKEN_BUDGET: usize = 2;
 pub(crate) const RETRY_PERCENT: usize = 3;
 pub(crate) const RETRY_MIN: usize = 4;
 pub(crate) const OBSERVE: usize = 5;
+pub(crate) const PENDING_LIMIT: usize = 6;
+pub(crate) const MAX_AGE_MS: usize = 7;
 
 /// Per-partition counters (relaxed: statistics only).
 #[derive(Default)]
 pub(crate) struct Counters {
+    /// Admissions (their completions are `admitted` less the final active units: a release
+    /// counts nothing, which keeps a read-modify-write off its path).
     pub(crate) admitted: AtomicU64,
-    pub(crate) completed: AtomicU64,
     /// Refusals by the step that refused: active, reserve, tokens, connection, global.
     pub(crate) refused: [AtomicU64; 5],
     pub(crate) fallbacks: AtomicU64,
@@ -63,6 +67,12 @@ pub(crate) struct Counters {
     pub(crate) reconfig_retries: AtomicU64,
     pub(crate) retries_charged: AtomicU64,
     pub(crate) retry_overflow: AtomicU64,
+    /// Requests that entered the pending queue.
+    pub(crate) queued: AtomicU64,
+    /// Requests refused at the queue's entry.
+    pub(crate) queue_refusals: AtomicU64,
+    /// Waiters that left the pending queue without starting (their age, their deadline).
+    pub(crate) timed_out: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -73,6 +83,9 @@ pub(crate) fn bump(c: &AtomicU64) {
 pub(crate) struct Hot {
     pub(crate) active: ActiveWord,
     pub(crate) counters: Counters,
+    /// Waiters in the partition's pending queue (changed under the queue's mutex; read by
+    /// decisions that keep a newcomer behind them, and by stats).
+    pub(crate) pending: AtomicU64,
 }
 
 pub(crate) struct Partition {
@@ -84,7 +97,7 @@ pub(crate) struct Partition {
     pub(crate) overflow: Overflow,
     pub(crate) hot: CachePadded<Hot>,
     pub(crate) tokens: CachePadded<Gauge>,
-    pub(crate) limits: LimitCell<6>,
+    pub(crate) limits: LimitCell<8>,
 }
 
 pub(crate) struct Provider {
@@ -103,6 +116,11 @@ pub(crate) struct Engine {
     /// Serialises the writers of the limit cells.
     pub(crate) reconfig: Mutex<()>,
     pub(crate) observer: Option<Box<dyn PoolsObserver>>,
+    /// Waiters in every pending queue: a release that finds it zero has nobody to start and
+    /// takes no lock (`queue.rs`, "The hand-off").
+    pub(crate) queued: AtomicU64,
+    /// The clock of queue ages and deadlines (`Instant::now` unless one was injected).
+    pub(crate) clock: Option<Box<dyn Fn() -> Instant + Send + Sync>>,
 }
 
 /// A refused decision: the reason and the limit version the decision read.
@@ -110,6 +128,9 @@ pub(crate) struct Engine {
 pub(crate) struct Refused {
     pub(crate) reason: Reason,
     pub(crate) version: u64,
+    /// The decision gave back units it had taken (a later step refused): a waiter that saw
+    /// them held may start now (`queue.rs`, "The hand-off").
+    pub(crate) undid: bool,
 }
 
 /// An admitted decision: the version, and whether observe mode let it past a partition limit.
@@ -121,7 +142,7 @@ pub(crate) struct Granted {
     pub(crate) tokens: u64,
 }
 
-pub(crate) fn partition_words(p: &PartitionConfig) -> [u64; 6] {
+pub(crate) fn partition_words(p: &PartitionConfig) -> [u64; 8] {
     [
         p.active_limit,
         p.high_priority_reserve,
@@ -129,6 +150,8 @@ pub(crate) fn partition_words(p: &PartitionConfig) -> [u64; 6] {
         p.retry.percent,
         p.retry.min,
         u64::from(p.observe),
+        p.pending_limit,
+        p.queue_max_age_ms,
     ]
 }
 
@@ -167,6 +190,7 @@ impl Engine {
                 hot: CachePadded::new(Hot {
                     active: ActiveWord::default(),
                     counters: Counters::default(),
+                    pending: AtomicU64::new(0),
                 }),
                 tokens: CachePadded::new(Gauge::default()),
                 limits: LimitCell::new(partition_words(p)),
@@ -181,12 +205,24 @@ impl Engine {
             max_attempts: c.max_attempts,
             reconfig: Mutex::new(()),
             observer,
+            queued: AtomicU64::new(0),
+            clock: None,
         })
     }
 
-    /// One decision on partition `pi` (module docs, "The decision").
+    /// Now, on the pools' clock.
+    pub(crate) fn now(&self) -> Instant {
+        match &self.clock {
+            Some(c) => c(),
+            None => Instant::now(),
+        }
+    }
+
+    /// One decision on partition `pi` (module docs, "The decision"). `COUNT`: a refusal is
+    /// counted in the partition's stats (a newcomer's); a queued waiter judged again by the
+    /// start rule is not counted at each look.
     #[inline]
-    pub(crate) fn decide(
+    pub(crate) fn decide<const COUNT: bool>(
         &self,
         pi: usize,
         priority: Priority,
@@ -199,7 +235,13 @@ impl Engine {
             let (cv, [conn_limit]) = prov.limits.read();
             let (gv, [global_limit]) = self.global_limits.read();
             let version = pv / 2;
-            let refuse = |reason| Err(Refused { reason, version });
+            let refuse = |reason, undid| {
+                Err(Refused {
+                    reason,
+                    version,
+                    undid,
+                })
+            };
             let enforce = pl[OBSERVE] == 0;
             let cap = match priority {
                 Priority::High => pl[ACTIVE_LIMIT],
@@ -210,12 +252,13 @@ impl Engine {
                 Ok(over) => over,
                 Err(full) => {
                     let reserve = p.hot.active.read().active < pl[ACTIVE_LIMIT];
-                    self.count_refusal(p, if reserve { 1 } else { 0 }, full.contended);
-                    return refuse(if reserve {
+                    self.count_refusal::<COUNT>(p, usize::from(reserve), full.contended);
+                    let reason = if reserve {
                         Reason::HighPriorityReserve
                     } else {
                         Reason::ActiveLimitReached
-                    });
+                    };
+                    return refuse(reason, false);
                 }
             };
             // 2. The partition's tokens (tentative), when it has a budget.
@@ -231,23 +274,23 @@ impl Engine {
                     Ok(()) => shadow |= !enforce && p.tokens.held() > budget,
                     Err(full) => {
                         p.hot.active.give(true, false);
-                        self.count_refusal(p, 2, full.contended);
-                        return refuse(Reason::TokenBudgetReached);
+                        self.count_refusal::<COUNT>(p, 2, full.contended);
+                        return refuse(Reason::TokenBudgetReached, true);
                     }
                 }
             }
             // 3. The provider's connection (tentative).
             if let Err(full) = prov.conns.take(1, conn_limit, true) {
                 self.undo_partition(p, take_tokens.then_some(tokens));
-                self.count_refusal(p, 3, full.contended);
-                return refuse(Reason::ConnectionLimitReached);
+                self.count_refusal::<COUNT>(p, 3, full.contended);
+                return refuse(Reason::ConnectionLimitReached, true);
             }
             // 4. The global guard: the last step, never tentative.
             if let Err(full) = self.global.take(1, global_limit, false) {
                 prov.conns.give(1, true);
                 self.undo_partition(p, take_tokens.then_some(tokens));
-                self.count_refusal(p, 4, full.contended);
-                return refuse(Reason::GlobalLimitReached);
+                self.count_refusal::<COUNT>(p, 4, full.contended);
+                return refuse(Reason::GlobalLimitReached, true);
             }
             // 5. No reconfiguration overlapped the steps: every limit read was in force at
             // each CAS. Otherwise give everything back and decide under the new limits.
@@ -292,7 +335,10 @@ impl Engine {
         p.hot.active.give(true, false);
     }
 
-    fn count_refusal(&self, p: &Partition, step: usize, contended: bool) {
+    fn count_refusal<const COUNT: bool>(&self, p: &Partition, step: usize, contended: bool) {
+        if !COUNT {
+            return;
+        }
         bump(&p.hot.counters.refused[step]);
         if contended {
             bump(&p.hot.counters.contended_refusals);
@@ -310,7 +356,6 @@ impl Engine {
             p.tokens.give(tokens, false);
         }
         p.hot.active.give(false, retry);
-        bump(&p.hot.counters.completed);
     }
 
     /// Charges a retry to partition `pi`: `Ok((version, limit))` or the refusal.
@@ -318,10 +363,13 @@ impl Engine {
         let p = &self.partitions[pi];
         let (pv, pl) = p.limits.read();
         let enforce = pl[OBSERVE] == 0;
+        // Waiters count in the budget's base (Envoy: active + pending); read before the
+        // charge's CAS, so the limit is the one of that instant.
+        let pending = p.hot.pending.load(Ordering::SeqCst);
         match p
             .hot
             .active
-            .charge_retry(pl[RETRY_PERCENT], pl[RETRY_MIN], enforce)
+            .charge_retry(pl[RETRY_PERCENT], pl[RETRY_MIN], pending, enforce)
         {
             Ok((limit, over)) => {
                 bump(&p.hot.counters.retries_charged);
@@ -335,6 +383,7 @@ impl Engine {
                 Err(Refused {
                     reason: Reason::RetryBudgetReached,
                     version: pv / 2,
+                    undid: false,
                 })
             }
         }
@@ -361,10 +410,15 @@ impl Engine {
             priority,
             active: c.active,
             active_limit: pl[ACTIVE_LIMIT],
-            pending: 0,
-            pending_limit: 0,
+            pending: p.hot.pending.load(Ordering::Relaxed),
+            pending_limit: pl[PENDING_LIMIT],
             retry_count: c.retries,
-            retry_limit: retry_limit(pl[RETRY_PERCENT], pl[RETRY_MIN], c.active - c.tentative, 0),
+            retry_limit: retry_limit(
+                pl[RETRY_PERCENT],
+                pl[RETRY_MIN],
+                c.active - c.tentative,
+                p.hot.pending.load(Ordering::Relaxed),
+            ),
             decision: d.0,
             reason: d.1,
             fallback_partition: fallback.map(|f| self.partitions[f].name.as_str()),
@@ -398,6 +452,7 @@ impl Engine {
         let (_, [g]) = self.global_limits.read();
         let (_, [c]) = self.providers[p.provider].limits.read();
         check_limits(&p.name, next, g, c)?;
+        super::config::check_queue(&p.name, next, p.overflow)?;
         Ok(p.limits.store(partition_words(next)) / 2)
     }
 

@@ -27,6 +27,9 @@ pub enum Decision {
     Degrade,
     /// A retry was charged to the partition's retry budget.
     Retry,
+    /// Not now: the request waits in the partition's pending queue (its next decision is a
+    /// dispatch or a rejection).
+    Queue,
 }
 
 /// Why a decision was made. Refusal reasons name the limit that refused.
@@ -58,6 +61,16 @@ pub enum Reason {
     NoEligibleFallback,
     /// The request's attempt budget is spent.
     AttemptBudgetSpent,
+    /// The partition's pending queue is full.
+    PendingLimitReached,
+    /// The request waited its partition's `queue_max_age_ms` without starting.
+    QueueAgeExceeded,
+    /// Refused at entry: the caller's deadline has passed, or is nearer than the age of the
+    /// partition's oldest waiter (a queue that old is not drained in time), or the request
+    /// asks more tokens than the partition's whole budget.
+    DeadlineUnmeetable,
+    /// The caller's deadline passed while the request waited.
+    DeadlineExceeded,
 }
 
 impl Decision {
@@ -73,6 +86,7 @@ impl Decision {
             Decision::Reject => "reject",
             Decision::Degrade => "degrade",
             Decision::Retry => "retry",
+            Decision::Queue => "queue",
         }
     }
 }
@@ -95,6 +109,10 @@ impl Reason {
             Reason::RetryBudgetReached => "retry_budget_reached",
             Reason::NoEligibleFallback => "no_eligible_fallback",
             Reason::AttemptBudgetSpent => "attempt_budget_spent",
+            Reason::PendingLimitReached => "pending_limit_reached",
+            Reason::QueueAgeExceeded => "queue_age_exceeded",
+            Reason::DeadlineUnmeetable => "deadline_unmeetable",
+            Reason::DeadlineExceeded => "deadline_exceeded",
         }
     }
 }

@@ -37,13 +37,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Not yet here (see the guide): a pending queue per partition (bounded waits with a queue age,
-//! on the wait layer's multi-resource waiters) and routing from the tower layer.
+//! A class whose overflow is [`Overflow::Wait`] waits in its partition's pending queue
+//! ([`Pools::admit_blocking`], [`Pools::admit_async`]), bounded in length and age; a release
+//! starts the waiters it made startable, inside the release (`queue.rs`).
 
 mod config;
 mod engine;
 mod events;
 mod permit;
+mod queue;
 mod route;
 mod stats;
 mod words;
@@ -57,13 +59,17 @@ pub use events::MetricsObserver;
 #[cfg(feature = "tracing")]
 pub use events::TracingObserver;
 pub use events::{CompletionEvent, Decision, DecisionEvent, FailureClass, PoolsObserver, Reason};
-pub use permit::{PoolPermit, RetryCharge};
+pub use permit::{OwnedPoolPermit, PoolPermit, RetryCharge};
 pub use route::{
     Classification, DecisionRecord, PoolOutcome, PoolRefusal, PoolRequest, Route, RouteError,
 };
 pub use stats::{GuardStats, PartitionStats, PoolsStats};
 
+use crate::sync::Arc;
+use crate::wait::multi::MultiWait;
 use engine::Engine;
+use queue::Pending;
+use std::time::Instant;
 
 /// A partition's index in its [`Pools`] (name order), from [`Pools::partition`] or
 /// [`Pools::classify`].
@@ -105,7 +111,9 @@ impl PartitionId {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Pools {
-    pub(crate) engine: Engine,
+    pub(crate) engine: Arc<Engine>,
+    /// Every partition's pending queue (`queue.rs`).
+    pub(crate) queue: MultiWait<Pending>,
 }
 
 impl std::fmt::Debug for Pools {
@@ -128,9 +136,51 @@ impl Pools {
     /// assert!(Pools::new(&PoolsConfig::default()).is_err());
     /// ```
     pub fn new(config: &PoolsConfig) -> Result<Pools, PoolsConfigError> {
-        Ok(Pools {
-            engine: Engine::new(config, None)?,
-        })
+        Ok(Pools::of(Engine::new(config, None)?))
+    }
+
+    fn of(engine: Engine) -> Pools {
+        let engine = Arc::new(engine);
+        let queue = MultiWait::new(Pending::new(engine.clone()));
+        Pools { engine, queue }
+    }
+
+    /// As [`with_observer`](Self::with_observer), with the clock that queue ages and
+    /// deadlines are read on (the default is `Instant::now`): tests inject one to age a
+    /// queue without waiting. A waiter's own wait still ends on the real clock at its
+    /// deadline; a release, an entry and [`expire_waiters`](Self::expire_waiters) remove
+    /// the waiters whose deadline passed on this clock.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let start = std::time::Instant::now();
+    /// let pools = Pools::with_clock(&PoolsConfig::single("p", "c", 1), None, move || start)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_clock(
+        config: &PoolsConfig,
+        observer: Option<Box<dyn PoolsObserver>>,
+        clock: impl Fn() -> Instant + Send + Sync + 'static,
+    ) -> Result<Pools, PoolsConfigError> {
+        let mut engine = Engine::new(config, observer)?;
+        engine.clock = Some(Box::new(clock));
+        Ok(Pools::of(engine))
+    }
+
+    /// Removes the waiters whose deadline (queue age or caller's) passed on the pools'
+    /// clock, and starts the ones that can start. Releases do this already; call it when
+    /// nothing is released for a while and the waiters' own timers are not wanted.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// Pools::new(&PoolsConfig::single("p", "c", 1))?.expire_waiters();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn expire_waiters(&self) {
+        self.kick();
     }
 
     /// As [`new`](Self::new), with an observer that receives every decision and completion
@@ -154,9 +204,7 @@ impl Pools {
         config: &PoolsConfig,
         observer: impl PoolsObserver + 'static,
     ) -> Result<Pools, PoolsConfigError> {
-        Ok(Pools {
-            engine: Engine::new(config, Some(Box::new(observer)))?,
-        })
+        Ok(Pools::of(Engine::new(config, Some(Box::new(observer)))?))
     }
 
     /// The partition named `name`.
@@ -194,6 +242,22 @@ impl Pools {
         &self.engine.partitions[id.index()].name
     }
 
+    /// The provider of a partition.
+    ///
+    /// # Panics
+    /// If `id` is not from these pools (ids are indices).
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
+    /// assert_eq!(pools.provider_of(pools.partition("p-c")?), "p");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn provider_of(&self, id: PartitionId) -> &str {
+        let e = &self.engine;
+        &e.providers[e.partitions[id.index()].provider].name
+    }
+
     /// The statistics of every partition, provider and the global guard.
     ///
     /// ```
@@ -203,7 +267,9 @@ impl Pools {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> PoolsStats {
-        stats::read(&self.engine)
+        let now = self.engine.now();
+        let oldest = self.queue.read(|s, _| s.oldest_waits(now));
+        stats::read(&self.engine, &oldest)
     }
 
     /// Sets the pools' gauges through the `metrics` facade (feature `metrics`); call it when
@@ -250,7 +316,10 @@ impl Pools {
                 field: "name",
                 name: name.to_owned(),
             })?;
-        self.engine.apply_partition(id.index(), next)
+        let v = self.engine.apply_partition(id.index(), next)?;
+        // A raised limit may start waiters.
+        self.kick();
+        Ok(v)
     }
 
     /// Installs a provider's connection limit (not below any of its partitions' active
@@ -281,7 +350,9 @@ impl Pools {
                 field: "name",
                 name: name.to_owned(),
             })?;
-        self.engine.apply_provider(vi, connection_limit)
+        let v = self.engine.apply_provider(vi, connection_limit)?;
+        self.kick();
+        Ok(v)
     }
 
     /// Installs the global guard's limit (not below any partition's active limit). Returns
@@ -297,7 +368,9 @@ impl Pools {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn apply_global(&self, max_active: u64) -> Result<u64, PoolsConfigError> {
-        self.engine.apply_global(max_active)
+        let v = self.engine.apply_global(max_active)?;
+        self.kick();
+        Ok(v)
     }
 }
 

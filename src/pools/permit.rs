@@ -3,6 +3,7 @@
 use super::events::{CompletionEvent, FailureClass};
 use super::{PartitionId, Pools};
 use crate::Priority;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// An admitted request: a unit of its partition, a connection of its provider and a unit of
@@ -23,6 +24,12 @@ use std::time::{Duration, Instant};
 #[must_use = "dropping a permit gives its capacity back at once"]
 pub struct PoolPermit<'p> {
     pub(crate) pools: &'p Pools,
+    pub(crate) core: Core,
+}
+
+/// What a permit holds, whoever owns the [`Pools`] pointer.
+#[derive(Clone, Copy)]
+pub(crate) struct Core {
     pub(crate) partition: PartitionId,
     pub(crate) request_id: u64,
     pub(crate) priority: Priority,
@@ -34,70 +41,17 @@ pub struct PoolPermit<'p> {
     pub(crate) done: bool,
 }
 
-impl PoolPermit<'_> {
-    /// The partition that admitted the request.
-    ///
-    /// ```
-    /// use llm_bulkhead::pools::*;
-    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
-    /// let id = pools.partition("p-c")?;
-    /// assert_eq!(pools.try_admit(&PoolRequest::new(1, id))?.partition(), id);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn partition(&self) -> PartitionId {
-        self.partition
-    }
-
-    /// The partition's limit version that admitted it.
-    ///
-    /// ```
-    /// use llm_bulkhead::pools::*;
-    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
-    /// let id = pools.partition("p-c")?;
-    /// assert_eq!(pools.try_admit(&PoolRequest::new(1, id))?.limit_version(), 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn limit_version(&self) -> u64 {
-        self.version
-    }
-
-    /// Whether it holds a retry unit (it was admitted with a [`RetryCharge`]).
-    ///
-    /// ```
-    /// use llm_bulkhead::pools::*;
-    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
-    /// let id = pools.partition("p-c")?;
-    /// assert!(!pools.try_admit(&PoolRequest::new(1, id))?.is_retry());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn is_retry(&self) -> bool {
-        self.retry.is_some()
-    }
-
-    /// Ends the request: gives everything back and emits its completion event with
-    /// `failure` (`None`: success).
-    ///
-    /// ```
-    /// use llm_bulkhead::pools::*;
-    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
-    /// let id = pools.partition("p-c")?;
-    /// pools.try_admit(&PoolRequest::new(1, id))?.complete(Some(FailureClass::Timeout));
-    /// assert_eq!(pools.stats().partitions[0].active, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn complete(mut self, failure: Option<FailureClass>) {
-        self.finish(failure);
-    }
-
-    fn finish(&mut self, failure: Option<FailureClass>) {
+impl Core {
+    /// Gives everything back once, and emits the completion event.
+    fn finish(&mut self, pools: &Pools, failure: Option<FailureClass>) {
         if std::mem::replace(&mut self.done, true) {
             return;
         }
-        let e = &self.pools.engine;
+        let e = &pools.engine;
         let pi = self.partition.0 as usize;
         // A retry admitted in its own partition gives both units back in one step.
         let own_retry = self.retry == Some(self.partition);
-        e.release(pi, self.tokens, own_retry);
+        pools.release(pi, self.tokens, own_retry);
         if let Some(r) = self.retry.filter(|_| !own_retry) {
             e.partitions[r.0 as usize].hot.active.give_retry();
         }
@@ -116,21 +70,190 @@ impl PoolPermit<'_> {
             });
         }
     }
+
+    /// Takes the state out, leaving a finished one behind (for a move to another owner).
+    fn take(&mut self) -> Core {
+        let taken = *self;
+        self.done = true;
+        taken
+    }
+}
+
+impl PoolPermit<'_> {
+    /// The partition that admitted the request.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
+    /// let id = pools.partition("p-c")?;
+    /// assert_eq!(pools.try_admit(&PoolRequest::new(1, id))?.partition(), id);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn partition(&self) -> PartitionId {
+        self.core.partition
+    }
+
+    /// The partition's limit version that admitted it.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
+    /// let id = pools.partition("p-c")?;
+    /// assert_eq!(pools.try_admit(&PoolRequest::new(1, id))?.limit_version(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn limit_version(&self) -> u64 {
+        self.core.version
+    }
+
+    /// Whether it holds a retry unit (it was admitted with a [`RetryCharge`]).
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
+    /// let id = pools.partition("p-c")?;
+    /// assert!(!pools.try_admit(&PoolRequest::new(1, id))?.is_retry());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_retry(&self) -> bool {
+        self.core.retry.is_some()
+    }
+
+    /// Ends the request: gives everything back and emits its completion event with
+    /// `failure` (`None`: success).
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = Pools::new(&PoolsConfig::single("p", "c", 1))?;
+    /// let id = pools.partition("p-c")?;
+    /// pools.try_admit(&PoolRequest::new(1, id))?.complete(Some(FailureClass::Timeout));
+    /// assert_eq!(pools.stats().partitions[0].active, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn complete(mut self, failure: Option<FailureClass>) {
+        self.core.finish(self.pools, failure);
+    }
+
+    /// Moves the permit into one that owns its [`Pools`] through `pools` (the same pools):
+    /// a `'static` permit that can move into a spawned task or a response body.
+    ///
+    /// # Errors
+    /// The permit back, unchanged, if `pools` is not the pools that admitted it.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// use std::sync::Arc;
+    /// let pools = Arc::new(Pools::new(&PoolsConfig::single("p", "c", 1))?);
+    /// let id = pools.partition("p-c")?;
+    /// let owned = pools.try_admit(&PoolRequest::new(1, id))?.into_owned(&pools).unwrap();
+    /// std::thread::spawn(move || owned.complete(None)).join().unwrap();
+    /// assert_eq!(pools.stats().partitions[0].active, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn into_owned(mut self, pools: &Arc<Pools>) -> Result<OwnedPoolPermit, Self> {
+        if !std::ptr::eq(self.pools, Arc::as_ptr(pools)) {
+            return Err(self);
+        }
+        Ok(OwnedPoolPermit {
+            pools: pools.clone(),
+            core: self.core.take(),
+        })
+    }
 }
 
 impl Drop for PoolPermit<'_> {
     fn drop(&mut self) {
-        self.finish(Some(FailureClass::Dropped));
+        self.core.finish(self.pools, Some(FailureClass::Dropped));
+    }
+}
+
+/// A [`PoolPermit`] that owns its [`Pools`] through an `Arc` (from
+/// [`PoolPermit::into_owned`]): `'static`, so it can move into a spawned task or a response
+/// body. It gives back the same units, the same way, exactly once.
+///
+/// ```
+/// use llm_bulkhead::pools::*;
+/// use std::sync::Arc;
+/// let pools = Arc::new(Pools::new(&PoolsConfig::single("p", "c", 1))?);
+/// let id = pools.partition("p-c")?;
+/// let owned: OwnedPoolPermit = pools.try_admit(&PoolRequest::new(1, id))?.into_owned(&pools).unwrap();
+/// drop(owned); // gives back, as a dropped permit does
+/// assert!(pools.try_admit(&PoolRequest::new(2, id)).is_ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "dropping a permit gives its capacity back at once"]
+pub struct OwnedPoolPermit {
+    pools: Arc<Pools>,
+    core: Core,
+}
+
+impl OwnedPoolPermit {
+    /// The partition that admitted the request.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = std::sync::Arc::new(Pools::new(&PoolsConfig::single("p", "c", 1))?);
+    /// let id = pools.partition("p-c")?;
+    /// let owned = pools.try_admit(&PoolRequest::new(1, id))?.into_owned(&pools).unwrap();
+    /// assert_eq!(owned.partition(), id);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn partition(&self) -> PartitionId {
+        self.core.partition
+    }
+
+    /// The pools that admitted it.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = std::sync::Arc::new(Pools::new(&PoolsConfig::single("p", "c", 1))?);
+    /// let id = pools.partition("p-c")?;
+    /// let owned = pools.try_admit(&PoolRequest::new(1, id))?.into_owned(&pools).unwrap();
+    /// assert_eq!(owned.pools().name(owned.partition()), "p-c");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn pools(&self) -> &Arc<Pools> {
+        &self.pools
+    }
+
+    /// Ends the request, as [`PoolPermit::complete`] does.
+    ///
+    /// ```
+    /// use llm_bulkhead::pools::*;
+    /// let pools = std::sync::Arc::new(Pools::new(&PoolsConfig::single("p", "c", 1))?);
+    /// let id = pools.partition("p-c")?;
+    /// let owned = pools.try_admit(&PoolRequest::new(1, id))?.into_owned(&pools).unwrap();
+    /// owned.complete(Some(FailureClass::UpstreamError));
+    /// assert_eq!(pools.stats().partitions[0].completed, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn complete(mut self, failure: Option<FailureClass>) {
+        self.core.finish(&self.pools, failure);
+    }
+}
+
+impl Drop for OwnedPoolPermit {
+    fn drop(&mut self) {
+        self.core.finish(&self.pools, Some(FailureClass::Dropped));
+    }
+}
+
+impl std::fmt::Debug for OwnedPoolPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedPoolPermit")
+            .field("partition", &self.core.partition)
+            .field("request_id", &self.core.request_id)
+            .finish_non_exhaustive()
     }
 }
 
 impl std::fmt::Debug for PoolPermit<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolPermit")
-            .field("partition", &self.partition)
-            .field("request_id", &self.request_id)
-            .field("retry", &self.retry)
-            .field("version", &self.version)
+            .field("partition", &self.core.partition)
+            .field("request_id", &self.core.request_id)
+            .field("retry", &self.core.retry)
+            .field("version", &self.core.version)
             .finish()
     }
 }

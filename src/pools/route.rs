@@ -213,7 +213,7 @@ pub struct Route {
 }
 
 impl Route {
-    fn new() -> Route {
+    pub(crate) fn new() -> Route {
         Route {
             len: 0,
             items: [None; MAX_ATTEMPTS as usize],
@@ -457,7 +457,7 @@ impl Pools {
     #[inline]
     pub fn try_admit(&self, req: &PoolRequest) -> Result<PoolPermit<'_>, PoolRefusal> {
         let pi = req.partition.index();
-        match self.engine.decide(pi, req.priority, req.tokens) {
+        match self.engine.decide::<true>(pi, req.priority, req.tokens) {
             Ok(g) => {
                 self.emit(
                     req,
@@ -470,6 +470,7 @@ impl Pools {
                 Ok(self.permit(req, req.partition, g, None))
             }
             Err(r) => {
+                self.after_refusal(r.undid);
                 self.emit(req, r.version, Decision::Reject, r.reason, None, 1);
                 Err(PoolRefusal {
                     partition: req.partition,
@@ -502,8 +503,9 @@ impl Pools {
     /// Charges a retry to `partition`'s retry budget when the retry is decided; the charge is
     /// held through the back-off and, once passed to [`admit_retry`](Self::admit_retry),
     /// until the retry's attempt ends. Exact under concurrency: the check against
-    /// `max(percent × active / 100, min)` and the charge are one CAS on the word that holds
-    /// both counts. Emits one decision event ([`Decision::Retry`] or a rejection).
+    /// `max(percent × (active + pending) / 100, min)` and the charge are one CAS on the word
+    /// that holds the active and retry counts (the pending count is read just before it).
+    /// Emits one decision event ([`Decision::Retry`] or a rejection).
     ///
     /// # Errors
     /// [`PoolRefusal`] with [`Reason::RetryBudgetReached`] (counted in `retry_overflow`).
@@ -584,27 +586,23 @@ impl Pools {
         loop {
             let attempt = route.attempts() + 1;
             let p = &e.partitions[at.index()];
-            let refused = match e.decide(at.index(), req.priority, req.tokens) {
+            let refused = match e.decide::<true>(at.index(), req.priority, req.tokens) {
                 Ok(g) => {
-                    let reason = granted_reason(g);
-                    self.record(
-                        &mut route,
-                        req,
-                        at,
-                        Decision::Dispatch,
-                        reason,
-                        None,
-                        g.version,
-                    );
                     let retry = charge.take().map(RetryCharge::take);
-                    let permit = self.permit(req, at, g, retry);
-                    return PoolOutcome::Dispatched { permit, route };
+                    return self.dispatched(req, at, g, route, retry);
                 }
                 Err(r) => r,
             };
-            let Refused { reason, version } = refused;
+            let Refused {
+                reason,
+                version,
+                undid,
+            } = refused;
+            self.after_refusal(undid);
             match p.overflow {
-                Overflow::Reject => {
+                // A caller that cannot wait is rejected (the waits are `admit_blocking` and
+                // `admit_async`).
+                Overflow::Reject | Overflow::Wait => {
                     self.record(&mut route, req, at, Decision::Reject, reason, None, version);
                     return PoolOutcome::Rejected { route };
                 }
@@ -657,8 +655,31 @@ impl Pools {
         }
     }
 
+    /// An admission on `at`: its dispatch decision recorded, its permit made.
+    pub(crate) fn dispatched(
+        &self,
+        req: &PoolRequest,
+        at: PartitionId,
+        g: Granted,
+        mut route: Route,
+        retry: Option<PartitionId>,
+    ) -> PoolOutcome<'_> {
+        let reason = granted_reason(g);
+        self.record(
+            &mut route,
+            req,
+            at,
+            Decision::Dispatch,
+            reason,
+            None,
+            g.version,
+        );
+        let permit = self.permit(req, at, g, retry);
+        PoolOutcome::Dispatched { permit, route }
+    }
+
     #[allow(clippy::too_many_arguments)]
-    fn record(
+    pub(crate) fn record(
         &self,
         route: &mut Route,
         req: &PoolRequest,
@@ -708,7 +729,7 @@ impl Pools {
     }
 
     #[inline]
-    fn permit(
+    pub(crate) fn permit(
         &self,
         req: &PoolRequest,
         at: PartitionId,
@@ -717,14 +738,16 @@ impl Pools {
     ) -> PoolPermit<'_> {
         PoolPermit {
             pools: self,
-            partition: at,
-            request_id: req.request_id,
-            priority: req.priority,
-            tokens: g.tokens,
-            retry,
-            version: g.version,
-            started: self.engine.observer.as_ref().map(|_| Instant::now()),
-            done: false,
+            core: super::permit::Core {
+                partition: at,
+                request_id: req.request_id,
+                priority: req.priority,
+                tokens: g.tokens,
+                retry,
+                version: g.version,
+                started: self.engine.observer.as_ref().map(|_| Instant::now()),
+                done: false,
+            },
         }
     }
 }

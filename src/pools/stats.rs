@@ -1,7 +1,8 @@
 //! Per-partition, per-provider and global statistics of the pools.
 
 use super::engine::{
-    Engine, ACTIVE_LIMIT, OBSERVE, RESERVE, RETRY_MIN, RETRY_PERCENT, TOKEN_BUDGET,
+    Engine, ACTIVE_LIMIT, MAX_AGE_MS, OBSERVE, PENDING_LIMIT, RESERVE, RETRY_MIN, RETRY_PERCENT,
+    TOKEN_BUDGET,
 };
 use super::words::retry_limit;
 use crate::sync::Ordering;
@@ -84,8 +85,20 @@ pub struct PartitionStats {
     pub tokens: u64,
     /// The token budget, if any.
     pub token_budget: Option<u64>,
-    /// Waiting requests (no pending queue yet: always 0).
+    /// Requests waiting in the pending queue.
     pub pending: u64,
+    /// The pending queue's limit (0: the class does not wait).
+    pub pending_limit: u64,
+    /// The longest a request may wait, in milliseconds.
+    pub queue_max_age_ms: u64,
+    /// How long the oldest waiter has waited (`None`: nobody waits).
+    pub oldest_wait: Option<std::time::Duration>,
+    /// Requests that entered the pending queue.
+    pub queued: u64,
+    /// Requests refused at the queue's entry (queue full, deadline unmeetable).
+    pub queue_refusals: u64,
+    /// Waiters that left without starting: their queue age or their deadline passed.
+    pub timed_out: u64,
     /// Retries in flight (Envoy's `rq_retry_open` when at the limit).
     pub retries_in_flight: u64,
     /// The retry budget's current limit.
@@ -100,7 +113,7 @@ pub struct PartitionStats {
     pub retries_charged: u64,
     /// Requests admitted.
     pub admitted: u64,
-    /// Admitted requests that ended.
+    /// Admitted requests that ended (admitted less those active at the read).
     pub completed: u64,
     /// Refusals by the active limit.
     pub refused_active: u64,
@@ -125,7 +138,7 @@ pub struct PartitionStats {
     pub reconfig_retries: u64,
 }
 
-pub(crate) fn read(e: &Engine) -> super::PoolsStats {
+pub(crate) fn read(e: &Engine, oldest: &[Option<std::time::Duration>]) -> super::PoolsStats {
     let (gv, [gl]) = e.global_limits.read();
     let global = GuardStats {
         name: "global".into(),
@@ -149,12 +162,19 @@ pub(crate) fn read(e: &Engine) -> super::PoolsStats {
     let partitions = e
         .partitions
         .iter()
-        .map(|p| {
+        .zip(oldest)
+        .map(|(p, &oldest_wait)| {
             let (v, l) = p.limits.read();
             let a = p.hot.active.read();
             let c = &p.hot.counters;
             let get = |x: &crate::sync::AtomicU64| x.load(Ordering::Relaxed);
-            let rl = retry_limit(l[RETRY_PERCENT], l[RETRY_MIN], a.active - a.tentative, 0);
+            let pending = get(&p.hot.pending);
+            let rl = retry_limit(
+                l[RETRY_PERCENT],
+                l[RETRY_MIN],
+                a.active - a.tentative,
+                pending,
+            );
             PartitionStats {
                 name: p.name.clone(),
                 provider: e.providers[p.provider].name.clone(),
@@ -167,7 +187,13 @@ pub(crate) fn read(e: &Engine) -> super::PoolsStats {
                 high_priority_reserve: l[RESERVE],
                 tokens: p.tokens.held(),
                 token_budget: (l[TOKEN_BUDGET] != 0).then_some(l[TOKEN_BUDGET]),
-                pending: 0,
+                pending,
+                pending_limit: l[PENDING_LIMIT],
+                queue_max_age_ms: l[MAX_AGE_MS],
+                oldest_wait,
+                queued: get(&c.queued),
+                queue_refusals: get(&c.queue_refusals),
+                timed_out: get(&c.timed_out),
                 retries_in_flight: a.retries,
                 retry_limit: rl,
                 retry_remaining: rl.saturating_sub(a.retries),
@@ -175,7 +201,9 @@ pub(crate) fn read(e: &Engine) -> super::PoolsStats {
                 retry_overflow: get(&c.retry_overflow),
                 retries_charged: get(&c.retries_charged),
                 admitted: get(&c.admitted),
-                completed: get(&c.completed),
+                // Derived (engine.rs, `Counters::admitted`), from two reads: while requests
+                // are admitted it may be off by the admissions in progress (never below 0).
+                completed: get(&c.admitted).saturating_sub(a.active - a.tentative),
                 refused_active: get(&c.refused[0]),
                 refused_reserve: get(&c.refused[1]),
                 refused_tokens: get(&c.refused[2]),
@@ -217,6 +245,10 @@ pub(crate) fn record_gauges(s: &PoolsStats) {
         };
         gauge("llm_bulkhead_pool_active", p.active);
         gauge("llm_bulkhead_pool_active_limit", p.active_limit);
+        gauge("llm_bulkhead_pool_pending", p.pending);
+        gauge("llm_bulkhead_pool_pending_limit", p.pending_limit);
+        let age = p.oldest_wait.map_or(0, |d| d.as_millis() as u64);
+        gauge("llm_bulkhead_pool_oldest_wait_ms", age);
         gauge("llm_bulkhead_pool_tokens", p.tokens);
         gauge("llm_bulkhead_pool_retries_in_flight", p.retries_in_flight);
         gauge("llm_bulkhead_pool_retry_limit", p.retry_limit);

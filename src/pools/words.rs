@@ -196,6 +196,7 @@ impl ActiveWord {
         &self,
         percent: u64,
         min: u64,
+        pending: u64,
         enforce: bool,
     ) -> Result<(u64, bool), u64> {
         let mut cur = self.0.load(Ordering::SeqCst);
@@ -204,7 +205,7 @@ impl ActiveWord {
             // Broken on purpose: check, then add (tower's `TpsBudget` shape);
             // `loom-tests/tests/pools.rs` finds two retries in a budget of one.
             let c = ActiveCount::of(cur);
-            let limit = retry_limit(percent, min, c.active - c.tentative, 0);
+            let limit = retry_limit(percent, min, c.active - c.tentative, pending);
             if c.retries >= limit && enforce {
                 return Err(limit);
             }
@@ -213,7 +214,7 @@ impl ActiveWord {
         }
         loop {
             let c = ActiveCount::of(cur);
-            let limit = retry_limit(percent, min, c.active - c.tentative, 0);
+            let limit = retry_limit(percent, min, c.active - c.tentative, pending);
             let over = c.retries >= limit;
             if over && enforce || c.retries >= MAX_RETRIES {
                 return Err(limit);

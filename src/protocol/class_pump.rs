@@ -5,6 +5,10 @@ use crate::protocol::classed::Refused;
 use crate::shared::{QueueGuard, Shared, SlotRef, SlowPathRef};
 use crate::sync::Ordering;
 use crate::vocab::rejection::{Constraint, RejectReason};
+/// Delivers the wake-ups the calling thread kept inside operations (`crate::wait::list`,
+/// "Where wake-ups run"): the layers above call it here, after a class decision or return of
+/// capacity left its operation.
+pub(crate) use crate::wait::list::deliver_deferred;
 use crate::wait::list::{Outcome, Queue, WakeList};
 use crate::words::state::{Word, WAITERS};
 
@@ -25,6 +29,10 @@ impl SlotRef {
             // thread that saw it (`crate::protocol::classed`, "Lifetime").
             unsafe { self.owners_gone() }
         }
+        // The waiters its pump answered, woken only now: outside the release's operation and
+        // after its last step, so a waker that blocks holds off no install and one that panics
+        // leaves nothing undone (`crate::wait::list`, "Where wake-ups run").
+        deliver_deferred();
     }
 }
 
@@ -89,10 +97,25 @@ pub(crate) fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut
 /// mutex until one has to keep waiting (module docs, "With admission classes"), then wakes
 /// drainers if the bulkhead is idle. The caller keeps the shared state alive (a handle, or a
 /// release's pending-return mark).
+///
+/// Called inside the decrease's grace-period operation, so it wakes nobody: the wake-ups go to
+/// the calling thread, which delivers them after the operation
+/// (`crate::wait::list::deliver_deferred`; `crate::wait::list`, "Where wake-ups run").
 #[cold]
 #[inline(never)]
 pub(crate) fn pump_classed(shared: &Shared) {
-    let mut wake = WakeList::new();
+    pump_classed_into(shared, WakeList::in_operation());
+}
+
+/// [`pump_classed`] for a caller outside every operation (`apply_limits`, after its install):
+/// wakes the waiters it answered itself, after the unlock.
+#[cold]
+#[inline(never)]
+pub(crate) fn pump_classed_now(shared: &Shared) {
+    pump_classed_into(shared, WakeList::new());
+}
+
+fn pump_classed_into(shared: &Shared, mut wake: WakeList) {
     // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
     // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
     // gives back only after this returns (`crate::protocol::classed::release_pending`).
@@ -116,7 +139,7 @@ pub(crate) fn pump_classed_locked<'g>(
         if wake.is_full() {
             // A batch: wake it outside the lock, then decide the head again.
             drop(q);
-            wake.wake_all();
+            wake.wake_batch();
             q = guard.lock_queue();
             continue;
         }

@@ -8,9 +8,11 @@
 //!
 //! * One **class word** per class, each on its own cache line:
 //!   `[tokens t_k:32][in flight n_k:14 @32][pending returns:14 @46][ctag:2 @60][DETACHED @62]`.
-//!   `t_k` and `n_k` are the class's held tokens and slots; `ctag` is the limits tag (mod 4)
-//!   whose floors the class is accounted under; "pending returns" and `DETACHED` belong to the
-//!   lifetime protocol (below).
+//!   `t_k` and `n_k` are the class's held tokens and slots; `ctag` is the class's **version**
+//!   (mod 4) whose floors the class is accounted under: the number of installs that changed
+//!   this class's limits, which names the entry of the class's floors ring
+//!   (`crate::words::limits`); "pending returns" and `DETACHED` belong to the lifetime
+//!   protocol (below).
 //! * The **shared word**, the bulkhead's state word in class mode:
 //!   `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED @63]`, with
 //!   `U = Σ_k max(n_k, protected_concurrent_k)` and `V = Σ_k max(t_k, protected_tokens_k)`
@@ -75,10 +77,11 @@
 //!
 //! The second argument needs the floors the decrease reads to be the floors the class word is
 //! accounted under. A narrow `ctag` alone could not promise that: a release stopped between its
-//! read and its CAS while the class tag went round once would find a bit-identical word and
-//! subtract an amount computed from floors that were no longer current (`U` then drifted below
-//! the truth and could underflow into the tag, a livelock). The grace period of `crate::grace`
-//! rules this out: no tag comes back while an operation that read it is in progress.
+//! read and its CAS while the class's version went round once would find a bit-identical word
+//! and subtract an amount computed from floors that were no longer current (`U` then drifted
+//! below the truth and could underflow into the tag, a livelock). The grace period of
+//! `crate::grace` rules this out: no class version comes back, and no floors entry is
+//! rewritten, while an operation that read it is in progress.
 //!
 //! # Protected path, step by step
 //!
@@ -125,13 +128,19 @@
 //!
 //! # Reconfiguration
 //!
-//! `apply_limits` (serialised by its mutex) writes the new limits into the ring and, in one
-//! CAS, bumps the shared word's tag **and adds to `U`/`V` every raise of a floor**
-//! (`Σ max(0, pc' − pc)`, the most a raise can add). It then migrates each class: a CAS that
-//! sets the class word's `ctag` (so the class's `n_k`, `t_k` are fixed at that instant), after
-//! which the exact change `max(n, pc') − max(n, pc)` replaces the advance (a decrease). Any
-//! decider that finds its class word on the previous tag helps by migrating it first, so no
-//! one waits for the reconfigurer. A lowered floor takes effect at the tag bump; a raised floor
+//! `apply_limits` (serialised by its mutex) gives every class whose limits change its next
+//! version and writes that version's limits into the class's floors ring, writes the new
+//! limits (with every class's version) into the global ring and, in one CAS, bumps the shared
+//! word's tag **and adds to `U`/`V` every raise of a floor** (`Σ max(0, pc' − pc)`, the most a
+//! raise can add). It then migrates each class whose limits changed: a CAS that sets the class
+//! word's `ctag` to the new version (so the class's `n_k`, `t_k` are fixed at that instant),
+//! after which the exact change `max(n, pc') − max(n, pc)` replaces the advance (a decrease).
+//! A class whose limits did not change keeps its version and its word: its accounting and
+//! ceilings are the same under the new tag. A decider that finds its class word on the version
+//! before the one its tag gives the class helps by migrating it first, so no one waits for the
+//! reconfigurer. What a decider reads from the global ring slot of its tag counts only while
+//! that tag is current: the protected path re-reads it, a borrower's shared CAS expects it, the
+//! collect-checked path re-reads it, a helper's migration checks it (`returns::migrate`). A lowered floor takes effect at the tag bump; a raised floor
 //! revokes nothing (`U` may exceed `max_concurrent`, and borrowing pauses until completions
 //! bring it back). Class amounts always use the floors of the class word's own `ctag`, so
 //! the per-class sums still telescope across a migration. Every class CAS compares the `ctag`,
@@ -238,10 +247,11 @@ fn visit_queue(shared: &Shared, visit: bool, in_queue: bool) {
     }
 }
 
-/// The class limits a class word is accounted under (its `ctag` names the ring slot).
+/// The class limits a class word is accounted under (its `ctag`, the class's version, names
+/// the entry of the class's floors ring, `crate::words::limits`).
 #[inline]
 fn floors_of(shared: &Shared, c: CWord, k: usize) -> HotClass {
-    shared.ring.read_class(c.ctag(), k)
+    shared.ring.floors(k, c.ctag())
 }
 
 /// What a classed decision produced.
@@ -387,7 +397,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     let g = GWord(word.load(SeqCst));
     let tag = g.tag();
     let lim = shared.ring.read(tag);
-    let l = shared.ring.read_class(tag, k);
+    let (ver, l) = shared.ring.read_class_versioned(tag, k);
     // The absent limits as `u64::MAX`, so that every row is one compare: no count or sum here
     // comes near it (`r` is 0 without a budget, and at most `eff` once the first row passed).
     let eff = lim.effective(priority).unwrap_or(u64::MAX);
@@ -396,7 +406,7 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
     let c = CWord(cw.load(SeqCst));
     if g.closed()
         || g.waiters()
-        || c.ctag() != tag % CTAG_MOD
+        || c.ctag() != ver
         || r > eff
         || c.tokens() + r > mt
         || c.in_flight() >= cmc
@@ -491,6 +501,8 @@ fn acquire_contended_with<T>(
 struct Read {
     g: GWord,
     lim: Hot,
+    /// Class `k`'s version under `g`'s tag (the `ctag` its word carries once migrated).
+    ver: usize,
     l: HotClass,
     eff: Option<u64>,
 }
@@ -511,27 +523,33 @@ fn read(shared: &Shared, req: Req, may_bypass: bool) -> Result<Read, Attempt> {
         return Err(Attempt::Refused(RejectReason::ConcurrencyLimit));
     }
     let lim = shared.ring.read(g.tag());
-    let l = shared.ring.read_class(g.tag(), req.k);
+    let (ver, l) = shared.ring.read_class_versioned(g.tag(), req.k);
     let eff = lim.effective(req.priority);
     if eff.is_some_and(|e| req.r > e) {
         return Err(Attempt::Refused(RejectReason::BudgetLimit));
     }
-    Ok(Read { g, lim, l, eff })
+    Ok(Read {
+        g,
+        lim,
+        ver,
+        l,
+        eff,
+    })
 }
 
 /// Rows 2 and 3 on class word `c`, and the classification `(borrowed slot?, borrowed
-/// tokens)`. A class word still on the previous tag is migrated first (helping), and the
-/// decision starts again. Row 1 is not decidable here (`T` is not stored): when a ceiling
+/// tokens)`. A class word still on the class's previous version (`ver` is the one the
+/// decision's tag gives it) is migrated first (helping), and the decision starts again. Row 1 is not decidable here (`T` is not stored): when a ceiling
 /// fails, the collect in `explain` puts row 1 first.
 #[inline]
 fn classify(
     shared: &Shared,
     req: Req,
-    g: GWord,
+    ver: usize,
     l: &HotClass,
     c: CWord,
 ) -> Result<(bool, u64), Attempt> {
-    if c.ctag() != g.tag() % CTAG_MOD {
+    if c.ctag() != ver {
         help_migrate(shared, req.k, c, req.in_queue);
         return Err(Attempt::Retry);
     }
@@ -552,7 +570,13 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
     let Req { k, r, .. } = req;
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
-    let Read { g, lim, l, eff } = match read(shared, req, true) {
+    let Read {
+        g,
+        lim,
+        ver,
+        l,
+        eff,
+    } = match read(shared, req, true) {
         Ok(x) => x,
         Err(a) => return a,
     };
@@ -561,7 +585,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
     let mc = lim.max_concurrent;
     let mut c = CWord(cw.load(SeqCst));
     loop {
-        let (borrow_c, dv) = match classify(shared, req, g, &l, c) {
+        let (borrow_c, dv) = match classify(shared, req, ver, &l, c) {
             Ok(x) => x,
             Err(a) => return a,
         };
@@ -742,13 +766,19 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     let cw = &*shared.class_words[k];
     // Never a bypass here: this path serves `U > MC` or `V > eff`, which condition (3) of the
     // bypass excludes.
-    let Read { g, lim, l, eff } = match read(shared, req, false) {
+    let Read {
+        g,
+        lim,
+        ver,
+        l,
+        eff,
+    } = match read(shared, req, false) {
         Ok(x) => x,
         Err(a) => return a,
     };
     let mc = lim.max_concurrent;
     let c = CWord(cw.load(SeqCst));
-    let (borrow_c, dv) = match classify(shared, req, g, &l, c) {
+    let (borrow_c, dv) = match classify(shared, req, ver, &l, c) {
         Ok(x) => x,
         Err(a) => return a,
     };

@@ -147,7 +147,7 @@ pub(crate) fn hand_off(slot: SlotRef, held: u64) {
                         // A batch: wake it outside the lock (the slot is still ours), then
                         // look again.
                         drop(q);
-                        wake.wake_all();
+                        wake.wake_batch();
                         q = guard.lock_queue();
                         w = Word(word.load(Ordering::Acquire));
                     }
@@ -273,7 +273,7 @@ pub(crate) fn pump_locked<'g>(
         if wake.is_full() {
             // A batch: wake it outside the lock, then look again.
             drop(q);
-            wake.wake_all();
+            wake.wake_batch();
             q = guard.lock_queue();
             w = Word(word.load(Ordering::Acquire));
             continue;
@@ -316,7 +316,7 @@ pub(crate) fn close_queue(shared: &Shared) {
         if wake.is_full() {
             // A batch: wake it outside the lock (no newcomer queues: the word is closed).
             drop(q);
-            wake.wake_all();
+            wake.wake_batch();
             q = guard.lock_queue();
             continue;
         }
@@ -340,6 +340,7 @@ pub(crate) fn close_queue(shared: &Shared) {
 #[inline(never)]
 pub(crate) fn release_while_draining(guard: SlowPathRef<'static>, held: u64) {
     let word = &*guard.word;
+    let mut wake = WakeList::new();
     let mut prev = Word(word.load(Ordering::SeqCst));
     loop {
         let next = prev.0 - ONE_SLOT - held;
@@ -349,7 +350,7 @@ pub(crate) fn release_while_draining(guard: SlowPathRef<'static>, held: u64) {
                 let queued = guard.queued.load(Ordering::SeqCst);
                 let idle = Word(next).slots() == 0 && Word(next).tokens() == 0;
                 if prev.waiters() && (queued != 0 || idle) {
-                    pump(&guard);
+                    drop(pump_locked(&guard, guard.lock_queue(), &mut wake));
                 }
                 break;
             }
@@ -361,6 +362,8 @@ pub(crate) fn release_while_draining(guard: SlowPathRef<'static>, held: u64) {
         // that saw the last owner leave. `guard` frees the state when it goes.
         unsafe { guard.owners_gone() }
     }
+    // Woken last: a waker that panics finds the release complete.
+    wake.wake_all();
 }
 
 /// Waiters ever queued (for statistics).

@@ -5,11 +5,13 @@
 //! 0. wait out the grace period (`crate::grace`): no operation of this bulkhead that may hold
 //!    a count a whole tag period older than the next tag is still in progress, so no tag value
 //!    or ring slot is reused under anyone;
-//! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`);
+//! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`), after the
+//!    new limits of each class whose limits change into that class's floors ring, under its
+//!    next version (a class whose limits stay keeps its version and its class word);
 //! 2. bump the state word's tag with one `SeqCst` CAS, which, with classes, also advances `U`
 //!    and `V` by every raise of a floor (`crate::words::class_word::floor_advance`);
-//! 3. migrate every class word to the new tag and floors (`crate::protocol::classed`,
-//!    "Reconfiguration").
+//! 3. migrate every class word whose limits changed to its new version and floors
+//!    (`crate::protocol::classed`, "Reconfiguration").
 //!
 //! After the lock is released, [`after_install`] answers waiters that can no longer fit
 //! (token waiting) and pumps the queue, since a raised limit admits queued waiters at once
@@ -30,11 +32,29 @@ use crate::words::state::Word;
 /// reaches it.
 pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnapshot) -> bool {
     let tag = canon.tag.wrapping_add(1);
-    before_install(shared, canon, tag);
+    // The classes whose limits change move to their next version; the others keep theirs
+    // (and their class words are left alone).
+    let (old, new) = (canon.current.classes, next.classes);
+    let changed = |k: usize| match (old.iter().nth(k), new.iter().nth(k)) {
+        (Some(a), Some(b)) if floors_only_for_loom() => {
+            (a.protected_concurrent, a.protected_tokens)
+                != (b.protected_concurrent, b.protected_tokens)
+        }
+        (Some(a), Some(b)) => a != b,
+        _ => false,
+    };
+    let (versions, class_due) = canon.periods.next_versions(changed);
+    let bumped = (0..shared.class_words.len()).any(&changed);
+    before_install(shared, canon, tag, bumped.then_some(class_due));
     // Readers of the published limits see the ring, the tag and the class words change
     // together with the copy they read (and wait for nothing else).
     let mut published = crate::sync::lock(&shared.published);
-    shared.ring.write(tag, next);
+    for (k, c) in next.classes.iter().enumerate() {
+        if changed(k) {
+            shared.ring.write_floors(k, versions[k], c);
+        }
+    }
+    shared.ring.write(tag, next, &versions);
     let advance = if shared.classed {
         crate::words::class_word::floor_advance(&canon.current, next)
     } else {
@@ -55,6 +75,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
         }
     }
     canon.tag = tag;
+    canon.periods.commit_versions(tag as u64, changed);
     let mut visit = false;
     for k in 0..shared.class_words.len() {
         visit |= crate::protocol::classed::migrate(shared, k, tag);
@@ -63,11 +84,27 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     visit
 }
 
+/// Under loom, `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` gives a class a new version only
+/// when its floors change, not its ceilings: the deliberately broken variant the tag-wrap model
+/// `a_borrower_never_lands_past_a_lowered_class_ceiling` is shown to fail on (a borrower that
+/// reserved before the install lands its class step on the unchanged word after it).
+#[inline]
+fn floors_only_for_loom() -> bool {
+    #[cfg(loom)]
+    {
+        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY")
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
+}
+
 /// The grace period of install `tag` (`crate::grace`): before the ring slot of `tag` is written
 /// and the tag bumped, waits for every operation of this bulkhead that may still hold a count a
 /// whole tag period older, whether it is marked in the process-wide cells or in this
 /// bulkhead's counters entries (`crate::grace::enter_decision`).
-fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize) {
+fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize, class_due: Option<u64>) {
     use crate::grace::Kind;
     let counters = &shared.counters;
     let own_decisions = counters.local(crate::record::stats::Counters::new).reader();
@@ -76,7 +113,8 @@ fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize) {
         &mut canon.periods,
         shared.grace_id,
         tag as u64,
-        tag_period(shared.classed),
+        1 << crate::words::state::TAG_BITS,
+        class_due,
         &[own, own_decisions],
         |f| {
             crate::sync::per_thread::for_each(&mut |r| f(r, Kind::Cell));
@@ -85,18 +123,6 @@ fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize) {
             }
         },
     );
-}
-
-/// How many installs bring a tag an operation may hold back to its value: the state word's
-/// `2^TAG_BITS`, or with classes the class words' `CTAG_MOD` (which the ring matches).
-fn tag_period(classed: bool) -> u64 {
-    let word = 1u64 << crate::words::state::TAG_BITS;
-    if classed {
-        word.min(crate::words::class_word::CTAG_MOD as u64)
-            .min(crate::words::limits::RING as u64)
-    } else {
-        word
-    }
 }
 
 /// The queue's side of an install, after the reconfiguration lock is released: with token
@@ -111,7 +137,7 @@ pub(crate) fn after_install(shared: &Shared, visit: bool) {
     let waiters = Word(shared.word.load(Ordering::Acquire)).waiters();
     if shared.classed {
         if waiters || visit {
-            crate::protocol::class_pump::pump_classed(shared);
+            crate::protocol::class_pump::pump_classed_now(shared);
         }
     } else if waiters {
         crate::protocol::handoff::pump(shared);

@@ -224,11 +224,12 @@ pub(crate) fn sweep_never_fit(shared: &Shared) {
             clear_waiters(shared, &q);
         }
         drop(q);
-        wake.wake_all();
+        wake.wake_batch();
         if !more {
             break;
         }
     }
+    wake.wake_all();
 }
 
 #[cfg(test)]

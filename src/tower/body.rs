@@ -114,6 +114,11 @@ fn usage_of_json(json: &[u8]) -> Option<UsageUpdate> {
 /// capacity but is counted and settled like one.
 pub(crate) enum Hold {
     Admitted(Admission),
+    /// A pools permit and how the response ended upstream (its status).
+    Pool(
+        crate::pools::OwnedPoolPermit,
+        Option<crate::pools::FailureClass>,
+    ),
     #[cfg(feature = "llm")]
     Bypassed(crate::llm::observe::Bypassed),
 }
@@ -134,6 +139,8 @@ impl Held {
                 // the release settles with the last valid one.
                 let _ = match &mut self.hold {
                     Hold::Admitted(a) => a.report_usage_reconciled(u.usage, u.reconcile),
+                    // A pools permit holds units, not tokens: nothing to refund.
+                    Hold::Pool(..) => return,
                     #[cfg(feature = "llm")]
                     Hold::Bypassed(b) => b.report_usage_reconciled(u.usage, u.reconcile),
                 };
@@ -150,6 +157,7 @@ impl Held {
             Hold::Admitted(a) => {
                 let _ = a.release(None);
             }
+            Hold::Pool(p, failure) => p.complete(failure),
             #[cfg(feature = "llm")]
             Hold::Bypassed(mut b) => b.finish(None),
         }
@@ -161,6 +169,7 @@ impl fmt::Debug for Held {
         let mut d = f.debug_struct("Held");
         match &self.hold {
             Hold::Admitted(a) => d.field("admission", &a.id()),
+            Hold::Pool(p, _) => d.field("pool_permit", p),
             #[cfg(feature = "llm")]
             Hold::Bypassed(b) => d.field("admission", &b.id),
         };

@@ -71,6 +71,7 @@ mod classify;
 mod future;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod pools;
 mod refusal;
 
 pub use body::{openai_usage, AdmittedBody, UsageHook, UsageUpdate};
@@ -78,6 +79,9 @@ pub use body::{openai_usage, AdmittedBody, UsageHook, UsageUpdate};
 pub use classify::estimate_json;
 pub use classify::{Classify, ClassifyError, HeaderClassifier, SlotPerRequest, TokenEstimate};
 pub use future::ResponseFuture;
+pub use pools::{
+    HeaderPoolClassifier, PoolAssignment, PoolClassify, PoolsFuture, PoolsLayer, PoolsService,
+};
 #[cfg(feature = "metrics")]
 pub use refusal::{count_http_refusal, HTTP_REFUSALS};
 pub use refusal::{

@@ -72,51 +72,45 @@ impl CancelToken {
         self.0.cancelled.load(Ordering::Acquire)
     }
 
-    /// This token as a fresh one, if nobody else can ever see it: it is the only handle and was
-    /// never cancelled (its registration lists are emptied). Lets a caller reuse the allocation
-    /// instead of dropping it and allocating a new token; otherwise the token comes back
-    /// unchanged in `Err` (the caller chooses where to drop it).
-    #[cfg(feature = "coordinator")]
-    pub(crate) fn recycle(mut self) -> Result<CancelToken, CancelToken> {
-        if self.is_cancelled() {
-            return Err(self);
-        }
-        // Unique: no other handle exists, so no thread can cancel, register or clone it now.
-        let Some(inner) = Arc::get_mut(&mut self.0) else {
-            return Err(self);
-        };
-        let (Ok(sleepers), Ok(wakers)) = (inner.sleepers.get_mut(), inner.wakers.get_mut()) else {
-            return Err(self);
-        };
-        sleepers.clear();
-        wakers.1.clear();
-        Ok(self)
-    }
-
     pub(crate) fn register(&self, t: crate::sync::thread::Thread) {
         lock(&self.0.sleepers).push(t);
     }
 
-    /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id.
+    /// Registers (or, with `id`, refreshes) an async waiter's waker; returns its id. The waker
+    /// is cloned, and a replaced one dropped, outside the token's lock (both run the user's
+    /// code).
     pub(crate) fn register_waker(&self, id: Option<u64>, w: &std::task::Waker) -> u64 {
-        let mut g = lock(&self.0.wakers);
         if let Some(id) = id {
-            if let Some(e) = g.1.iter_mut().find(|e| e.0 == id) {
-                if !e.1.will_wake(w) {
-                    e.1 = w.clone();
-                }
+            let g = lock(&self.0.wakers);
+            if g.1.iter().any(|e| e.0 == id && e.1.will_wake(w)) {
                 return id;
             }
         }
+        let fresh = w.clone();
+        let mut g = lock(&self.0.wakers);
+        if let Some(e) = id.and_then(|id| g.1.iter_mut().find(|e| e.0 == id)) {
+            let old = std::mem::replace(&mut e.1, fresh);
+            let id = e.0;
+            drop(g);
+            drop(old);
+            return id;
+        }
         let id = g.0;
         g.0 += 1;
-        g.1.push((id, w.clone()));
+        g.1.push((id, fresh));
         id
     }
 
-    /// Forgets an async waiter's waker (its wait ended).
+    /// Forgets an async waiter's waker (its wait ended); the waker is dropped after the
+    /// unlock.
     pub(crate) fn unregister_waker(&self, id: u64) {
-        lock(&self.0.wakers).1.retain(|e| e.0 != id);
+        let mut g = lock(&self.0.wakers);
+        let gone =
+            g.1.iter()
+                .position(|e| e.0 == id)
+                .map(|i| g.1.swap_remove(i));
+        drop(g);
+        drop(gone);
     }
 
     /// A future that completes once [`cancel`](Self::cancel) has been called (at once if it

@@ -23,9 +23,32 @@
 //! also raises `C_QUEUE` on every class word (before `WAITERS`, under the same mutex, and while
 //! drainers wait); a class decrease that replaces a flagged word visits the queue
 //! (`crate::wait::waiting`, "With admission classes"). [`Queue::class_flags`] records whether it is up.
+//!
+//! # Where wake-ups run
+//!
+//! Waking, cloning or dropping a `Waker` runs the user's code, which may block, take a long
+//! time, call back into this bulkhead or another (`apply_limits`, a release) or panic. None of
+//! it runs under the queue mutex, nor inside a grace-period operation (`crate::grace`), whose
+//! marker may hold off an install of the bulkhead:
+//!
+//! * under the mutex a node's waker is only moved (into the node, out of it into a
+//!   [`WakeList`]) or compared (`Waker::will_wake`, which calls nothing); the waits clone a
+//!   new waker before they lock and drop a replaced one after they unlock
+//!   ([`Waiter::replace_notify`]); a drainer, woken on every idle moment, is shared through
+//!   an `Arc`, whose clone runs no user code ([`Queue::drainers`]);
+//! * a [`WakeList`] is delivered after the unlock; one collected by a class pump that a
+//!   decrease ran inside its operation (a release, an undo, an abandonment, a refund, a
+//!   migration's help: `crate::protocol::class_pump::pump_classed`) is not delivered there
+//!   but handed to the calling thread, which delivers it with [`deliver_deferred`] once it
+//!   has left the operation: a class release after its last step on the class word (the
+//!   pending-return mark's removal and the count-down are done, so a waker that panics
+//!   finds the release complete and the state freed if it was the last owner), a decision or
+//!   a return of capacity after its operation;
+//! * a waker that panics does not keep the others from being woken: each runs on its own,
+//!   and the first panic is resumed after the last wake-up (a list delivered during an
+//!   unwind drops it).
 
 use crate::sync::cell::UnsafeCell;
-use crate::sync::thread::Thread;
 use crate::sync::{AtomicU32, Ordering};
 use crate::vocab::class::{Resources, MAX_CLASSES};
 use crate::vocab::demand::Priority;
@@ -33,6 +56,7 @@ use crate::vocab::rejection::{Constraint, RejectReason};
 use std::marker::PhantomPinned;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr;
+use std::sync::Arc;
 use std::task::Waker;
 
 /// Still queued.
@@ -54,25 +78,7 @@ pub(crate) enum Outcome {
     RefusedAs(RejectReason, Option<Constraint>),
 }
 
-/// How to wake a waiter's owner.
-#[derive(Clone)]
-pub(crate) enum Notify {
-    None,
-    Thread(Thread),
-    Waker(Waker),
-}
-
-impl Notify {
-    /// Wakes the owner. Owns what it wakes, so it needs no access to the node.
-    #[inline]
-    pub(crate) fn wake(self) {
-        match self {
-            Notify::None => {}
-            Notify::Thread(t) => t.unpark(),
-            Notify::Waker(w) => w.wake(),
-        }
-    }
-}
+pub(crate) use crate::sync::notify::Notify;
 
 /// How many wake-ups a critical section collects before its owner unlocks to deliver them
 /// (tokio's `WakeList` uses the same number): long loops under the lock (`close` with a long
@@ -85,31 +91,59 @@ pub(crate) const WAKE_BATCH: usize = 32;
 /// whose number the loops do not bound), and the loops that produce many answers check
 /// [`is_full`](Self::is_full) and deliver a batch before they go on.
 ///
-/// The batch is an array of uninitialised slots of which the first `len` hold a wake-up (as
-/// tokio's `WakeList`): making an empty list writes only `len` and the empty spill vector, and
-/// dropping one touches only the slots in use, which matters because every hand-off makes and
-/// drops one (an array of 32 `Option<Notify>`s cost an async hand-off about 290 of its 3,135
-/// instructions to initialise and drop).
+/// A list made inside an operation ([`WakeList::in_operation`]: a class pump that a decrease
+/// ran, module docs "Where wake-ups run") never wakes: [`wake_all`](Self::wake_all) moves
+/// what it holds to the calling thread, which delivers it once it has left the operation
+/// ([`deliver_deferred`]).
 ///
-/// Dropping the list wakes whatever it still holds, so a waker that panics while the batch is
-/// delivered does not strand the others (the unwind delivers them).
+/// The batch is an array of uninitialised slots of which the first `len` hold a wake-up (as
+/// tokio's `WakeList`): making an empty list writes only `len`, the mode and the empty spill
+/// vector, and dropping one touches only the slots in use, which matters because every
+/// hand-off makes and drops one (an array of 32 `Option<Notify>`s cost an async hand-off
+/// about 290 of its 3,135 instructions to initialise and drop).
+///
+/// A waker that panics while the list is delivered does not strand the others: the unwind
+/// drops the list, whose drop wakes the rest, each on its own (`wake_one`: a second panic is
+/// dropped, not an abort). A batch delivered midway ([`wake_batch`](Self::wake_batch)) keeps
+/// the panic until the final [`wake_all`](Self::wake_all), so the loop finishes its work (a
+/// hand-off still returns its slot) before it unwinds. Measured: an async hand-off costs
+/// 2,683 instructions with this (2,682 before; `benches/instructions.rs`, `handoff_async`).
 pub(crate) struct WakeList {
     /// `items[..len]` are initialised and owned by the list; the rest are not.
     items: [MaybeUninit<Notify>; WAKE_BATCH],
     len: usize,
+    /// [`DEFERRED`] (made inside an operation: `wake_all` hands the wake-ups to the thread)
+    /// and [`KEPT`] (`kept` holds a panic): one byte, so that the common list pays one test.
+    flags: u8,
+    /// With [`KEPT`], the first panic of a waker this list woke, kept until
+    /// [`wake_all`](Self::wake_all) (or the drop) resumes it: a batch delivered midway lets its
+    /// caller finish first. Uninitialised otherwise (a list costs no store for it).
+    kept: MaybeUninit<Panic>,
     /// Wake-ups past the batch. Dropped by hand (`wake_rest`) so that the list's drop glue is
-    /// the two tests of its `Drop` and can be inlined; an empty vector owns no allocation.
+    /// the three tests of its `Drop` and can be inlined; an empty vector owns no allocation.
     spill: ManuallyDrop<Vec<Notify>>,
 }
 
 impl WakeList {
+    /// A list for a caller outside any operation: [`wake_all`](Self::wake_all) wakes.
     #[inline]
     pub(crate) fn new() -> WakeList {
         WakeList {
             items: [const { MaybeUninit::uninit() }; WAKE_BATCH],
             len: 0,
+            flags: 0,
+            kept: MaybeUninit::uninit(),
             spill: ManuallyDrop::new(Vec::new()),
         }
+    }
+
+    /// A list for a caller inside an operation: [`wake_all`](Self::wake_all) hands what it
+    /// holds to the calling thread, which delivers it after the operation
+    /// ([`deliver_deferred`]).
+    pub(crate) fn in_operation() -> WakeList {
+        let mut list = WakeList::new();
+        list.flags = DEFERRED;
+        list
     }
 
     /// Whether a batch is ready: the caller should unlock, [`wake_all`](Self::wake_all) and
@@ -129,10 +163,19 @@ impl WakeList {
         }
     }
 
-    /// Wakes everything collected (call after unlocking); the list can be reused. Always
-    /// inlined: a call costs a hand-off, which wakes one waiter, more than the loop does.
+    /// Wakes everything collected (call after unlocking, as the caller's last step), or, for
+    /// a list made inside an operation, hands it to the calling thread
+    /// ([`deliver_deferred`]). A waker that panics does not keep the others from being woken:
+    /// the unwind drops the list, which wakes the rest, each on its own (a second panic is
+    /// dropped, not an abort), and a panic kept by an earlier [`wake_batch`](Self::wake_batch)
+    /// is resumed here. Always inlined: a call costs a hand-off, which wakes one waiter, more
+    /// than the loop does.
     #[inline(always)]
     pub(crate) fn wake_all(&mut self) {
+        if self.flags != 0 {
+            return self.wake_all_flagged();
+        }
+        self.check_outside_operation();
         while self.len > 0 {
             // Shrunk first: if the wake below panics, the slot is no longer the list's (the
             // value was moved out), so the unwind's `drop` wakes only the others.
@@ -143,40 +186,175 @@ impl WakeList {
             n.wake();
         }
         if !self.spill.is_empty() {
-            self.wake_spill();
+            self.wake_rest();
         }
     }
 
+    /// [`wake_all`](Self::wake_all) of a list made inside an operation, or holding a kept
+    /// panic.
     #[cold]
     #[inline(never)]
-    fn wake_spill(&mut self) {
+    fn wake_all_flagged(&mut self) {
+        if self.flags & DEFERRED != 0 {
+            return self.defer_all();
+        }
+        self.wake_rest();
+    }
+
+    /// Keeps `p` if it is the first panic of this list's wakers (a later one is dropped).
+    fn keep(&mut self, p: Panic) {
+        if self.flags & KEPT == 0 {
+            self.kept.write(p);
+            self.flags |= KEPT;
+        }
+    }
+
+    /// A full batch, midway through a loop (after unlocking): wakes (or hands to the thread)
+    /// what is collected, each wake-up on its own, and keeps a waker's panic for the final
+    /// [`wake_all`](Self::wake_all), so that the loop still finishes its work (returns a slot,
+    /// answers the rest).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn wake_batch(&mut self) {
+        if self.flags & DEFERRED != 0 {
+            return self.defer_all();
+        }
+        self.check_outside_operation();
+        let mut first = None;
+        while self.len > 0 {
+            self.len -= 1;
+            // SAFETY: as in `wake_all`.
+            let n = unsafe { self.items[self.len].assume_init_read() };
+            wake_one(n, &mut first);
+        }
         while let Some(n) = self.spill.pop() {
-            n.wake();
+            wake_one(n, &mut first);
+        }
+        if let Some(p) = first {
+            self.keep(p);
+        }
+    }
+
+    /// Never inside an operation marked in the thread's cell (a decision's marker is not
+    /// visible here): such a caller makes its list with [`in_operation`](Self::in_operation).
+    #[inline(always)]
+    fn check_outside_operation(&self) {
+        #[cfg(all(debug_assertions, not(loom)))]
+        debug_assert!(
+            self.len == 0 || crate::grace::reader().load(crate::sync::Ordering::Relaxed) & 1 == 0,
+            "wake-ups delivered inside a grace-period operation"
+        );
+    }
+
+    /// [`wake_all`](Self::wake_all) of a list made inside an operation.
+    #[cold]
+    #[inline(never)]
+    fn defer_all(&mut self) {
+        while self.len > 0 {
+            self.len -= 1;
+            // SAFETY: as in `wake_all`.
+            let n = unsafe { self.items[self.len].assume_init_read() };
+            crate::sync::notify::defer(n);
+        }
+        while let Some(n) = self.spill.pop() {
+            crate::sync::notify::defer(n);
         }
     }
 }
 
+/// [`WakeList::flags`]: the list was made inside an operation.
+const DEFERRED: u8 = 1;
+/// [`WakeList::flags`]: `kept` holds a panic.
+const KEPT: u8 = 2;
+
+/// A panic caught while waking, resumed once every wake-up was made.
+type Panic = Box<dyn std::any::Any + Send + 'static>;
+
+/// Wakes `n`; a panic of its waker is kept in `first` (if it is the first) instead of
+/// unwinding past the other wake-ups.
+#[inline(always)]
+fn wake_one(n: Notify, first: &mut Option<Panic>) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| n.wake())) {
+        first.get_or_insert(p);
+    }
+}
+
+/// Resumes a waker's panic, unless the thread is unwinding already (a list delivered by a
+/// drop during an unwind): then it is dropped, as a second panic would abort.
+#[cold]
+#[inline(never)]
+fn resume(p: Panic) {
+    if !std::thread::panicking() {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// Delivers the wake-ups the calling thread kept while it was inside operations (module docs,
+/// "Where wake-ups run"). Called where the thread is known to be outside every operation,
+/// after the step that ends its own use of the bulkhead: a class release after its last step
+/// (a panicking waker then finds the release complete), a decision or a return of capacity
+/// after it left its operation. A load and a branch when nothing is kept.
+#[inline(always)]
+pub(crate) fn deliver_deferred() {
+    if crate::sync::notify::pending() {
+        deliver_deferred_now();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn deliver_deferred_now() {
+    // Under loom, `LLM_BULKHEAD_LOOM_LOSE_DEFERRED_WAKES=1` drops the kept wake-ups unwoken:
+    // the deliberately broken variant that `loom-tests/tests/waiting_classes.rs` is shown to
+    // fail on (a class release's pump answers a waiter, or wakes a drainer, that is then never
+    // woken: models 1, 2 and 4 report a deadlock; `.ci/run` checks 1 and 4).
+    #[cfg(loom)]
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_LOSE_DEFERRED_WAKES") {
+        drop(crate::sync::notify::take());
+        return;
+    }
+    let mut panic = None;
+    // A waker may run code that defers again (it releases an admission, say): delivered too.
+    loop {
+        let kept = crate::sync::notify::take();
+        if kept.is_empty() {
+            break;
+        }
+        for n in kept {
+            wake_one(n, &mut panic);
+        }
+    }
+    if let Some(p) = panic {
+        resume(p);
+    }
+}
+
 impl Drop for WakeList {
-    // Inlined down to two tests: the list is normally empty when it goes (its owner delivered
-    // it), and only an unwind out of a delivery leaves wake-ups in it (or a spill that
-    // allocated, its memory).
+    // Inlined down to three tests: the list is normally empty when it goes (its owner
+    // delivered it), and only an unwind (from a waker, or from elsewhere) leaves wake-ups in
+    // it, a spill that allocated its memory, or a kept panic.
     #[inline(always)]
     fn drop(&mut self) {
-        if self.len != 0 || self.spill.capacity() != 0 {
+        if self.len != 0 || self.spill.capacity() != 0 || self.flags & KEPT != 0 {
             self.wake_rest();
         }
     }
 }
 
 impl WakeList {
-    /// The drop of a list that still holds wake-ups or a spill allocation: wakes them and
-    /// frees the spill vector. Leaves `len` at 0, so nothing initialised is left behind
-    /// (`items` has no drop glue), and an empty, unallocated vector in `spill`.
+    /// The drop of a list that still holds wake-ups or a spill allocation: wakes (or defers)
+    /// them and frees the spill vector. Leaves `len` at 0, so nothing initialised is left
+    /// behind (`items` has no drop glue), and an empty, unallocated vector in `spill`.
     #[cold]
     #[inline(never)]
     fn wake_rest(&mut self) {
-        self.wake_all();
+        self.wake_batch();
         drop(std::mem::take(&mut *self.spill));
+        if self.flags & KEPT != 0 {
+            self.flags &= !KEPT;
+            // SAFETY: `KEPT` says `kept` was written; clearing it first makes this the one read.
+            resume(unsafe { self.kept.assume_init_read() });
+        }
     }
 }
 
@@ -260,13 +438,16 @@ impl Waiter {
         );
     }
 
-    /// Sets how to wake the owner. `q` is the locked queue the node is (or will be) linked
-    /// into: the lock token.
-    pub(crate) fn set_notify(&self, q: &Queue, n: Notify) {
+    /// Sets how to wake the owner, and returns how it was woken so far: the caller drops that
+    /// after unlocking (dropping a `Waker` runs user code). `q` is the locked queue the node
+    /// is (or will be) linked into: the lock token.
+    #[must_use = "the old waker must be dropped after the unlock"]
+    pub(crate) fn replace_notify(&self, q: &Queue, n: Notify) -> Notify {
         self.check_owner(q);
         // SAFETY: `notify` is accessed only under the node's queue mutex, which `q` proves is
         // held (`check_owner`), or before the node is linked.
-        self.notify.with_mut(|p| unsafe { *p = n })
+        self.notify
+            .with_mut(|p| unsafe { std::mem::replace(&mut *p, n) })
     }
 
     /// Whether a new waker would have to replace the stored one (`q`: as in `set_notify`).
@@ -288,8 +469,10 @@ pub(crate) struct Queue {
     len: usize,
     /// Waiters ever queued.
     pub(crate) queued_total: u64,
-    /// Callers of `drain` waiting for the bulkhead to become idle, by registration id.
-    drainers: Vec<(u64, Notify)>,
+    /// Callers of `drain` waiting for the bulkhead to become idle, by registration id. Shared
+    /// (`Arc`), so that waking one, which may happen many times, clones no `Waker` under the
+    /// lock.
+    drainers: Vec<(u64, Arc<Notify>)>,
     next_drainer: u64,
     /// Class mode: whether `C_QUEUE` is up on every class word (`crate::protocol::classed`).
     pub(crate) class_flags: bool,
@@ -348,28 +531,34 @@ impl Queue {
     }
 
     /// Registers a drainer; returns its id.
-    pub(crate) fn add_drainer(&mut self, n: Notify) -> u64 {
+    pub(crate) fn add_drainer(&mut self, n: Arc<Notify>) -> u64 {
         let id = self.next_drainer;
         self.next_drainer += 1;
         self.drainers.push((id, n));
         id
     }
 
-    /// Replaces a drainer's waker.
-    pub(crate) fn update_drainer(&mut self, id: u64, n: Notify) {
-        if let Some(d) = self.drainers.iter_mut().find(|d| d.0 == id) {
-            d.1 = n;
-        }
+    /// Replaces a drainer's waker; returns the old one, which the caller drops after
+    /// unlocking.
+    #[must_use = "the old waker must be dropped after the unlock"]
+    pub(crate) fn update_drainer(&mut self, id: u64, n: Arc<Notify>) -> Option<Arc<Notify>> {
+        let d = self.drainers.iter_mut().find(|d| d.0 == id)?;
+        Some(std::mem::replace(&mut d.1, n))
     }
 
-    /// Unregisters a drainer.
-    pub(crate) fn remove_drainer(&mut self, id: u64) {
-        self.drainers.retain(|d| d.0 != id);
+    /// Unregisters a drainer; returns its waker, which the caller drops after unlocking.
+    #[must_use = "the waker must be dropped after the unlock"]
+    pub(crate) fn remove_drainer(&mut self, id: u64) -> Option<Arc<Notify>> {
+        let i = self.drainers.iter().position(|d| d.0 == id)?;
+        Some(self.drainers.swap_remove(i).1)
     }
 
-    /// Wakers of every registered drainer (they re-check the state themselves).
+    /// Wake-ups of every registered drainer (they re-check the state themselves): a shared
+    /// reference each, so nothing of the user's is cloned here.
     pub(crate) fn drainers(&self) -> impl Iterator<Item = Notify> + '_ {
-        self.drainers.iter().map(|d| d.1.clone())
+        self.drainers
+            .iter()
+            .map(|d| Notify::Shared(Arc::clone(&d.1)))
     }
 
     /// Appends `w`.
@@ -519,5 +708,85 @@ mod tests {
         let size = std::mem::size_of::<Waiter>();
         eprintln!("waiter node: {size} bytes");
         assert!(size <= 112, "waiter node grew to {size} bytes");
+    }
+
+    /// A waker that counts its wake-ups and panics on the first if `panics`.
+    struct Counting {
+        woken: crate::sync::AtomicUsize,
+        panics: bool,
+    }
+
+    impl std::task::Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            let first = self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            assert!(!(first && self.panics), "a waker that panics");
+        }
+    }
+
+    /// `n` wakers, the one at `bad` panicking, and a list holding them all.
+    fn wakers(n: usize, bad: usize) -> (Vec<Arc<Counting>>, WakeList) {
+        let all: Vec<_> = (0..n)
+            .map(|i| {
+                Arc::new(Counting {
+                    woken: Default::default(),
+                    panics: i == bad,
+                })
+            })
+            .collect();
+        let mut list = WakeList::new();
+        for w in &all {
+            list.push(Notify::Waker(Waker::from(Arc::clone(w))));
+        }
+        (all, list)
+    }
+
+    fn all_woken_once(all: &[Arc<Counting>]) {
+        for w in all {
+            assert_eq!(w.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+    }
+
+    /// A batch past `WAKE_BATCH` (so the spill is used) with a panicking waker in each part:
+    /// `wake_batch` wakes every one and keeps the panic; the final `wake_all` resumes it.
+    #[test]
+    fn a_panicking_waker_in_a_batch_is_resumed_after_every_wake_up() {
+        for bad in [3, WAKE_BATCH + 2] {
+            let (all, mut list) = wakers(WAKE_BATCH + 5, bad);
+            list.wake_batch();
+            all_woken_once(&all);
+            let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| list.wake_all()));
+            assert!(end.is_err(), "the kept panic is resumed");
+            drop(list);
+        }
+    }
+
+    /// `wake_all` unwinds at the panicking waker; the list's drop wakes the rest.
+    #[test]
+    fn a_panicking_waker_in_wake_all_strands_nobody() {
+        let (all, mut list) = wakers(WAKE_BATCH + 5, WAKE_BATCH - 3);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || list.wake_all()));
+        assert!(r.is_err());
+        all_woken_once(&all);
+    }
+
+    /// A list made inside an operation wakes nobody: the thread delivers its wake-ups later,
+    /// the panicking one included, and resumes the panic after the others.
+    #[test]
+    fn a_list_made_inside_an_operation_defers_to_its_thread() {
+        let (all, mut items) = wakers(4, 1);
+        let mut list = WakeList::in_operation();
+        while items.len > 0 {
+            items.len -= 1;
+            // SAFETY: `items[..len]` (before the decrement) are initialised; moved out once.
+            list.push(unsafe { items.items[items.len].assume_init_read() });
+        }
+        list.wake_all();
+        assert!(all
+            .iter()
+            .all(|w| w.woken.load(std::sync::atomic::Ordering::SeqCst) == 0));
+        let r = std::panic::catch_unwind(deliver_deferred);
+        assert!(r.is_err(), "the panic is resumed after the others");
+        all_woken_once(&all);
+        assert!(!crate::sync::notify::pending());
     }
 }

@@ -43,6 +43,12 @@ struct State {
 }
 
 impl State {
+    /// The waker of pending entry `id`.
+    fn entry(&mut self, id: u64) -> Option<&mut Waker> {
+        let at = *self.deadline_of.get(&id)?;
+        self.by_deadline.get_mut(&(at, id))
+    }
+
     fn remove(&mut self, id: u64) -> Option<Waker> {
         let at = self.deadline_of.remove(&id)?;
         self.by_deadline.remove(&(at, id))
@@ -129,18 +135,23 @@ pub(crate) fn register(at: Instant, waker: Waker) -> u64 {
     id
 }
 
-/// Replaces the waker of entry `id` (if it has not fired).
+/// Replaces the waker of entry `id` (if it has not fired). The new waker is cloned, and the
+/// old one dropped, outside the timer's lock (both run the user's code, which must not stall
+/// every deadline of the process).
 pub(crate) fn update(id: u64, waker: &Waker) {
     let t = timer();
-    let mut st = lock(&t.state);
-    let Some(&at) = st.deadline_of.get(&id) else {
-        return;
-    };
-    if let Some(w) = st.by_deadline.get_mut(&(at, id)) {
-        if !w.will_wake(waker) {
-            *w = waker.clone();
-        }
+    match lock(&t.state).entry(id) {
+        Some(w) if !w.will_wake(waker) => {}
+        _ => return,
     }
+    let fresh = waker.clone();
+    let mut st = lock(&t.state);
+    let old = match st.entry(id) {
+        Some(w) => std::mem::replace(w, fresh),
+        None => fresh,
+    };
+    drop(st);
+    drop(old);
 }
 
 /// Cancels entry `id`: it is removed at once (nothing is kept until its deadline). The

@@ -53,7 +53,9 @@
 //! Blocked threads park (`std::thread::park`, a futex wait on Linux) and are unparked with an
 //! owned `Thread` handle, so a granter never touches a node after answering it (see
 //! `crate::wait::list`). Timeouts of blocking waiters are timed parks against a deadline; async
-//! waiters are woken through their `Waker`.
+//! waiters are woken through their `Waker`, which is cloned before the queue lock is taken and
+//! dropped (when a re-poll replaces it) after it is released: nothing of the user's runs under
+//! the lock (`crate::wait::list`, "Where wake-ups run").
 //!
 //! # With admission classes
 //!
@@ -79,6 +81,9 @@
 //!   checks 1–5 fail while a slot is free → answered with that reason and constraint, and the
 //!   next is considered. A refusal the collects never confirmed (another decider's step in
 //!   flight) leaves the head queued: that step's own undo or completion visits the queue again.
+//!   A pump run by a decrease is inside the decrease's grace-period operation: it wakes
+//!   nobody there, the decreasing thread delivers its wake-ups after the operation (a release
+//!   after its last step, `crate::wait::list::deliver_deferred`).
 //! * **No lost wake-up.** An enqueuer raises the flags (RMWs on every class word and the
 //!   shared word) and then decides; a decrease is an RMW on one of those words. Whichever comes
 //!   first in that word's modification order, either the enqueuer's decision sees the decrease
@@ -403,6 +408,25 @@ impl Bulkhead {
         AcquireTimed { inner, start: None }
     }
 
+    /// [`acquire_blocking`](Self::acquire_blocking), also telling `queued` (when given)
+    /// whether the demand waited in the queue: how the LLM layer's timed runs split their
+    /// decision from their queue wait on their own clock (its one user, hence the feature).
+    #[cfg(feature = "llm")]
+    pub(crate) fn acquire_blocking_noting(
+        &self,
+        demand: Demand,
+        options: WaitOptions,
+        queued: Option<&mut bool>,
+    ) -> Result<Admission, Rejection> {
+        let Some(queued) = queued else {
+            return self.acquire_blocking_inner(demand, options, None);
+        };
+        let mut wait = None;
+        let out = self.acquire_blocking_inner(demand, options, Some(&mut wait));
+        *queued = wait.is_some();
+        out
+    }
+
     /// The body of `acquire_blocking`; with `timing`, the time spent queued is written there.
     fn acquire_blocking_inner(
         &self,
@@ -561,7 +585,8 @@ impl Bulkhead {
     /// The fast decision, then (if it found no free slot and queueing is possible) the decision
     /// under the queue mutex, which takes a slot, refuses, or queues the node `node()` makes
     /// (called under the mutex, only when the demand queues: a demand answered at once never
-    /// builds its node; the node carries how to wake its owner, [`Waiter::new`]).
+    /// builds its node; the node carries how to wake its owner, [`Waiter::new`], made before
+    /// the lock: `node()` only moves it in).
     pub(super) fn enter<'n>(
         &self,
         k: usize,

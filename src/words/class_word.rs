@@ -12,8 +12,11 @@ pub(crate) const CN_MASK: u64 = ((1 << 14) - 1) << CN_SHIFT;
 pub(crate) const CP_SHIFT: u32 = 46;
 pub(crate) const CP_MASK: u64 = ((1 << 14) - 1) << CP_SHIFT;
 pub(crate) const CTAG_SHIFT: u32 = 60;
-/// The class tag is the limits tag modulo `CTAG_MOD` (one bit under loom, so that a model with
-/// two installs brings it back to the value an operation read: see `crate::grace`).
+/// The class tag is the class's **version** modulo `CTAG_MOD`: the number of installs that
+/// changed this class's own limits (floors or ceilings). An install that leaves a class's
+/// limits as they were leaves its word alone, so the class tag comes back to a value only
+/// after `CTAG_MOD` changes of that class (`crate::grace`). One bit under loom, so that a
+/// model with two changes brings it back to the value an operation read.
 pub(crate) const CTAG_MOD: usize = if cfg!(loom) { 2 } else { 4 };
 pub(crate) const CTAG_MASK: u64 = ((CTAG_MOD - 1) as u64) << CTAG_SHIFT;
 /// Set on every class word once the last handle is gone.
@@ -43,7 +46,7 @@ impl CWord {
     pub(crate) fn pending(self) -> u64 {
         (self.0 & CP_MASK) >> CP_SHIFT
     }
-    /// The limits tag (mod 4) whose floors this class is accounted under.
+    /// The class version (mod `CTAG_MOD`) whose limits this class is accounted under.
     #[inline]
     pub(crate) fn ctag(self) -> usize {
         ((self.0 & CTAG_MASK) >> CTAG_SHIFT) as usize
@@ -53,8 +56,8 @@ impl CWord {
         self.0 & C_DETACHED != 0
     }
     #[inline]
-    pub(crate) fn with_ctag(self, tag: usize) -> CWord {
-        CWord((self.0 & !CTAG_MASK) | (((tag % CTAG_MOD) as u64) << CTAG_SHIFT))
+    pub(crate) fn with_ctag(self, version: usize) -> CWord {
+        CWord((self.0 & !CTAG_MASK) | (((version % CTAG_MOD) as u64) << CTAG_SHIFT))
     }
     /// Whether a decrease replacing this word must visit the queue.
     #[inline]
@@ -68,9 +71,9 @@ impl CWord {
     }
 }
 
-/// The class word a class starts with under limits tag `tag`.
-pub(crate) fn initial_class_word(tag: usize) -> u64 {
-    CWord(0).with_ctag(tag).0
+/// The class word a class starts with at version `version`.
+pub(crate) fn initial_class_word(version: usize) -> u64 {
+    CWord(0).with_ctag(version).0
 }
 
 // ---- shared word ----

@@ -15,6 +15,17 @@
 //! refusal re-reads the word and retries when the tag moved, so torn limits never decide
 //! anything.
 //!
+//! # Class versions
+//!
+//! With classes, a slot also holds each class's limits and its **version** (mod
+//! `CTAG_MOD`): how many installs changed that class's limits. A class word carries the
+//! version it is accounted under (its `ctag`, `crate::words::class_word`), and the decreases
+//! of the class protocol need that version's floors after the global slot may have been
+//! rewritten, so each class also keeps its own ring of `CTAG_MOD` entries, indexed by version
+//! (`write_floors`, `floors`). An entry is rewritten only when the class's limits change for
+//! the `CTAG_MOD`th time since, and never while an operation that may read it is in progress
+//! (`crate::grace`, "Class versions").
+//!
 //! # Memory ordering
 //!
 //! The writer issues a `Release` fence before its `Relaxed` stores to a slot; readers load the
@@ -29,7 +40,7 @@ use crate::vocab::class::ClassId;
 use crate::vocab::class::MAX_CLASSES;
 use crate::vocab::error::{ConfigError, ConfigProblem};
 use crate::vocab::rejection::n32;
-use crate::words::class_word::{MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+use crate::words::class_word::{CTAG_MOD, MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 use crate::words::classes::{ClassLimits, ClassTable};
 use crate::words::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::Priority;
@@ -483,9 +494,9 @@ impl From<ClassLimits> for HotClass {
     }
 }
 
-/// One class's limits as a ring slot stores them: `a` = floor (16 bits) | ceiling (16 bits,
-/// from bit 16) | has-ceiling (bit 32) | has-token-ceiling (bit 33), `b` = token floor (32
-/// bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
+/// One class's limits as a ring slot stores them ([`pack_class`]): `a` = floor (16 bits) |
+/// ceiling (16 bits, from bit 16) | has-ceiling (bit 32) | has-token-ceiling (bit 33) | the
+/// class's version (bits 40..48), `b` = token floor (32 bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
 /// decoding (`crate::protocol::classed::ceiling_refusal`).
 #[derive(Clone, Copy)]
 pub(crate) struct ClassLimitWords {
@@ -523,27 +534,76 @@ impl ClassLimitWords {
     pub(crate) fn ceilings(self) -> u8 {
         ((self.a >> 32) & 3) as u8
     }
+
+    /// The class's version (mod `CTAG_MOD`) under the slot's tag: the `ctag` its class word
+    /// carries once migrated to that tag.
+    #[inline(always)]
+    pub(crate) fn version(self) -> usize {
+        ((self.a >> VERSION_SHIFT) & 0xff) as usize
+    }
 }
 
 const _: () = assert!(HAS_MAX_C == 1 << 32 && HAS_MAX_T == 1 << 33);
+/// A class's limits as one slot (or floors entry) stores them, with the class's version
+/// (mod `CTAG_MOD`) at bits 40..48 of the first word.
+fn pack_class(c: &ClassLimits, version: usize) -> (u64, u64) {
+    let a = u64::from(c.protected_concurrent)
+        | (u64::from(c.max_concurrent.unwrap_or(0)) << 16)
+        | if c.max_concurrent.is_some() {
+            HAS_MAX_C
+        } else {
+            0
+        }
+        | if c.max_tokens.is_some() { HAS_MAX_T } else { 0 }
+        | (((version % CTAG_MOD) as u64) << VERSION_SHIFT);
+    let b = c.protected_tokens | (c.max_tokens.unwrap_or(0) << 32);
+    (a, b)
+}
+
+/// The version and limits [`pack_class`] stored.
+#[inline]
+fn unpack_class(c: &[AtomicU64; 2]) -> (usize, HotClass) {
+    let a = c[0].load(Ordering::Acquire);
+    let b = c[1].load(Ordering::Acquire);
+    (
+        ((a >> VERSION_SHIFT) & 0xff) as usize,
+        HotClass {
+            pc: a & 0xffff,
+            mc: (a & HAS_MAX_C != 0).then_some((a >> 16) & 0xffff),
+            pt: b & 0xffff_ffff,
+            mt: (a & HAS_MAX_T != 0).then_some(b >> 32),
+        },
+    )
+}
+
+const VERSION_SHIFT: u32 = 40;
 
 /// The ring of packed limits. See the module docs.
 pub(crate) struct Ring {
     slots: [CachePadded<Slot>; RING],
+    /// Per class, its limits at each of its last `CTAG_MOD` versions (indexed by version mod
+    /// `CTAG_MOD`): what the decreases of the class protocol read for a class word's `ctag`
+    /// (module docs, "Class versions").
+    floors: [CachePadded<[[AtomicU64; 2]; CTAG_MOD]>; MAX_CLASSES],
 }
 
 impl Ring {
     pub(crate) fn new(first: &LimitsSnapshot) -> Self {
         let ring = Ring {
             slots: Default::default(),
+            floors: Default::default(),
         };
-        ring.write(0, first);
+        for (k, c) in first.classes.iter().enumerate() {
+            ring.write_floors(k, 0, c);
+        }
+        ring.write(0, first, &[0; MAX_CLASSES]);
         ring
     }
 
-    /// Writes `snap` into the slot for `tag`. Only the reconfiguration-lock holder (or the
-    /// constructor) calls this, and only for a tag that is not current.
-    pub(crate) fn write(&self, tag: usize, snap: &LimitsSnapshot) {
+    /// Writes `snap` into the slot for `tag`, with `versions[k]` the version class `k` has
+    /// under it. Only the reconfiguration-lock holder (or the constructor) calls this, and
+    /// only for a tag that is not current.
+    pub(crate) fn write(&self, tag: usize, snap: &LimitsSnapshot, versions: &[usize; MAX_CLASSES]) {
         let slot = &self.slots[tag % RING];
         let (has, budget, eff) = match snap.token_budget {
             Some(b) => (HAS_BUDGET, b.budget, b.effective(Priority::Normal)),
@@ -562,15 +622,7 @@ impl Ring {
             slot.sums.store(sum_c | (sum_t << 16), Ordering::Relaxed);
         }
         for (i, c) in snap.classes.iter().enumerate() {
-            let a = u64::from(c.protected_concurrent)
-                | (u64::from(c.max_concurrent.unwrap_or(0)) << 16)
-                | if c.max_concurrent.is_some() {
-                    HAS_MAX_C
-                } else {
-                    0
-                }
-                | if c.max_tokens.is_some() { HAS_MAX_T } else { 0 };
-            let b = c.protected_tokens | (c.max_tokens.unwrap_or(0) << 32);
+            let (a, b) = pack_class(c, versions[i]);
             slot.classes[i][0].store(a, Ordering::Relaxed);
             slot.classes[i][1].store(b, Ordering::Relaxed);
         }
@@ -587,18 +639,45 @@ impl Ring {
         }
     }
 
+    /// Writes class `k`'s limits `c` as its version `version` (mod `CTAG_MOD`) into the
+    /// class's own floors ring, before the install that brings that version in writes its
+    /// slot ([`write`](Self::write), whose `Release` fence orders these stores too). Only the
+    /// reconfiguration-lock holder (or the constructor) calls this, after the grace period
+    /// made sure no operation may still read the entry it replaces (`crate::grace`).
+    pub(crate) fn write_floors(&self, k: usize, version: usize, c: &ClassLimits) {
+        let (a, b) = pack_class(c, version);
+        let e = &self.floors[k][version % CTAG_MOD];
+        fence(Ordering::Release);
+        e[0].store(a, Ordering::Relaxed);
+        e[1].store(b, Ordering::Relaxed);
+    }
+
     /// Reads class `k`'s limits from the slot for `tag` (same caveat as [`Ring::read`]).
     #[inline]
     pub(crate) fn read_class(&self, tag: usize, k: usize) -> HotClass {
-        let c = &self.slots[tag % RING].classes[k];
-        let a = c[0].load(Ordering::Acquire);
-        let b = c[1].load(Ordering::Acquire);
-        HotClass {
-            pc: a & 0xffff,
-            mc: (a & HAS_MAX_C != 0).then_some((a >> 16) & 0xffff),
-            pt: b & 0xffff_ffff,
-            mt: (a & HAS_MAX_T != 0).then_some(b >> 32),
-        }
+        self.read_class_versioned(tag, k).1
+    }
+
+    /// [`read_class`](Self::read_class), with the version (mod `CTAG_MOD`) class `k` has
+    /// under `tag`: the `ctag` its class word carries once it is migrated to `tag`.
+    #[inline]
+    pub(crate) fn read_class_versioned(&self, tag: usize, k: usize) -> (usize, HotClass) {
+        unpack_class(&self.slots[tag % RING].classes[k])
+    }
+
+    /// Class `k`'s version (mod `CTAG_MOD`) under `tag` (same caveat as [`Ring::read`]).
+    #[inline]
+    pub(crate) fn version(&self, tag: usize, k: usize) -> usize {
+        let a = self.slots[tag % RING].classes[k][0].load(Ordering::Acquire);
+        ((a >> VERSION_SHIFT) & 0xff) as usize
+    }
+
+    /// The limits of class `k` at its version `version` (a class word's `ctag`): what the
+    /// class word carrying it is accounted under. Stable while an operation that read that
+    /// `ctag` is in progress (`crate::grace`).
+    #[inline]
+    pub(crate) fn floors(&self, k: usize, version: usize) -> HotClass {
+        unpack_class(&self.floors[k][version % CTAG_MOD]).1
     }
 
     /// Σ concurrency floors and Σ token floors of the slot for `tag`.

@@ -162,6 +162,9 @@ pub(super) fn settle_booked(
                 // SAFETY: `PINNED` is set only after `try_pin` counted a handle that was then
                 // forgotten, and this runs once per admission (its slot was just taken).
                 drop(unsafe { slot.into_pinned_handle() });
+                // Its pump's wake-ups, after the decrease's operation and the pin's drop (a
+                // waker that panics finds the state freed if this was the last owner).
+                crate::protocol::class_pump::deliver_deferred();
             } else {
                 slot.return_class_slot(k, held, class.borrowed());
             }
@@ -205,11 +208,12 @@ pub(super) fn grow_class_hold(
     delta: u64,
     new_hold: u64,
 ) -> Result<(), UsageError> {
-    crate::protocol::classed::grow_tokens(shared, k, delta).map_err(|()| {
-        UsageError::HoldTooLarge {
-            hold: new_hold,
-            max: crate::words::class_word::MAX_CLASSED_HOLD,
-        }
+    let grown = crate::protocol::classed::grow_tokens(shared, k, delta);
+    // Its pump's wake-ups, after the growth's operation (`crate::wait::list`).
+    crate::protocol::class_pump::deliver_deferred();
+    grown.map_err(|()| UsageError::HoldTooLarge {
+        hold: new_hold,
+        max: crate::words::class_word::MAX_CLASSED_HOLD,
     })?;
     let c = shared.counters.local(Counters::new);
     c.total_overrun.add(delta);

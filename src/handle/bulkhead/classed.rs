@@ -26,7 +26,13 @@ impl Bulkhead {
         // the admission's counts.
         let c = shared.counters.local(Counters::new);
         match crate::protocol::classed::try_fast(shared, c, k, r, priority) {
-            Some(a) => Ok(self.count_class_in(c, k, r, a.revision, a.resources)),
+            Some(a) => {
+                // A step the attempt took back may have pumped the queue: the waiters it
+                // answered are woken now that it left its operation (`crate::wait::list`,
+                // "Where wake-ups run"; the contended path delivers its own).
+                crate::protocol::class_pump::deliver_deferred();
+                Ok(self.count_class_in(c, k, r, a.revision, a.resources))
+            }
             None => self.try_acquire_classed_contended(c, k, r, priority),
         }
     }
@@ -44,6 +50,9 @@ impl Bulkhead {
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
+        // The fast attempt's wake-ups (if it pumped before giving up); the ceiling refusal
+        // pumps nothing, the full protocol delivers its own.
+        crate::protocol::class_pump::deliver_deferred();
         if let Some(f) = crate::protocol::classed::ceiling_refusal(&self.shared, c, k, r, priority)
         {
             // Subscribers get a copy of their own (built only for them), so that the refusal
@@ -74,8 +83,12 @@ impl Bulkhead {
         // The refusal is built inside the decision's grace-period operation (from the collect
         // that explained it, by reference), but its subscribers are called after the operation
         // left: no user code runs while an operation may hold off an install (`crate::grace`).
+        // This decision's wake-ups are delivered after it.
         let refused = |f: &_| self.count_class_refusal(k, f, r, priority);
-        match crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused) {
+        let decided =
+            crate::protocol::classed::acquire_after_fast(&self.shared, k, r, priority, refused);
+        crate::protocol::class_pump::deliver_deferred();
+        match decided {
             Ok(a) => Ok(self.count_class_admission(k, r, a.revision, a.resources)),
             Err(rej) => {
                 crate::handle::events::rejected(&self.shared, Some(k), &rej);

@@ -26,6 +26,8 @@ use super::*;
 pub struct RunContext {
     pub(in crate::llm) inner: Inner,
     pub(in crate::llm) stop: StopGuard,
+    /// The admission's timing, on a timed run only (boxed: untimed runs carry one word).
+    pub(in crate::llm) times: Option<Box<AdmittedTimes>>,
 }
 
 /// The admission: owned, or (with an armed deadline) shared with the deadline.
@@ -48,6 +50,7 @@ impl RunContext {
             _ => RunContext {
                 inner: Inner::Owned(admission),
                 stop: StopGuard::default(),
+                times: None,
             },
         }
     }
@@ -94,6 +97,7 @@ impl RunContext {
                 state: Some(stop),
                 caller: None,
             },
+            times: None,
         }
     }
 
@@ -101,6 +105,7 @@ impl RunContext {
         RunContext {
             inner: Inner::Bypassed(Box::new(b)),
             stop: StopGuard::default(),
+            times: None,
         }
     }
 
@@ -267,6 +272,47 @@ impl RunContext {
             Inner::Bypassed(b) => Some(b.raced),
             _ => None,
         }
+    }
+
+    /// How long the decision that admitted this run took, and how long of it was spent
+    /// queued (the figures an admit event carries with `Interest::DECISION_TIMING`, here read
+    /// on the bulkhead's clock at the run's own steps: see `src/llm/run/timed.rs`). `None` unless the run is timed ([`LlmBulkhead::run_timed`],
+    /// [`run_blocking_timed`](LlmBulkhead::run_blocking_timed),
+    /// [`run_shared_timed`](LlmBulkhead::run_shared_timed)): untimed runs read no clock.
+    /// In observe mode it times the decision that ended in the bypass.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.timing(), None); Ok::<_, ()>(()) }).unwrap(); // untimed
+    /// let t = llm.run_blocking_timed(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.timing().unwrap().queue_wait_ns, 0); Ok::<_, ()>(()) }); // never queued
+    /// assert!(t.value.is_ok());
+    /// ```
+    #[must_use]
+    pub fn timing(&self) -> Option<crate::Timing> {
+        self.times.as_ref().map(|t| t.timing)
+    }
+
+    /// When the run was admitted (or bypassed), as an instant of the bulkhead's clock
+    /// ([`LlmBulkhead::with_clock`]): the work's time so far is that clock's `now()` minus
+    /// this. `None` unless the run is timed (see [`timing`](Self::timing)).
+    ///
+    /// ```
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, ManualClock, NaiveEstimator, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// clock.advance(Duration::from_secs(1));
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator).with_clock(clock.clone());
+    /// let t = llm.run_blocking_timed(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     Ok::<_, ()>(ctx.admitted_at()) });
+    /// assert_eq!(t.value.unwrap(), Some(clock.origin() + Duration::from_secs(1)));
+    /// ```
+    #[must_use]
+    pub fn admitted_at(&self) -> Option<Instant> {
+        self.times.as_ref().map(|t| t.admitted_at)
     }
 
     /// The admission's id, or a bypass's shadow id ([`RunId::is_shadow`]).
@@ -529,6 +575,7 @@ impl fmt::Debug for RunContext {
             .field("reservation", &self.reservation())
             .field("resources", &self.resources())
             .field("stop_requested", &self.stop_requested())
+            .field("timing", &self.timing())
             .finish_non_exhaustive()
     }
 }

@@ -23,6 +23,8 @@ pub struct LlmBulkhead {
     pub(in crate::llm) dedup: Option<Arc<crate::llm::shared_run::SharedDedup>>,
     /// The bulkhead's observe-mode counters (one set per bulkhead, looked up once here).
     pub(in crate::llm) observe: Arc<ObserveCounters>,
+    /// The clock of timed runs (`None`: the system clock), see [`LlmBulkhead::with_clock`].
+    pub(in crate::llm) clock: Option<Arc<dyn crate::llm::clock::Clock>>,
 }
 
 impl fmt::Debug for LlmBulkhead {
@@ -63,6 +65,7 @@ impl LlmBulkhead {
             bulkhead,
             estimator,
             dedup: None,
+            clock: None,
         }
     }
 
@@ -253,6 +256,9 @@ impl LlmBulkhead {
     /// [`run_shared`](Self::run_shared) with [`RunOptions::detach_at_deadline`] does the
     /// seed's detach (contract §12 lists each entry point).
     ///
+    /// It reads no clock: [`run_blocking_timed`](Self::run_blocking_timed) is the same call
+    /// with its decision, queue and work time ([`RunTiming`](crate::llm::RunTiming)).
+    ///
     /// In observe mode (`options.mode`, see [`Mode`]) a refusal for one of the shadow reasons
     /// runs `work` anyway, bypassed: without an admission, holding nothing, reported by its
     /// own events ([`LlmEvent`](crate::llm::LlmEvent)) and `stats().observe`. `shutdown` and
@@ -278,31 +284,59 @@ impl LlmBulkhead {
     pub fn run_blocking<R, E, U, F>(
         &self,
         request: &LlmRequest,
-        mut options: RunOptions<U>,
+        options: RunOptions<U>,
         work: F,
     ) -> Result<R, RunError<E>>
     where
         U: UsageFrom<R>,
         F: FnOnce(&mut RunContext) -> Result<R, E>,
     {
-        let demand = self.prepare(request, &options).map_err(RunError::Invalid)?;
+        self.run_blocking_in(request, options, work, NoWatch)
+    }
+
+    /// The body of `run_blocking` and `run_blocking_timed`: `w` takes the readings (none,
+    /// untimed).
+    pub(in crate::llm) fn run_blocking_in<R, E, U, F, W>(
+        &self,
+        request: &LlmRequest,
+        mut options: RunOptions<U>,
+        work: F,
+        mut w: W,
+    ) -> W::Out<Result<R, RunError<E>>>
+    where
+        U: UsageFrom<R>,
+        F: FnOnce(&mut RunContext) -> Result<R, E>,
+        W: Stopwatch,
+    {
+        let demand = match self.prepare(request, &options) {
+            Ok(d) => d,
+            Err(e) => return w.wrap(Err(RunError::Invalid(e))),
+        };
         // The fields are read in place: moving them out of `options` copied them, and the
         // caller's token is needed only when the fast decision declines (it declines when
         // there is one).
         let deadline = options.borrowed_concurrency_deadline.take();
+        w.start();
         let mut ctx = match admit_now(&self.bulkhead, &demand, &options.wait) {
             Some(a) => RunContext::new(a, deadline),
-            None => self
-                .admit_blocking(
+            None => {
+                w.waiting();
+                let admitted = self.admit_blocking(
                     demand,
                     std::mem::take(&mut options.wait),
                     options.mode,
                     deadline,
-                )
-                .map_err(RunError::Rejected)?,
+                    w.queued(),
+                );
+                match admitted {
+                    Ok(ctx) => ctx,
+                    Err(rej) => return w.refused(rej),
+                }
+            }
         };
+        w.admitted(&mut ctx);
         let out = work(&mut ctx);
-        settle(&mut ctx, out, &options.usage)
+        w.answer(|| settle(&mut ctx, out, &options.usage))
     }
 
     /// `run_blocking` after the fast decision declined: the waiting acquire (enforce) or the
@@ -315,13 +349,18 @@ impl LlmBulkhead {
         wait: WaitOptions,
         mode: Mode,
         deadline: Option<Deadline>,
+        queued: Option<&mut bool>,
     ) -> Result<RunContext, Rejection> {
         let caller = wait.cancel.clone();
         let mut ctx = match mode {
-            Mode::Enforce => {
-                RunContext::new(self.bulkhead.acquire_blocking(demand, wait)?, deadline)
+            Mode::Enforce => RunContext::new(
+                self.bulkhead
+                    .acquire_blocking_noting(demand, wait, queued)?,
+                deadline,
+            ),
+            Mode::Observe(shadow) => {
+                self.observe_blocking(demand, wait, shadow, deadline, queued)?
             }
-            Mode::Observe(shadow) => self.observe_blocking(demand, wait, shadow, deadline)?,
         };
         ctx.set_caller(caller);
         Ok(ctx)
@@ -336,12 +375,16 @@ impl LlmBulkhead {
         wait: WaitOptions,
         shadow: ShadowReasons,
         deadline: Option<Deadline>,
+        queued: Option<&mut bool>,
     ) -> Result<RunContext, Rejection> {
         let advised = match self.advise(&demand, shadow) {
             Ok(admits) => admits,
             Err(rej) => return self.bypass(&demand, &wait, rej, false),
         };
-        match self.bulkhead.acquire_blocking(demand, wait.clone()) {
+        match self
+            .bulkhead
+            .acquire_blocking_noting(demand, wait.clone(), queued)
+        {
             Ok(a) => Ok(RunContext::new(a, deadline)),
             Err(rej) if shadow.contains(rej.reason) => self.bypass(&demand, &wait, rej, advised),
             Err(rej) => Err(rej),
@@ -355,12 +398,13 @@ impl LlmBulkhead {
         wait: WaitOptions,
         shadow: ShadowReasons,
         deadline: Option<Deadline>,
+        queued: Option<&mut bool>,
     ) -> Result<RunContext, Rejection> {
         let advised = match self.advise(&demand, shadow) {
             Ok(admits) => admits,
             Err(rej) => return self.bypass(&demand, &wait, rej, false),
         };
-        match self.bulkhead.acquire(demand, wait.clone()).await {
+        match acquire_noting(&self.bulkhead, demand, wait.clone(), queued).await {
             Ok(a) => Ok(RunContext::new(a, deadline)),
             Err(rej) if shadow.contains(rej.reason) => self.bypass(&demand, &wait, rej, advised),
             Err(rej) => Err(rej),
@@ -442,6 +486,9 @@ impl LlmBulkhead {
     /// answered `Deadline`. Without a deadline, or on a slot that is not borrowed, nothing of
     /// this runs (the common call takes one branch more).
     ///
+    /// It reads no clock: [`run_timed`](Self::run_timed) is the same call with its decision,
+    /// queue and work time ([`RunTiming`](crate::llm::RunTiming)).
+    ///
     /// # Cancel safety
     /// Dropping the future at any point leaks nothing: while it waits for a slot its waiter
     /// leaves the queue (a slot handed to it passes on); once admitted, dropping it drops
@@ -477,32 +524,65 @@ impl LlmBulkhead {
         U: UsageFrom<R> + 'a,
         F: AsyncFnOnce(&mut RunContext) -> Result<R, E> + 'a,
     {
+        self.run_in(request, options, work, NoWatch)
+    }
+
+    /// The body of `run` and `run_timed`: `w` takes the readings (none, untimed).
+    #[inline(always)]
+    pub(in crate::llm) fn run_in<'a, R, E, U, F, W>(
+        &'a self,
+        request: &LlmRequest,
+        options: RunOptions<U>,
+        work: F,
+        mut w: W,
+    ) -> impl Future<Output = W::Out<Result<R, RunError<E>>>> + 'a
+    where
+        R: 'a,
+        E: 'a,
+        U: UsageFrom<R> + 'a,
+        F: AsyncFnOnce(&mut RunContext) -> Result<R, E> + 'a,
+        W: Stopwatch + 'a,
+    {
         // Validation and estimation happen now, so the future does not borrow the request.
         let prepared = self.prepare(request, &options);
         let mut options = options;
         async move {
-            let demand = prepared.map_err(RunError::Invalid)?;
+            let demand = match prepared {
+                Ok(d) => d,
+                Err(e) => return w.wrap(Err(RunError::Invalid(e))),
+            };
             // As `run_blocking`: the fields are read in place, and the caller's token is
             // cloned only when the fast decision declines (it declines when there is one).
             let deadline = options.borrowed_concurrency_deadline.take();
+            w.start();
             let mut ctx = match admit_now(&self.bulkhead, &demand, &options.wait) {
                 Some(a) => RunContext::new(a, deadline),
-                // Boxed: the queue node is large, and the future of every run would carry it.
-                None => Box::pin(self.admit_async(
-                    demand,
-                    std::mem::take(&mut options.wait),
-                    options.mode,
-                    deadline,
-                ))
-                .await
-                .map_err(RunError::Rejected)?,
+                None => {
+                    w.waiting();
+                    // Boxed: the queue node is large, and the future of every run would carry it.
+                    let admitted = Box::pin(self.admit_async(
+                        demand,
+                        std::mem::take(&mut options.wait),
+                        options.mode,
+                        deadline,
+                        w.queued(),
+                    ))
+                    .await;
+                    match admitted {
+                        Ok(ctx) => ctx,
+                        Err(rej) => return w.refused(rej),
+                    }
+                }
             };
+            w.admitted(&mut ctx);
             if ctx.is_leased() {
                 // Boxed: rare, and the future of every run would carry its state.
-                return Box::pin(until_deadline(&mut ctx, work, &options.usage)).await;
+                let out = Box::pin(until_deadline(&mut ctx, work, &options.usage)).await;
+                w.ended();
+                return w.wrap(out);
             }
             let out = work(&mut ctx).await;
-            settle(&mut ctx, out, &options.usage)
+            w.answer(|| settle(&mut ctx, out, &options.usage))
         }
     }
 
@@ -515,11 +595,18 @@ impl LlmBulkhead {
         wait: WaitOptions,
         mode: Mode,
         deadline: Option<Deadline>,
+        queued: Option<&mut bool>,
     ) -> Result<RunContext, Rejection> {
         let caller = wait.cancel.clone();
         let mut ctx = match mode {
-            Mode::Enforce => RunContext::new(self.bulkhead.acquire(demand, wait).await?, deadline),
-            Mode::Observe(shadow) => self.observe_async(demand, wait, shadow, deadline).await?,
+            Mode::Enforce => RunContext::new(
+                acquire_noting(&self.bulkhead, demand, wait, queued).await?,
+                deadline,
+            ),
+            Mode::Observe(shadow) => {
+                self.observe_async(demand, wait, shadow, deadline, queued)
+                    .await?
+            }
         };
         ctx.set_caller(caller);
         Ok(ctx)
@@ -556,7 +643,10 @@ pub(in crate::llm) fn admit_now(
     let g = if shared.classed {
         let k = b.class_index(demand.class())?;
         let c = shared.counters.local(crate::record::stats::Counters::new);
-        let a = crate::protocol::classed::try_fast(shared, c, k, r, priority)?;
+        let fast = crate::protocol::classed::try_fast(shared, c, k, r, priority);
+        // Wake-ups of a pump the attempt ran, after its operation (`crate::wait::list`).
+        crate::protocol::class_pump::deliver_deferred();
+        let a = fast?;
         b.count_class_in(c, k, r, a.revision, a.resources)
     } else if demand.class().is_some() {
         return None;
@@ -564,6 +654,23 @@ pub(in crate::llm) fn admit_now(
         b.try_decide(r, priority).ok()?
     };
     Some(b.admission_from(g, priority, reservation))
+}
+
+/// [`Bulkhead::acquire`], also telling `queued` (when given) whether the demand waited in the
+/// queue (a timed run's reading).
+pub(in crate::llm) async fn acquire_noting(
+    b: &Bulkhead,
+    demand: Demand,
+    wait: WaitOptions,
+    queued: Option<&mut bool>,
+) -> Result<Admission, Rejection> {
+    let Some(queued) = queued else {
+        return b.acquire(demand, wait).await;
+    };
+    let mut acquire = std::pin::pin!(b.acquire(demand, wait));
+    let out = acquire.as_mut().await;
+    *queued = acquire.was_queued();
+    out
 }
 
 /// Runs `work` on a context whose borrowed slot has an armed deadline, and answers at expiry

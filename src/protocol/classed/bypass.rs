@@ -100,9 +100,9 @@ pub(crate) fn may_bypass(shared: &Shared, k: usize, r: u64) -> bool {
     let _op = crate::grace::op(shared.grace_id);
     let g = GWord(shared.word.load(SeqCst));
     let lim = shared.ring.read(g.tag());
-    let l = shared.ring.read_class(g.tag(), k);
+    let (ver, l) = shared.ring.read_class_versioned(g.tag(), k);
     let c = CWord(shared.class_words[k].load(SeqCst));
-    c.ctag() == g.tag() % CTAG_MOD
+    c.ctag() == ver
         && protected(&l, c.in_flight(), c.tokens(), r)
         && room(g, &lim)
         && class_not_queued(shared, k)

@@ -92,7 +92,7 @@ pub(super) fn explain<T>(
     let mut helped = false;
     for (k, w) in shared.class_words.iter().enumerate() {
         let c = CWord(w.load(SeqCst));
-        if c.ctag() != g.tag() % CTAG_MOD {
+        if c.ctag() != shared.ring.version(g.tag(), k) {
             help_migrate(shared, k, c, req.in_queue);
             helped = true;
         }
@@ -145,7 +145,8 @@ pub(super) fn explain<T>(
 ///
 /// It reads the shared word (closed: `None`, the full path answers `shutdown`), the class's
 /// limits under its tag, then every class word once, the collect that [`explain`] decides on:
-/// all on that tag (a class still on the previous one needs its migration helped: `None`), the
+/// each at its class's version under that tag (one still on an older one needs its migration
+/// helped: `None`), the
 /// class's own `(n, t)`, and the totals `G`, `T`. A re-read of the shared word with the same tag
 /// shows that the limits read are those of every word of the collect (no tag comes back during
 /// an operation, `crate::grace`). On that collect, as [`explain`] and the sequential model decide:
@@ -177,7 +178,12 @@ pub(crate) fn ceiling_refusal(
     let (mut n_sum, mut t_sum, mut own) = (0, 0, CWord(0));
     for (j, w) in shared.class_words.iter().enumerate() {
         let w = CWord(w.load(SeqCst));
-        if w.ctag() != tag % CTAG_MOD {
+        let version = if j == k {
+            l.version()
+        } else {
+            shared.ring.version(tag, j)
+        };
+        if w.ctag() != version {
             return None;
         }
         n_sum += w.in_flight();

@@ -35,32 +35,49 @@ pub(super) fn class_decrease(shared: &Shared, k: usize, slots: u64, tokens: u64,
     }
 }
 
-/// Migrates class `k` (found at `seen`) to the current tag, if the shared word's tag is one
-/// ahead of it; otherwise does nothing (the caller starts again with fresh reads).
+/// Migrates class `k` (found at `seen`) to the version the current tag gives it, if it is one
+/// behind; otherwise does nothing (the caller starts again with fresh reads).
 pub(super) fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: bool) {
     let g = GWord(shared.word.load(SeqCst));
-    if seen.ctag() == g.tag().wrapping_sub(1) % CTAG_MOD {
+    if seen.ctag() == behind(shared.ring.version(g.tag(), k)) {
         let visit = migrate(shared, k, g.tag());
         visit_queue(shared, visit, in_queue);
     }
 }
 
-/// Moves class `k`'s accounting to the floors of `tag` (module docs, "Reconfiguration"):
-/// one CAS on the class word, then the exact change replaces the reconfigurer's advance.
-/// Returns whether that decrease found `WAITERS` set (the caller visits the queue).
+/// The class version before `ver` (mod `CTAG_MOD`).
+#[inline]
+fn behind(ver: usize) -> usize {
+    (ver + CTAG_MOD - 1) % CTAG_MOD
+}
+
+/// Moves class `k`'s accounting to the version (and limits) that `tag` gives it (module docs,
+/// "Reconfiguration"): one CAS on the class word, then the exact change replaces the
+/// reconfigurer's advance. Does nothing if the class word is not one version behind (already
+/// migrated, or the install of `tag` left the class's limits as they were). Returns whether
+/// that decrease found `WAITERS` set (the caller visits the queue).
+///
+/// A helper holds no lock: the slot of `tag` it reads may be rewritten by an install four tags
+/// later (the global ring is not protected by the grace period, `crate::grace`), so what it
+/// read counts only if the tag is still `tag` afterwards. Then the migration CAS is sound: if
+/// the tag moves after that check, the install of `tag` has migrated the class before the
+/// next install began, and the CAS (expecting the version before) fails.
 #[must_use]
 pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
     let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
-    let new = shared.ring.read_class(tag, k);
+    let (ver, new) = shared.ring.read_class_versioned(tag, k);
     let mut c = CWord(cw.load(SeqCst));
+    if c.ctag() != behind(ver) || !tag_is(shared, tag) {
+        return false;
+    }
     loop {
-        if c.ctag() != tag.wrapping_sub(1) % CTAG_MOD {
+        if c.ctag() != behind(ver) {
             return false; // already migrated (or not ours to do)
         }
         let old = floors_of(shared, c, k);
         let (n, t) = (c.in_flight(), c.tokens());
-        match cw.compare_exchange_weak(c.0, c.with_ctag(tag).0, SeqCst, SeqCst) {
+        match cw.compare_exchange_weak(c.0, c.with_ctag(ver).0, SeqCst, SeqCst) {
             Ok(_) => {
                 let du = n.max(new.pc) as i64 - n.max(old.pc) as i64;
                 let dv = t.max(new.pt) as i64 - t.max(old.pt) as i64;
@@ -71,6 +88,13 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
             Err(actual) => c = CWord(actual),
         }
     }
+}
+
+/// Whether the shared word's tag is still `tag` (a count, compared in the word's width).
+#[inline]
+fn tag_is(shared: &Shared, tag: usize) -> bool {
+    let now = GWord(shared.word.load(SeqCst)).tag();
+    now == tag % (1 << crate::words::state::TAG_BITS)
 }
 
 /// What a release of one slot and `held` tokens of class `k` reads from the class word `c` it

@@ -31,7 +31,10 @@ impl Bulkhead {
                     && w.waiters()
                     && !crate::protocol::classed::may_bypass(shared, k, r)));
         if !to_queue {
-            match crate::protocol::classed::acquire(shared, k, r, priority) {
+            let decided = crate::protocol::classed::acquire(shared, k, r, priority);
+            // Wake-ups of a pump the decision ran, after its operation (`crate::wait::list`).
+            crate::wait::list::deliver_deferred();
+            match decided {
                 Ok(a) => {
                     return Enter::Granted(self.count_class_admission(
                         k,

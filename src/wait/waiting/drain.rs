@@ -47,7 +47,7 @@ impl Bulkhead {
         if report.drained || timeout == Some(Duration::ZERO) {
             return report;
         }
-        let id = self.register_drainer(Notify::Thread(crate::sync::thread::current()));
+        let id = self.register_drainer(Notify::Thread(crate::sync::thread::current()).into());
         // Unregisters on every way out, an unwind included (a registration left behind would
         // keep `WAITERS` up for good).
         struct Registered<'a>(&'a Bulkhead, u64);
@@ -114,7 +114,7 @@ impl Bulkhead {
 
     /// Registers a drainer and raises `WAITERS` (with classes: `C_QUEUE` on the class words),
     /// so releases take the slow path that wakes it.
-    fn register_drainer(&self, n: Notify) -> u64 {
+    fn register_drainer(&self, n: std::sync::Arc<Notify>) -> u64 {
         let shared = &*self.shared;
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
@@ -131,12 +131,23 @@ impl Bulkhead {
         let shared = &*self.shared;
         let guard = self.shared.slow_path();
         let mut q = guard.lock_queue();
-        q.remove_drainer(id);
+        let gone = q.remove_drainer(id);
         if shared.classed {
             sync_class_flags(shared, &mut q);
         } else {
             clear_waiters(shared, &q);
         }
+        // Its waker goes after the unlock (a drop runs the user's code).
+        drop(q);
+        drop(gone);
+    }
+
+    /// Gives drainer `id` a new waker (cloned by the caller, before this locks); the old one
+    /// is dropped after the unlock.
+    fn update_drainer(&self, id: u64, n: std::sync::Arc<Notify>) {
+        let guard = self.shared.slow_path();
+        let old = guard.lock_queue().update_drainer(id, n);
+        drop(old);
     }
 }
 
@@ -178,7 +189,7 @@ impl Future for Drain<'_> {
         }
         match this.drainer {
             None => {
-                this.drainer = Some(b.register_drainer(Notify::Waker(cx.waker().clone())));
+                this.drainer = Some(b.register_drainer(Notify::Waker(cx.waker().clone()).into()));
                 // The state may have become idle before the registration: look again.
                 let report = b.drain_report();
                 if report.drained {
@@ -186,11 +197,7 @@ impl Future for Drain<'_> {
                     return Poll::Ready(report);
                 }
             }
-            Some(id) => b
-                .shared
-                .slow_path()
-                .lock_queue()
-                .update_drainer(id, Notify::Waker(cx.waker().clone())),
+            Some(id) => b.update_drainer(id, Notify::Waker(cx.waker().clone()).into()),
         }
         // The deadline runs on the timer thread.
         if let Some(at) = this.until {

@@ -120,6 +120,15 @@ impl Future for Acquire<'_> {
     }
 }
 
+#[cfg(feature = "llm")]
+impl Acquire<'_> {
+    /// Whether the demand entered the queue (the LLM layer's timed runs, its one user, read
+    /// it once the future is answered).
+    pub(crate) fn was_queued(&self) -> bool {
+        self.queued
+    }
+}
+
 impl Acquire<'_> {
     /// The decision timing of this poll (`Interest::DECISION_TIMING`): the first poll reads
     /// the clock only if a subscriber asked (one relaxed load otherwise). A queued waiter's
@@ -143,22 +152,22 @@ impl Acquire<'_> {
     fn start_waiting(&mut self, cx: &mut Context<'_>) -> Poll<Result<Granted, Rejection>> {
         let b = self.bulkhead;
         let (r, k, priority, _) = b.demand_parts(&self.demand);
-        let slot = &mut self.wait;
-        let waker = cx.waker();
-        let make = node_maker(move || {
-            let w = slot.insert(Wait {
-                // The waker is cloned only here, if the demand queues.
-                node: Waiter::new(r, k, priority, Notify::Waker(waker.clone())),
-                deadline: None,
-                timer: None,
-                cancel_reg: None,
-                since: None,
-                queue_wait: None,
-            });
-            // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned
-            // was moved or dropped by this write.
-            unsafe { Pin::new_unchecked(&w.node) }
+        // The node is built, with its clone of the waker, before the queue lock (a clone runs
+        // the user's code, `crate::wait::list`, "Where wake-ups run"); the enqueue only links
+        // it under the lock. If the demand is answered there instead, the node is never
+        // linked, and its waker goes with the future.
+        let w = self.wait.insert(Wait {
+            node: Waiter::new(r, k, priority, Notify::Waker(cx.waker().clone())),
+            deadline: None,
+            timer: None,
+            cancel_reg: None,
+            since: None,
+            queue_wait: None,
         });
+        // SAFETY: the future is pinned, so `wait` is too; it was `None`, so nothing pinned was
+        // moved or dropped by this write.
+        let node = unsafe { Pin::new_unchecked(&w.node) };
+        let make = node_maker(move || node);
         match b.enter_after_fast(k, r, priority, make) {
             Enter::Granted(g) => {
                 self.finished = true;
@@ -250,10 +259,22 @@ impl Acquire<'_> {
             let guard = b.shared.slow_path();
             let q = guard.lock_queue();
             if !node.is_done() {
-                if node.needs_waker(&q, cx.waker()) {
-                    node.set_notify(&q, Notify::Waker(cx.waker().clone()));
+                if !node.needs_waker(&q, cx.waker()) {
+                    return Poll::Pending;
                 }
-                return Poll::Pending;
+                // A new waker: cloned outside the lock, and the old one dropped outside it
+                // (both run the user's code, `crate::wait::list`, "Where wake-ups run").
+                drop(q);
+                let fresh = Notify::Waker(cx.waker().clone());
+                let q = guard.lock_queue();
+                if !node.is_done() {
+                    let old = node.replace_notify(&q, fresh);
+                    drop(q);
+                    drop(old);
+                    return Poll::Pending;
+                }
+                drop(q);
+                drop(fresh);
             }
         }
         end_registrations(timer, self.options.cancel.as_ref(), cancel_reg);

@@ -1,0 +1,129 @@
+//! Models of the coordinator's own code (`src/coordinator/`, not a miniature): its uncontended
+//! path (atomic client and provider words, the sharded key table, no mutex) against its queued
+//! path (the wait's mutex), with fake clocks.
+//!
+//! 1. A completion on the uncontended path against a newcomer on the uncontended path, with a
+//!    ticket queued for the completing key (client limit 1): the freed slot goes to the queued
+//!    ticket, inside the completion or inside the newcomer's own queued judgement, never to
+//!    the newcomer (no over-admission, no overtaking); the queued ticket is started (a lost
+//!    start leaves its owner parked forever: loom reports a deadlock). Broken variants:
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_FAST_IGNORES_WAITERS=1` (the uncontended admission does
+//!    not look at the `WAITERS` bit: the newcomer takes the slot between the completion's
+//!    `fetch_sub` and its start rule) and `LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS=1`
+//!    (a completion never runs the start rule: the queued ticket is never started);
+//! 2. a ticket queued for a running key against that key's completion: whichever comes first,
+//!    the ticket starts (no lost wake-up). Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN=1` (the queued path raises `WAITERS` but does not
+//!    wait for the uncontended operations in flight: a completion that opened its bracket
+//!    before frees the key after the judgement saw it held, and runs no start rule, so the
+//!    ticket waits forever) and `..._RELEASE_IGNORES_WAITERS=1`;
+//! 3. two uncontended admissions for the last client slot: exactly one starts (no
+//!    over-admission), the other is judged by the queued path and refused.
+#![cfg(loom)]
+
+mod common;
+
+use common::model;
+use llm_bulkhead::coordinator::testing::ManualClocks;
+use llm_bulkhead::coordinator::{Coordinator, Invocation, ProviderLimits, SubmitOptions};
+use loom::thread;
+use std::time::Duration;
+
+fn coordinator(client_limit: u32, queue_cap: usize) -> Coordinator<u8> {
+    let clocks = ManualClocks::new(Duration::ZERO);
+    Coordinator::builder()
+        .client_limit(client_limit)
+        .queue_cap(queue_cap)
+        .provider("a", ProviderLimits::default())
+        .clocks(clocks.clocks())
+        .build()
+        .unwrap()
+}
+
+/// Submits a ticket for key `key` that starts at once.
+fn start(c: &Coordinator<u8>, key: u8) -> Invocation<u8> {
+    let t = c.submit("a", key, SubmitOptions::default()).unwrap();
+    assert!(t.is_started(), "key {key} should start at once");
+    t.wait_blocking().unwrap()
+}
+
+fn assert_at_rest(c: &Coordinator<u8>) {
+    let s = c.snapshot();
+    assert_eq!(s.client_in_flight, 0, "client slot leaked: {s:?}");
+    assert_eq!(s.providers[0].in_flight, 0, "provider slot leaked: {s:?}");
+    assert!(s.running.is_empty(), "key leaked: {s:?}");
+    assert!(s.queue.is_empty(), "ticket left queued: {s:?}");
+}
+
+#[test]
+fn a_completion_hands_its_slot_to_the_queued_ticket_not_to_an_uncontended_newcomer() {
+    model(|| {
+        let c = coordinator(1, 2);
+        let running = start(&c, 1);
+        let queued = c.submit("a", 1, SubmitOptions::default()).unwrap();
+        assert!(!queued.is_started(), "key 1 is running");
+        let c2 = c.clone();
+        let newcomer = thread::spawn(move || {
+            let t = c2.submit("a", 2, SubmitOptions::default()).unwrap();
+            let started = t.is_started();
+            (t, started)
+        });
+        running.complete();
+        let (newcomer, started_at_once) = newcomer.join().unwrap();
+        assert!(
+            !started_at_once,
+            "the newcomer took the slot the completion freed for the queued ticket"
+        );
+        let first = queued.wait_blocking().expect("the queued ticket starts");
+        assert_eq!(c.snapshot().client_in_flight, 1);
+        first.complete();
+        newcomer
+            .wait_blocking()
+            .expect("then the newcomer")
+            .complete();
+        assert_at_rest(&c);
+    });
+}
+
+#[test]
+fn a_ticket_queued_while_its_key_completes_is_started() {
+    model(|| {
+        let c = coordinator(2, 1);
+        let running = start(&c, 1);
+        let c2 = c.clone();
+        let later = thread::spawn(move || {
+            // Queued (key 1 runs) or started at once (the completion came first): either
+            // way it must start.
+            let inv = c2
+                .submit("a", 1, SubmitOptions::default())
+                .unwrap()
+                .wait_blocking()
+                .expect("the later ticket starts");
+            inv.complete();
+        });
+        running.complete();
+        later.join().unwrap();
+        assert_at_rest(&c);
+    });
+}
+
+/// Two uncontended admissions for the last client slot (client limit 1, no queue): exactly one
+/// starts, the other is refused with overflow after the queued path judged it; nothing leaks.
+#[test]
+fn two_uncontended_admissions_for_the_last_slot_start_one() {
+    model(|| {
+        let c = coordinator(1, 0);
+        let c2 = c.clone();
+        let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).ok());
+        let mine = c.submit("a", 1, SubmitOptions::default()).ok();
+        let other = other.join().unwrap();
+        let started = [&mine, &other]
+            .iter()
+            .filter(|t| t.as_ref().is_some_and(|t| t.is_started()))
+            .count();
+        assert_eq!(started, 1, "the client limit of 1 admitted {started}");
+        assert_eq!(c.snapshot().client_in_flight, 1);
+        drop((mine, other));
+        assert_at_rest(&c);
+    });
+}

@@ -1,0 +1,472 @@
+//! The coordinator's counters as atomics, shared by the uncontended path (no mutex) and the
+//! queued path (under the wait's mutex): the client word, one word per provider, the
+//! cooldown gate, and the table of running keys.
+//!
+//! # The uncontended path
+//!
+//! A submit first tries [`Gates::try_admit`]: a CAS on the client word (which also says
+//! whether anybody waits and whether the coordinator is closed), a CAS on its provider's
+//! word, one load of the provider's cooldown gate, and the key's claim in a sharded table.
+//! It reads the monotonic clock only when the gate holds a cooldown (or the caller needs the
+//! start instant: an attempt timeout, recorded events). Anything it cannot take undoes what
+//! it took and sends the ticket to the queued path, which judges it under the mutex.
+//!
+//! # Why the queued path sees no half-done uncontended operation
+//!
+//! The client word's `WAITERS` bit is up whenever a ticket is queued: the queued path raises
+//! it (under the mutex) *before* it judges a newcomer that may have to queue (one that can
+//! start while nobody is queued jumps nobody and is started without it), and lowers it only
+//! when the queue is empty. Every uncontended operation is bracketed in the client word: its first RMW (a CAS
+//! that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
+//! `WAITERS`, the queued path waits until `BUSY` is zero before it judges anything: from then
+//! until the queue is empty again, no uncontended operation starts (an admission goes to the
+//! queued path, a completion gives its slots back under the mutex and runs the start rule
+//! there), and none is half done. So the start rule scans a state that only changes under the
+//! mutex: it is the same as if every operation took the mutex (COORDINATOR.md §4.2, C1), and a
+//! slot or key freed while a ticket is queued always reaches the start rule (no lost wake-up).
+//!
+//! A half-done operation seen by a scan would break that: a completion that freed its key in
+//! the middle of a scan would let a later ticket for that key start ahead of an earlier one
+//! judged a moment before (I6); an admission's undo, the same.
+//!
+//! The wait for `BUSY` to drain spins (yielding) under the mutex; it happens only when a
+//! ticket must queue while an uncontended operation is in flight, which then needs no lock to
+//! finish.
+//!
+//! # Memory ordering
+//!
+//! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): the bracket's
+//! closing RMW is a release that the queued path's drain (an acquire load that reads it, or a
+//! later value of its release sequence) synchronises with, so it sees every change of the key
+//! table and the provider words made inside the bracket. The key table's shards are mutexes.
+//! The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
+//! expired) only by a CAS from the exact expired value, so a raise is never lost.
+
+use super::TicketId;
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+use crate::wait::cancel::CancelToken;
+use crossbeam_utils::CachePadded;
+use std::hash::{BuildHasher, Hash};
+use std::time::Duration;
+
+/// The client word's in-flight count (the low 32 bits).
+pub(crate) const COUNT: u64 = u32::MAX as u64;
+/// One uncontended operation in flight (bits 32..56).
+const BUSY: u64 = 1 << 32;
+/// The count of uncontended operations in flight.
+const BUSY_MASK: u64 = ((1 << 24) - 1) << 32;
+/// Some ticket is queued (or a newcomer is being judged under the mutex).
+pub(crate) const WAITERS: u64 = 1 << 62;
+/// The coordinator is closed.
+pub(crate) const CLOSED: u64 = 1 << 63;
+
+/// One provider's limit and counters.
+pub(crate) struct ProviderGate {
+    /// Running invocations of the provider.
+    in_flight: CachePadded<AtomicU64>,
+    /// The limit (`u64::MAX`: none).
+    limit: u64,
+    /// `min_interval` is not zero: every start goes through the mutex (it stamps pacing).
+    paced: bool,
+    /// The cooldown's not-before instant in nanoseconds (saturating; 0: none). It is at
+    /// least the mutex-side not-before whenever that is still in the future.
+    cool_until: AtomicU64,
+}
+
+impl ProviderGate {
+    pub(crate) fn new(limit: Option<u32>, min_interval: Duration) -> Self {
+        ProviderGate {
+            in_flight: CachePadded::new(AtomicU64::new(0)),
+            limit: limit.map_or(u64::MAX, u64::from),
+            paced: !min_interval.is_zero(),
+            cool_until: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes a provider slot if one is free.
+    fn claim(&self) -> bool {
+        let mut n = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if n >= self.limit {
+                return false;
+            }
+            match self.in_flight.compare_exchange_weak(
+                n,
+                n + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(x) => n = x,
+            }
+        }
+    }
+
+    fn unclaim(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Acquire) as u32
+    }
+
+    /// Raises the cooldown gate to `until` (called under the wait's mutex with the new
+    /// not-before instant).
+    pub(crate) fn cool(&self, until: Duration) {
+        let n = nanos(until);
+        if n > 0 {
+            self.cool_until.fetch_max(n, Ordering::AcqRel);
+        }
+    }
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A running key's entry: its ticket, and the invocation's signal once somebody asked for it.
+struct Running {
+    ticket: TicketId,
+    signal: Option<CancelToken>,
+}
+
+type Shard<K> = CachePadded<Mutex<foldhash::HashMap<K, Running>>>;
+
+/// The running keys, in shards (a key's shard by its hash): a key is present exactly while
+/// an invocation of it runs, so the table holds at most `client_limit` keys however many
+/// distinct keys pass through.
+pub(crate) struct KeyTable<K> {
+    shards: Box<[Shard<K>]>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl<K: Hash + Eq + Clone> KeyTable<K> {
+    /// Enough shards that threads starting different keys rarely meet, and no more than the
+    /// keys that can run at once need.
+    fn new(client_limit: u32) -> Self {
+        let n = client_limit.clamp(1, 64).next_power_of_two() as usize;
+        KeyTable {
+            shards: (0..n)
+                .map(|_| CachePadded::new(Mutex::new(foldhash::HashMap::default())))
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
+        }
+    }
+
+    fn shard(&self, key: &K) -> &Mutex<foldhash::HashMap<K, Running>> {
+        let h = self.hasher.hash_one(key) as usize;
+        &self.shards[h & (self.shards.len() - 1)]
+    }
+
+    /// Claims `key` for the ticket `ticket()` names (called only if the key is idle).
+    fn claim(&self, key: &K, ticket: impl FnOnce() -> TicketId) -> Option<TicketId> {
+        let mut g = lock(self.shard(key));
+        if g.contains_key(key) {
+            return None;
+        }
+        let ticket = ticket();
+        g.insert(
+            key.clone(),
+            Running {
+                ticket,
+                signal: None,
+            },
+        );
+        Some(ticket)
+    }
+
+    /// Frees `key`; returns its signal (to drop outside the shard's lock).
+    fn release(&self, key: &K) -> Option<CancelToken> {
+        lock(self.shard(key)).remove(key).and_then(|r| r.signal)
+    }
+
+    /// The signal of the invocation running `key` for `ticket`, made on first use (cancelled
+    /// at once if the coordinator is closed: the close's scan may have passed this shard).
+    fn signal(&self, key: &K, ticket: TicketId, closed: impl Fn() -> bool) -> CancelToken {
+        let mut g = lock(self.shard(key));
+        match g.get_mut(key) {
+            Some(r) if r.ticket == ticket => r
+                .signal
+                .get_or_insert_with(|| {
+                    let s = CancelToken::new();
+                    if closed() {
+                        s.cancel();
+                    }
+                    s
+                })
+                .clone(),
+            // Not running (cannot happen while the invocation holds the key): a fresh token.
+            _ => CancelToken::new(),
+        }
+    }
+
+    /// Every running invocation's signal made so far.
+    fn signals(&self) -> Vec<CancelToken> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            out.extend(lock(s).values().filter_map(|r| r.signal.clone()));
+        }
+        out
+    }
+
+    /// Every running key and its ticket.
+    pub(crate) fn running(&self) -> Vec<(K, TicketId)> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            out.extend(lock(s).iter().map(|(k, r)| (k.clone(), r.ticket)));
+        }
+        out
+    }
+
+    /// The tables' total capacity (a test shows it stays flat).
+    #[cfg(feature = "testing")]
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).capacity()).sum()
+    }
+}
+
+/// What a start holds: a client slot, a provider slot, a key.
+pub(crate) struct Gates<K> {
+    /// `[CLOSED @63][WAITERS @62][BUSY: uncontended operations in flight @32..56][client in
+    /// flight @0..32]`.
+    client: CachePadded<AtomicU64>,
+    client_limit: u64,
+    pub(crate) providers: Box<[ProviderGate]>,
+    pub(crate) keys: KeyTable<K>,
+    next_ticket: AtomicU64,
+}
+
+/// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it.
+pub(crate) struct NotFast<K>(pub(crate) K);
+
+/// A fast start: the ticket, its key and, when the clock was read, the start instant.
+pub(crate) struct FastStart<K> {
+    pub(crate) ticket: TicketId,
+    pub(crate) key: K,
+    pub(crate) now: Option<Duration>,
+}
+
+impl<K: Hash + Eq + Clone> Gates<K> {
+    pub(crate) fn new(client_limit: u32, providers: Box<[ProviderGate]>) -> Arc<Self> {
+        Arc::new(Gates {
+            client: CachePadded::new(AtomicU64::new(0)),
+            client_limit: u64::from(client_limit),
+            providers,
+            keys: KeyTable::new(client_limit),
+            next_ticket: AtomicU64::new(0),
+        })
+    }
+
+    /// The next ticket id (submit order).
+    pub(crate) fn next_ticket(&self) -> TicketId {
+        TicketId(self.next_ticket.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn client_in_flight(&self) -> u32 {
+        (self.client.load(Ordering::Acquire) & COUNT) as u32
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.client.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Raises `WAITERS` and waits until no uncontended operation is in flight (the queued
+    /// path, under the mutex, before it judges a newcomer; module docs).
+    pub(crate) fn raise_waiters(&self) {
+        let mut w = self.client.fetch_or(WAITERS, Ordering::AcqRel) | WAITERS;
+        // Broken variant (loom model `coordinator.rs`, model 2): without the wait, a
+        // completion in flight frees its key after the judgement saw it held, outside the
+        // mutex and without the start rule: the ticket queued for the key waits forever.
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN") {
+            return;
+        }
+        while w & BUSY_MASK != 0 {
+            crate::sync::thread::yield_now();
+            w = self.client.load(Ordering::Acquire);
+        }
+    }
+
+    /// Lowers `WAITERS` (under the mutex, once the queue is empty).
+    pub(crate) fn lower_waiters(&self) {
+        self.client.fetch_and(!WAITERS, Ordering::AcqRel);
+    }
+
+    /// Closes: every later fast admission fails (the queued path reports the close).
+    pub(crate) fn close(&self) {
+        self.client.fetch_or(CLOSED, Ordering::AcqRel);
+    }
+
+    /// Takes a client slot if one is free. `fast`: only while nobody waits and not closed,
+    /// and it opens the uncontended bracket (`BUSY`, module docs).
+    fn claim_client(&self, fast: bool) -> bool {
+        let flags = if fast { WAITERS | CLOSED } else { 0 };
+        let add = if fast { BUSY + 1 } else { 1 };
+        // Broken variant (loom model `coordinator.rs`, model 1): a fast admission that does
+        // not look at `WAITERS` can take a slot a completion freed for a queued ticket.
+        #[cfg(loom)]
+        let flags =
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_FAST_IGNORES_WAITERS") {
+                flags & !WAITERS
+            } else {
+                flags
+            };
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            if w & flags != 0 || w & COUNT >= self.client_limit {
+                return false;
+            }
+            match self
+                .client
+                .compare_exchange_weak(w, w + add, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(x) => w = x,
+            }
+        }
+    }
+
+    /// Closes the uncontended bracket, giving back `slots` client slots with it.
+    fn end_fast(&self, slots: u64) {
+        self.client.fetch_sub(BUSY + slots, Ordering::AcqRel);
+    }
+
+    /// Gives a client slot back (under the mutex).
+    fn unclaim_client(&self) {
+        self.client.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
+    /// read only when the gate holds a cooldown or `need_now`. On any miss everything taken
+    /// goes back and the key is returned for the queued path.
+    pub(crate) fn try_admit(
+        &self,
+        provider: usize,
+        key: K,
+        need_now: bool,
+        clock: impl FnOnce() -> Duration,
+    ) -> Result<FastStart<K>, NotFast<K>> {
+        let p = &self.providers[provider];
+        if p.paced || !self.claim_client(true) {
+            return Err(NotFast(key));
+        }
+        if !p.claim() {
+            self.end_fast(1);
+            return Err(NotFast(key));
+        }
+        let cool = p.cool_until.load(Ordering::Acquire);
+        let mut now = None;
+        if cool != 0 || need_now {
+            let n = clock();
+            now = Some(n);
+            if cool != 0 {
+                if nanos(n) < cool {
+                    p.unclaim();
+                    self.end_fast(1);
+                    return Err(NotFast(key));
+                }
+                // Expired: later admissions need not read the clock. Only from this exact
+                // value, so a cooldown raised meanwhile stays.
+                let _ = p
+                    .cool_until
+                    .compare_exchange(cool, 0, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+        match self.keys.claim(&key, || self.next_ticket()) {
+            Some(ticket) => {
+                self.end_fast(0);
+                Ok(FastStart { ticket, key, now })
+            }
+            None => {
+                p.unclaim();
+                self.end_fast(1);
+                Err(NotFast(key))
+            }
+        }
+    }
+
+    /// The queued path's start (under the mutex; readiness already checked): client,
+    /// provider, key, undone on a miss. `Err(true)`: no client slot (nobody can start).
+    pub(crate) fn claim_queued(
+        &self,
+        provider: usize,
+        key: &K,
+        ticket: TicketId,
+    ) -> Result<(), bool> {
+        if !self.claim_client(false) {
+            return Err(true);
+        }
+        let p = &self.providers[provider];
+        if !p.claim() {
+            self.unclaim_client();
+            return Err(false);
+        }
+        if self.keys.claim(key, || ticket).is_none() {
+            p.unclaim();
+            self.unclaim_client();
+            return Err(false);
+        }
+        Ok(())
+    }
+
+    /// Gives back a start's key, provider slot and client slot without the mutex, inside the
+    /// uncontended bracket, if nobody waits. Returns `false`, having given back nothing, if
+    /// somebody does: the caller then gives them back with
+    /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
+    pub(crate) fn release(&self, provider: usize, key: &K) -> bool {
+        // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
+        // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
+        // the ticket queued for its key waits forever.
+        #[cfg(loom)]
+        let flags =
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS")
+            {
+                0
+            } else {
+                WAITERS
+            };
+        #[cfg(not(loom))]
+        let flags = WAITERS;
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            if w & flags != 0 {
+                return false;
+            }
+            match self.client.compare_exchange_weak(
+                w,
+                w + BUSY,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(x) => w = x,
+            }
+        }
+        let signal = self.keys.release(key);
+        self.providers[provider].unclaim();
+        self.end_fast(1);
+        drop(signal);
+        true
+    }
+
+    /// Gives back a start's key, provider slot and client slot under the mutex (the start
+    /// rule runs after it); returns the signal, to drop after the mutex.
+    pub(crate) fn release_locked(&self, provider: usize, key: &K) -> Option<CancelToken> {
+        let signal = self.keys.release(key);
+        self.providers[provider].unclaim();
+        self.unclaim_client();
+        signal
+    }
+
+    /// The signal of the invocation of `ticket` running `key` (made on first use).
+    pub(crate) fn signal(&self, key: &K, ticket: TicketId) -> CancelToken {
+        self.keys.signal(key, ticket, || self.is_closed())
+    }
+
+    /// Every running invocation's signal made so far (the close cancels them; a signal made
+    /// later sees `CLOSED` under its shard's lock and is made cancelled).
+    pub(crate) fn signals(&self) -> Vec<CancelToken> {
+        self.keys.signals()
+    }
+}
