@@ -8,23 +8,24 @@
 //! A refusal is **spurious** when the model admits its demand in all of them: then no instant
 //! of the call, and so no linearization, explains it.
 //!
-//! # The bound on occupancy
+//! # The states a refusal could have met
 //!
 //! One atomic clock stamps every call: a ticket is drawn just before and one just after each
 //! acquire, release and install. Tickets of one atomic follow real time, so each call lies
-//! strictly between its two tickets. After the run, the largest state the bulkhead could hold
-//! at a point between tickets `t` and `t + 1` is the sum of the admissions whose acquire began
-//! (ticket ≤ `t`) and whose release had not returned (ticket > `t`); refused attempts count
-//! for nothing, since the sequential model never sees them. A refusal is judged at every such
-//! point of its call, and counted spurious only when the model admits at all of them. The
-//! model's "admit" is antitone in each class's slots and tokens, so a refusal the model admits
-//! in the largest state is admitted in every state the bulkhead could be in at that point.
+//! strictly between its two tickets. After the run, at a point between tickets `t` and
+//! `t + 1`, an admission holds **for certain** when its acquire had returned and its release
+//! had not begun; one whose acquire or release call was in progress in another thread may or
+//! may not hold; refused attempts hold nothing (the sequential model never sees them). The
+//! possible states at that point are the certain admissions plus any subset of the uncertain
+//! ones (at most one per other thread), leaving out subsets beyond the loosest limits of both
+//! snapshots (no real state is). A refusal is judged at every point of its call, in every
+//! possible state, and counted spurious only when the model admits in all of them.
 //!
-//! The judgement is per refusal: each admission in progress may take effect at whichever point
+//! The judgement is per refusal: each call in progress may take effect at whichever point
 //! suits the refusal being judged. A full linearizability check, which places every operation
 //! once for all refusals together, can find refusals that this one explains (for instance one
-//! explained only by a release taking effect later than an admission in the same class that
-//! needed the released slot); the counts here are lower bounds.
+//! explained only by a release taking effect after an admission in the same class that needed
+//! the released slot, which must have come after it); the counts here are lower bounds.
 //!
 //! # The limits in force
 //!
@@ -94,9 +95,12 @@ fn class(
     }
 }
 
-/// The two alternating configurations: global limits, and per class floors and ceilings
-/// (both leave a shared remainder to borrow).
-fn template(which: usize, classed: bool) -> Bulkhead {
+/// The limits of one configuration: global slots and budget, and per class limits.
+type Config = (u32, u64, [ClassLimits; CLASSES]);
+
+/// The two alternating configurations (both leave a shared remainder to borrow). Without
+/// classes the class limits do not refuse, so tighter global limits do.
+fn config(which: usize, classed: bool) -> Config {
     let (slots, budget, classes) = if which == 0 {
         (
             6,
@@ -118,12 +122,33 @@ fn template(which: usize, classed: bool) -> Bulkhead {
             ],
         )
     };
-    // Without classes the class limits do not refuse: tighter global limits do.
-    let (slots, budget) = if classed {
-        (slots, budget)
+    if classed {
+        (slots, budget, classes)
     } else {
-        (slots / 3, budget / 3)
-    };
+        (slots / 3, budget / 3, classes)
+    }
+}
+
+/// Whether occupancy `s` is within the loosest of both configurations' ceilings and global
+/// limits. Every state the bulkhead is in passes: each admission kept within the limits in
+/// force when it was made, and releases only lower the occupancy.
+fn possible(s: &Occupancy, classed: bool) -> bool {
+    let [a, b] = [config(0, classed), config(1, classed)];
+    let (slots, tokens) = s.iter().fold((0, 0), |(n, t), &(k, r)| (n + k, t + r));
+    let class_ok = (0..CLASSES).all(|k| {
+        let most = |f: fn(&ClassLimits) -> Option<u64>| match (f(&a.2[k]), f(&b.2[k])) {
+            (Some(x), Some(y)) => x.max(y),
+            _ => u64::MAX,
+        };
+        !classed
+            || (s[k].0 <= most(|l| l.max_concurrent.map(u64::from))
+                && s[k].1 <= most(|l| l.max_tokens))
+    });
+    class_ok && slots <= u64::from(a.0.max(b.0)) && tokens <= a.1.max(b.1)
+}
+
+fn template(which: usize, classed: bool) -> Bulkhead {
+    let (slots, budget, classes) = config(which, classed);
     let b = Bulkhead::builder()
         .max_concurrent(slots)
         .token_budget(budget);
@@ -201,8 +226,12 @@ struct Refusal {
 #[derive(Default)]
 struct Log {
     attempts: u64,
-    /// Admissions: class, tokens, ticket before the acquire, ticket after the release.
+    /// Admissions: class, tokens, and the tickets of the acquire's return and of the
+    /// release's start (in force for certain in between).
     held: Vec<(usize, u64, u64, u64)>,
+    /// The calls of admissions (acquires and releases), in this thread's order: the tickets
+    /// around the call, class and tokens. In between the admission may or may not hold.
+    calls: Vec<(u64, u64, usize, u64)>,
     refusals: Vec<Refusal>,
     /// Installs: number, ticket before, ticket after.
     installs: Vec<(u64, u64, u64)>,
@@ -228,8 +257,10 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
     let mut held: Vec<(Admission, usize, u64, u64)> = Vec::new();
     let mut log = Log::default();
     let release = |log: &mut Log, (a, k, r, t): (Admission, usize, u64, u64)| {
+        let start = sh.tick();
         drop(a);
-        log.held.push((k, r, t, sh.tick()));
+        log.calls.push((start, sh.tick(), k, r));
+        log.held.push((k, r, t, start));
     };
     for _ in 0..run.ops_per_thread {
         if rng.below(1_000) < run.installs_per_mille {
@@ -251,9 +282,9 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
             Ok(a) if rng.below(1_000) < run.fabricate_per_mille => {
                 drop(a);
                 let end = sh.tick();
-                // A real admission over the whole span, for every other refusal's judgement;
-                // the judgement of this one leaves it out.
-                log.held.push((k, r, start, end));
+                // A real admission somewhere in the span, for every other refusal's
+                // judgement; the judgement of this one leaves it out (it is its own thread's).
+                log.calls.push((start, end, k, r));
                 log.refusals.push(Refusal {
                     class: k,
                     r,
@@ -261,7 +292,11 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
                     kind: None,
                 });
             }
-            Ok(a) => held.push((a, k, r, start)),
+            Ok(a) => {
+                let end = sh.tick();
+                log.calls.push((start, end, k, r));
+                held.push((a, k, r, end));
+            }
             Err(rej) => log.refusals.push(Refusal {
                 class: k,
                 r,
@@ -356,8 +391,8 @@ fn round_of(run: &Run, seed: u64) -> (u64, Table) {
     });
     assert_eq!(b.stats().in_flight, 0, "everything released");
     let ticks = sh.clock.load(SeqCst) as usize + 1;
-    // The largest occupancy just after ticket `t`: every admission whose acquire had begun,
-    // and whose release had not returned.
+    // The occupancy for certain just after ticket `t`: every admission whose acquire had
+    // returned and whose release had not begun.
     let mut occupancy: Vec<Occupancy> = vec![[(0, 0); CLASSES]; ticks];
     // Installs begun and returned by ticket `t`.
     let (mut begun, mut returned) = (vec![0u64; ticks], vec![0u64; ticks]);
@@ -385,28 +420,44 @@ fn round_of(run: &Run, seed: u64) -> (u64, Table) {
     let mut cache: HashMap<(usize, Occupancy, usize, u64), bool> = HashMap::new();
     let mut table: Table = Vec::new();
     let mut attempts = 0;
-    for log in &logs {
+    for (me, log) in logs.iter().enumerate() {
         attempts += log.attempts;
         for rej in &log.refusals {
-            // Spurious: at every point of the call, under every snapshot possibly in force
-            // there, the model admits (install `n` applies snapshot `n mod 2`).
+            // Spurious: at every point of the call, in every possible state (the certain
+            // admissions, and any of the calls then in progress in other threads), under
+            // every snapshot possibly in force there, the model admits (install `n` applies
+            // snapshot `n mod 2`).
             let spurious = (rej.span.0..rej.span.1).all(|t| {
-                let t = t as usize;
-                let configs: &[usize] = if begun[t] > returned[t] {
+                let configs: &[usize] = if begun[t as usize] > returned[t as usize] {
                     &[0, 1]
-                } else if returned[t] % 2 == 0 {
+                } else if returned[t as usize] % 2 == 0 {
                     &[0]
                 } else {
                     &[1]
                 };
-                let mut s = occupancy[t];
-                if rej.kind.is_none() {
-                    s[rej.class] = (s[rej.class].0 - 1, s[rej.class].1 - rej.r);
-                }
-                configs.iter().all(|&c| {
-                    *cache.entry((c, s, rej.class, rej.r)).or_insert_with(|| {
-                        model_admits(&b, run.classed, &snaps[c], &s, rej.class, rej.r)
+                let open: Vec<(usize, u64)> = logs
+                    .iter()
+                    .enumerate()
+                    .filter(|&(other, _)| other != me)
+                    .filter_map(|(_, l)| {
+                        let i = l.calls.partition_point(|c| c.0 <= t);
+                        let &(_, to, k, r) = l.calls.get(i.checked_sub(1)?)?;
+                        (to > t).then_some((k, r))
                     })
+                    .collect();
+                (0..1u32 << open.len()).all(|mask| {
+                    let mut s = occupancy[t as usize];
+                    for (i, &(k, r)) in open.iter().enumerate() {
+                        if mask & (1 << i) != 0 {
+                            s[k] = (s[k].0 + 1, s[k].1 + r);
+                        }
+                    }
+                    !possible(&s, run.classed)
+                        || configs.iter().all(|&c| {
+                            *cache.entry((c, s, rej.class, rej.r)).or_insert_with(|| {
+                                model_admits(&b, run.classed, &snaps[c], &s, rej.class, rej.r)
+                            })
+                        })
                 })
             });
             let name = row(rej);
