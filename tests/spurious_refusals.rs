@@ -567,3 +567,86 @@ fn the_checker_flags_admissions_reported_as_refusals() {
         assert!(n > 100 && flagged * 2 > n, "{flagged} of {n} flagged");
     }
 }
+
+/// A spurious refusal made deterministic with the pause hooks (feature `testing`): the
+/// borrower's tentative step on the shared word refuses another class's borrower, then the
+/// borrower's class moves, its reservation is taken back and it is refused itself.
+#[cfg(feature = "testing")]
+mod tentative {
+    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    use llm_bulkhead::{Bulkhead, ClassLimits, Constraint, Demand, Reservation};
+    use std::sync::mpsc;
+
+    /// Class `a`: one protected slot and its ceiling, no protected tokens, so a request with
+    /// tokens borrows them. Class `b`: nothing protected. 1,000 tokens in all.
+    fn bulkhead() -> Bulkhead {
+        let a = ClassLimits {
+            protected_concurrent: 1,
+            max_concurrent: Some(1),
+            ..ClassLimits::default()
+        };
+        Bulkhead::builder()
+            .max_concurrent(4)
+            .token_budget(1_000)
+            .class("a", a)
+            .class("b", ClassLimits::default())
+            .default_class("b")
+            .build()
+            .unwrap()
+    }
+
+    fn tokens(b: &Bulkhead, class: &str, r: u64) -> Demand {
+        Demand::tokens(Reservation::new(0, r).unwrap()).in_class(b.class_id(class).unwrap())
+    }
+
+    /// 1. `x` (class `a`, 600 tokens, borrowed) reserves them on the shared word and stops
+    ///    before its class step.
+    /// 2. `y` (class `b`, 600 tokens) meets `x`'s reservation: 1,200 > 1,000.
+    /// 3. `z` (class `a`, a slot, no tokens) is admitted inside `a`'s floor.
+    /// 4. `x` resumes, finds its class moved and at its ceiling, takes its reservation back
+    ///    and is refused.
+    ///
+    /// No serial order refuses `y`: `x` never held anything and `z` holds no tokens. Today
+    /// `y` is refused (after its bounded retries, since `x` stays stopped), which is the
+    /// defect of issue 26 §5 this test pins; it passes once a refusal that meets a
+    /// tentative step can no longer be reported.
+    #[test]
+    #[ignore = "the known spurious refusal of issue 26 §5: fails until the class protocol excludes it"]
+    fn a_borrower_reservation_taken_back_refuses_no_one() {
+        let b = bulkhead();
+        let (at_tx, at_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let x = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let mut first = Some((at_tx, go_rx));
+                set_pause_hook(move |p| {
+                    if p == PausePoint::BorrowReserved {
+                        if let Some((at, go)) = first.take() {
+                            at.send(()).unwrap();
+                            go.recv().unwrap();
+                        }
+                    }
+                });
+                let out = b.try_acquire(tokens(&b, "a", 600)).map(drop);
+                clear_pause_hook();
+                out
+            })
+        };
+        at_rx.recv().expect("x reserves its borrowed tokens");
+        let y = b.try_acquire(tokens(&b, "b", 600));
+        let z = b
+            .try_acquire(Demand::slot().in_class(b.class_id("a").unwrap()))
+            .expect("z fits inside a's floor");
+        go_tx.send(()).unwrap();
+        let x = x
+            .join()
+            .unwrap()
+            .expect_err("x meets a's ceiling once z holds it");
+        assert_eq!(x.constraint, Some(Constraint::AdmissionClass), "{x:?}");
+        drop(z);
+        // The sequential model admits y in every order of x (refused), y and z.
+        let y = y.map_err(|rej| format!("spurious refusal: {rej:?}"));
+        assert!(y.is_ok(), "{y:?}");
+    }
+}
