@@ -35,11 +35,37 @@
 //! snapshot's limits (the bound can be, and so can a state after a lowering install) counts
 //! as explaining the refusal.
 //!
-//! # Result (one run, 2 cores shared with other builds, 4 threads × 250,000 operations,
-//! installs at 2% of operations; `cargo test --release --all-features --test
-//! spurious_refusals -- --ignored --nocapture`)
+//! # Result
 //!
-//! (filled in below when the checker is final)
+//! One run on a 2-core machine shared with other builds (`cargo test --release
+//! --all-features --test spurious_refusals -- --ignored --nocapture`; 8 rounds of 4 threads
+//! × 250,000 operations per install rate, about 6 s):
+//!
+//! ```text
+//! installs at 2% of operations, 4,589,033 attempts      refusals  spurious
+//!   admission_class / BudgetLimit                          66,337         0
+//!   admission_class / ConcurrencyLimit                    110,306         0
+//!   admission_class_protection / BudgetLimit              197,248         0
+//!   admission_class_protection / ConcurrencyLimit         636,820         0
+//!   global / BudgetLimit                                  320,568         0
+//!   global / ConcurrencyLimit                               6,810         0
+//! installs at 30% of operations, 3,314,086 attempts
+//!   admission_class / BudgetLimit                          52,899         0
+//!   admission_class / ConcurrencyLimit                    103,857         0
+//!   admission_class_protection / BudgetLimit              135,525         0
+//!   admission_class_protection / ConcurrencyLimit         476,148         0
+//!   global / BudgetLimit                                  253,092         0
+//!   global / ConcurrencyLimit                               5,743         0
+//! ```
+//!
+//! With 8 threads (`THREADS = 8`), 18.6 M attempts and 10.4 M refusals: none spurious either.
+//! The self-test flags 89-100% of the admissions reported as refusals, so the checker does see
+//! a refusal that no state of its call explains. Its zero is therefore a statement about
+//! refusals explained one at a time; the spurious refusal exists all the same, as
+//! `tentative::a_borrower_reservation_taken_back_refuses_no_one` shows deterministically: a
+//! borrower's reservation on the shared word refuses another class's borrower while the
+//! borrower is stopped for longer than the refusal's bounded retries (`FITS_RETRIES`), and is
+//! then taken back. Random schedules on two cores seldom stop a thread that long at that step.
 //!
 //! The bounded test without classes asserts zero: there a decision is one CAS on one word and
 //! holds no tentative step, so any refusal this checker flagged there would be a fault of the
@@ -380,7 +406,7 @@ fn round_of(run: &Run, seed: u64) -> (u64, Table) {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (b, snaps, sh, start) = (&b, &snaps, &sh, &start);
-                let rng = Rng(seed ^ (0x9e37_79b9_7f4a_7c15 * (t as u64 + 1)));
+                let rng = Rng(seed ^ 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(t as u64 + 1));
                 s.spawn(move || {
                     start.wait();
                     worker(run, b, snaps, sh, rng)
@@ -508,7 +534,7 @@ fn no_spurious_refusal_without_classes() {
         let run = Run {
             classed: false,
             rounds: 1,
-            ops_per_thread: 40_000,
+            ops_per_thread: 20_000,
             installs_per_mille,
             fabricate_per_mille: 0,
             seed: 0x5eed_0026,
@@ -571,7 +597,6 @@ fn the_checker_flags_admissions_reported_as_refusals() {
 /// A spurious refusal made deterministic with the pause hooks (feature `testing`): the
 /// borrower's tentative step on the shared word refuses another class's borrower, then the
 /// borrower's class moves, its reservation is taken back and it is refused itself.
-#[cfg(feature = "testing")]
 mod tentative {
     use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
     use llm_bulkhead::{Bulkhead, ClassLimits, Constraint, Demand, Reservation};
