@@ -197,7 +197,7 @@ fn setup(classed: bool) -> (Bulkhead, [LimitsSnapshot; 2]) {
     b.apply_limits(template(1, classed).limits().with_revision(1))
         .unwrap();
     let second = b.limits();
-    b.apply_limits(first.clone().with_revision(2)).unwrap();
+    b.apply_limits(first.with_revision(2)).unwrap();
     (b, [first, second])
 }
 
@@ -230,7 +230,7 @@ impl Shared {
     fn install(&self, b: &Bulkhead, snapshots: &[LimitsSnapshot; 2], log: &mut Log) {
         let mut n = self.installer.lock().unwrap();
         *n += 1;
-        let next = snapshots[(*n % 2) as usize].clone().with_revision(2 + *n);
+        let next = snapshots[(*n % 2) as usize].with_revision(2 + *n);
         let start = self.tick();
         b.apply_limits(next).unwrap();
         log.installs.push((*n, start, self.tick()));
@@ -348,9 +348,9 @@ fn model_admits(
     r: u64,
 ) -> bool {
     let mut m = if classed {
-        Model::with_classes(limits.clone(), &NAMES, 1).unwrap()
+        Model::with_classes(*limits, &NAMES, 1).unwrap()
     } else {
-        Model::new(limits.clone()).unwrap()
+        Model::new(*limits).unwrap()
     };
     for (j, &(slots, tokens)) in s.iter().enumerate() {
         // All of the class's tokens on its first admission: "admit" is antitone in the
@@ -436,9 +436,9 @@ fn round_of(run: &Run, seed: u64) -> (u64, Table) {
         }
     }
     for t in 1..ticks {
-        for k in 0..CLASSES {
-            occupancy[t][k].0 = occupancy[t - 1][k].0.wrapping_add(occupancy[t][k].0);
-            occupancy[t][k].1 = occupancy[t - 1][k].1.wrapping_add(occupancy[t][k].1);
+        let before = occupancy[t - 1];
+        for (now, was) in occupancy[t].iter_mut().zip(before) {
+            *now = (was.0.wrapping_add(now.0), was.1.wrapping_add(now.1));
         }
         begun[t] = begun[t].max(begun[t - 1]);
         returned[t] = returned[t].max(returned[t - 1]);
