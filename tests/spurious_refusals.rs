@@ -58,8 +58,8 @@
 //!   global / ConcurrencyLimit                               5,743         0
 //! ```
 //!
-//! With 8 threads (`THREADS = 8`), 18.6 M attempts and 10.4 M refusals: none spurious either.
-//! The self-test flags 89-100% of the admissions reported as refusals, so the checker does see
+//! With 8 threads (`THREADS = 8`), 18.6 M attempts and 10.3 M refusals: none spurious either.
+//! The self-test flags 70-100% of the admissions reported as refusals, so the checker does see
 //! a refusal that no state of its call explains. Its zero is therefore a statement about
 //! refusals explained one at a time; the spurious refusal exists all the same, as
 //! `tentative::a_borrower_reservation_taken_back_refuses_no_one` shows deterministically: a
@@ -69,9 +69,10 @@
 //!
 //! The bounded test without classes asserts zero: there a decision is one CAS on one word and
 //! holds no tentative step, so any refusal this checker flagged there would be a fault of the
-//! checker. The classed measurement is `#[ignore]`d: it prints its counts and asserts zero
-//! only once the class protocol excludes spurious refusals (see the lib.rs "Precision"
-//! paragraph).
+//! checker. The classed measurement is `#[ignore]`d for its size (about 6 s in release): it
+//! prints its counts and asserts zero, which every run so far met; the deterministic
+//! regression is `#[ignore]`d because it fails until the class protocol excludes the refusal
+//! it pins (see the lib.rs "Precision" paragraph, unchanged).
 
 use llm_bulkhead::model::Model;
 use llm_bulkhead::{
