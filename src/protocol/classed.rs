@@ -698,6 +698,7 @@ fn class_step_after_reserve(
     dv: u64,
 ) -> Option<Resources> {
     let cw = &*shared.class_words[k];
+    crate::sync::pause(crate::sync::PausePoint::BorrowReserved);
     match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
         // The amounts are those reserved: nothing to give back.
         Ok(_) => Some(Resources {

@@ -1,0 +1,677 @@
+//! Counts refusals that no linearization explains (issue 26 §5), under reconfiguration.
+//!
+//! Four threads make random acquires and releases on one bulkhead; with a given probability
+//! per operation a thread installs the next of two alternating limits snapshots. Every refusal
+//! is judged after the run against the sequential model (`llm_bulkhead::model::Model`, the
+//! class-aware spec of CONTRACT.md §2/§4) in the largest state the bulkhead could have been in
+//! during the refusal's call, under every snapshot that could have been in force during it.
+//! A refusal is **spurious** when the model admits its demand in all of them: then no instant
+//! of the call, and so no linearization, explains it.
+//!
+//! # The states a refusal could have met
+//!
+//! One atomic clock stamps every call: a ticket is drawn just before and one just after each
+//! acquire, release and install. Tickets of one atomic follow real time, so each call lies
+//! strictly between its two tickets. After the run, at a point between tickets `t` and
+//! `t + 1`, an admission holds **for certain** when its acquire had returned and its release
+//! had not begun; one whose acquire or release call was in progress in another thread may or
+//! may not hold; refused attempts hold nothing (the sequential model never sees them). The
+//! possible states at that point are the certain admissions plus any subset of the uncertain
+//! ones (at most one per other thread), leaving out subsets beyond the loosest limits of both
+//! snapshots (no real state is). A refusal is judged at every point of its call, in every
+//! possible state, and counted spurious only when the model admits in all of them.
+//!
+//! The judgement is per refusal: each call in progress may take effect at whichever point
+//! suits the refusal being judged. A full linearizability check, which places every operation
+//! once for all refusals together, can find refusals that this one explains (for instance one
+//! explained only by a release taking effect after an admission in the same class that needed
+//! the released slot, which must have come after it); the counts here are lower bounds.
+//!
+//! # The limits in force
+//!
+//! Installs are numbered (one at a time); install `j` applies snapshot `j mod 2`. The
+//! limits in force at a point are those of the last install returned by then and of any
+//! install in progress. A model state beyond a
+//! snapshot's limits (the bound can be, and so can a state after a lowering install) counts
+//! as explaining the refusal.
+//!
+//! # Result
+//!
+//! One run on a 2-core machine shared with other builds (`cargo test --release
+//! --all-features --test spurious_refusals -- --ignored --nocapture`; 8 rounds of 4 threads
+//! × 250,000 operations per install rate, about 6 s):
+//!
+//! ```text
+//! installs at 2% of operations, 4,589,033 attempts      refusals  spurious
+//!   admission_class / BudgetLimit                          66,337         0
+//!   admission_class / ConcurrencyLimit                    110,306         0
+//!   admission_class_protection / BudgetLimit              197,248         0
+//!   admission_class_protection / ConcurrencyLimit         636,820         0
+//!   global / BudgetLimit                                  320,568         0
+//!   global / ConcurrencyLimit                               6,810         0
+//! installs at 30% of operations, 3,314,086 attempts
+//!   admission_class / BudgetLimit                          52,899         0
+//!   admission_class / ConcurrencyLimit                    103,857         0
+//!   admission_class_protection / BudgetLimit              135,525         0
+//!   admission_class_protection / ConcurrencyLimit         476,148         0
+//!   global / BudgetLimit                                  253,092         0
+//!   global / ConcurrencyLimit                               5,743         0
+//! ```
+//!
+//! With 8 threads (`THREADS = 8`), 18.6 M attempts and 10.3 M refusals: none spurious either.
+//! The self-test flags 70-100% of the admissions reported as refusals, so the checker does see
+//! a refusal that no state of its call explains. Its zero is therefore a statement about
+//! refusals explained one at a time; the spurious refusal exists all the same, as
+//! `tentative::a_borrower_reservation_taken_back_refuses_no_one` shows deterministically: a
+//! borrower's reservation on the shared word refuses another class's borrower while the
+//! borrower is stopped for longer than the refusal's bounded retries (`FITS_RETRIES`), and is
+//! then taken back. Random schedules on two cores seldom stop a thread that long at that step.
+//!
+//! The bounded test without classes asserts zero: there a decision is one CAS on one word and
+//! holds no tentative step, so any refusal this checker flagged there would be a fault of the
+//! checker. The classed measurement is `#[ignore]`d for its size (about 6 s in release): it
+//! prints its counts and asserts zero, which every run so far met; the deterministic
+//! regression is `#[ignore]`d because it fails until the class protocol excludes the refusal
+//! it pins (see the lib.rs "Precision" paragraph, unchanged).
+
+use llm_bulkhead::model::Model;
+use llm_bulkhead::{
+    Admission, Bulkhead, ClassLimits, Constraint, Demand, LimitsSnapshot, RejectReason, Reservation,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Barrier, Mutex};
+
+const THREADS: usize = 4;
+const CLASSES: usize = 3;
+const NAMES: [&str; CLASSES] = ["premium", "standard", "batch"];
+/// Admissions one thread holds at most.
+const HOLD: usize = 3;
+/// Reservations are multiples of this, up to [`MAX_UNITS`] of them.
+const UNIT: u64 = 200;
+const MAX_UNITS: u64 = 6;
+
+/// Per class: `(slots, tokens)`.
+type Occupancy = [(u64, u64); CLASSES];
+
+/// xorshift64*: a deterministic per-thread generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn class(
+    protected_concurrent: u32,
+    max: Option<u32>,
+    tokens: u64,
+    max_tokens: Option<u64>,
+) -> ClassLimits {
+    ClassLimits {
+        protected_concurrent,
+        max_concurrent: max,
+        protected_tokens: tokens,
+        max_tokens,
+    }
+}
+
+/// The limits of one configuration: global slots and budget, and per class limits.
+type Config = (u32, u64, [ClassLimits; CLASSES]);
+
+/// The two alternating configurations (both leave a shared remainder to borrow). Without
+/// classes the class limits do not refuse, so tighter global limits do.
+fn config(which: usize, classed: bool) -> Config {
+    let (slots, budget, classes) = if which == 0 {
+        (
+            6,
+            4_800,
+            [
+                class(2, Some(4), 1_200, Some(3_600)),
+                class(1, None, 800, None),
+                class(1, Some(3), 400, Some(2_400)),
+            ],
+        )
+    } else {
+        (
+            7,
+            4_000,
+            [
+                class(2, Some(3), 1_000, Some(3_000)),
+                class(2, None, 1_000, None),
+                class(1, Some(4), 400, Some(2_400)),
+            ],
+        )
+    };
+    if classed {
+        (slots, budget, classes)
+    } else {
+        (slots / 3, budget / 3, classes)
+    }
+}
+
+/// Whether occupancy `s` is within the loosest of both configurations' ceilings and global
+/// limits. Every state the bulkhead is in passes: each admission kept within the limits in
+/// force when it was made, and releases only lower the occupancy.
+fn possible(s: &Occupancy, classed: bool) -> bool {
+    let [a, b] = [config(0, classed), config(1, classed)];
+    let (slots, tokens) = s.iter().fold((0, 0), |(n, t), &(k, r)| (n + k, t + r));
+    let class_ok = (0..CLASSES).all(|k| {
+        let most = |f: fn(&ClassLimits) -> Option<u64>| match (f(&a.2[k]), f(&b.2[k])) {
+            (Some(x), Some(y)) => x.max(y),
+            _ => u64::MAX,
+        };
+        !classed
+            || (s[k].0 <= most(|l| l.max_concurrent.map(u64::from))
+                && s[k].1 <= most(|l| l.max_tokens))
+    });
+    class_ok && slots <= u64::from(a.0.max(b.0)) && tokens <= a.1.max(b.1)
+}
+
+fn template(which: usize, classed: bool) -> Bulkhead {
+    let (slots, budget, classes) = config(which, classed);
+    let b = Bulkhead::builder()
+        .max_concurrent(slots)
+        .token_budget(budget);
+    let b = if classed {
+        classes
+            .iter()
+            .zip(NAMES)
+            .fold(b, |b, (l, n)| b.class(n, *l))
+            .default_class("standard")
+    } else {
+        b
+    };
+    b.build().unwrap()
+}
+
+/// The bulkhead under test (configuration 0) and both configurations as its own snapshots.
+fn setup(classed: bool) -> (Bulkhead, [LimitsSnapshot; 2]) {
+    let b = template(0, classed);
+    let first = b.limits();
+    b.apply_limits(template(1, classed).limits().with_revision(1))
+        .unwrap();
+    let second = b.limits();
+    b.apply_limits(first.with_revision(2)).unwrap();
+    (b, [first, second])
+}
+
+fn demand(b: &Bulkhead, classed: bool, k: usize, r: u64) -> Demand {
+    let input = r / 2;
+    let d = Demand::tokens(Reservation::new(input, r - input).unwrap());
+    if classed {
+        d.in_class(b.class_id(NAMES[k]).unwrap())
+    } else {
+        d
+    }
+}
+
+/// The clock every call is stamped on, and the installs.
+#[derive(Default)]
+struct Shared {
+    /// One ticket is drawn just before and one just after every call (acquire, release,
+    /// install): one atomic's modification order, so ticket order is consistent with real
+    /// time and each call lies strictly between its two tickets.
+    clock: AtomicU64,
+    /// Serialises installs, so that revisions increase; counts them.
+    installer: Mutex<u64>,
+}
+
+impl Shared {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, SeqCst)
+    }
+
+    fn install(&self, b: &Bulkhead, snapshots: &[LimitsSnapshot; 2], log: &mut Log) {
+        let mut n = self.installer.lock().unwrap();
+        *n += 1;
+        let next = snapshots[(*n % 2) as usize].with_revision(2 + *n);
+        let start = self.tick();
+        b.apply_limits(next).unwrap();
+        log.installs.push((*n, start, self.tick()));
+    }
+}
+
+/// A refusal with what the checker knows of its call.
+struct Refusal {
+    class: usize,
+    r: u64,
+    /// The tickets around the call.
+    span: (u64, u64),
+    /// `None`: an admission the test dropped at once and recorded as a refusal (see
+    /// [`Run::fabricate_per_mille`]).
+    kind: Option<(Option<Constraint>, RejectReason)>,
+}
+
+/// One thread's record.
+#[derive(Default)]
+struct Log {
+    attempts: u64,
+    /// Admissions: class, tokens, and the tickets of the acquire's return and of the
+    /// release's start (in force for certain in between).
+    held: Vec<(usize, u64, u64, u64)>,
+    /// The calls of admissions (acquires and releases), in this thread's order: the tickets
+    /// around the call, class and tokens. In between the admission may or may not hold.
+    calls: Vec<(u64, u64, usize, u64)>,
+    refusals: Vec<Refusal>,
+    /// Installs: number, ticket before, ticket after.
+    installs: Vec<(u64, u64, u64)>,
+}
+
+/// One run's shape.
+struct Run {
+    classed: bool,
+    /// Rounds, each on a fresh bulkhead (the checker's timeline is held in memory per round).
+    rounds: u64,
+    ops_per_thread: usize,
+    /// Installs per 1,000 operations.
+    installs_per_mille: u64,
+    /// Admissions per 1,000 that the test drops at once and records as refusals: each one was
+    /// admitted at some instant of its call, so the checker must find most of them spurious
+    /// (this shows it can see a spurious refusal).
+    fabricate_per_mille: u64,
+    seed: u64,
+}
+
+fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut rng: Rng) -> Log {
+    let classes = if run.classed { CLASSES } else { 1 };
+    let mut held: Vec<(Admission, usize, u64, u64)> = Vec::new();
+    let mut log = Log::default();
+    let release = |log: &mut Log, (a, k, r, t): (Admission, usize, u64, u64)| {
+        let start = sh.tick();
+        drop(a);
+        log.calls.push((start, sh.tick(), k, r));
+        log.held.push((k, r, t, start));
+    };
+    for _ in 0..run.ops_per_thread {
+        if rng.below(1_000) < run.installs_per_mille {
+            sh.install(b, snaps, &mut log);
+            continue;
+        }
+        if !held.is_empty() && (held.len() >= HOLD || rng.below(2) == 0) {
+            let h = held.swap_remove(rng.below(held.len() as u64) as usize);
+            release(&mut log, h);
+            continue;
+        }
+        let k = rng.below(classes as u64) as usize;
+        let r = rng.below(MAX_UNITS + 1) * UNIT;
+        let d = demand(b, run.classed, k, r);
+        log.attempts += 1;
+        let start = sh.tick();
+        let outcome = b.try_acquire(d);
+        match outcome {
+            Ok(a) if rng.below(1_000) < run.fabricate_per_mille => {
+                drop(a);
+                let end = sh.tick();
+                // A real admission somewhere in the span, for every other refusal's
+                // judgement; the judgement of this one leaves it out (it is its own thread's).
+                log.calls.push((start, end, k, r));
+                log.refusals.push(Refusal {
+                    class: k,
+                    r,
+                    span: (start, end),
+                    kind: None,
+                });
+            }
+            Ok(a) => {
+                let end = sh.tick();
+                log.calls.push((start, end, k, r));
+                held.push((a, k, r, end));
+            }
+            Err(rej) => log.refusals.push(Refusal {
+                class: k,
+                r,
+                span: (start, sh.tick()),
+                kind: Some((rej.constraint, rej.reason)),
+            }),
+        }
+    }
+    for h in held {
+        release(&mut log, h);
+    }
+    log
+}
+
+/// Whether the model, under `limits` and in occupancy `s`, admits `r` tokens in class `k`;
+/// `false` when `s` itself is beyond the limits.
+fn model_admits(
+    b: &Bulkhead,
+    classed: bool,
+    limits: &LimitsSnapshot,
+    s: &Occupancy,
+    k: usize,
+    r: u64,
+) -> bool {
+    let mut m = if classed {
+        Model::with_classes(*limits, &NAMES, 1).unwrap()
+    } else {
+        Model::new(*limits).unwrap()
+    };
+    for (j, &(slots, tokens)) in s.iter().enumerate() {
+        // All of the class's tokens on its first admission: "admit" is antitone in the
+        // state, so a state within every limit is reached whatever the order.
+        for i in 0..slots {
+            let t = if i == 0 { tokens } else { 0 };
+            if m.try_acquire(demand(b, classed, j, t)).is_err() {
+                return false;
+            }
+        }
+    }
+    m.try_acquire(demand(b, classed, k, r)).is_ok()
+}
+
+/// Per kind of refusal: `(refusals, spurious)`.
+type Table = Vec<(String, u64, u64)>;
+
+fn row(rej: &Refusal) -> String {
+    match rej.kind {
+        Some((constraint, reason)) => {
+            let constraint = constraint.map_or("none", |c| c.as_str());
+            format!("{constraint} / {reason:?}")
+        }
+        None => FABRICATED.to_owned(),
+    }
+}
+
+const FABRICATED: &str = "(fabricated: admitted, reported refused)";
+
+/// Runs `run`; returns the attempts and the table of refusals by kind.
+fn measure(run: &Run) -> (u64, Table) {
+    let (mut attempts, mut table) = (0, Table::new());
+    for round in 0..run.rounds {
+        let (n, t) = round_of(run, run.seed.wrapping_add(round));
+        attempts += n;
+        for (name, n, spurious) in t {
+            match table.iter_mut().find(|(m, _, _)| *m == name) {
+                Some(row) => (row.1, row.2) = (row.1 + n, row.2 + spurious),
+                None => table.push((name, n, spurious)),
+            }
+        }
+    }
+    table.sort();
+    (attempts, table)
+}
+
+/// One round of `run` with `seed`.
+fn round_of(run: &Run, seed: u64) -> (u64, Table) {
+    let (b, snaps) = setup(run.classed);
+    let sh = Shared::default();
+    let start = Barrier::new(THREADS);
+    let logs: Vec<Log> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (b, snaps, sh, start) = (&b, &snaps, &sh, &start);
+                let rng = Rng(seed ^ 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(t as u64 + 1));
+                s.spawn(move || {
+                    start.wait();
+                    worker(run, b, snaps, sh, rng)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(b.stats().in_flight, 0, "everything released");
+    let ticks = sh.clock.load(SeqCst) as usize + 1;
+    // The occupancy for certain just after ticket `t`: every admission whose acquire had
+    // returned and whose release had not begun.
+    let mut occupancy: Vec<Occupancy> = vec![[(0, 0); CLASSES]; ticks];
+    // Installs begun and returned by ticket `t`.
+    let (mut begun, mut returned) = (vec![0u64; ticks], vec![0u64; ticks]);
+    for log in &logs {
+        for &(k, r, from, to) in &log.held {
+            // Deltas, summed below (wrapping: a delta may be negative).
+            let f = &mut occupancy[from as usize][k];
+            *f = (f.0.wrapping_add(1), f.1.wrapping_add(r));
+            let d = &mut occupancy[to as usize][k];
+            *d = (d.0.wrapping_sub(1), d.1.wrapping_sub(r));
+        }
+        for &(n, from, to) in &log.installs {
+            begun[from as usize] = n;
+            returned[to as usize] = n;
+        }
+    }
+    for t in 1..ticks {
+        let before = occupancy[t - 1];
+        for (now, was) in occupancy[t].iter_mut().zip(before) {
+            *now = (was.0.wrapping_add(now.0), was.1.wrapping_add(now.1));
+        }
+        begun[t] = begun[t].max(begun[t - 1]);
+        returned[t] = returned[t].max(returned[t - 1]);
+    }
+    let mut cache: HashMap<(usize, Occupancy, usize, u64), bool> = HashMap::new();
+    let mut table: Table = Vec::new();
+    let mut attempts = 0;
+    for (me, log) in logs.iter().enumerate() {
+        attempts += log.attempts;
+        for rej in &log.refusals {
+            // Spurious: at every point of the call, in every possible state (the certain
+            // admissions, and any of the calls then in progress in other threads), under
+            // every snapshot possibly in force there, the model admits (install `n` applies
+            // snapshot `n mod 2`).
+            let spurious = (rej.span.0..rej.span.1).all(|t| {
+                let configs: &[usize] = if begun[t as usize] > returned[t as usize] {
+                    &[0, 1]
+                } else if returned[t as usize] % 2 == 0 {
+                    &[0]
+                } else {
+                    &[1]
+                };
+                let open: Vec<(usize, u64)> = logs
+                    .iter()
+                    .enumerate()
+                    .filter(|&(other, _)| other != me)
+                    .filter_map(|(_, l)| {
+                        let i = l.calls.partition_point(|c| c.0 <= t);
+                        let &(_, to, k, r) = l.calls.get(i.checked_sub(1)?)?;
+                        (to > t).then_some((k, r))
+                    })
+                    .collect();
+                (0..1u32 << open.len()).all(|mask| {
+                    let mut s = occupancy[t as usize];
+                    for (i, &(k, r)) in open.iter().enumerate() {
+                        if mask & (1 << i) != 0 {
+                            s[k] = (s[k].0 + 1, s[k].1 + r);
+                        }
+                    }
+                    !possible(&s, run.classed)
+                        || configs.iter().all(|&c| {
+                            *cache.entry((c, s, rej.class, rej.r)).or_insert_with(|| {
+                                model_admits(&b, run.classed, &snaps[c], &s, rej.class, rej.r)
+                            })
+                        })
+                })
+            });
+            let name = row(rej);
+            let i = table
+                .iter()
+                .position(|(n, _, _)| *n == name)
+                .unwrap_or_else(|| {
+                    table.push((name, 0, 0));
+                    table.len() - 1
+                });
+            table[i].1 += 1;
+            table[i].2 += u64::from(spurious);
+        }
+    }
+    (attempts, table)
+}
+
+fn report(what: &str, run: &Run, attempts: u64, table: &Table) {
+    println!(
+        "{what}: {} rounds of {} threads x {} operations, installs at {:.1}% of operations, {attempts} attempts",
+        run.rounds,
+        THREADS,
+        run.ops_per_thread,
+        run.installs_per_mille as f64 / 10.0
+    );
+    for (name, n, spurious) in table {
+        println!(
+            "  {name:<48} {n:>8} refusals, {spurious:>6} spurious ({:.4}%)",
+            100.0 * *spurious as f64 / (*n).max(1) as f64
+        );
+    }
+}
+
+/// Spurious refusals among the engine's own (the fabricated ones left out).
+fn spurious(table: &Table) -> u64 {
+    table
+        .iter()
+        .filter(|(name, _, _)| name != FABRICATED)
+        .map(|(_, _, s)| s)
+        .sum()
+}
+
+/// Runs `rounds` rounds at installs on 2% and on 30% of operations, prints the tables;
+/// returns the refusals and the spurious ones, in all.
+fn both_rates(classed: bool, rounds: u64, ops_per_thread: usize) -> (u64, u64) {
+    let (mut refusals, mut total) = (0, 0);
+    for installs_per_mille in [20, 300] {
+        let run = Run {
+            classed,
+            rounds,
+            ops_per_thread,
+            installs_per_mille,
+            fabricate_per_mille: 0,
+            seed: 0x5eed_0026,
+        };
+        let (attempts, table) = measure(&run);
+        report(
+            if classed { "classes" } else { "no classes" },
+            &run,
+            attempts,
+            &table,
+        );
+        refusals += table.iter().map(|(_, n, _)| n).sum::<u64>();
+        total += spurious(&table);
+    }
+    (refusals, total)
+}
+
+/// Without classes every refusal is decided on one word with no tentative step: the checker
+/// must find none spurious (this checks the checker's soundness, and the plain path).
+#[test]
+fn no_spurious_refusal_without_classes() {
+    let (refusals, spurious) = both_rates(false, 1, 20_000);
+    assert!(refusals > 1_000, "the run must refuse");
+    assert_eq!(spurious, 0);
+}
+
+/// The measurement with classes: prints the rate per kind of refusal.
+#[test]
+#[ignore = "a measurement: run with --release -- --ignored --nocapture"]
+fn spurious_refusals_with_classes() {
+    let (_, spurious) = both_rates(true, 8, 250_000);
+    assert_eq!(spurious, 0, "spurious class refusals");
+}
+
+/// The checker sees a spurious refusal: admissions reported as refusals are flagged (most of
+/// them; one whose call overlapped a moment of full occupancy is rightly explained), on both
+/// kinds of bulkhead, while the engine's own refusals stay unflagged.
+#[test]
+fn the_checker_flags_admissions_reported_as_refusals() {
+    for classed in [false, true] {
+        let run = Run {
+            classed,
+            rounds: 1,
+            ops_per_thread: 20_000,
+            installs_per_mille: 100,
+            fabricate_per_mille: 50,
+            seed: 0x5eed_0027,
+        };
+        let (attempts, table) = measure(&run);
+        report("fabricated refusals", &run, attempts, &table);
+        let &(_, n, flagged) = table
+            .iter()
+            .find(|(name, _, _)| name == FABRICATED)
+            .unwrap();
+        assert!(n > 100 && flagged * 2 > n, "{flagged} of {n} flagged");
+    }
+}
+
+/// A spurious refusal made deterministic with the pause hooks (feature `testing`): the
+/// borrower's tentative step on the shared word refuses another class's borrower, then the
+/// borrower's class moves, its reservation is taken back and it is refused itself.
+mod tentative {
+    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    use llm_bulkhead::{Bulkhead, ClassLimits, Constraint, Demand, Reservation};
+    use std::sync::mpsc;
+
+    /// Class `a`: one protected slot and its ceiling, no protected tokens, so a request with
+    /// tokens borrows them. Class `b`: nothing protected. 1,000 tokens in all.
+    fn bulkhead() -> Bulkhead {
+        let a = ClassLimits {
+            protected_concurrent: 1,
+            max_concurrent: Some(1),
+            ..ClassLimits::default()
+        };
+        Bulkhead::builder()
+            .max_concurrent(4)
+            .token_budget(1_000)
+            .class("a", a)
+            .class("b", ClassLimits::default())
+            .default_class("b")
+            .build()
+            .unwrap()
+    }
+
+    fn tokens(b: &Bulkhead, class: &str, r: u64) -> Demand {
+        Demand::tokens(Reservation::new(0, r).unwrap()).in_class(b.class_id(class).unwrap())
+    }
+
+    /// 1. `x` (class `a`, 600 tokens, borrowed) reserves them on the shared word and stops
+    ///    before its class step.
+    /// 2. `y` (class `b`, 600 tokens) meets `x`'s reservation: 1,200 > 1,000.
+    /// 3. `z` (class `a`, a slot, no tokens) is admitted inside `a`'s floor.
+    /// 4. `x` resumes, finds its class moved and at its ceiling, takes its reservation back
+    ///    and is refused.
+    ///
+    /// No serial order refuses `y`: `x` never held anything and `z` holds no tokens. Today
+    /// `y` is refused (after its bounded retries, since `x` stays stopped), which is the
+    /// defect of issue 26 §5 this test pins; it passes once a refusal that meets a
+    /// tentative step can no longer be reported.
+    #[test]
+    #[ignore = "the known spurious refusal of issue 26 §5: fails until the class protocol excludes it"]
+    fn a_borrower_reservation_taken_back_refuses_no_one() {
+        let b = bulkhead();
+        let (at_tx, at_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let x = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let mut first = Some((at_tx, go_rx));
+                set_pause_hook(move |p| {
+                    if p == PausePoint::BorrowReserved {
+                        if let Some((at, go)) = first.take() {
+                            at.send(()).unwrap();
+                            go.recv().unwrap();
+                        }
+                    }
+                });
+                let out = b.try_acquire(tokens(&b, "a", 600)).map(drop);
+                clear_pause_hook();
+                out
+            })
+        };
+        at_rx.recv().expect("x reserves its borrowed tokens");
+        let y = b.try_acquire(tokens(&b, "b", 600));
+        let z = b
+            .try_acquire(Demand::slot().in_class(b.class_id("a").unwrap()))
+            .expect("z fits inside a's floor");
+        go_tx.send(()).unwrap();
+        let x = x
+            .join()
+            .unwrap()
+            .expect_err("x meets a's ceiling once z holds it");
+        assert_eq!(x.constraint, Some(Constraint::AdmissionClass), "{x:?}");
+        drop(z);
+        // The sequential model admits y in every order of x (refused), y and z.
+        let y = y.map_err(|rej| format!("spurious refusal: {rej:?}"));
+        assert!(y.is_ok(), "{y:?}");
+    }
+}
