@@ -15,19 +15,9 @@ const ITERS: usize = 50_000;
 const MAX: u64 = 3;
 const BUDGET: u64 = 2_500;
 
-/// xorshift64*: a deterministic per-thread generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 #[derive(Default)]
 struct Tally {

@@ -122,19 +122,9 @@ fn unstatus(s: u64) -> (u64, usize, u64, usize) {
     )
 }
 
-/// xorshift64*: a deterministic per-thread generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// One test's limits (normal priority only, no high-priority reserve: `eff = budget`).
 #[derive(Clone, Copy)]
