@@ -8,18 +8,9 @@ use llm_bulkhead::Priority;
 use metrics_util::debugging::DebuggingRecorder;
 use std::sync::{Arc, Mutex};
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Buffer {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+#[path = "support/log_buffer.rs"]
+mod log_buffer;
+use log_buffer::Buffer;
 
 /// Keeps every event as JSON, and counts them.
 #[derive(Clone, Default)]

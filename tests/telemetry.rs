@@ -5,23 +5,12 @@ use llm_bulkhead::telemetry::Telemetry;
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, Usage};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 
 type Labels = Vec<(String, String)>;
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+#[path = "support/log_buffer.rs"]
+mod log_buffer;
+use log_buffer::Buffer;
 
 /// `f`'s result and what it traced (`DEBUG` and above, as text).
 fn traced<T>(f: impl FnOnce() -> T) -> (T, String) {
