@@ -27,9 +27,15 @@
 //! costs several times the core's pair; the agent's clock can be `CoarseClock` (Linux), which
 //! reads in a fraction of that and may lag one kernel tick (at most the `margin`, checked).
 //!
-//! Admissions taken on the [`Bulkhead`] directly (the LLM layer, the tower layer) skip the
-//! window check; they stay within the installed share, and the agent's punctuality (A3) is
-//! then assumed as before.
+//! The LLM layer and the tower layer built over the handle
+//! ([`LlmBulkhead::clustered`](crate::llm::LlmBulkhead::clustered),
+//! [`BulkheadLayer::clustered`](crate::tower::BulkheadLayer::clustered)) admit on the bulkhead
+//! themselves and then make the same check (`ClusterWindow::check`, right after their commit,
+//! queued admissions included), so they admit nothing past the window either; the LLM layer
+//! also cuts its runs at the deadline. Built over the bare [`Bulkhead`] they are not
+//! cluster-managed and carry nothing of this, and neither does the core's decision path:
+//! admissions taken on the [`Bulkhead`] directly skip the window check, and for them the
+//! agent's punctuality (A3) is assumed as before.
 //!
 //! # Memory ordering
 //! The agent installs a shrinking window before the share it belongs to and the exact window
@@ -147,13 +153,79 @@ impl Gate {
 #[derive(Clone)]
 pub struct ClusterBulkhead {
     bulkhead: Bulkhead,
+    window: ClusterWindow,
+}
+
+/// The post-commit part of a cluster admission: the window check and the deadline. The
+/// handle, the LLM layer and the tower layer each call [`check`](Self::check) right after
+/// the core committed an admission; a bulkhead that is not cluster-managed has none, so the
+/// core's decision path carries nothing of it.
+#[derive(Clone)]
+pub(crate) struct ClusterWindow(Arc<Gate>);
+
+impl ClusterWindow {
+    /// Call right after the core's commit: the ticket (the admission's deadline) if the
+    /// installed share's window had not ended, else [`ClusterRejection::ShareLapsed`] (the
+    /// caller gives the admission back at once). One read of the agent's clock.
+    #[inline]
+    pub(crate) fn check(&self) -> Result<Ticket, ClusterRejection> {
+        let g = &*self.0;
+        // After the commit: this read bounds it, however long the thread was paused before.
+        let now = g.clock.now_ms();
+        if g.outside(now) {
+            return Err(self.lapsed());
+        }
+        Ok(Ticket {
+            deadline_ms: now.saturating_add(g.max_admission_ms),
+            gate: Arc::clone(&self.0),
+        })
+    }
+
+    #[cold]
+    fn lapsed(&self) -> ClusterRejection {
+        self.0.late.fetch_add(1, Ordering::Relaxed);
+        ClusterRejection::ShareLapsed
+    }
+}
+
+/// A cluster admission's link back to the agent: its deadline, and the overdue count when it
+/// is dropped after it (drop it with the admission it was checked for).
+pub(crate) struct Ticket {
+    deadline_ms: u64,
     gate: Arc<Gate>,
+}
+
+impl Ticket {
+    /// When the admission must have ended (the agent's clock, ms).
+    pub(crate) fn deadline_ms(&self) -> u64 {
+        self.deadline_ms
+    }
+
+    /// A signal that fires at the deadline and wakes `waker` then (if given).
+    pub(crate) fn cut_signal(&self, waker: Option<Waker>) -> CutSignal {
+        let state = Arc::new(CutState {
+            deadline: self.deadline_ms,
+            fired: AtomicBool::new(false),
+            waker: Mutex::new(waker),
+        });
+        lock(&self.gate.cuts).push(Arc::downgrade(&state));
+        CutSignal(state)
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // A release at or after the agent's first step past the deadline is overdue.
+        if self.gate.stepped.load(Ordering::Acquire) >= self.deadline_ms {
+            self.gate.overdue.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl std::fmt::Debug for ClusterBulkhead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterBulkhead")
-            .field("until", &self.gate.until())
+            .field("until", &self.window.0.until())
             .finish_non_exhaustive()
     }
 }
@@ -187,10 +259,14 @@ impl std::error::Error for ClusterRejection {}
 
 impl ClusterBulkhead {
     pub(super) fn new(bulkhead: Bulkhead, gate: Arc<Gate>) -> Self {
-        ClusterBulkhead { bulkhead, gate }
+        ClusterBulkhead {
+            bulkhead,
+            window: ClusterWindow(gate),
+        }
     }
 
-    /// The managed bulkhead (its admissions skip the window check).
+    /// The managed bulkhead (its own admissions skip the window check: build the LLM or tower
+    /// layer with `clustered` over this handle instead).
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
@@ -222,28 +298,20 @@ impl ClusterBulkhead {
     /// assert!(agent.handle().try_acquire(llm_bulkhead::Demand::slot()).is_err());
     /// ```
     pub fn try_acquire(&self, demand: Demand) -> Result<ClusterAdmission, ClusterRejection> {
-        let g = &*self.gate;
         let admission = self
             .bulkhead
             .try_acquire(demand)
             .map_err(ClusterRejection::Refused)?;
-        // After the commit: this read bounds it, however long the thread was paused before.
-        let now = g.clock.now_ms();
-        if g.outside(now) {
-            drop(admission);
-            return Err(self.lapsed());
-        }
-        Ok(ClusterAdmission {
-            admission,
-            deadline_ms: now.saturating_add(g.max_admission_ms),
-            gate: Arc::clone(&self.gate),
-        })
+        // After the commit: the check's read bounds it, however long the thread was paused
+        // before. Refused: the admission is given back at once.
+        let ticket = self.window().check()?;
+        Ok(ClusterAdmission { admission, ticket })
     }
 
-    #[cold]
-    fn lapsed(&self) -> ClusterRejection {
-        self.gate.late.fetch_add(1, Ordering::Relaxed);
-        ClusterRejection::ShareLapsed
+    /// The window check and deadline alone, for the layers that admit on the bulkhead
+    /// themselves (the LLM and tower layers built over this handle).
+    pub(crate) fn window(&self) -> &ClusterWindow {
+        &self.window
     }
 
     /// Admits `demand` and runs `work` until it ends or its admission deadline passes,
@@ -325,15 +393,15 @@ impl std::error::Error for ClusterRunError {}
 /// }
 /// ```
 pub struct ClusterAdmission {
+    // Dropped first: the capacity is released, then the ticket counts an overdue release.
     admission: Admission,
-    deadline_ms: u64,
-    gate: Arc<Gate>,
+    ticket: Ticket,
 }
 
 impl std::fmt::Debug for ClusterAdmission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterAdmission")
-            .field("deadline_ms", &self.deadline_ms)
+            .field("deadline_ms", &self.ticket.deadline_ms)
             .finish_non_exhaustive()
     }
 }
@@ -351,7 +419,7 @@ impl ClusterAdmission {
     /// ```
     #[must_use]
     pub fn deadline_ms(&self) -> u64 {
-        self.deadline_ms
+        self.ticket.deadline_ms()
     }
 
     /// Whether the deadline has passed (the work should have ended).
@@ -365,7 +433,7 @@ impl ClusterAdmission {
     /// ```
     #[must_use]
     pub fn is_overdue(&self) -> bool {
-        self.gate.clock.now_ms() >= self.deadline_ms
+        self.ticket.gate.clock.now_ms() >= self.ticket.deadline_ms
     }
 
     /// The core's admission (its revision, reservation and usage reports).
@@ -395,22 +463,7 @@ impl ClusterAdmission {
     /// ```
     #[must_use]
     pub fn cut_signal(&self) -> CutSignal {
-        let state = Arc::new(CutState {
-            deadline: self.deadline_ms,
-            fired: AtomicBool::new(false),
-            waker: Mutex::new(None),
-        });
-        lock(&self.gate.cuts).push(Arc::downgrade(&state));
-        CutSignal(state)
-    }
-}
-
-impl Drop for ClusterAdmission {
-    fn drop(&mut self) {
-        // The admission itself is released right after (field drop).
-        if self.gate.stepped.load(Ordering::Acquire) >= self.deadline_ms {
-            self.gate.overdue.fetch_add(1, Ordering::Relaxed);
-        }
+        self.ticket.cut_signal(None)
     }
 }
 

@@ -69,15 +69,18 @@
 //!   checked on the agent's clock right after the core's commit (an admission past it is given
 //!   back), so an agent thread that runs late (descheduled, or in `apply_limits` waiting out a
 //!   grace period behind preempted workers) no longer extends its share, and neither does an
-//!   admitting thread paused before its commit. Admissions taken on the
-//!   [`Bulkhead`](crate::Bulkhead) directly (the LLM and tower layers) stay within the
-//!   installed share but rely on the agent thread to change it within `margin` of its
-//!   deadlines, as before. A store that stops answering does not delay the agent: each store
+//!   admitting thread paused before its commit. The LLM and tower layers built over the handle
+//!   (`LlmBulkhead::clustered`, `BulkheadLayer::clustered`) make the same check after their
+//!   own commit. Admissions taken on the [`Bulkhead`](crate::Bulkhead) directly (or through
+//!   layers built over it) stay within the installed share but rely on the agent thread to
+//!   change it within `margin` of its deadlines, as before. A store that stops answering does not delay the agent: each store
 //!   call is bounded by the time left until the installed share must change
 //!   ([`LeaseStore::set_call_timeout`]).
 //! * **A4** every admission ends within `max_admission`. The crate gives every admission
 //!   through a [`ClusterBulkhead`] its deadline ([`ClusterAdmission::deadline_ms`]), fires
-//!   its [`CutSignal`] there, and [`ClusterBulkhead::run`] drops the work at it. It does not
+//!   its [`CutSignal`] there, and [`ClusterBulkhead::run`] drops the work at it, as does the
+//!   LLM layer's async `run` built over the handle (its `run_blocking` fires the run's stop
+//!   signal there and answers `Cut` when the work returns). It does not
 //!   release capacity under work that is still running: the global bound is about what runs
 //!   upstream, and a slot handed back early would hide exactly the overshoot it is meant to
 //!   prevent. Work that overruns is surfaced instead: releases after the deadline are counted
@@ -118,6 +121,8 @@ pub use allocator::{
 #[cfg(target_os = "linux")]
 pub use coarse::CoarseClock;
 pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
+#[cfg(any(feature = "llm", feature = "tower"))]
+pub(crate) use gate::{ClusterWindow, Ticket};
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
 pub use store::{LeaseStore, MemoryStore, StoreError};

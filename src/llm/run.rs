@@ -48,6 +48,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 mod acquire;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod context;
 mod llm_bulkhead;
 mod timed;
@@ -429,6 +431,16 @@ pub enum RunError<E> {
     Shared(DedupError),
     /// The work's own error.
     Work(E),
+    /// A cluster-managed bulkhead ([`LlmBulkhead::clustered`], feature `cluster`): the
+    /// replica's share had lapsed at the commit (nothing ran; the admission was given back at
+    /// once), or the admission deadline cut the work ([`ClusterRunError::Cut`]: the async
+    /// `run` drops the work's future there, `run_blocking` answers so when the work returns;
+    /// tokens settled with the last usage report either way).
+    ///
+    /// [`ClusterRunError::Cut`]: crate::cluster::ClusterRunError::Cut
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    Cluster(crate::cluster::ClusterRunError),
 }
 
 impl<E: fmt::Display> fmt::Display for RunError<E> {
@@ -439,6 +451,8 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
             RunError::Deadline(d) => d.fmt(f),
             RunError::Shared(d) => write!(f, "de-duplicated run: {d}"),
             RunError::Work(e) => e.fmt(f),
+            #[cfg(feature = "cluster")]
+            RunError::Cluster(e) => write!(f, "cluster: {e}"),
         }
     }
 }
@@ -451,6 +465,8 @@ impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
             RunError::Deadline(d) => Some(d),
             RunError::Shared(d) => Some(d),
             RunError::Work(e) => Some(e),
+            #[cfg(feature = "cluster")]
+            RunError::Cluster(e) => Some(e),
         }
     }
 }
@@ -524,6 +540,9 @@ pub enum StopCause {
     /// The caller's [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) was cancelled.
     /// Observed when the signal is read or polled, not pushed (see [`StopSignal`]).
     Cancelled,
+    /// The admission deadline of a cluster-managed bulkhead passed (`max_admission` after the
+    /// admission, fired by the cluster agent's step; feature `cluster`): the work must end.
+    Cut,
 }
 
 const STOP_NONE: u32 = 0;
@@ -533,6 +552,7 @@ fn cause_code(c: StopCause) -> u32 {
         StopCause::Deadline => 1,
         StopCause::Ended => 2,
         StopCause::Cancelled => 3,
+        StopCause::Cut => 4,
     }
 }
 
@@ -541,6 +561,7 @@ fn code_cause(c: u32) -> Option<StopCause> {
         1 => Some(StopCause::Deadline),
         2 => Some(StopCause::Ended),
         3 => Some(StopCause::Cancelled),
+        4 => Some(StopCause::Cut),
         _ => None,
     }
 }
@@ -610,9 +631,13 @@ pub struct StopSignal {
 }
 
 impl StopSignal {
-    /// Whether the borrowed-concurrency deadline fired it.
+    /// Whether a deadline fired it: the borrowed-concurrency deadline, or a cluster
+    /// admission's (the run answers then, without waiting for the work).
     pub(super) fn deadline_fired(&self) -> bool {
-        self.state.cause() == Some(StopCause::Deadline)
+        matches!(
+            self.state.cause(),
+            Some(StopCause::Deadline | StopCause::Cut)
+        )
     }
 
     /// Registers `w` to be woken when it fires.

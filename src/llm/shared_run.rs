@@ -604,6 +604,7 @@ impl LlmBulkhead {
     {
         // Validation, estimation, the class and the key now, before anything joins.
         let prepared = Self::check_deadline(&options.borrowed_concurrency_deadline)
+            .and_then(|()| self.check_unclustered())
             .and_then(|()| self.dedup_class(options.class))
             .map_err(RunError::Invalid)
             .and_then(|class| {

@@ -129,6 +129,10 @@ pub(crate) struct Held {
     pub(crate) hook: Option<UsageHook>,
     #[cfg(feature = "metrics")]
     pub(crate) _timer: Option<super::metrics::HoldTimer>,
+    /// A cluster admission's deadline: dropped after `hold` (declared after it), so a
+    /// release past the deadline is counted as overdue.
+    #[cfg(feature = "cluster")]
+    pub(crate) _ticket: Option<crate::cluster::Ticket>,
 }
 
 impl Held {

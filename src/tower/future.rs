@@ -177,7 +177,15 @@ where
                             else {
                                 unreachable!("a waiting state always has its service and request")
                             };
-                            let held = settings.hold(admission);
+                            let held = match settings.hold(admission) {
+                                Ok(held) => held,
+                                Err(refusal) => {
+                                    // A lapsed cluster share: given back, the service untouched.
+                                    let refusal = settings.refused(refusal);
+                                    this.state.set(State::Refused { refusal: None });
+                                    return Poll::Ready(M::refuse(refusal));
+                                }
+                            };
                             let future = svc.call(req);
                             this.state.set(State::Calling {
                                 future,

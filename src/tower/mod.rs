@@ -129,6 +129,10 @@ pub(crate) struct Settings {
     metrics: Option<metrics::LayerMetrics>,
     #[cfg(feature = "metrics")]
     refusals: Option<refusal::HttpRefusals>,
+    /// The cluster share's window and deadline (`None`: not cluster-managed), see
+    /// [`BulkheadLayer::clustered`].
+    #[cfg(feature = "cluster")]
+    window: Option<crate::cluster::ClusterWindow>,
     /// Observe mode: the shadow reasons, and the bulkhead's observe-mode counters.
     #[cfg(feature = "llm")]
     observe: Option<(
@@ -138,14 +142,23 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// Holds a committed admission; on a cluster-managed bulkhead, after the share's window
+    /// check (a lapsed share gives the admission back at once).
     #[inline]
-    fn hold(&self, admission: Admission) -> Held {
-        Held {
+    fn hold(&self, admission: Admission) -> Result<Held, Refusal> {
+        #[cfg(feature = "cluster")]
+        let ticket = match &self.window {
+            None => None,
+            Some(w) => Some(w.check().map_err(|_| Refusal::ShareLapsed)?),
+        };
+        Ok(Held {
             #[cfg(feature = "metrics")]
             _timer: self.metrics.as_ref().map(|m| m.timer(admission.class())),
             hold: body::Hold::Admitted(admission),
             hook: self.hook.clone(),
-        }
+            #[cfg(feature = "cluster")]
+            _ticket: ticket,
+        })
     }
 
     /// Observe mode: the refusal of `demand` for a shadow reason becomes a bypass (counted,
@@ -175,6 +188,8 @@ impl Settings {
             _timer: self.metrics.as_ref().map(|m| m.timer(bypassed.class)),
             hold: body::Hold::Bypassed(bypassed),
             hook: self.hook.clone(),
+            #[cfg(feature = "cluster")]
+            _ticket: None,
         })
     }
 
@@ -193,13 +208,13 @@ impl Settings {
                 advice => advice.admits(),
             };
             return match self.bulkhead.try_acquire(demand) {
-                Ok(a) => Ok(self.hold(a)),
+                Ok(a) => self.hold(a),
                 Err(r) if shadow.contains(r.reason) => self.bypass(&demand, r, counters, advised),
                 Err(r) => Err(Refusal::Rejected(Box::new(r))),
             };
         }
         match self.bulkhead.try_acquire(demand) {
-            Ok(a) => Ok(self.hold(a)),
+            Ok(a) => self.hold(a),
             Err(r) => Err(Refusal::Rejected(Box::new(r))),
         }
     }
@@ -449,6 +464,8 @@ impl BulkheadLayer {
                 metrics: None,
                 #[cfg(feature = "metrics")]
                 refusals: None,
+                #[cfg(feature = "cluster")]
+                window: None,
                 #[cfg(feature = "llm")]
                 observe: None,
             },
@@ -479,6 +496,32 @@ impl BulkheadLayer {
     #[must_use]
     pub fn slots(bulkhead: Bulkhead) -> BulkheadLayer {
         BulkheadLayer::builder(bulkhead).build()
+    }
+
+    /// A builder over the bulkhead a cluster agent manages (feature `cluster`), whose
+    /// requests admit through the share's window: an admission that commits after the
+    /// installed share's window ended is given back at once and the request refused with
+    /// [`Refusal::ShareLapsed`] (503, code `share_lapsed`), queued requests included. Every
+    /// admission carries the cluster admission deadline, and a release after it (the end of a
+    /// response body that outlived `max_admission`) is counted in
+    /// [`AgentStatus::overdue`](crate::cluster::AgentStatus::overdue); the layer does not cut
+    /// the body itself.
+    ///
+    /// ```
+    /// use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
+    /// use llm_bulkhead::tower::{BulkheadLayer, SlotPerRequest};
+    /// use llm_bulkhead::Bulkhead;
+    /// let agent = ClusterAgent::new(Bulkhead::new(64).unwrap(), Box::new(MemoryStore::new()),
+    ///     ClusterConfig::new("gateway", "provider")).unwrap();
+    /// let layer = BulkheadLayer::clustered(&agent.handle()).classifier(SlotPerRequest).build();
+    /// # let _ = layer;
+    /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn clustered(handle: &crate::cluster::ClusterBulkhead) -> BulkheadLayerBuilder {
+        let mut builder = BulkheadLayer::builder(handle.bulkhead().clone());
+        builder.settings.window = Some(handle.window().clone());
+        builder
     }
 }
 

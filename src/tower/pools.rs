@@ -388,6 +388,8 @@ where
                 hook: None,
                 #[cfg(feature = "metrics")]
                 _timer: None,
+                #[cfg(feature = "cluster")]
+                _ticket: None,
             };
             // A body already at its end (204, 304, HEAD) ends the permit now.
             let held = if body.is_end_stream() {

@@ -26,7 +26,18 @@ pub enum Refusal {
     Rejected(Box<Rejection>),
     /// The classifier refused the request (an unknown class, a malformed header, ...).
     Unclassified(ClassifyError),
+    /// The replica's cluster share had lapsed at the commit (a layer built over a
+    /// [`ClusterBulkhead`](crate::cluster::ClusterBulkhead), feature `cluster`): the
+    /// admission was given back at once. 503 with code `share_lapsed`: this replica cannot
+    /// admit until its agent installs a valid share, another replica may.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    ShareLapsed,
 }
+
+/// The code of [`Refusal::ShareLapsed`].
+#[cfg(feature = "cluster")]
+const SHARE_LAPSED_CODE: &str = "share_lapsed";
 
 impl Refusal {
     /// The status of the response mode: 503 for `shutdown` (the bulkhead is closed) and
@@ -49,6 +60,8 @@ impl Refusal {
             Refusal::Rejected(r) if r.never_fits().is_some() => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::Rejected(r) => reason_status(r.reason),
             Refusal::Unclassified(e) => e.status,
+            #[cfg(feature = "cluster")]
+            Refusal::ShareLapsed => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -68,6 +81,8 @@ impl Refusal {
             Refusal::Unclassified(e) => e.code,
             Refusal::Rejected(r) if r.never_fits().is_some() => NEVER_FITS_CODE,
             Refusal::Rejected(r) => r.reason.as_str(),
+            #[cfg(feature = "cluster")]
+            Refusal::ShareLapsed => SHARE_LAPSED_CODE,
         }
     }
 
@@ -115,6 +130,10 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::Rejected(r) => fmt::Display::fmt(r, f),
             Refusal::Unclassified(e) => fmt::Display::fmt(e, f),
+            #[cfg(feature = "cluster")]
+            Refusal::ShareLapsed => {
+                fmt::Display::fmt(&crate::cluster::ClusterRejection::ShareLapsed, f)
+            }
         }
     }
 }
@@ -527,6 +546,21 @@ impl RefusalBody {
                 revision: None,
                 capacity: None,
             },
+            #[cfg(feature = "cluster")]
+            Refusal::ShareLapsed => RefusalError {
+                kind: "admission_rejected",
+                code: SHARE_LAPSED_CODE,
+                reason: SHARE_LAPSED_CODE.to_owned(),
+                message: format!(
+                    "{refusal}: this replica admits nothing until its agent installs a valid \
+                     share (another replica may admit)"
+                ),
+                limit: None,
+                constraint: None,
+                class: None,
+                revision: None,
+                capacity: None,
+            },
             Refusal::Rejected(r) => {
                 let d = &r.detail();
                 let classes = d.classes.as_deref();
@@ -683,6 +717,14 @@ impl HttpRefusals {
         let i = match refusal {
             Refusal::Unclassified(e) => {
                 return count_http_refusal(self.name.as_deref(), e.status, e.code);
+            }
+            #[cfg(feature = "cluster")]
+            Refusal::ShareLapsed => {
+                return count_http_refusal(
+                    self.name.as_deref(),
+                    refusal.status(),
+                    SHARE_LAPSED_CODE,
+                );
             }
             Refusal::Rejected(r) if r.never_fits().is_some() => self.bulkhead.len() - 1,
             Refusal::Rejected(r) if r.reason == RejectReason::UnknownClass => {

@@ -50,13 +50,15 @@ impl LlmBulkhead {
     /// honour (it has no work to stop, detach or bypass): a borrowed-concurrency deadline,
     /// `detach_at_deadline` and observe mode are [`EstimateError::InvalidSetting`], so that
     /// none is silently ignored. `dedup` and `dedup_scope` are not read: an acquire never
-    /// de-duplicates (the seed's `acquire()`).
+    /// de-duplicates (the seed's `acquire()`). On a cluster-managed bulkhead an acquire
+    /// refuses (field `cluster`): its admission could not carry the deadline.
     fn acquire_demand(
         &self,
         request: &LlmRequest,
         options: &RunOptions,
     ) -> Result<Demand, EstimateError> {
         let refuse = |field, expected| Err(EstimateError::InvalidSetting { field, expected });
+        self.check_unclustered()?;
         if options.borrowed_concurrency_deadline.is_some() {
             return refuse(
                 "borrowed_concurrency_deadline",

@@ -28,6 +28,11 @@ pub struct RunContext {
     pub(in crate::llm) stop: StopGuard,
     /// The admission's timing, on a timed run only (boxed: untimed runs carry one word).
     pub(in crate::llm) times: Option<Box<AdmittedTimes>>,
+    /// A cluster admission's deadline and cut (feature `cluster`; boxed: one word otherwise).
+    /// Declared after `inner`: the admission is released before the ticket counts an overdue
+    /// release.
+    #[cfg(feature = "cluster")]
+    pub(in crate::llm) cluster: Option<Box<super::cluster::ClusterHold>>,
 }
 
 /// The admission: owned, or (with an armed deadline) shared with the deadline.
@@ -51,6 +56,8 @@ impl RunContext {
                 inner: Inner::Owned(admission),
                 stop: StopGuard::default(),
                 times: None,
+                #[cfg(feature = "cluster")]
+                cluster: None,
             },
         }
     }
@@ -98,6 +105,8 @@ impl RunContext {
                 caller: None,
             },
             times: None,
+            #[cfg(feature = "cluster")]
+            cluster: None,
         }
     }
 
@@ -106,6 +115,8 @@ impl RunContext {
             inner: Inner::Bypassed(Box::new(b)),
             stop: StopGuard::default(),
             times: None,
+            #[cfg(feature = "cluster")]
+            cluster: None,
         }
     }
 
@@ -472,8 +483,9 @@ impl RunContext {
     }
 
     /// Whether the work should stop: the borrowed-concurrency deadline expired (the slot is
-    /// gone; its tokens are settled when it returns), or the caller's token
-    /// (`options.wait.cancel`) was cancelled.
+    /// gone; its tokens are settled when it returns), the caller's token
+    /// (`options.wait.cancel`) was cancelled, or (a cluster-managed bulkhead) the admission
+    /// deadline passed.
     ///
     /// ```
     /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
@@ -487,7 +499,7 @@ impl RunContext {
             Inner::Owned(_) | Inner::Bypassed(_) => false,
             Inner::Leased(g) => g.lease.expired.load(Ordering::Acquire),
         };
-        expired || self.caller_cancelled()
+        expired || self.caller_cancelled() || self.was_cut()
     }
 
     /// A future that completes when the deadline expires (never, without an armed deadline),
@@ -532,6 +544,42 @@ impl RunContext {
             }
             other => finish_shared(other, usage),
         }
+    }
+}
+
+/// The cluster admission's deadline (feature `cluster`, `run/cluster.rs`); without the
+/// feature these are constants.
+impl RunContext {
+    /// Whether the cluster admission deadline cut this run.
+    #[inline(always)]
+    pub(in crate::llm) fn was_cut(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        return self.cluster.as_ref().is_some_and(|c| c.cut.is_cut());
+        #[cfg(not(feature = "cluster"))]
+        false
+    }
+
+    /// Whether this run holds a cluster admission (its work is raced against the cut).
+    #[inline(always)]
+    pub(in crate::llm) fn is_clustered(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        return self.cluster.is_some();
+        #[cfg(not(feature = "cluster"))]
+        false
+    }
+
+    /// A cut run answers `ClusterRunError::Cut`, whatever its work returned (its tokens
+    /// were settled already).
+    #[inline(always)]
+    pub(in crate::llm) fn cut_answer<R, E>(
+        &self,
+        answer: Result<R, RunError<E>>,
+    ) -> Result<R, RunError<E>> {
+        #[cfg(feature = "cluster")]
+        if self.was_cut() {
+            return Err(RunError::Cluster(crate::cluster::ClusterRunError::Cut));
+        }
+        answer
     }
 }
 

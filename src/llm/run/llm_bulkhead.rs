@@ -25,6 +25,10 @@ pub struct LlmBulkhead {
     pub(in crate::llm) observe: Arc<ObserveCounters>,
     /// The clock of timed runs (`None`: the system clock), see [`LlmBulkhead::with_clock`].
     pub(in crate::llm) clock: Option<Arc<dyn crate::llm::clock::Clock>>,
+    /// The cluster share's window and deadline (`None`: not cluster-managed), see
+    /// [`LlmBulkhead::clustered`].
+    #[cfg(feature = "cluster")]
+    pub(in crate::llm) cluster: Option<crate::cluster::ClusterWindow>,
 }
 
 impl fmt::Debug for LlmBulkhead {
@@ -66,6 +70,8 @@ impl LlmBulkhead {
             estimator,
             dedup: None,
             clock: None,
+            #[cfg(feature = "cluster")]
+            cluster: None,
         }
     }
 
@@ -158,6 +164,35 @@ impl LlmBulkhead {
         options: &RunOptions<U>,
     ) -> Result<Advice, EstimateError> {
         Ok(self.bulkhead.would_admit(&self.demand(request, options)?))
+    }
+
+    /// On a cluster-managed bulkhead ([`clustered`](Self::clustered)), the share's window,
+    /// right after the commit: `Err` with the answer when it had lapsed (the caller drops the
+    /// context, which gives the admission back). Nothing without the feature.
+    #[inline(always)]
+    fn enter_window<E>(&self, _ctx: &mut RunContext) -> Result<(), RunError<E>> {
+        #[cfg(feature = "cluster")]
+        if let Some(window) = &self.cluster {
+            _ctx.enter_cluster(window)
+                .map_err(|e| RunError::Cluster(crate::cluster::ClusterRunError::Refused(e)))?;
+        }
+        Ok(())
+    }
+
+    /// `run_shared` and the request-level acquires cannot carry the cluster admission
+    /// deadline to their work: on a cluster-managed bulkhead they refuse, before anything
+    /// changes.
+    #[inline(always)]
+    pub(in crate::llm) fn check_unclustered(&self) -> Result<(), EstimateError> {
+        #[cfg(feature = "cluster")]
+        if self.cluster.is_some() {
+            return Err(EstimateError::InvalidSetting {
+                field: "cluster",
+                expected: "a bulkhead that is not cluster-managed: on one, admit with run or \
+                           run_blocking, or with ClusterBulkhead::try_acquire",
+            });
+        }
+        Ok(())
     }
 
     /// `run` and `run_blocking` cannot detach their work.
@@ -334,9 +369,16 @@ impl LlmBulkhead {
                 }
             }
         };
+        if let Err(e) = self.enter_window(&mut ctx) {
+            drop(ctx);
+            return w.refused_with(e);
+        }
         w.admitted(&mut ctx);
         let out = work(&mut ctx);
-        w.answer(|| settle(&mut ctx, out, &options.usage))
+        w.answer(|| {
+            let answer = settle(&mut ctx, out, &options.usage);
+            ctx.cut_answer(answer)
+        })
     }
 
     /// `run_blocking` after the fast decision declined: the waiting acquire (enforce) or the
@@ -574,8 +616,12 @@ impl LlmBulkhead {
                     }
                 }
             };
+            if let Err(e) = self.enter_window(&mut ctx) {
+                drop(ctx);
+                return w.refused_with(e);
+            }
             w.admitted(&mut ctx);
-            if ctx.is_leased() {
+            if ctx.is_leased() | ctx.is_clustered() {
                 // Boxed: rare, and the future of every run would carry its state.
                 let out = Box::pin(until_deadline(&mut ctx, work, &options.usage)).await;
                 w.ended();
@@ -673,9 +719,10 @@ pub(in crate::llm) async fn acquire_noting(
     out
 }
 
-/// Runs `work` on a context whose borrowed slot has an armed deadline, and answers at expiry
-/// ([`race_deadline`], then [`settle_raced`]). Out of line: only a borrowed slot with a
-/// deadline comes here.
+/// Runs `work` on a context whose borrowed slot has an armed deadline, or that holds a
+/// cluster admission, and answers at expiry or at the cut ([`race_deadline`], then
+/// [`settle_raced`]). Out of line: only a borrowed slot with a deadline, or a cluster-managed
+/// bulkhead, comes here.
 #[inline(never)]
 async fn until_deadline<R, E, U, F>(
     ctx: &mut RunContext,
@@ -687,11 +734,18 @@ where
     F: AsyncFnOnce(&mut RunContext) -> Result<R, E>,
 {
     let Some((signal, expired)) = ctx.deadline_watch() else {
-        let out = work(ctx).await;
-        return settle(ctx, out, usage);
+        // A cluster admission without a borrowed-slot deadline: raced against its cut.
+        #[cfg(feature = "cluster")]
+        return super::cluster::until_cut(ctx, work, usage).await;
+        #[cfg(not(feature = "cluster"))]
+        {
+            let out = work(ctx).await;
+            return settle(ctx, out, usage);
+        }
     };
     let out = race_deadline(work(ctx), &signal).await;
-    settle_raced(ctx, out, usage, expired)
+    let answer = settle_raced(ctx, out, usage, expired);
+    ctx.cut_answer(answer)
 }
 
 /// Polls `running` until it completes (`Some`) or the deadline of `signal` fires while it is

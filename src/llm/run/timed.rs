@@ -127,12 +127,22 @@ pub(in crate::llm) trait Stopwatch: Send {
 
     /// The answer of a run refused by the decision.
     #[inline(always)]
-    fn refused<R, E>(mut self, rejection: Rejection) -> Self::Out<Result<R, RunError<E>>>
+    fn refused<R, E>(self, rejection: Rejection) -> Self::Out<Result<R, RunError<E>>>
+    where
+        Self: Sized,
+    {
+        self.refused_with(RunError::Rejected(rejection))
+    }
+
+    /// The answer of a run refused at its decision with `error` (a lapsed cluster share
+    /// refuses right after the core's commit).
+    #[inline(always)]
+    fn refused_with<R, E>(mut self, error: RunError<E>) -> Self::Out<Result<R, RunError<E>>>
     where
         Self: Sized,
     {
         self.decided();
-        self.wrap(Err(RunError::Rejected(rejection)))
+        self.wrap(Err(error))
     }
 }
 

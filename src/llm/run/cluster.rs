@@ -1,0 +1,139 @@
+//! Runs on a cluster-managed bulkhead (feature `cluster`): [`LlmBulkhead::clustered`].
+//!
+//! Two steps join a run, both only on a bulkhead built over a
+//! [`ClusterBulkhead`](crate::cluster::ClusterBulkhead), so a plain run carries neither:
+//! * **the window**, right after the core's commit (a run that waited in the queue included):
+//!   one read of the agent's clock; an admission that committed after the installed share's
+//!   window ended is given back at once and the run answers
+//!   [`RunError::Cluster`]`(`[`ClusterRunError::Refused`]`(`[`ClusterRejection::ShareLapsed`]`))`
+//!   without running the work;
+//! * **the deadline**: the admission's cut signal (fired by the agent's step at
+//!   `max_admission`) fires the run's stop signal with [`StopCause::Cut`]. The async `run`
+//!   drops the work's future there (a stream included: the usage reported so far settles the
+//!   tokens), `run_blocking` sets [`RunContext::stop_requested`] and answers when the work
+//!   returns; either way the answer is [`ClusterRunError::Cut`]. The capacity stays held until
+//!   the work really ended, and a release after the deadline is counted as overdue, as on the
+//!   handle.
+
+use super::context::Inner;
+use super::*;
+use crate::cluster::{ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal, Ticket};
+
+/// What a context of a cluster admission holds: the ticket (deadline, overdue count) and the
+/// registration of its cut.
+pub(in crate::llm) struct ClusterHold {
+    pub(in crate::llm) cut: CutSignal,
+    ticket: Ticket,
+}
+
+/// Fires the run's stop signal when the admission's cut fires (the agent's thread wakes it).
+struct CutBridge(Arc<StopState>);
+
+impl Wake for CutBridge {
+    fn wake(self: Arc<Self>) {
+        self.0.fire(StopCause::Cut);
+    }
+}
+
+impl LlmBulkhead {
+    /// A front end for the bulkhead a cluster agent manages, whose runs admit through the
+    /// share's window and carry the admission deadline (the module docs of
+    /// [`cluster`](crate::cluster), A3 and A4): a run whose commit falls after the installed
+    /// share's window answers [`RunError::Cluster`] with
+    /// [`ClusterRejection::ShareLapsed`], and a run still going at `max_admission` is cut
+    /// ([`ClusterRunError::Cut`], [`StopCause::Cut`]). Only `run`, `run_blocking` and their
+    /// timed forms admit on it: `run_shared` and the request-level acquires refuse as
+    /// invalid (field `cluster`), since neither can carry the deadline to its work (admit
+    /// through [`ClusterBulkhead::try_acquire`] instead). Observe mode's bypasses hold no
+    /// admission, so they are outside the share by design.
+    ///
+    /// ```
+    /// use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, ClusterRejection, ClusterRunError, MemoryStore};
+    /// use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, NaiveEstimator, RunError, RunOptions};
+    /// use llm_bulkhead::Bulkhead;
+    /// let agent = ClusterAgent::new(Bulkhead::new(4).unwrap(), Box::new(MemoryStore::new()),
+    ///     ClusterConfig::new("gateway", "provider")).unwrap();
+    /// let llm = LlmBulkhead::clustered(&agent.handle(), NaiveEstimator);
+    /// // No lease yet: share zero, the core refuses.
+    /// let r = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |_| Ok::<_, ()>(()));
+    /// assert!(matches!(r, Err(RunError::Rejected(_))));
+    /// ```
+    pub fn clustered(
+        handle: &ClusterBulkhead,
+        estimator: impl TokenEstimator + 'static,
+    ) -> LlmBulkhead {
+        let mut llm = LlmBulkhead::new(handle.bulkhead().clone(), estimator);
+        llm.cluster = Some(handle.window().clone());
+        llm
+    }
+
+    /// Whether the bulkhead is cluster-managed ([`clustered`](Self::clustered)).
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// assert!(!LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator).is_clustered());
+    /// ```
+    #[must_use]
+    pub fn is_clustered(&self) -> bool {
+        self.cluster.is_some()
+    }
+}
+
+impl RunContext {
+    /// The window check, right after the commit; then the cut bridged to the stop signal.
+    /// On `Err` the caller drops the context, which gives the admission back. A bypassed run
+    /// holds no admission and is left alone.
+    #[inline(never)]
+    pub(in crate::llm) fn enter_cluster(
+        &mut self,
+        window: &crate::cluster::ClusterWindow,
+    ) -> Result<(), ClusterRejection> {
+        if matches!(self.inner, Inner::Bypassed(_)) {
+            return Ok(());
+        }
+        let ticket = window.check()?;
+        let state = self.stop.state.get_or_insert_with(Default::default).clone();
+        let cut = ticket.cut_signal(Some(Waker::from(Arc::new(CutBridge(state)))));
+        self.cluster = Some(Box::new(ClusterHold { cut, ticket }));
+        Ok(())
+    }
+
+    /// The cluster admission deadline (the agent's clock, ms): `None` on a bulkhead that is
+    /// not cluster-managed, and for a bypassed run.
+    ///
+    /// ```
+    /// # use llm_bulkhead::llm::*; use llm_bulkhead::Bulkhead;
+    /// let llm = LlmBulkhead::new(Bulkhead::new(1).unwrap(), NaiveEstimator);
+    /// llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+    ///     assert_eq!(ctx.cluster_deadline_ms(), None); Ok::<_, ()>(()) }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn cluster_deadline_ms(&self) -> Option<u64> {
+        self.cluster.as_ref().map(|c| c.ticket.deadline_ms())
+    }
+}
+
+/// The async `run` of a cluster admission without a borrowed-slot deadline: the work raced
+/// against the cut; a work dropped at the cut has its tokens settled with its last usage
+/// report.
+pub(in crate::llm) async fn until_cut<R, E, U, F>(
+    ctx: &mut RunContext,
+    work: F,
+    usage: &U,
+) -> Result<R, RunError<E>>
+where
+    U: UsageFrom<R>,
+    F: AsyncFnOnce(&mut RunContext) -> Result<R, E>,
+{
+    let signal = ctx.stop_signal();
+    match race_deadline(work(ctx), &signal).await {
+        Some(out) => {
+            let answer = settle(ctx, out, usage);
+            ctx.cut_answer(answer)
+        }
+        None => {
+            ctx.finish(None);
+            Err(RunError::Cluster(ClusterRunError::Cut))
+        }
+    }
+}
