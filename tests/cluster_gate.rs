@@ -4,57 +4,28 @@
 //! carries its deadline; the agent's step fires cut signals at the deadline, drops the work of
 //! `run` there, and counts releases past the deadline.
 
-#[path = "support/cluster_config.rs"]
-mod cluster_config;
+#[path = "support/cluster_leased.rs"]
+mod cluster_leased;
 
+use cluster_leased::{Manual, RENEWED};
 use llm_bulkhead::cluster::{
     AgentEvent, Clock, ClusterAgent, ClusterConfig, ClusterRejection, ClusterRunError, MemoryStore,
     Phase,
 };
 use llm_bulkhead::{Bulkhead, Demand};
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-/// One clock for the store, the agent and its handle (ms), moved by the test. Queued values
-/// are returned first, one per read: a thread paused between two reads.
-#[derive(Clone, Default)]
-struct Manual {
-    now: Arc<AtomicU64>,
-    queued: Arc<Mutex<VecDeque<u64>>>,
-}
-
-impl Clock for Manual {
-    fn now_ms(&self) -> u64 {
-        if let Some(t) = self.queued.lock().unwrap().pop_front() {
-            return t;
-        }
-        self.now.load(Ordering::SeqCst)
-    }
-}
-
-impl Manual {
-    fn set(&self, t: u64) {
-        self.now.store(t, Ordering::SeqCst);
-    }
-
-    fn next_reads(&self, ts: &[u64]) {
-        self.queued.lock().unwrap().extend(ts);
-    }
-}
-
 fn config() -> ClusterConfig {
-    cluster_config::agent_config("gate")
+    cluster_leased::agent_config("gate")
 }
 
 /// An agent alone on a table, past learning, holding all 8 slots: valid until
 /// `RENEWED + 940`, then the floor (2) until `RENEWED + 1_440`.
-const RENEWED: u64 = 3_001;
-
 fn leased() -> (
     Manual,
     MemoryStore,
@@ -62,24 +33,8 @@ fn leased() -> (
     Bulkhead,
     Arc<Mutex<Vec<AgentEvent>>>,
 ) {
-    let clock = Manual::default();
-    let c2 = clock.clone();
-    let store = MemoryStore::with_clock(move || c2.now_ms());
     let b = Bulkhead::new(8).unwrap();
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let e2 = events.clone();
-    let mut agent = ClusterAgent::with_clock(
-        b.clone(),
-        Box::new(store.clone()),
-        config(),
-        Arc::new(clock.clone()),
-    )
-    .unwrap()
-    .on_event(move |e| e2.lock().unwrap().push(e.clone()));
-    agent.tick();
-    clock.set(RENEWED);
-    agent.tick();
-    assert_eq!(b.limits().max_concurrent, 8);
+    let (clock, store, agent, events) = cluster_leased::leased(&b);
     (clock, store, agent, b, events)
 }
 

@@ -70,6 +70,10 @@ pub(super) struct Gate {
     /// `testing`, read once): the handle skips its window checks, as the bare bulkhead does.
     /// `tests/cluster_redis.rs` (the blackhole test) and `tests/cluster_gate.rs` fail on it.
     no_window: bool,
+    /// The deliberately broken variant `LLM_BULKHEAD_CLUSTER_NO_CUT=1` (feature `testing`,
+    /// read once): a cut signal made for a layer's run wakes nothing at the deadline, so the
+    /// LLM layer's runs are never cut. `tests/cluster_layers.rs` (the cut tests) fail on it.
+    no_cut: bool,
 }
 
 impl Gate {
@@ -85,6 +89,8 @@ impl Gate {
             // Test builds only (feature `testing`), as the other broken variants.
             no_window: cfg!(feature = "testing")
                 && std::env::var_os("LLM_BULKHEAD_CLUSTER_NO_WINDOW").is_some_and(|v| v == "1"),
+            no_cut: cfg!(feature = "testing")
+                && std::env::var_os("LLM_BULKHEAD_CLUSTER_NO_CUT").is_some_and(|v| v == "1"),
         }
     }
 
@@ -206,7 +212,7 @@ impl Ticket {
         let state = Arc::new(CutState {
             deadline: self.deadline_ms,
             fired: AtomicBool::new(false),
-            waker: Mutex::new(waker),
+            waker: Mutex::new(waker.filter(|_| !self.gate.no_cut)),
         });
         lock(&self.gate.cuts).push(Arc::downgrade(&state));
         CutSignal(state)
