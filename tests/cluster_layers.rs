@@ -199,6 +199,19 @@ fn run_blocking_is_told_at_its_admission_deadline() {
     assert_eq!((t.in_flight_tokens, t.total_consumed), (0, 150));
     agent.tick();
     assert_eq!((agent.status().cut, agent.status().overdue), (1, 1));
+    // A work that only asks (no signal registered, so none fired) is told all the same.
+    let r = llm.run_blocking(&LlmRequest::default(), RunOptions::default(), |ctx| {
+        let deadline = ctx.cluster_deadline_ms().unwrap();
+        assert!(!ctx.stop_requested());
+        clock.set(deadline);
+        agent.tick();
+        assert!(ctx.stop_requested(), "the agent's step passed the deadline");
+        Ok::<_, ()>(())
+    });
+    assert!(matches!(r, Err(RunError::Cluster(ClusterRunError::Cut))));
+    assert_eq!(b.stats().in_flight, 0);
+    agent.tick();
+    assert_eq!((agent.status().cut, agent.status().overdue), (1, 2));
 }
 
 /// The tower layer over HTTP on loopback: inside the window a request passes; once the window

@@ -71,8 +71,9 @@ pub(super) struct Gate {
     /// `tests/cluster_redis.rs` (the blackhole test) and `tests/cluster_gate.rs` fail on it.
     no_window: bool,
     /// The deliberately broken variant `LLM_BULKHEAD_CLUSTER_NO_CUT=1` (feature `testing`,
-    /// read once): a cut signal made for a layer's run wakes nothing at the deadline, so the
-    /// LLM layer's runs are never cut. `tests/cluster_layers.rs` (the cut tests) fail on it.
+    /// read once): a cut signal made for a layer's run wakes nothing at the deadline, and a
+    /// run asking whether it passed hears no, so the LLM layer's runs are never cut.
+    /// `tests/cluster_layers.rs` (the cut tests) fail on it.
     no_cut: bool,
 }
 
@@ -207,14 +208,59 @@ impl Ticket {
         self.deadline_ms
     }
 
+    /// Whether the agent's step has passed the deadline: exactly when it fires the cut
+    /// signals of this deadline (it stores its step's time before it fires them). One load,
+    /// nothing registered: a run that only asks is cut as surely as one that waits.
+    #[inline]
+    pub(crate) fn passed(&self) -> bool {
+        self.arm().passed()
+    }
+
+    /// What registers a cut signal for this deadline later (it keeps the agent's state alive,
+    /// and counts nothing when dropped).
+    #[inline]
+    pub(crate) fn arm(&self) -> CutArm {
+        CutArm {
+            deadline_ms: self.deadline_ms,
+            gate: Arc::clone(&self.gate),
+        }
+    }
+
     /// A signal that fires at the deadline and wakes `waker` then (if given).
     pub(crate) fn cut_signal(&self, waker: Option<Waker>) -> CutSignal {
+        self.arm().register(waker)
+    }
+}
+
+/// Registers a cut signal for one admission's deadline when first needed (see
+/// [`Ticket::arm`]): a run that ends before it waits registers nothing.
+pub(crate) struct CutArm {
+    deadline_ms: u64,
+    gate: Arc<Gate>,
+}
+
+impl CutArm {
+    /// As [`Ticket::passed`].
+    #[inline]
+    pub(crate) fn passed(&self) -> bool {
+        self.gate.stepped.load(Ordering::Acquire) >= self.deadline_ms && !self.gate.no_cut
+    }
+
+    /// A signal that fires at the deadline and wakes `waker` then (if given). Takes the
+    /// registry's lock once; the registry drops the entries of signals gone whenever it is
+    /// full, so it stays within twice the live signals between the agent's steps.
+    pub(crate) fn register(&self, waker: Option<Waker>) -> CutSignal {
         let state = Arc::new(CutState {
             deadline: self.deadline_ms,
             fired: AtomicBool::new(false),
             waker: Mutex::new(waker.filter(|_| !self.gate.no_cut)),
         });
-        lock(&self.gate.cuts).push(Arc::downgrade(&state));
+        let mut cuts = lock(&self.gate.cuts);
+        if cuts.len() == cuts.capacity() {
+            cuts.retain(|w| w.strong_count() > 0);
+        }
+        cuts.push(Arc::downgrade(&state));
+        drop(cuts);
         CutSignal(state)
     }
 }

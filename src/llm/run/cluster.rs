@@ -19,15 +19,20 @@ use super::context::Inner;
 use super::*;
 use crate::cluster::{ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal, Ticket};
 
-/// What a context of a cluster admission holds: the ticket (deadline, overdue count) and the
-/// registration of its cut.
+/// What a context of a cluster admission holds: the ticket (deadline, overdue count) and,
+/// once something waits for the cut, its registration (none before: a run that only asks
+/// whether it was cut reads the agent's step, and registers nothing).
 pub(in crate::llm) struct ClusterHold {
-    pub(in crate::llm) cut: CutSignal,
-    ticket: Ticket,
+    pub(in crate::llm) ticket: Ticket,
+    cut: Option<CutSignal>,
 }
 
 /// Fires the run's stop signal when the admission's cut fires (the agent's thread wakes it).
 struct CutBridge(Arc<StopState>);
+
+fn bridge(state: &Arc<StopState>) -> Waker {
+    Waker::from(Arc::new(CutBridge(Arc::clone(state))))
+}
 
 impl Wake for CutBridge {
     fn wake(self: Arc<Self>) {
@@ -92,10 +97,22 @@ impl RunContext {
             return Ok(());
         }
         let ticket = window.check()?;
-        let state = self.stop.state.get_or_insert_with(Default::default).clone();
-        let cut = ticket.cut_signal(Some(Waker::from(Arc::new(CutBridge(state)))));
-        self.cluster = Some(Box::new(ClusterHold { cut, ticket }));
+        self.cluster = Some(ClusterHold { ticket, cut: None });
         Ok(())
+    }
+
+    /// The stop signal `state` fires at the cut from now on (a [`StopSignal`] was asked for):
+    /// registered once, and fired at once if the deadline passed already.
+    pub(super) fn arm_cut(&mut self, state: &Arc<StopState>) {
+        let Some(hold) = self.cluster.as_mut() else {
+            return;
+        };
+        if hold.cut.is_none() {
+            hold.cut = Some(hold.ticket.cut_signal(Some(bridge(state))));
+        }
+        if hold.ticket.passed() {
+            state.fire(StopCause::Cut);
+        }
     }
 
     /// The cluster admission deadline (the agent's clock, ms): `None` on a bulkhead that is
@@ -115,7 +132,8 @@ impl RunContext {
 
 /// The async `run` of a cluster admission without a borrowed-slot deadline: the work raced
 /// against the cut; a work dropped at the cut has its tokens settled with its last usage
-/// report.
+/// report. The cut is registered when the work first waits (a work that completes in its
+/// first poll registers nothing).
 pub(in crate::llm) async fn until_cut<R, E, U, F>(
     ctx: &mut RunContext,
     work: F,
@@ -125,8 +143,36 @@ where
     U: UsageFrom<R>,
     F: AsyncFnOnce(&mut RunContext) -> Result<R, E>,
 {
-    let signal = ctx.stop_signal();
-    match race_deadline(work(ctx), &signal).await {
+    let Some(arm) = ctx.cluster.as_ref().map(|h| h.ticket.arm()) else {
+        let out = work(ctx).await;
+        return settle(ctx, out, usage);
+    };
+    let state = ctx.stop.state.get_or_insert_with(Default::default).clone();
+    let signal = StopSignal {
+        state: Arc::clone(&state),
+        caller: None,
+    };
+    let mut cut: Option<CutSignal> = None;
+    let out = {
+        let mut running = std::pin::pin!(work(ctx));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = running.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            if cut.is_none() {
+                cut = Some(arm.register(Some(bridge(&state))));
+            }
+            signal.register(cx.waker());
+            // The bridge fires the state before it wakes: registering first misses no cut.
+            match arm.passed() || signal.deadline_fired() {
+                true => Poll::Ready(None),
+                false => Poll::Pending,
+            }
+        })
+        .await
+    };
+    drop(cut);
+    match out {
         Some(out) => {
             let answer = settle(ctx, out, usage);
             ctx.cut_answer(answer)

@@ -28,11 +28,10 @@ pub struct RunContext {
     pub(in crate::llm) stop: StopGuard,
     /// The admission's timing, on a timed run only (boxed: untimed runs carry one word).
     pub(in crate::llm) times: Option<Box<AdmittedTimes>>,
-    /// A cluster admission's deadline and cut (feature `cluster`; boxed: one word otherwise).
-    /// Declared after `inner`: the admission is released before the ticket counts an overdue
-    /// release.
+    /// A cluster admission's deadline and cut (feature `cluster`). Declared after `inner`:
+    /// the admission is released before the ticket counts an overdue release.
     #[cfg(feature = "cluster")]
-    pub(in crate::llm) cluster: Option<Box<super::cluster::ClusterHold>>,
+    pub(in crate::llm) cluster: Option<super::cluster::ClusterHold>,
 }
 
 /// The admission: owned, or (with an armed deadline) shared with the deadline.
@@ -150,6 +149,8 @@ impl RunContext {
     /// ```
     pub fn stop_signal(&mut self) -> StopSignal {
         let state = self.stop.state.get_or_insert_with(Default::default).clone();
+        #[cfg(feature = "cluster")]
+        self.arm_cut(&state);
         StopSignal {
             state,
             caller: self.stop.caller.clone(),
@@ -554,7 +555,7 @@ impl RunContext {
     #[inline(always)]
     pub(in crate::llm) fn was_cut(&self) -> bool {
         #[cfg(feature = "cluster")]
-        return self.cluster.as_ref().is_some_and(|c| c.cut.is_cut());
+        return self.cluster.as_ref().is_some_and(|c| c.ticket.passed());
         #[cfg(not(feature = "cluster"))]
         false
     }
