@@ -3,22 +3,30 @@
 //! quarantine (`ttl + quarantine` after its last renewal) has passed.
 //!
 //! ```sh
-//! cargo run --release --features cluster --example cluster
+//! cargo run --release --features cluster,tower --example cluster
 //! ```
 //!
 //! It uses the server named by `LLM_BULKHEAD_REDIS_URL`, or starts a private `redis-server`
 //! (on a Unix socket in a temporary directory, no persistence) if one is on PATH. Each replica
-//! prints, every 250 ms, the share its agent installed and its work in flight; the parent
+//! is a small HTTP gateway on loopback, wired as an operator would: the tower layer built over
+//! the agent's handle (`BulkheadLayer::clustered`), so that its requests admit through the
+//! share's window (a lapsed share answers 503 `share_lapsed`), in front of a handler that
+//! stands in for the provider call; four clients keep it busy. Each replica prints, every
+//! 250 ms, the share its agent installed, its work in flight and its answers so far; the parent
 //! prints them side by side.
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
 
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
 use llm_bulkhead::cluster::{Amounts, ClusterAgent, ClusterConfig, RedisStore};
+use llm_bulkhead::tower::{BulkheadLayer, ClassifyError};
 use llm_bulkhead::{Bulkhead, Demand, Reservation};
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -34,7 +42,8 @@ fn config(ns: &str) -> ClusterConfig {
         .quarantine(Duration::from_millis(600))
 }
 
-/// One replica: a bulkhead built with the global limits, its agent, four busy workers.
+/// One replica: a bulkhead built with the global limits, its agent, an HTTP gateway whose
+/// tower layer admits through the agent's handle, and four busy clients.
 fn replica(url: &str, ns: &str) {
     let b = Bulkhead::builder()
         .max_concurrent(GLOBAL.slots as u32)
@@ -46,43 +55,89 @@ fn replica(url: &str, ns: &str) {
         .unwrap()
         .spawn()
         .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let workers: Vec<_> = (0..4)
-        .map(|_| {
-            let (b, stop) = (b.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let d = Demand::tokens(Reservation::new(60, 40).unwrap());
-                    match b.try_acquire(d) {
-                        Ok(a) => {
-                            std::thread::sleep(Duration::from_millis(5)); // the provider call
-                            drop(a);
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(1)),
-                    }
-                }
-            })
+    // The wiring: the layer over the handle, not over the bare bulkhead. Every request
+    // reserves 60 + 40 tokens (a real gateway estimates them from the body).
+    let layer = BulkheadLayer::clustered(&agent.handle())
+        .classifier(|_: &http::request::Parts| {
+            Ok::<_, ClassifyError>(Demand::tokens(Reservation::new(60, 40).unwrap()))
         })
-        .collect();
-    let start = Instant::now();
-    while start.elapsed() < RUN {
-        std::thread::sleep(Duration::from_millis(250));
-        let (s, st) = (b.stats(), agent.status());
-        let phase = if st.learning {
-            "learning".to_string()
-        } else {
-            format!("{:?}", st.phase)
-        };
-        println!(
-            "{} {} {} {phase}",
-            st.installed.slots, s.in_flight, st.installed.tokens
-        );
-    }
-    stop.store(true, Ordering::Relaxed);
-    for w in workers {
-        w.join().unwrap();
-    }
+        .build();
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async {
+                tokio::time::sleep(Duration::from_millis(5)).await; // the provider call
+                "ok"
+            }),
+        )
+        .layer(layer);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Answers by status: 200; 429, the share is full; 413, the installed share cannot hold
+    // the request at all (share zero: learning, or the agent degraded to zero); 503, the
+    // share lapsed.
+    let answers: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let clients: Vec<_> = (0..4)
+            .map(|_| tokio::spawn(client(addr, answers.clone())))
+            .collect();
+        let start = Instant::now();
+        while start.elapsed() < RUN {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let (s, st) = (b.stats(), agent.status());
+            let phase = if st.learning {
+                "learning".to_string()
+            } else {
+                format!("{:?}", st.phase)
+            };
+            let [ok, full, zero, lapsed] = [0, 1, 2, 3].map(|i| answers[i].load(Ordering::Relaxed));
+            println!(
+                "{} {} {} {phase} {ok} {full} {zero} {lapsed}",
+                st.installed.slots, s.in_flight, st.installed.tokens
+            );
+        }
+        for c in clients {
+            c.abort();
+        }
+    });
+    drop(rt);
     agent.stop().unwrap();
+}
+
+/// One keep-alive client posting requests back to back, counting the answers.
+async fn client(addr: SocketAddr, answers: Arc<[AtomicU64; 4]>) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    loop {
+        let request = http::Request::post("/v1/chat/completions")
+            .header("host", "127.0.0.1")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let Ok(response) = sender.send_request(request).await else {
+            return;
+        };
+        let i = match response.status().as_u16() {
+            200 => 0,
+            429 => 1,
+            413 => 2,
+            503 => 3,
+            other => panic!("unexpected status {other}"),
+        };
+        answers[i].fetch_add(1, Ordering::Relaxed);
+        let _ = response.into_body().collect().await;
+        if i != 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 }
 
 fn main() {
@@ -123,12 +178,16 @@ fn main() {
         .collect();
     drop(tx);
     println!("  t(s)  replica 0 share/in flight   replica 1           replica 2");
+    let mut last = [[0u64; 4]; 3];
     let start = Instant::now();
     let mut row = [String::from("-"), String::from("-"), String::from("-")];
     let mut killed = false;
     for (n, line) in rx {
         let f: Vec<&str> = line.split_whitespace().collect();
         row[n] = format!("{}/{} {}", f[0], f[1], f[3]);
+        for (i, v) in f[4..8].iter().enumerate() {
+            last[n][i] = v.parse().unwrap_or(0);
+        }
         if n == 2 {
             println!(
                 "{:6.2}  {:26}  {:18}  {}",
@@ -148,5 +207,11 @@ fn main() {
     }
     for c in children.iter_mut().skip(1) {
         let _ = c.wait();
+    }
+    for (n, [ok, full, zero, lapsed]) in last.iter().enumerate() {
+        println!(
+            "replica {n}: HTTP 200 {ok}, 429 {full} (share full), 413 {zero} (share zero), \
+             503 {lapsed} (share lapsed)"
+        );
     }
 }
