@@ -7,17 +7,16 @@
 #[path = "support/cluster_leased.rs"]
 mod cluster_leased;
 
-use cluster_leased::{Manual, RENEWED};
+use cluster_leased::{poll_across_deadline, DropFlag, Manual, RENEWED};
 use llm_bulkhead::cluster::{
     AgentEvent, Clock, ClusterAgent, ClusterConfig, ClusterRejection, ClusterRunError, MemoryStore,
     Phase,
 };
 use llm_bulkhead::{Bulkhead, Demand};
-use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 fn config() -> ClusterConfig {
@@ -130,22 +129,6 @@ fn deadlines_fire_cut_signals_and_count_overdue_releases() {
     assert!(ev.contains(&AgentEvent::OverdueReleased { total: 1 }));
 }
 
-struct Count(AtomicUsize);
-
-impl Wake for Count {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-struct DropFlag(Arc<AtomicBool>);
-
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 /// `run`: work that outlives its deadline is woken at the agent's step, dropped, and answered
 /// `Cut`; its admission is released then.
 #[test]
@@ -160,28 +143,17 @@ fn run_drops_the_work_at_its_deadline() {
         std::future::pending::<()>().await;
     };
     let mut fut = pin!(h.run(Demand::slot(), work));
-    let count = Arc::new(Count(AtomicUsize::new(0)));
-    let waker = Waker::from(count.clone());
-    let mut cx = Context::from_waker(&waker);
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    assert_eq!(b.stats().in_flight, 1);
-    clock.set(RENEWED + 1_009);
-    agent.tick();
-    assert_eq!(count.0.load(Ordering::SeqCst), 0);
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    clock.set(RENEWED + 1_010);
-    agent.tick();
-    assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at the deadline");
     assert_eq!(
-        fut.as_mut().poll(&mut cx),
+        poll_across_deadline(fut.as_mut(), &clock, &mut agent, &b, RENEWED + 1_010),
         Poll::Ready(Err(ClusterRunError::Cut))
     );
     assert!(dropped.load(Ordering::SeqCst), "the work was dropped");
     assert_eq!(b.stats().in_flight, 0);
     // Work that ends in time returns its output.
-    let fut = pin!(h.run(Demand::slot(), async { 7 }));
-    let mut fut = fut;
-    assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(7)));
+    assert_eq!(
+        futures_lite::future::block_on(h.run(Demand::slot(), async { 7 })),
+        Ok(7)
+    );
 }
 
 /// The window narrows before a new share is installed. A renewal during a long floor (here

@@ -13,16 +13,15 @@
 mod cluster_leased;
 mod support;
 
-use cluster_leased::{leased, RENEWED};
+use cluster_leased::{leased, poll_across_deadline, DropFlag, RENEWED};
 use llm_bulkhead::cluster::{ClusterRejection, ClusterRunError};
 use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunError, RunOptions, StopCause};
 use llm_bulkhead::tower::BulkheadLayer;
 use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
-use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::Poll;
 
 /// 8 slots and 10 000 tokens; every request reserves 100 + 400.
 fn budgeted() -> Bulkhead {
@@ -44,27 +43,6 @@ fn lapsed<T: std::fmt::Debug>(r: Result<T, RunError<()>>) -> bool {
             ClusterRejection::ShareLapsed
         )))
     )
-}
-
-struct Count(AtomicUsize);
-
-impl Wake for Count {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn counting_waker() -> (Arc<Count>, Waker) {
-    let count = Arc::new(Count(AtomicUsize::new(0)));
-    (count.clone(), Waker::from(count))
-}
-
-struct DropFlag(Arc<AtomicBool>);
-
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
 }
 
 /// `run_blocking` and `run` refuse once the window ended, without running the work, while
@@ -139,20 +117,8 @@ fn a_streaming_run_is_cut_at_its_admission_deadline() {
         std::future::pending::<()>().await; // a provider that stalls
         Ok::<_, ()>(())
     }));
-    let (count, waker) = counting_waker();
-    let mut cx = Context::from_waker(&waker);
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    assert_eq!(b.stats().in_flight, 1);
-    clock.set(RENEWED + 1_009);
-    agent.tick();
-    assert!(fut.as_mut().poll(&mut cx).is_pending());
-    assert_eq!(count.0.load(Ordering::SeqCst), 0);
-    clock.set(RENEWED + 1_010);
-    agent.tick();
-    assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at the deadline");
-    assert_eq!(b.stats().in_flight, 1, "held until the work ends");
     assert!(matches!(
-        fut.as_mut().poll(&mut cx),
+        poll_across_deadline(fut.as_mut(), &clock, &mut agent, &b, RENEWED + 1_010),
         Poll::Ready(Err(RunError::Cluster(ClusterRunError::Cut)))
     ));
     assert!(dropped.load(Ordering::SeqCst), "the work was dropped");

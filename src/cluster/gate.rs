@@ -27,9 +27,8 @@
 //! costs several times the core's pair; the agent's clock can be `CoarseClock` (Linux), which
 //! reads in a fraction of that and may lag one kernel tick (at most the `margin`, checked).
 //!
-//! The LLM layer and the tower layer built over the handle
-//! ([`LlmBulkhead::clustered`](crate::llm::LlmBulkhead::clustered),
-//! [`BulkheadLayer::clustered`](crate::tower::BulkheadLayer::clustered)) admit on the bulkhead
+//! The LLM layer and the tower layer built over the handle (`LlmBulkhead::clustered`,
+//! `BulkheadLayer::clustered`, with the features `llm` and `tower`) admit on the bulkhead
 //! themselves and then make the same check (`ClusterWindow::check`, right after their commit,
 //! queued admissions included), so they admit nothing past the window either; the LLM layer
 //! also cuts its runs at the deadline. Built over the bare [`Bulkhead`] they are not

@@ -606,7 +606,9 @@ impl StopState {
 
 /// The stop signal of one run, as an owned handle (`Send`, `Sync`, `'static`): hand it to a
 /// task or thread the work starts, so that it learns when to stop. It fires when the
-/// borrowed-concurrency deadline expires ([`StopCause::Deadline`]) and when the run is over for
+/// borrowed-concurrency deadline expires ([`StopCause::Deadline`]), at a cluster admission's
+/// deadline ([`StopCause::Cut`], on a bulkhead built with `LlmBulkhead::clustered`), and
+/// when the run is over for
 /// its caller: the run returned, or its future was dropped ([`StopCause::Ended`]). The caller's
 /// [`CancelToken`](crate::CancelToken) (`options.wait.cancel`) fires it too
 /// ([`StopCause::Cancelled`]): a [`stopped`](Self::stopped) future leaves its waker with the

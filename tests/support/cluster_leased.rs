@@ -8,8 +8,11 @@ mod cluster_config;
 use llm_bulkhead::cluster::{AgentEvent, Clock, ClusterAgent, MemoryStore};
 use llm_bulkhead::Bulkhead;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 pub use cluster_config::agent_config;
 
@@ -73,4 +76,58 @@ pub fn leased(
     agent.tick();
     assert_eq!(b.limits().max_concurrent, 8);
     (clock, store, agent, events)
+}
+
+/// A waker that counts its wake-ups.
+pub struct Count(pub AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A counting waker and its count.
+pub fn counting_waker() -> (Arc<Count>, Waker) {
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    (count.clone(), Waker::from(count))
+}
+
+/// Sets its flag when dropped (a work's future was dropped).
+pub struct DropFlag(pub Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Drives a work admitted on `b` (the agent's bulkhead) whose admission deadline is
+/// `deadline`: the first poll leaves it pending and holding one slot; the agent's step one ms
+/// before the deadline neither wakes nor ends it; its step at the deadline wakes it once, the
+/// slot still held. Returns the poll after that wake-up.
+pub fn poll_across_deadline<F: Future>(
+    mut fut: Pin<&mut F>,
+    clock: &Manual,
+    agent: &mut ClusterAgent,
+    b: &Bulkhead,
+    deadline: u64,
+) -> Poll<F::Output> {
+    let (count, waker) = counting_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    assert_eq!(b.stats().in_flight, 1);
+    clock.set(deadline - 1);
+    agent.tick();
+    assert_eq!(
+        count.0.load(Ordering::SeqCst),
+        0,
+        "not woken before the deadline"
+    );
+    assert!(fut.as_mut().poll(&mut cx).is_pending());
+    clock.set(deadline);
+    agent.tick();
+    assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken at the deadline");
+    assert_eq!(b.stats().in_flight, 1, "held until the work ends");
+    fut.as_mut().poll(&mut cx)
 }

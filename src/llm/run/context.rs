@@ -505,7 +505,9 @@ impl RunContext {
 
     /// A future that completes when the deadline expires (never, without an armed deadline),
     /// or when the caller's token (`options.wait.cancel`) is cancelled; both wake it: race it
-    /// against the provider call.
+    /// against the provider call. A cluster admission's cut does not complete it: the async
+    /// `run` drops the work there by itself; elsewhere read
+    /// [`stop_requested`](Self::stop_requested) or wait on a [`stop_signal`](Self::stop_signal).
     ///
     /// # Cancel safety
     /// Dropping it changes nothing.
