@@ -17,7 +17,7 @@ use cluster_leased::{leased, poll_across_deadline, DropFlag, RENEWED};
 use llm_bulkhead::cluster::{ClusterRejection, ClusterRunError};
 use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunError, RunOptions, StopCause};
 use llm_bulkhead::tower::BulkheadLayer;
-use llm_bulkhead::{Bulkhead, Demand, Reservation, Usage};
+use llm_bulkhead::{Bulkhead, CancelToken, Demand, Reservation, Usage, WaitOptions};
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -73,6 +73,18 @@ fn llm_runs_refuse_a_lapsed_share() {
         Ok::<_, ()>(())
     }));
     assert!(lapsed(r), "run past the window");
+    // With a token the fast decision declines: the waiting acquire admits, then the window.
+    let waiting = || RunOptions {
+        wait: WaitOptions {
+            cancel: Some(CancelToken::new()),
+            ..WaitOptions::default()
+        },
+        ..RunOptions::default()
+    };
+    let r = llm.run_blocking(&request, waiting(), |_| Ok::<_, ()>(()));
+    assert!(lapsed(r), "a waiting run_blocking past the window");
+    let r = futures_lite::future::block_on(llm.run(&request, waiting(), async |_| Ok::<_, ()>(())));
+    assert!(lapsed(r), "a waiting run past the window");
     let timed = llm.run_blocking_timed(&request, RunOptions::default(), |_| Ok::<_, ()>(()));
     assert!(lapsed(timed.value), "run_blocking_timed past the window");
     assert!(!ran.load(Ordering::SeqCst), "no work ran");
@@ -90,10 +102,17 @@ fn llm_runs_refuse_a_lapsed_share() {
         llm.try_acquire(&request, &RunOptions::default()),
         Err(llm_bulkhead::llm::AcquireError::Invalid(_))
     ));
+    let shared = llm.run_shared(&request, RunOptions::default(), |_| {
+        Box::pin(async { Ok::<_, ()>(1) })
+    });
+    assert!(matches!(
+        futures_lite::future::block_on(shared),
+        Err(RunError::Invalid(_))
+    ));
     // The agent steps (and reports the refusals): the floor's share, with its window; a run
     // fits again.
     agent.tick();
-    assert_eq!(agent.status().lapsed_refusals, 3);
+    assert_eq!(agent.status().lapsed_refusals, 5);
     llm.run_blocking(&request, RunOptions::default(), |_| Ok::<_, ()>(()))
         .unwrap();
 }
