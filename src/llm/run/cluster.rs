@@ -13,7 +13,11 @@
 //!   tokens), `run_blocking` sets [`RunContext::stop_requested`] and answers when the work
 //!   returns; either way the answer is [`ClusterRunError::Cut`]. The capacity stays held until
 //!   the work really ended, and a release after the deadline is counted as overdue, as on the
-//!   handle.
+//!   handle. The cut is registered with the agent only when something waits for it (`run`'s
+//!   work once it first returns `Pending`, or a [`RunContext::stop_signal`]); a `run_blocking`
+//!   work that only reads `stop_requested` reads the agent's step (one load) and registers
+//!   nothing, so `AgentStatus::cut` (signals fired) does not count it, while its release is
+//!   in `AgentStatus::overdue`.
 
 use super::context::Inner;
 use super::*;
