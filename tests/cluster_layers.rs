@@ -262,3 +262,29 @@ async fn the_tower_layer_refuses_a_lapsed_share_over_http() {
     // The core alone would still admit.
     drop(b.try_acquire(Demand::slot()).unwrap());
 }
+
+/// The cut registered after the agent's step passed the deadline (the work first waits only
+/// then): that step fired nothing for it, so the run must see the step itself and answer `Cut`
+/// in that same poll, not one step later.
+#[test]
+fn a_cut_registered_after_the_step_is_not_missed() {
+    let b = budgeted();
+    let (clock, _store, mut agent, _) = leased(&b);
+    let llm = LlmBulkhead::clustered(&agent.handle(), fixed);
+    clock.set(RENEWED + 10);
+    let mut fut = pin!(
+        llm.run(&LlmRequest::default(), RunOptions::default(), async |_| {
+            clock.set(RENEWED + 1_010);
+            agent.tick(); // the step at the deadline, before the work first waits
+            std::future::pending::<()>().await;
+            Ok::<_, ()>(())
+        })
+    );
+    let waker = std::task::Waker::noop();
+    assert!(matches!(
+        fut.as_mut()
+            .poll(&mut std::task::Context::from_waker(waker)),
+        Poll::Ready(Err(RunError::Cluster(ClusterRunError::Cut)))
+    ));
+    assert_eq!(b.stats().in_flight, 0);
+}
