@@ -288,3 +288,34 @@ fn a_cut_registered_after_the_step_is_not_missed() {
     ));
     assert_eq!(b.stats().in_flight, 0);
 }
+
+/// The tower layer's admissions carry the deadline too: a streamed response whose body ends
+/// after the agent's step passed the deadline is counted as overdue (the slot held until the
+/// body's end, never handed back under it).
+#[tokio::test(flavor = "current_thread")]
+async fn the_tower_layer_counts_a_body_past_its_deadline_as_overdue() {
+    let b = Bulkhead::new(8).unwrap();
+    let (clock, _store, mut agent, _) = leased(&b);
+    let (tx, body) = support::ChannelBody::new();
+    let body = Arc::new(std::sync::Mutex::new(Some(body)));
+    let handler = move || {
+        let body = body.lock().unwrap().take().expect("one request");
+        async move { axum::body::Body::new(body) }
+    };
+    let layer = BulkheadLayer::clustered(&agent.handle()).build();
+    let router = axum::Router::new().route("/stream", axum::routing::get(handler).layer(layer));
+    let server = support::Server::start(router).await;
+    clock.set(RENEWED + 100);
+    let call = support::call(server.addr, support::get("/stream")).await;
+    assert_eq!(call.response.status(), 200);
+    assert_eq!(b.stats().in_flight, 1, "held while the body streams");
+    clock.set(RENEWED + 1_100); // the admission's deadline
+    agent.tick();
+    assert_eq!(b.stats().in_flight, 1, "not handed back under the stream");
+    tx.send(Ok(bytes::Bytes::from_static(b"late"))).unwrap();
+    drop(tx);
+    assert_eq!(support::text(call.response).await, "late");
+    assert_eq!(b.stats().in_flight, 0);
+    agent.tick();
+    assert_eq!(agent.status().overdue, 1);
+}
