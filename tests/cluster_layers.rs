@@ -4,10 +4,12 @@
 //! and the core alone would still admit; the LLM layer's runs carry the admission deadline and
 //! are cut there (`run` drops the work, a stream included; `run_blocking` is told and answers
 //! `Cut`), with exact token accounting and overdue releases counted. The tower layer is tested
-//! over HTTP on loopback with axum: a lapsed share is a 503 whose body says so.
+//! over HTTP on loopback with axum: a lapsed share is a 503 whose body says so, and a response
+//! body that ends past its admission deadline is counted as overdue.
 //!
 //! Run with `LLM_BULKHEAD_CLUSTER_NO_WINDOW=1` (the handle without its window), the refusal
-//! tests here must fail.
+//! tests here must fail; with `LLM_BULKHEAD_CLUSTER_NO_CUT=1` (no cut reaches a run), the cut
+//! tests (`.ci/run` runs both).
 
 #[path = "support/cluster_leased.rs"]
 mod cluster_leased;
