@@ -183,7 +183,7 @@ impl Sim {
                 self.t += d;
                 let t = self.t;
                 for r in &mut self.replicas {
-                    if let Some((at, sent, reply)) = r.late {
+                    if let Some((at, sent, reply)) = r.late.clone() {
                         if at <= t {
                             r.late = None;
                             if r.alive {
@@ -567,6 +567,7 @@ fn fail_open_is_explicit_and_installs_the_global_limits() {
         seq: 1,
         now_ms: 0,
         learning: false,
+        classes: vec![],
     };
     let lapsed = 10_000;
     for (degrade, after) in [

@@ -7,8 +7,8 @@
 mod redis_server;
 
 use llm_bulkhead::cluster::{
-    renew, Amounts, ClusterConfig, LeaseStore, LeaseTable, Meta, Record, RedisStore, RenewRequest,
-    StoreError, StoreParams,
+    renew, Amounts, ClassParams, ClassRecord, ClassShare, ClassUse, ClusterConfig, LeaseStore,
+    LeaseTable, Meta, Record, RedisStore, RenewRequest, StoreError, StoreParams,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -22,35 +22,113 @@ fn server_ms(c: &mut redis::Connection) -> u64 {
 }
 
 fn params_str(p: &StoreParams) -> String {
+    let classes: Vec<String> = p
+        .classes
+        .iter()
+        .map(|c| {
+            format!(
+                "{},{},{},{},{},{},{}",
+                c.name,
+                c.floor.slots,
+                c.floor.tokens,
+                c.ceiling.slots,
+                c.ceiling.tokens,
+                c.min.slots,
+                c.min.tokens
+            )
+        })
+        .collect();
     format!(
-        "{}:{}:{}:{}:{}:{}",
-        p.global.slots, p.global.tokens, p.floor.slots, p.floor.tokens, p.ttl_ms, p.quarantine_ms
+        "{}:{}:{}:{}:{}:{}|{}",
+        p.global.slots,
+        p.global.tokens,
+        p.floor.slots,
+        p.floor.tokens,
+        p.ttl_ms,
+        p.quarantine_ms,
+        classes.join(";")
     )
+}
+
+fn nums(a: &[Amounts]) -> String {
+    let n: Vec<String> = a
+        .iter()
+        .flat_map(|x| [x.slots.to_string(), x.tokens.to_string()])
+        .collect();
+    n.join(":")
 }
 
 fn record_str(r: &Record) -> String {
-    format!(
-        "{}:{}:{}:{}:{}:{}:{}:{}:{}",
-        r.applied.slots,
-        r.applied.tokens,
-        r.granted.slots,
-        r.granted.tokens,
-        r.held.slots,
-        r.held.tokens,
-        r.wants.slots,
-        r.wants.tokens,
+    let mut s = format!(
+        "{}:{}",
+        nums(&[r.applied, r.granted, r.held, r.wants]),
         r.renewed_at
-    )
+    );
+    for c in &r.classes {
+        let (a, g) = (c.applied, c.granted);
+        s += ";";
+        s += &nums(&[a.floor, a.ceiling, g.floor, g.ceiling, c.held, c.wants]);
+    }
+    s
 }
 
 fn parse_record(s: &str) -> Record {
-    let n: Vec<u64> = s.split(':').map(|x| x.parse().unwrap()).collect();
+    let mut parts = s.split(';');
+    let n: Vec<u64> = parts
+        .next()
+        .unwrap()
+        .split(':')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let a = |n: &[u64], i: usize| Amounts::new(n[i], n[i + 1]);
     Record {
-        applied: Amounts::new(n[0], n[1]),
-        granted: Amounts::new(n[2], n[3]),
-        held: Amounts::new(n[4], n[5]),
-        wants: Amounts::new(n[6], n[7]),
+        applied: a(&n, 0),
+        granted: a(&n, 2),
+        held: a(&n, 4),
+        wants: a(&n, 6),
         renewed_at: n[8],
+        classes: parts
+            .map(|p| {
+                let n: Vec<u64> = p.split(':').map(|x| x.parse().unwrap()).collect();
+                ClassRecord {
+                    applied: ClassShare {
+                        floor: a(&n, 0),
+                        ceiling: a(&n, 2),
+                    },
+                    granted: ClassShare {
+                        floor: a(&n, 4),
+                        ceiling: a(&n, 6),
+                    },
+                    held: a(&n, 8),
+                    wants: a(&n, 10),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn parse_params(s: &str) -> StoreParams {
+    let (base, classes) = s.split_once('|').unwrap();
+    let n: Vec<u64> = base.split(':').map(|x| x.parse().unwrap()).collect();
+    StoreParams {
+        global: Amounts::new(n[0], n[1]),
+        floor: Amounts::new(n[2], n[3]),
+        ttl_ms: n[4],
+        quarantine_ms: n[5],
+        classes: classes
+            .split(';')
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                let f: Vec<&str> = c.split(',').collect();
+                let n: Vec<u64> = f[1..].iter().map(|x| x.parse().unwrap()).collect();
+                ClassParams {
+                    name: f[0].to_string(),
+                    floor: Amounts::new(n[0], n[1]),
+                    ceiling: Amounts::new(n[2], n[3]),
+                    min: Amounts::new(n[4], n[5]),
+                }
+            })
+            .collect(),
     }
 }
 
@@ -61,11 +139,11 @@ fn write_table(c: &mut redis::Connection, keys: &[String; 2], t: &LeaseTable) {
         .arg(&keys[1])
         .query(c)
         .unwrap();
-    if let Some(m) = t.meta {
+    if let Some(m) = &t.meta {
         let _: () = redis::cmd("HSET")
             .arg(&keys[0])
             .arg(&[
-                ("format", "llm-bulkhead-lease/1".to_string()),
+                ("format", "llm-bulkhead-lease/2".to_string()),
                 ("epoch", m.epoch.to_string()),
                 ("seq", m.seq.to_string()),
                 ("learning_until", m.learning_until.to_string()),
@@ -87,19 +165,11 @@ fn write_table(c: &mut redis::Connection, keys: &[String; 2], t: &LeaseTable) {
 fn read_table(c: &mut redis::Connection, keys: &[String; 2]) -> LeaseTable {
     let m: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(&keys[0]).query(c).unwrap();
-    let meta = (!m.is_empty()).then(|| {
-        let n: Vec<u64> = m["params"].split(':').map(|x| x.parse().unwrap()).collect();
-        Meta {
-            epoch: m["epoch"].parse().unwrap(),
-            seq: m["seq"].parse().unwrap(),
-            learning_until: m["learning_until"].parse().unwrap(),
-            params: StoreParams {
-                global: Amounts::new(n[0], n[1]),
-                floor: Amounts::new(n[2], n[3]),
-                ttl_ms: n[4],
-                quarantine_ms: n[5],
-            },
-        }
+    let meta = (!m.is_empty()).then(|| Meta {
+        epoch: m["epoch"].parse().unwrap(),
+        seq: m["seq"].parse().unwrap(),
+        learning_until: m["learning_until"].parse().unwrap(),
+        params: parse_params(&m["params"]),
     });
     let r: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(&keys[1]).query(c).unwrap();
@@ -121,22 +191,61 @@ fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
 struct Case {
     params: StoreParams,
     meta: Option<(u64, u64, i64)>, // (epoch, seq, learning_until offset)
-    records: Vec<(u8, Amounts, Amounts, Amounts, Amounts, u64)>, // ages
-    req: (u8, Amounts, Amounts, Amounts, u64, u64),
-    other_params: bool,
+    records: Vec<(u8, Amounts, Amounts, Amounts, Amounts, u64, Vec<ClassRecord>)>, // ages
+    req: (u8, Amounts, Amounts, Amounts, u64, u64, Vec<ClassUse>),
+    /// 0: the table's ttl differs; 1: the table's classes have other names; else the same.
+    other_params: u8,
+}
+
+fn class_share(g: Amounts) -> impl Strategy<Value = ClassShare> {
+    (amounts(g), amounts(g)).prop_map(|(floor, ceiling)| ClassShare { floor, ceiling })
+}
+
+fn class_record(g: Amounts) -> impl Strategy<Value = ClassRecord> {
+    (class_share(g), class_share(g), amounts(g), amounts(g)).prop_map(
+        |(applied, granted, held, wants)| ClassRecord {
+            applied,
+            granted,
+            held,
+            wants,
+        },
+    )
+}
+
+/// Up to two classes: a ceiling, a floor of at most half the global limit below it, and a
+/// per-replica floor below that.
+fn class_params(g: Amounts) -> impl Strategy<Value = Vec<ClassParams>> {
+    prop::collection::vec((amounts(g), amounts(g), amounts(g), 0u8..3), 0..=2).prop_map(move |v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(k, (ceiling, f, m, wide))| {
+                // A third of the classes have no ceiling (the global limit).
+                let ceiling = if wide == 0 { g } else { ceiling };
+                let floor = Amounts::new(f.slots / 2, f.tokens / 2).min(ceiling);
+                ClassParams {
+                    name: format!("c{k}"),
+                    floor,
+                    ceiling,
+                    min: m.min(floor),
+                }
+            })
+            .collect()
+    })
 }
 
 fn case() -> impl Strategy<Value = Case> {
     let g = (1u64..20, 0u64..2_000).prop_map(|(s, t)| Amounts::new(s, t));
     g.prop_flat_map(|g| {
         let big = Amounts::new(g.slots + 3, g.tokens + 300);
-        let params =
-            (amounts(g), 50u64..500, 50u64..500).prop_map(move |(floor, ttl, q)| StoreParams {
+        let params = (amounts(g), 50u64..500, 50u64..500, class_params(g)).prop_map(
+            move |(floor, ttl, q, classes)| StoreParams {
                 global: g,
                 floor,
                 ttl_ms: ttl,
                 quarantine_ms: q,
-            });
+                classes,
+            },
+        );
         let rec = (
             0u8..6,
             amounts(g),
@@ -144,6 +253,19 @@ fn case() -> impl Strategy<Value = Case> {
             amounts(big),
             amounts(g),
             0u64..1_500,
+            prop::collection::vec(class_record(g), 2),
+        );
+        let class_use = (class_share(g), amounts(g), amounts(big), 0u8..40).prop_map(
+            |(applied, held, wants, odd)| {
+                // One report in forty names a class nobody has; one in twenty may ask more than
+                // its class ceiling.
+                let name = match odd {
+                    0 => "zz",
+                    1 | 2 => "big",
+                    _ => "",
+                };
+                ClassUse::new(name, applied, held, wants)
+            },
         );
         let req = (
             0u8..6,
@@ -152,20 +274,38 @@ fn case() -> impl Strategy<Value = Case> {
             amounts(big),
             0u64..3,
             0u64..40,
+            prop::collection::vec(class_use, 2),
         );
         (
             params,
             proptest::option::of((1u64..4, 0u64..30, -600i64..600)),
             prop::collection::vec(rec, 0..6),
             req,
-            proptest::bool::weighted(0.05),
+            0u8..40,
         )
-            .prop_map(|(params, meta, records, req, other_params)| Case {
-                params,
-                meta,
-                records,
-                req,
-                other_params,
+            .prop_map(|(params, meta, mut records, mut req, other_params)| {
+                // Records and reports line up with the classes; a report's empty name is its
+                // class's.
+                let n = params.classes.len();
+                for r in &mut records {
+                    r.6.truncate(n);
+                }
+                req.6.truncate(n);
+                for (u, c) in req.6.iter_mut().zip(&params.classes) {
+                    if u.name.is_empty() {
+                        u.wants = u.wants.min(c.ceiling);
+                    }
+                    if u.name != "zz" {
+                        u.name.clone_from(&c.name);
+                    }
+                }
+                Case {
+                    params,
+                    meta,
+                    records,
+                    req,
+                    other_params,
+                }
             })
     })
 }
@@ -187,7 +327,8 @@ fn the_script_agrees_with_the_allocator() {
         },
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
-    let (granted, refused) = (Cell::new(0), Cell::new(0));
+    let (granted, refused, class_granted) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let seen = RefCell::new(std::collections::BTreeSet::new());
     runner
         .run(&case(), |k| {
             let c = &mut *c.borrow_mut();
@@ -197,9 +338,15 @@ fn the_script_agrees_with_the_allocator() {
             if let Some((e, seq, lu)) = k.meta {
                 let epoch = now - e * 10_000;
                 epochs.push(epoch);
-                let mut params = k.params;
-                if k.other_params {
-                    params.ttl_ms += 1;
+                let mut params = k.params.clone();
+                match k.other_params {
+                    0 => params.ttl_ms += 1,
+                    1 => {
+                        for c in &mut params.classes {
+                            c.name = format!("old{}", c.name);
+                        }
+                    }
+                    _ => {}
                 }
                 table.meta = Some(Meta {
                     epoch,
@@ -208,7 +355,7 @@ fn the_script_agrees_with_the_allocator() {
                     params,
                 });
             }
-            for (id, applied, granted, held, wants, age) in &k.records {
+            for (id, applied, granted, held, wants, age, classes) in &k.records {
                 table.records.insert(
                     format!("r{id}"),
                     Record {
@@ -217,10 +364,11 @@ fn the_script_agrees_with_the_allocator() {
                         held: *held,
                         wants: *wants,
                         renewed_at: now - age,
+                        classes: classes.clone(),
                     },
                 );
             }
-            let (id, applied, held, wants, e, seq) = k.req;
+            let (id, applied, held, wants, e, seq, classes) = k.req.clone();
             let req = RenewRequest {
                 replica: format!("r{id}"),
                 applied,
@@ -228,6 +376,7 @@ fn the_script_agrees_with_the_allocator() {
                 wants,
                 epoch: epochs[(e as usize) % epochs.len()],
                 seq,
+                classes,
             };
             write_table(c, &keys, &table);
             let got = store.borrow_mut().renew(&k.params, &req);
@@ -237,6 +386,9 @@ fn the_script_agrees_with_the_allocator() {
                     granted.set(granted.get() + 1);
                     let mut expect = table.clone();
                     let want = renew(&mut expect, &k.params, &req, reply.now_ms).unwrap();
+                    if !reply.classes.is_empty() {
+                        class_granted.set(class_granted.get() + 1);
+                    }
                     prop_assert_eq!(reply, want);
                     prop_assert_eq!(after, expect);
                 }
@@ -245,6 +397,7 @@ fn the_script_agrees_with_the_allocator() {
                     let mut expect = table.clone();
                     let want = renew(&mut expect, &k.params, &req, now).unwrap_err();
                     prop_assert_eq!(e, want);
+                    seen.borrow_mut().insert(format!("{e:?}"));
                     // Nothing written.
                     prop_assert_eq!(after, table);
                 }
@@ -256,9 +409,15 @@ fn the_script_agrees_with_the_allocator() {
     // Both outcomes were exercised.
     let (granted, refused) = (granted.get(), refused.get());
     assert!(
-        granted > 100 && refused > 5,
-        "{granted} granted, {refused} refused"
+        granted > 100 && refused > 5 && class_granted.get() > 50,
+        "{granted} granted ({} with classes), {refused} refused",
+        class_granted.get()
     );
+    // The class refusals were exercised on both sides.
+    let seen = seen.into_inner();
+    for e in ["UnknownClass", "AboveClassLimit", "ConfigMismatch", "AboveGlobal"] {
+        assert!(seen.contains(e), "{e} never refused: {seen:?}");
+    }
 }
 
 fn small() -> StoreParams {
@@ -317,7 +476,7 @@ fn foreign_and_corrupt_values_are_refused_and_left_alone() {
                 redis::cmd("HSET")
                     .arg(&meta)
                     .arg(&[
-                        ("format", "llm-bulkhead-lease/1"),
+                        ("format", "llm-bulkhead-lease/2"),
                         ("epoch", "-1"),
                         ("seq", "1"),
                         ("learning_until", "0"),
@@ -634,7 +793,7 @@ fn three_replicas_share_one_budget_under_a_global_tally() {
     // Everyone left gracefully: the table is empty.
     let mut conn = server.conn();
     let left: usize = redis::cmd("HLEN")
-        .arg(format!("llm-bulkhead:{{{}/b}}:v1:leases", c.namespace))
+        .arg(format!("llm-bulkhead:{{{}/b}}:v2:leases", c.namespace))
         .query(&mut conn)
         .unwrap();
     assert_eq!(left, 0);

@@ -101,6 +101,8 @@
 
 mod agent;
 mod allocator;
+mod class_view;
+mod classes;
 #[cfg(target_os = "linux")]
 mod coarse;
 mod gate;
@@ -112,9 +114,10 @@ mod task;
 
 pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
 pub use allocator::{
-    release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
-    RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
+    release, renew, reserved_class_totals, reserved_total, AllocError, Amounts, LeaseTable, Meta,
+    Record, RenewReply, RenewRequest, StoreParams, MAX_AMOUNT, MAX_CLASSES, MAX_REPLICAS,
 };
+pub use classes::{ClassParams, ClassRecord, ClassShare, ClassUse};
 #[cfg(target_os = "linux")]
 pub use coarse::CoarseClock;
 pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};
