@@ -468,9 +468,10 @@ mod agent {
         assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
     }
 
-    /// Class floors are split with the share, rounded down; ceilings capped at the share.
+    /// Class floors and ceilings are split across the replicas like the share: two idle
+    /// replicas each get their per-replica class floor plus an equal part of the spare.
     #[test]
-    fn class_floors_scale_with_the_share() {
+    fn class_floors_and_ceilings_split_across_replicas() {
         let classed = || {
             Bulkhead::builder()
                 .max_concurrent(8)
@@ -507,8 +508,11 @@ mod agent {
         assert_eq!(l.max_concurrent, 4, "an equal split of 8");
         let a = l.classes.get(b.class_id("a").unwrap()).unwrap();
         let bb = l.classes.get(b.class_id("b").unwrap()).unwrap();
-        assert_eq!((a.protected_concurrent, a.max_concurrent), (2, Some(4)));
-        assert_eq!(bb.protected_concurrent, 1, "3 * 4 / 8 rounded down");
+        // Class a: floor 4 (per-replica floor ⌊4·2/8⌋ = 1): 1 + (4 − 2)/2 = 2 each; ceiling 6:
+        // 1 + (6 − 2)/2 = 3 each, so the two ceilings sum to the global 6.
+        assert_eq!((a.protected_concurrent, a.max_concurrent), (2, Some(3)));
+        // Class b: floor 3 (per-replica floor 0): 3/2 = 1 each; no ceiling, none installed.
+        assert_eq!((bb.protected_concurrent, bb.max_concurrent), (1, None));
     }
 
     /// Refusals raise a replica's demand and it renews early; an idle replica's share shrinks

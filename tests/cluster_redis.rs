@@ -191,7 +191,15 @@ fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
 struct Case {
     params: StoreParams,
     meta: Option<(u64, u64, i64)>, // (epoch, seq, learning_until offset)
-    records: Vec<(u8, Amounts, Amounts, Amounts, Amounts, u64, Vec<ClassRecord>)>, // ages
+    records: Vec<(
+        u8,
+        Amounts,
+        Amounts,
+        Amounts,
+        Amounts,
+        u64,
+        Vec<ClassRecord>,
+    )>, // ages
     req: (u8, Amounts, Amounts, Amounts, u64, u64, Vec<ClassUse>),
     /// 0: the table's ttl differs; 1: the table's classes have other names; else the same.
     other_params: u8,
@@ -415,7 +423,12 @@ fn the_script_agrees_with_the_allocator() {
     );
     // The class refusals were exercised on both sides.
     let seen = seen.into_inner();
-    for e in ["UnknownClass", "AboveClassLimit", "ConfigMismatch", "AboveGlobal"] {
+    for e in [
+        "UnknownClass",
+        "AboveClassLimit",
+        "ConfigMismatch",
+        "AboveGlobal",
+    ] {
         assert!(seen.contains(e), "{e} never refused: {seen:?}");
     }
 }

@@ -393,7 +393,10 @@ impl ClusterAgent {
         }
         let current = self.bulkhead.limits().revision;
         self.revision = self.revision.max(current).saturating_add(1);
-        match self.bulkhead.apply_limits(next.with_revision(self.revision)) {
+        match self
+            .bulkhead
+            .apply_limits(next.with_revision(self.revision))
+        {
             Ok(_) => {
                 self.status.installed = share;
                 self.status.installed_classes = installed;

@@ -358,7 +358,13 @@ fn check_classes(p: &StoreParams, req: &RenewRequest) -> Result<(), AllocError> 
         if !classes::good_name(&c.name) || c.name != u.name {
             return Err(AllocError::UnknownClass);
         }
-        let amounts = [c.floor, c.ceiling, c.min, u.applied.floor, u.applied.ceiling];
+        let amounts = [
+            c.floor,
+            c.ceiling,
+            c.min,
+            u.applied.floor,
+            u.applied.ceiling,
+        ];
         if amounts
             .iter()
             .chain([&u.held, &u.wants])
@@ -508,7 +514,11 @@ pub fn renew(
     };
     let granted = target.min(avail);
     // A record written under other class parameters cannot be counted class by class.
-    if next.records.values().any(|r| r.classes.len() != p.classes.len()) {
+    if next
+        .records
+        .values()
+        .any(|r| r.classes.len() != p.classes.len())
+    {
         return Err(AllocError::ConfigMismatch);
     }
     let others: Vec<&[ClassRecord]> = next.records.values().map(|r| &r.classes[..]).collect();
@@ -622,7 +632,11 @@ pub fn reserved_class_totals(table: &LeaseTable, p: &StoreParams, now_ms: u64) -
     classes::reserved_sums(n, &records)
 }
 
-fn live<'a>(table: &'a LeaseTable, p: &StoreParams, now_ms: u64) -> impl Iterator<Item = &'a Record> {
+fn live<'a>(
+    table: &'a LeaseTable,
+    p: &StoreParams,
+    now_ms: u64,
+) -> impl Iterator<Item = &'a Record> {
     let hold = p.hold_ms();
     table
         .records

@@ -44,8 +44,8 @@ pub(super) fn params(
                 c.max_tokens.unwrap_or(global.tokens),
             )
             .min(global);
-            let class_floor = Amounts::new(u64::from(c.protected_concurrent), c.protected_tokens)
-                .min(ceiling);
+            let class_floor =
+                Amounts::new(u64::from(c.protected_concurrent), c.protected_tokens).min(ceiling);
             Ok(ClassParams {
                 name: name.clone(),
                 floor: class_floor,
