@@ -638,17 +638,40 @@ mod agents {
     }
 
     /// The global in-flight tally: raised right after an admission, lowered right before its
-    /// release; every raise is checked against the global limits.
+    /// release; every raise is checked against the global limits, and a class admission's
+    /// against its class's global ceiling.
     #[derive(Default)]
     pub struct Tally {
         slots: AtomicU64,
         tokens: AtomicU64,
         pub admitted: AtomicU64,
         pub peak_slots: AtomicU64,
+        /// Per class: slots and tokens in flight, the global class ceiling, admissions.
+        pub classes: Vec<(AtomicU64, AtomicU64, Amounts, AtomicU64)>,
     }
 
     impl Tally {
-        fn raise(&self, tokens: u64) {
+        /// A tally that also counts classes with these global ceilings.
+        pub fn with_classes(ceilings: &[Amounts]) -> Self {
+            Tally {
+                classes: ceilings
+                    .iter()
+                    .map(|c| (AtomicU64::new(0), AtomicU64::new(0), *c, AtomicU64::new(0)))
+                    .collect(),
+                ..Tally::default()
+            }
+        }
+
+        fn raise(&self, tokens: u64, class: Option<usize>) {
+            if let Some((s, t, c, n)) = class.map(|k| &self.classes[k]) {
+                let s = s.fetch_add(1, Ordering::SeqCst) + 1;
+                let t = t.fetch_add(tokens, Ordering::SeqCst) + tokens;
+                n.fetch_add(1, Ordering::Relaxed);
+                assert!(
+                    Amounts::new(s, t).fits_in(*c),
+                    "class {class:?}: {s} slots, {t} tokens in flight across replicas > {c:?}"
+                );
+            }
             let s = self.slots.fetch_add(1, Ordering::SeqCst) + 1;
             let t = self.tokens.fetch_add(tokens, Ordering::SeqCst) + tokens;
             self.admitted.fetch_add(1, Ordering::Relaxed);
@@ -665,7 +688,11 @@ mod agents {
             );
         }
 
-        fn lower(&self, tokens: u64) {
+        fn lower(&self, tokens: u64, class: Option<usize>) {
+            if let Some((s, t, _, _)) = class.map(|k| &self.classes[k]) {
+                s.fetch_sub(1, Ordering::SeqCst);
+                t.fetch_sub(tokens, Ordering::SeqCst);
+            }
             self.slots.fetch_sub(1, Ordering::SeqCst);
             self.tokens.fetch_sub(tokens, Ordering::SeqCst);
         }
@@ -696,6 +723,18 @@ mod agents {
         threads: usize,
         hold: Duration,
     ) -> Vec<std::thread::JoinHandle<u64>> {
+        load_class(b, tally, stop, threads, hold, None)
+    }
+
+    /// [`load`] in one class (its index in the tally, and its id), or the default.
+    pub fn load_class(
+        b: &ClusterBulkhead,
+        tally: &Arc<Tally>,
+        stop: &Arc<AtomicBool>,
+        threads: usize,
+        hold: Duration,
+        class: Option<(usize, llm_bulkhead::ClassId)>,
+    ) -> Vec<std::thread::JoinHandle<u64>> {
         (0..threads)
             .map(|k| {
                 let (b, tally, stop) = (b.clone(), tally.clone(), stop.clone());
@@ -705,12 +744,16 @@ mod agents {
                     while !stop.load(Ordering::Relaxed) && i < 2_000_000 {
                         i += 1;
                         let tokens = 20 + (i * 7 + k as u64 * 13) % 80;
-                        let d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
+                        let mut d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
+                        if let Some((_, id)) = class {
+                            d = d.in_class(id);
+                        }
+                        let k = class.map(|(k, _)| k);
                         if let Ok(a) = b.try_acquire(d) {
-                            tally.raise(tokens);
+                            tally.raise(tokens, k);
                             n += 1;
                             std::thread::sleep(hold);
-                            tally.lower(tokens);
+                            tally.lower(tokens, k);
                             drop(a);
                         } else {
                             std::thread::sleep(Duration::from_micros(300));
@@ -1017,4 +1060,265 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
     for r in running {
         let _ = r.stop();
     }
+}
+
+/// Classed bulkheads for the class tests: 6 slots, 600 tokens; class `a` with floor 2 slots and
+/// 200 tokens and ceiling 4 and 400; class `b` (the default) with floor 1 and 100, no ceiling.
+fn classed() -> llm_bulkhead::Bulkhead {
+    use llm_bulkhead::ClassLimits;
+    llm_bulkhead::Bulkhead::builder()
+        .max_concurrent(agents::G.slots as u32)
+        .token_budget(agents::G.tokens)
+        .class(
+            "a",
+            ClassLimits {
+                protected_concurrent: 2,
+                max_concurrent: Some(4),
+                protected_tokens: 200,
+                max_tokens: Some(400),
+            },
+        )
+        .class(
+            "b",
+            ClassLimits {
+                protected_concurrent: 1,
+                protected_tokens: 100,
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("b")
+        .build()
+        .unwrap()
+}
+
+/// Three classed bulkheads with agents against the real server, class `a` loaded on every
+/// replica (four, two and two threads; replica 2 also one thread in `b`): an independent tally
+/// per class checks every admission against the class's global ceiling (and the global
+/// limits), and every worker group admits. Without the class split each replica would install
+/// class `a`'s ceiling cut to its slot share (2 of 6 each), 6 in all against the global 4, and
+/// the tally fails.
+#[test]
+fn classed_replicas_keep_each_class_within_its_global_ceiling() {
+    use agents::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(server) = Server::get("classes") else {
+        return;
+    };
+    let c = config(&namespace("classes"));
+    let tally = Arc::new(Tally::with_classes(&[Amounts::new(4, 400), G]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| classed()).collect();
+    let running: Vec<_> = bs.iter().map(|b| start(&server.url, &c, b)).collect();
+    let ids = |b: &llm_bulkhead::Bulkhead| [b.class_id("a").unwrap(), b.class_id("b").unwrap()];
+    let mut workers = Vec::new();
+    for (i, plan) in [[4, 0], [2, 0], [2, 1]].iter().enumerate() {
+        for (k, &threads) in plan.iter().enumerate().filter(|&(_, &n)| n > 0) {
+            let class = Some((k, ids(&bs[i])[k]));
+            let h = running[i].handle();
+            let hold = Duration::from_millis(2);
+            workers.push(load_class(&h, &tally, &stop, threads, hold, class));
+        }
+    }
+    let ceilings_a = || -> Vec<u64> {
+        running
+            .iter()
+            .map(|r| {
+                r.status()
+                    .installed_classes
+                    .first()
+                    .map_or(0, |s| s.ceiling.slots)
+            })
+            .collect()
+    };
+    let mut seen = Vec::new();
+    wait_for(
+        "class-a ceilings on every replica",
+        Duration::from_secs(20),
+        || {
+            let a = ceilings_a();
+            // Each status is read at another instant: a sum a little above 4 would be a race
+            // of the reads, but an installed class ceiling above the whole is a bug.
+            assert!(a.iter().all(|&x| x <= 4), "{a:?}");
+            if seen.last() != Some(&a) {
+                seen.push(a.clone());
+            }
+            a.iter().all(|&x| x > 0)
+                && running
+                    .iter()
+                    .all(|r| !r.status().learning && r.status().renewals > 10)
+        },
+    );
+    eprintln!("class-a ceilings installed (replicas 0, 1, 2) as they changed: {seen:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let per: Vec<u64> = workers
+        .into_iter()
+        .map(|w| join(w).into_iter().sum())
+        .collect();
+    no_overdue(&running);
+    for r in running {
+        r.stop().unwrap();
+    }
+    assert!(
+        per.iter().all(|&n| n > 0),
+        "every worker group admitted: {per:?}"
+    );
+    let a = tally.classes[0].3.load(Ordering::Relaxed);
+    let b = tally.classes[1].3.load(Ordering::Relaxed);
+    assert!(a > 0 && b > 0, "class a {a}, class b {b} admissions");
+}
+
+/// The v2 lease script with one class, against a real server: bad class input and corrupt
+/// per-class values are typed errors that write nothing.
+#[test]
+fn bad_class_input_and_corrupt_class_values_are_refused() {
+    use llm_bulkhead::cluster::AllocError;
+    let Some(server) = Server::get("classbad") else {
+        return;
+    };
+    let mut c = server.conn();
+    let config = ClusterConfig::new(&namespace("classbad"), "b");
+    let mut store = RedisStore::open(&server.url, &config).unwrap();
+    let [meta, leases] = store.keys().clone();
+    let p = StoreParams {
+        classes: vec![ClassParams {
+            name: "a".into(),
+            floor: Amounts::new(1, 10),
+            ceiling: Amounts::new(2, 50),
+            min: Amounts::ZERO,
+        }],
+        ..small()
+    };
+    let req = |name: &str, wants: Amounts| {
+        hello().with_classes(vec![ClassUse::new(
+            name,
+            ClassShare::ZERO,
+            Amounts::ZERO,
+            wants,
+        )])
+    };
+    let dump = |c: &mut redis::Connection| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (
+            redis::cmd("DUMP").arg(&meta).query(c).unwrap(),
+            redis::cmd("DUMP").arg(&leases).query(c).unwrap(),
+        )
+    };
+    let r = store.renew(&p, &req("a", Amounts::new(1, 0))).unwrap();
+    assert_eq!(r.classes.len(), 1);
+    let before = dump(&mut c);
+    for (name, p2, rq, want) in [
+        (
+            "unknown class",
+            p.clone(),
+            req("zz", Amounts::ZERO),
+            AllocError::UnknownClass,
+        ),
+        (
+            "above the class ceiling",
+            p.clone(),
+            req("a", Amounts::new(3, 0)),
+            AllocError::AboveClassLimit,
+        ),
+        (
+            "no class report",
+            p.clone(),
+            hello(),
+            AllocError::UnknownClass,
+        ),
+        (
+            "another class table",
+            StoreParams {
+                classes: vec![ClassParams {
+                    name: "c".into(),
+                    ..p.classes[0].clone()
+                }],
+                ..p.clone()
+            },
+            req("c", Amounts::ZERO),
+            AllocError::UnknownClass,
+        ),
+    ] {
+        assert_eq!(
+            store.renew(&p2, &rq),
+            Err(StoreError::Refused(want)),
+            "{name}"
+        );
+        assert_eq!(dump(&mut c), before, "{name}: the script wrote");
+    }
+    for (name, value) in [
+        (
+            "a class part with a word",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:x:0:0:0:0:0:0:0",
+        ),
+        (
+            "a class part of eleven numbers",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:0:0:0:0:0:0:0",
+        ),
+        ("no class part", "0:0:0:0:0:0:0:0:1"),
+        (
+            "two class parts for one class",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:0:0:0:0:0:0:0:0;0:0:0:0:0:0:0:0:0:0:0:0",
+        ),
+        (
+            "a negative class number",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:-1:0:0:0:0:0:0:0",
+        ),
+    ] {
+        redis::cmd("HSET")
+            .arg(&leases)
+            .arg("r2")
+            .arg(value)
+            .exec(&mut c)
+            .unwrap();
+        let before = dump(&mut c);
+        let e = store.renew(&p, &req("a", Amounts::ZERO)).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt(_)), "{name}: {e:?}");
+        assert_eq!(dump(&mut c), before, "{name}: the script wrote");
+    }
+}
+
+/// A replica of the previous format (format 1, its keys under `v1`) and one of format 2 on the
+/// same budget: the first format-2 renewal marks format 1's meta key, after which the format-1
+/// script answers `LLMBH_FOREIGN` (its agent degrades fail-closed), whether its table existed
+/// before or not; the new table learns first, so the format-2 replica grows only after
+/// `ttl + quarantine`, when what a format-1 replica still held has ended.
+#[test]
+fn a_replica_of_the_old_format_meets_a_foreign_format() {
+    let Some(server) = Server::get("oldformat") else {
+        return;
+    };
+    let mut c = server.conn();
+    let ns = namespace("oldformat");
+    let config = ClusterConfig::new(&ns, "b");
+    let mut store = RedisStore::open(&server.url, &config).unwrap();
+    let old = redis::Script::new(include_str!("support/lease_v1.lua"));
+    let v1 = |c: &mut redis::Connection| -> redis::RedisResult<redis::Value> {
+        let base = format!("llm-bulkhead:{{{ns}/b}}:v1");
+        old.key(format!("{base}:meta"))
+            .key(format!("{base}:leases"))
+            .arg("renew")
+            .arg("llm-bulkhead-lease/1")
+            .arg(&[
+                "4", "100", "0", "0", "300", "300", "old", "0", "0", "0", "0", "2", "10", "0", "0",
+            ])
+            .invoke(c)
+    };
+    // The old replica's table exists and answers.
+    assert!(v1(&mut c).is_ok());
+    let p = small();
+    let r = store.renew(&p, &hello()).unwrap();
+    assert!(
+        r.learning && r.granted == Amounts::ZERO,
+        "a new table learns first: {r:?}"
+    );
+    let e = v1(&mut c).unwrap_err();
+    assert_eq!(e.code(), Some("LLMBH_FOREIGN"), "{e:?}");
+    // A format-1 replica that starts later meets the same.
+    let base = format!("llm-bulkhead:{{{ns}/b}}:v1");
+    redis::cmd("DEL")
+        .arg(format!("{base}:leases"))
+        .exec(&mut c)
+        .unwrap();
+    assert_eq!(v1(&mut c).unwrap_err().code(), Some("LLMBH_FOREIGN"));
 }
