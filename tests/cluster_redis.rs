@@ -186,20 +186,15 @@ fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
     (0..=max.slots, 0..=max.tokens).prop_map(|(s, t)| Amounts::new(s, t))
 }
 
+/// A record: id, applied, granted, held, wants, age (ms), class records.
+type CaseRecord = (u8, Amounts, Amounts, Amounts, Amounts, u64, Vec<ClassRecord>);
+
 /// A random table and request, times relative to the server's clock (offsets in ms).
 #[derive(Debug, Clone)]
 struct Case {
     params: StoreParams,
     meta: Option<(u64, u64, i64)>, // (epoch, seq, learning_until offset)
-    records: Vec<(
-        u8,
-        Amounts,
-        Amounts,
-        Amounts,
-        Amounts,
-        u64,
-        Vec<ClassRecord>,
-    )>, // ages
+    records: Vec<CaseRecord>,
     req: (u8, Amounts, Amounts, Amounts, u64, u64, Vec<ClassUse>),
     /// 0: the table's ttl differs; 1: the table's classes have other names; else the same.
     other_params: u8,

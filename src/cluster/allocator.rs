@@ -5,7 +5,8 @@
 //!
 //! A replica's reservation is `max(applied, granted, held)` per resource, counted while its
 //! record lives (`renewed_at + ttl + quarantine` in store time). Every grant is capped by
-//! `global − Σ other reservations`, so after every write `Σ reservations ≤ global` (I2).
+//! `global − Σ other reservations`, so after every write `Σ reservations ≤ global` (I2). Each
+//! class's floor and ceiling are split the same way, per class (`super::classes`).
 
 use super::classes::{self, ClassParams, ClassRecord, ClassShare, ClassUse};
 use std::collections::BTreeMap;
