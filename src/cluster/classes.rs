@@ -205,38 +205,34 @@ pub(crate) fn split(
         .enumerate()
         .map(|(k, (c, m))| {
             let recs: Vec<ClassRecord> = others.iter().map(|r| r[k]).collect();
-            let floor = each(|r| {
-                let taken: u64 = recs.iter().map(|x| r(x.counted().floor)).sum();
-                let avail = r(c.floor).saturating_sub(taken);
+            // One limit of the class (`limit`, the others' reservations of it `reserved`),
+            // one resource `r`: the fair target (while learning: what the replica keeps,
+            // `kept`), capped by what the others leave.
+            let grant = |r: fn(Amounts) -> u64,
+                         limit: Amounts,
+                         reserved: fn(&ClassShare) -> Amounts,
+                         kept: u64| {
+                let taken: u64 = recs.iter().map(|x| r(reserved(&x.counted()))).sum();
                 let target = if learning {
-                    r(m.applied.floor)
+                    kept
                 } else {
+                    let mine = r(m.wants).max(r(c.min));
                     let all: Vec<u64> = recs
                         .iter()
                         .map(|x| r(x.wants).max(r(c.min)))
-                        .chain(std::iter::once(r(m.wants).max(r(c.min))))
+                        .chain(std::iter::once(mine))
                         .collect();
-                    fair(&all, r(m.wants).max(r(c.min)), r(c.floor))
+                    fair(&all, mine, r(limit))
                 };
-                target.min(avail)
-            });
+                target.min(r(limit).saturating_sub(taken))
+            };
+            let floor = each(|r| grant(r, c.floor, |s| s.floor, r(m.applied.floor)));
             let ceiling = each(|r| {
                 if r(c.ceiling) >= r(global) {
                     return r(share);
                 }
-                let taken: u64 = recs.iter().map(|x| r(x.counted().ceiling)).sum();
-                let avail = r(c.ceiling).saturating_sub(taken);
-                let target = if learning {
-                    r(m.applied.ceiling).max(r(m.held))
-                } else {
-                    let all: Vec<u64> = recs
-                        .iter()
-                        .map(|x| r(x.wants).max(r(c.min)))
-                        .chain(std::iter::once(r(m.wants).max(r(c.min))))
-                        .collect();
-                    fair(&all, r(m.wants).max(r(c.min)), r(c.ceiling))
-                };
-                target.min(avail)
+                let kept = r(m.applied.ceiling).max(r(m.held));
+                grant(r, c.ceiling, |s| s.ceiling, kept)
             });
             ClassShare { floor, ceiling }
         })

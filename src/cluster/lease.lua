@@ -296,44 +296,31 @@ local share = { grs, grt }
 local cgrants = {}
 for k, c in ipairs(classes) do
   local u = uses[k]
-  local g = {}
-  for r = 1, 2 do
-    local mine = max(u[6 + r], c.M[r])
-    -- floor
+  -- One limit of class k (`limit`; `reserved(x)` the reservation of it in another replica's
+  -- class record x), resource r: the fair target (while learning, what the replica keeps,
+  -- `kept`), capped by what the others leave.
+  local function grant(r, limit, reserved, kept)
     local taken = 0
-    for _, f in ipairs(live) do
-      local x = f.classes[k]
-      taken = taken + max(x[r], x[4 + r])
-    end
-    local target
-    if learning then
-      target = u[r]
-    else
+    for _, f in ipairs(live) do taken = taken + reserved(f.classes[k]) end
+    local target = kept
+    if not learning then
+      local mine = max(u[6 + r], c.M[r])
       local all = {}
       for _, f in ipairs(live) do all[#all + 1] = max(f.classes[k][10 + r], c.M[r]) end
       all[#all + 1] = mine
-      target = fair(all, mine, c.F[r])
+      target = fair(all, mine, limit)
     end
-    g[r] = min(target, max(c.F[r] - taken, 0))
-    -- ceiling
+    return min(target, max(limit - taken, 0))
+  end
+  local g = {}
+  for r = 1, 2 do
+    g[r] = grant(r, c.F[r], function(x) return max(x[r], x[4 + r]) end, u[r])
     local glob = (r == 1) and gs or gt
     if c.C[r] >= glob then
       g[2 + r] = share[r]
     else
-      taken = 0
-      for _, f in ipairs(live) do
-        local x = f.classes[k]
-        taken = taken + max(max(x[2 + r], x[6 + r]), x[8 + r])
-      end
-      if learning then
-        target = max(u[2 + r], u[4 + r])
-      else
-        local all = {}
-        for _, f in ipairs(live) do all[#all + 1] = max(f.classes[k][10 + r], c.M[r]) end
-        all[#all + 1] = mine
-        target = fair(all, mine, c.C[r])
-      end
-      g[2 + r] = min(target, max(c.C[r] - taken, 0))
+      g[2 + r] = grant(r, c.C[r], function(x) return max(max(x[2 + r], x[6 + r]), x[8 + r]) end,
+        max(u[2 + r], u[4 + r]))
     end
   end
   cgrants[k] = g

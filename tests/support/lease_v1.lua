@@ -1,3 +1,5 @@
+-- The lease script of format 1 as released, kept unchanged: the previous format that
+-- tests/cluster_redis.rs and benches/cluster.rs run beside format 2 (src/cluster/lease.lua).
 -- llm-bulkhead lease table, format 1. The same algorithm as src/cluster/allocator.rs (`renew`,
 -- `release`); tests/cluster_redis.rs checks that the two agree on random tables.
 -- KEYS[1] meta hash, KEYS[2] leases hash (replica id -> "as:at:gs:gt:hs:ht:ws:wt:renewed_at").
