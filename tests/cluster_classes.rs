@@ -11,18 +11,20 @@
 //! class shrink before the replica confirmed it, and `class_work_stays_within_the_class_limits`
 //! must fail (`.ci/run` checks that it does).
 
+#[path = "support/cluster_sim.rs"]
+mod cluster_sim;
+
+use cluster_sim::{drifts, runner, DriftClock, REPLICAS};
 use llm_bulkhead::cluster::{
     renew, reserved_class_totals, reserved_total, AllocError, Amounts, ClassParams, ClassShare,
     ClassUse, ClusterConfig, Lease, LeaseTable, RenewReply, RenewRequest, StoreParams,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use std::time::Duration;
 
-const REPLICAS: usize = 3;
 const CLASSES: usize = 2;
 const GLOBAL: Amounts = Amounts::new(10, 1_000);
-const RATE_PPM: i64 = 10_000;
 
 /// Class `a`: floor 4 slots and 300 tokens, ceiling 6 and 600. Class `b`: floor 2 and 100, no
 /// ceiling (the global limits).
@@ -105,11 +107,18 @@ struct Replica {
 
 impl Replica {
     fn local(&self, t: u64) -> u64 {
-        self.offset + (i128::from(t) * i128::from(1_000_000 + self.drift_ppm) / 1_000_000) as u64
+        self.clock().local(t)
     }
 
     fn true_span(&self, local_ms: u64) -> u64 {
-        (u128::from(local_ms) * 1_000_000).div_ceil((1_000_000 + self.drift_ppm) as u128) as u64
+        self.clock().true_span(local_ms)
+    }
+
+    fn clock(&self) -> DriftClock {
+        DriftClock {
+            offset: self.offset,
+            drift_ppm: self.drift_ppm,
+        }
     }
 
     fn class_shares(&self, t: u64) -> Vec<ClassShare> {
@@ -351,29 +360,14 @@ fn run(drifts: [i64; REPLICAS], ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn runner(cases: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases,
-            max_shrink_iters: 256,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    )
-}
-
 /// Bounded: 300 cases of up to 400 steps, a few seconds.
 #[test]
 fn class_work_stays_within_the_class_limits() {
     config().validate().unwrap();
-    let drifts = [
-        -RATE_PPM..=RATE_PPM,
-        -RATE_PPM..=RATE_PPM,
-        -RATE_PPM..=RATE_PPM,
-    ];
-    let strategy = (drifts, prop::collection::vec(op(), 1..400));
-    runner(300).run(&strategy, |(d, ops)| run(d, &ops)).unwrap();
+    let strategy = (drifts(), prop::collection::vec(op(), 1..400));
+    runner(300, 256)
+        .run(&strategy, |(d, ops)| run(d, &ops))
+        .unwrap();
 }
 
 /// Class shares follow class demand: with stable demand and everyone renewing, each replica's

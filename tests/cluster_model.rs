@@ -10,17 +10,19 @@
 
 #[path = "support/cluster_config.rs"]
 mod cluster_config;
+#[path = "support/cluster_sim.rs"]
+mod cluster_sim;
+
+use cluster_sim::{drifts, runner, DriftClock, REPLICAS};
 
 use llm_bulkhead::cluster::{
     renew, reserved_total, Amounts, ClusterConfig, Lease, LeaseTable, StoreParams,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use std::time::Duration;
 
-const REPLICAS: usize = 3;
 const GLOBAL: Amounts = Amounts::new(10, 1_000);
-const RATE_PPM: i64 = 10_000;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -86,12 +88,18 @@ struct Replica {
 
 impl Replica {
     fn local(&self, t: u64) -> u64 {
-        self.offset + (i128::from(t) * i128::from(1_000_000 + self.drift_ppm) / 1_000_000) as u64
+        self.clock().local(t)
     }
 
-    /// True duration of `local_ms` on this replica's clock (rounded up: the pessimistic end).
     fn true_span(&self, local_ms: u64) -> u64 {
-        (u128::from(local_ms) * 1_000_000).div_ceil((1_000_000 + self.drift_ppm) as u128) as u64
+        self.clock().true_span(local_ms)
+    }
+
+    fn clock(&self) -> DriftClock {
+        DriftClock {
+            offset: self.offset,
+            drift_ppm: self.drift_ppm,
+        }
     }
 }
 
@@ -257,26 +265,6 @@ fn run(c: &ClusterConfig, drifts: [i64; REPLICAS], ops: &[Op]) -> Result<(), Tes
             .map_err(|e| TestCaseError::fail(format!("step {n} {op:?}: {e}")))?;
     }
     Ok(())
-}
-
-fn drifts() -> impl Strategy<Value = [i64; REPLICAS]> {
-    [
-        -RATE_PPM..=RATE_PPM,
-        -RATE_PPM..=RATE_PPM,
-        -RATE_PPM..=RATE_PPM,
-    ]
-}
-
-fn runner(cases: u32, max_shrink_iters: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases,
-            max_shrink_iters,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    )
 }
 
 #[test]

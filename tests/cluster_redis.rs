@@ -187,7 +187,15 @@ fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
 }
 
 /// A record: id, applied, granted, held, wants, age (ms), class records.
-type CaseRecord = (u8, Amounts, Amounts, Amounts, Amounts, u64, Vec<ClassRecord>);
+type CaseRecord = (
+    u8,
+    Amounts,
+    Amounts,
+    Amounts,
+    Amounts,
+    u64,
+    Vec<ClassRecord>,
+);
 
 /// A random table and request, times relative to the server's clock (offsets in ms).
 #[derive(Debug, Clone)]
