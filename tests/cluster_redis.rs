@@ -1324,4 +1324,23 @@ fn a_replica_of_the_old_format_meets_a_foreign_format() {
         .exec(&mut c)
         .unwrap();
     assert_eq!(v1(&mut c).unwrap_err().code(), Some("LLMBH_FOREIGN"));
+    // Past learning, the format-2 table grants; then the mark is lost (an operator deleted the
+    // key) and a format-1 replica creates its table: the format-2 table learns again, for
+    // ttl + quarantine, and marks it.
+    let [meta, _] = store.keys().clone();
+    redis::cmd("HSET")
+        .arg(&meta)
+        .arg("learning_until")
+        .arg(0)
+        .exec(&mut c)
+        .unwrap();
+    assert!(!store.renew(&p, &hello()).unwrap().learning);
+    redis::cmd("DEL")
+        .arg(format!("{base}:meta"))
+        .exec(&mut c)
+        .unwrap();
+    assert!(v1(&mut c).is_ok(), "format 1 creates its table again");
+    let r = store.renew(&p, &hello()).unwrap();
+    assert!(r.learning, "a format-1 table appeared: learn first");
+    assert_eq!(v1(&mut c).unwrap_err().code(), Some("LLMBH_FOREIGN"));
 }

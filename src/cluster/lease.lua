@@ -249,6 +249,16 @@ for _, f in ipairs(live) do
   ot = ot + max(max(f[2], f[4]), f[6])
 end
 local avs, avt = max(gs - os_, 0), max(gt - ot, 0)
+-- A format-1 table under KEYS[3] (a hash not yet marked with this format) may hold shares this
+-- table does not count: learn for ttl + quarantine, which outlasts them, as after lost state.
+local old = redis.call('TYPE', KEYS[3])['ok']
+local mark = false
+if old == 'hash' or old == 'none' then
+  mark = redis.call('HGET', KEYS[3], 'format') ~= FORMAT
+  if mark and old == 'hash' then
+    meta.learning_until = max(meta.learning_until, now + hold)
+  end
+end
 local learning = now < meta.learning_until
 
 local function level(all, cap)
@@ -327,15 +337,10 @@ for k, c in ipairs(classes) do
 end
 meta.seq = meta.seq + 1
 
--- Format 1's replicas, if any, meet a foreign format from now on and fail closed; the table
--- learns for ttl + quarantine after its creation, which outlasts what they still hold.
-local old = redis.call('TYPE', KEYS[3])['ok']
-if old == 'hash' or old == 'none' then
-  if redis.call('HGET', KEYS[3], 'format') ~= FORMAT then
-    redis.call('HSET', KEYS[3], 'format', FORMAT)
-  end
-end
+-- Format 1's replicas meet a foreign format from now on and fail closed (KEYS[3] marked
+-- below).
 
+if mark then redis.call('HSET', KEYS[3], 'format', FORMAT) end
 local rec = { table.concat({ as, at, grs, grt, hs, ht, ws, wt, now }, ':') }
 for k, u in ipairs(uses) do
   local g = cgrants[k]
