@@ -132,7 +132,8 @@
 //! format 1 reads only the `v1` keys, so every format-2 renewal marks format 1's meta key with
 //! format 2: the format-1 script then answers a foreign format and that replica degrades
 //! fail-closed. A new format-2 table learns for `ttl + quarantine`, which outlasts what a
-//! format-1 replica still holds; never more capacity. Upgrading is therefore a restart of all
+//! format-1 replica still holds, and so does a table that finds a format-1 table appeared
+//! under the old key (its mark deleted); never more capacity. Upgrading is therefore a restart of all
 //! replicas, with the learning period as the pause in growth.
 
 mod agent;

@@ -9,7 +9,9 @@
 //! `v1` keys; so that it never grants itself a share this table does not count, every renewal
 //! marks format 1's meta key (`…:v1:meta`, its `format` field) with format 2: a format-1
 //! script then answers `LLMBH_FOREIGN` and its agent degrades fail-closed. A new format-2 table
-//! learns for `ttl + quarantine`, which outlasts what a format-1 replica still holds.
+//! learns for `ttl + quarantine`, which outlasts what a format-1 replica still holds, and so
+//! does one that finds an unmarked format-1 table there (the mark deleted, a format-1 replica
+//! started).
 
 use super::allocator::{AllocError, RenewReply, RenewRequest, StoreParams};
 use super::lease::ClusterConfig;
