@@ -6,7 +6,9 @@
 //!    through the agent's `ClusterBulkhead` (window checks and deadline: three clock reads),
 //!    alternating rounds in one run (`--pair-only` stops after this part);
 //! 2. store traffic: commands the server processed per renewal (its own counter), and the
-//!    latency of one renewal (`EVALSHA`);
+//!    latency of one renewal (`EVALSHA`); then bytes and commands per renewal of the previous
+//!    lease format (1, no classes) against format 2 without classes and with two classes, on
+//!    the same tables (`--traffic-only` runs only this comparison);
 //! 3. demand to use, TTL 1 s: how long after one replica's load rises its work in flight
 //!    reaches its fair share;
 //! 4. utilisation of the global budget under skewed load across three replicas (8, 3 and 1
@@ -126,6 +128,140 @@ fn busy(
         .collect()
 }
 
+/// The server's byte counters (`INFO stats`): received, sent.
+fn net_bytes(c: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("stats").query(c).unwrap();
+    let get = |k: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (
+        get("total_net_input_bytes:"),
+        get("total_net_output_bytes:"),
+    )
+}
+
+/// Bytes (to and from the server) and commands inside the script per renewal: the previous
+/// format (1, its script kept in `tests/support/lease_v1.lua`), and format 2 without and with
+/// two classes; three replicas renewing in turn on one table, 600 renewals each.
+fn format_traffic(url: &str, conn: &mut redis::Connection) {
+    use llm_bulkhead::cluster::{ClassParams, ClassShare, ClassUse};
+    const N: u64 = 600;
+    let measure = |conn: &mut redis::Connection, f: &mut dyn FnMut(u64)| -> (f64, f64, f64) {
+        let c0 = commands(conn);
+        let (i0, o0) = net_bytes(conn);
+        for i in 0..N {
+            f(i);
+        }
+        let (i1, o1) = net_bytes(conn);
+        let c1 = commands(conn);
+        let inner: u64 = ["type", "hgetall", "hget", "time", "hset", "hdel"]
+            .iter()
+            .map(|k| c1.get(*k).copied().unwrap_or(0) - c0.get(*k).copied().unwrap_or(0))
+            .sum();
+        let per = |x: u64| x as f64 / N as f64;
+        (per(i1 - i0), per(o1 - o0), per(inner))
+    };
+    // The byte counters' own INFO calls, to subtract.
+    let (bi, bo, _) = measure(conn, &mut |_| {});
+    let measure = |conn: &mut redis::Connection, f: &mut dyn FnMut(u64)| {
+        let (i, o, c) = measure(conn, f);
+        (i - bi, o - bo, c)
+    };
+    let mut c2 = redis::Client::open(url).unwrap().get_connection().unwrap();
+    // Format 1: its script, called as its store did (EVALSHA after one SCRIPT LOAD).
+    let old = redis::Script::new(include_str!("../tests/support/lease_v1.lua"));
+    let base = format!("llm-bulkhead:{{{}/b}}:v1", redis_server::namespace("old"));
+    let _ = old
+        .key(format!("{base}:meta"))
+        .key(format!("{base}:leases"))
+        .arg("release")
+        .arg("llm-bulkhead-lease/1")
+        .arg(&[
+            "8", "8000", "1", "100", "1000", "1000", "x", "0", "0", "0", "0", "0", "0", "0", "0",
+        ])
+        .invoke::<redis::Value>(&mut c2);
+    let v1 = measure(conn, &mut |i| {
+        let r = format!("r{}", i % 3);
+        let args = [
+            "8", "8000", "1", "100", "1000", "1000", &r, "2", "200", "1", "50", "2", "200", "0",
+            "0",
+        ];
+        old.key(format!("{base}:meta"))
+            .key(format!("{base}:leases"))
+            .arg("renew")
+            .arg("llm-bulkhead-lease/1")
+            .arg(&args)
+            .invoke::<redis::Value>(&mut c2)
+            .unwrap();
+    });
+    let mut v2 = Vec::new();
+    for classes in [0usize, 2] {
+        let c = config(&redis_server::namespace(&format!("fmt{classes}")), 1_000);
+        let mut store = RedisStore::open(url, &c).unwrap();
+        let mut p = c.store_params(G);
+        p.classes = ["interactive", "batch"][..classes]
+            .iter()
+            .map(|n| ClassParams {
+                name: (*n).into(),
+                floor: Amounts::new(2, 2_000),
+                ceiling: Amounts::new(6, 6_000),
+                min: Amounts::new(0, 250),
+            })
+            .collect();
+        store
+            .renew(
+                &p,
+                &RenewRequest::new("warm", Amounts::ZERO, Amounts::ZERO, Amounts::ZERO)
+                    .with_classes(
+                        p.classes
+                            .iter()
+                            .map(|k| {
+                                ClassUse::new(
+                                    &k.name,
+                                    ClassShare::ZERO,
+                                    Amounts::ZERO,
+                                    Amounts::ZERO,
+                                )
+                            })
+                            .collect(),
+                    ),
+            )
+            .unwrap();
+        v2.push(measure(conn, &mut |i| {
+            let uses = p
+                .classes
+                .iter()
+                .map(|k| {
+                    let s = ClassShare {
+                        floor: Amounts::new(1, 100),
+                        ceiling: Amounts::new(2, 200),
+                    };
+                    ClassUse::new(&k.name, s, Amounts::new(1, 50), Amounts::new(2, 200))
+                })
+                .collect();
+            let req = RenewRequest::new(
+                &format!("r{}", i % 3),
+                Amounts::new(2, 200),
+                Amounts::new(1, 50),
+                Amounts::new(2, 200),
+            )
+            .with_classes(uses);
+            store.renew(&p, &req).unwrap();
+        }));
+    }
+    println!("\n2b. bytes and commands per renewal, 3 replicas on one table, {N} renewals each:");
+    for (name, (i, o, c)) in [
+        ("format 1 (before)", v1),
+        ("format 2, no classes", v2[0]),
+        ("format 2, 2 classes", v2[1]),
+    ] {
+        println!("   {name:22} {i:6.0} B to the server, {o:5.0} B back, {c:4.1} commands inside the script");
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -136,6 +272,10 @@ fn main() {
     let url = server.url.clone();
     let mut conn = server.conn();
     println!("cluster-mode figures (noisy 2-core machine; Redis on a Unix socket, same host)\n");
+    if std::env::args().any(|a| a == "--traffic-only") {
+        format_traffic(&url, &mut conn);
+        return;
+    }
 
     // 1. The decision path, managed vs unmanaged, alternating rounds.
     let c = config(&redis_server::namespace("pair"), 1_000);
@@ -248,6 +388,7 @@ fn main() {
         lat[lat.len() * 99 / 100]
     );
     let _ = renewals;
+    format_traffic(&url, &mut conn);
 
     // 3. Demand to use, TTL 1 s.
     let c = config(&redis_server::namespace("rise"), 1_000);

@@ -10,17 +10,19 @@
 
 #[path = "support/cluster_config.rs"]
 mod cluster_config;
+#[path = "support/cluster_sim.rs"]
+mod cluster_sim;
+
+use cluster_sim::{drifts, runner, DriftClock, REPLICAS};
 
 use llm_bulkhead::cluster::{
     renew, reserved_total, Amounts, ClusterConfig, Lease, LeaseTable, StoreParams,
 };
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use std::time::Duration;
 
-const REPLICAS: usize = 3;
 const GLOBAL: Amounts = Amounts::new(10, 1_000);
-const RATE_PPM: i64 = 10_000;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -86,12 +88,18 @@ struct Replica {
 
 impl Replica {
     fn local(&self, t: u64) -> u64 {
-        self.offset + (i128::from(t) * i128::from(1_000_000 + self.drift_ppm) / 1_000_000) as u64
+        self.clock().local(t)
     }
 
-    /// True duration of `local_ms` on this replica's clock (rounded up: the pessimistic end).
     fn true_span(&self, local_ms: u64) -> u64 {
-        (u128::from(local_ms) * 1_000_000).div_ceil((1_000_000 + self.drift_ppm) as u128) as u64
+        self.clock().true_span(local_ms)
+    }
+
+    fn clock(&self) -> DriftClock {
+        DriftClock {
+            offset: self.offset,
+            drift_ppm: self.drift_ppm,
+        }
     }
 }
 
@@ -183,7 +191,7 @@ impl Sim {
                 self.t += d;
                 let t = self.t;
                 for r in &mut self.replicas {
-                    if let Some((at, sent, reply)) = r.late {
+                    if let Some((at, sent, reply)) = r.late.clone() {
                         if at <= t {
                             r.late = None;
                             if r.alive {
@@ -257,26 +265,6 @@ fn run(c: &ClusterConfig, drifts: [i64; REPLICAS], ops: &[Op]) -> Result<(), Tes
             .map_err(|e| TestCaseError::fail(format!("step {n} {op:?}: {e}")))?;
     }
     Ok(())
-}
-
-fn drifts() -> impl Strategy<Value = [i64; REPLICAS]> {
-    [
-        -RATE_PPM..=RATE_PPM,
-        -RATE_PPM..=RATE_PPM,
-        -RATE_PPM..=RATE_PPM,
-    ]
-}
-
-fn runner(cases: u32, max_shrink_iters: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases,
-            max_shrink_iters,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    )
 }
 
 #[test]
@@ -468,9 +456,10 @@ mod agent {
         assert!(revisions.windows(2).all(|w| w[0] < w[1]), "{revisions:?}");
     }
 
-    /// Class floors are split with the share, rounded down; ceilings capped at the share.
+    /// Class floors and ceilings are split across the replicas like the share: two idle
+    /// replicas each get their per-replica class floor plus an equal part of the spare.
     #[test]
-    fn class_floors_scale_with_the_share() {
+    fn class_floors_and_ceilings_split_across_replicas() {
         let classed = || {
             Bulkhead::builder()
                 .max_concurrent(8)
@@ -507,8 +496,11 @@ mod agent {
         assert_eq!(l.max_concurrent, 4, "an equal split of 8");
         let a = l.classes.get(b.class_id("a").unwrap()).unwrap();
         let bb = l.classes.get(b.class_id("b").unwrap()).unwrap();
-        assert_eq!((a.protected_concurrent, a.max_concurrent), (2, Some(4)));
-        assert_eq!(bb.protected_concurrent, 1, "3 * 4 / 8 rounded down");
+        // Class a: floor 4 (per-replica floor ⌊4·2/8⌋ = 1): 1 + (4 − 2)/2 = 2 each; ceiling 6:
+        // 1 + (6 − 2)/2 = 3 each, so the two ceilings sum to the global 6.
+        assert_eq!((a.protected_concurrent, a.max_concurrent), (2, Some(3)));
+        // Class b: floor 3 (per-replica floor 0): 3/2 = 1 each; no ceiling, none installed.
+        assert_eq!((bb.protected_concurrent, bb.max_concurrent), (1, None));
     }
 
     /// Refusals raise a replica's demand and it renews early; an idle replica's share shrinks
@@ -567,6 +559,7 @@ fn fail_open_is_explicit_and_installs_the_global_limits() {
         seq: 1,
         now_ms: 0,
         learning: false,
+        classes: vec![],
     };
     let lapsed = 10_000;
     for (degrade, after) in [

@@ -174,7 +174,7 @@ fn replica_processes_killed_and_stopped_stay_within_the_global_limits() {
         }));
         children.push(child);
     }
-    let leases = format!("llm-bulkhead:{{{ns}/b}}:v1:leases");
+    let leases = format!("llm-bulkhead:{{{ns}/b}}:v2:leases");
     let mut conn = server.conn();
     let granted = |conn: &mut redis::Connection| -> Vec<u64> {
         let m: std::collections::HashMap<String, String> =

@@ -7,8 +7,8 @@
 mod redis_server;
 
 use llm_bulkhead::cluster::{
-    renew, Amounts, ClusterConfig, LeaseStore, LeaseTable, Meta, Record, RedisStore, RenewRequest,
-    StoreError, StoreParams,
+    renew, Amounts, ClassParams, ClassRecord, ClassShare, ClassUse, ClusterConfig, LeaseStore,
+    LeaseTable, Meta, Record, RedisStore, RenewRequest, StoreError, StoreParams,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -22,35 +22,113 @@ fn server_ms(c: &mut redis::Connection) -> u64 {
 }
 
 fn params_str(p: &StoreParams) -> String {
+    let classes: Vec<String> = p
+        .classes
+        .iter()
+        .map(|c| {
+            format!(
+                "{},{},{},{},{},{},{}",
+                c.name,
+                c.floor.slots,
+                c.floor.tokens,
+                c.ceiling.slots,
+                c.ceiling.tokens,
+                c.min.slots,
+                c.min.tokens
+            )
+        })
+        .collect();
     format!(
-        "{}:{}:{}:{}:{}:{}",
-        p.global.slots, p.global.tokens, p.floor.slots, p.floor.tokens, p.ttl_ms, p.quarantine_ms
+        "{}:{}:{}:{}:{}:{}|{}",
+        p.global.slots,
+        p.global.tokens,
+        p.floor.slots,
+        p.floor.tokens,
+        p.ttl_ms,
+        p.quarantine_ms,
+        classes.join(";")
     )
+}
+
+fn nums(a: &[Amounts]) -> String {
+    let n: Vec<String> = a
+        .iter()
+        .flat_map(|x| [x.slots.to_string(), x.tokens.to_string()])
+        .collect();
+    n.join(":")
 }
 
 fn record_str(r: &Record) -> String {
-    format!(
-        "{}:{}:{}:{}:{}:{}:{}:{}:{}",
-        r.applied.slots,
-        r.applied.tokens,
-        r.granted.slots,
-        r.granted.tokens,
-        r.held.slots,
-        r.held.tokens,
-        r.wants.slots,
-        r.wants.tokens,
+    let mut s = format!(
+        "{}:{}",
+        nums(&[r.applied, r.granted, r.held, r.wants]),
         r.renewed_at
-    )
+    );
+    for c in &r.classes {
+        let (a, g) = (c.applied, c.granted);
+        s += ";";
+        s += &nums(&[a.floor, a.ceiling, g.floor, g.ceiling, c.held, c.wants]);
+    }
+    s
 }
 
 fn parse_record(s: &str) -> Record {
-    let n: Vec<u64> = s.split(':').map(|x| x.parse().unwrap()).collect();
+    let mut parts = s.split(';');
+    let n: Vec<u64> = parts
+        .next()
+        .unwrap()
+        .split(':')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let a = |n: &[u64], i: usize| Amounts::new(n[i], n[i + 1]);
     Record {
-        applied: Amounts::new(n[0], n[1]),
-        granted: Amounts::new(n[2], n[3]),
-        held: Amounts::new(n[4], n[5]),
-        wants: Amounts::new(n[6], n[7]),
+        applied: a(&n, 0),
+        granted: a(&n, 2),
+        held: a(&n, 4),
+        wants: a(&n, 6),
         renewed_at: n[8],
+        classes: parts
+            .map(|p| {
+                let n: Vec<u64> = p.split(':').map(|x| x.parse().unwrap()).collect();
+                ClassRecord {
+                    applied: ClassShare {
+                        floor: a(&n, 0),
+                        ceiling: a(&n, 2),
+                    },
+                    granted: ClassShare {
+                        floor: a(&n, 4),
+                        ceiling: a(&n, 6),
+                    },
+                    held: a(&n, 8),
+                    wants: a(&n, 10),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn parse_params(s: &str) -> StoreParams {
+    let (base, classes) = s.split_once('|').unwrap();
+    let n: Vec<u64> = base.split(':').map(|x| x.parse().unwrap()).collect();
+    StoreParams {
+        global: Amounts::new(n[0], n[1]),
+        floor: Amounts::new(n[2], n[3]),
+        ttl_ms: n[4],
+        quarantine_ms: n[5],
+        classes: classes
+            .split(';')
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                let f: Vec<&str> = c.split(',').collect();
+                let n: Vec<u64> = f[1..].iter().map(|x| x.parse().unwrap()).collect();
+                ClassParams {
+                    name: f[0].to_string(),
+                    floor: Amounts::new(n[0], n[1]),
+                    ceiling: Amounts::new(n[2], n[3]),
+                    min: Amounts::new(n[4], n[5]),
+                }
+            })
+            .collect(),
     }
 }
 
@@ -61,11 +139,11 @@ fn write_table(c: &mut redis::Connection, keys: &[String; 2], t: &LeaseTable) {
         .arg(&keys[1])
         .query(c)
         .unwrap();
-    if let Some(m) = t.meta {
+    if let Some(m) = &t.meta {
         let _: () = redis::cmd("HSET")
             .arg(&keys[0])
             .arg(&[
-                ("format", "llm-bulkhead-lease/1".to_string()),
+                ("format", "llm-bulkhead-lease/2".to_string()),
                 ("epoch", m.epoch.to_string()),
                 ("seq", m.seq.to_string()),
                 ("learning_until", m.learning_until.to_string()),
@@ -87,19 +165,11 @@ fn write_table(c: &mut redis::Connection, keys: &[String; 2], t: &LeaseTable) {
 fn read_table(c: &mut redis::Connection, keys: &[String; 2]) -> LeaseTable {
     let m: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(&keys[0]).query(c).unwrap();
-    let meta = (!m.is_empty()).then(|| {
-        let n: Vec<u64> = m["params"].split(':').map(|x| x.parse().unwrap()).collect();
-        Meta {
-            epoch: m["epoch"].parse().unwrap(),
-            seq: m["seq"].parse().unwrap(),
-            learning_until: m["learning_until"].parse().unwrap(),
-            params: StoreParams {
-                global: Amounts::new(n[0], n[1]),
-                floor: Amounts::new(n[2], n[3]),
-                ttl_ms: n[4],
-                quarantine_ms: n[5],
-            },
-        }
+    let meta = (!m.is_empty()).then(|| Meta {
+        epoch: m["epoch"].parse().unwrap(),
+        seq: m["seq"].parse().unwrap(),
+        learning_until: m["learning_until"].parse().unwrap(),
+        params: parse_params(&m["params"]),
     });
     let r: std::collections::HashMap<String, String> =
         redis::cmd("HGETALL").arg(&keys[1]).query(c).unwrap();
@@ -116,27 +186,77 @@ fn amounts(max: Amounts) -> impl Strategy<Value = Amounts> {
     (0..=max.slots, 0..=max.tokens).prop_map(|(s, t)| Amounts::new(s, t))
 }
 
+/// A record: id, applied, granted, held, wants, age (ms), class records.
+type CaseRecord = (
+    u8,
+    Amounts,
+    Amounts,
+    Amounts,
+    Amounts,
+    u64,
+    Vec<ClassRecord>,
+);
+
 /// A random table and request, times relative to the server's clock (offsets in ms).
 #[derive(Debug, Clone)]
 struct Case {
     params: StoreParams,
     meta: Option<(u64, u64, i64)>, // (epoch, seq, learning_until offset)
-    records: Vec<(u8, Amounts, Amounts, Amounts, Amounts, u64)>, // ages
-    req: (u8, Amounts, Amounts, Amounts, u64, u64),
-    other_params: bool,
+    records: Vec<CaseRecord>,
+    req: (u8, Amounts, Amounts, Amounts, u64, u64, Vec<ClassUse>),
+    /// 0: the table's ttl differs; 1: the table's classes have other names; else the same.
+    other_params: u8,
+}
+
+fn class_share(g: Amounts) -> impl Strategy<Value = ClassShare> {
+    (amounts(g), amounts(g)).prop_map(|(floor, ceiling)| ClassShare { floor, ceiling })
+}
+
+fn class_record(g: Amounts) -> impl Strategy<Value = ClassRecord> {
+    (class_share(g), class_share(g), amounts(g), amounts(g)).prop_map(
+        |(applied, granted, held, wants)| ClassRecord {
+            applied,
+            granted,
+            held,
+            wants,
+        },
+    )
+}
+
+/// Up to two classes: a ceiling, a floor of at most half the global limit below it, and a
+/// per-replica floor below that.
+fn class_params(g: Amounts) -> impl Strategy<Value = Vec<ClassParams>> {
+    prop::collection::vec((amounts(g), amounts(g), amounts(g), 0u8..3), 0..=2).prop_map(move |v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(k, (ceiling, f, m, wide))| {
+                // A third of the classes have no ceiling (the global limit).
+                let ceiling = if wide == 0 { g } else { ceiling };
+                let floor = Amounts::new(f.slots / 2, f.tokens / 2).min(ceiling);
+                ClassParams {
+                    name: format!("c{k}"),
+                    floor,
+                    ceiling,
+                    min: m.min(floor),
+                }
+            })
+            .collect()
+    })
 }
 
 fn case() -> impl Strategy<Value = Case> {
     let g = (1u64..20, 0u64..2_000).prop_map(|(s, t)| Amounts::new(s, t));
     g.prop_flat_map(|g| {
         let big = Amounts::new(g.slots + 3, g.tokens + 300);
-        let params =
-            (amounts(g), 50u64..500, 50u64..500).prop_map(move |(floor, ttl, q)| StoreParams {
+        let params = (amounts(g), 50u64..500, 50u64..500, class_params(g)).prop_map(
+            move |(floor, ttl, q, classes)| StoreParams {
                 global: g,
                 floor,
                 ttl_ms: ttl,
                 quarantine_ms: q,
-            });
+                classes,
+            },
+        );
         let rec = (
             0u8..6,
             amounts(g),
@@ -144,6 +264,19 @@ fn case() -> impl Strategy<Value = Case> {
             amounts(big),
             amounts(g),
             0u64..1_500,
+            prop::collection::vec(class_record(g), 2),
+        );
+        let class_use = (class_share(g), amounts(g), amounts(big), 0u8..40).prop_map(
+            |(applied, held, wants, odd)| {
+                // One report in forty names a class nobody has; one in twenty may ask more than
+                // its class ceiling.
+                let name = match odd {
+                    0 => "zz",
+                    1 | 2 => "big",
+                    _ => "",
+                };
+                ClassUse::new(name, applied, held, wants)
+            },
         );
         let req = (
             0u8..6,
@@ -152,20 +285,38 @@ fn case() -> impl Strategy<Value = Case> {
             amounts(big),
             0u64..3,
             0u64..40,
+            prop::collection::vec(class_use, 2),
         );
         (
             params,
             proptest::option::of((1u64..4, 0u64..30, -600i64..600)),
             prop::collection::vec(rec, 0..6),
             req,
-            proptest::bool::weighted(0.05),
+            0u8..40,
         )
-            .prop_map(|(params, meta, records, req, other_params)| Case {
-                params,
-                meta,
-                records,
-                req,
-                other_params,
+            .prop_map(|(params, meta, mut records, mut req, other_params)| {
+                // Records and reports line up with the classes; a report's empty name is its
+                // class's.
+                let n = params.classes.len();
+                for r in &mut records {
+                    r.6.truncate(n);
+                }
+                req.6.truncate(n);
+                for (u, c) in req.6.iter_mut().zip(&params.classes) {
+                    if u.name.is_empty() {
+                        u.wants = u.wants.min(c.ceiling);
+                    }
+                    if u.name != "zz" {
+                        u.name.clone_from(&c.name);
+                    }
+                }
+                Case {
+                    params,
+                    meta,
+                    records,
+                    req,
+                    other_params,
+                }
             })
     })
 }
@@ -187,7 +338,8 @@ fn the_script_agrees_with_the_allocator() {
         },
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
-    let (granted, refused) = (Cell::new(0), Cell::new(0));
+    let (granted, refused, class_granted) = (Cell::new(0), Cell::new(0), Cell::new(0));
+    let seen = RefCell::new(std::collections::BTreeSet::new());
     runner
         .run(&case(), |k| {
             let c = &mut *c.borrow_mut();
@@ -197,9 +349,15 @@ fn the_script_agrees_with_the_allocator() {
             if let Some((e, seq, lu)) = k.meta {
                 let epoch = now - e * 10_000;
                 epochs.push(epoch);
-                let mut params = k.params;
-                if k.other_params {
-                    params.ttl_ms += 1;
+                let mut params = k.params.clone();
+                match k.other_params {
+                    0 => params.ttl_ms += 1,
+                    1 => {
+                        for c in &mut params.classes {
+                            c.name = format!("old{}", c.name);
+                        }
+                    }
+                    _ => {}
                 }
                 table.meta = Some(Meta {
                     epoch,
@@ -208,7 +366,7 @@ fn the_script_agrees_with_the_allocator() {
                     params,
                 });
             }
-            for (id, applied, granted, held, wants, age) in &k.records {
+            for (id, applied, granted, held, wants, age, classes) in &k.records {
                 table.records.insert(
                     format!("r{id}"),
                     Record {
@@ -217,10 +375,11 @@ fn the_script_agrees_with_the_allocator() {
                         held: *held,
                         wants: *wants,
                         renewed_at: now - age,
+                        classes: classes.clone(),
                     },
                 );
             }
-            let (id, applied, held, wants, e, seq) = k.req;
+            let (id, applied, held, wants, e, seq, classes) = k.req.clone();
             let req = RenewRequest {
                 replica: format!("r{id}"),
                 applied,
@@ -228,6 +387,7 @@ fn the_script_agrees_with_the_allocator() {
                 wants,
                 epoch: epochs[(e as usize) % epochs.len()],
                 seq,
+                classes,
             };
             write_table(c, &keys, &table);
             let got = store.borrow_mut().renew(&k.params, &req);
@@ -237,6 +397,9 @@ fn the_script_agrees_with_the_allocator() {
                     granted.set(granted.get() + 1);
                     let mut expect = table.clone();
                     let want = renew(&mut expect, &k.params, &req, reply.now_ms).unwrap();
+                    if !reply.classes.is_empty() {
+                        class_granted.set(class_granted.get() + 1);
+                    }
                     prop_assert_eq!(reply, want);
                     prop_assert_eq!(after, expect);
                 }
@@ -245,6 +408,7 @@ fn the_script_agrees_with_the_allocator() {
                     let mut expect = table.clone();
                     let want = renew(&mut expect, &k.params, &req, now).unwrap_err();
                     prop_assert_eq!(e, want);
+                    seen.borrow_mut().insert(format!("{e:?}"));
                     // Nothing written.
                     prop_assert_eq!(after, table);
                 }
@@ -256,9 +420,20 @@ fn the_script_agrees_with_the_allocator() {
     // Both outcomes were exercised.
     let (granted, refused) = (granted.get(), refused.get());
     assert!(
-        granted > 100 && refused > 5,
-        "{granted} granted, {refused} refused"
+        granted > 100 && refused > 5 && class_granted.get() > 50,
+        "{granted} granted ({} with classes), {refused} refused",
+        class_granted.get()
     );
+    // The class refusals were exercised on both sides.
+    let seen = seen.into_inner();
+    for e in [
+        "UnknownClass",
+        "AboveClassLimit",
+        "ConfigMismatch",
+        "AboveGlobal",
+    ] {
+        assert!(seen.contains(e), "{e} never refused: {seen:?}");
+    }
 }
 
 fn small() -> StoreParams {
@@ -317,7 +492,7 @@ fn foreign_and_corrupt_values_are_refused_and_left_alone() {
                 redis::cmd("HSET")
                     .arg(&meta)
                     .arg(&[
-                        ("format", "llm-bulkhead-lease/1"),
+                        ("format", "llm-bulkhead-lease/2"),
                         ("epoch", "-1"),
                         ("seq", "1"),
                         ("learning_until", "0"),
@@ -466,17 +641,40 @@ mod agents {
     }
 
     /// The global in-flight tally: raised right after an admission, lowered right before its
-    /// release; every raise is checked against the global limits.
+    /// release; every raise is checked against the global limits, and a class admission's
+    /// against its class's global ceiling.
     #[derive(Default)]
     pub struct Tally {
         slots: AtomicU64,
         tokens: AtomicU64,
         pub admitted: AtomicU64,
         pub peak_slots: AtomicU64,
+        /// Per class: slots and tokens in flight, the global class ceiling, admissions.
+        pub classes: Vec<(AtomicU64, AtomicU64, Amounts, AtomicU64)>,
     }
 
     impl Tally {
-        fn raise(&self, tokens: u64) {
+        /// A tally that also counts classes with these global ceilings.
+        pub fn with_classes(ceilings: &[Amounts]) -> Self {
+            Tally {
+                classes: ceilings
+                    .iter()
+                    .map(|c| (AtomicU64::new(0), AtomicU64::new(0), *c, AtomicU64::new(0)))
+                    .collect(),
+                ..Tally::default()
+            }
+        }
+
+        fn raise(&self, tokens: u64, class: Option<usize>) {
+            if let Some((s, t, c, n)) = class.map(|k| &self.classes[k]) {
+                let s = s.fetch_add(1, Ordering::SeqCst) + 1;
+                let t = t.fetch_add(tokens, Ordering::SeqCst) + tokens;
+                n.fetch_add(1, Ordering::Relaxed);
+                assert!(
+                    Amounts::new(s, t).fits_in(*c),
+                    "class {class:?}: {s} slots, {t} tokens in flight across replicas > {c:?}"
+                );
+            }
             let s = self.slots.fetch_add(1, Ordering::SeqCst) + 1;
             let t = self.tokens.fetch_add(tokens, Ordering::SeqCst) + tokens;
             self.admitted.fetch_add(1, Ordering::Relaxed);
@@ -493,7 +691,11 @@ mod agents {
             );
         }
 
-        fn lower(&self, tokens: u64) {
+        fn lower(&self, tokens: u64, class: Option<usize>) {
+            if let Some((s, t, _, _)) = class.map(|k| &self.classes[k]) {
+                s.fetch_sub(1, Ordering::SeqCst);
+                t.fetch_sub(tokens, Ordering::SeqCst);
+            }
             self.slots.fetch_sub(1, Ordering::SeqCst);
             self.tokens.fetch_sub(tokens, Ordering::SeqCst);
         }
@@ -524,6 +726,18 @@ mod agents {
         threads: usize,
         hold: Duration,
     ) -> Vec<std::thread::JoinHandle<u64>> {
+        load_class(b, tally, stop, threads, hold, None)
+    }
+
+    /// [`load`] in one class (its index in the tally, and its id), or the default.
+    pub fn load_class(
+        b: &ClusterBulkhead,
+        tally: &Arc<Tally>,
+        stop: &Arc<AtomicBool>,
+        threads: usize,
+        hold: Duration,
+        class: Option<(usize, llm_bulkhead::ClassId)>,
+    ) -> Vec<std::thread::JoinHandle<u64>> {
         (0..threads)
             .map(|k| {
                 let (b, tally, stop) = (b.clone(), tally.clone(), stop.clone());
@@ -533,12 +747,16 @@ mod agents {
                     while !stop.load(Ordering::Relaxed) && i < 2_000_000 {
                         i += 1;
                         let tokens = 20 + (i * 7 + k as u64 * 13) % 80;
-                        let d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
+                        let mut d = Demand::tokens(Reservation::new(tokens, 0).unwrap());
+                        if let Some((_, id)) = class {
+                            d = d.in_class(id);
+                        }
+                        let k = class.map(|(k, _)| k);
                         if let Ok(a) = b.try_acquire(d) {
-                            tally.raise(tokens);
+                            tally.raise(tokens, k);
                             n += 1;
                             std::thread::sleep(hold);
-                            tally.lower(tokens);
+                            tally.lower(tokens, k);
                             drop(a);
                         } else {
                             std::thread::sleep(Duration::from_micros(300));
@@ -634,7 +852,7 @@ fn three_replicas_share_one_budget_under_a_global_tally() {
     // Everyone left gracefully: the table is empty.
     let mut conn = server.conn();
     let left: usize = redis::cmd("HLEN")
-        .arg(format!("llm-bulkhead:{{{}/b}}:v1:leases", c.namespace))
+        .arg(format!("llm-bulkhead:{{{}/b}}:v2:leases", c.namespace))
         .query(&mut conn)
         .unwrap();
     assert_eq!(left, 0);
@@ -845,4 +1063,284 @@ fn a_replica_cut_off_by_a_blackhole_degrades_and_rejoins() {
     for r in running {
         let _ = r.stop();
     }
+}
+
+/// Classed bulkheads for the class tests: 6 slots, 600 tokens; class `a` with floor 2 slots and
+/// 200 tokens and ceiling 4 and 400; class `b` (the default) with floor 1 and 100, no ceiling.
+fn classed() -> llm_bulkhead::Bulkhead {
+    use llm_bulkhead::ClassLimits;
+    llm_bulkhead::Bulkhead::builder()
+        .max_concurrent(agents::G.slots as u32)
+        .token_budget(agents::G.tokens)
+        .class(
+            "a",
+            ClassLimits {
+                protected_concurrent: 2,
+                max_concurrent: Some(4),
+                protected_tokens: 200,
+                max_tokens: Some(400),
+            },
+        )
+        .class(
+            "b",
+            ClassLimits {
+                protected_concurrent: 1,
+                protected_tokens: 100,
+                ..ClassLimits::default()
+            },
+        )
+        .default_class("b")
+        .build()
+        .unwrap()
+}
+
+/// Three classed bulkheads with agents against the real server, class `a` loaded on every
+/// replica (four, two and two threads; replica 2 also one thread in `b`): an independent tally
+/// per class checks every admission against the class's global ceiling (and the global
+/// limits), and every worker group admits. Without the class split each replica would install
+/// class `a`'s ceiling cut to its slot share (2 of 6 each), 6 in all against the global 4, and
+/// the tally fails.
+#[test]
+fn classed_replicas_keep_each_class_within_its_global_ceiling() {
+    use agents::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(server) = Server::get("classes") else {
+        return;
+    };
+    let c = config(&namespace("classes"));
+    let tally = Arc::new(Tally::with_classes(&[Amounts::new(4, 400), G]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let bs: Vec<_> = (0..3).map(|_| classed()).collect();
+    let running: Vec<_> = bs.iter().map(|b| start(&server.url, &c, b)).collect();
+    let ids = |b: &llm_bulkhead::Bulkhead| [b.class_id("a").unwrap(), b.class_id("b").unwrap()];
+    let mut workers = Vec::new();
+    for (i, plan) in [[4, 0], [2, 0], [2, 1]].iter().enumerate() {
+        for (k, &threads) in plan.iter().enumerate().filter(|&(_, &n)| n > 0) {
+            let class = Some((k, ids(&bs[i])[k]));
+            let h = running[i].handle();
+            let hold = Duration::from_millis(2);
+            workers.push(load_class(&h, &tally, &stop, threads, hold, class));
+        }
+    }
+    let ceilings_a = || -> Vec<u64> {
+        running
+            .iter()
+            .map(|r| {
+                r.status()
+                    .installed_classes
+                    .first()
+                    .map_or(0, |s| s.ceiling.slots)
+            })
+            .collect()
+    };
+    let mut seen = Vec::new();
+    wait_for(
+        "class-a ceilings on every replica",
+        Duration::from_secs(20),
+        || {
+            let a = ceilings_a();
+            // Each status is read at another instant: a sum a little above 4 would be a race
+            // of the reads, but an installed class ceiling above the whole is a bug.
+            assert!(a.iter().all(|&x| x <= 4), "{a:?}");
+            if seen.last() != Some(&a) {
+                seen.push(a.clone());
+            }
+            a.iter().all(|&x| x > 0)
+                && running
+                    .iter()
+                    .all(|r| !r.status().learning && r.status().renewals > 10)
+        },
+    );
+    eprintln!("class-a ceilings installed (replicas 0, 1, 2) as they changed: {seen:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let per: Vec<u64> = workers
+        .into_iter()
+        .map(|w| join(w).into_iter().sum())
+        .collect();
+    no_overdue(&running);
+    for r in running {
+        r.stop().unwrap();
+    }
+    assert!(
+        per.iter().all(|&n| n > 0),
+        "every worker group admitted: {per:?}"
+    );
+    let a = tally.classes[0].3.load(Ordering::Relaxed);
+    let b = tally.classes[1].3.load(Ordering::Relaxed);
+    assert!(a > 0 && b > 0, "class a {a}, class b {b} admissions");
+}
+
+/// The v2 lease script with one class, against a real server: bad class input and corrupt
+/// per-class values are typed errors that write nothing.
+#[test]
+fn bad_class_input_and_corrupt_class_values_are_refused() {
+    use llm_bulkhead::cluster::AllocError;
+    let Some(server) = Server::get("classbad") else {
+        return;
+    };
+    let mut c = server.conn();
+    let config = ClusterConfig::new(&namespace("classbad"), "b");
+    let mut store = RedisStore::open(&server.url, &config).unwrap();
+    let [meta, leases] = store.keys().clone();
+    let p = StoreParams {
+        classes: vec![ClassParams {
+            name: "a".into(),
+            floor: Amounts::new(1, 10),
+            ceiling: Amounts::new(2, 50),
+            min: Amounts::ZERO,
+        }],
+        ..small()
+    };
+    let req = |name: &str, wants: Amounts| {
+        hello().with_classes(vec![ClassUse::new(
+            name,
+            ClassShare::ZERO,
+            Amounts::ZERO,
+            wants,
+        )])
+    };
+    let dump = |c: &mut redis::Connection| -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (
+            redis::cmd("DUMP").arg(&meta).query(c).unwrap(),
+            redis::cmd("DUMP").arg(&leases).query(c).unwrap(),
+        )
+    };
+    let r = store.renew(&p, &req("a", Amounts::new(1, 0))).unwrap();
+    assert_eq!(r.classes.len(), 1);
+    let before = dump(&mut c);
+    for (name, p2, rq, want) in [
+        (
+            "unknown class",
+            p.clone(),
+            req("zz", Amounts::ZERO),
+            AllocError::UnknownClass,
+        ),
+        (
+            "above the class ceiling",
+            p.clone(),
+            req("a", Amounts::new(3, 0)),
+            AllocError::AboveClassLimit,
+        ),
+        (
+            "no class report",
+            p.clone(),
+            hello(),
+            AllocError::UnknownClass,
+        ),
+        (
+            "another class table",
+            StoreParams {
+                classes: vec![ClassParams {
+                    name: "c".into(),
+                    ..p.classes[0].clone()
+                }],
+                ..p.clone()
+            },
+            req("c", Amounts::ZERO),
+            AllocError::UnknownClass,
+        ),
+    ] {
+        assert_eq!(
+            store.renew(&p2, &rq),
+            Err(StoreError::Refused(want)),
+            "{name}"
+        );
+        assert_eq!(dump(&mut c), before, "{name}: the script wrote");
+    }
+    for (name, value) in [
+        (
+            "a class part with a word",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:x:0:0:0:0:0:0:0",
+        ),
+        (
+            "a class part of eleven numbers",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:0:0:0:0:0:0:0",
+        ),
+        ("no class part", "0:0:0:0:0:0:0:0:1"),
+        (
+            "two class parts for one class",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:0:0:0:0:0:0:0:0;0:0:0:0:0:0:0:0:0:0:0:0",
+        ),
+        (
+            "a negative class number",
+            "0:0:0:0:0:0:0:0:1;0:0:0:0:-1:0:0:0:0:0:0:0",
+        ),
+    ] {
+        redis::cmd("HSET")
+            .arg(&leases)
+            .arg("r2")
+            .arg(value)
+            .exec(&mut c)
+            .unwrap();
+        let before = dump(&mut c);
+        let e = store.renew(&p, &req("a", Amounts::ZERO)).unwrap_err();
+        assert!(matches!(e, StoreError::Corrupt(_)), "{name}: {e:?}");
+        assert_eq!(dump(&mut c), before, "{name}: the script wrote");
+    }
+}
+
+/// A replica of the previous format (format 1, its keys under `v1`) and one of format 2 on the
+/// same budget: the first format-2 renewal marks format 1's meta key, after which the format-1
+/// script answers `LLMBH_FOREIGN` (its agent degrades fail-closed), whether its table existed
+/// before or not; the new table learns first, so the format-2 replica grows only after
+/// `ttl + quarantine`, when what a format-1 replica still held has ended.
+#[test]
+fn a_replica_of_the_old_format_meets_a_foreign_format() {
+    let Some(server) = Server::get("oldformat") else {
+        return;
+    };
+    let mut c = server.conn();
+    let ns = namespace("oldformat");
+    let config = ClusterConfig::new(&ns, "b");
+    let mut store = RedisStore::open(&server.url, &config).unwrap();
+    let old = redis::Script::new(include_str!("support/lease_v1.lua"));
+    let v1 = |c: &mut redis::Connection| -> redis::RedisResult<redis::Value> {
+        let base = format!("llm-bulkhead:{{{ns}/b}}:v1");
+        old.key(format!("{base}:meta"))
+            .key(format!("{base}:leases"))
+            .arg("renew")
+            .arg("llm-bulkhead-lease/1")
+            .arg(&[
+                "4", "100", "0", "0", "300", "300", "old", "0", "0", "0", "0", "2", "10", "0", "0",
+            ])
+            .invoke(c)
+    };
+    // The old replica's table exists and answers.
+    assert!(v1(&mut c).is_ok());
+    let p = small();
+    let r = store.renew(&p, &hello()).unwrap();
+    assert!(
+        r.learning && r.granted == Amounts::ZERO,
+        "a new table learns first: {r:?}"
+    );
+    let e = v1(&mut c).unwrap_err();
+    assert_eq!(e.code(), Some("LLMBH_FOREIGN"), "{e:?}");
+    // A format-1 replica that starts later meets the same.
+    let base = format!("llm-bulkhead:{{{ns}/b}}:v1");
+    redis::cmd("DEL")
+        .arg(format!("{base}:leases"))
+        .exec(&mut c)
+        .unwrap();
+    assert_eq!(v1(&mut c).unwrap_err().code(), Some("LLMBH_FOREIGN"));
+    // Past learning, the format-2 table grants; then the mark is lost (an operator deleted the
+    // key) and a format-1 replica creates its table: the format-2 table learns again, for
+    // ttl + quarantine, and marks it.
+    let [meta, _] = store.keys().clone();
+    redis::cmd("HSET")
+        .arg(&meta)
+        .arg("learning_until")
+        .arg(0)
+        .exec(&mut c)
+        .unwrap();
+    assert!(!store.renew(&p, &hello()).unwrap().learning);
+    redis::cmd("DEL")
+        .arg(format!("{base}:meta"))
+        .exec(&mut c)
+        .unwrap();
+    assert!(v1(&mut c).is_ok(), "format 1 creates its table again");
+    let r = store.renew(&p, &hello()).unwrap();
+    assert!(r.learning, "a format-1 table appeared: learn first");
+    assert_eq!(v1(&mut c).unwrap_err().code(), Some("LLMBH_FOREIGN"));
 }

@@ -8,11 +8,13 @@
 //! needed.
 
 use super::allocator::{Amounts, StoreParams};
+use super::class_view::{self, ClassDemand};
+use super::classes::ClassShare;
 use super::gate::{ClusterBulkhead, Gate};
 use super::lease::{ClusterConfig, ClusterConfigError, Lease, Phase};
 use super::store::{LeaseStore, StoreError};
 use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
-use crate::{BudgetLimits, Bulkhead, LimitsSnapshot};
+use crate::{Bulkhead, LimitsSnapshot};
 use std::time::{Duration, Instant};
 
 /// A monotonic clock in milliseconds.
@@ -127,6 +129,8 @@ pub struct AgentStatus {
     pub phase: Phase,
     /// The share installed now.
     pub installed: Amounts,
+    /// The class shares installed now, in the bulkhead's class order (empty without classes).
+    pub installed_classes: Vec<ClassShare>,
     /// The last grant received.
     pub granted: Amounts,
     /// Successful renewals.
@@ -152,6 +156,7 @@ impl Default for AgentStatus {
             replica: String::new(),
             phase: Phase::NoLease,
             installed: Amounts::ZERO,
+            installed_classes: Vec::new(),
             granted: Amounts::ZERO,
             renewals: 0,
             failures: 0,
@@ -207,6 +212,7 @@ pub struct ClusterAgent {
     last_renew: Option<u64>,
     rejected_seen: u64,
     peak: Amounts,
+    class_demand: ClassDemand,
     closed_since: Option<u64>,
     overdue_reported: bool,
     on_event: Option<EventFn>,
@@ -290,8 +296,10 @@ impl ClusterAgent {
         let max_admission_ms = u64::try_from(config.max_admission.as_millis()).unwrap_or(u64::MAX);
         let base = bulkhead.limits();
         let global = global_of(&base);
+        let mut params = config.store_params(global);
+        params.classes = class_view::params(&bulkhead, &base, global, params.floor)?;
         let mut agent = ClusterAgent {
-            params: config.store_params(global),
+            params,
             lease: Lease::new(&config, global),
             status: AgentStatus {
                 replica: replica_id(),
@@ -307,13 +315,14 @@ impl ClusterAgent {
             last_renew: None,
             rejected_seen: 0,
             peak: Amounts::ZERO,
+            class_demand: ClassDemand::default(),
             closed_since: None,
             overdue_reported: false,
             on_event: None,
             gate: Arc::new(Gate::new(clock, max_admission_ms)),
         };
         agent.status.installed = global;
-        if !agent.install(Amounts::ZERO) {
+        if !agent.install(Amounts::ZERO, Some(&[])) {
             return Err(ClusterConfigError::BadTtl);
         }
         Ok(agent)
@@ -373,57 +382,24 @@ impl ClusterAgent {
         }
     }
 
-    /// The snapshot for `share`: the global limits scaled to it. Class floors are rounded down
-    /// (the replicas' floors never sum above the global floor); ceilings are capped at the
-    /// share; the high-priority reserve scales with the token share.
-    fn snapshot(&self, share: Amounts) -> LimitsSnapshot {
-        let scale = |x: u64, part: u64, whole: u64| {
-            if whole == 0 {
-                0
-            } else {
-                (u128::from(x) * u128::from(part) / u128::from(whole)) as u64
-            }
-        };
-        let g = self.global;
-        let slots = u32::try_from(share.slots.min(g.slots)).unwrap_or(u32::MAX);
-        let mut next =
-            self.base
-                .with_max_concurrent(slots)
-                .with_token_budget(self.base.token_budget.map(|b| BudgetLimits {
-                    budget: share.tokens.min(g.tokens),
-                    high_priority_reserve: scale(b.high_priority_reserve, share.tokens, g.tokens),
-                }));
-        for name in self.bulkhead.class_names() {
-            let Ok(id) = self.bulkhead.class_id(name) else {
-                continue;
-            };
-            let Some(c) = self.base.classes.get(id).copied() else {
-                continue;
-            };
-            let floor_s = scale(u64::from(c.protected_concurrent), share.slots, g.slots);
-            let c = crate::ClassLimits {
-                protected_concurrent: u32::try_from(floor_s).unwrap_or(0),
-                max_concurrent: c.max_concurrent.map(|m| m.min(slots)),
-                protected_tokens: scale(c.protected_tokens, share.tokens, g.tokens),
-                max_tokens: c.max_tokens.map(|m| m.min(share.tokens)),
-            };
-            next = next.with_class(id, c);
-        }
-        next
-    }
-
-    /// Installs `share` if it differs from what is installed; false if the bulkhead refused
-    /// (then it keeps its previous, and the store still counts that one as applied).
-    fn install(&mut self, share: Amounts) -> bool {
-        if share == self.status.installed {
+    /// Installs `share` and the class shares `classes` (`None`: the global class limits) in
+    /// one snapshot if they differ from what is installed; false if the bulkhead refused (then
+    /// it keeps its previous, and the store still counts that one as applied).
+    fn install(&mut self, share: Amounts, classes: Option<&[ClassShare]>) -> bool {
+        let (next, installed) =
+            class_view::snapshot(&self.bulkhead, &self.base, self.global, share, classes);
+        if share == self.status.installed && installed == self.status.installed_classes {
             return true;
         }
         let current = self.bulkhead.limits().revision;
         self.revision = self.revision.max(current).saturating_add(1);
-        let next = self.snapshot(share).with_revision(self.revision);
-        match self.bulkhead.apply_limits(next) {
+        match self
+            .bulkhead
+            .apply_limits(next.with_revision(self.revision))
+        {
             Ok(_) => {
                 self.status.installed = share;
+                self.status.installed_classes = installed;
                 let revision = self.revision;
                 self.emit(AgentEvent::Installed { share, revision });
                 true
@@ -478,11 +454,19 @@ impl ClusterAgent {
             && self.lease.grant().slots < self.global.slots
             && self.last_renew.is_none_or(|t| now >= t + gap);
         if now >= self.next_renew || early {
+            let stats = self.bulkhead.stats();
+            let uses = self.class_demand.uses(
+                &stats,
+                &self.params.classes,
+                &self.status.installed_classes,
+            );
             let req = self
                 .lease
-                .request(&self.status.replica, self.status.installed, held, wants);
+                .request(&self.status.replica, self.status.installed, held, wants)
+                .with_classes(uses);
             self.last_renew = Some(now);
-            self.rejected_seen = self.rejected(&self.bulkhead.stats());
+            self.rejected_seen = self.rejected(&stats);
+            self.class_demand.renewed(&req.classes, &stats);
             self.peak = held;
             // A store that stops answering must not hold this thread past the next change of
             // the share (the end of the lease or of the floor): the call gets what is left.
@@ -512,7 +496,8 @@ impl ClusterAgent {
         let now = clock.now_ms();
         self.status.phase = self.lease.phase_at(now);
         let share = self.lease.share_at(now);
-        self.install_windowed(now, share);
+        let classes = self.lease.class_shares_at(now);
+        self.install_windowed(now, share, classes.as_deref());
         self.watch_overdue(now, held);
         let mut next = self.next_renew.min(now + gap);
         if let Some(t) = self.lease.next_change(now) {
@@ -547,11 +532,11 @@ impl ClusterAgent {
     /// Installs `share` with its window. The window only narrows before the install (a
     /// handle never admits under the new share with the old, longer window, nor under the old
     /// share with the new one) and takes its exact value after it.
-    fn install_windowed(&mut self, now: u64, share: Amounts) {
+    fn install_windowed(&mut self, now: u64, share: Amounts, classes: Option<&[ClassShare]>) {
         let until = self.window(now, share);
         let narrowed = self.gate.until().min(until);
         self.gate.set_until(narrowed);
-        if self.install(share) {
+        if self.install(share, classes) {
             self.gate.set_until(until);
         }
     }
@@ -606,7 +591,7 @@ impl ClusterAgent {
     pub fn leave(mut self) -> Result<(), StoreError> {
         let clock = Arc::clone(&self.gate.clock);
         let now = clock.now_ms();
-        self.install_windowed(now, Amounts::ZERO);
+        self.install_windowed(now, Amounts::ZERO, Some(&[]));
         let d = u64::try_from(self.config.max_admission.as_millis()).unwrap_or(u64::MAX);
         let until = clock.now_ms().saturating_add(d);
         // Also bounded in real time: an injected clock that stands still (a paused test

@@ -5,8 +5,10 @@
 //!
 //! A replica's reservation is `max(applied, granted, held)` per resource, counted while its
 //! record lives (`renewed_at + ttl + quarantine` in store time). Every grant is capped by
-//! `global − Σ other reservations`, so after every write `Σ reservations ≤ global` (I2).
+//! `global − Σ other reservations`, so after every write `Σ reservations ≤ global` (I2). Each
+//! class's floor and ceiling are split the same way, per class (`super::classes`).
 
+use super::classes::{self, ClassParams, ClassRecord, ClassShare, ClassUse};
 use std::collections::BTreeMap;
 
 /// The largest amount (slots or tokens) the lease table accepts: 2⁴⁰. Sums over 1,024 replicas
@@ -15,6 +17,9 @@ pub const MAX_AMOUNT: u64 = 1 << 40;
 
 /// The most replicas one budget's table holds (see [`MAX_AMOUNT`]).
 pub const MAX_REPLICAS: usize = 1_024;
+
+/// The most admission classes one budget splits.
+pub const MAX_CLASSES: usize = 64;
 
 /// An amount of each resource a lease carries: global slots and in-flight tokens.
 ///
@@ -90,7 +95,7 @@ impl Amounts {
         )
     }
 
-    fn add(self, o: Amounts) -> Amounts {
+    pub(crate) fn add(self, o: Amounts) -> Amounts {
         Amounts::new(self.slots + o.slots, self.tokens + o.tokens)
     }
 }
@@ -100,10 +105,11 @@ impl Amounts {
 ///
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, StoreParams};
-/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::new(1, 0), ttl_ms: 1_000, quarantine_ms: 2_000 };
+/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::new(1, 0), ttl_ms: 1_000,
+///                      quarantine_ms: 2_000, classes: vec![] };
 /// assert_eq!(p.hold_ms(), 3_000);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StoreParams {
     /// The global limits the replicas share.
     pub global: Amounts,
@@ -113,6 +119,9 @@ pub struct StoreParams {
     pub ttl_ms: u64,
     /// Quarantine after the TTL before a silent replica's reservation is handed out.
     pub quarantine_ms: u64,
+    /// The admission classes whose floors and ceilings are split too, in the bulkhead's order
+    /// (empty: a bulkhead without classes).
+    pub classes: Vec<ClassParams>,
 }
 
 impl StoreParams {
@@ -121,7 +130,7 @@ impl StoreParams {
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{Amounts, StoreParams};
-    /// let p = StoreParams { global: Amounts::new(1, 0), floor: Amounts::ZERO, ttl_ms: 5, quarantine_ms: 7 };
+    /// let p = StoreParams { global: Amounts::new(1, 0), floor: Amounts::ZERO, ttl_ms: 5, quarantine_ms: 7, classes: vec![] };
     /// assert_eq!(p.hold_ms(), 12);
     /// ```
     #[must_use]
@@ -134,11 +143,11 @@ impl StoreParams {
 ///
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, Meta, StoreParams};
-/// let p = StoreParams { global: Amounts::new(1, 0), floor: Amounts::ZERO, ttl_ms: 5, quarantine_ms: 7 };
+/// let p = StoreParams { global: Amounts::new(1, 0), floor: Amounts::ZERO, ttl_ms: 5, quarantine_ms: 7, classes: vec![] };
 /// let m = Meta { epoch: 1, seq: 0, learning_until: 12, params: p };
 /// assert_eq!(m.seq, 0);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meta {
     /// Store time (ms) at which the table was created: a new value means the store lost it.
     pub epoch: u64,
@@ -155,10 +164,10 @@ pub struct Meta {
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, Record};
 /// let r = Record { applied: Amounts::new(2, 0), granted: Amounts::new(1, 0), held: Amounts::new(3, 0),
-///                  wants: Amounts::ZERO, renewed_at: 0 };
+///                  wants: Amounts::ZERO, renewed_at: 0, classes: vec![] };
 /// assert_eq!(r.reserved(), Amounts::new(3, 0));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     /// The share the replica had installed when it sent its last renewal.
     pub applied: Amounts,
@@ -170,6 +179,8 @@ pub struct Record {
     pub wants: Amounts,
     /// Store time (ms) of that renewal.
     pub renewed_at: u64,
+    /// Per class, in the order of the table's class parameters.
+    pub classes: Vec<ClassRecord>,
 }
 
 impl Record {
@@ -180,7 +191,7 @@ impl Record {
     /// ```
     /// # use llm_bulkhead::cluster::{Amounts, Record};
     /// let r = Record { applied: Amounts::new(5, 0), granted: Amounts::new(1, 0), held: Amounts::ZERO,
-    ///                  wants: Amounts::ZERO, renewed_at: 0 };
+    ///                  wants: Amounts::ZERO, renewed_at: 0, classes: vec![] };
     /// assert_eq!(r.reserved().slots, 5);
     /// ```
     #[must_use]
@@ -224,6 +235,8 @@ pub struct RenewRequest {
     pub epoch: u64,
     /// The table sequence of its last reply (0: none yet).
     pub seq: u64,
+    /// Per class, in the order of the store parameters' classes (empty without classes).
+    pub classes: Vec<ClassUse>,
 }
 
 impl RenewRequest {
@@ -242,7 +255,22 @@ impl RenewRequest {
             wants,
             epoch: 0,
             seq: 0,
+            classes: Vec::new(),
         }
+    }
+
+    /// With these class reports (one per class of the store parameters, in their order).
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{Amounts, ClassShare, ClassUse, RenewRequest};
+    /// let u = ClassUse::new("chat", ClassShare::ZERO, Amounts::ZERO, Amounts::new(1, 0));
+    /// let r = RenewRequest::new("a", Amounts::ZERO, Amounts::ZERO, Amounts::ZERO).with_classes(vec![u]);
+    /// assert_eq!(r.classes.len(), 1);
+    /// ```
+    #[must_use]
+    pub fn with_classes(mut self, classes: Vec<ClassUse>) -> Self {
+        self.classes = classes;
+        self
     }
 }
 
@@ -250,10 +278,11 @@ impl RenewRequest {
 ///
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, RenewReply};
-/// let r = RenewReply { granted: Amounts::new(2, 0), epoch: 1, seq: 1, now_ms: 0, learning: false };
+/// let r = RenewReply { granted: Amounts::new(2, 0), epoch: 1, seq: 1, now_ms: 0, learning: false,
+///                      classes: vec![] };
 /// assert_eq!(r.granted.slots, 2);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenewReply {
     /// The share the replica may install, valid for one TTL from when it sent the request.
     pub granted: Amounts,
@@ -265,6 +294,8 @@ pub struct RenewReply {
     pub now_ms: u64,
     /// Whether the table is in learning mode (nobody grows).
     pub learning: bool,
+    /// The class shares granted, in the order of the store parameters' classes.
+    pub classes: Vec<ClassShare>,
 }
 
 /// Why the store refused a request; nothing changed.
@@ -283,6 +314,11 @@ pub enum AllocError {
     TooManyReplicas,
     /// A release while work is still in flight or a share installed.
     NotDrained,
+    /// A class report that names a class the store's parameters do not have (or not in their
+    /// order), or a class name the store cannot hold.
+    UnknownClass,
+    /// A class demand above the class's global ceiling.
+    AboveClassLimit,
 }
 
 impl std::fmt::Display for AllocError {
@@ -292,6 +328,8 @@ impl std::fmt::Display for AllocError {
             AllocError::AboveGlobal => "a demand above the global limits",
             AllocError::TooManyReplicas => "the lease table is full",
             AllocError::NotDrained => "release refused: work still in flight or a share installed",
+            AllocError::UnknownClass => "a class the lease table does not know",
+            AllocError::AboveClassLimit => "a class demand above the class's global ceiling",
         })
     }
 }
@@ -307,6 +345,45 @@ fn check_request(p: &StoreParams, req: &RenewRequest) -> Result<(), AllocError> 
     if too_big || !req.wants.fits_in(g) {
         return Err(AllocError::AboveGlobal);
     }
+    check_classes(p, req)
+}
+
+/// Checks the class parameters and reports: known names in the parameters' order, limits
+/// within the global ones, demands within the class ceilings.
+fn check_classes(p: &StoreParams, req: &RenewRequest) -> Result<(), AllocError> {
+    if req.classes.len() != p.classes.len() {
+        return Err(AllocError::UnknownClass);
+    }
+    let mut floors = Amounts::ZERO;
+    for (c, u) in p.classes.iter().zip(&req.classes) {
+        if !classes::good_name(&c.name) || c.name != u.name {
+            return Err(AllocError::UnknownClass);
+        }
+        let amounts = [
+            c.floor,
+            c.ceiling,
+            c.min,
+            u.applied.floor,
+            u.applied.ceiling,
+        ];
+        if amounts
+            .iter()
+            .chain([&u.held, &u.wants])
+            .any(|a| a.slots > MAX_AMOUNT || a.tokens > MAX_AMOUNT)
+            || !c.min.fits_in(c.floor)
+            || !c.floor.fits_in(c.ceiling)
+            || !c.ceiling.fits_in(p.global)
+        {
+            return Err(AllocError::AboveGlobal);
+        }
+        floors = floors.add(c.floor);
+        if !u.wants.fits_in(c.ceiling) {
+            return Err(AllocError::AboveClassLimit);
+        }
+    }
+    if !floors.fits_in(p.global) || p.classes.len() > MAX_CLASSES {
+        return Err(AllocError::AboveGlobal);
+    }
     Ok(())
 }
 
@@ -319,12 +396,17 @@ fn header(
 ) -> Result<Meta, AllocError> {
     let hold = p.hold_ms();
     // An empty store cannot tell a first start from lost state: it always learns first.
-    let mut meta = table.meta.unwrap_or(Meta {
+    let mut meta = table.meta.clone().unwrap_or(Meta {
         epoch: now.max(1),
         seq: 0,
         learning_until: now.saturating_add(hold),
-        params: *p,
+        params: p.clone(),
     });
+    // A class the table was not created with is named as such before the parameters differ.
+    let known = |name: &str| meta.params.classes.iter().any(|c| c.name == name);
+    if !req.classes.iter().all(|u| known(&u.name)) {
+        return Err(AllocError::UnknownClass);
+    }
     if meta.params != *p {
         return Err(AllocError::ConfigMismatch);
     }
@@ -382,7 +464,7 @@ pub(crate) fn fair(all: &[u64], mine: u64, cap: u64) -> u64 {
 ///
 /// ```
 /// use llm_bulkhead::cluster::{renew, Amounts, LeaseTable, RenewRequest, StoreParams};
-/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::new(1, 0), ttl_ms: 1_000, quarantine_ms: 2_000 };
+/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::new(1, 0), ttl_ms: 1_000, quarantine_ms: 2_000, classes: vec![] };
 /// let mut t = LeaseTable::default();
 /// let want = Amounts::new(6, 0);
 /// // A new table learns first: a replica that held nothing gets nothing.
@@ -432,7 +514,25 @@ pub fn renew(
         )
     };
     let granted = target.min(avail);
+    // A record written under other class parameters cannot be counted class by class.
+    if next
+        .records
+        .values()
+        .any(|r| r.classes.len() != p.classes.len())
+    {
+        return Err(AllocError::ConfigMismatch);
+    }
+    let others: Vec<&[ClassRecord]> = next.records.values().map(|r| &r.classes[..]).collect();
+    let class_grants = classes::split(
+        &p.classes,
+        p.global,
+        &others,
+        &req.classes,
+        granted,
+        learning,
+    );
     meta.seq += 1;
+    let (epoch, seq) = (meta.epoch, meta.seq);
     next.records.insert(
         req.replica.clone(),
         Record {
@@ -441,16 +541,28 @@ pub fn renew(
             held: req.held,
             wants: req.wants,
             renewed_at: now_ms,
+            classes: req
+                .classes
+                .iter()
+                .zip(&class_grants)
+                .map(|(u, g)| ClassRecord {
+                    applied: u.applied,
+                    granted: *g,
+                    held: u.held,
+                    wants: u.wants,
+                })
+                .collect(),
         },
     );
     next.meta = Some(meta);
     *table = next;
     Ok(RenewReply {
         granted,
-        epoch: meta.epoch,
-        seq: meta.seq,
+        epoch,
+        seq,
         now_ms,
         learning,
+        classes: class_grants,
     })
 }
 
@@ -463,7 +575,7 @@ pub fn renew(
 ///
 /// ```
 /// use llm_bulkhead::cluster::{release, renew, Amounts, LeaseTable, RenewRequest, StoreParams};
-/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::ZERO, ttl_ms: 1, quarantine_ms: 1 };
+/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::ZERO, ttl_ms: 1, quarantine_ms: 1, classes: vec![] };
 /// let mut t = LeaseTable::default();
 /// renew(&mut t, &p, &RenewRequest::new("a", Amounts::ZERO, Amounts::ZERO, Amounts::ZERO), 0).unwrap();
 /// release(&mut t, &p, &RenewRequest::new("a", Amounts::ZERO, Amounts::ZERO, Amounts::ZERO)).unwrap();
@@ -477,7 +589,7 @@ pub fn release(
     if req.applied.max(req.held) != Amounts::ZERO {
         return Err(AllocError::NotDrained);
     }
-    let Some(mut meta) = table.meta else {
+    let Some(mut meta) = table.meta.clone() else {
         return Ok(());
     };
     if meta.params != *p {
@@ -494,15 +606,41 @@ pub fn release(
 ///
 /// ```
 /// use llm_bulkhead::cluster::{reserved_total, Amounts, LeaseTable, StoreParams};
-/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::ZERO, ttl_ms: 1, quarantine_ms: 1 };
+/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::ZERO, ttl_ms: 1, quarantine_ms: 1, classes: vec![] };
 /// assert_eq!(reserved_total(&LeaseTable::default(), &p, 0), Amounts::ZERO);
 /// ```
 #[must_use]
 pub fn reserved_total(table: &LeaseTable, p: &StoreParams, now_ms: u64) -> Amounts {
+    live(table, p, now_ms).fold(Amounts::ZERO, |s, r| s.add(r.reserved()))
+}
+
+/// `Σ reserved` per class (floors and ceilings) over the records that live at `now_ms`: what
+/// I2 bounds per class by the class's global floor and ceiling (a ceiling at the global limit
+/// is not split; its sum is bounded by [`reserved_total`] instead).
+///
+/// ```
+/// use llm_bulkhead::cluster::{reserved_class_totals, Amounts, LeaseTable, StoreParams};
+/// let p = StoreParams { global: Amounts::new(8, 0), floor: Amounts::ZERO, ttl_ms: 1, quarantine_ms: 1, classes: vec![] };
+/// assert!(reserved_class_totals(&LeaseTable::default(), &p, 0).is_empty());
+/// ```
+#[must_use]
+pub fn reserved_class_totals(table: &LeaseTable, p: &StoreParams, now_ms: u64) -> Vec<ClassShare> {
+    let n = p.classes.len();
+    let records: Vec<&[ClassRecord]> = live(table, p, now_ms)
+        .filter(|r| r.classes.len() == n)
+        .map(|r| &r.classes[..])
+        .collect();
+    classes::reserved_sums(n, &records)
+}
+
+fn live<'a>(
+    table: &'a LeaseTable,
+    p: &StoreParams,
+    now_ms: u64,
+) -> impl Iterator<Item = &'a Record> {
     let hold = p.hold_ms();
     table
         .records
         .values()
-        .filter(|r| r.renewed_at.saturating_add(hold) > now_ms)
-        .fold(Amounts::ZERO, |s, r| s.add(r.reserved()))
+        .filter(move |r| r.renewed_at.saturating_add(hold) > now_ms)
 }

@@ -8,6 +8,7 @@
 //! degrades ([`Degrade`]): by default to `min(floor, grant)` for `floor_hold`, then to zero.
 
 use super::allocator::{Amounts, RenewReply, RenewRequest, StoreParams};
+use super::classes::ClassShare;
 use std::time::Duration;
 
 /// What a replica installs once its lease is no longer valid (the store unreachable, or its
@@ -304,7 +305,8 @@ impl ClusterConfig {
         Ok(())
     }
 
-    /// The store-side parameters for the global limits `global`.
+    /// The store-side parameters for the global limits `global`, without classes (the agent
+    /// adds its bulkhead's class table).
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{Amounts, ClusterConfig};
@@ -318,6 +320,7 @@ impl ClusterConfig {
             floor: self.floor.min(global),
             ttl_ms: ms(self.ttl),
             quarantine_ms: ms(self.quarantine),
+            classes: Vec::new(),
         }
     }
 }
@@ -348,7 +351,7 @@ pub enum Phase {
 /// let c = ClusterConfig::new("a", "b").ttl(Duration::from_secs(1)).floor(Amounts::new(1, 0))
 ///     .floor_hold(Duration::from_millis(100));
 /// let mut l = Lease::new(&c, Amounts::new(8, 0));
-/// l.on_reply(0, &RenewReply { granted: Amounts::new(5, 0), epoch: 1, seq: 1, now_ms: 0, learning: false });
+/// l.on_reply(0, &RenewReply { granted: Amounts::new(5, 0), epoch: 1, seq: 1, now_ms: 0, learning: false, classes: vec![] });
 /// assert_eq!((l.phase_at(10), l.share_at(10).slots), (Phase::Valid, 5));
 /// let end = l.next_change(10).unwrap();
 /// assert_eq!(l.share_at(end).slots, 1); // the floor
@@ -362,6 +365,7 @@ pub struct Lease {
     global: Amounts,
     degrade: Degrade,
     grant: Amounts,
+    classes: Vec<ClassShare>,
     valid_until: Option<u64>,
     epoch: u64,
     seq: u64,
@@ -388,6 +392,7 @@ impl Lease {
             global,
             degrade: c.degrade,
             grant: Amounts::ZERO,
+            classes: Vec::new(),
             valid_until: None,
             epoch: 0,
             seq: 0,
@@ -399,11 +404,12 @@ impl Lease {
     /// ```
     /// # use llm_bulkhead::cluster::{Amounts, ClusterConfig, Lease, RenewReply};
     /// let mut l = Lease::new(&ClusterConfig::new("a", "b"), Amounts::new(8, 0));
-    /// l.on_reply(5, &RenewReply { granted: Amounts::new(2, 0), epoch: 1, seq: 3, now_ms: 0, learning: false });
+    /// l.on_reply(5, &RenewReply { granted: Amounts::new(2, 0), epoch: 1, seq: 3, now_ms: 0, learning: false, classes: vec![] });
     /// assert_eq!(l.grant().slots, 2);
     /// ```
     pub fn on_reply(&mut self, sent_at: u64, reply: &RenewReply) {
         self.grant = reply.granted;
+        self.classes.clone_from(&reply.classes);
         self.valid_until = Some(sent_at.saturating_add(self.validity_ms));
         self.epoch = reply.epoch;
         self.seq = reply.seq;
@@ -457,6 +463,33 @@ impl Lease {
             Phase::Closed if self.degrade == Degrade::FailOpen => self.global,
             Phase::Closed => Amounts::ZERO,
         }
+    }
+
+    /// The class shares the replica may have installed at local time `now`, in class order
+    /// (missing: zero): the granted ones while valid, those cut to the per-replica floor on the
+    /// floor (less than granted, which the store keeps reserved), zero when closed; `None` for
+    /// fail-open's global class limits.
+    ///
+    /// ```
+    /// # use llm_bulkhead::cluster::{Amounts, ClassShare, ClusterConfig, Lease, RenewReply};
+    /// let mut l = Lease::new(&ClusterConfig::new("a", "b"), Amounts::new(8, 0));
+    /// let g = ClassShare { floor: Amounts::new(1, 0), ceiling: Amounts::new(3, 0) };
+    /// l.on_reply(0, &RenewReply { granted: Amounts::new(4, 0), epoch: 1, seq: 1, now_ms: 0,
+    ///                             learning: false, classes: vec![g] });
+    /// assert_eq!(l.class_shares_at(1), Some(vec![g]));
+    /// ```
+    #[must_use]
+    pub fn class_shares_at(&self, now: u64) -> Option<Vec<ClassShare>> {
+        let cap = match self.phase_at(now) {
+            Phase::Valid => return Some(self.classes.clone()),
+            Phase::Floor => ClassShare {
+                floor: self.floor,
+                ceiling: self.floor,
+            },
+            Phase::Closed if self.degrade == Degrade::FailOpen => return None,
+            Phase::NoLease | Phase::Closed => ClassShare::ZERO,
+        };
+        Some(self.classes.iter().map(|g| g.min(cap)).collect())
     }
 
     /// The next local time after `now` at which [`share_at`](Self::share_at) changes without a

@@ -4,13 +4,15 @@
 //!
 //! ```text
 //!                 ┌──────────────── Redis (one primary) ────────────────┐
-//!                 │ {ns}:v1:<budget>:meta    epoch, seq, learning_until │
-//!                 │ {ns}:v1:<budget>:leases  replica → applied, granted, │
-//!                 │                          held, wants, renewed_at     │
+//!                 │ {ns/budget}:v2:meta    epoch, seq, learning_until,  │
+//!                 │                        params (with class limits)   │
+//!                 │ {ns/budget}:v2:leases  replica → applied, granted,  │
+//!                 │        held, wants, renewed_at; the same per class  │
 //!                 └───────▲─────────────────────▲─────────────────▲─────┘
 //!       one EVALSHA per   │ renew every ttl/3   │                 │
 //!       renewal, no store │ (held, wants,       │                 │
-//!       call per request  │  applied) → grant   │                 │
+//!       call per request  │  applied, per class)│                 │
+//!                         │ → grant, per class  │                 │
 //!                 ┌───────┴──────┐      ┌───────┴──────┐   ┌──────┴───────┐
 //!                 │ agent thread │      │ agent thread │   │ agent thread │
 //!                 │ apply_limits │      │ apply_limits │   │ apply_limits │
@@ -31,6 +33,11 @@
 //!   demand-weighted fair share (each replica's demand raised to the floor; demand plus an
 //!   equal part of the spare when demands fit, max-min water-filling when they do not), capped
 //!   by what the other replicas' reservations leave.
+//! * Class shares (`classes.rs`, `class_view.rs`): each admission class's global floor and
+//!   ceiling split the same way, by the class's own demand ([`ClassUse`]: the class's work in
+//!   flight, raised under class refusals or a queue at its ceiling), with a per-replica class
+//!   floor ([`ClassParams::min`]); the agent installs the share and its class limits in one
+//!   `apply_limits` snapshot.
 //! * [`Lease`] (`lease.rs`): the replica-side validity and degraded mode, pure.
 //! * [`LeaseStore`]: [`MemoryStore`] (the allocator behind a mutex, with an injected clock) and
 //!   [`RedisStore`] (the same algorithm as one Lua script per update).
@@ -44,14 +51,29 @@
 //! # The invariant, and what it assumes
 //!
 //! **I2 (store):** after every store write, the sum over live records of
-//! `max(applied, granted, held)` is at most the global limits, per resource.
-//! **I3 (cluster):** no replica admits beyond its currently valid share, so at every instant the
-//! slots and token reservations admitted across all replicas are at most the global limits.
+//! `max(applied, granted, held)` is at most the global limits, per resource. **Per class**, the
+//! sum of the reserved class floors (`max(applied, granted)`) is at most the class's global
+//! floor, and the sum of the reserved class ceilings (`max(applied, granted, held)`, `held`
+//! the class's work in flight) at most its global ceiling, per resource. (A class ceiling at
+//! the global limit is no bound of its own: it is not split, and the global sum bounds it.)
+//! **I3 (cluster):** no replica admits beyond its currently valid share and class limits, so at
+//! every instant the slots and token reservations admitted across all replicas are at most the
+//! global limits, and those of each class at most its global ceiling.
 //!
 //! How: growing, the store reserves before the replica applies (a grant counts from the write
 //! that makes it). Shrinking, the replica applies first (attrition) and the store keeps the
 //! larger reservation until a later renewal reports the smaller share applied and `held` (the
-//! work in flight) below it. A replica's record lives `ttl + quarantine` after its last
+//! work in flight) below it. Classes follow the same rule, class by class: a smaller class
+//! ceiling frees nothing until the replica reports it installed and its class work fits; a
+//! smaller class floor until the replica reports it installed (the core counts a class's work
+//! as protected only up to its installed floor, so no in-flight term is needed there). The
+//! agent may install less than a class grant (a floor cut to its ceiling, the floors cut to
+//! the share), never more; the store keeps the grant reserved. A class's share lives and lapses
+//! with its replica's record (`ttl + quarantine`), and on the floor the replica keeps at most
+//! `min(grant, floor)` of each class limit. The class invariant rests on the same assumptions
+//! A1–A5 and on **A6**: every replica of a budget has the same class table (names, order and
+//! global limits), which the store checks (a table created with other classes refuses the
+//! request). A replica's record lives `ttl + quarantine` after its last
 //! renewal, store time; the replica's own validity ends earlier (see [`Lease`]), then it keeps
 //! at most its pre-reserved floor for `floor_hold`, then zero. An empty store (first start,
 //! restart without data) and a replica reporting an epoch or a sequence the store does not
@@ -100,10 +122,27 @@
 //! foreign value under the crate's keys, a refused script, a server older than 5.0, an
 //! unreachable server: each is a [`StoreError`]; the agent then keeps its lease only until its
 //! local validity ends and degrades ([`Degrade`]). Nothing panics and no error adds capacity.
-//! The Redis URL (it may carry a password) never appears in an error or an event.
+//! The Redis URL (it may carry a password) never appears in an error or an event. For classes:
+//! a class the table does not know ([`AllocError::UnknownClass`]), a class demand above its
+//! global ceiling ([`AllocError::AboveClassLimit`]), class limits that do not fit the global
+//! ones ([`AllocError::AboveGlobal`]), a corrupt per-class value ([`StoreError::Corrupt`]); and
+//! a class name the store cannot hold is refused when the agent is built
+//! ([`ClusterConfigError::BadName`]`("class")`).
+//!
+//! # Store format
+//!
+//! The keys carry the format version (`v2`: format 1 plus the per-class shares). A replica of
+//! format 1 reads only the `v1` keys, so every format-2 renewal marks format 1's meta key with
+//! format 2: the format-1 script then answers a foreign format and that replica degrades
+//! fail-closed. A new format-2 table learns for `ttl + quarantine`, which outlasts what a
+//! format-1 replica still holds, and so does a table that finds a format-1 table appeared
+//! under the old key (its mark deleted); never more capacity. Upgrading is therefore a restart of all
+//! replicas, with the learning period as the pause in growth.
 
 mod agent;
 mod allocator;
+mod class_view;
+mod classes;
 #[cfg(target_os = "linux")]
 mod coarse;
 mod gate;
@@ -115,9 +154,10 @@ mod task;
 
 pub use agent::{AgentEvent, AgentStatus, Clock, ClusterAgent, RunningAgent, SystemClock};
 pub use allocator::{
-    release, renew, reserved_total, AllocError, Amounts, LeaseTable, Meta, Record, RenewReply,
-    RenewRequest, StoreParams, MAX_AMOUNT, MAX_REPLICAS,
+    release, renew, reserved_class_totals, reserved_total, AllocError, Amounts, LeaseTable, Meta,
+    Record, RenewReply, RenewRequest, StoreParams, MAX_AMOUNT, MAX_CLASSES, MAX_REPLICAS,
 };
+pub use classes::{ClassParams, ClassRecord, ClassShare, ClassUse};
 #[cfg(target_os = "linux")]
 pub use coarse::CoarseClock;
 pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunError, CutSignal};

@@ -1,16 +1,25 @@
 //! The Redis lease store: every update is one `EVALSHA` of `lease.lua` (loaded with `SCRIPT
 //! LOAD` on the first `NOSCRIPT`), on a blocking connection with read and write timeouts, at
 //! the server's clock (`TIME` inside the script). Keys: `llm-bulkhead:{<namespace>/<budget>}:
-//! v1:meta` and `…:v1:leases`; the braces keep both in one Redis Cluster slot, `v1` is the
+//! v2:meta` and `…:v2:leases`; the braces keep them in one Redis Cluster slot, `v2` is the
 //! format version (a key of another type or format is refused as foreign, never rewritten).
+//!
+//! Format 2 adds the per-class shares (class parameters in the table's parameters, one part per
+//! class in each record, the class grants in the reply). A replica of format 1 reads only the
+//! `v1` keys; so that it never grants itself a share this table does not count, every renewal
+//! marks format 1's meta key (`…:v1:meta`, its `format` field) with format 2: a format-1
+//! script then answers `LLMBH_FOREIGN` and its agent degrades fail-closed. A new format-2 table
+//! learns for `ttl + quarantine`, which outlasts what a format-1 replica still holds, and so
+//! does one that finds an unmarked format-1 table there (the mark deleted, a format-1 replica
+//! started).
 
 use super::allocator::{AllocError, RenewReply, RenewRequest, StoreParams};
 use super::lease::ClusterConfig;
 use super::store::{LeaseStore, StoreError};
-use super::Amounts;
+use super::{Amounts, ClassShare};
 use std::time::{Duration, Instant};
 
-const FORMAT: &str = "llm-bulkhead-lease/1";
+const FORMAT: &str = "llm-bulkhead-lease/2";
 const SOURCE: &str = include_str!("lease.lua");
 
 /// A lease store in Redis 5.0 or later (or Valkey). The URL (`redis://`, `redis+unix://`; it
@@ -27,6 +36,7 @@ pub struct RedisStore {
     client: redis::Client,
     conn: Option<redis::Connection>,
     keys: [String; 2],
+    old_meta: String,
     script: redis::Script,
     timeout: Duration,
     call_timeout: Duration,
@@ -57,11 +67,12 @@ impl RedisStore {
     /// ```
     pub fn open(url: &str, config: &ClusterConfig) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(|_| StoreError::InvalidUrl)?;
-        let base = format!("llm-bulkhead:{{{}/{}}}:v1", config.namespace, config.budget);
+        let base = format!("llm-bulkhead:{{{}/{}}}", config.namespace, config.budget);
         Ok(RedisStore {
             client,
             conn: None,
-            keys: [format!("{base}:meta"), format!("{base}:leases")],
+            keys: [format!("{base}:v2:meta"), format!("{base}:v2:leases")],
+            old_meta: format!("{base}:v1:meta"),
             script: redis::Script::new(SOURCE),
             timeout: Duration::from_millis(500),
             call_timeout: Duration::from_millis(500),
@@ -91,7 +102,7 @@ impl RedisStore {
     /// ```
     /// # use llm_bulkhead::cluster::{ClusterConfig, RedisStore};
     /// let s = RedisStore::open("redis://127.0.0.1/", &ClusterConfig::new("gw", "x")).unwrap();
-    /// assert_eq!(s.keys()[0], "llm-bulkhead:{gw/x}:v1:meta");
+    /// assert_eq!(s.keys()[0], "llm-bulkhead:{gw/x}:v2:meta");
     /// ```
     #[must_use]
     pub fn keys(&self) -> &[String; 2] {
@@ -168,6 +179,7 @@ impl RedisStore {
         let mut inv = self.script.prepare_invoke();
         inv.key(&self.keys[0])
             .key(&self.keys[1])
+            .key(&self.old_meta)
             .arg(op)
             .arg(FORMAT);
         for n in [
@@ -187,6 +199,8 @@ impl RedisStore {
         ] {
             inv.arg(n);
         }
+        let (classes, uses) = class_args(p, req);
+        inv.arg(classes).arg(uses);
         let r = inv.invoke::<redis::Value>(conn);
         self.round_trips += 1;
         r.map_err(|e| {
@@ -199,6 +213,33 @@ impl RedisStore {
             map_error(e)
         })
     }
+}
+
+/// The class parameters and the class reports as the script reads them.
+fn class_args(p: &StoreParams, req: &RenewRequest) -> (String, String) {
+    let classes: Vec<String> = p
+        .classes
+        .iter()
+        .map(|c| {
+            let (f, x, m) = (c.floor, c.ceiling, c.min);
+            format!(
+                "{},{},{},{},{},{},{}",
+                c.name, f.slots, f.tokens, x.slots, x.tokens, m.slots, m.tokens
+            )
+        })
+        .collect();
+    let uses: Vec<String> = req
+        .classes
+        .iter()
+        .map(|u| {
+            let (f, x, h, w) = (u.applied.floor, u.applied.ceiling, u.held, u.wants);
+            format!(
+                "{}:{}:{}:{}:{}:{}:{}:{}:{}",
+                u.name, f.slots, f.tokens, x.slots, x.tokens, h.slots, h.tokens, w.slots, w.tokens
+            )
+        })
+        .collect();
+    (classes.join(";"), uses.join(";"))
 }
 
 /// What is left until `deadline` (at least 1 ms), or a timeout if nothing is.
@@ -252,6 +293,8 @@ fn map_error(e: redis::RedisError) -> StoreError {
                 "AboveGlobal" => AllocError::AboveGlobal,
                 "TooManyReplicas" => AllocError::TooManyReplicas,
                 "NotDrained" => AllocError::NotDrained,
+                "UnknownClass" => AllocError::UnknownClass,
+                "AboveClassLimit" => AllocError::AboveClassLimit,
                 _ => return StoreError::Protocol(detail()),
             };
             return StoreError::Refused(a);
@@ -284,7 +327,8 @@ fn map_error(e: redis::RedisError) -> StoreError {
     }
 }
 
-/// The script's renewal reply, checked: six integers, a grant within the global limits.
+/// The script's renewal reply, checked: six integers and four per class, a grant within the
+/// global limits and class grants within the class limits.
 fn parse_renew(v: &redis::Value, p: &StoreParams) -> Result<RenewReply, StoreError> {
     let bad = || StoreError::Protocol("renew reply".into());
     let redis::Value::Array(items) = v else {
@@ -295,12 +339,30 @@ fn parse_renew(v: &redis::Value, p: &StoreParams) -> Result<RenewReply, StoreErr
         .map(int)
         .collect::<Option<_>>()
         .ok_or_else(bad)?;
-    let [gs, gt, epoch, seq, now_ms, learning] = n[..] else {
+    if n.len() != 6 + 4 * p.classes.len() {
+        return Err(bad());
+    }
+    let [gs, gt, epoch, seq, now_ms, learning] = n[..6] else {
         return Err(bad());
     };
     let granted = Amounts::new(gs, gt);
     // Never more than the global limits, whatever the server says.
     if !granted.fits_in(p.global) || learning > 1 {
+        return Err(bad());
+    }
+    let classes: Vec<ClassShare> = n[6..]
+        .chunks_exact(4)
+        .map(|g| ClassShare {
+            floor: Amounts::new(g[0], g[1]),
+            ceiling: Amounts::new(g[2], g[3]),
+        })
+        .collect();
+    // Nor more than the class limits (a ceiling at the global limit: the global limits).
+    let within = classes
+        .iter()
+        .zip(&p.classes)
+        .all(|(g, c)| g.floor.fits_in(c.floor) && g.ceiling.fits_in(c.ceiling));
+    if !within {
         return Err(bad());
     }
     Ok(RenewReply {
@@ -309,6 +371,7 @@ fn parse_renew(v: &redis::Value, p: &StoreParams) -> Result<RenewReply, StoreErr
         seq,
         now_ms,
         learning: learning == 1,
+        classes,
     })
 }
 

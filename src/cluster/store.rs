@@ -65,7 +65,7 @@ impl From<AllocError> for StoreError {
 ///
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, LeaseStore, MemoryStore, RenewRequest, StoreParams};
-/// let p = StoreParams { global: Amounts::new(4, 0), floor: Amounts::ZERO, ttl_ms: 100, quarantine_ms: 100 };
+/// let p = StoreParams { global: Amounts::new(4, 0), floor: Amounts::ZERO, ttl_ms: 100, quarantine_ms: 100, classes: vec![] };
 /// let mut s = MemoryStore::new();
 /// let r = s.renew(&p, &RenewRequest::new("a", Amounts::ZERO, Amounts::ZERO, Amounts::new(1, 0))).unwrap();
 /// assert!(r.learning);
@@ -104,7 +104,7 @@ struct Inner {
 ///
 /// ```
 /// use llm_bulkhead::cluster::{Amounts, LeaseStore, MemoryStore, RenewRequest, StoreError, StoreParams};
-/// let p = StoreParams { global: Amounts::new(4, 0), floor: Amounts::ZERO, ttl_ms: 100, quarantine_ms: 100 };
+/// let p = StoreParams { global: Amounts::new(4, 0), floor: Amounts::ZERO, ttl_ms: 100, quarantine_ms: 100, classes: vec![] };
 /// let mut s = MemoryStore::with_clock(|| 1_000);
 /// s.set_reachable(false);
 /// let req = RenewRequest::new("a", Amounts::ZERO, Amounts::ZERO, Amounts::ZERO);
