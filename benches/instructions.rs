@@ -56,6 +56,7 @@ const OPS: &[&str] = &[
     "handoff_async",
     "pool_pair",
     "pool_refusal",
+    "coordinator_pair",
 ];
 
 fn token_demand() -> Demand {
@@ -343,6 +344,34 @@ fn run(op: &str, n: u64) {
                 }
             }
             assert_eq!(admitted, if op == "pool_pair" { n } else { 0 });
+        }
+        // The coordinator: an eligible ticket with an empty queue, submitted, started and
+        // completed (`benches/coordinator.rs`'s `admit_release`), beside `pair_slot`.
+        #[cfg(feature = "coordinator")]
+        "coordinator_pair" => {
+            use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
+            let c: Coordinator<u64> = Coordinator::builder()
+                .client_limit(64)
+                .queue_cap(64)
+                .provider(
+                    "a",
+                    ProviderLimits {
+                        limit: Some(32),
+                        ..ProviderLimits::default()
+                    },
+                )
+                .build()
+                .unwrap();
+            let mut started = 0;
+            for key in 0..n {
+                if let Ok(t) = c.submit("a", black_box(key), SubmitOptions::default()) {
+                    if let Ok(inv) = t.wait_blocking() {
+                        inv.complete();
+                        started += 1;
+                    }
+                }
+            }
+            assert_eq!(started, n);
         }
         other => panic!("unknown operation {other}"),
     }

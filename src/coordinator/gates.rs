@@ -6,7 +6,7 @@
 //!
 //! A submit first tries [`Gates::try_admit`]: a CAS on the client word (which also says
 //! whether anybody waits and whether the coordinator is closed), a CAS on its provider's
-//! word, one load of the provider's cooldown gate, and the key's claim in a sharded table.
+//! word, one load of the provider's cooldown gate, and the key's claim in the running-key table (`keys`).
 //! It reads the monotonic clock only when the gate holds a cooldown (or the caller needs the
 //! start instant: an attempt timeout, recorded events). Anything it cannot take undoes what
 //! it took and sends the ticket to the queued path, which judges it under the mutex.
@@ -38,15 +38,17 @@
 //! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): the bracket's
 //! closing RMW is a release that the queued path's drain (an acquire load that reads it, or a
 //! later value of its release sequence) synchronises with, so it sees every change of the key
-//! table and the provider words made inside the bracket. The key table's shards are mutexes.
+//! table and the provider words made inside the bracket. The key table's slots have their own
+//! locks (`keys`).
 //! The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
+use super::keys::KeyTable;
 use super::TicketId;
-use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::wait::cancel::CancelToken;
 use crossbeam_utils::CachePadded;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::time::Duration;
 
 /// The client word's in-flight count (the low 32 bits).
@@ -123,107 +125,6 @@ impl ProviderGate {
 /// `d` in nanoseconds, saturating.
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// A running key's entry: its ticket, and the invocation's signal once somebody asked for it.
-struct Running {
-    ticket: TicketId,
-    signal: Option<CancelToken>,
-}
-
-type Shard<K> = CachePadded<Mutex<foldhash::HashMap<K, Running>>>;
-
-/// The running keys, in shards (a key's shard by its hash): a key is present exactly while
-/// an invocation of it runs, so the table holds at most `client_limit` keys however many
-/// distinct keys pass through.
-pub(crate) struct KeyTable<K> {
-    shards: Box<[Shard<K>]>,
-    hasher: foldhash::fast::RandomState,
-}
-
-impl<K: Hash + Eq + Clone> KeyTable<K> {
-    /// Enough shards that threads starting different keys rarely meet, and no more than the
-    /// keys that can run at once need.
-    fn new(client_limit: u32) -> Self {
-        let n = client_limit.clamp(1, 64).next_power_of_two() as usize;
-        KeyTable {
-            shards: (0..n)
-                .map(|_| CachePadded::new(Mutex::new(foldhash::HashMap::default())))
-                .collect(),
-            hasher: foldhash::fast::RandomState::default(),
-        }
-    }
-
-    fn shard(&self, key: &K) -> &Mutex<foldhash::HashMap<K, Running>> {
-        let h = self.hasher.hash_one(key) as usize;
-        &self.shards[h & (self.shards.len() - 1)]
-    }
-
-    /// Claims `key` for the ticket `ticket()` names (called only if the key is idle).
-    fn claim(&self, key: &K, ticket: impl FnOnce() -> TicketId) -> Option<TicketId> {
-        let mut g = lock(self.shard(key));
-        if g.contains_key(key) {
-            return None;
-        }
-        let ticket = ticket();
-        g.insert(
-            key.clone(),
-            Running {
-                ticket,
-                signal: None,
-            },
-        );
-        Some(ticket)
-    }
-
-    /// Frees `key`; returns its signal (to drop outside the shard's lock).
-    fn release(&self, key: &K) -> Option<CancelToken> {
-        lock(self.shard(key)).remove(key).and_then(|r| r.signal)
-    }
-
-    /// The signal of the invocation running `key` for `ticket`, made on first use (cancelled
-    /// at once if the coordinator is closed: the close's scan may have passed this shard).
-    fn signal(&self, key: &K, ticket: TicketId, closed: impl Fn() -> bool) -> CancelToken {
-        let mut g = lock(self.shard(key));
-        match g.get_mut(key) {
-            Some(r) if r.ticket == ticket => r
-                .signal
-                .get_or_insert_with(|| {
-                    let s = CancelToken::new();
-                    if closed() {
-                        s.cancel();
-                    }
-                    s
-                })
-                .clone(),
-            // Not running (cannot happen while the invocation holds the key): a fresh token.
-            _ => CancelToken::new(),
-        }
-    }
-
-    /// Every running invocation's signal made so far.
-    fn signals(&self) -> Vec<CancelToken> {
-        let mut out = Vec::new();
-        for s in self.shards.iter() {
-            out.extend(lock(s).values().filter_map(|r| r.signal.clone()));
-        }
-        out
-    }
-
-    /// Every running key and its ticket.
-    pub(crate) fn running(&self) -> Vec<(K, TicketId)> {
-        let mut out = Vec::new();
-        for s in self.shards.iter() {
-            out.extend(lock(s).iter().map(|(k, r)| (k.clone(), r.ticket)));
-        }
-        out
-    }
-
-    /// The tables' total capacity (a test shows it stays flat).
-    #[cfg(feature = "testing")]
-    pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).capacity()).sum()
-    }
 }
 
 /// What a start holds: a client slot, a provider slot, a key.
@@ -414,7 +315,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// uncontended bracket, if nobody waits. Returns `false`, having given back nothing, if
     /// somebody does: the caller then gives them back with
     /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
-    pub(crate) fn release(&self, provider: usize, key: &K) -> bool {
+    pub(crate) fn release(&self, provider: usize, key: &K, ticket: TicketId) -> bool {
         // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
         // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
         // the ticket queued for its key waits forever.
@@ -443,7 +344,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                 Err(x) => w = x,
             }
         }
-        let signal = self.keys.release(key);
+        let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
         self.end_fast(1);
         drop(signal);
@@ -452,8 +353,13 @@ impl<K: Hash + Eq + Clone> Gates<K> {
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start
     /// rule runs after it); returns the signal, to drop after the mutex.
-    pub(crate) fn release_locked(&self, provider: usize, key: &K) -> Option<CancelToken> {
-        let signal = self.keys.release(key);
+    pub(crate) fn release_locked(
+        &self,
+        provider: usize,
+        key: &K,
+        ticket: TicketId,
+    ) -> Option<CancelToken> {
+        let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
         self.unclaim_client();
         signal

@@ -38,6 +38,7 @@
 mod clock;
 mod error;
 mod gates;
+mod keys;
 mod retry_after;
 mod state;
 pub mod testing;

@@ -135,7 +135,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
 
     fn give_back(&mut self, g: Grant<K>) {
         // Under the mutex; the start rule runs after this (the wait's give-back).
-        drop(self.gates.release_locked(g.provider, &g.key));
+        drop(self.gates.release_locked(g.provider, &g.key, g.ticket));
     }
 
     /// The queue cap counts queued tickets only (C13).

@@ -371,12 +371,12 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
         let Some(g) = self.grant.take() else { return };
         // Key, provider slot, client slot, without the mutex while nobody waits; else under
         // it, followed by the start rule (`gates` module docs).
-        if self.shared.gates.release(g.provider, &g.key) {
+        if self.shared.gates.release(g.provider, &g.key, g.ticket) {
             return;
         }
         let clock = &self.shared.clocks.elapsed;
         let (signal, wake) = self.shared.wait.transaction(|t| {
-            let signal = t.state().gates.release_locked(g.provider, &g.key);
+            let signal = t.state().gates.release_locked(g.provider, &g.key, g.ticket);
             // With nobody queued there is no deadline or ready time to settle, and every other
             // operation catches up before it reads the state: the clock read is skipped.
             if t.queued() > 0 {
