@@ -73,6 +73,30 @@ fn seed_unknown_provider_names_throw_when_the_query_is_created() {
     assert_eq!((s.client_in_flight, s.queue.len()), (0, 0));
 }
 
+/// Names are found among few providers (scanned) and many (a map), each its own provider.
+#[test]
+fn provider_names_resolve_among_few_and_many_providers() {
+    for n in [1usize, 3, 8, 9, 20] {
+        let clocks = ManualClocks::new(ms(0));
+        let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+        let spec: Vec<(&str, Option<u32>, u64)> =
+            names.iter().map(|s| (s.as_str(), Some(1), 0)).collect();
+        let c = build(64, 0, &spec, &clocks);
+        let running: Vec<_> = names.iter().map(|p| go(&c, p, p)).collect();
+        let s = c.snapshot();
+        assert!(s.providers.iter().all(|p| p.in_flight == 1), "{n}: {s:?}");
+        assert_eq!(
+            c.submit("p", "k", SubmitOptions::default()).err(),
+            Some(CoordinatorError::UnknownProvider("p".into()))
+        );
+        assert_eq!(
+            c.submit("p00", "k", SubmitOptions::default()).err(),
+            Some(CoordinatorError::UnknownProvider("p00".into()))
+        );
+        drop(running);
+    }
+}
+
 /// Bad input: typed errors, nothing changes.
 #[test]
 fn bad_input_gets_typed_errors_and_changes_nothing() {
@@ -447,8 +471,9 @@ fn memory_stays_flat_over_a_million_distinct_keys() {
         }
     }
     drop(running);
-    // The table is sharded (one shard per running key here, 4): each shard's capacity
-    // follows the keys it held at once (at most 4, so at most 7 places), never the million.
+    // The table has 16 slots (client limit 4, so at least 16) and an overflow map for keys
+    // whose slot is taken; the map's capacity follows the keys it held at once (at most 4,
+    // so at most 7 places), never the million.
     assert!(
         c.key_table_capacity() <= 28,
         "capacity {}",

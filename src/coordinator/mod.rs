@@ -368,11 +368,40 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             shared: Arc::new(Shared {
                 wait: MultiWait::new(state),
                 gates,
-                names,
+                names: Names::new(names),
                 clocks,
                 record: self.record,
             }),
         })
+    }
+}
+
+/// Provider names → indices. A few names are compared one by one (a length compare rejects
+/// most at once), cheaper than hashing the name; many go through a hash map.
+enum Names {
+    Few(Box<[Box<str>]>),
+    Many(foldhash::HashMap<String, usize>),
+}
+
+impl Names {
+    /// Up to this many providers are scanned.
+    const SCAN: usize = 8;
+
+    fn new(map: foldhash::HashMap<String, usize>) -> Self {
+        if map.len() > Self::SCAN {
+            return Names::Many(map);
+        }
+        let mut v: Vec<(String, usize)> = map.into_iter().collect();
+        v.sort_by_key(|(_, i)| *i);
+        Names::Few(v.into_iter().map(|(n, _)| n.into_boxed_str()).collect())
+    }
+
+    #[inline]
+    fn get(&self, name: &str) -> Option<usize> {
+        match self {
+            Names::Few(v) => v.iter().position(|n| **n == *name),
+            Names::Many(m) => m.get(name).copied(),
+        }
     }
 }
 
@@ -383,8 +412,8 @@ pub(crate) struct Shared<K: Hash + Eq + Clone> {
     pub(crate) gates: crate::sync::Arc<Gates<K>>,
     /// Events are recorded: a fast start records its own under the mutex.
     record: bool,
-    /// Provider name → index (foldhash: looked up on every submit and cooldown; fixed at build).
-    names: foldhash::HashMap<String, usize>,
+    /// Provider name → index (looked up on every submit and cooldown; fixed at build).
+    names: Names,
     pub(crate) clocks: Clocks,
 }
 
@@ -432,7 +461,6 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         self.shared
             .names
             .get(name)
-            .copied()
             .ok_or_else(|| CoordinatorError::UnknownProvider(name.to_owned()))
     }
 
