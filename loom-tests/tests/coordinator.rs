@@ -18,7 +18,14 @@
 //!    before frees the key after the judgement saw it held, and runs no start rule, so the
 //!    ticket waits forever) and `..._RELEASE_IGNORES_WAITERS=1`;
 //! 3. two uncontended admissions for the last client slot: exactly one starts (no
-//!    over-admission), the other is judged by the queued path and refused.
+//!    over-admission), the other is judged by the queued path and refused;
+//! 4. two uncontended admissions racing for one pacing gap of a paced provider: exactly one
+//!    starts, the other queues until the deadline. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_PACE_STORE=1` (the pacing stamp is a check and a store,
+//!    not a CAS: both start).
+//!
+//! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
+//! running-key table without its lock: the claim and the release race on it).
 #![cfg(loom)]
 
 mod common;
@@ -123,6 +130,42 @@ fn two_uncontended_admissions_for_the_last_slot_start_one() {
             .count();
         assert_eq!(started, 1, "the client limit of 1 admitted {started}");
         assert_eq!(c.snapshot().client_in_flight, 1);
+        drop((mine, other));
+        assert_at_rest(&c);
+    });
+}
+
+/// Two uncontended admissions to a paced provider (`min_interval` 1 s, the fake clock stopped)
+/// with room for both: the pacing stamp lets exactly one start; the other queues, and starts
+/// when the clock reaches the pacing deadline.
+#[test]
+fn two_admissions_racing_for_one_pacing_gap_start_one() {
+    model(|| {
+        let clocks = ManualClocks::new(Duration::ZERO);
+        let c: Coordinator<u8> = Coordinator::builder()
+            .client_limit(2)
+            .queue_cap(2)
+            .provider(
+                "a",
+                ProviderLimits {
+                    limit: None,
+                    min_interval: Duration::from_secs(1),
+                },
+            )
+            .clocks(clocks.clocks())
+            .build()
+            .unwrap();
+        let c2 = c.clone();
+        let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).unwrap());
+        let mine = c.submit("a", 1, SubmitOptions::default()).unwrap();
+        let other = other.join().unwrap();
+        let started = [&mine, &other].iter().filter(|t| t.is_started()).count();
+        assert_eq!(started, 1, "one pacing gap started {started}");
+        let s = c.snapshot();
+        assert_eq!(s.queue.len(), 1, "{s:?}");
+        assert_eq!(s.providers[0].paced_until, Some(Duration::from_secs(1)));
+        clocks.scheduler.advance(Duration::from_secs(1));
+        assert_eq!(c.snapshot().client_in_flight, 2, "the paced ticket started");
         drop((mine, other));
         assert_at_rest(&c);
     });

@@ -68,8 +68,12 @@ pub(crate) struct ProviderGate {
     in_flight: CachePadded<AtomicU64>,
     /// The limit (`u64::MAX`: none).
     limit: u64,
-    /// `min_interval` is not zero: every start goes through the mutex (it stamps pacing).
-    paced: bool,
+    /// The least gap between two starts (zero: no pacing).
+    min_interval: Duration,
+    /// The last start's monotonic instant in nanoseconds, plus one (0: never started;
+    /// saturating). Stamped with a CAS by every start of a paced provider, on either path:
+    /// the pacing's whole bookkeeping.
+    last_start: AtomicU64,
     /// The cooldown's not-before instant in nanoseconds (saturating; 0: none). It is at
     /// least the mutex-side not-before whenever that is still in the future.
     cool_until: AtomicU64,
@@ -80,7 +84,8 @@ impl ProviderGate {
         ProviderGate {
             in_flight: CachePadded::new(AtomicU64::new(0)),
             limit: limit.map_or(u64::MAX, u64::from),
-            paced: !min_interval.is_zero(),
+            min_interval,
+            last_start: AtomicU64::new(0),
             cool_until: AtomicU64::new(0),
         }
     }
@@ -110,6 +115,65 @@ impl ProviderGate {
 
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Acquire) as u32
+    }
+
+    /// Whether starts are paced (`min_interval` is not zero).
+    pub(crate) fn paced(&self) -> bool {
+        !self.min_interval.is_zero()
+    }
+
+    /// `lastStart + minInterval` (none without pacing or before the first start; saturating:
+    /// a pacing deadline past the clock's end simply never comes).
+    pub(crate) fn paced_until(&self) -> Option<Duration> {
+        self.paced_after(self.last_start.load(Ordering::Acquire))
+    }
+
+    fn paced_after(&self, last: u64) -> Option<Duration> {
+        if !self.paced() || last == 0 {
+            return None;
+        }
+        Some(Duration::from_nanos(last - 1).saturating_add(self.min_interval))
+    }
+
+    /// Stamps a start at `stamp` if pacing allows a start at instant `at` (`at >=
+    /// lastStart + minInterval`, C2 inclusive); `false` changes nothing. A CAS, so two
+    /// starts racing for one pacing gap (the uncontended path, or the queued path while
+    /// nobody is queued) cannot both have it. Always `true` without pacing.
+    pub(crate) fn pace(&self, at: Duration, stamp: Duration) -> bool {
+        if !self.paced() {
+            return true;
+        }
+        let stamped = nanos(stamp).saturating_add(1);
+        let mut last = self.last_start.load(Ordering::Acquire);
+        loop {
+            if self.paced_after(last).is_some_and(|ready| at < ready) {
+                return false;
+            }
+            // Broken variant (loom model `coordinator.rs`, model 4): a check and a store
+            // instead of the CAS, so two starts racing for one pacing gap both have it.
+            #[cfg(loom)]
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_PACE_STORE") {
+                self.last_start.store(stamped, Ordering::Release);
+                return true;
+            }
+            match self.last_start.compare_exchange_weak(
+                last,
+                stamped,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(x) => last = x,
+            }
+        }
+    }
+
+    /// Whether the cooldown gate already holds `until` or later: a cooldown to `until`
+    /// changes nothing (the gate is the not-before instant once it was raised and until the
+    /// fast path clears it after it passed; a saturated `until` is never covered).
+    pub(crate) fn covers(&self, until: Duration) -> bool {
+        let n = nanos(until);
+        n < u64::MAX && n <= self.cool_until.load(Ordering::Acquire)
     }
 
     /// Raises the cooldown gate to `until` (called under the wait's mutex with the new
@@ -249,7 +313,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         clock: impl FnOnce() -> Duration,
     ) -> Result<FastStart<K>, NotFast<K>> {
         let p = &self.providers[provider];
-        if p.paced || !self.claim_client(true) {
+        if !self.claim_client(true) {
             return Err(NotFast(key));
         }
         if !p.claim() {
@@ -258,7 +322,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
         let cool = p.cool_until.load(Ordering::Acquire);
         let mut now = None;
-        if cool != 0 || need_now {
+        if cool != 0 || need_now || p.paced() {
             let n = clock();
             now = Some(n);
             if cool != 0 {
@@ -274,17 +338,22 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                     .compare_exchange(cool, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
-        match self.keys.claim(&key, || self.next_ticket()) {
-            Some(ticket) => {
-                self.end_fast(0);
-                Ok(FastStart { ticket, key, now })
-            }
-            None => {
+        let Some(ticket) = self.keys.claim(&key, || self.next_ticket()) else {
+            p.unclaim();
+            self.end_fast(1);
+            return Err(NotFast(key));
+        };
+        // Pacing last: its stamp is the start's commitment (nothing is undone after it).
+        if let Some(n) = now.filter(|_| p.paced()) {
+            if !p.pace(n, n) {
+                drop(self.keys.release(&key, ticket));
                 p.unclaim();
                 self.end_fast(1);
-                Err(NotFast(key))
+                return Err(NotFast(key));
             }
         }
+        self.end_fast(0);
+        Ok(FastStart { ticket, key, now })
     }
 
     /// The queued path's start (under the mutex; readiness already checked): client,

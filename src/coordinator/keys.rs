@@ -78,6 +78,12 @@ impl<K> Drop for Locked<'_, K> {
 
 impl<K> Slot<K> {
     fn lock(&self) -> Locked<'_, K> {
+        // Broken variant (loom model `coordinator.rs`, model 2): no lock, so a claim and a
+        // release of one key touch its slot at once (loom reports the data race).
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK") {
+            return Locked { slot: self };
+        }
         let mut spins = 0u32;
         loop {
             if self

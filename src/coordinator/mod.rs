@@ -342,8 +342,6 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             provider_gates.push(ProviderGate::new(l.limit, l.min_interval));
             providers.push(Provider {
                 name,
-                min_interval: l.min_interval,
-                last_start: None,
                 not_before: None,
             });
         }
@@ -614,6 +612,15 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
     pub fn cooldown(&self, provider: &str, delay: Duration) -> Result<(), CoordinatorError> {
         let provider = self.provider_index(provider)?;
         let now = self.shared.clocks.elapsed.elapsed();
+        // A cooldown that ends no later than the provider's not-before changes nothing
+        // (extend-only): one load, no mutex. (The mutex side's instant is never later than
+        // this reading of the monotonic clock, so its deadline would be no later either.)
+        if now
+            .checked_add(delay)
+            .is_some_and(|until| self.shared.gates.providers[provider].covers(until))
+        {
+            return Ok(());
+        }
         let wake = self.shared.wait.transaction(|t| {
             catch_up(t, now);
             let s = t.state();
@@ -683,7 +690,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                             name: p.name.clone(),
                             in_flight: g.in_flight(),
                             cooling_until: later(p.not_before),
-                            paced_until: later(p.paced_until()),
+                            paced_until: later(g.paced_until()),
                         })
                         .collect(),
                     running,
