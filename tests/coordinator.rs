@@ -97,6 +97,76 @@ fn provider_names_resolve_among_few_and_many_providers() {
     }
 }
 
+/// The state lives while a handle or a running invocation does, and is freed when the last
+/// of them goes, in every order (an uncontended start holds no reference count of its own:
+/// its client slot keeps the state alive). The wall clock's `Arc` counts the state's hold.
+#[test]
+fn the_state_is_freed_when_the_last_handle_and_the_last_invocation_are_gone() {
+    let alive = |clocks: &ManualClocks| Arc::strong_count(&clocks.wall) > 1;
+    // Handle first, then the uncontended invocation.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let inv = go(&c, "a", "k");
+    let c2 = c.clone();
+    drop(c);
+    drop(c2);
+    assert!(alive(&clocks), "a running invocation keeps the state");
+    assert!(!inv.signal().is_cancelled());
+    inv.complete();
+    assert!(!alive(&clocks), "freed with the last invocation");
+    // The invocation first, then the handle.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    go(&c, "a", "k").complete();
+    assert!(alive(&clocks));
+    drop(c);
+    assert!(!alive(&clocks), "freed with the last handle");
+    // The last invocation completes on the queued path (a ticket waits for its key), with
+    // no handle left: the queued ticket starts, then completes, and the state goes.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let first = go(&c, "a", "k");
+    let queued = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    assert!(!queued.is_started());
+    drop(c);
+    first.complete();
+    let second = queued.wait_blocking().unwrap();
+    assert!(alive(&clocks));
+    second.complete();
+    assert!(
+        !alive(&clocks),
+        "freed after a completion on the queued path"
+    );
+    // A started ticket dropped unwaited after the last handle.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let t = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    drop(c);
+    assert!(alive(&clocks));
+    drop(t);
+    assert!(!alive(&clocks));
+}
+
+/// The last handle and the last uncontended invocations go on different threads at once:
+/// the state is freed exactly once, after both (run under Miri too).
+#[test]
+fn the_state_is_freed_once_when_the_last_handle_and_invocations_race() {
+    let rounds = if cfg!(miri) { 4 } else { 500 };
+    for _ in 0..rounds {
+        let clocks = ManualClocks::new(ms(0));
+        let c = build(4, 0, &[("a", None, 0)], &clocks);
+        let invs: Vec<_> = (0..3).map(|i| go(&c, "a", &format!("k{i}"))).collect();
+        let t = std::thread::spawn(move || {
+            for inv in invs {
+                inv.complete();
+            }
+        });
+        drop(c);
+        t.join().unwrap();
+        assert_eq!(Arc::strong_count(&clocks.wall), 1, "freed once, after both");
+    }
+}
+
 /// Bad input: typed errors, nothing changes.
 #[test]
 fn bad_input_gets_typed_errors_and_changes_nothing() {

@@ -45,7 +45,7 @@
 
 use super::keys::KeyTable;
 use super::TicketId;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::wait::cancel::CancelToken;
 use crossbeam_utils::CachePadded;
 use std::hash::Hash;
@@ -57,6 +57,11 @@ pub(crate) const COUNT: u64 = u32::MAX as u64;
 const BUSY: u64 = 1 << 32;
 /// The count of uncontended operations in flight.
 const BUSY_MASK: u64 = ((1 << 24) - 1) << 32;
+/// The last [`Coordinator`](super::Coordinator) handle is gone (lifetime: `Shared` docs).
+const DETACHED: u64 = 1 << 60;
+/// The joint reference was given up (set once, with or after `DETACHED`, when no slot is
+/// held).
+const FREED: u64 = 1 << 61;
 /// Some ticket is queued (or a newcomer is being judged under the mutex).
 pub(crate) const WAITERS: u64 = 1 << 62;
 /// The coordinator is closed.
@@ -191,15 +196,22 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The reference to the coordinator's state that its running invocations hold jointly
+/// (`Shared` docs, "Lifetime"): given up by the one operation that sees the last handle and
+/// the last client slot gone.
+pub(crate) type Joint<K> = Option<std::sync::Arc<super::Shared<K>>>;
+
 /// What a start holds: a client slot, a provider slot, a key.
-pub(crate) struct Gates<K> {
-    /// `[CLOSED @63][WAITERS @62][BUSY: uncontended operations in flight @32..56][client in
-    /// flight @0..32]`.
+pub(crate) struct Gates<K: Hash + Eq + Clone> {
+    /// `[CLOSED @63][WAITERS @62][FREED @61][DETACHED @60][BUSY: uncontended operations in
+    /// flight @32..56][client in flight @0..32]`.
     client: CachePadded<AtomicU64>,
     client_limit: u64,
     pub(crate) providers: Box<[ProviderGate]>,
     pub(crate) keys: KeyTable<K>,
     next_ticket: AtomicU64,
+    /// The joint reference (set once the state is built; taken when `FREED` is set).
+    joint: Mutex<Joint<K>>,
 }
 
 /// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it.
@@ -220,7 +232,34 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             providers,
             keys: KeyTable::new(client_limit),
             next_ticket: AtomicU64::new(0),
+            joint: Mutex::new(None),
         })
+    }
+
+    /// Hands the gates the joint reference (once, when the state is built).
+    pub(crate) fn hold_joint(&self, joint: std::sync::Arc<super::Shared<K>>) {
+        *lock(&self.joint) = Some(joint);
+    }
+
+    /// After an RMW that left the client word `w`: if that leaves no handle and no client
+    /// slot, marks `FREED` (once: a `fetch_or` decides between racing observers) and
+    /// returns the joint reference, for the caller to drop after its last touch.
+    #[inline]
+    fn joint_if_last(&self, w: u64) -> Joint<K> {
+        if w & (DETACHED | FREED) != DETACHED || w & COUNT != 0 {
+            return None;
+        }
+        if self.client.fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
+            return None;
+        }
+        lock(&self.joint).take()
+    }
+
+    /// The last handle is gone: marks `DETACHED`; returns the joint reference if no client
+    /// slot is held (else the last invocation to complete gives it up).
+    pub(crate) fn detach(&self) -> Joint<K> {
+        let w = self.client.fetch_or(DETACHED, Ordering::AcqRel) | DETACHED;
+        self.joint_if_last(w)
     }
 
     /// The next ticket id (submit order).
@@ -292,14 +331,20 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// Closes the uncontended bracket, giving back `slots` client slots with it.
-    fn end_fast(&self, slots: u64) {
-        self.client.fetch_sub(BUSY + slots, Ordering::AcqRel);
+    /// Closes the uncontended bracket, giving back `slots` client slots with it; the joint
+    /// reference if that was the last owner.
+    #[must_use]
+    fn end_fast(&self, slots: u64) -> Joint<K> {
+        let w = self.client.fetch_sub(BUSY + slots, Ordering::AcqRel) - (BUSY + slots);
+        self.joint_if_last(w)
     }
 
-    /// Gives a client slot back (under the mutex).
-    fn unclaim_client(&self) {
-        self.client.fetch_sub(1, Ordering::AcqRel);
+    /// Gives a client slot back (under the mutex); the joint reference if that was the last
+    /// owner.
+    #[must_use]
+    fn unclaim_client(&self) -> Joint<K> {
+        let w = self.client.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.joint_if_last(w)
     }
 
     /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
@@ -317,7 +362,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             return Err(NotFast(key));
         }
         if !p.claim() {
-            self.end_fast(1);
+            drop(self.end_fast(1));
             return Err(NotFast(key));
         }
         let cool = p.cool_until.load(Ordering::Acquire);
@@ -328,7 +373,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             if cool != 0 {
                 if nanos(n) < cool {
                     p.unclaim();
-                    self.end_fast(1);
+                    drop(self.end_fast(1));
                     return Err(NotFast(key));
                 }
                 // Expired: later admissions need not read the clock. Only from this exact
@@ -340,7 +385,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
         let Some(ticket) = self.keys.claim(&key, || self.next_ticket()) else {
             p.unclaim();
-            self.end_fast(1);
+            drop(self.end_fast(1));
             return Err(NotFast(key));
         };
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
@@ -348,11 +393,11 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             if !p.pace(n, n) {
                 drop(self.keys.release(&key, ticket));
                 p.unclaim();
-                self.end_fast(1);
+                drop(self.end_fast(1));
                 return Err(NotFast(key));
             }
         }
-        self.end_fast(0);
+        drop(self.end_fast(0));
         Ok(FastStart { ticket, key, now })
     }
 
@@ -369,22 +414,24 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
         let p = &self.providers[provider];
         if !p.claim() {
-            self.unclaim_client();
+            drop(self.unclaim_client());
             return Err(false);
         }
         if self.keys.claim(key, || ticket).is_none() {
             p.unclaim();
-            self.unclaim_client();
+            drop(self.unclaim_client());
             return Err(false);
         }
         Ok(())
     }
 
     /// Gives back a start's key, provider slot and client slot without the mutex, inside the
-    /// uncontended bracket, if nobody waits. Returns `false`, having given back nothing, if
-    /// somebody does: the caller then gives them back with
-    /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
-    pub(crate) fn release(&self, provider: usize, key: &K, ticket: TicketId) -> bool {
+    /// uncontended bracket, if nobody waits: `Some`, with the joint reference if that was the
+    /// last owner (the caller drops it after its last touch of the state; the closing RMW is
+    /// this function's last touch). Returns `None`, having given back nothing, if somebody
+    /// waits: the caller then gives them back with [`release_locked`](Self::release_locked)
+    /// under the mutex and runs the start rule there.
+    pub(crate) fn release(&self, provider: usize, key: &K, ticket: TicketId) -> Option<Joint<K>> {
         // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
         // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
         // the ticket queued for its key waits forever.
@@ -401,7 +448,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         let mut w = self.client.load(Ordering::Acquire);
         loop {
             if w & flags != 0 {
-                return false;
+                return None;
             }
             match self.client.compare_exchange_weak(
                 w,
@@ -415,23 +462,23 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
         let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
-        self.end_fast(1);
+        let joint = self.end_fast(1);
         drop(signal);
-        true
+        Some(joint)
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start
-    /// rule runs after it); returns the signal, to drop after the mutex.
+    /// rule runs after it); returns the signal and, if that was the last owner, the joint
+    /// reference, to drop after the mutex (the caller holds a reference of its own).
     pub(crate) fn release_locked(
         &self,
         provider: usize,
         key: &K,
         ticket: TicketId,
-    ) -> Option<CancelToken> {
+    ) -> (Option<CancelToken>, Joint<K>) {
         let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
-        self.unclaim_client();
-        signal
+        (signal, self.unclaim_client())
     }
 
     /// The signal of the invocation of `ticket` running `key` (made on first use).

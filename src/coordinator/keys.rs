@@ -321,7 +321,7 @@ mod tests {
     /// Threads claim and release two keys that share a home: a key is never claimed twice.
     #[test]
     fn colliding_keys_are_never_claimed_twice_across_threads() {
-        use std::sync::atomic::{AtomicBool, AtomicU64};
+        use crate::sync::{AtomicBool, AtomicU64};
         let t = KeyTable::<u64>::new(1);
         let (a, b) = colliding(&t);
         let held = [AtomicBool::new(false), AtomicBool::new(false)];

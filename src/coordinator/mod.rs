@@ -49,6 +49,7 @@ pub use clock::ThreadScheduler;
 pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, WallClock};
 pub use error::{AdmissionError, CoordinatorError};
 pub use retry_after::{parse_retry_after, RetryAfterError};
+use ticket::Owner;
 pub use ticket::{Invocation, Ticket, TicketWait};
 
 use crate::wait::multi::{Admit, MultiWait, Refused, Start, Submitted, Txn};
@@ -362,15 +363,16 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             events: self.record.then(Vec::new),
             scheduled: None,
         };
-        Ok(Coordinator {
-            shared: Arc::new(Shared {
-                wait: MultiWait::new(state),
-                gates,
-                names: Names::new(names),
-                clocks,
-                record: self.record,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            wait: MultiWait::new(state),
+            gates,
+            names: Names::new(names),
+            clocks,
+            record: self.record,
+            handles: crate::sync::AtomicUsize::new(1),
+        });
+        shared.gates.hold_joint(shared.clone());
+        Ok(Coordinator { shared })
     }
 }
 
@@ -403,7 +405,31 @@ impl Names {
     }
 }
 
+/// The state every handle, ticket and invocation of one coordinator shares.
+///
+/// # Lifetime
+///
+/// Handles ([`Coordinator`] clones), queued tickets and tickets started on the queued path
+/// hold it with an `Arc`. A ticket started on the uncontended path holds a plain pointer
+/// instead (an `Arc` clone and drop would be two more locked instructions on every admit and
+/// release): **its client slot is its reference**, as in the core (`crate::shared`). The
+/// handles and the client slots together hold one *joint* `Arc` (kept in [`Gates`]):
+///
+/// * the last handle to go sets `DETACHED` in the client word; if no client slot was held,
+///   it gives the joint reference up;
+/// * every RMW that gives a client slot back reads the word it leaves: `DETACHED` and no
+///   slot held means the last owner left, and a `fetch_or` of `FREED` picks exactly one
+///   thread (a start on the queued path after `DETACHED`, e.g. by a timer, holds an `Arc`
+///   and can bring the count back up and down again) to give the joint reference up.
+///
+/// A slot-held pointer is used only while the slot is held: the uncontended completion's
+/// closing RMW is its last touch, and the completion on the queued path first turns the
+/// pointer into an `Arc` (one more reference, on that slower path only). Every other place
+/// that may see the last owner leave runs inside a call that holds an `Arc` of its own, so
+/// giving the joint reference up there never frees the state under it.
 pub(crate) struct Shared<K: Hash + Eq + Clone> {
+    /// Live [`Coordinator`] handles (not tickets or invocations).
+    handles: crate::sync::AtomicUsize,
     pub(crate) wait: MultiWait<State<K>>,
     /// The slots and keys as atomics: the uncontended path admits and releases with them
     /// alone (`gates` module docs).
@@ -430,8 +456,25 @@ pub struct Coordinator<K: Hash + Eq + Clone = String> {
 
 impl<K: Hash + Eq + Clone> Clone for Coordinator<K> {
     fn clone(&self) -> Self {
+        self.shared
+            .handles
+            .fetch_add(1, crate::sync::Ordering::Relaxed);
         Coordinator {
             shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Coordinator<K> {
+    fn drop(&mut self) {
+        if self
+            .shared
+            .handles
+            .fetch_sub(1, crate::sync::Ordering::AcqRel)
+            == 1
+        {
+            // This handle's own `Arc` keeps the state alive past the joint reference.
+            drop(self.shared.gates.detach());
         }
     }
 }
@@ -543,7 +586,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         self.schedule(wake);
         let (id, submitted) = out?;
         Ok(Ticket::new(
-            self.shared.clone(),
+            Owner::Counted(self.shared.clone()),
             id,
             submitted,
             received_at,
@@ -586,8 +629,12 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             key,
             started_at,
         };
+        // SAFETY: the ticket holds a client slot taken above, which keeps the joint
+        // reference, and with it the state, alive until that slot is given back (`Shared`,
+        // "Lifetime"); the ticket and its invocation give it back last.
+        let owner = unsafe { Owner::slot(shared) };
         Ok(Ticket::new(
-            shared.clone(),
+            owner,
             ticket,
             Submitted::Started(grant),
             received_at,

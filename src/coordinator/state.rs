@@ -42,7 +42,7 @@ pub(crate) struct Grant<K> {
 }
 
 /// Admission state (COORDINATOR.md §2).
-pub(crate) struct State<K> {
+pub(crate) struct State<K: Hash + Eq + Clone> {
     /// The instant the start rule is applied at (moves instant by instant in a catch-up).
     pub(crate) now: Duration,
     /// The latest clock reading of an operation: when a start actually happens. Equal to
@@ -123,7 +123,9 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     }
 
     fn give_back(&mut self, g: Grant<K>) {
-        // Under the mutex; the start rule runs after this (the wait's give-back).
+        // Under the mutex; the start rule runs after this (the wait's give-back). The
+        // transaction's caller holds an `Arc` of its own, so the joint reference (if this was
+        // the last owner) is not the last reference (`Shared`, "Lifetime").
         drop(self.gates.release_locked(g.provider, &g.key, g.ticket));
     }
 
