@@ -22,7 +22,12 @@
 //! 4. two uncontended admissions racing for one pacing gap of a paced provider: exactly one
 //!    starts, the other queues until the deadline. Broken variant
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_PACE_STORE=1` (the pacing stamp is a check and a store,
-//!    not a CAS: both start).
+//!    not a CAS: both start);
+//! 5. the last handle dropped while the last uncontended invocation completes: the state is
+//!    freed exactly once, after both. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_DETACH_STALE=1` (the last handle reads the slot count
+//!    before it marks `DETACHED`: the completion between them sees no `DETACHED`, the handle
+//!    saw the slot held, and the state leaks).
 //!
 //! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
 //! running-key table without its lock: the claim and the release race on it).
@@ -168,5 +173,30 @@ fn two_admissions_racing_for_one_pacing_gap_start_one() {
         assert_eq!(c.snapshot().client_in_flight, 2, "the paced ticket started");
         drop((mine, other));
         assert_at_rest(&c);
+    });
+}
+
+/// The last handle goes while the last (uncontended) invocation completes on another thread:
+/// the state is freed exactly once, after both (the invocation holds no reference count: its
+/// client slot keeps the state alive). The wall clock's `Arc` counts the state's hold on it.
+#[test]
+fn the_last_handle_and_the_last_invocation_free_the_state_once() {
+    model(|| {
+        let clocks = ManualClocks::new(Duration::ZERO);
+        let c: Coordinator<u8> = Coordinator::builder()
+            .client_limit(1)
+            .provider("a", ProviderLimits::default())
+            .clocks(clocks.clocks())
+            .build()
+            .unwrap();
+        let inv = start(&c, 1);
+        let done = thread::spawn(move || inv.complete());
+        drop(c);
+        done.join().unwrap();
+        assert_eq!(
+            std::sync::Arc::strong_count(&clocks.wall),
+            1,
+            "the state was not freed"
+        );
     });
 }

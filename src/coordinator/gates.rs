@@ -258,6 +258,15 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// The last handle is gone: marks `DETACHED`; returns the joint reference if no client
     /// slot is held (else the last invocation to complete gives it up).
     pub(crate) fn detach(&self) -> Joint<K> {
+        // Broken variant (loom model `coordinator.rs`, model 5): the slot count read before
+        // `DETACHED` is set, not by the same RMW. A completion between the two sees no
+        // `DETACHED` and this sees its slot still held: nobody gives the joint reference up.
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_DETACH_STALE") {
+            let seen = self.client.load(Ordering::Acquire);
+            self.client.fetch_or(DETACHED, Ordering::AcqRel);
+            return self.joint_if_last(seen | DETACHED);
+        }
         let w = self.client.fetch_or(DETACHED, Ordering::AcqRel) | DETACHED;
         self.joint_if_last(w)
     }
