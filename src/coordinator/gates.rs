@@ -191,6 +191,34 @@ impl ProviderGate {
     }
 }
 
+/// Subtracts `sub` from the client word `client`. If that leaves it `DETACHED` with no client
+/// slot held and not yet `FREED`, the same RMW sets `FREED` and this returns `true`: the
+/// caller alone then takes the joint reference ([`Gates::take_joint`]), and nobody else can
+/// (a later start and give-back on the queued path, by a timer, finds `FREED` set).
+#[inline]
+fn sub_client(client: &AtomicU64, sub: u64) -> bool {
+    let mut w = client.load(Ordering::Acquire);
+    loop {
+        let mut n = w - sub;
+        let last = n & (DETACHED | FREED | COUNT) == DETACHED;
+        if last {
+            n |= FREED;
+        }
+        match client.compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return last,
+            Err(x) => w = x,
+        }
+    }
+}
+
+/// The uncontended completion's closing RMW ([`Gates::release_open`] first): closes its
+/// bracket and gives its client slot back. A function of the word alone, with no reference
+/// to the gates as an argument: after this RMW another thread may free the state, unless it
+/// returns `true` (this was the last owner: the caller takes the joint reference).
+pub(crate) fn close_release(client: &AtomicU64) -> bool {
+    sub_client(client, BUSY + 1)
+}
+
 /// `d` in nanoseconds, saturating.
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -241,18 +269,15 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         *lock(&self.joint) = Some(joint);
     }
 
-    /// After an RMW that left the client word `w`: if that leaves no handle and no client
-    /// slot, marks `FREED` (once: a `fetch_or` decides between racing observers) and
-    /// returns the joint reference, for the caller to drop after its last touch.
-    #[inline]
-    fn joint_if_last(&self, w: u64) -> Joint<K> {
-        if w & (DETACHED | FREED) != DETACHED || w & COUNT != 0 {
-            return None;
-        }
-        if self.client.fetch_or(FREED, Ordering::AcqRel) & FREED != 0 {
-            return None;
-        }
+    /// The joint reference, taken by the one thread whose RMW set `FREED` (it stays in the
+    /// gates until then, so the state cannot be freed under that thread).
+    pub(crate) fn take_joint(&self) -> Joint<K> {
         lock(&self.joint).take()
+    }
+
+    /// The client word, for the uncontended completion's closing RMW ([`close_release`]).
+    pub(crate) fn client_word(&self) -> &AtomicU64 {
+        &self.client
     }
 
     /// The last handle is gone: marks `DETACHED`; returns the joint reference if no client
@@ -265,10 +290,26 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_DETACH_STALE") {
             let seen = self.client.load(Ordering::Acquire);
             self.client.fetch_or(DETACHED, Ordering::AcqRel);
-            return self.joint_if_last(seen | DETACHED);
+            if seen & COUNT == 0 && self.client.fetch_or(FREED, Ordering::AcqRel) & FREED == 0 {
+                return self.take_joint();
+            }
+            return None;
         }
-        let w = self.client.fetch_or(DETACHED, Ordering::AcqRel) | DETACHED;
-        self.joint_if_last(w)
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            let mut n = w | DETACHED;
+            let last = n & (FREED | COUNT) == 0;
+            if last {
+                n |= FREED;
+            }
+            match self
+                .client
+                .compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return if last { self.take_joint() } else { None },
+                Err(x) => w = x,
+            }
+        }
     }
 
     /// The next ticket id (submit order).
@@ -344,16 +385,22 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// reference if that was the last owner.
     #[must_use]
     fn end_fast(&self, slots: u64) -> Joint<K> {
-        let w = self.client.fetch_sub(BUSY + slots, Ordering::AcqRel) - (BUSY + slots);
-        self.joint_if_last(w)
+        if sub_client(&self.client, BUSY + slots) {
+            self.take_joint()
+        } else {
+            None
+        }
     }
 
     /// Gives a client slot back (under the mutex); the joint reference if that was the last
     /// owner.
     #[must_use]
     fn unclaim_client(&self) -> Joint<K> {
-        let w = self.client.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.joint_if_last(w)
+        if sub_client(&self.client, 1) {
+            self.take_joint()
+        } else {
+            None
+        }
     }
 
     /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
@@ -434,13 +481,18 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         Ok(())
     }
 
-    /// Gives back a start's key, provider slot and client slot without the mutex, inside the
-    /// uncontended bracket, if nobody waits: `Some`, with the joint reference if that was the
-    /// last owner (the caller drops it after its last touch of the state; the closing RMW is
-    /// this function's last touch). Returns `None`, having given back nothing, if somebody
-    /// waits: the caller then gives them back with [`release_locked`](Self::release_locked)
-    /// under the mutex and runs the start rule there.
-    pub(crate) fn release(&self, provider: usize, key: &K, ticket: TicketId) -> Option<Joint<K>> {
+    /// Gives back a start's key and provider slot without the mutex, inside the uncontended
+    /// bracket, if nobody waits: `Some`, with the invocation's signal if one was made (to
+    /// drop after). The caller then closes the bracket and gives the client slot back with
+    /// [`close_release`], a function of the word alone. Returns `None`, having given back
+    /// nothing, if somebody waits: the caller then gives everything back with
+    /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
+    pub(crate) fn release_open(
+        &self,
+        provider: usize,
+        key: &K,
+        ticket: TicketId,
+    ) -> Option<Option<CancelToken>> {
         // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
         // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
         // the ticket queued for its key waits forever.
@@ -471,9 +523,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
         let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
-        let joint = self.end_fast(1);
-        drop(signal);
-        Some(joint)
+        Some(signal)
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start

@@ -1,6 +1,7 @@
 //! A submitted ticket ([`Ticket`]), its wait (blocking or [`TicketWait`]), and the running
 //! invocation ([`Invocation`]) that holds the slots until the work completes.
 
+use super::gates::close_release;
 use super::state::{catch_up, Grant, State};
 use super::{plan_wake, schedule_tick, AdmissionError, Shared, TicketId};
 use crate::wait::cancel::CancelToken;
@@ -36,7 +37,11 @@ impl<K: Hash + Eq + Clone> Owner<K> {
     /// The holder must hold a client slot of `shared`'s coordinator from now until it gives
     /// it back, and must not reach the state through this owner after that.
     pub(crate) unsafe fn slot(shared: &Arc<Shared<K>>) -> Self {
-        Owner::Slot(NonNull::from(&**shared))
+        // From `Arc::as_ptr`, not from a reference: the pointer must reach the whole `Arc`
+        // allocation (its counts too), for [`counted`](Self::counted).
+        let p = Arc::as_ptr(shared).cast_mut();
+        // SAFETY: an `Arc`'s pointer is never null.
+        Owner::Slot(unsafe { NonNull::new_unchecked(p) })
     }
 
     /// An `Arc` of the state (a new reference for a slot-held pointer; called while the
@@ -428,10 +433,17 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
         let Some(g) = self.grant.take() else { return };
         // Key, provider slot, client slot, without the mutex while nobody waits; else under
         // it, followed by the start rule (`gates` module docs).
-        if let Some(joint) = self.shared.gates.release(g.provider, &g.key, g.ticket) {
-            // The slot is given back: the state is not touched again (a slot-held pointer
-            // may be dangling from here), and the joint reference goes last.
-            drop((g, joint));
+        let gates = &*self.shared.gates;
+        if let Some(signal) = gates.release_open(g.provider, &g.key, g.ticket) {
+            // The closing RMW gives the client slot back: from here another thread may free
+            // the state (a slot-held pointer may dangle), so nothing touches it again unless
+            // this was the last owner, whose joint reference keeps it until dropped last.
+            let joint = if close_release(gates.client_word()) {
+                gates.take_joint()
+            } else {
+                None
+            };
+            drop((g, signal, joint));
             return;
         }
         // An `Arc` of its own before the slot goes back under the mutex (`Shared`,
