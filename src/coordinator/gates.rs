@@ -5,19 +5,26 @@
 //! # The uncontended path
 //!
 //! A submit first tries [`Gates::try_admit`]: a CAS on the client word (which also says
-//! whether anybody waits and whether the coordinator is closed), a CAS on its provider's
-//! word, one load of the provider's cooldown gate, and the key's claim in the running-key table (`keys`).
-//! It reads the monotonic clock only when the gate holds a cooldown (or the caller needs the
-//! start instant: an attempt timeout, recorded events). Anything it cannot take undoes what
-//! it took and sends the ticket to the queued path, which judges it under the mutex.
+//! whether anybody waits and whether the coordinator is closed), a CAS on its provider's word,
+//! one load of the provider's cooldown gate, the key's claim in the running-key table (`keys`:
+//! one CAS and one store), the ticket id, and for a paced provider a CAS on its last-start
+//! stamp (last: nothing is undone after it). It reads the monotonic clock only when the gate
+//! holds a cooldown, the provider is paced, or the caller needs the start instant (an attempt
+//! timeout, recorded events). Anything it cannot take undoes what it took and sends the ticket
+//! to the queued path, which judges it under the mutex. A completion opens its bracket (below),
+//! frees the key and the provider slot, and closes the bracket giving its client slot back
+//! ([`close_release`]): nine locked RMWs for the pair, against the core's two.
+//!
+//! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
+//! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
 //!
 //! # Why the queued path sees no half-done uncontended operation
 //!
 //! The client word's `WAITERS` bit is up whenever a ticket is queued: the queued path raises
 //! it (under the mutex) *before* it judges a newcomer that may have to queue (one that can
 //! start while nobody is queued jumps nobody and is started without it), and lowers it only
-//! when the queue is empty. Every uncontended operation is bracketed in the client word: its first RMW (a CAS
-//! that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
+//! when the queue is empty. Every uncontended operation is bracketed in the client word: its
+//! first RMW (a CAS that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
 //! `WAITERS`, the queued path waits until `BUSY` is zero before it judges anything: from then
 //! until the queue is empty again, no uncontended operation starts (an admission goes to the
 //! queued path, a completion gives its slots back under the mutex and runs the start rule
@@ -31,7 +38,26 @@
 //!
 //! The wait for `BUSY` to drain spins (yielding) under the mutex; it happens only when a
 //! ticket must queue while an uncontended operation is in flight, which then needs no lock to
-//! finish.
+//! finish. It is a wait, not a help: an uncontended operation preempted inside its bracket
+//! (a few dozen instructions) delays the queued path until it runs again. Not waiting would
+//! let a scan see it half done (above); helping would need its steps published.
+//!
+//! # Pacing
+//!
+//! A paced provider's last start is one atomic stamp, set with a CAS that checks the gap, by
+//! both paths: the uncontended start, and the queued path's start (which checks readiness
+//! first, then claims, then stamps, undoing the claim if an uncontended start took the gap
+//! meanwhile; that can happen only while nobody is queued, since with a ticket queued no
+//! uncontended start runs). The mutex side reads the stamp for `readyAt` and the snapshot.
+//!
+//! # Lifetime
+//!
+//! The client word also holds `DETACHED` (the last handle is gone) and `FREED` (the joint
+//! reference was given up): see `Shared`, "Lifetime". The RMW that gives the last slot back
+//! after `DETACHED` sets `FREED` in the same CAS, so exactly one thread gives the joint
+//! reference up, and an uncontended completion's closing RMW is made by [`close_release`], a
+//! function of the word alone, so no reference to these gates is a live argument when another
+//! thread may free them.
 //!
 //! # Memory ordering
 //!
@@ -39,8 +65,7 @@
 //! closing RMW is a release that the queued path's drain (an acquire load that reads it, or a
 //! later value of its release sequence) synchronises with, so it sees every change of the key
 //! table and the provider words made inside the bracket. The key table's slots have their own
-//! locks (`keys`).
-//! The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
+//! locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
 use super::keys::KeyTable;
@@ -546,7 +571,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     }
 
     /// Every running invocation's signal made so far (the close cancels them; a signal made
-    /// later sees `CLOSED` under its shard's lock and is made cancelled).
+    /// later sees `CLOSED` under its slot's lock and is made cancelled).
     pub(crate) fn signals(&self) -> Vec<CancelToken> {
         self.keys.signals()
     }

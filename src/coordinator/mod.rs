@@ -559,7 +559,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             };
             if s.queued == 0 {
                 // Nobody is queued, so starting now jumps nobody: try without raising
-                // `WAITERS` (a paced provider's tickets come this way on every start).
+                // `WAITERS`.
                 if let Start::Now(g) = s.try_start(&r) {
                     return Ok((Ok((ticket, Submitted::Started(g))), plan_wake(t)));
                 }
