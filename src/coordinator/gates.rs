@@ -36,7 +36,8 @@
 //! the middle of a scan would let a later ticket for that key start ahead of an earlier one
 //! judged a moment before (I6); an admission's undo, the same.
 //!
-//! The wait for `BUSY` to drain spins (yielding) under the mutex; it happens only when a
+//! The wait for `BUSY` to drain spins under the mutex (a few dozen spin hints, then yields:
+//! an operation in flight on another core is done within them); it happens only when a
 //! ticket must queue while an uncontended operation is in flight, which then needs no lock to
 //! finish. It is a wait, not a help: an uncontended operation preempted inside its bracket
 //! (a few dozen instructions) delays the queued path until it runs again. Not waiting would
@@ -361,8 +362,9 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN") {
             return;
         }
+        let mut spins = 0;
         while w & BUSY_MASK != 0 {
-            crate::sync::thread::yield_now();
+            super::keys::backoff(&mut spins);
             w = self.client.load(Ordering::Acquire);
         }
     }

@@ -94,15 +94,21 @@ impl<K> Slot<K> {
                 return Locked { slot: self };
             }
             while self.locked.load(Ordering::Relaxed) != 0 {
-                spins += 1;
-                // Under loom every spin yields (the model must let the holder run).
-                if cfg!(loom) || spins > 64 {
-                    crate::sync::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                backoff(&mut spins);
             }
         }
+    }
+}
+
+/// One turn of a wait for another thread's few instructions (a slot's holder, an uncontended
+/// operation's bracket): a spin hint for the first 64 turns, then a yield (a preempted
+/// holder gets the core). Under loom every turn yields: the model must let the holder run.
+pub(super) fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if cfg!(loom) || *spins > 64 {
+        crate::sync::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
