@@ -32,6 +32,10 @@
 //! `Demand::slot()` written straight into the future (0.23 -> 0.34 s), so it was not kept.
 
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, WaitOptions};
+
+#[cfg(feature = "coordinator")]
+#[path = "support/coordinator.rs"]
+mod coordinator_support;
 use std::hint::black_box;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -349,29 +353,9 @@ fn run(op: &str, n: u64) {
         // completed (`benches/coordinator.rs`'s `admit_release`), beside `pair_slot`.
         #[cfg(feature = "coordinator")]
         "coordinator_pair" => {
-            use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
-            let c: Coordinator<u64> = Coordinator::builder()
-                .client_limit(64)
-                .queue_cap(64)
-                .provider(
-                    "a",
-                    ProviderLimits {
-                        limit: Some(32),
-                        ..ProviderLimits::default()
-                    },
-                )
-                .build()
-                .unwrap();
-            let mut started = 0;
-            for key in 0..n {
-                if let Ok(t) = c.submit("a", black_box(key), SubmitOptions::default()) {
-                    if let Ok(inv) = t.wait_blocking() {
-                        inv.complete();
-                        started += 1;
-                    }
-                }
-            }
-            assert_eq!(started, n);
+            let c = coordinator_support::coordinator(std::time::Duration::ZERO);
+            let started = (0..n).filter(|&k| coordinator_support::pair(&c, k)).count();
+            assert_eq!(started as u64, n);
         }
         other => panic!("unknown operation {other}"),
     }

@@ -43,10 +43,20 @@ use std::time::Duration;
 
 fn coordinator(client_limit: u32, queue_cap: usize) -> Coordinator<u8> {
     let clocks = ManualClocks::new(Duration::ZERO);
+    build(&clocks, client_limit, queue_cap, ProviderLimits::default())
+}
+
+/// One provider `a` with `limits`, on `clocks`.
+fn build(
+    clocks: &ManualClocks,
+    client_limit: u32,
+    queue_cap: usize,
+    limits: ProviderLimits,
+) -> Coordinator<u8> {
     Coordinator::builder()
         .client_limit(client_limit)
         .queue_cap(queue_cap)
-        .provider("a", ProviderLimits::default())
+        .provider("a", limits)
         .clocks(clocks.clocks())
         .build()
         .unwrap()
@@ -147,19 +157,11 @@ fn two_uncontended_admissions_for_the_last_slot_start_one() {
 fn two_admissions_racing_for_one_pacing_gap_start_one() {
     model(|| {
         let clocks = ManualClocks::new(Duration::ZERO);
-        let c: Coordinator<u8> = Coordinator::builder()
-            .client_limit(2)
-            .queue_cap(2)
-            .provider(
-                "a",
-                ProviderLimits {
-                    limit: None,
-                    min_interval: Duration::from_secs(1),
-                },
-            )
-            .clocks(clocks.clocks())
-            .build()
-            .unwrap();
+        let paced = ProviderLimits {
+            limit: None,
+            min_interval: Duration::from_secs(1),
+        };
+        let c = build(&clocks, 2, 2, paced);
         let c2 = c.clone();
         let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).unwrap());
         let mine = c.submit("a", 1, SubmitOptions::default()).unwrap();
@@ -183,12 +185,7 @@ fn two_admissions_racing_for_one_pacing_gap_start_one() {
 fn the_last_handle_and_the_last_invocation_free_the_state_once() {
     model(|| {
         let clocks = ManualClocks::new(Duration::ZERO);
-        let c: Coordinator<u8> = Coordinator::builder()
-            .client_limit(1)
-            .provider("a", ProviderLimits::default())
-            .clocks(clocks.clocks())
-            .build()
-            .unwrap();
+        let c = build(&clocks, 1, 0, ProviderLimits::default());
         let inv = start(&c, 1);
         let done = thread::spawn(move || inv.complete());
         drop(c);

@@ -39,6 +39,7 @@ mod clock;
 mod error;
 mod gates;
 mod keys;
+mod names;
 mod retry_after;
 mod state;
 pub mod testing;
@@ -54,6 +55,7 @@ pub use ticket::{Invocation, Ticket, TicketWait};
 
 use crate::wait::multi::{Admit, MultiWait, Refused, Start, Submitted, Txn};
 use gates::{Gates, NotFast, ProviderGate};
+use names::Names;
 use state::{catch_up, next_instant, Provider, Request, State};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -373,35 +375,6 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
         });
         shared.gates.hold_joint(shared.clone());
         Ok(Coordinator { shared })
-    }
-}
-
-/// Provider names → indices. A few names are compared one by one (a length compare rejects
-/// most at once), cheaper than hashing the name; many go through a hash map.
-enum Names {
-    Few(Box<[Box<str>]>),
-    Many(foldhash::HashMap<String, usize>),
-}
-
-impl Names {
-    /// Up to this many providers are scanned.
-    const SCAN: usize = 8;
-
-    fn new(map: foldhash::HashMap<String, usize>) -> Self {
-        if map.len() > Self::SCAN {
-            return Names::Many(map);
-        }
-        let mut v: Vec<(String, usize)> = map.into_iter().collect();
-        v.sort_by_key(|(_, i)| *i);
-        Names::Few(v.into_iter().map(|(n, _)| n.into_boxed_str()).collect())
-    }
-
-    #[inline]
-    fn get(&self, name: &str) -> Option<usize> {
-        match self {
-            Names::Few(v) => v.iter().position(|n| **n == *name),
-            Names::Many(m) => m.get(name).copied(),
-        }
     }
 }
 
