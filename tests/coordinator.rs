@@ -607,6 +607,8 @@ fn stress_on_real_threads_with_an_independent_tally() {
         keys: std::collections::HashSet<String>,
         started: u64,
         refused: u64,
+        /// The start instants of provider `b` (paced: 50 µs apart at least).
+        b_starts: Vec<Duration>,
     }
     let tally = Arc::new(Mutex::new(Tally::default()));
     let threads: Vec<_> = (0..6u64)
@@ -641,6 +643,9 @@ fn stress_on_real_threads_with_an_independent_tally() {
                                 assert!(g.client <= 3, "client limit exceeded");
                                 assert!(g.a <= 2, "provider limit exceeded");
                                 assert!(g.keys.insert(key.clone()), "key {key} overlapped");
+                                if p == "b" {
+                                    g.b_starts.push(inv.started_at().expect("a paced start"));
+                                }
                             }
                             std::thread::yield_now();
                             {
@@ -664,6 +669,16 @@ fn stress_on_real_threads_with_an_independent_tally() {
     let g = tally.lock().unwrap();
     assert_eq!(g.started + g.refused, 1800);
     assert!(g.started > 0);
+    let mut b = g.b_starts.clone();
+    b.sort();
+    for w in b.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_micros(50),
+            "provider b's starts {:?} and {:?} closer than its min_interval",
+            w[0],
+            w[1]
+        );
+    }
     let s = c.snapshot();
     assert_eq!(
         (s.client_in_flight, s.running.len(), s.queue.len()),
