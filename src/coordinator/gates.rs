@@ -433,6 +433,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
     /// read only when the gate holds a cooldown or `need_now`. On any miss everything taken
     /// goes back and the key is returned for the queued path.
+    #[inline]
     pub(crate) fn try_admit(
         &self,
         provider: usize,
@@ -514,6 +515,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// [`close_release`], a function of the word alone. Returns `None`, having given back
     /// nothing, if somebody waits: the caller then gives everything back with
     /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
+    #[inline]
     pub(crate) fn release_open(
         &self,
         provider: usize,

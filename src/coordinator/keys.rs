@@ -77,6 +77,7 @@ impl<K> Drop for Locked<'_, K> {
 }
 
 impl<K> Slot<K> {
+    #[inline]
     fn lock(&self) -> Locked<'_, K> {
         // Broken variant (loom model `coordinator.rs`, model 2): no lock, so a claim and a
         // release of one key touch its slot at once (loom reports the data race).
@@ -156,6 +157,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
     }
 
     /// Claims `key` for the ticket `ticket()` names, if no invocation of it runs.
+    #[inline]
     pub(crate) fn claim(&self, key: &K, ticket: impl FnOnce() -> TicketId) -> Option<TicketId> {
         let mut g = self.home(key).lock();
         g.with(|h| {
@@ -182,6 +184,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
 
     /// Frees `key`, which `ticket` holds; returns its signal, if one was made (the table's
     /// copy of the key and the signal are dropped after the lock: user code).
+    #[inline]
     pub(crate) fn release(&self, key: &K, ticket: TicketId) -> Option<CancelToken> {
         let mut g = self.home(key).lock();
         let (k, entry) = g.with(|h| {

@@ -190,6 +190,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
 
     /// The invocation of a start: the ticket's handle on the coordinator moves into it (no
     /// reference count changes hands).
+    #[inline]
     fn invocation(&mut self, g: Grant<K>) -> Invocation<K> {
         if let Some(d) = self.attempt_timeout {
             // The attempt timeout counts from the start, not from the submit (a start with an
