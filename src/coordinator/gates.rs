@@ -103,8 +103,9 @@ pub(crate) struct ProviderGate {
     min_interval: Duration,
     /// The last start's monotonic instant in nanoseconds, plus one (0: never started;
     /// saturating). Stamped with a CAS by every start of a paced provider, on either path:
-    /// the pacing's whole bookkeeping.
-    last_start: AtomicU64,
+    /// the pacing's whole bookkeeping. On its own cache line: the fields around it are read
+    /// by every start.
+    last_start: CachePadded<AtomicU64>,
     /// The cooldown's not-before instant in nanoseconds (saturating; 0: none). It is at
     /// least the mutex-side not-before whenever that is still in the future.
     cool_until: AtomicU64,
@@ -116,7 +117,7 @@ impl ProviderGate {
             in_flight: CachePadded::new(AtomicU64::new(0)),
             limit: limit.map_or(u64::MAX, u64::from),
             min_interval,
-            last_start: AtomicU64::new(0),
+            last_start: CachePadded::new(AtomicU64::new(0)),
             cool_until: AtomicU64::new(0),
         }
     }
@@ -263,7 +264,9 @@ pub(crate) struct Gates<K: Hash + Eq + Clone> {
     client_limit: u64,
     pub(crate) providers: Box<[ProviderGate]>,
     pub(crate) keys: KeyTable<K>,
-    next_ticket: AtomicU64,
+    /// The next ticket id, on its own cache line: written by every submit, while the fields
+    /// around it are only read.
+    next_ticket: CachePadded<AtomicU64>,
     /// The joint reference (set once the state is built; taken when `FREED` is set).
     joint: Mutex<Joint<K>>,
 }
@@ -285,7 +288,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             client_limit: u64::from(client_limit),
             providers,
             keys: KeyTable::new(client_limit),
-            next_ticket: AtomicU64::new(0),
+            next_ticket: CachePadded::new(AtomicU64::new(0)),
             joint: Mutex::new(None),
         })
     }
