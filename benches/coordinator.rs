@@ -13,37 +13,12 @@
 //!   already later).
 
 use criterion::{black_box, criterion_main, Criterion};
-use llm_bulkhead::coordinator::{Coordinator, ProviderLimits, SubmitOptions};
 use llm_bulkhead::{Bulkhead, Demand};
 use std::time::Duration;
 
-fn coordinator(min_interval: Duration) -> Coordinator<u64> {
-    Coordinator::builder()
-        .client_limit(64)
-        .queue_cap(64)
-        .provider(
-            "a",
-            ProviderLimits {
-                limit: Some(32),
-                min_interval,
-            },
-        )
-        .build()
-        .unwrap()
-}
-
-fn pair(c: &Coordinator<u64>, key: u64) -> bool {
-    match c.submit("a", key, SubmitOptions::default()) {
-        Ok(t) => match t.wait_blocking() {
-            Ok(inv) => {
-                inv.complete();
-                true
-            }
-            Err(_) => false,
-        },
-        Err(_) => false,
-    }
-}
+#[path = "support/coordinator.rs"]
+mod support;
+use support::{coordinator, pair};
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("coordinator");

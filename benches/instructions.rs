@@ -32,6 +32,10 @@
 //! `Demand::slot()` written straight into the future (0.23 -> 0.34 s), so it was not kept.
 
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, WaitOptions};
+
+#[cfg(feature = "coordinator")]
+#[path = "support/coordinator.rs"]
+mod coordinator_support;
 use std::hint::black_box;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -56,6 +60,7 @@ const OPS: &[&str] = &[
     "handoff_async",
     "pool_pair",
     "pool_refusal",
+    "coordinator_pair",
 ];
 
 fn token_demand() -> Demand {
@@ -343,6 +348,14 @@ fn run(op: &str, n: u64) {
                 }
             }
             assert_eq!(admitted, if op == "pool_pair" { n } else { 0 });
+        }
+        // The coordinator: an eligible ticket with an empty queue, submitted, started and
+        // completed (`benches/coordinator.rs`'s `admit_release`), beside `pair_slot`.
+        #[cfg(feature = "coordinator")]
+        "coordinator_pair" => {
+            let c = coordinator_support::coordinator(std::time::Duration::ZERO);
+            let started = (0..n).filter(|&k| coordinator_support::pair(&c, k)).count();
+            assert_eq!(started as u64, n);
         }
         other => panic!("unknown operation {other}"),
     }

@@ -234,18 +234,21 @@
 //! counts from the start. Limits are per coordinator (one client), not across processes.
 //!
 //! Uncontended path: while no ticket is queued, a submit that can start and a completion take
-//! no mutex (the client and provider slots are atomic words, the key a shard of the running-key
-//! table). The start rule's guarantees above are unchanged: the queued path raises a `WAITERS`
-//! bit in the client word before it judges a newcomer and waits for the uncontended operations
-//! in flight to finish, and from then until the queue is empty every admission and completion
-//! goes through the mutex, so a scan never sees a half-done one (loom models in
-//! `loom-tests/tests/coordinator.rs`). What it changes, and is stated where it shows: an
-//! uncontended start reads the monotonic clock only when it must (a cooldown on record, an
-//! attempt timeout, recorded events), so `Invocation::started_at` is `None` for one that read
-//! none; a running invocation's signal is made on first use (`Invocation::signal`), cancelled
-//! already if the coordinator closed; a snapshot taken while another thread starts or completes
-//! uncontended may read its counters half changed; a provider with `min_interval`, and a ticket
-//! with an admission timeout of 2^32 s or more, always take the queued path. A ticket with a
-//! shorter admission timeout that starts at once never has its deadline computed, so a clock
-//! reading past 2^63 s (no real clock; a fake one set there) would start it where the queued
-//! path would report `DeadlineOverflow`.
+//! no mutex (the client and provider slots are atomic words, the key a slot of the running-key
+//! table with its own one-word lock, a paced provider's pacing a CAS on its last-start stamp).
+//! A `cooldown` that changes nothing (its deadline no later than the provider's not-before) is
+//! one load and takes no mutex either. The start rule's guarantees above are unchanged: the
+//! queued path raises a `WAITERS` bit in the client word before it judges a newcomer and waits
+//! for the uncontended operations in flight to finish, and from then until the queue is empty
+//! every admission and completion goes through the mutex, so a scan never sees a half-done one
+//! (loom models in `loom-tests/tests/coordinator.rs`). What it changes, and is stated where it
+//! shows: an uncontended start reads the monotonic clock only when it must (a cooldown on
+//! record, pacing, an attempt timeout, recorded events), so `Invocation::started_at` is `None`
+//! for one that read none; a running invocation's signal is made on first use
+//! (`Invocation::signal`), cancelled already if the coordinator closed; a snapshot taken while
+//! another thread starts or completes uncontended may read its counters half changed (a paced
+//! start's key taken and its pacing stamp not yet, for one); a ticket with an admission timeout
+//! of 2^32 s or more always takes the queued path. A ticket with a shorter admission timeout
+//! that starts at once never has its deadline computed, so a clock reading past 2^63 s (no real
+//! clock; a fake one set there) would start it where the queued path would report
+//! `DeadlineOverflow`.

@@ -73,6 +73,100 @@ fn seed_unknown_provider_names_throw_when_the_query_is_created() {
     assert_eq!((s.client_in_flight, s.queue.len()), (0, 0));
 }
 
+/// Names are found among few providers (scanned) and many (a map), each its own provider.
+#[test]
+fn provider_names_resolve_among_few_and_many_providers() {
+    for n in [1usize, 3, 8, 9, 20] {
+        let clocks = ManualClocks::new(ms(0));
+        let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+        let spec: Vec<(&str, Option<u32>, u64)> =
+            names.iter().map(|s| (s.as_str(), Some(1), 0)).collect();
+        let c = build(64, 0, &spec, &clocks);
+        let running: Vec<_> = names.iter().map(|p| go(&c, p, p)).collect();
+        let s = c.snapshot();
+        assert!(s.providers.iter().all(|p| p.in_flight == 1), "{n}: {s:?}");
+        assert_eq!(
+            c.submit("p", "k", SubmitOptions::default()).err(),
+            Some(CoordinatorError::UnknownProvider("p".into()))
+        );
+        assert_eq!(
+            c.submit("p00", "k", SubmitOptions::default()).err(),
+            Some(CoordinatorError::UnknownProvider("p00".into()))
+        );
+        drop(running);
+    }
+}
+
+/// The state lives while a handle or a running invocation does, and is freed when the last
+/// of them goes, in every order (an uncontended start holds no reference count of its own:
+/// its client slot keeps the state alive). The wall clock's `Arc` counts the state's hold.
+#[test]
+fn the_state_is_freed_when_the_last_handle_and_the_last_invocation_are_gone() {
+    let alive = |clocks: &ManualClocks| Arc::strong_count(&clocks.wall) > 1;
+    // Handle first, then the uncontended invocation.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let inv = go(&c, "a", "k");
+    let c2 = c.clone();
+    drop(c);
+    drop(c2);
+    assert!(alive(&clocks), "a running invocation keeps the state");
+    assert!(!inv.signal().is_cancelled());
+    inv.complete();
+    assert!(!alive(&clocks), "freed with the last invocation");
+    // The invocation first, then the handle.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    go(&c, "a", "k").complete();
+    assert!(alive(&clocks));
+    drop(c);
+    assert!(!alive(&clocks), "freed with the last handle");
+    // The last invocation completes on the queued path (a ticket waits for its key), with
+    // no handle left: the queued ticket starts, then completes, and the state goes.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let first = go(&c, "a", "k");
+    let queued = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    assert!(!queued.is_started());
+    drop(c);
+    first.complete();
+    let second = queued.wait_blocking().unwrap();
+    assert!(alive(&clocks));
+    second.complete();
+    assert!(
+        !alive(&clocks),
+        "freed after a completion on the queued path"
+    );
+    // A started ticket dropped unwaited after the last handle.
+    let clocks = ManualClocks::new(ms(0));
+    let c = build(2, 2, &[("a", None, 0)], &clocks);
+    let t = c.submit("a", "k", SubmitOptions::default()).unwrap();
+    drop(c);
+    assert!(alive(&clocks));
+    drop(t);
+    assert!(!alive(&clocks));
+}
+
+/// The last handle and the last uncontended invocations go on different threads at once:
+/// the state is freed exactly once, after both (run under Miri too).
+#[test]
+fn the_state_is_freed_once_when_the_last_handle_and_invocations_race() {
+    let rounds = if cfg!(miri) { 4 } else { 500 };
+    for _ in 0..rounds {
+        let clocks = ManualClocks::new(ms(0));
+        let c = build(4, 0, &[("a", None, 0)], &clocks);
+        let invs: Vec<_> = (0..3).map(|i| go(&c, "a", &format!("k{i}"))).collect();
+        let t = std::thread::spawn(move || {
+            for inv in invs {
+                inv.complete();
+            }
+        });
+        drop(c);
+        t.join().unwrap();
+        assert_eq!(Arc::strong_count(&clocks.wall), 1, "freed once, after both");
+    }
+}
+
 /// Bad input: typed errors, nothing changes.
 #[test]
 fn bad_input_gets_typed_errors_and_changes_nothing() {
@@ -447,8 +541,9 @@ fn memory_stays_flat_over_a_million_distinct_keys() {
         }
     }
     drop(running);
-    // The table is sharded (one shard per running key here, 4): each shard's capacity
-    // follows the keys it held at once (at most 4, so at most 7 places), never the million.
+    // The table has 16 slots (client limit 4, so at least 16) and an overflow map for keys
+    // whose slot is taken; the map's capacity follows the keys it held at once (at most 4,
+    // so at most 7 places), never the million.
     assert!(
         c.key_table_capacity() <= 28,
         "capacity {}",
@@ -512,6 +607,8 @@ fn stress_on_real_threads_with_an_independent_tally() {
         keys: std::collections::HashSet<String>,
         started: u64,
         refused: u64,
+        /// The start instants of provider `b` (paced: 50 µs apart at least).
+        b_starts: Vec<Duration>,
     }
     let tally = Arc::new(Mutex::new(Tally::default()));
     let threads: Vec<_> = (0..6u64)
@@ -546,6 +643,9 @@ fn stress_on_real_threads_with_an_independent_tally() {
                                 assert!(g.client <= 3, "client limit exceeded");
                                 assert!(g.a <= 2, "provider limit exceeded");
                                 assert!(g.keys.insert(key.clone()), "key {key} overlapped");
+                                if p == "b" {
+                                    g.b_starts.push(inv.started_at().expect("a paced start"));
+                                }
                             }
                             std::thread::yield_now();
                             {
@@ -569,6 +669,16 @@ fn stress_on_real_threads_with_an_independent_tally() {
     let g = tally.lock().unwrap();
     assert_eq!(g.started + g.refused, 1800);
     assert!(g.started > 0);
+    let mut b = g.b_starts.clone();
+    b.sort();
+    for w in b.windows(2) {
+        assert!(
+            w[1] - w[0] >= Duration::from_micros(50),
+            "provider b's starts {:?} and {:?} closer than its min_interval",
+            w[0],
+            w[1]
+        );
+    }
     let s = c.snapshot();
     assert_eq!(
         (s.client_in_flight, s.running.len(), s.queue.len()),

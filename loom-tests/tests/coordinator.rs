@@ -18,7 +18,19 @@
 //!    before frees the key after the judgement saw it held, and runs no start rule, so the
 //!    ticket waits forever) and `..._RELEASE_IGNORES_WAITERS=1`;
 //! 3. two uncontended admissions for the last client slot: exactly one starts (no
-//!    over-admission), the other is judged by the queued path and refused.
+//!    over-admission), the other is judged by the queued path and refused;
+//! 4. two uncontended admissions racing for one pacing gap of a paced provider: exactly one
+//!    starts, the other queues until the deadline. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_PACE_STORE=1` (the pacing stamp is a check and a store,
+//!    not a CAS: both start);
+//! 5. the last handle dropped while the last uncontended invocation completes: the state is
+//!    freed exactly once, after both. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_DETACH_STALE=1` (the last handle reads the slot count
+//!    before it marks `DETACHED`: the completion between them sees no `DETACHED`, the handle
+//!    saw the slot held, and the state leaks).
+//!
+//! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
+//! running-key table without its lock: the claim and the release race on it).
 #![cfg(loom)]
 
 mod common;
@@ -31,10 +43,20 @@ use std::time::Duration;
 
 fn coordinator(client_limit: u32, queue_cap: usize) -> Coordinator<u8> {
     let clocks = ManualClocks::new(Duration::ZERO);
+    build(&clocks, client_limit, queue_cap, ProviderLimits::default())
+}
+
+/// One provider `a` with `limits`, on `clocks`.
+fn build(
+    clocks: &ManualClocks,
+    client_limit: u32,
+    queue_cap: usize,
+    limits: ProviderLimits,
+) -> Coordinator<u8> {
     Coordinator::builder()
         .client_limit(client_limit)
         .queue_cap(queue_cap)
-        .provider("a", ProviderLimits::default())
+        .provider("a", limits)
         .clocks(clocks.clocks())
         .build()
         .unwrap()
@@ -125,5 +147,53 @@ fn two_uncontended_admissions_for_the_last_slot_start_one() {
         assert_eq!(c.snapshot().client_in_flight, 1);
         drop((mine, other));
         assert_at_rest(&c);
+    });
+}
+
+/// Two uncontended admissions to a paced provider (`min_interval` 1 s, the fake clock stopped)
+/// with room for both: the pacing stamp lets exactly one start; the other queues, and starts
+/// when the clock reaches the pacing deadline.
+#[test]
+fn two_admissions_racing_for_one_pacing_gap_start_one() {
+    model(|| {
+        let clocks = ManualClocks::new(Duration::ZERO);
+        let paced = ProviderLimits {
+            limit: None,
+            min_interval: Duration::from_secs(1),
+        };
+        let c = build(&clocks, 2, 2, paced);
+        let c2 = c.clone();
+        let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).unwrap());
+        let mine = c.submit("a", 1, SubmitOptions::default()).unwrap();
+        let other = other.join().unwrap();
+        let started = [&mine, &other].iter().filter(|t| t.is_started()).count();
+        assert_eq!(started, 1, "one pacing gap started {started}");
+        let s = c.snapshot();
+        assert_eq!(s.queue.len(), 1, "{s:?}");
+        assert_eq!(s.providers[0].paced_until, Some(Duration::from_secs(1)));
+        clocks.scheduler.advance(Duration::from_secs(1));
+        assert_eq!(c.snapshot().client_in_flight, 2, "the paced ticket started");
+        drop((mine, other));
+        assert_at_rest(&c);
+    });
+}
+
+/// The last handle goes while the last (uncontended) invocation completes on another thread:
+/// the state is freed exactly once, after both (the invocation holds no reference count: its
+/// client slot keeps the state alive). The wall clock's `Arc` counts the state's hold on it.
+#[test]
+fn the_last_handle_and_the_last_invocation_free_the_state_once() {
+    model(|| {
+        let clocks = ManualClocks::new(Duration::ZERO);
+        let c = build(&clocks, 1, 0, ProviderLimits::default());
+        let inv = start(&c, 1);
+        let done = thread::spawn(move || inv.complete());
+        drop(c);
+        done.join().unwrap();
+        assert_eq!(
+            std::sync::Arc::strong_count(&clocks.wall),
+            1,
+            "the state was not freed"
+        );
     });
 }

@@ -5,19 +5,26 @@
 //! # The uncontended path
 //!
 //! A submit first tries [`Gates::try_admit`]: a CAS on the client word (which also says
-//! whether anybody waits and whether the coordinator is closed), a CAS on its provider's
-//! word, one load of the provider's cooldown gate, and the key's claim in a sharded table.
-//! It reads the monotonic clock only when the gate holds a cooldown (or the caller needs the
-//! start instant: an attempt timeout, recorded events). Anything it cannot take undoes what
-//! it took and sends the ticket to the queued path, which judges it under the mutex.
+//! whether anybody waits and whether the coordinator is closed), a CAS on its provider's word,
+//! one load of the provider's cooldown gate, the key's claim in the running-key table (`keys`:
+//! one CAS and one store), the ticket id, and for a paced provider a CAS on its last-start
+//! stamp (last: nothing is undone after it). It reads the monotonic clock only when the gate
+//! holds a cooldown, the provider is paced, or the caller needs the start instant (an attempt
+//! timeout, recorded events). Anything it cannot take undoes what it took and sends the ticket
+//! to the queued path, which judges it under the mutex. A completion opens its bracket (below),
+//! frees the key and the provider slot, and closes the bracket giving its client slot back
+//! ([`close_release`]): nine locked RMWs for the pair, against the core's two.
+//!
+//! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
+//! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
 //!
 //! # Why the queued path sees no half-done uncontended operation
 //!
 //! The client word's `WAITERS` bit is up whenever a ticket is queued: the queued path raises
 //! it (under the mutex) *before* it judges a newcomer that may have to queue (one that can
 //! start while nobody is queued jumps nobody and is started without it), and lowers it only
-//! when the queue is empty. Every uncontended operation is bracketed in the client word: its first RMW (a CAS
-//! that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
+//! when the queue is empty. Every uncontended operation is bracketed in the client word: its
+//! first RMW (a CAS that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
 //! `WAITERS`, the queued path waits until `BUSY` is zero before it judges anything: from then
 //! until the queue is empty again, no uncontended operation starts (an admission goes to the
 //! queued path, a completion gives its slots back under the mutex and runs the start rule
@@ -29,24 +36,45 @@
 //! the middle of a scan would let a later ticket for that key start ahead of an earlier one
 //! judged a moment before (I6); an admission's undo, the same.
 //!
-//! The wait for `BUSY` to drain spins (yielding) under the mutex; it happens only when a
+//! The wait for `BUSY` to drain spins under the mutex (a few dozen spin hints, then yields:
+//! an operation in flight on another core is done within them); it happens only when a
 //! ticket must queue while an uncontended operation is in flight, which then needs no lock to
-//! finish.
+//! finish. It is a wait, not a help: an uncontended operation preempted inside its bracket
+//! (a few dozen instructions) delays the queued path until it runs again. Not waiting would
+//! let a scan see it half done (above); helping would need its steps published.
+//!
+//! # Pacing
+//!
+//! A paced provider's last start is one atomic stamp, set with a CAS that checks the gap, by
+//! both paths: the uncontended start, and the queued path's start (which checks readiness
+//! first, then claims, then stamps, undoing the claim if an uncontended start took the gap
+//! meanwhile; that can happen only while nobody is queued, since with a ticket queued no
+//! uncontended start runs). The mutex side reads the stamp for `readyAt` and the snapshot.
+//!
+//! # Lifetime
+//!
+//! The client word also holds `DETACHED` (the last handle is gone) and `FREED` (the joint
+//! reference was given up): see `Shared`, "Lifetime". The RMW that gives the last slot back
+//! after `DETACHED` sets `FREED` in the same CAS, so exactly one thread gives the joint
+//! reference up, and an uncontended completion's closing RMW is made by [`close_release`], a
+//! function of the word alone, so no reference to these gates is a live argument when another
+//! thread may free them.
 //!
 //! # Memory ordering
 //!
 //! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): the bracket's
 //! closing RMW is a release that the queued path's drain (an acquire load that reads it, or a
 //! later value of its release sequence) synchronises with, so it sees every change of the key
-//! table and the provider words made inside the bracket. The key table's shards are mutexes.
-//! The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
+//! table and the provider words made inside the bracket. The key table's slots have their own
+//! locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
+use super::keys::KeyTable;
 use super::TicketId;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::wait::cancel::CancelToken;
 use crossbeam_utils::CachePadded;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::time::Duration;
 
 /// The client word's in-flight count (the low 32 bits).
@@ -55,6 +83,11 @@ pub(crate) const COUNT: u64 = u32::MAX as u64;
 const BUSY: u64 = 1 << 32;
 /// The count of uncontended operations in flight.
 const BUSY_MASK: u64 = ((1 << 24) - 1) << 32;
+/// The last [`Coordinator`](super::Coordinator) handle is gone (lifetime: `Shared` docs).
+const DETACHED: u64 = 1 << 60;
+/// The joint reference was given up (set once, with or after `DETACHED`, when no slot is
+/// held).
+const FREED: u64 = 1 << 61;
 /// Some ticket is queued (or a newcomer is being judged under the mutex).
 pub(crate) const WAITERS: u64 = 1 << 62;
 /// The coordinator is closed.
@@ -66,8 +99,13 @@ pub(crate) struct ProviderGate {
     in_flight: CachePadded<AtomicU64>,
     /// The limit (`u64::MAX`: none).
     limit: u64,
-    /// `min_interval` is not zero: every start goes through the mutex (it stamps pacing).
-    paced: bool,
+    /// The least gap between two starts (zero: no pacing).
+    min_interval: Duration,
+    /// The last start's monotonic instant in nanoseconds, plus one (0: never started;
+    /// saturating). Stamped with a CAS by every start of a paced provider, on either path:
+    /// the pacing's whole bookkeeping. On its own cache line: the fields around it are read
+    /// by every start.
+    last_start: CachePadded<AtomicU64>,
     /// The cooldown's not-before instant in nanoseconds (saturating; 0: none). It is at
     /// least the mutex-side not-before whenever that is still in the future.
     cool_until: AtomicU64,
@@ -78,7 +116,8 @@ impl ProviderGate {
         ProviderGate {
             in_flight: CachePadded::new(AtomicU64::new(0)),
             limit: limit.map_or(u64::MAX, u64::from),
-            paced: !min_interval.is_zero(),
+            min_interval,
+            last_start: CachePadded::new(AtomicU64::new(0)),
             cool_until: AtomicU64::new(0),
         }
     }
@@ -110,6 +149,65 @@ impl ProviderGate {
         self.in_flight.load(Ordering::Acquire) as u32
     }
 
+    /// Whether starts are paced (`min_interval` is not zero).
+    pub(crate) fn paced(&self) -> bool {
+        !self.min_interval.is_zero()
+    }
+
+    /// `lastStart + minInterval` (none without pacing or before the first start; saturating:
+    /// a pacing deadline past the clock's end simply never comes).
+    pub(crate) fn paced_until(&self) -> Option<Duration> {
+        self.paced_after(self.last_start.load(Ordering::Acquire))
+    }
+
+    fn paced_after(&self, last: u64) -> Option<Duration> {
+        if !self.paced() || last == 0 {
+            return None;
+        }
+        Some(Duration::from_nanos(last - 1).saturating_add(self.min_interval))
+    }
+
+    /// Stamps a start at `stamp` if pacing allows a start at instant `at` (`at >=
+    /// lastStart + minInterval`, C2 inclusive); `false` changes nothing. A CAS, so two
+    /// starts racing for one pacing gap (the uncontended path, or the queued path while
+    /// nobody is queued) cannot both have it. Always `true` without pacing.
+    pub(crate) fn pace(&self, at: Duration, stamp: Duration) -> bool {
+        if !self.paced() {
+            return true;
+        }
+        let stamped = nanos(stamp).saturating_add(1);
+        let mut last = self.last_start.load(Ordering::Acquire);
+        loop {
+            if self.paced_after(last).is_some_and(|ready| at < ready) {
+                return false;
+            }
+            // Broken variant (loom model `coordinator.rs`, model 4): a check and a store
+            // instead of the CAS, so two starts racing for one pacing gap both have it.
+            #[cfg(loom)]
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_PACE_STORE") {
+                self.last_start.store(stamped, Ordering::Release);
+                return true;
+            }
+            match self.last_start.compare_exchange_weak(
+                last,
+                stamped,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(x) => last = x,
+            }
+        }
+    }
+
+    /// Whether the cooldown gate already holds `until` or later: a cooldown to `until`
+    /// changes nothing (the gate is the not-before instant once it was raised and until the
+    /// fast path clears it after it passed; a saturated `until` is never covered).
+    pub(crate) fn covers(&self, until: Duration) -> bool {
+        let n = nanos(until);
+        n < u64::MAX && n <= self.cool_until.load(Ordering::Acquire)
+    }
+
     /// Raises the cooldown gate to `until` (called under the wait's mutex with the new
     /// not-before instant).
     pub(crate) fn cool(&self, until: Duration) {
@@ -120,121 +218,57 @@ impl ProviderGate {
     }
 }
 
+/// Subtracts `sub` from the client word `client`. If that leaves it `DETACHED` with no client
+/// slot held and not yet `FREED`, the same RMW sets `FREED` and this returns `true`: the
+/// caller alone then takes the joint reference ([`Gates::take_joint`]), and nobody else can
+/// (a later start and give-back on the queued path, by a timer, finds `FREED` set).
+#[inline]
+fn sub_client(client: &AtomicU64, sub: u64) -> bool {
+    let mut w = client.load(Ordering::Acquire);
+    loop {
+        let mut n = w - sub;
+        let last = n & (DETACHED | FREED | COUNT) == DETACHED;
+        if last {
+            n |= FREED;
+        }
+        match client.compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return last,
+            Err(x) => w = x,
+        }
+    }
+}
+
+/// The uncontended completion's closing RMW ([`Gates::release_open`] first): closes its
+/// bracket and gives its client slot back. A function of the word alone, with no reference
+/// to the gates as an argument: after this RMW another thread may free the state, unless it
+/// returns `true` (this was the last owner: the caller takes the joint reference).
+pub(crate) fn close_release(client: &AtomicU64) -> bool {
+    sub_client(client, BUSY + 1)
+}
+
 /// `d` in nanoseconds, saturating.
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// A running key's entry: its ticket, and the invocation's signal once somebody asked for it.
-struct Running {
-    ticket: TicketId,
-    signal: Option<CancelToken>,
-}
-
-type Shard<K> = CachePadded<Mutex<foldhash::HashMap<K, Running>>>;
-
-/// The running keys, in shards (a key's shard by its hash): a key is present exactly while
-/// an invocation of it runs, so the table holds at most `client_limit` keys however many
-/// distinct keys pass through.
-pub(crate) struct KeyTable<K> {
-    shards: Box<[Shard<K>]>,
-    hasher: foldhash::fast::RandomState,
-}
-
-impl<K: Hash + Eq + Clone> KeyTable<K> {
-    /// Enough shards that threads starting different keys rarely meet, and no more than the
-    /// keys that can run at once need.
-    fn new(client_limit: u32) -> Self {
-        let n = client_limit.clamp(1, 64).next_power_of_two() as usize;
-        KeyTable {
-            shards: (0..n)
-                .map(|_| CachePadded::new(Mutex::new(foldhash::HashMap::default())))
-                .collect(),
-            hasher: foldhash::fast::RandomState::default(),
-        }
-    }
-
-    fn shard(&self, key: &K) -> &Mutex<foldhash::HashMap<K, Running>> {
-        let h = self.hasher.hash_one(key) as usize;
-        &self.shards[h & (self.shards.len() - 1)]
-    }
-
-    /// Claims `key` for the ticket `ticket()` names (called only if the key is idle).
-    fn claim(&self, key: &K, ticket: impl FnOnce() -> TicketId) -> Option<TicketId> {
-        let mut g = lock(self.shard(key));
-        if g.contains_key(key) {
-            return None;
-        }
-        let ticket = ticket();
-        g.insert(
-            key.clone(),
-            Running {
-                ticket,
-                signal: None,
-            },
-        );
-        Some(ticket)
-    }
-
-    /// Frees `key`; returns its signal (to drop outside the shard's lock).
-    fn release(&self, key: &K) -> Option<CancelToken> {
-        lock(self.shard(key)).remove(key).and_then(|r| r.signal)
-    }
-
-    /// The signal of the invocation running `key` for `ticket`, made on first use (cancelled
-    /// at once if the coordinator is closed: the close's scan may have passed this shard).
-    fn signal(&self, key: &K, ticket: TicketId, closed: impl Fn() -> bool) -> CancelToken {
-        let mut g = lock(self.shard(key));
-        match g.get_mut(key) {
-            Some(r) if r.ticket == ticket => r
-                .signal
-                .get_or_insert_with(|| {
-                    let s = CancelToken::new();
-                    if closed() {
-                        s.cancel();
-                    }
-                    s
-                })
-                .clone(),
-            // Not running (cannot happen while the invocation holds the key): a fresh token.
-            _ => CancelToken::new(),
-        }
-    }
-
-    /// Every running invocation's signal made so far.
-    fn signals(&self) -> Vec<CancelToken> {
-        let mut out = Vec::new();
-        for s in self.shards.iter() {
-            out.extend(lock(s).values().filter_map(|r| r.signal.clone()));
-        }
-        out
-    }
-
-    /// Every running key and its ticket.
-    pub(crate) fn running(&self) -> Vec<(K, TicketId)> {
-        let mut out = Vec::new();
-        for s in self.shards.iter() {
-            out.extend(lock(s).iter().map(|(k, r)| (k.clone(), r.ticket)));
-        }
-        out
-    }
-
-    /// The tables' total capacity (a test shows it stays flat).
-    #[cfg(feature = "testing")]
-    pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).capacity()).sum()
-    }
-}
+/// The reference to the coordinator's state that its running invocations hold jointly
+/// (`Shared` docs, "Lifetime"): given up by the one operation that sees the last handle and
+/// the last client slot gone.
+pub(crate) type Joint<K> = Option<std::sync::Arc<super::Shared<K>>>;
 
 /// What a start holds: a client slot, a provider slot, a key.
-pub(crate) struct Gates<K> {
-    /// `[CLOSED @63][WAITERS @62][BUSY: uncontended operations in flight @32..56][client in
-    /// flight @0..32]`.
+pub(crate) struct Gates<K: Hash + Eq + Clone> {
+    /// `[CLOSED @63][WAITERS @62][FREED @61][DETACHED @60][BUSY: uncontended operations in
+    /// flight @32..56][client in flight @0..32]`.
     client: CachePadded<AtomicU64>,
     client_limit: u64,
     pub(crate) providers: Box<[ProviderGate]>,
     pub(crate) keys: KeyTable<K>,
-    next_ticket: AtomicU64,
+    /// The next ticket id, on its own cache line: written by every submit, while the fields
+    /// around it are only read.
+    next_ticket: CachePadded<AtomicU64>,
+    /// The joint reference (set once the state is built; taken when `FREED` is set).
+    joint: Mutex<Joint<K>>,
 }
 
 /// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it.
@@ -254,8 +288,57 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             client_limit: u64::from(client_limit),
             providers,
             keys: KeyTable::new(client_limit),
-            next_ticket: AtomicU64::new(0),
+            next_ticket: CachePadded::new(AtomicU64::new(0)),
+            joint: Mutex::new(None),
         })
+    }
+
+    /// Hands the gates the joint reference (once, when the state is built).
+    pub(crate) fn hold_joint(&self, joint: std::sync::Arc<super::Shared<K>>) {
+        *lock(&self.joint) = Some(joint);
+    }
+
+    /// The joint reference, taken by the one thread whose RMW set `FREED` (it stays in the
+    /// gates until then, so the state cannot be freed under that thread).
+    pub(crate) fn take_joint(&self) -> Joint<K> {
+        lock(&self.joint).take()
+    }
+
+    /// The client word, for the uncontended completion's closing RMW ([`close_release`]).
+    pub(crate) fn client_word(&self) -> &AtomicU64 {
+        &self.client
+    }
+
+    /// The last handle is gone: marks `DETACHED`; returns the joint reference if no client
+    /// slot is held (else the last invocation to complete gives it up).
+    pub(crate) fn detach(&self) -> Joint<K> {
+        // Broken variant (loom model `coordinator.rs`, model 5): the slot count read before
+        // `DETACHED` is set, not by the same RMW. A completion between the two sees no
+        // `DETACHED` and this sees its slot still held: nobody gives the joint reference up.
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_DETACH_STALE") {
+            let seen = self.client.load(Ordering::Acquire);
+            self.client.fetch_or(DETACHED, Ordering::AcqRel);
+            if seen & COUNT == 0 && self.client.fetch_or(FREED, Ordering::AcqRel) & FREED == 0 {
+                return self.take_joint();
+            }
+            return None;
+        }
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            let mut n = w | DETACHED;
+            let last = n & (FREED | COUNT) == 0;
+            if last {
+                n |= FREED;
+            }
+            match self
+                .client
+                .compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return if last { self.take_joint() } else { None },
+                Err(x) => w = x,
+            }
+        }
     }
 
     /// The next ticket id (submit order).
@@ -282,8 +365,9 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN") {
             return;
         }
+        let mut spins = 0;
         while w & BUSY_MASK != 0 {
-            crate::sync::thread::yield_now();
+            super::keys::backoff(&mut spins);
             w = self.client.load(Ordering::Acquire);
         }
     }
@@ -327,19 +411,32 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// Closes the uncontended bracket, giving back `slots` client slots with it.
-    fn end_fast(&self, slots: u64) {
-        self.client.fetch_sub(BUSY + slots, Ordering::AcqRel);
+    /// Closes the uncontended bracket, giving back `slots` client slots with it; the joint
+    /// reference if that was the last owner.
+    #[must_use]
+    fn end_fast(&self, slots: u64) -> Joint<K> {
+        if sub_client(&self.client, BUSY + slots) {
+            self.take_joint()
+        } else {
+            None
+        }
     }
 
-    /// Gives a client slot back (under the mutex).
-    fn unclaim_client(&self) {
-        self.client.fetch_sub(1, Ordering::AcqRel);
+    /// Gives a client slot back (under the mutex); the joint reference if that was the last
+    /// owner.
+    #[must_use]
+    fn unclaim_client(&self) -> Joint<K> {
+        if sub_client(&self.client, 1) {
+            self.take_joint()
+        } else {
+            None
+        }
     }
 
     /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
     /// read only when the gate holds a cooldown or `need_now`. On any miss everything taken
     /// goes back and the key is returned for the queued path.
+    #[inline]
     pub(crate) fn try_admit(
         &self,
         provider: usize,
@@ -348,22 +445,22 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         clock: impl FnOnce() -> Duration,
     ) -> Result<FastStart<K>, NotFast<K>> {
         let p = &self.providers[provider];
-        if p.paced || !self.claim_client(true) {
+        if !self.claim_client(true) {
             return Err(NotFast(key));
         }
         if !p.claim() {
-            self.end_fast(1);
+            drop(self.end_fast(1));
             return Err(NotFast(key));
         }
         let cool = p.cool_until.load(Ordering::Acquire);
         let mut now = None;
-        if cool != 0 || need_now {
+        if cool != 0 || need_now || p.paced() {
             let n = clock();
             now = Some(n);
             if cool != 0 {
                 if nanos(n) < cool {
                     p.unclaim();
-                    self.end_fast(1);
+                    drop(self.end_fast(1));
                     return Err(NotFast(key));
                 }
                 // Expired: later admissions need not read the clock. Only from this exact
@@ -373,17 +470,22 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                     .compare_exchange(cool, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
-        match self.keys.claim(&key, || self.next_ticket()) {
-            Some(ticket) => {
-                self.end_fast(0);
-                Ok(FastStart { ticket, key, now })
-            }
-            None => {
+        let Some(ticket) = self.keys.claim(&key, || self.next_ticket()) else {
+            p.unclaim();
+            drop(self.end_fast(1));
+            return Err(NotFast(key));
+        };
+        // Pacing last: its stamp is the start's commitment (nothing is undone after it).
+        if let Some(n) = now.filter(|_| p.paced()) {
+            if !p.pace(n, n) {
+                drop(self.keys.release(&key, ticket));
                 p.unclaim();
-                self.end_fast(1);
-                Err(NotFast(key))
+                drop(self.end_fast(1));
+                return Err(NotFast(key));
             }
         }
+        drop(self.end_fast(0));
+        Ok(FastStart { ticket, key, now })
     }
 
     /// The queued path's start (under the mutex; readiness already checked): client,
@@ -399,22 +501,30 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
         let p = &self.providers[provider];
         if !p.claim() {
-            self.unclaim_client();
+            drop(self.unclaim_client());
             return Err(false);
         }
         if self.keys.claim(key, || ticket).is_none() {
             p.unclaim();
-            self.unclaim_client();
+            drop(self.unclaim_client());
             return Err(false);
         }
         Ok(())
     }
 
-    /// Gives back a start's key, provider slot and client slot without the mutex, inside the
-    /// uncontended bracket, if nobody waits. Returns `false`, having given back nothing, if
-    /// somebody does: the caller then gives them back with
+    /// Gives back a start's key and provider slot without the mutex, inside the uncontended
+    /// bracket, if nobody waits: `Some`, with the invocation's signal if one was made (to
+    /// drop after). The caller then closes the bracket and gives the client slot back with
+    /// [`close_release`], a function of the word alone. Returns `None`, having given back
+    /// nothing, if somebody waits: the caller then gives everything back with
     /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
-    pub(crate) fn release(&self, provider: usize, key: &K) -> bool {
+    #[inline]
+    pub(crate) fn release_open(
+        &self,
+        provider: usize,
+        key: &K,
+        ticket: TicketId,
+    ) -> Option<Option<CancelToken>> {
         // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
         // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
         // the ticket queued for its key waits forever.
@@ -431,7 +541,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         let mut w = self.client.load(Ordering::Acquire);
         loop {
             if w & flags != 0 {
-                return false;
+                return None;
             }
             match self.client.compare_exchange_weak(
                 w,
@@ -443,20 +553,23 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                 Err(x) => w = x,
             }
         }
-        let signal = self.keys.release(key);
+        let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
-        self.end_fast(1);
-        drop(signal);
-        true
+        Some(signal)
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start
-    /// rule runs after it); returns the signal, to drop after the mutex.
-    pub(crate) fn release_locked(&self, provider: usize, key: &K) -> Option<CancelToken> {
-        let signal = self.keys.release(key);
+    /// rule runs after it); returns the signal and, if that was the last owner, the joint
+    /// reference, to drop after the mutex (the caller holds a reference of its own).
+    pub(crate) fn release_locked(
+        &self,
+        provider: usize,
+        key: &K,
+        ticket: TicketId,
+    ) -> (Option<CancelToken>, Joint<K>) {
+        let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
-        self.unclaim_client();
-        signal
+        (signal, self.unclaim_client())
     }
 
     /// The signal of the invocation of `ticket` running `key` (made on first use).
@@ -465,7 +578,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     }
 
     /// Every running invocation's signal made so far (the close cancels them; a signal made
-    /// later sees `CLOSED` under its shard's lock and is made cancelled).
+    /// later sees `CLOSED` under its slot's lock and is made cancelled).
     pub(crate) fn signals(&self) -> Vec<CancelToken> {
         self.keys.signals()
     }

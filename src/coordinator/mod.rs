@@ -38,6 +38,8 @@
 mod clock;
 mod error;
 mod gates;
+mod keys;
+mod names;
 mod retry_after;
 mod state;
 pub mod testing;
@@ -48,10 +50,12 @@ pub use clock::ThreadScheduler;
 pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, WallClock};
 pub use error::{AdmissionError, CoordinatorError};
 pub use retry_after::{parse_retry_after, RetryAfterError};
+use ticket::Owner;
 pub use ticket::{Invocation, Ticket, TicketWait};
 
 use crate::wait::multi::{Admit, MultiWait, Refused, Start, Submitted, Txn};
 use gates::{Gates, NotFast, ProviderGate};
+use names::Names;
 use state::{catch_up, next_instant, Provider, Request, State};
 use std::hash::Hash;
 use std::sync::Arc;
@@ -341,8 +345,6 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             provider_gates.push(ProviderGate::new(l.limit, l.min_interval));
             providers.push(Provider {
                 name,
-                min_interval: l.min_interval,
-                last_start: None,
                 not_before: None,
             });
         }
@@ -363,27 +365,52 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             events: self.record.then(Vec::new),
             scheduled: None,
         };
-        Ok(Coordinator {
-            shared: Arc::new(Shared {
-                wait: MultiWait::new(state),
-                gates,
-                names,
-                clocks,
-                record: self.record,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            wait: MultiWait::new(state),
+            gates,
+            names: Names::new(names),
+            clocks,
+            record: self.record,
+            handles: crate::sync::AtomicUsize::new(1),
+        });
+        shared.gates.hold_joint(shared.clone());
+        Ok(Coordinator { shared })
     }
 }
 
+/// The state every handle, ticket and invocation of one coordinator shares.
+///
+/// # Lifetime
+///
+/// Handles ([`Coordinator`] clones), queued tickets and tickets started on the queued path
+/// hold it with an `Arc`. A ticket started on the uncontended path holds a plain pointer
+/// instead (an `Arc` clone and drop would be two more locked instructions on every admit and
+/// release): **its client slot is its reference**, as in the core (`crate::shared`). The
+/// handles and the client slots together hold one *joint* `Arc` (kept in [`Gates`]):
+///
+/// * the last handle to go sets `DETACHED` in the client word; if no client slot was held,
+///   it gives the joint reference up;
+/// * every RMW that gives a client slot back reads the word it leaves: `DETACHED` and no
+///   slot held means the last owner left, and a `fetch_or` of `FREED` picks exactly one
+///   thread (a start on the queued path after `DETACHED`, e.g. by a timer, holds an `Arc`
+///   and can bring the count back up and down again) to give the joint reference up.
+///
+/// A slot-held pointer is used only while the slot is held: the uncontended completion's
+/// closing RMW is its last touch, and the completion on the queued path first turns the
+/// pointer into an `Arc` (one more reference, on that slower path only). Every other place
+/// that may see the last owner leave runs inside a call that holds an `Arc` of its own, so
+/// giving the joint reference up there never frees the state under it.
 pub(crate) struct Shared<K: Hash + Eq + Clone> {
+    /// Live [`Coordinator`] handles (not tickets or invocations).
+    handles: crate::sync::AtomicUsize,
     pub(crate) wait: MultiWait<State<K>>,
     /// The slots and keys as atomics: the uncontended path admits and releases with them
     /// alone (`gates` module docs).
     pub(crate) gates: crate::sync::Arc<Gates<K>>,
     /// Events are recorded: a fast start records its own under the mutex.
     record: bool,
-    /// Provider name → index (foldhash: looked up on every submit and cooldown; fixed at build).
-    names: foldhash::HashMap<String, usize>,
+    /// Provider name → index (looked up on every submit and cooldown; fixed at build).
+    names: Names,
     pub(crate) clocks: Clocks,
 }
 
@@ -402,8 +429,25 @@ pub struct Coordinator<K: Hash + Eq + Clone = String> {
 
 impl<K: Hash + Eq + Clone> Clone for Coordinator<K> {
     fn clone(&self) -> Self {
+        self.shared
+            .handles
+            .fetch_add(1, crate::sync::Ordering::Relaxed);
         Coordinator {
             shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Coordinator<K> {
+    fn drop(&mut self) {
+        if self
+            .shared
+            .handles
+            .fetch_sub(1, crate::sync::Ordering::AcqRel)
+            == 1
+        {
+            // This handle's own `Arc` keeps the state alive past the joint reference.
+            drop(self.shared.gates.detach());
         }
     }
 }
@@ -431,7 +475,6 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         self.shared
             .names
             .get(name)
-            .copied()
             .ok_or_else(|| CoordinatorError::UnknownProvider(name.to_owned()))
     }
 
@@ -489,7 +532,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             };
             if s.queued == 0 {
                 // Nobody is queued, so starting now jumps nobody: try without raising
-                // `WAITERS` (a paced provider's tickets come this way on every start).
+                // `WAITERS`.
                 if let Start::Now(g) = s.try_start(&r) {
                     return Ok((Ok((ticket, Submitted::Started(g))), plan_wake(t)));
                 }
@@ -516,7 +559,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         self.schedule(wake);
         let (id, submitted) = out?;
         Ok(Ticket::new(
-            self.shared.clone(),
+            Owner::Counted(self.shared.clone()),
             id,
             submitted,
             received_at,
@@ -559,8 +602,12 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             key,
             started_at,
         };
+        // SAFETY: the ticket holds a client slot taken above, which keeps the joint
+        // reference, and with it the state, alive until that slot is given back (`Shared`,
+        // "Lifetime"); the ticket and its invocation give it back last.
+        let owner = unsafe { Owner::slot(shared) };
         Ok(Ticket::new(
-            shared.clone(),
+            owner,
             ticket,
             Submitted::Started(grant),
             received_at,
@@ -585,6 +632,15 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
     pub fn cooldown(&self, provider: &str, delay: Duration) -> Result<(), CoordinatorError> {
         let provider = self.provider_index(provider)?;
         let now = self.shared.clocks.elapsed.elapsed();
+        // A cooldown that ends no later than the provider's not-before changes nothing
+        // (extend-only): one load, no mutex. (The mutex side's instant is never later than
+        // this reading of the monotonic clock, so its deadline would be no later either.)
+        if now
+            .checked_add(delay)
+            .is_some_and(|until| self.shared.gates.providers[provider].covers(until))
+        {
+            return Ok(());
+        }
         let wake = self.shared.wait.transaction(|t| {
             catch_up(t, now);
             let s = t.state();
@@ -654,7 +710,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                             name: p.name.clone(),
                             in_flight: g.in_flight(),
                             cooling_until: later(p.not_before),
-                            paced_until: later(p.paced_until()),
+                            paced_until: later(g.paced_until()),
                         })
                         .collect(),
                     running,

@@ -12,35 +12,12 @@ use std::time::Duration;
 
 use super::{Event, EventKind, TicketId};
 
-/// One provider's configuration and time state (its limit and in-flight count are atomics in
-/// [`Gates`]).
+/// One provider's name and cooldown (its limit, in-flight count and pacing stamp are atomics
+/// in [`Gates`]).
 #[derive(Debug)]
 pub(crate) struct Provider {
     pub(crate) name: String,
-    pub(crate) min_interval: Duration,
-    pub(crate) last_start: Option<Duration>,
     pub(crate) not_before: Option<Duration>,
-}
-
-impl Provider {
-    /// `readyAt(p)`: the later of the cooldown and the pacing deadline; `None` = −∞ (§3, C5,
-    /// C12).
-    pub(crate) fn ready_at(&self) -> Option<Duration> {
-        let paced = self.paced_until();
-        match (self.not_before, paced) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// `lastStart + minInterval` (none without pacing or before the first start).
-    pub(crate) fn paced_until(&self) -> Option<Duration> {
-        if self.min_interval.is_zero() {
-            return None;
-        }
-        // Saturating: a pacing deadline past the clock's end simply never comes.
-        self.last_start.map(|s| s.saturating_add(self.min_interval))
-    }
 }
 
 /// A queued or starting ticket.
@@ -65,7 +42,7 @@ pub(crate) struct Grant<K> {
 }
 
 /// Admission state (COORDINATOR.md §2).
-pub(crate) struct State<K> {
+pub(crate) struct State<K: Hash + Eq + Clone> {
     /// The instant the start rule is applied at (moves instant by instant in a catch-up).
     pub(crate) now: Duration,
     /// The latest clock reading of an operation: when a start actually happens. Equal to
@@ -86,6 +63,16 @@ pub(crate) struct State<K> {
 }
 
 impl<K: Hash + Eq + Clone> State<K> {
+    /// `readyAt(p)`: the later of the cooldown and the pacing deadline; `None` = −∞ (§3, C5,
+    /// C12).
+    pub(crate) fn ready_at(&self, provider: usize) -> Option<Duration> {
+        let paced = self.gates.providers[provider].paced_until();
+        match (self.providers[provider].not_before, paced) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     pub(crate) fn record(&mut self, ticket: TicketId, kind: EventKind) {
         let at = self.now;
         if let Some(e) = &mut self.events {
@@ -111,10 +98,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     /// the key idle (client-wide keys, C6). The start takes all of them and stamps the pacing.
     fn try_start(&mut self, r: &Request<K>) -> Start<Grant<K>> {
         let now = self.now;
-        if self.providers[r.provider]
-            .ready_at()
-            .is_some_and(|at| now < at)
-        {
+        if self.ready_at(r.provider).is_some_and(|at| now < at) {
             return Start::NotYet;
         }
         match self.gates.claim_queued(r.provider, &r.key, r.ticket) {
@@ -123,7 +107,12 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
             Err(false) => return Start::NotYet,
         }
         let stamp = now.max(self.clock_now);
-        self.providers[r.provider].last_start = Some(stamp);
+        // The pacing stamp, checked again: with nobody queued an uncontended start may have
+        // stamped since the check above (with a ticket queued none runs, and this holds).
+        if !self.gates.providers[r.provider].pace(now, stamp) {
+            drop(self.gates.release_locked(r.provider, &r.key, r.ticket));
+            return Start::NotYet;
+        }
         self.record(r.ticket, EventKind::Start);
         Start::Now(Grant {
             ticket: r.ticket,
@@ -134,8 +123,10 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     }
 
     fn give_back(&mut self, g: Grant<K>) {
-        // Under the mutex; the start rule runs after this (the wait's give-back).
-        drop(self.gates.release_locked(g.provider, &g.key));
+        // Under the mutex; the start rule runs after this (the wait's give-back). The
+        // transaction's caller holds an `Arc` of its own, so the joint reference (if this was
+        // the last owner) is not the last reference (`Shared`, "Lifetime").
+        drop(self.gates.release_locked(g.provider, &g.key, g.ticket));
     }
 
     /// The queue cap counts queued tickets only (C13).
@@ -175,7 +166,7 @@ pub(crate) fn next_instant<K: Hash + Eq + Clone>(
             if let Some(d) = r.deadline {
                 consider(d);
             }
-            if let Some(at) = s.providers[r.provider].ready_at() {
+            if let Some(at) = s.ready_at(r.provider) {
                 consider(at);
             }
         }

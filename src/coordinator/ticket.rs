@@ -1,6 +1,7 @@
 //! A submitted ticket ([`Ticket`]), its wait (blocking or [`TicketWait`]), and the running
 //! invocation ([`Invocation`]) that holds the slots until the work completes.
 
+use super::gates::close_release;
 use super::state::{catch_up, Grant, State};
 use super::{plan_wake, schedule_tick, AdmissionError, Shared, TicketId};
 use crate::wait::cancel::CancelToken;
@@ -9,9 +10,70 @@ use std::future::Future;
 use std::hash::Hash;
 use std::ops::Deref;
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
+
+/// How a ticket or invocation holds the coordinator's state (`Shared`, "Lifetime").
+pub(crate) enum Owner<K: Hash + Eq + Clone> {
+    /// A reference of its own.
+    Counted(Arc<Shared<K>>),
+    /// Kept alive by the client slot its holder holds (started on the uncontended path).
+    Slot(NonNull<Shared<K>>),
+}
+
+// SAFETY: an `Owner` is a way to reach a `Shared<K>`, like the `Arc` it stands for; it is
+// `Send`/`Sync` exactly when `Arc<Shared<K>>` is.
+unsafe impl<K: Hash + Eq + Clone> Send for Owner<K> where Arc<Shared<K>>: Send {}
+// SAFETY: as above.
+unsafe impl<K: Hash + Eq + Clone> Sync for Owner<K> where Arc<Shared<K>>: Sync {}
+
+impl<K: Hash + Eq + Clone> Owner<K> {
+    /// A slot-held pointer to `shared`.
+    ///
+    /// # Safety
+    ///
+    /// The holder must hold a client slot of `shared`'s coordinator from now until it gives
+    /// it back, and must not reach the state through this owner after that.
+    pub(crate) unsafe fn slot(shared: &Arc<Shared<K>>) -> Self {
+        // From `Arc::as_ptr`, not from a reference: the pointer must reach the whole `Arc`
+        // allocation (its counts too), for [`counted`](Self::counted).
+        let p = Arc::as_ptr(shared).cast_mut();
+        // SAFETY: an `Arc`'s pointer is never null.
+        Owner::Slot(unsafe { NonNull::new_unchecked(p) })
+    }
+
+    /// An `Arc` of the state (a new reference for a slot-held pointer; called while the
+    /// slot is still held).
+    fn counted(&self) -> Arc<Shared<K>> {
+        match self {
+            Owner::Counted(a) => a.clone(),
+            Owner::Slot(p) => {
+                let p = p.as_ptr().cast_const();
+                // SAFETY: the slot is still held, so the joint `Arc` is alive (`Shared`,
+                // "Lifetime") and `p` came from an `Arc` of it: adding a reference and making
+                // an `Arc` that owns it is sound.
+                unsafe {
+                    Arc::increment_strong_count(p);
+                    Arc::from_raw(p)
+                }
+            }
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Deref for Owner<K> {
+    type Target = Shared<K>;
+    fn deref(&self) -> &Shared<K> {
+        match self {
+            Owner::Counted(a) => a,
+            // SAFETY: a slot-held pointer is only reached while its holder holds its client
+            // slot (`Owner::slot`'s contract), which keeps the state alive.
+            Owner::Slot(p) => unsafe { p.as_ref() },
+        }
+    }
+}
 
 enum Place<K> {
     Started(Grant<K>),
@@ -32,7 +94,7 @@ enum Place<K> {
 /// ```
 pub struct Ticket<K: Hash + Eq + Clone + Send + 'static> {
     /// The coordinator; moved into the invocation when the ticket starts (`None` after).
-    shared: Option<Arc<Shared<K>>>,
+    shared: Option<Owner<K>>,
     id: TicketId,
     place: Option<Place<K>>,
     received_at: SystemTime,
@@ -41,7 +103,7 @@ pub struct Ticket<K: Hash + Eq + Clone + Send + 'static> {
 
 impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     pub(super) fn new(
-        shared: Arc<Shared<K>>,
+        shared: Owner<K>,
         id: TicketId,
         s: Submitted<Grant<K>>,
         received_at: SystemTime,
@@ -114,7 +176,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
                     let removed = t.remove_where(|_, r| r.ticket == self.id, Leave::Cancelled);
                     (!removed.is_empty(), plan_wake(t))
                 });
-                schedule_tick(self.shared(), wake);
+                schedule_tick(&self.shared().counted(), wake);
                 let _ = w;
                 removed
             }
@@ -122,12 +184,13 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
         }
     }
 
-    fn shared(&self) -> &Arc<Shared<K>> {
+    fn shared(&self) -> &Owner<K> {
         self.shared.as_ref().expect("held until the ticket starts")
     }
 
     /// The invocation of a start: the ticket's handle on the coordinator moves into it (no
     /// reference count changes hands).
+    #[inline]
     fn invocation(&mut self, g: Grant<K>) -> Invocation<K> {
         if let Some(d) = self.attempt_timeout {
             // The attempt timeout counts from the start, not from the submit (a start with an
@@ -193,7 +256,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
         let inner = match self.place.take().expect("a ticket is waited once") {
             Place::Started(g) => WaitInner::Ready(Some(Ok(self.invocation(g)))),
             Place::Queued(w) => {
-                WaitInner::Queued(WaitFuture::new(WaitRef(self.shared().clone()), w))
+                WaitInner::Queued(WaitFuture::new(WaitRef(self.shared().counted()), w))
             }
         };
         TicketWait {
@@ -283,7 +346,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Future for TicketWait<K> {
 /// assert_eq!(c.snapshot().client_in_flight, 0);
 /// ```
 pub struct Invocation<K: Hash + Eq + Clone + Send + 'static> {
-    shared: Arc<Shared<K>>,
+    shared: Owner<K>,
     grant: Option<Grant<K>>,
     received_at: SystemTime,
 }
@@ -371,12 +434,25 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
         let Some(g) = self.grant.take() else { return };
         // Key, provider slot, client slot, without the mutex while nobody waits; else under
         // it, followed by the start rule (`gates` module docs).
-        if self.shared.gates.release(g.provider, &g.key) {
+        let gates = &*self.shared.gates;
+        if let Some(signal) = gates.release_open(g.provider, &g.key, g.ticket) {
+            // The closing RMW gives the client slot back: from here another thread may free
+            // the state (a slot-held pointer may dangle), so nothing touches it again unless
+            // this was the last owner, whose joint reference keeps it until dropped last.
+            let joint = if close_release(gates.client_word()) {
+                gates.take_joint()
+            } else {
+                None
+            };
+            drop((g, signal, joint));
             return;
         }
-        let clock = &self.shared.clocks.elapsed;
-        let (signal, wake) = self.shared.wait.transaction(|t| {
-            let signal = t.state().gates.release_locked(g.provider, &g.key);
+        // An `Arc` of its own before the slot goes back under the mutex (`Shared`,
+        // "Lifetime"): the mutex and the scheduler are reached after.
+        let shared = self.shared.counted();
+        let clock = &shared.clocks.elapsed;
+        let ((signal, joint), wake) = shared.wait.transaction(|t| {
+            let released = t.state().gates.release_locked(g.provider, &g.key, g.ticket);
             // With nobody queued there is no deadline or ready time to settle, and every other
             // operation catches up before it reads the state: the clock read is skipped.
             if t.queued() > 0 {
@@ -385,10 +461,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
             // The start rule runs as the transaction ends; its wake plan must see those
             // starts, so run it here first.
             t.start_eligible();
-            (signal, plan_wake(t))
+            (released, plan_wake(t))
         });
-        // The key and the signal are dropped after the mutex.
-        drop((g, signal));
-        schedule_tick(&self.shared, wake);
+        // The key, the signal and the joint reference are dropped after the mutex.
+        drop((g, signal, joint));
+        schedule_tick(&shared, wake);
     }
 }
