@@ -540,6 +540,14 @@ pub enum PausePoint {
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.
     BorrowReserved,
+    /// A pools decision has taken its partition's active unit, still tentative, and is about
+    /// to take its next step (tokens, connection, guard), any of which may refuse it and undo
+    /// the unit (`crate::pools`, "Spurious refusals").
+    PoolsTentativeTaken,
+    /// A pools step found its count full only with units of decisions still in progress (the
+    /// committed units alone leave room) and is about to wait for them to be confirmed or
+    /// undone, instead of refusing.
+    PoolsMetTentative,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

@@ -10,14 +10,15 @@
 //! 1. the partition's active word, as a *tentative* unit (counted in the word's tentative part);
 //! 2. the partition's tokens, tentatively;
 //! 3. the provider's connections, tentatively;
-//! 4. the global guard;
+//! 4. the global guard, tentatively;
 //! 5. the versions of the three limit cells are read again: a change means a reconfiguration
 //!    overlapped the decision, which then gives every unit back and decides again;
 //! 6. the tentative marks are cleared: the admission is final.
 //!
 //! A refused step gives back the units taken before it, in reverse order, and the request is
-//! refused with the reason of that step. Nothing waits while holding a unit (no hold-and-wait,
-//! no deadlock), and every step is lock-free.
+//! refused with the reason of that step. Nothing waits while holding a unit of a later step
+//! than the one it waits at (no hold-and-wait cycle, no deadlock), and a decision that meets
+//! only committed units (the uncontended case) takes every step lock-free.
 //!
 //! **No overshoot, at any instant.** A count only grows by a CAS that checked the new value
 //! against the limit the decision read; it shrinks by undo and release. So no count is ever
@@ -26,12 +27,19 @@
 //! older one stay until released, as in the core; no new unit is taken above the new limit once
 //! [`apply_partition`](super::Pools::apply_partition) returns.
 //!
-//! **Spurious refusals.** A tentative unit that is later given back may refuse another request
-//! that no serial order refuses. A step that finds its count full while some of it is tentative
-//! reads it again a few times before refusing, and a refusal that still saw a tentative part is
-//! counted as `contended_refusals` in the partition's stats: an upper bound on the spurious
-//! ones (`tests/pools_stress.rs` reports it; it is zero in the uncontended case by
-//! construction, since a lone decider sees no tentative unit but its own).
+//! **No spurious refusal.** A tentative unit that is later given back must not refuse another
+//! request that no serial order refuses. So a step whose count is full only with tentative
+//! units (the committed ones alone leave room) does not refuse: it waits for those decisions
+//! to be confirmed or undone (a spin, then a yield: they are a few instructions from either)
+//! and decides on what they leave (`words.rs`, `step`). A refusal is thus always explained by
+//! committed holders at an instant of the call. The wait cannot be circular: a decision holds
+//! tentative units only on the steps before the one it is at, and waits only at that step, so
+//! every chain of waits runs forward through the steps and ends at step 5, which never waits.
+//! It is the contended path's price: a decision that finds another in flight on a full count
+//! waits for it (and, if that thread is preempted, until it runs again), where it used to
+//! refuse. A refusal that waited is counted as `contended_refusals` in the partition's stats;
+//! `tests/pools_tentative.rs` pins the race, and `tests/pools_stress.rs` classifies every
+//! refusal against the committed holders of its limit.
 
 use super::config::{check_limits, Overflow, PartitionConfig, PoolsConfig, PoolsConfigError};
 use super::events::{DecisionEvent, PoolsObserver, Reason};
@@ -251,8 +259,9 @@ impl Engine {
             let mut shadow = match p.hot.active.take(cap, enforce) {
                 Ok(over) => over,
                 Err(full) => {
-                    let reserve = p.hot.active.read().active < pl[ACTIVE_LIMIT];
-                    self.count_refusal::<COUNT>(p, usize::from(reserve), full.contended);
+                    let c = p.hot.active.read();
+                    let reserve = c.active - c.tentative < pl[ACTIVE_LIMIT];
+                    self.count_refusal::<COUNT>(p, usize::from(reserve), full.waited);
                     let reason = if reserve {
                         Reason::HighPriorityReserve
                     } else {
@@ -261,6 +270,7 @@ impl Engine {
                     return refuse(reason, false);
                 }
             };
+            crate::sync::pause(crate::sync::PausePoint::PoolsTentativeTaken);
             // 2. The partition's tokens (tentative), when it has a budget.
             let budget = pl[TOKEN_BUDGET];
             let take_tokens = budget != 0 && tokens != 0;
@@ -274,7 +284,7 @@ impl Engine {
                     Ok(()) => shadow |= !enforce && p.tokens.held() > budget,
                     Err(full) => {
                         p.hot.active.give(true, false);
-                        self.count_refusal::<COUNT>(p, 2, full.contended);
+                        self.count_refusal::<COUNT>(p, 2, full.waited);
                         return refuse(Reason::TokenBudgetReached, true);
                     }
                 }
@@ -282,14 +292,14 @@ impl Engine {
             // 3. The provider's connection (tentative).
             if let Err(full) = prov.conns.take(1, conn_limit, true) {
                 self.undo_partition(p, take_tokens.then_some(tokens));
-                self.count_refusal::<COUNT>(p, 3, full.contended);
+                self.count_refusal::<COUNT>(p, 3, full.waited);
                 return refuse(Reason::ConnectionLimitReached, true);
             }
-            // 4. The global guard: the last step, never tentative.
-            if let Err(full) = self.global.take(1, global_limit, false) {
+            // 4. The global guard (tentative: step 5 may still give it back).
+            if let Err(full) = self.global.take(1, global_limit, true) {
                 prov.conns.give(1, true);
                 self.undo_partition(p, take_tokens.then_some(tokens));
-                self.count_refusal::<COUNT>(p, 4, full.contended);
+                self.count_refusal::<COUNT>(p, 4, full.waited);
                 return refuse(Reason::GlobalLimitReached, true);
             }
             // 5. No reconfiguration overlapped the steps: every limit read was in force at
@@ -298,13 +308,14 @@ impl Engine {
                 && prov.limits.unchanged(cv)
                 && self.global_limits.unchanged(gv))
             {
-                self.global.give(1, false);
+                self.global.give(1, true);
                 prov.conns.give(1, true);
                 self.undo_partition(p, take_tokens.then_some(tokens));
                 bump(&p.hot.counters.reconfig_retries);
                 continue;
             }
             // 6. Final.
+            self.global.confirm();
             p.hot.active.confirm();
             if take_tokens {
                 p.tokens.confirm();
@@ -335,12 +346,12 @@ impl Engine {
         p.hot.active.give(true, false);
     }
 
-    fn count_refusal<const COUNT: bool>(&self, p: &Partition, step: usize, contended: bool) {
+    fn count_refusal<const COUNT: bool>(&self, p: &Partition, step: usize, waited: bool) {
         if !COUNT {
             return;
         }
         bump(&p.hot.counters.refused[step]);
-        if contended {
+        if waited {
             bump(&p.hot.counters.contended_refusals);
         }
     }
