@@ -548,6 +548,9 @@ pub enum PausePoint {
     /// committed units alone leave room) and is about to wait for them to be confirmed or
     /// undone, instead of refusing.
     PoolsMetTentative,
+    /// A pools release has given its units back and is about to hand them to the partitions'
+    /// queued waiters (`crate::pools`, the queue's "Fairness").
+    PoolsReleased,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

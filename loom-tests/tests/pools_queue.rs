@@ -13,6 +13,13 @@
 //!   `LLM_BULKHEAD_LOOM_POOLS_UNDO_NO_HANDOFF=1` (an undone decision starts nobody) leaves it
 //!   waiting.
 //!
+//! * `a_newcomer_does_not_take_a_waiters_unit`: the provider's one connection is held on
+//!   partition `r`; a waiter of `w` is queued for it; then a newcomer to `r` (nobody waits
+//!   there) races with the connection's release. The waiter is older and keeps what it gets:
+//!   the newcomer is refused in every interleaving. Broken variant
+//!   `LLM_BULKHEAD_LOOM_POOLS_NEWCOMER_JUMPS=1` (a newcomer keeps a unit it took while a
+//!   waiter was owed it) admits it.
+//!
 //! A waiter left waiting spins in its blocking wait (a yield under loom, which has no timed
 //! park) until loom's branch limit ends the execution: the broken variants fail that way.
 #![cfg(loom)]
@@ -92,6 +99,41 @@ fn an_undone_decision_starts_the_waiter() {
         held.complete(None);
         d.join().unwrap();
         w.join().unwrap();
+        assert_zero(&pools);
+    });
+}
+
+#[test]
+fn a_newcomer_does_not_take_a_waiters_unit() {
+    model(|| {
+        let pools = Arc::new(Pools::new(&config(true)).unwrap());
+        let (r, w) = (
+            pools.partition("p-r").unwrap(),
+            pools.partition("p-w").unwrap(),
+        );
+        let held = pools.try_admit(&PoolRequest::new(1, r)).unwrap();
+        // The waiter keeps its permit until the end: whatever it got was its own.
+        let waiter = {
+            let pools = pools.clone();
+            thread::spawn(move || {
+                let out = pools.admit_blocking(&PoolRequest::new(2, w), None);
+                let permit = out.into_permit().expect("the waiter is admitted");
+                permit.into_owned(&pools).ok().expect("its own pools")
+            })
+        };
+        while pools.stats().partitions[w.index()].pending == 0 {
+            thread::yield_now();
+        }
+        let newcomer = {
+            let pools = pools.clone();
+            thread::spawn(move || pools.try_admit(&PoolRequest::new(3, r)).map(drop).is_ok())
+        };
+        held.complete(None);
+        assert!(
+            !newcomer.join().unwrap(),
+            "the newcomer took the waiter's connection"
+        );
+        drop(waiter.join().unwrap());
         assert_zero(&pools);
     });
 }

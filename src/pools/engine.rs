@@ -38,7 +38,7 @@
 //! It is the contended path's price: a decision that finds another in flight on a full count
 //! waits for it (and, if that thread is preempted, until it runs again), where it used to
 //! refuse. A refusal that waited is counted as `contended_refusals` in the partition's stats;
-//! `tests/pools_tentative.rs` pins the race, and `tests/pools_stress.rs` classifies every
+//! `tests/pools_races.rs` pins the race, and `tests/pools_stress.rs` classifies every
 //! refusal against the committed holders of its limit.
 
 use super::config::{check_limits, Overflow, PartitionConfig, PoolsConfig, PoolsConfigError};
@@ -139,6 +139,9 @@ pub(crate) struct Refused {
     /// The decision gave back units it had taken (a later step refused): a waiter that saw
     /// them held may start now (`queue.rs`, "The hand-off").
     pub(crate) undid: bool,
+    /// Not a refusal: a newcomer's units could have gone to queued waiters, so it gave them
+    /// back to decide behind them, under the queue's mutex (`queue.rs`, "Fairness").
+    pub(crate) behind: bool,
 }
 
 /// An admitted decision: the version, and whether observe mode let it past a partition limit.
@@ -228,9 +231,11 @@ impl Engine {
 
     /// One decision on partition `pi` (module docs, "The decision"). `COUNT`: a refusal is
     /// counted in the partition's stats (a newcomer's); a queued waiter judged again by the
-    /// start rule is not counted at each look.
+    /// start rule is not counted at each look. `FAIR`: a newcomer deciding without the
+    /// queue's mutex, which defers to the queued waiters that may need a unit it took
+    /// (`queue.rs`, "Fairness").
     #[inline]
-    pub(crate) fn decide<const COUNT: bool>(
+    pub(crate) fn decide<const COUNT: bool, const FAIR: bool>(
         &self,
         pi: usize,
         priority: Priority,
@@ -248,6 +253,7 @@ impl Engine {
                     reason,
                     version,
                     undid,
+                    behind: false,
                 })
             };
             let enforce = pl[OBSERVE] == 0;
@@ -314,6 +320,20 @@ impl Engine {
                 bump(&p.hot.counters.reconfig_retries);
                 continue;
             }
+            // 5b. A newcomer whose units may be what queued waiters wait for gives them back
+            // and decides behind those waiters (`queue.rs`, "Fairness"). After its steps, so
+            // that a release's freed unit it took is seen with the waiters it was meant for.
+            if FAIR && self.behind_waiters(p, conn_limit, global_limit) {
+                self.global.give(1, true);
+                prov.conns.give(1, true);
+                self.undo_partition(p, take_tokens.then_some(tokens));
+                return Err(Refused {
+                    reason: Reason::CapacityAvailable,
+                    version,
+                    undid: true,
+                    behind: true,
+                });
+            }
             // 6. Final.
             self.global.confirm();
             p.hot.active.confirm();
@@ -331,6 +351,30 @@ impl Engine {
                 tokens: if take_tokens { tokens } else { 0 },
             });
         }
+    }
+
+    /// Whether a newcomer that holds its units (tentatively) may have taken one that a queued
+    /// waiter needs: waiters wait, and its partition has some, or its provider's connections
+    /// or the global guard have fewer free units left than there are waiters. The waiters'
+    /// count is read after the steps, SeqCst: a release that freed a unit before a waiter's
+    /// entry counted it is not one the waiter was owed (`queue.rs`, "Fairness").
+    #[inline]
+    fn behind_waiters(&self, p: &Partition, conn_limit: u64, global_limit: u64) -> bool {
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_NEWCOMER_JUMPS") {
+            // Broken on purpose: a newcomer keeps a unit freed for a waiter
+            // (`loom-tests/tests/pools_queue.rs`).
+            return false;
+        }
+        crate::sync::loom_sc_fence();
+        let waiters = self.queued.load(Ordering::SeqCst);
+        if waiters == 0 {
+            return false;
+        }
+        let free = |limit: u64, g: &Gauge| limit.saturating_sub(g.held());
+        p.hot.pending.load(Ordering::SeqCst) != 0
+            || free(conn_limit, &self.providers[p.provider].conns) < waiters
+            || free(global_limit, &self.global) < waiters
     }
 
     fn undo_partition(&self, p: &Partition, tokens: Option<u64>) {
@@ -395,6 +439,7 @@ impl Engine {
                     reason: Reason::RetryBudgetReached,
                     version: pv / 2,
                     undid: false,
+                    behind: false,
                 })
             }
         }

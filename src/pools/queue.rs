@@ -28,14 +28,20 @@
 //!
 //! ## Fairness
 //!
-//! A newcomer whose partition has waiters goes through the queue, behind them. A newcomer to a
-//! partition nobody waits for decides without the lock: it may take a connection or a global
-//! unit that a release just freed before that release's start rule gives it to another
-//! partition's waiter (the newcomer then counts as having arrived first). So the queue keeps a
-//! partition's own units for its waiters, and shares the provider's connections and the global
-//! guard first come, first served. [`Pools::admit`] and [`Pools::try_admit`] never wait and
-//! never look at the queue: like a newcomer to an idle partition, they may take a unit a
-//! release frees before its start rule runs.
+//! A unit a release frees goes to the oldest queued waiter that can start with it, never to a
+//! newcomer racing with that release (as in the core and the coordinator). A newcomer whose
+//! partition has waiters goes through the queue, behind them. Any other newcomer (a decision
+//! of [`Pools::try_admit`], [`Pools::admit`], or the entry of an idle waiting partition)
+//! decides without the lock, then, holding its units tentatively, reads how many wait
+//! (`Engine::queued`, SeqCst, after its steps). If some wait and its units may be theirs (its
+//! partition has waiters, or its provider's connections or the global guard have fewer free
+//! units left than there are waiters), it gives them back and decides again under the
+//! queue's mutex, after the start rule has started every waiter that can start. A release
+//! gives its units back before it reads the count, and a waiter counts itself before its
+//! last judgment, so a newcomer that took a freed unit a waiter was owed sees that waiter
+//! counted (one total order of SeqCst operations). With nobody waiting it costs one load.
+//! `tests/pools_races.rs` pins the race: a newcomer to an idle partition comes between a
+//! release's give-back and its hand-off, and the other partition's waiter still starts.
 //!
 //! ## Events
 //!
@@ -132,7 +138,7 @@ impl Admit for Pending {
     fn try_start(&mut self, w: &Waiter) -> Start<(usize, Granted)> {
         match self
             .engine
-            .decide::<false>(w.partition, w.priority, w.tokens)
+            .decide::<false, false>(w.partition, w.priority, w.tokens)
         {
             Ok(g) => Start::Now((w.partition, g)),
             Err(Refused {
@@ -240,6 +246,44 @@ impl Pools {
         }
     }
 
+    /// A newcomer's decision outside the queue (`try_admit`, `admit`, each attempt of a
+    /// route): lock-free, unless its units may be what queued waiters wait for; then it
+    /// decides behind them (module docs, "Fairness").
+    #[inline]
+    pub(crate) fn decide_newcomer(
+        &self,
+        pi: usize,
+        priority: Priority,
+        tokens: u64,
+    ) -> Result<Granted, Refused> {
+        match self.engine.decide::<true, true>(pi, priority, tokens) {
+            Err(r) if r.behind => self.decide_behind_waiters(pi, priority, tokens),
+            d => d,
+        }
+    }
+
+    /// Under the queue's mutex: the eligible waiters start first (oldest first), then the
+    /// newcomer is decided on what they leave.
+    #[cold]
+    fn decide_behind_waiters(
+        &self,
+        pi: usize,
+        priority: Priority,
+        tokens: u64,
+    ) -> Result<Granted, Refused> {
+        let now = self.engine.now();
+        self.queue.transaction(|t| {
+            expire(t, now);
+            t.start_eligible();
+            let mut d = self.engine.decide::<true, false>(pi, priority, tokens);
+            if let Err(r) = &mut d {
+                // The transaction's start rule runs after it: no further hand-off needed.
+                r.undid = false;
+            }
+            d
+        })
+    }
+
     #[cold]
     fn kick_slow(&self) {
         let now = self.engine.now();
@@ -250,6 +294,7 @@ impl Pools {
     #[inline]
     pub(crate) fn release(&self, pi: usize, tokens: u64, retry: bool) {
         self.engine.release(pi, tokens, retry);
+        crate::sync::pause(crate::sync::PausePoint::PoolsReleased);
         self.kick();
     }
 
@@ -359,8 +404,10 @@ impl Pools {
         let mut route = Route::new();
         // Nobody waits here: decide without the lock.
         if p.hot.pending.load(Ordering::SeqCst) == 0 {
-            match e.decide::<true>(pi, req.priority, req.tokens) {
+            match e.decide::<true, true>(pi, req.priority, req.tokens) {
                 Ok(g) => return Entry::Done(self.dispatched(req, req.partition, g, route, None)),
+                // Behind the waiters: the transaction below starts them first.
+                Err(r) if r.behind => {}
                 Err(r) => self.after_refusal(r.undid),
             }
         }
@@ -373,6 +420,9 @@ impl Pools {
         };
         let submitted = self.queue.transaction(|t| {
             expire(t, now);
+            // A release may have given units back and not handed them on yet: the waiters
+            // get them before this newcomer is judged (module docs, "Fairness").
+            t.start_eligible();
             let s = t.state();
             s.tickets += 1;
             let w = Waiter {

@@ -457,7 +457,7 @@ impl Pools {
     #[inline]
     pub fn try_admit(&self, req: &PoolRequest) -> Result<PoolPermit<'_>, PoolRefusal> {
         let pi = req.partition.index();
-        match self.engine.decide::<true>(pi, req.priority, req.tokens) {
+        match self.decide_newcomer(pi, req.priority, req.tokens) {
             Ok(g) => {
                 self.emit(
                     req,
@@ -586,7 +586,7 @@ impl Pools {
         loop {
             let attempt = route.attempts() + 1;
             let p = &e.partitions[at.index()];
-            let refused = match e.decide::<true>(at.index(), req.priority, req.tokens) {
+            let refused = match self.decide_newcomer(at.index(), req.priority, req.tokens) {
                 Ok(g) => {
                     let retry = charge.take().map(RetryCharge::take);
                     return self.dispatched(req, at, g, route, retry);
@@ -597,6 +597,7 @@ impl Pools {
                 reason,
                 version,
                 undid,
+                ..
             } = refused;
             self.after_refusal(undid);
             match p.overflow {

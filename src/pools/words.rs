@@ -118,6 +118,12 @@ fn step<R>(word: &AtomicU64, decide: impl Fn(u64) -> (Option<(u64, R)>, bool)) -
             }
             (None, false) => return Err(Full { waited: waits != 0 }),
             (None, true) => {
+                #[cfg(loom)]
+                if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_REFUSE_TENTATIVE") {
+                    // Broken on purpose: a count full with tentative units refuses at once;
+                    // `loom-tests/tests/pools.rs` finds a request refused by an undone unit.
+                    return Err(Full { waited: false });
+                }
                 wait_for_decisions(&mut waits);
                 cur = word.load(Ordering::SeqCst);
             }

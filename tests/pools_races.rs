@@ -1,12 +1,21 @@
-//! A pools decision takes its units by tentative steps and undoes them when a later step
+//! Two races of the pools, each pinned with the pause hooks (feature `testing`).
+//!
+//! **An undone unit refuses no one.** A pools decision takes its units by tentative steps and undoes them when a later step
 //! refuses it. A request that meets such a unit must not be refused because of it: it waits
 //! for the decision in progress to be confirmed or undone, and is refused only when the
 //! committed holders explain the refusal (`src/pools/engine.rs`, "Spurious refusals").
 //!
-//! Pinned with the pause hooks (feature `testing`): decision D holds its partition's last
+//! Decision D holds its partition's last
 //! unit tentatively and is stopped there; request R comes to the same partition; D is then
 //! refused by its token budget and gives the unit back. Every serial order admits R (D is
 //! refused in all of them), so R must be admitted.
+
+//!
+//! **A freed unit goes to the queued waiter, not to a racing newcomer.** Partition `a-x`
+//! waits on overflow; `b-z` rejects; the global guard has one unit, held by `b-z`. A waiter
+//! of `a-x` is queued for it. The release of `b-z` is stopped after it gave the unit back and
+//! before it hands it on; a newcomer to `b-z` (nobody waits there) comes meanwhile. The
+//! waiter is older: it must start, and the newcomer be refused.
 
 use llm_bulkhead::pools::*;
 use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
@@ -85,4 +94,69 @@ fn a_unit_that_is_undone_refuses_no_one() {
     let p = &pools.stats().partitions[0];
     assert_eq!((p.active, p.tentative, p.tokens), (0, 0, 0), "{p:?}");
     assert_eq!(p.admitted, 1);
+}
+
+/// `a-x` (provider a, waits, pending 4) and `b-z` (provider b, rejects), one unit each, and
+/// a global guard of one.
+fn two_partitions_one_guard() -> Pools {
+    let mut config = PoolsConfig::single("a", "x", 1);
+    config.extend_with("b", "z", 1);
+    config.global.max_active = 1;
+    config.classes.get_mut("x").unwrap().overflow = Overflow::Wait;
+    let part = config.partitions.get_mut("a-x").unwrap();
+    (part.pending_limit, part.queue_max_age_ms) = (4, 600_000);
+    Pools::new(&config).unwrap()
+}
+
+#[test]
+fn a_freed_unit_goes_to_the_waiter_not_to_a_newcomer() {
+    let pools = two_partitions_one_guard();
+    let (ax, bz) = (
+        pools.partition("a-x").unwrap(),
+        pools.partition("b-z").unwrap(),
+    );
+    let held = pools.try_admit(&PoolRequest::new(1, bz)).unwrap();
+    let (at_pause, paused) = mpsc::channel();
+    let (go_tx, go) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| pools.admit_blocking(&PoolRequest::new(2, ax), None));
+        while pools.stats().partitions[ax.index()].pending == 0 {
+            std::thread::yield_now();
+        }
+        // The release, stopped between giving the unit back and handing it on.
+        let releaser = s.spawn(move || {
+            set_pause_hook(move |p| {
+                if p == PausePoint::PoolsReleased {
+                    at_pause.send(()).unwrap();
+                    go.recv().unwrap();
+                }
+            });
+            held.complete(None);
+            clear_pause_hook();
+        });
+        paused.recv().unwrap();
+        assert_eq!(pools.stats().global.held, 0);
+        let newcomer = pools.try_admit(&PoolRequest::new(3, bz));
+        go_tx.send(()).unwrap();
+        releaser.join().unwrap();
+        let refused = newcomer.map(|jumped| {
+            jumped.complete(None); // its release starts the waiter, before this test fails
+        });
+        let started = waiter.join().unwrap();
+        let d = started.route().decisions();
+        assert_eq!(
+            (d[0].decision, d.last().unwrap().decision),
+            (Decision::Queue, Decision::Dispatch),
+            "the waiter did not start: {d:?}"
+        );
+        drop(started);
+        let refused = refused.err().map(|r| r.reason);
+        assert_eq!(
+            refused,
+            Some(Reason::GlobalLimitReached),
+            "the newcomer jumped the waiter"
+        );
+    });
+    let s = pools.stats();
+    assert_eq!(s.global.held, 0, "{s:?}");
 }
