@@ -551,6 +551,9 @@ pub enum PausePoint {
     /// A pools release has given its units back and is about to hand them to the partitions'
     /// queued waiters (`crate::pools`, the queue's "Fairness").
     PoolsReleased,
+    /// An async pools waiter found no outcome yet and is about to read its deadline: a
+    /// release may start it now, and the deadline then pass (its start is given back, once).
+    PoolsWaiterDeadline,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

@@ -335,7 +335,10 @@ impl Pools {
         match self.enter(req, deadline) {
             Entry::Done(out) => out,
             Entry::Queued(id, w, route) => {
-                let out = self.queue.wait_blocking(id, Some(w.deadline));
+                // On an injected clock the deadline is that clock's: releases, entries and
+                // `expire_waiters` end the wait (module docs, "Age and deadlines").
+                let own = self.engine.clock.is_none().then_some(w.deadline);
+                let out = self.queue.wait_blocking(id, own);
                 self.waited(req, w, out, route)
             }
         }
@@ -381,10 +384,13 @@ impl Pools {
                 Entry::Queued(id, w, route) => {
                     let out = Deadline {
                         wait: WaitFuture::new(&self.queue, id),
-                        queue: &self.queue,
+                        pools: self,
                         id,
                         at: w.deadline,
                         timer: None,
+                        req,
+                        route,
+                        done: false,
                     }
                     .await;
                     self.waited(&req, w, out, route)
@@ -481,13 +487,19 @@ impl Pools {
 }
 
 /// A queued waiter's future with its deadline: at the deadline it leaves the queue (a start
-/// that raced with it is given back and passed on).
+/// that raced with it is given back once, by `MultiWait::cancel`, and passed on). Its
+/// deadline is read on the pools' clock; on the default clock a timer wakes it then, on an
+/// injected one the pools' own operations do (`expire_waiters`).
 struct Deadline<'p> {
     wait: WaitFuture<Pending, &'p MultiWait<Pending>>,
-    queue: &'p MultiWait<Pending>,
+    pools: &'p Pools,
     id: WaiterId,
     at: Instant,
     timer: Option<u64>,
+    /// The request and its route so far, for the events of a start it never collects.
+    req: PoolRequest,
+    route: Route,
+    done: bool,
 }
 
 impl Future for Deadline<'_> {
@@ -496,12 +508,22 @@ impl Future for Deadline<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         if let Poll::Ready(out) = Pin::new(&mut this.wait).poll(cx) {
+            this.done = true;
             return Poll::Ready(out);
         }
-        if Instant::now() >= this.at {
-            // Its outcome becomes `Left(TimedOut)`; the future below collects it.
-            this.queue.cancel(this.id, Leave::TimedOut);
-            return Pin::new(&mut this.wait).poll(cx);
+        let queue = &this.pools.queue;
+        crate::sync::pause(crate::sync::PausePoint::PoolsWaiterDeadline);
+        if this.pools.engine.now() >= this.at {
+            // Its outcome becomes `Left(TimedOut)`; the future below collects it. A start
+            // that came meanwhile is given back here, once, and passed on.
+            queue.cancel(this.id, Leave::TimedOut);
+            let out = Pin::new(&mut this.wait).poll(cx);
+            this.done = out.is_ready();
+            return out;
+        }
+        if this.pools.engine.clock.is_some() {
+            // The injected clock's deadline: `expire_waiters` and releases end the wait.
+            return Poll::Pending;
         }
         match this.timer {
             Some(t) => crate::wait::timer::update(t, cx.waker()),
@@ -515,6 +537,23 @@ impl Drop for Deadline<'_> {
     fn drop(&mut self) {
         if let Some(t) = self.timer.take() {
             crate::wait::timer::cancel(t);
+        }
+        if self.done {
+            return;
+        }
+        // Dropped before its outcome was collected. Still queued: it leaves (its queue
+        // decision was its last event). Started meanwhile: the start was a decision, so it
+        // gets its dispatch event, and its completion (cancelled) gives the units back.
+        let (id, pools) = (self.id, self.pools);
+        let out = pools
+            .queue
+            .transaction(|t| t.withdraw(id, Leave::Cancelled));
+        if let Some(Waited::Started((_, g))) = out {
+            let (req, at) = (&self.req, self.req.partition);
+            let started = pools.dispatched(req, at, g, self.route, None);
+            if let Some(permit) = started.into_permit() {
+                permit.complete(Some(super::FailureClass::Cancelled));
+            }
         }
     }
 }
