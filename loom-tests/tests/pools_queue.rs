@@ -28,6 +28,7 @@ mod common;
 
 use common::model;
 use llm_bulkhead::pools::*;
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -112,13 +113,18 @@ fn a_newcomer_does_not_take_a_waiters_unit() {
             pools.partition("p-w").unwrap(),
         );
         let held = pools.try_admit(&PoolRequest::new(1, r)).unwrap();
-        // The waiter keeps its permit until the end: whatever it got was its own.
+        // The waiter keeps its permit until the newcomer has decided: whatever it got was its
+        // own.
+        let decided = Arc::new(AtomicBool::new(false));
         let waiter = {
-            let pools = pools.clone();
+            let (pools, decided) = (pools.clone(), decided.clone());
             thread::spawn(move || {
                 let out = pools.admit_blocking(&PoolRequest::new(2, w), None);
                 let permit = out.into_permit().expect("the waiter is admitted");
-                permit.into_owned(&pools).ok().expect("its own pools")
+                while !decided.load(Ordering::SeqCst) {
+                    thread::yield_now();
+                }
+                permit.complete(None);
             })
         };
         while pools.stats().partitions[w.index()].pending == 0 {
@@ -133,7 +139,8 @@ fn a_newcomer_does_not_take_a_waiters_unit() {
             !newcomer.join().unwrap(),
             "the newcomer took the waiter's connection"
         );
-        drop(waiter.join().unwrap());
+        decided.store(true, Ordering::SeqCst);
+        waiter.join().unwrap();
         assert_zero(&pools);
     });
 }
