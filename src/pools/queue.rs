@@ -46,18 +46,25 @@
 //! ## Events
 //!
 //! A waiter's decisions are a [`Decision::Queue`], then a dispatch or a rejection (its age,
-//! its deadline). A waiter that is cancelled (its future dropped) makes no further decision:
-//! its queue decision is its last event, and the partition's `pending` count drops.
+//! its deadline). A waiter that is cancelled (its future dropped) while queued makes no
+//! further decision: its queue decision is its last event, and the partition's `pending`
+//! count drops. One started by a release and dropped before it collected the start has its
+//! dispatch event and a completion event ([`FailureClass::Cancelled`](super::FailureClass)),
+//! and its units go back to the next waiter.
 //!
 //! ## Age and deadlines
 //!
 //! A waiter's deadline is the nearer of its arrival plus the partition's `queue_max_age_ms`
-//! and the caller's deadline. It leaves at that deadline (its own wait times out), and every
-//! release removes the waiters whose deadline passed before it starts anyone: a waiter older
-//! than its partition's max age is refused with [`Reason::QueueAgeExceeded`] even when the
-//! queue is short. At entry a caller is refused with [`Reason::DeadlineUnmeetable`] when its
-//! deadline has passed or is nearer than the age of its partition's oldest waiter, and with
-//! [`Reason::PendingLimitReached`] when the queue is full.
+//! and the caller's deadline, on the pools' clock. On the default clock it leaves at that
+//! deadline (its own wait times out); on an injected clock ([`Pools::with_clock`]) the pools'
+//! operations on that clock end it: every release and every entry removes the waiters whose
+//! deadline passed before it starts anyone, and so does [`Pools::expire_waiters`]. A waiter
+//! older than its partition's max age is refused with [`Reason::QueueAgeExceeded`] even when
+//! the queue is short. At entry a caller is refused with [`Reason::DeadlineUnmeetable`] when
+//! its deadline has passed or is nearer than the age of its partition's oldest waiter, and
+//! with [`Reason::PendingLimitReached`] when the queue is full. An async waiter that a release
+//! starts just before it reads its passed deadline leaves with its age as the reason and gives
+//! the start back, once, to the next waiter (`tests/pools_races.rs`).
 
 use super::config::Overflow;
 use super::engine::{Engine, Granted, Refused, MAX_AGE_MS, PENDING_LIMIT, TOKEN_BUDGET};
