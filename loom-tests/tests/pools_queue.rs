@@ -9,9 +9,10 @@
 //! * `an_undone_decision_starts_the_waiter`: a waiter for partition `x`, a decision on `x`
 //!   that may take `x`'s unit and give it back (its connection step refused), and the release
 //!   of the provider's one connection, held on partition `y`. The waiter may be judged while
-//!   the other decision holds `x`'s unit for a moment; the undo then starts it. Broken variant
-//!   `LLM_BULKHEAD_LOOM_POOLS_UNDO_NO_HANDOFF=1` (an undone decision starts nobody) leaves it
-//!   waiting.
+//!   the other decision holds `x`'s unit tentatively; it waits for that unit's undo rather
+//!   than refusing, so it starts although the undo hands nothing on. Broken variant
+//!   `LLM_BULKHEAD_LOOM_POOLS_REFUSE_TENTATIVE=1` (a count full only with tentative units
+//!   refuses at once) leaves it waiting.
 //!
 //! * `a_newcomer_does_not_take_a_waiters_unit`: the provider's one connection is held on
 //!   partition `r`; a waiter of `w` is queued for it; then a newcomer to `r` (nobody waits

@@ -136,9 +136,6 @@ pub(crate) struct Engine {
 pub(crate) struct Refused {
     pub(crate) reason: Reason,
     pub(crate) version: u64,
-    /// The decision gave back units it had taken (a later step refused): a waiter that saw
-    /// them held may start now (`queue.rs`, "The hand-off").
-    pub(crate) undid: bool,
     /// Not a refusal: a newcomer's units could have gone to queued waiters, so it gave them
     /// back to decide behind them, under the queue's mutex (`queue.rs`, "Fairness").
     pub(crate) behind: bool,
@@ -248,11 +245,10 @@ impl Engine {
             let (cv, [conn_limit]) = prov.limits.read();
             let (gv, [global_limit]) = self.global_limits.read();
             let version = pv / 2;
-            let refuse = |reason, undid| {
+            let refuse = |reason| {
                 Err(Refused {
                     reason,
                     version,
-                    undid,
                     behind: false,
                 })
             };
@@ -273,7 +269,7 @@ impl Engine {
                     } else {
                         Reason::ActiveLimitReached
                     };
-                    return refuse(reason, false);
+                    return refuse(reason);
                 }
             };
             crate::sync::pause(crate::sync::PausePoint::PoolsTentativeTaken);
@@ -291,7 +287,7 @@ impl Engine {
                     Err(full) => {
                         p.hot.active.give(true, false);
                         self.count_refusal::<COUNT>(p, 2, full.waited);
-                        return refuse(Reason::TokenBudgetReached, true);
+                        return refuse(Reason::TokenBudgetReached);
                     }
                 }
             }
@@ -299,14 +295,14 @@ impl Engine {
             if let Err(full) = prov.conns.take(1, conn_limit, true) {
                 self.undo_partition(p, take_tokens.then_some(tokens));
                 self.count_refusal::<COUNT>(p, 3, full.waited);
-                return refuse(Reason::ConnectionLimitReached, true);
+                return refuse(Reason::ConnectionLimitReached);
             }
             // 4. The global guard (tentative: step 5 may still give it back).
             if let Err(full) = self.global.take(1, global_limit, true) {
                 prov.conns.give(1, true);
                 self.undo_partition(p, take_tokens.then_some(tokens));
                 self.count_refusal::<COUNT>(p, 4, full.waited);
-                return refuse(Reason::GlobalLimitReached, true);
+                return refuse(Reason::GlobalLimitReached);
             }
             // 5. No reconfiguration overlapped the steps: every limit read was in force at
             // each CAS. Otherwise give everything back and decide under the new limits.
@@ -330,7 +326,6 @@ impl Engine {
                 return Err(Refused {
                     reason: Reason::CapacityAvailable,
                     version,
-                    undid: true,
                     behind: true,
                 });
             }
@@ -438,7 +433,6 @@ impl Engine {
                 Err(Refused {
                     reason: Reason::RetryBudgetReached,
                     version: pv / 2,
-                    undid: false,
                     behind: false,
                 })
             }

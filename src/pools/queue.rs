@@ -23,8 +23,10 @@
 //! the newcomer counted, and runs the start rule after its entry, or the newcomer's last
 //! judgment sees the units given back: no waiter stays queued with its units free (Dekker's
 //! pattern over one total order of SeqCst operations). A decision that took units and gave
-//! them back (a later step refused it) is a release too: a waiter judged meanwhile may have
-//! seen them held. `loom-tests/tests/pools_queue.rs` models the hand-off.
+//! them back (a later step refused it) needs no hand-off: its units were tentative until
+//! then, and a waiter's judgment that meets tentative units waits for them instead of
+//! refusing (`engine.rs`, "No spurious refusal"), so no judgment ever counted them.
+//! `loom-tests/tests/pools_queue.rs` models the hand-off and shows the undo needs none.
 //!
 //! ## Fairness
 //!
@@ -239,20 +241,6 @@ impl Pools {
         }
     }
 
-    /// After a refused decision: one that gave units back is a release (module docs).
-    #[inline]
-    pub(crate) fn after_refusal(&self, undid: bool) {
-        #[cfg(loom)]
-        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_UNDO_NO_HANDOFF") {
-            // Broken on purpose: an undone decision starts nobody; a waiter refused while it
-            // held units stays queued (`loom-tests/tests/pools_queue.rs`).
-            return;
-        }
-        if undid {
-            self.kick();
-        }
-    }
-
     /// A newcomer's decision outside the queue (`try_admit`, `admit`, each attempt of a
     /// route): lock-free, unless its units may be what queued waiters wait for; then it
     /// decides behind them (module docs, "Fairness").
@@ -282,12 +270,7 @@ impl Pools {
         self.queue.transaction(|t| {
             expire(t, now);
             t.start_eligible();
-            let mut d = self.engine.decide::<true, false>(pi, priority, tokens);
-            if let Err(r) = &mut d {
-                // The transaction's start rule runs after it: no further hand-off needed.
-                r.undid = false;
-            }
-            d
+            self.engine.decide::<true, false>(pi, priority, tokens)
         })
     }
 
@@ -420,8 +403,7 @@ impl Pools {
             match e.decide::<true, true>(pi, req.priority, req.tokens) {
                 Ok(g) => return Entry::Done(self.dispatched(req, req.partition, g, route, None)),
                 // Behind the waiters: the transaction below starts them first.
-                Err(r) if r.behind => {}
-                Err(r) => self.after_refusal(r.undid),
+                Err(_) => {}
             }
         }
         let now = e.now();

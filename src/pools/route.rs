@@ -470,7 +470,6 @@ impl Pools {
                 Ok(self.permit(req, req.partition, g, None))
             }
             Err(r) => {
-                self.after_refusal(r.undid);
                 self.emit(req, r.version, Decision::Reject, r.reason, None, 1);
                 Err(PoolRefusal {
                     partition: req.partition,
@@ -594,12 +593,8 @@ impl Pools {
                 Err(r) => r,
             };
             let Refused {
-                reason,
-                version,
-                undid,
-                ..
+                reason, version, ..
             } = refused;
-            self.after_refusal(undid);
             match p.overflow {
                 // A caller that cannot wait is rejected (the waits are `admit_blocking` and
                 // `admit_async`).
