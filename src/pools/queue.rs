@@ -400,10 +400,10 @@ impl Pools {
         let mut route = Route::new();
         // Nobody waits here: decide without the lock.
         if p.hot.pending.load(Ordering::SeqCst) == 0 {
-            match e.decide::<true, true>(pi, req.priority, req.tokens) {
-                Ok(g) => return Entry::Done(self.dispatched(req, req.partition, g, route, None)),
-                // Behind the waiters: the transaction below starts them first.
-                Err(_) => {}
+            // Refused, or behind waiters (the transaction below starts them first): the
+            // queue judges it.
+            if let Ok(g) = e.decide::<true, true>(pi, req.priority, req.tokens) {
+                return Entry::Done(self.dispatched(req, req.partition, g, route, None));
             }
         }
         let now = e.now();
