@@ -187,9 +187,9 @@ impl Clock {
 
 /// What an observer saw, per request: its decisions and its completions.
 #[derive(Default, Clone)]
-struct Seen2(Arc<Mutex<Vec<(u64, String)>>>);
+struct Events(Arc<Mutex<Vec<(u64, String)>>>);
 
-impl PoolsObserver for Seen2 {
+impl PoolsObserver for Events {
     fn on_decision(&self, e: &DecisionEvent<'_>) {
         let line = format!("{:?}", e.decision);
         self.0.lock().unwrap().push((e.request_id, line));
@@ -200,7 +200,7 @@ impl PoolsObserver for Seen2 {
     }
 }
 
-impl Seen2 {
+impl Events {
     fn of(&self, id: u64) -> Vec<String> {
         let all = self.0.lock().unwrap();
         all.iter()
@@ -211,13 +211,19 @@ impl Seen2 {
 }
 
 /// Partition `p-w`: one unit, waits on overflow (pending 4, max age 60 s), on `clock`.
-fn waiting_pools(clock: &Clock, seen: &Seen2) -> Pools {
+fn waiting_pools(clock: &Clock, seen: &Events) -> Pools {
     let mut config = PoolsConfig::single("p", "w", 1);
     config.classes.get_mut("w").unwrap().overflow = Overflow::Wait;
     let part = config.partitions.get_mut("p-w").unwrap();
     (part.pending_limit, part.queue_max_age_ms) = (4, 60_000);
     let c = clock.clone();
     Pools::with_clock(&config, Some(Box::new(seen.clone())), move || c.now()).unwrap()
+}
+
+/// `p-w` and its one unit, held by request 1.
+fn one_held(pools: &Pools) -> (PartitionId, PoolPermit<'_>) {
+    let id = pools.partition("p-w").unwrap();
+    (id, pools.try_admit(&PoolRequest::new(1, id)).unwrap())
 }
 
 fn poll<F: Future>(f: Pin<&mut F>) -> Poll<F::Output> {
@@ -233,10 +239,9 @@ fn last_reason(out: &PoolOutcome<'_>) -> (Decision, Reason) {
 /// end it; the real clock (on which this deadline passed an hour ago) ends nothing.
 #[test]
 fn a_waiters_deadline_is_on_the_injected_clock() {
-    let (clock, seen) = (Clock::new(), Seen2::default());
+    let (clock, seen) = (Clock::new(), Events::default());
     let pools = waiting_pools(&clock, &seen);
-    let id = pools.partition("p-w").unwrap();
-    let held = pools.try_admit(&PoolRequest::new(1, id)).unwrap();
+    let (id, held) = one_held(&pools);
     let mut wait = Box::pin(pools.admit_async(PoolRequest::new(2, id), None));
     assert!(
         poll(wait.as_mut()).is_pending(),
@@ -273,10 +278,9 @@ fn a_waiters_deadline_is_on_the_injected_clock() {
 /// has its dispatch event, then its completion (cancelled), and the units come back.
 #[test]
 fn a_started_then_dropped_waiter_has_its_dispatch_event() {
-    let (clock, seen) = (Clock::new(), Seen2::default());
+    let (clock, seen) = (Clock::new(), Events::default());
     let pools = waiting_pools(&clock, &seen);
-    let id = pools.partition("p-w").unwrap();
-    let held = pools.try_admit(&PoolRequest::new(1, id)).unwrap();
+    let (id, held) = one_held(&pools);
     let mut wait = Box::pin(pools.admit_async(PoolRequest::new(2, id), None));
     assert!(poll(wait.as_mut()).is_pending());
     held.complete(None); // starts the waiter
@@ -295,10 +299,9 @@ fn a_started_then_dropped_waiter_has_its_dispatch_event() {
 /// with its age as the reason and gives the start back exactly once, to the next waiter.
 #[test]
 fn a_start_that_meets_the_deadline_is_given_back_once() {
-    let (clock, seen) = (Clock::new(), Seen2::default());
+    let (clock, seen) = (Clock::new(), Events::default());
     let pools = waiting_pools(&clock, &seen);
-    let id = pools.partition("p-w").unwrap();
-    let held = pools.try_admit(&PoolRequest::new(1, id)).unwrap();
+    let (id, held) = one_held(&pools);
     let mut first = Box::pin(pools.admit_async(PoolRequest::new(2, id), None));
     assert!(poll(first.as_mut()).is_pending());
     clock.advance(Duration::from_secs(30));

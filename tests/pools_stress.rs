@@ -305,6 +305,21 @@ enum Call {
     },
 }
 
+/// Completes an admission of the classifying run and logs it, held from its call's start to
+/// its release's return.
+fn release(
+    (permit, part, tokens, from): (PoolPermit<'_>, usize, u64, u64),
+    tick: &impl Fn() -> u64,
+) -> Call {
+    permit.complete(None);
+    Call::Held {
+        part,
+        tokens,
+        from,
+        to: tick(),
+    }
+}
+
 /// The most any one limit's holders can have held at an instant of `(from, to)`: `events` are
 /// `(time, +/-weight)` sorted by time, `sums[i]` the total after event `i`.
 fn most_held(events: &[(u64, i64)], sums: &[i64], from: u64, to: u64) -> i64 {
@@ -331,15 +346,7 @@ fn every_refusal_is_explained_by_its_holders() {
                     for n in 0..20_000u64 {
                         if held.len() == 3 || !held.is_empty() && rng.below(3) == 0 {
                             let k = rng.below(held.len() as u64) as usize;
-                            let (permit, part, tokens, from) = held.swap_remove(k);
-                            permit.complete(None);
-                            let to = tick();
-                            log.push(Call::Held {
-                                part,
-                                tokens,
-                                from,
-                                to,
-                            });
+                            log.push(release(held.swap_remove(k), tick));
                             continue;
                         }
                         let part = rng.below(4) as usize;
@@ -362,16 +369,7 @@ fn every_refusal_is_explained_by_its_holders() {
                             }),
                         }
                     }
-                    for (permit, part, tokens, from) in held {
-                        permit.complete(None);
-                        let to = tick();
-                        log.push(Call::Held {
-                            part,
-                            tokens,
-                            from,
-                            to,
-                        });
-                    }
+                    log.extend(held.into_iter().map(|h| release(h, tick)));
                     log
                 })
             })
