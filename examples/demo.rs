@@ -39,6 +39,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+#[path = "pools_gateway/slow_provider.rs"]
+mod slow_provider;
+
 // ---------------------------------------------------------------------------------------------
 // The gateway's configuration
 // ---------------------------------------------------------------------------------------------
@@ -920,6 +923,8 @@ fn main() {
 
     report(&gw, &mut tallies, &samples, wall);
     let ok = final_checks(&gw, &tallies);
+    // The seed's slow-provider scenario on gateway pools (`examples/pools_gateway`).
+    let ok = slow_provider::run() && ok;
     if let Some(path) = &opts.plot {
         match plot::draw(path, &samples, &gw.timeline, &changes) {
             Ok(()) => println!("\nplot: {path}"),

@@ -166,7 +166,10 @@
 //!   retry percent above 100, an unknown name or a fallback cycle is an error naming its cell.
 //! * **One decision.** A request is admitted only when it holds its partition's unit, a
 //!   connection of its provider and a unit of the guard together. No count ever passes its
-//!   limit, at any instant; a refusal is cheap and gives back what it took.
+//!   limit, at any instant; a refusal is cheap and gives back what it took. A refusal is
+//!   always explained by admitted requests: a decision that finds a count full only with
+//!   another decision's units in progress waits for that decision (a few instructions) and
+//!   decides on what it leaves, so a unit taken and then given back refuses no one.
 //! * **Overflow** is one documented action per class: a fast rejection, a degraded answer the
 //!   caller serves, the partition's approved fallbacks in order, each with its own budget, or
 //!   a bounded wait (`overflow = "wait"`) in the partition's pending queue, at most
@@ -190,16 +193,23 @@
 //! * **Waiting** ([`admit_blocking`](crate::pools::Pools::admit_blocking),
 //!   [`admit_async`](crate::pools::Pools::admit_async)): a waiter starts inside the release
 //!   that frees what it needs (its partition's unit, a connection, a guard unit), oldest
-//!   first; a waiter blocked on its own partition blocks nobody behind it. A waiter older than
+//!   first; a waiter blocked on its own partition blocks nobody behind it, and a newcomer
+//!   racing with the release never takes the unit it frees for a waiter of another
+//!   partition (it defers to the queue when it may have). A waiter older than
 //!   the queue age is refused with `queue_age_exceeded` even when the queue is short; a caller
 //!   whose deadline is nearer than the age of the oldest waiter is refused at entry
 //!   (`deadline_unmeetable`); a full queue refuses with `pending_limit_reached`. A dropped
-//!   future leaves the queue and passes on any start it was given. Size the queue from the
+//!   future leaves the queue and passes on any start it was given (with a dispatch and a
+//!   cancelled completion event). Ages and deadlines are read on the pools' clock: inject one
+//!   ([`with_clock`](crate::pools::Pools::with_clock)) and drive the waiters' deadlines with
+//!   [`expire_waiters`](crate::pools::Pools::expire_waiters) in tests. Size the queue from the
 //!   caller's deadline and the provider's service time: a queue that waits longer than the
 //!   caller will is only a slower refusal.
 //! * **In a gateway**: the tower `PoolsLayer` (feature `tower`) classifies each request from
 //!   its headers, routes it through the pools and holds the permit to the last body byte;
-//!   `examples/pools_gateway` runs two providers behind it.
+//!   `examples/pools_gateway` runs two providers behind it, and the main demo
+//!   (`cargo run --release --example demo`) ends with the seed's slow-provider scenario,
+//!   checked claim by claim.
 //!
 //! [`config::LimitsConfig`]: crate::config::LimitsConfig
 //! [`config::BulkheadConfig`]: crate::config::BulkheadConfig

@@ -540,6 +540,24 @@ pub enum PausePoint {
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.
     BorrowReserved,
+    /// A pools decision has taken its partition's active unit, still tentative, and is about
+    /// to take its next step (tokens, connection, guard), any of which may refuse it and undo
+    /// the unit (`crate::pools`, "Spurious refusals").
+    #[cfg(feature = "serde")]
+    PoolsTentativeTaken,
+    /// A pools step found its count full only with units of decisions still in progress (the
+    /// committed units alone leave room) and is about to wait for them to be confirmed or
+    /// undone, instead of refusing.
+    #[cfg(feature = "serde")]
+    PoolsMetTentative,
+    /// A pools release has given its units back and is about to hand them to the partitions'
+    /// queued waiters (`crate::pools`, the queue's "Fairness").
+    #[cfg(feature = "serde")]
+    PoolsReleased,
+    /// An async pools waiter found no outcome yet and is about to read its deadline: a
+    /// release may start it now, and the deadline then pass (its start is given back, once).
+    #[cfg(feature = "serde")]
+    PoolsWaiterDeadline,
 }
 
 /// Stops here if the calling thread installed a pause hook (feature `testing` only).

@@ -15,6 +15,12 @@
 //! * `two_retries_in_a_budget_of_one`: two charges race on a budget of one: exactly one
 //!   wins, and dropping it gives it back. Broken variant
 //!   `LLM_BULKHEAD_LOOM_POOLS_RETRY_CHECK_THEN_ACT=1` lets both win.
+//! * `an_undone_unit_refuses_no_one`: thread A's decision takes the partition's only unit
+//!   tentatively and is then refused by its token budget (it asks more than the budget);
+//!   thread B asks the same partition for no tokens. Every serial order admits B, so B is
+//!   admitted in every interleaving (it waits for A's unit to be undone). Broken variant
+//!   `LLM_BULKHEAD_LOOM_POOLS_REFUSE_TENTATIVE=1` (a count full only with tentative units
+//!   refuses at once) refuses B.
 #![cfg(loom)]
 
 mod common;
@@ -121,6 +127,30 @@ fn two_retries_in_a_budget_of_one() {
         for t in threads {
             t.join().unwrap();
         }
+        assert_zero(&pools);
+    });
+}
+
+#[test]
+fn an_undone_unit_refuses_no_one() {
+    model(|| {
+        let mut c = PoolsConfig::single("p", "x", 1);
+        c.partitions.get_mut("p-x").unwrap().token_budget = Some(1);
+        let pools = Arc::new(Pools::new(&c).unwrap());
+        let ta = {
+            let pools = pools.clone();
+            thread::spawn(move || {
+                let mut req = PoolRequest::new(1, pools.partition("p-x").unwrap());
+                req.tokens = 2;
+                // Refused by its budget, or by B's committed unit.
+                assert!(pools.try_admit(&req).is_err());
+            })
+        };
+        let id = pools.partition("p-x").unwrap();
+        let b = pools.try_admit(&PoolRequest::new(2, id));
+        assert!(b.is_ok(), "refused by an undone unit: {:?}", b.err());
+        drop(b);
+        ta.join().unwrap();
         assert_zero(&pools);
     });
 }

@@ -9,9 +9,17 @@
 //! * `an_undone_decision_starts_the_waiter`: a waiter for partition `x`, a decision on `x`
 //!   that may take `x`'s unit and give it back (its connection step refused), and the release
 //!   of the provider's one connection, held on partition `y`. The waiter may be judged while
-//!   the other decision holds `x`'s unit for a moment; the undo then starts it. Broken variant
-//!   `LLM_BULKHEAD_LOOM_POOLS_UNDO_NO_HANDOFF=1` (an undone decision starts nobody) leaves it
-//!   waiting.
+//!   the other decision holds `x`'s unit tentatively; it waits for that unit's undo rather
+//!   than refusing, so it starts although the undo hands nothing on. Broken variant
+//!   `LLM_BULKHEAD_LOOM_POOLS_REFUSE_TENTATIVE=1` (a count full only with tentative units
+//!   refuses at once) leaves it waiting.
+//!
+//! * `a_newcomer_does_not_take_a_waiters_unit`: the provider's one connection is held on
+//!   partition `r`; a waiter of `w` is queued for it; then a newcomer to `r` (nobody waits
+//!   there) races with the connection's release. The waiter is older and keeps what it gets:
+//!   the newcomer is refused in every interleaving. Broken variant
+//!   `LLM_BULKHEAD_LOOM_POOLS_NEWCOMER_JUMPS=1` (a newcomer keeps a unit it took while a
+//!   waiter was owed it) admits it.
 //!
 //! A waiter left waiting spins in its blocking wait (a yield under loom, which has no timed
 //! park) until loom's branch limit ends the execution: the broken variants fail that way.
@@ -21,6 +29,7 @@ mod common;
 
 use common::model;
 use llm_bulkhead::pools::*;
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -92,6 +101,47 @@ fn an_undone_decision_starts_the_waiter() {
         held.complete(None);
         d.join().unwrap();
         w.join().unwrap();
+        assert_zero(&pools);
+    });
+}
+
+#[test]
+fn a_newcomer_does_not_take_a_waiters_unit() {
+    model(|| {
+        let pools = Arc::new(Pools::new(&config(true)).unwrap());
+        let (r, w) = (
+            pools.partition("p-r").unwrap(),
+            pools.partition("p-w").unwrap(),
+        );
+        let held = pools.try_admit(&PoolRequest::new(1, r)).unwrap();
+        // The waiter keeps its permit until the newcomer has decided: whatever it got was its
+        // own.
+        let decided = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (pools, decided) = (pools.clone(), decided.clone());
+            thread::spawn(move || {
+                let out = pools.admit_blocking(&PoolRequest::new(2, w), None);
+                let permit = out.into_permit().expect("the waiter is admitted");
+                while !decided.load(Ordering::SeqCst) {
+                    thread::yield_now();
+                }
+                permit.complete(None);
+            })
+        };
+        while pools.stats().partitions[w.index()].pending == 0 {
+            thread::yield_now();
+        }
+        let newcomer = {
+            let pools = pools.clone();
+            thread::spawn(move || pools.try_admit(&PoolRequest::new(3, r)).map(drop).is_ok())
+        };
+        held.complete(None);
+        assert!(
+            !newcomer.join().unwrap(),
+            "the newcomer took the waiter's connection"
+        );
+        decided.store(true, Ordering::SeqCst);
+        waiter.join().unwrap();
         assert_zero(&pools);
     });
 }

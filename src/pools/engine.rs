@@ -10,14 +10,15 @@
 //! 1. the partition's active word, as a *tentative* unit (counted in the word's tentative part);
 //! 2. the partition's tokens, tentatively;
 //! 3. the provider's connections, tentatively;
-//! 4. the global guard;
+//! 4. the global guard, tentatively;
 //! 5. the versions of the three limit cells are read again: a change means a reconfiguration
 //!    overlapped the decision, which then gives every unit back and decides again;
 //! 6. the tentative marks are cleared: the admission is final.
 //!
 //! A refused step gives back the units taken before it, in reverse order, and the request is
-//! refused with the reason of that step. Nothing waits while holding a unit (no hold-and-wait,
-//! no deadlock), and every step is lock-free.
+//! refused with the reason of that step. Nothing waits while holding a unit of a later step
+//! than the one it waits at (no hold-and-wait cycle, no deadlock), and a decision that meets
+//! only committed units (the uncontended case) takes every step lock-free.
 //!
 //! **No overshoot, at any instant.** A count only grows by a CAS that checked the new value
 //! against the limit the decision read; it shrinks by undo and release. So no count is ever
@@ -26,12 +27,19 @@
 //! older one stay until released, as in the core; no new unit is taken above the new limit once
 //! [`apply_partition`](super::Pools::apply_partition) returns.
 //!
-//! **Spurious refusals.** A tentative unit that is later given back may refuse another request
-//! that no serial order refuses. A step that finds its count full while some of it is tentative
-//! reads it again a few times before refusing, and a refusal that still saw a tentative part is
-//! counted as `contended_refusals` in the partition's stats: an upper bound on the spurious
-//! ones (`tests/pools_stress.rs` reports it; it is zero in the uncontended case by
-//! construction, since a lone decider sees no tentative unit but its own).
+//! **No spurious refusal.** A tentative unit that is later given back must not refuse another
+//! request that no serial order refuses. So a step whose count is full only with tentative
+//! units (the committed ones alone leave room) does not refuse: it waits for those decisions
+//! to be confirmed or undone (a spin, then a yield: they are a few instructions from either)
+//! and decides on what they leave (`words.rs`, `step`). A refusal is thus always explained by
+//! committed holders at an instant of the call. The wait cannot be circular: a decision holds
+//! tentative units only on the steps before the one it is at, and waits only at that step, so
+//! every chain of waits runs forward through the steps and ends at step 5, which never waits.
+//! It is the contended path's price: a decision that finds another in flight on a full count
+//! waits for it (and, if that thread is preempted, until it runs again), where it used to
+//! refuse. A refusal that waited is counted as `contended_refusals` in the partition's stats;
+//! `tests/pools_races.rs` pins the race, and `tests/pools_stress.rs` classifies every
+//! refusal against the committed holders of its limit.
 
 use super::config::{check_limits, Overflow, PartitionConfig, PoolsConfig, PoolsConfigError};
 use super::events::{DecisionEvent, PoolsObserver, Reason};
@@ -128,9 +136,9 @@ pub(crate) struct Engine {
 pub(crate) struct Refused {
     pub(crate) reason: Reason,
     pub(crate) version: u64,
-    /// The decision gave back units it had taken (a later step refused): a waiter that saw
-    /// them held may start now (`queue.rs`, "The hand-off").
-    pub(crate) undid: bool,
+    /// Not a refusal: a newcomer's units could have gone to queued waiters, so it gave them
+    /// back to decide behind them, under the queue's mutex (`queue.rs`, "Fairness").
+    pub(crate) behind: bool,
 }
 
 /// An admitted decision: the version, and whether observe mode let it past a partition limit.
@@ -220,9 +228,11 @@ impl Engine {
 
     /// One decision on partition `pi` (module docs, "The decision"). `COUNT`: a refusal is
     /// counted in the partition's stats (a newcomer's); a queued waiter judged again by the
-    /// start rule is not counted at each look.
+    /// start rule is not counted at each look. `FAIR`: a newcomer deciding without the
+    /// queue's mutex, which defers to the queued waiters that may need a unit it took
+    /// (`queue.rs`, "Fairness").
     #[inline]
-    pub(crate) fn decide<const COUNT: bool>(
+    pub(crate) fn decide<const COUNT: bool, const FAIR: bool>(
         &self,
         pi: usize,
         priority: Priority,
@@ -235,11 +245,11 @@ impl Engine {
             let (cv, [conn_limit]) = prov.limits.read();
             let (gv, [global_limit]) = self.global_limits.read();
             let version = pv / 2;
-            let refuse = |reason, undid| {
+            let refuse = |reason| {
                 Err(Refused {
                     reason,
                     version,
-                    undid,
+                    behind: false,
                 })
             };
             let enforce = pl[OBSERVE] == 0;
@@ -251,16 +261,18 @@ impl Engine {
             let mut shadow = match p.hot.active.take(cap, enforce) {
                 Ok(over) => over,
                 Err(full) => {
-                    let reserve = p.hot.active.read().active < pl[ACTIVE_LIMIT];
-                    self.count_refusal::<COUNT>(p, usize::from(reserve), full.contended);
+                    let c = p.hot.active.read();
+                    let reserve = c.active - c.tentative < pl[ACTIVE_LIMIT];
+                    self.count_refusal::<COUNT>(p, usize::from(reserve), full.waited);
                     let reason = if reserve {
                         Reason::HighPriorityReserve
                     } else {
                         Reason::ActiveLimitReached
                     };
-                    return refuse(reason, false);
+                    return refuse(reason);
                 }
             };
+            crate::sync::pause(crate::sync::PausePoint::PoolsTentativeTaken);
             // 2. The partition's tokens (tentative), when it has a budget.
             let budget = pl[TOKEN_BUDGET];
             let take_tokens = budget != 0 && tokens != 0;
@@ -274,23 +286,23 @@ impl Engine {
                     Ok(()) => shadow |= !enforce && p.tokens.held() > budget,
                     Err(full) => {
                         p.hot.active.give(true, false);
-                        self.count_refusal::<COUNT>(p, 2, full.contended);
-                        return refuse(Reason::TokenBudgetReached, true);
+                        self.count_refusal::<COUNT>(p, 2, full.waited);
+                        return refuse(Reason::TokenBudgetReached);
                     }
                 }
             }
             // 3. The provider's connection (tentative).
             if let Err(full) = prov.conns.take(1, conn_limit, true) {
                 self.undo_partition(p, take_tokens.then_some(tokens));
-                self.count_refusal::<COUNT>(p, 3, full.contended);
-                return refuse(Reason::ConnectionLimitReached, true);
+                self.count_refusal::<COUNT>(p, 3, full.waited);
+                return refuse(Reason::ConnectionLimitReached);
             }
-            // 4. The global guard: the last step, never tentative.
-            if let Err(full) = self.global.take(1, global_limit, false) {
+            // 4. The global guard (tentative: step 5 may still give it back).
+            if let Err(full) = self.global.take(1, global_limit, true) {
                 prov.conns.give(1, true);
                 self.undo_partition(p, take_tokens.then_some(tokens));
-                self.count_refusal::<COUNT>(p, 4, full.contended);
-                return refuse(Reason::GlobalLimitReached, true);
+                self.count_refusal::<COUNT>(p, 4, full.waited);
+                return refuse(Reason::GlobalLimitReached);
             }
             // 5. No reconfiguration overlapped the steps: every limit read was in force at
             // each CAS. Otherwise give everything back and decide under the new limits.
@@ -298,13 +310,27 @@ impl Engine {
                 && prov.limits.unchanged(cv)
                 && self.global_limits.unchanged(gv))
             {
-                self.global.give(1, false);
+                self.global.give(1, true);
                 prov.conns.give(1, true);
                 self.undo_partition(p, take_tokens.then_some(tokens));
                 bump(&p.hot.counters.reconfig_retries);
                 continue;
             }
+            // 5b. A newcomer whose units may be what queued waiters wait for gives them back
+            // and decides behind those waiters (`queue.rs`, "Fairness"). After its steps, so
+            // that a release's freed unit it took is seen with the waiters it was meant for.
+            if FAIR && self.behind_waiters(p, conn_limit, global_limit) {
+                self.global.give(1, true);
+                prov.conns.give(1, true);
+                self.undo_partition(p, take_tokens.then_some(tokens));
+                return Err(Refused {
+                    reason: Reason::CapacityAvailable,
+                    version,
+                    behind: true,
+                });
+            }
             // 6. Final.
+            self.global.confirm();
             p.hot.active.confirm();
             if take_tokens {
                 p.tokens.confirm();
@@ -322,6 +348,30 @@ impl Engine {
         }
     }
 
+    /// Whether a newcomer that holds its units (tentatively) may have taken one that a queued
+    /// waiter needs: waiters wait, and its partition has some, or its provider's connections
+    /// or the global guard have fewer free units left than there are waiters. The waiters'
+    /// count is read after the steps, SeqCst: a release that freed a unit before a waiter's
+    /// entry counted it is not one the waiter was owed (`queue.rs`, "Fairness").
+    #[inline]
+    fn behind_waiters(&self, p: &Partition, conn_limit: u64, global_limit: u64) -> bool {
+        #[cfg(loom)]
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_NEWCOMER_JUMPS") {
+            // Broken on purpose: a newcomer keeps a unit freed for a waiter
+            // (`loom-tests/tests/pools_queue.rs`).
+            return false;
+        }
+        crate::sync::loom_sc_fence();
+        let waiters = self.queued.load(Ordering::SeqCst);
+        if waiters == 0 {
+            return false;
+        }
+        let free = |limit: u64, g: &Gauge| limit.saturating_sub(g.held());
+        p.hot.pending.load(Ordering::SeqCst) != 0
+            || free(conn_limit, &self.providers[p.provider].conns) < waiters
+            || free(global_limit, &self.global) < waiters
+    }
+
     fn undo_partition(&self, p: &Partition, tokens: Option<u64>) {
         if let Some(n) = tokens {
             p.tokens.give(n, true);
@@ -335,12 +385,12 @@ impl Engine {
         p.hot.active.give(true, false);
     }
 
-    fn count_refusal<const COUNT: bool>(&self, p: &Partition, step: usize, contended: bool) {
+    fn count_refusal<const COUNT: bool>(&self, p: &Partition, step: usize, waited: bool) {
         if !COUNT {
             return;
         }
         bump(&p.hot.counters.refused[step]);
-        if contended {
+        if waited {
             bump(&p.hot.counters.contended_refusals);
         }
     }
@@ -383,7 +433,7 @@ impl Engine {
                 Err(Refused {
                     reason: Reason::RetryBudgetReached,
                     version: pv / 2,
-                    undid: false,
+                    behind: false,
                 })
             }
         }

@@ -147,9 +147,10 @@ impl Pools {
 
     /// As [`with_observer`](Self::with_observer), with the clock that queue ages and
     /// deadlines are read on (the default is `Instant::now`): tests inject one to age a
-    /// queue without waiting. A waiter's own wait still ends on the real clock at its
-    /// deadline; a release, an entry and [`expire_waiters`](Self::expire_waiters) remove
-    /// the waiters whose deadline passed on this clock.
+    /// queue without waiting. On an injected clock a waiter's wait has no timer of its own:
+    /// a release, an entry and [`expire_waiters`](Self::expire_waiters) remove the waiters
+    /// whose deadline passed on this clock (call `expire_waiters` when the clock moves and
+    /// nothing else happens).
     ///
     /// # Errors
     /// As [`new`](Self::new).

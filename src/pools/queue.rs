@@ -23,35 +23,50 @@
 //! the newcomer counted, and runs the start rule after its entry, or the newcomer's last
 //! judgment sees the units given back: no waiter stays queued with its units free (Dekker's
 //! pattern over one total order of SeqCst operations). A decision that took units and gave
-//! them back (a later step refused it) is a release too: a waiter judged meanwhile may have
-//! seen them held. `loom-tests/tests/pools_queue.rs` models the hand-off.
+//! them back (a later step refused it) needs no hand-off: its units were tentative until
+//! then, and a waiter's judgment that meets tentative units waits for them instead of
+//! refusing (`engine.rs`, "No spurious refusal"), so no judgment ever counted them.
+//! `loom-tests/tests/pools_queue.rs` models the hand-off and shows the undo needs none.
 //!
 //! ## Fairness
 //!
-//! A newcomer whose partition has waiters goes through the queue, behind them. A newcomer to a
-//! partition nobody waits for decides without the lock: it may take a connection or a global
-//! unit that a release just freed before that release's start rule gives it to another
-//! partition's waiter (the newcomer then counts as having arrived first). So the queue keeps a
-//! partition's own units for its waiters, and shares the provider's connections and the global
-//! guard first come, first served. [`Pools::admit`] and [`Pools::try_admit`] never wait and
-//! never look at the queue: like a newcomer to an idle partition, they may take a unit a
-//! release frees before its start rule runs.
+//! A unit a release frees goes to the oldest queued waiter that can start with it, never to a
+//! newcomer racing with that release (as in the core and the coordinator). A newcomer whose
+//! partition has waiters goes through the queue, behind them. Any other newcomer (a decision
+//! of [`Pools::try_admit`], [`Pools::admit`], or the entry of an idle waiting partition)
+//! decides without the lock, then, holding its units tentatively, reads how many wait
+//! (`Engine::queued`, SeqCst, after its steps). If some wait and its units may be theirs (its
+//! partition has waiters, or its provider's connections or the global guard have fewer free
+//! units left than there are waiters), it gives them back and decides again under the
+//! queue's mutex, after the start rule has started every waiter that can start. A release
+//! gives its units back before it reads the count, and a waiter counts itself before its
+//! last judgment, so a newcomer that took a freed unit a waiter was owed sees that waiter
+//! counted (one total order of SeqCst operations). With nobody waiting it costs one load.
+//! `tests/pools_races.rs` pins the race: a newcomer to an idle partition comes between a
+//! release's give-back and its hand-off, and the other partition's waiter still starts.
 //!
 //! ## Events
 //!
 //! A waiter's decisions are a [`Decision::Queue`], then a dispatch or a rejection (its age,
-//! its deadline). A waiter that is cancelled (its future dropped) makes no further decision:
-//! its queue decision is its last event, and the partition's `pending` count drops.
+//! its deadline). A waiter that is cancelled (its future dropped) while queued makes no
+//! further decision: its queue decision is its last event, and the partition's `pending`
+//! count drops. One started by a release and dropped before it collected the start has its
+//! dispatch event and a completion event ([`FailureClass::Cancelled`](super::FailureClass)),
+//! and its units go back to the next waiter.
 //!
 //! ## Age and deadlines
 //!
 //! A waiter's deadline is the nearer of its arrival plus the partition's `queue_max_age_ms`
-//! and the caller's deadline. It leaves at that deadline (its own wait times out), and every
-//! release removes the waiters whose deadline passed before it starts anyone: a waiter older
-//! than its partition's max age is refused with [`Reason::QueueAgeExceeded`] even when the
-//! queue is short. At entry a caller is refused with [`Reason::DeadlineUnmeetable`] when its
-//! deadline has passed or is nearer than the age of its partition's oldest waiter, and with
-//! [`Reason::PendingLimitReached`] when the queue is full.
+//! and the caller's deadline, on the pools' clock. On the default clock it leaves at that
+//! deadline (its own wait times out); on an injected clock ([`Pools::with_clock`]) the pools'
+//! operations on that clock end it: every release and every entry removes the waiters whose
+//! deadline passed before it starts anyone, and so does [`Pools::expire_waiters`]. A waiter
+//! older than its partition's max age is refused with [`Reason::QueueAgeExceeded`] even when
+//! the queue is short. At entry a caller is refused with [`Reason::DeadlineUnmeetable`] when
+//! its deadline has passed or is nearer than the age of its partition's oldest waiter, and
+//! with [`Reason::PendingLimitReached`] when the queue is full. An async waiter that a release
+//! starts just before it reads its passed deadline leaves with its age as the reason and gives
+//! the start back, once, to the next waiter (`tests/pools_races.rs`).
 
 use super::config::Overflow;
 use super::engine::{Engine, Granted, Refused, MAX_AGE_MS, PENDING_LIMIT, TOKEN_BUDGET};
@@ -132,7 +147,7 @@ impl Admit for Pending {
     fn try_start(&mut self, w: &Waiter) -> Start<(usize, Granted)> {
         match self
             .engine
-            .decide::<false>(w.partition, w.priority, w.tokens)
+            .decide::<false, false>(w.partition, w.priority, w.tokens)
         {
             Ok(g) => Start::Now((w.partition, g)),
             Err(Refused {
@@ -226,18 +241,37 @@ impl Pools {
         }
     }
 
-    /// After a refused decision: one that gave units back is a release (module docs).
+    /// A newcomer's decision outside the queue (`try_admit`, `admit`, each attempt of a
+    /// route): lock-free, unless its units may be what queued waiters wait for; then it
+    /// decides behind them (module docs, "Fairness").
     #[inline]
-    pub(crate) fn after_refusal(&self, undid: bool) {
-        #[cfg(loom)]
-        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_UNDO_NO_HANDOFF") {
-            // Broken on purpose: an undone decision starts nobody; a waiter refused while it
-            // held units stays queued (`loom-tests/tests/pools_queue.rs`).
-            return;
+    pub(crate) fn decide_newcomer(
+        &self,
+        pi: usize,
+        priority: Priority,
+        tokens: u64,
+    ) -> Result<Granted, Refused> {
+        match self.engine.decide::<true, true>(pi, priority, tokens) {
+            Err(r) if r.behind => self.decide_behind_waiters(pi, priority, tokens),
+            d => d,
         }
-        if undid {
-            self.kick();
-        }
+    }
+
+    /// Under the queue's mutex: the eligible waiters start first (oldest first), then the
+    /// newcomer is decided on what they leave.
+    #[cold]
+    fn decide_behind_waiters(
+        &self,
+        pi: usize,
+        priority: Priority,
+        tokens: u64,
+    ) -> Result<Granted, Refused> {
+        let now = self.engine.now();
+        self.queue.transaction(|t| {
+            expire(t, now);
+            t.start_eligible();
+            self.engine.decide::<true, false>(pi, priority, tokens)
+        })
     }
 
     #[cold]
@@ -250,6 +284,7 @@ impl Pools {
     #[inline]
     pub(crate) fn release(&self, pi: usize, tokens: u64, retry: bool) {
         self.engine.release(pi, tokens, retry);
+        crate::sync::pause(crate::sync::PausePoint::PoolsReleased);
         self.kick();
     }
 
@@ -290,7 +325,10 @@ impl Pools {
         match self.enter(req, deadline) {
             Entry::Done(out) => out,
             Entry::Queued(id, w, route) => {
-                let out = self.queue.wait_blocking(id, Some(w.deadline));
+                // On an injected clock the deadline is that clock's: releases, entries and
+                // `expire_waiters` end the wait (module docs, "Age and deadlines").
+                let own = self.engine.clock.is_none().then_some(w.deadline);
+                let out = self.queue.wait_blocking(id, own);
                 self.waited(req, w, out, route)
             }
         }
@@ -336,10 +374,13 @@ impl Pools {
                 Entry::Queued(id, w, route) => {
                     let out = Deadline {
                         wait: WaitFuture::new(&self.queue, id),
-                        queue: &self.queue,
+                        pools: self,
                         id,
                         at: w.deadline,
                         timer: None,
+                        req,
+                        route,
+                        done: false,
                     }
                     .await;
                     self.waited(&req, w, out, route)
@@ -359,9 +400,10 @@ impl Pools {
         let mut route = Route::new();
         // Nobody waits here: decide without the lock.
         if p.hot.pending.load(Ordering::SeqCst) == 0 {
-            match e.decide::<true>(pi, req.priority, req.tokens) {
-                Ok(g) => return Entry::Done(self.dispatched(req, req.partition, g, route, None)),
-                Err(r) => self.after_refusal(r.undid),
+            // Refused, or behind waiters (the transaction below starts them first): the
+            // queue judges it.
+            if let Ok(g) = e.decide::<true, true>(pi, req.priority, req.tokens) {
+                return Entry::Done(self.dispatched(req, req.partition, g, route, None));
             }
         }
         let now = e.now();
@@ -373,6 +415,9 @@ impl Pools {
         };
         let submitted = self.queue.transaction(|t| {
             expire(t, now);
+            // A release may have given units back and not handed them on yet: the waiters
+            // get them before this newcomer is judged (module docs, "Fairness").
+            t.start_eligible();
             let s = t.state();
             s.tickets += 1;
             let w = Waiter {
@@ -431,13 +476,19 @@ impl Pools {
 }
 
 /// A queued waiter's future with its deadline: at the deadline it leaves the queue (a start
-/// that raced with it is given back and passed on).
+/// that raced with it is given back once, by `MultiWait::cancel`, and passed on). Its
+/// deadline is read on the pools' clock; on the default clock a timer wakes it then, on an
+/// injected one the pools' own operations do (`expire_waiters`).
 struct Deadline<'p> {
     wait: WaitFuture<Pending, &'p MultiWait<Pending>>,
-    queue: &'p MultiWait<Pending>,
+    pools: &'p Pools,
     id: WaiterId,
     at: Instant,
     timer: Option<u64>,
+    /// The request and its route so far, for the events of a start it never collects.
+    req: PoolRequest,
+    route: Route,
+    done: bool,
 }
 
 impl Future for Deadline<'_> {
@@ -446,12 +497,22 @@ impl Future for Deadline<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         if let Poll::Ready(out) = Pin::new(&mut this.wait).poll(cx) {
+            this.done = true;
             return Poll::Ready(out);
         }
-        if Instant::now() >= this.at {
-            // Its outcome becomes `Left(TimedOut)`; the future below collects it.
-            this.queue.cancel(this.id, Leave::TimedOut);
-            return Pin::new(&mut this.wait).poll(cx);
+        let queue = &this.pools.queue;
+        crate::sync::pause(crate::sync::PausePoint::PoolsWaiterDeadline);
+        if this.pools.engine.now() >= this.at {
+            // Its outcome becomes `Left(TimedOut)`; the future below collects it. A start
+            // that came meanwhile is given back here, once, and passed on.
+            queue.cancel(this.id, Leave::TimedOut);
+            let out = Pin::new(&mut this.wait).poll(cx);
+            this.done = out.is_ready();
+            return out;
+        }
+        if this.pools.engine.clock.is_some() {
+            // The injected clock's deadline: `expire_waiters` and releases end the wait.
+            return Poll::Pending;
         }
         match this.timer {
             Some(t) => crate::wait::timer::update(t, cx.waker()),
@@ -465,6 +526,23 @@ impl Drop for Deadline<'_> {
     fn drop(&mut self) {
         if let Some(t) = self.timer.take() {
             crate::wait::timer::cancel(t);
+        }
+        if self.done {
+            return;
+        }
+        // Dropped before its outcome was collected. Still queued: it leaves (its queue
+        // decision was its last event). Started meanwhile: the start was a decision, so it
+        // gets its dispatch event, and its completion (cancelled) gives the units back.
+        let (id, pools) = (self.id, self.pools);
+        let out = pools
+            .queue
+            .transaction(|t| t.withdraw(id, Leave::Cancelled));
+        if let Some(Waited::Started((_, g))) = out {
+            let (req, at) = (&self.req, self.req.partition);
+            let started = pools.dispatched(req, at, g, self.route, None);
+            if let Some(permit) = started.into_permit() {
+                permit.complete(Some(super::FailureClass::Cancelled));
+            }
         }
     }
 }

@@ -457,7 +457,7 @@ impl Pools {
     #[inline]
     pub fn try_admit(&self, req: &PoolRequest) -> Result<PoolPermit<'_>, PoolRefusal> {
         let pi = req.partition.index();
-        match self.engine.decide::<true>(pi, req.priority, req.tokens) {
+        match self.decide_newcomer(pi, req.priority, req.tokens) {
             Ok(g) => {
                 self.emit(
                     req,
@@ -470,7 +470,6 @@ impl Pools {
                 Ok(self.permit(req, req.partition, g, None))
             }
             Err(r) => {
-                self.after_refusal(r.undid);
                 self.emit(req, r.version, Decision::Reject, r.reason, None, 1);
                 Err(PoolRefusal {
                     partition: req.partition,
@@ -586,7 +585,7 @@ impl Pools {
         loop {
             let attempt = route.attempts() + 1;
             let p = &e.partitions[at.index()];
-            let refused = match e.decide::<true>(at.index(), req.priority, req.tokens) {
+            let refused = match self.decide_newcomer(at.index(), req.priority, req.tokens) {
                 Ok(g) => {
                     let retry = charge.take().map(RetryCharge::take);
                     return self.dispatched(req, at, g, route, retry);
@@ -594,11 +593,8 @@ impl Pools {
                 Err(r) => r,
             };
             let Refused {
-                reason,
-                version,
-                undid,
+                reason, version, ..
             } = refused;
-            self.after_refusal(undid);
             match p.overflow {
                 // A caller that cannot wait is rejected (the waits are `admit_blocking` and
                 // `admit_async`).

@@ -131,8 +131,9 @@ pub struct PartitionStats {
     pub degraded: u64,
     /// Observe mode: admissions (and retries) a limit would have refused.
     pub shadow_refusals: u64,
-    /// Refusals that saw a tentative unit of another decision: an upper bound on refusals no
-    /// serial order makes (see the module docs of `pools`).
+    /// Refusals that first waited for other decisions in progress (their tentative units) to
+    /// be confirmed or undone; each was then explained by admitted requests. A measure of
+    /// contention, not of error.
     pub contended_refusals: u64,
     /// Decisions taken again because a reconfiguration overlapped them.
     pub reconfig_retries: u64,

@@ -1,15 +1,17 @@
 //! The pools' atomic words and their versioned limits.
 //!
 //! A [`Gauge`] is one bounded count (a provider's connections, the global guard, a partition's
-//! tokens): `held` in the low 48 bits, `tentative` (how many of `held` belong to decisions not
-//! yet final) in the high 16. A partition's [`ActiveWord`] packs active requests, their
+//! tokens): `held` in the low 48 bits, `tentative` (how many decisions not yet final hold
+//! some of `held`) in the high 16. A partition's [`ActiveWord`] packs active requests, their
 //! tentative part and retries in flight, so that the retry budget, which depends on the active
 //! count, is checked and charged in one CAS. A tentative part counts decisions in progress, at
 //! most one per thread: 16 bits hold 65,535 threads deciding on one word at once.
 //!
 //! Every step is a CAS that takes a unit only if the new count stays within the limit: no count
 //! ever exceeds the limit it was checked against, at any instant (a fetch-add followed by a
-//! check, envoy#2927, passes the limit for a moment and refuses others meanwhile).
+//! check, envoy#2927, passes the limit for a moment and refuses others meanwhile). A step that
+//! finds its count full while decisions in progress hold part of it waits for them rather
+//! than refusing (`step`): a refusal is explained by committed units.
 //!
 //! Limits live in a [`LimitCell`]: a sequence lock (an even version while stable, odd while a
 //! writer stores) whose writers are serialised by the pools' reconfiguration mutex. A decision
@@ -30,19 +32,17 @@ pub(crate) const MAX_GAUGE: u64 = G_HELD;
 #[derive(Default)]
 pub(crate) struct Gauge(AtomicU64);
 
-/// Why a step was refused: the count was full; `contended` when some of it was tentative (a
-/// decision that may still undo, so the refusal may be one no serial order makes).
+/// Why a step was refused: the count was full with committed units. `waited` when it first
+/// waited for decisions in progress (their tentative units) to be confirmed or undone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Full {
-    pub(crate) contended: bool,
+    pub(crate) waited: bool,
 }
 
-/// How many times a full step reads the word again while some of the count is tentative,
-/// before it reports a contended refusal. Under loom a re-read only multiplies interleavings.
+/// How many times a step that waits for decisions in progress spins before it yields its
+/// time slice to them (one of them may be preempted). Under loom every wait yields.
 #[cfg(not(loom))]
 const SPINS: u32 = 64;
-#[cfg(loom)]
-const SPINS: u32 = 0;
 
 impl Gauge {
     /// Takes `n` units if `held + n <= limit`, as a tentative unit when `tentative`.
@@ -58,7 +58,7 @@ impl Gauge {
             // Broken on purpose: check, then add (envoy#2927); `loom-tests/tests/pools.rs`
             // finds two admissions on one connection.
             if (self.0.load(Ordering::SeqCst) & G_HELD) + n > limit {
-                return Err(Full { contended: false });
+                return Err(Full { waited: false });
             }
             self.0.fetch_add(n + mark, Ordering::SeqCst);
             return Ok(());
@@ -66,7 +66,10 @@ impl Gauge {
         step(&self.0, |cur| {
             // Saturating: a demand of any size is a refusal, never an overflow.
             let fits = (cur & G_HELD).saturating_add(n) <= limit;
-            (fits.then(|| (cur + n + mark, ())), cur >> 48)
+            // The tentative part counts decisions, not their units (a token demand is many):
+            // while any is in progress, the committed units alone may leave room.
+            let undecided = cur >> 48 != 0;
+            (fits.then(|| (cur + n + mark, ())), undecided)
         })
     }
 
@@ -91,12 +94,20 @@ impl Gauge {
 }
 
 /// One CAS step on `word`: `decide(cur)` gives the new value and the result when the count
-/// has room, and the count's tentative part. A full count with a tentative part may be taken
-/// back: it is read again a few times before the refusal, which is then marked contended.
+/// has room, and whether the count may have room without the tentative units of decisions
+/// in progress.
+///
+/// A count that is full only with such units is not a refusal: one of those decisions may be
+/// refused at a later step and undo its unit, and a refusal then would be one that no serial
+/// order makes. The step waits for them instead (spins, then yields) and decides on what
+/// they leave: it refuses only when the committed units alone fill the count. The wait is
+/// bounded by the few steps of the decisions it waits for: a decision in progress waits only
+/// at a later step than the one it holds a tentative unit on (active, tokens, connection,
+/// guard, in that order), so no wait is ever circular.
 #[inline(always)]
-fn step<R>(word: &AtomicU64, decide: impl Fn(u64) -> (Option<(u64, R)>, u64)) -> Result<R, Full> {
+fn step<R>(word: &AtomicU64, decide: impl Fn(u64) -> (Option<(u64, R)>, bool)) -> Result<R, Full> {
     let mut cur = word.load(Ordering::SeqCst);
-    let mut spins = 0;
+    let mut waits = 0;
     loop {
         match decide(cur) {
             (Some((next, r)), _) => {
@@ -105,17 +116,36 @@ fn step<R>(word: &AtomicU64, decide: impl Fn(u64) -> (Option<(u64, R)>, u64)) ->
                     Err(now) => cur = now,
                 }
             }
-            (None, tentative) => {
-                if tentative == 0 || spins >= SPINS {
-                    return Err(Full {
-                        contended: tentative != 0,
-                    });
+            (None, false) => return Err(Full { waited: waits != 0 }),
+            (None, true) => {
+                #[cfg(loom)]
+                if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_POOLS_REFUSE_TENTATIVE") {
+                    // Broken on purpose: a count full with tentative units refuses at once;
+                    // `loom-tests/tests/pools.rs` finds a request refused by an undone unit.
+                    return Err(Full { waited: false });
                 }
-                spins += 1;
-                core::hint::spin_loop();
+                wait_for_decisions(&mut waits);
                 cur = word.load(Ordering::SeqCst);
             }
         }
+    }
+}
+
+/// One wait of a step for the decisions in progress on its word ([`step`]).
+#[cold]
+#[inline(never)]
+fn wait_for_decisions(waits: &mut u32) {
+    if *waits == 0 {
+        crate::sync::pause(crate::sync::PausePoint::PoolsMetTentative);
+    }
+    *waits += 1;
+    #[cfg(loom)]
+    crate::sync::thread::yield_now();
+    #[cfg(not(loom))]
+    if *waits > SPINS {
+        crate::sync::thread::yield_now();
+    } else {
+        core::hint::spin_loop();
     }
 }
 
@@ -169,7 +199,10 @@ impl ActiveWord {
             let c = ActiveCount::of(cur);
             let over = c.active >= cap;
             let fits = !(over && enforce || c.active >= A_ACTIVE);
-            (fits.then(|| (cur + 1 + A_TENT, over)), c.tentative)
+            // Without the units of decisions in progress, would it fit?
+            let committed = c.active - c.tentative;
+            let committed_fits = !(committed >= cap && enforce || committed >= A_ACTIVE);
+            (fits.then(|| (cur + 1 + A_TENT, over)), committed_fits)
         })
     }
 

@@ -1,6 +1,6 @@
 //! [`Txn`]: one operation on a [`MultiWait`](super::MultiWait), under its mutex.
 
-use super::{Admit, Inner, Leave, Refused, Submitted, WaiterId, Wakes};
+use super::{Admit, Inner, Leave, Refused, Submitted, Waited, WaiterId, Wakes};
 
 /// One operation on a [`MultiWait`](super::MultiWait) (see
 /// [`transaction`](super::MultiWait::transaction)): the state, the start rule, removals and
@@ -67,6 +67,28 @@ impl<A: Admit> Txn<'_, A> {
     /// ```
     pub fn submit(&mut self, request: A::Request) -> Result<Submitted<A::Grant>, Refused> {
         self.inner.submit(request)
+    }
+
+    /// Ends waiter `id` for an owner that gives up and wants its outcome: removed if queued
+    /// (`Some(Left(why))`), or its recorded outcome taken (a grant is the caller's to give
+    /// back, unlike [`MultiWait::cancel`](super::MultiWait::cancel)); `None` if unknown.
+    /// ```
+    /// # use llm_bulkhead::multi_wait::{Admit, Leave, MultiWait, Start, Submitted, Waited};
+    /// # struct Never;
+    /// # impl Admit for Never { type Request = u8; type Grant = ();
+    /// #   fn try_start(&mut self, _: &u8) -> Start<()> { Start::NotYet }
+    /// #   fn give_back(&mut self, _: ()) {} }
+    /// let w = MultiWait::new(Never);
+    /// let Ok(Submitted::Queued(id)) = w.submit(1) else { panic!() };
+    /// let out = w.transaction(|t| t.withdraw(id, Leave::Cancelled));
+    /// assert_eq!(out, Some(Waited::Left(Leave::Cancelled)));
+    /// assert_eq!(w.transaction(|t| t.withdraw(id, Leave::Cancelled)), None);
+    /// ```
+    pub fn withdraw(&mut self, id: WaiterId, why: Leave) -> Option<Waited<A::Grant>> {
+        if self.inner.remove(id.0, why, self.wakes).is_some() {
+            return Some(Waited::Left(why));
+        }
+        self.inner.done.remove(&id.0)
     }
 
     /// Removes the queued waiters that match, oldest first, as
