@@ -201,7 +201,7 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use refusal::*;
-pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck};
+pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, AtCeiling, Precheck};
 use returns::*;
 pub(crate) use returns::{grow_tokens, migrate, release, return_slot_only, return_tokens};
 
@@ -311,7 +311,31 @@ pub(crate) fn try_fast(
     priority: Priority,
 ) -> Option<Admitted> {
     let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
-    first_try(shared, k, r, priority)
+    first_try(shared, k, r, priority, &mut None)
+}
+
+/// The shared word and the class word the fast attempt read before its first checks failed
+/// (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the same operation.
+#[derive(Clone, Copy)]
+pub(crate) struct PastCeiling {
+    g: GWord,
+    c: CWord,
+}
+
+/// [`try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
+/// `try_fast` does): the words it stopped at are left in `past` for [`ceiling_refusal`],
+/// which the caller runs in the same operation. Under overload most class
+/// refusals are at a ceiling; this way they enter no second operation and read nothing twice.
+#[inline(always)]
+pub(crate) fn try_fast_in(
+    _op: &crate::grace::Op<'_>,
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    past: &mut Option<PastCeiling>,
+) -> Option<Admitted> {
+    first_try(shared, k, r, priority, past)
 }
 
 /// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.
@@ -325,7 +349,7 @@ pub(crate) fn acquire(
     // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
     // bring a tag it read back to the same value while it is in progress.
     let _op = crate::grace::op(shared.grace_id);
-    if let Some(a) = first_try(shared, k, r, priority) {
+    if let Some(a) = first_try(shared, k, r, priority, &mut None) {
         return Ok(a);
     }
     contended(shared, k, r, priority, false)
@@ -389,9 +413,17 @@ fn contended(
 
 /// The common case in a few instructions: every state read once, one CAS per word, no retry.
 /// `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again
-/// from fresh reads; anything this did was undone.
+/// from fresh reads; anything this did was undone. When its first checks fail, which is where a
+/// class word past a ceiling stops it, `past_ceiling` is set to the shared word and the class
+/// word it read ([`ceiling_refusal`] decides from them).
 #[inline(always)]
-fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
+fn first_try(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    past_ceiling: &mut Option<PastCeiling>,
+) -> Option<Admitted> {
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
     let g = GWord(word.load(SeqCst));
@@ -412,6 +444,8 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
         || c.in_flight() >= cmc
         || g.u() > mc
     {
+        // Perhaps a class ceiling: `ceiling_refusal` decides from these two words.
+        *past_ceiling = Some(PastCeiling { g, c });
         return None;
     }
     let (n, t) = (c.in_flight(), c.tokens());
