@@ -201,7 +201,8 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use refusal::*;
-pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, AtCeiling, Precheck};
+pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck, Refused};
+pub(crate) use refusal::{try_fast_in, AtCeiling, PastCeiling};
 use returns::*;
 pub(crate) use returns::{grow_tokens, migrate, release, return_slot_only, return_tokens};
 
@@ -260,19 +261,6 @@ pub(crate) struct Admitted {
     pub(crate) resources: Resources,
 }
 
-/// A classed refusal, with the collect that explains it (a few words: no allocation).
-#[derive(Clone, Copy)]
-pub(crate) struct Refused {
-    pub(crate) reason: RejectReason,
-    pub(crate) constraint: Option<Constraint>,
-    pub(crate) lim: Hot,
-    /// The collect: global totals, sums over every class, the refused class's own numbers.
-    pub(crate) summary: Summary,
-    /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
-    /// collect, explains the refusal (steps of other deciders were in progress).
-    pub(crate) stored_shared: Option<(u64, u64)>,
-}
-
 /// One request, as the protocol sees it.
 #[derive(Clone, Copy)]
 struct Req {
@@ -312,30 +300,6 @@ pub(crate) fn try_fast(
 ) -> Option<Admitted> {
     let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
     first_try(shared, k, r, priority, &mut None)
-}
-
-/// The shared word and the class word the fast attempt read before its first checks failed
-/// (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the same operation.
-#[derive(Clone, Copy)]
-pub(crate) struct PastCeiling {
-    g: GWord,
-    c: CWord,
-}
-
-/// [`try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
-/// `try_fast` does): the words it stopped at are left in `past` for [`ceiling_refusal`],
-/// which the caller runs in the same operation. Under overload most class
-/// refusals are at a ceiling; this way they enter no second operation and read nothing twice.
-#[inline(always)]
-pub(crate) fn try_fast_in(
-    _op: &crate::grace::Op<'_>,
-    shared: &Shared,
-    k: usize,
-    r: u64,
-    priority: Priority,
-    past: &mut Option<PastCeiling>,
-) -> Option<Admitted> {
-    first_try(shared, k, r, priority, past)
 }
 
 /// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.

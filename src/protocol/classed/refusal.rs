@@ -8,6 +8,19 @@ use crate::vocab::rejection::{
     Ceilings, ClassCounts, ClassWords, Counts, Rejection, SHAPE_HAS_BUDGET,
 };
 
+/// A classed refusal, with the collect that explains it (a few words: no allocation).
+#[derive(Clone, Copy)]
+pub(crate) struct Refused {
+    pub(crate) reason: RejectReason,
+    pub(crate) constraint: Option<Constraint>,
+    pub(crate) lim: Hot,
+    /// The collect: global totals, sums over every class, the refused class's own numbers.
+    pub(crate) summary: Summary,
+    /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
+    /// collect, explains the refusal (steps of other deciders were in progress).
+    pub(crate) stored_shared: Option<(u64, u64)>,
+}
+
 /// One pass over every class word: the [`Summary`] of class `k` under the limits of tag `tag`
 /// (`lim`) for a demand of priority `priority`. Allocates nothing.
 pub(super) fn summarize(
@@ -134,6 +147,30 @@ pub(super) fn explain<T>(
         }
         None => Explained::Fits,
     }
+}
+
+/// The shared word and the class word the fast attempt read before its first checks failed
+/// (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the same operation.
+#[derive(Clone, Copy)]
+pub(crate) struct PastCeiling {
+    pub(super) g: GWord,
+    pub(super) c: CWord,
+}
+
+/// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
+/// `super::try_fast` does): the words it stopped at are left in `past` for [`ceiling_refusal`],
+/// which the caller runs in the same operation. Under overload most class
+/// refusals are at a ceiling; this way they enter no second operation and read nothing twice.
+#[inline(always)]
+pub(crate) fn try_fast_in(
+    _op: &crate::grace::Op<'_>,
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    past: &mut Option<PastCeiling>,
+) -> Option<Admitted> {
+    first_try(shared, k, r, priority, past)
 }
 
 /// The refusal of a demand of `r` tokens at `priority` in class `k` at one of its class's
