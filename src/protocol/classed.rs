@@ -290,6 +290,7 @@ enum Attempt {
 /// `c` is the calling thread's counters entry of this bulkhead, which the caller counts the
 /// admission in: the operation's marker lives there (`crate::grace::enter_decision`, one
 /// lookup for both). Only for a caller that holds a handle for the whole call.
+#[cfg(feature = "llm")]
 #[inline(always)]
 pub(crate) fn try_fast(
     shared: &Shared,
