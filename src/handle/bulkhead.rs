@@ -148,12 +148,10 @@ impl Bulkhead {
                 Ok(g) => g,
                 // Built here, in the place the caller keeps it; published after the decision
                 // left its operation.
-                Err(plain::NoAdmit::Refused(f)) => {
-                    if interests.intersects(Interest::REJECT) {
-                        self.publish_refusal(f, r);
-                    }
-                    return Err(f.rejection(r));
+                Err(plain::NoAdmit::Refused(f)) if interests.intersects(Interest::REJECT) => {
+                    return Err(self.publish_refusal(f, r));
                 }
+                Err(plain::NoAdmit::Refused(f)) => return Err(f.rejection(r)),
                 Err(plain::NoAdmit::Rejected(rejection)) => return Err(rejection),
             }
         } else {
@@ -164,13 +162,15 @@ impl Bulkhead {
         Ok(self.admission_observed(g, priority, reservation, observed))
     }
 
-    /// Calls the reject subscribers of a no-class refusal that `try_acquire` decided inline
-    /// (counted already, and outside the decision's operation), with a copy of their own: the
-    /// refusal returned is built in the caller's place (and stays out of memory when dropped).
+    /// Builds a no-class refusal that `try_acquire` decided inline (counted already) and calls
+    /// its reject subscribers, outside the decision's operation. Out of line, so that the
+    /// refusal without subscribers keeps its registers.
     #[cold]
     #[inline(never)]
-    fn publish_refusal(&self, f: plain::Refused, r: u64) {
-        crate::handle::events::rejected(&self.shared, None, &f.rejection(r));
+    fn publish_refusal(&self, f: plain::Refused, r: u64) -> Rejection {
+        let rejection = f.rejection(r);
+        crate::handle::events::rejected(&self.shared, None, &rejection);
+        rejection
     }
 
     /// The no-class decision of `try_acquire` with decision timing asked for (`interests`):
