@@ -49,6 +49,7 @@ const OPS: &[&str] = &[
     "refuse_class_protection",
     "tokio_pair",
     "pair_slot",
+    "pair_slot_subscribed",
     "pair_tokens",
     "pair_protected",
     "pair_borrowing",
@@ -233,6 +234,15 @@ fn run(op: &str, n: u64) {
         }
         "pair_slot" => {
             let b = Bulkhead::new(64).unwrap();
+            assert_eq!(ours_loop(&b, Demand::slot(), n), n);
+        }
+        // A subscriber to refusals only, as telemetry's (tracing) is: what telemetry adds to a
+        // pair's decision path (`benches/telemetry.rs` times it with the metrics recorder).
+        "pair_slot_subscribed" => {
+            let b = Bulkhead::new(64).unwrap();
+            let _sub = b.subscribe_to(llm_bulkhead::Interest::REJECT, |e| {
+                black_box(e);
+            });
             assert_eq!(ours_loop(&b, Demand::slot(), n), n);
         }
         "pair_tokens" => {

@@ -105,14 +105,16 @@ impl Bulkhead {
     // whole `Result` to memory, which measured 15.5 → ~11 ns per pair. A no-class refusal is
     // inline too (`crate::protocol::plain::try_admit`: a tag re-check and one increment) and
     // comes back as a few scalars, from which the `Rejection` is built once, here; the rare
-    // cases (`WAITERS` up, event subscribers, contention) are out of line. With classes the
+    // cases (`WAITERS` up, decision timing, contention) are out of line. With classes the
     // class fast attempt is inlined too (`try_acquire_classed`; the rest is out of line).
     #[inline(always)]
     pub fn try_acquire(&self, demand: Demand) -> Result<Admission, Rejection> {
         let shared = &*self.shared;
-        // The subscribers' interests, read once (one relaxed load): with nobody subscribed, the
-        // no-class decision below does not ask again, and its admission is not observed (a
-        // subscription made meanwhile may miss this decision's event: `crate::record::events`).
+        // The subscribers' interests, read once (one relaxed load): the no-class decision below
+        // does not ask again, and its admission is observed only for subscribers to admissions,
+        // releases or timing (a subscription made meanwhile may miss this decision's event:
+        // `crate::record::events`). Subscribers to other kinds (telemetry's) cost a decision
+        // nothing but the publication of a refusal.
         // Decision timing (`Interest::DECISION_TIMING`) has no scope to drop on every exit:
         // with timing asked for, every exit passes through the admit hook (an admission is
         // then observed) or the reject hook, which end it.
@@ -136,13 +138,19 @@ impl Bulkhead {
                 crate::record::timing::begin_now();
             }
             self.try_acquire_classed(demand.class(), r, priority)?
-        } else if interests.is_empty() {
+        } else if !interests.intersects(Interest::DECISION_TIMING) {
+            // Nobody times decisions: the inline decision, whoever else subscribes (telemetry
+            // subscribes to refusals and reconfigurations, not to admissions).
             if demand.class().is_some() {
                 return Err(classed::unknown_class());
             }
             match plain::try_admit(shared, r, priority) {
                 Ok(g) => g,
-                // Built here, in the place the caller keeps it.
+                // Built here, in the place the caller keeps it; published after the decision
+                // left its operation.
+                Err(plain::NoAdmit::Refused(f)) if interests.intersects(Interest::REJECT) => {
+                    return Err(self.publish_refusal(f, r));
+                }
                 Err(plain::NoAdmit::Refused(f)) => return Err(f.rejection(r)),
                 Err(plain::NoAdmit::Rejected(rejection)) => return Err(rejection),
             }
@@ -154,8 +162,19 @@ impl Bulkhead {
         Ok(self.admission_observed(g, priority, reservation, observed))
     }
 
-    /// The no-class decision of `try_acquire` with subscribers (`interests`): timed if asked
-    /// for, its refusal counted and explained after its operation and published
+    /// Builds a no-class refusal that `try_acquire` decided inline (counted already) and calls
+    /// its reject subscribers, outside the decision's operation. Out of line, so that the
+    /// refusal without subscribers keeps its registers.
+    #[cold]
+    #[inline(never)]
+    fn publish_refusal(&self, f: plain::Refused, r: u64) -> Rejection {
+        let rejection = f.rejection(r);
+        crate::handle::events::rejected(&self.shared, None, &rejection);
+        rejection
+    }
+
+    /// The no-class decision of `try_acquire` with decision timing asked for (`interests`):
+    /// timed, its refusal counted and explained after its operation and published
     /// (`crate::protocol::plain::try_admit_observed`).
     #[cold]
     #[inline(never)]

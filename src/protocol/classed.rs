@@ -201,7 +201,8 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use refusal::*;
-pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck};
+pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck, Refused};
+pub(crate) use refusal::{try_fast_in, AtCeiling, PastCeiling};
 use returns::*;
 pub(crate) use returns::{grow_tokens, migrate, release, return_slot_only, return_tokens};
 
@@ -260,19 +261,6 @@ pub(crate) struct Admitted {
     pub(crate) resources: Resources,
 }
 
-/// A classed refusal, with the collect that explains it (a few words: no allocation).
-#[derive(Clone, Copy)]
-pub(crate) struct Refused {
-    pub(crate) reason: RejectReason,
-    pub(crate) constraint: Option<Constraint>,
-    pub(crate) lim: Hot,
-    /// The collect: global totals, sums over every class, the refused class's own numbers.
-    pub(crate) summary: Summary,
-    /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
-    /// collect, explains the refusal (steps of other deciders were in progress).
-    pub(crate) stored_shared: Option<(u64, u64)>,
-}
-
 /// One request, as the protocol sees it.
 #[derive(Clone, Copy)]
 struct Req {
@@ -302,6 +290,7 @@ enum Attempt {
 /// `c` is the calling thread's counters entry of this bulkhead, which the caller counts the
 /// admission in: the operation's marker lives there (`crate::grace::enter_decision`, one
 /// lookup for both). Only for a caller that holds a handle for the whole call.
+#[cfg(feature = "llm")]
 #[inline(always)]
 pub(crate) fn try_fast(
     shared: &Shared,
@@ -311,7 +300,7 @@ pub(crate) fn try_fast(
     priority: Priority,
 ) -> Option<Admitted> {
     let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
-    first_try(shared, k, r, priority)
+    first_try(shared, k, r, priority, &mut None)
 }
 
 /// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.
@@ -325,7 +314,7 @@ pub(crate) fn acquire(
     // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
     // bring a tag it read back to the same value while it is in progress.
     let _op = crate::grace::op(shared.grace_id);
-    if let Some(a) = first_try(shared, k, r, priority) {
+    if let Some(a) = first_try(shared, k, r, priority, &mut None) {
         return Ok(a);
     }
     contended(shared, k, r, priority, false)
@@ -389,9 +378,17 @@ fn contended(
 
 /// The common case in a few instructions: every state read once, one CAS per word, no retry.
 /// `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again
-/// from fresh reads; anything this did was undone.
+/// from fresh reads; anything this did was undone. When its first checks fail, which is where a
+/// class word past a ceiling stops it, `past_ceiling` is set to the shared word and the class
+/// word it read ([`ceiling_refusal`] decides from them).
 #[inline(always)]
-fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
+fn first_try(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    past_ceiling: &mut Option<PastCeiling>,
+) -> Option<Admitted> {
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
     let g = GWord(word.load(SeqCst));
@@ -412,6 +409,8 @@ fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Ad
         || c.in_flight() >= cmc
         || g.u() > mc
     {
+        // Perhaps a class ceiling: `ceiling_refusal` decides from these two words.
+        *past_ceiling = Some(PastCeiling { g, c });
         return None;
     }
     let (n, t) = (c.in_flight(), c.tokens());

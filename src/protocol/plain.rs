@@ -17,9 +17,10 @@
 //!   the limits it read may be torn and the decision is made again. Otherwise count the refusal
 //!   and keep the raw numbers that explain it ([`packed_rejection`], [`rejection`]; the
 //!   explanation is built only when asked: [`Rejection::detail`]). `try_acquire`'s refusal
-//!   ([`refuse`]) does this inline, inside the decision's operation, when nobody subscribed to
-//!   events; with subscribers ([`try_admit_observed`]) and on the waiting paths ([`refusal`])
-//!   it is done after the operation, so that the reject hook never runs inside one. A waiter's
+//!   ([`refuse`]) does this inline, inside the decision's operation, unless decisions are
+//!   timed (`try_acquire` then calls the reject hook after it, if anyone subscribed); with
+//!   timing ([`try_admit_observed`]) and on the waiting paths ([`refusal`]) it is done after
+//!   the operation. Either way the reject hook never runs inside one. A waiter's
 //!   refusal ([`waiter_refusal`]) is explained by the word as it is when the waiter is answered.
 //! * **Returns**: a release returns its slot and hold with one CAS of the word, or hands the
 //!   slot to the head waiter while waiters are queued (`SlotRef::return_slot`,
@@ -118,10 +119,11 @@ pub(crate) fn try_decide(
 }
 
 /// The fast decision of `Bulkhead::try_acquire` when its read of the interests found nobody
-/// subscribed: [`try_decide`]'s, with a refusal counted and explained before the decision
-/// leaves its grace-period operation ([`refuse`], inlined; with a slot free but `WAITERS` up,
-/// [`waiters_up`], out of line). With subscribers `try_acquire` calls [`try_admit_observed`]
-/// instead, which publishes the refusal after the operation.
+/// timing decisions: [`try_decide`]'s, with a refusal counted and explained before the
+/// decision leaves its grace-period operation ([`refuse`], inlined; with a slot free but
+/// `WAITERS` up, [`waiters_up`], out of line). With subscribers who do not time decisions,
+/// `try_acquire` calls it too and publishes the refusal after it returns; with decision timing
+/// it calls [`try_admit_observed`] instead.
 #[inline(always)]
 pub(crate) fn try_admit(shared: &Shared, r: u64, priority: Priority) -> Result<Granted, NoAdmit> {
     let out = decide_loop(shared, r, priority, |c, w, p, reason, waiters| {
@@ -175,7 +177,7 @@ impl Refused {
     }
 }
 
-/// [`try_admit`] with event subscribers: the same decision, with a refusal counted and
+/// [`try_admit`] with decision timing: the same decision, with a refusal counted and
 /// explained after the operation ([`refusal`]: the tag re-check, then the reject hook, so that
 /// a subscriber never runs while the marker holds off a reconfiguration). With `WAITERS` up, a
 /// `concurrency_limit` with a slot free may be the flag up only for drainers: admitted if
@@ -308,8 +310,8 @@ enum Answer {
 /// that slot from being rewritten until the decision leaves (`crate::grace`), so the words the
 /// decision read are the limits of `w`'s tag; the re-check is the ring's own guard, which
 /// stands without that argument. Inlined: the refusal is a compare and an increment, with no
-/// call and nothing passed through memory. Only when nobody
-/// is subscribed to events ([`try_admit_observed`] is the path with subscribers).
+/// call and nothing passed through memory. Not with decision timing ([`try_admit_observed`]
+/// is that path).
 #[inline(always)]
 fn refuse<const HIGH: bool>(
     shared: &Shared,

@@ -582,11 +582,6 @@ impl Interest {
         self.0 & other.0 != 0
     }
 
-    /// Whether no kind is in `self`.
-    pub(crate) const fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
     /// The kind of `event`.
     ///
     /// ```

@@ -2,11 +2,12 @@
 //! counting, the class refusals (`crate::protocol::classed`).
 
 use super::*;
+use crate::protocol::classed::AtCeiling;
 
 impl Bulkhead {
     /// The class path of `try_acquire` (the protocol of `crate::protocol::classed`): the fast
-    /// attempt inline, the rest out of line ([`try_acquire_classed_contended`]). Inlined:
-    /// out of line, its prologue, spills and `Result` written through memory were about 35
+    /// attempt and the refusal at a class ceiling inline (in one operation), the rest out of
+    /// line ([`try_acquire_classed_contended`]). Inlined: out of line, its prologue, spills and `Result` written through memory were about 35
     /// instructions of a class pair (392 -> 357 for `pair_protected` in
     /// `benches/instructions.rs`), for about 2 more on the no-class pair beside it.
     ///
@@ -25,55 +26,62 @@ impl Bulkhead {
         // One lookup of this thread's counters entry: the fast attempt's grace-period marker and
         // the admission's counts.
         let c = shared.counters.local(Counters::new);
-        match crate::protocol::classed::try_fast(shared, c, k, r, priority) {
-            Some(a) => {
-                // A step the attempt took back may have pumped the queue: the waiters it
-                // answered are woken now that it left its operation (`crate::wait::list`,
-                // "Where wake-ups run"; the contended path delivers its own).
-                crate::protocol::class_pump::deliver_deferred();
-                Ok(self.count_class_in(c, k, r, a.revision, a.resources))
-            }
-            None => self.try_acquire_classed_contended(c, k, r, priority),
+        let op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
+        let mut past = None;
+        let fast = crate::protocol::classed::try_fast_in(&op, shared, k, r, priority, &mut past);
+        if let Some(a) = fast {
+            drop(op);
+            // A step the attempt took back may have pumped the queue: the waiters it answered
+            // are woken now that it left its operation (`crate::wait::list`, "Where wake-ups
+            // run"; the full protocol delivers its own).
+            crate::protocol::class_pump::deliver_deferred();
+            return Ok(self.count_class_in(c, k, r, a.revision, a.resources));
         }
+        // The hot path under overload: a refusal at a class ceiling, decided in the attempt's
+        // operation from the words it read, counted, and built straight in the result.
+        let at_ceiling = past.and_then(|p| {
+            crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op)
+        });
+        drop(op);
+        let Some(f) = at_ceiling else {
+            return self.try_acquire_classed_contended(k, r, priority);
+        };
+        crate::protocol::class_pump::deliver_deferred();
+        if shared
+            .events
+            .wants(Interest::REJECT | Interest::DECISION_TIMING)
+        {
+            self.publish_ceiling_refusal(k, f, r, priority);
+        }
+        Err(f.rejection(r, priority))
     }
 
-    /// The classed decision after the fast attempt gave up: a refusal at a class ceiling if
-    /// that is what one collect shows (`crate::protocol::classed::ceiling_refusal`, the hot
-    /// path under overload: counted in this thread's entry `c`, no allocation), otherwise the
-    /// full protocol, and the refusal if it refuses (out of line: its result carries the
-    /// collect that explains it).
+    /// Calls the reject subscribers of a refusal at a class ceiling, with a copy of their own
+    /// (built only for them), after the decision left its operation.
+    #[cold]
     #[inline(never)]
-    pub(super) fn try_acquire_classed_contended(
+    fn publish_ceiling_refusal(&self, k: usize, f: AtCeiling, r: u64, priority: Priority) {
+        let rej = f.rejection(r, priority);
+        crate::handle::events::rejected(&self.shared, Some(k), &rej);
+    }
+
+    /// The classed decision after the fast attempt gave up and no class ceiling refused: the
+    /// fast attempt's wake-ups, the full protocol, and the refusal if it refuses (out of line:
+    /// its result carries the collect that explains it).
+    #[inline(never)]
+    fn try_acquire_classed_contended(
         &self,
-        c: &Counters,
         k: usize,
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        // The fast attempt's wake-ups (if it pumped before giving up); the ceiling refusal
-        // pumps nothing, the full protocol delivers its own.
+        // The fast attempt's wake-ups (if it pumped before giving up), outside its operation.
         crate::protocol::class_pump::deliver_deferred();
-        if let Some(f) = crate::protocol::classed::ceiling_refusal(&self.shared, c, k, r, priority)
-        {
-            // Subscribers get a copy of their own (built only for them), so that the refusal
-            // returned is built straight in the result, not on the stack and copied there.
-            if self
-                .shared
-                .events
-                .wants(Interest::REJECT | Interest::DECISION_TIMING)
-            {
-                let rej = f.rejection(r, priority);
-                crate::handle::events::rejected(&self.shared, Some(k), &rej);
-            }
-            return Err(f.rejection(r, priority));
-        }
         self.try_acquire_classed_full(k, r, priority)
     }
 
-    /// [`try_acquire_classed_contended`](Self::try_acquire_classed_contended) past the class
-    /// ceilings: the full protocol (its own function, so that the short path's frame stays
-    /// small).
-    #[inline(never)]
+    /// The full protocol (its own function, so that the short path's frame stays small).
+    #[inline(always)]
     fn try_acquire_classed_full(
         &self,
         k: usize,

@@ -8,6 +8,19 @@ use crate::vocab::rejection::{
     Ceilings, ClassCounts, ClassWords, Counts, Rejection, SHAPE_HAS_BUDGET,
 };
 
+/// A classed refusal, with the collect that explains it (a few words: no allocation).
+#[derive(Clone, Copy)]
+pub(crate) struct Refused {
+    pub(crate) reason: RejectReason,
+    pub(crate) constraint: Option<Constraint>,
+    pub(crate) lim: Hot,
+    /// The collect: global totals, sums over every class, the refused class's own numbers.
+    pub(crate) summary: Summary,
+    /// Shared capacity in use (slots, tokens) as the shared word stores it, when that, not the
+    /// collect, explains the refusal (steps of other deciders were in progress).
+    pub(crate) stored_shared: Option<(u64, u64)>,
+}
+
 /// One pass over every class word: the [`Summary`] of class `k` under the limits of tag `tag`
 /// (`lim`) for a demand of priority `priority`. Allocates nothing.
 pub(super) fn summarize(
@@ -136,29 +149,55 @@ pub(super) fn explain<T>(
     }
 }
 
+/// The shared word and the class word the fast attempt read before its first checks failed
+/// (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the same operation.
+#[derive(Clone, Copy)]
+pub(crate) struct PastCeiling {
+    pub(super) g: GWord,
+    pub(super) c: CWord,
+}
+
+/// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
+/// `super::try_fast` does): the words it stopped at are left in `past` for [`ceiling_refusal`],
+/// which the caller runs in the same operation. Under overload most class
+/// refusals are at a ceiling; this way they enter no second operation and read nothing twice.
+#[inline(always)]
+pub(crate) fn try_fast_in(
+    _op: &crate::grace::Op<'_>,
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    past: &mut Option<PastCeiling>,
+) -> Option<Admitted> {
+    first_try(shared, k, r, priority, past)
+}
+
 /// The refusal of a demand of `r` tokens at `priority` in class `k` at one of its class's
-/// ceilings (CONTRACT.md §2 rows 2 and 3), decided, counted in this thread's entry `c` and
-/// explained inside a decision operation of its own, in a few dozen instructions and without
-/// allocating: under overload this is the hot path of `try_acquire` with classes. `None`
-/// whenever the collect below does not show a ceiling as the first failing row: the caller
-/// then takes the full protocol, which decides and explains everything else.
+/// ceilings (CONTRACT.md §2 rows 2 and 3), decided and counted in this thread's entry `c`
+/// without allocating: under overload this is the hot path of `try_acquire` with classes.
+/// Runs inside the decision operation `_op` of the fast attempt that found the class word past
+/// a ceiling (`past`, [`super::try_fast_in`]), so that it enters no operation of its own and
+/// reads neither word again. `None` whenever the state does not show a ceiling as the first
+/// failing row: the caller then takes the full protocol, which decides and explains
+/// everything else.
 ///
-/// It reads the shared word (closed: `None`, the full path answers `shutdown`), the class's
-/// limits under its tag, then every class word once, the collect that [`explain`] decides on:
-/// each at its class's version under that tag (one still on an older one needs its migration
-/// helped: `None`), the
-/// class's own `(n, t)`, and the totals `G`, `T`. A re-read of the shared word with the same tag
-/// shows that the limits read are those of every word of the collect (no tag comes back during
-/// an operation, `crate::grace`). On that collect, as [`explain`] and the sequential model decide:
-/// row 1 (`T + r > eff`) comes first and is left to the full path; then the class's token
-/// ceiling, then its concurrency ceiling. What the refusal keeps is what was read: the totals,
-/// the class's words and limits, the floor sums and the shared remainder in use as the shared
-/// word stores it (`U − Σ pc`, `V − Σ pt`: exact when no other decision is between its two
-/// steps, above the truth by those steps otherwise, never below it); its detail is computed
-/// only when asked ([`Rejection::detail`]). Runs no user code (the caller calls the reject
-/// subscribers after this returns). Inlined into its one caller, which builds the refusal in
-/// its own result ([`AtCeiling::rejection`]: a `Rejection` moved out of a call is copied word
-/// by word).
+/// The class word decides: read under the shared word's tag (`g`, read before it), at the
+/// class's version under that tag, it is past a ceiling of those limits or it is not. Only then are the other class words
+/// read, for the totals `G` and `T` the refusal reports and for row 1 (`T + r > eff`), which
+/// the sequential model puts before the ceilings (left to the full path when it fails). A
+/// re-read of the shared word with the same tag, still open, shows that the limits read were
+/// in force when the class word was read (no tag comes back during an operation,
+/// `crate::grace`): the refusal takes effect at that read. A migration changes no class's
+/// `(n, t)`, so the totals need no version check of the other words.
+///
+/// What the refusal keeps is what was read: the totals, the class's word and limits, the floor
+/// sums and the shared remainder in use as the shared word stores it (`U − Σ pc`, `V − Σ pt`:
+/// exact when no other decision is between its two steps, above the truth by those steps
+/// otherwise, never below it); its detail is computed only when asked
+/// ([`Rejection::detail`]). Runs no user code. Inlined into its one caller, which builds the
+/// refusal in its own result ([`AtCeiling::rejection`]: a `Rejection` moved out of a call is
+/// copied word by word).
 #[inline(always)]
 pub(crate) fn ceiling_refusal(
     shared: &Shared,
@@ -166,39 +205,42 @@ pub(crate) fn ceiling_refusal(
     k: usize,
     r: u64,
     priority: Priority,
+    past: PastCeiling,
+    _op: &crate::grace::Op<'_>,
 ) -> Option<AtCeiling> {
-    let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
+    let PastCeiling { g, c: own } = past;
     let word = &*shared.word;
-    let g = GWord(word.load(SeqCst));
     let tag = g.tag();
+    // The ring slot of the tag is stable during the operation (`crate::grace`).
     let l = shared.ring.read_class_words(tag, k);
-    if g.closed() || l.ceilings() == 0 {
+    if g.closed() || own.ctag() != l.version() {
         return None;
     }
-    let (mut n_sum, mut t_sum, mut own) = (0, 0, CWord(0));
-    for (j, w) in shared.class_words.iter().enumerate() {
+    let (n, t) = (own.in_flight(), own.tokens());
+    // The token ceiling before the concurrency ceiling, as the model orders rows 2 and 3.
+    let reason = if l.ceilings() & 2 != 0 && t.saturating_add(r) > l.mt_or_zero() {
+        RejectReason::BudgetLimit
+    } else if l.ceilings() & 1 != 0 && n >= l.mc_or_zero() {
+        RejectReason::ConcurrencyLimit
+    } else {
+        return None;
+    };
+    // The totals, with the class's own word as the decision read it (two plain loops around
+    // it: a test of the index in one loop cost about 20 instructions more for two classes).
+    let (mut n_sum, mut t_sum) = (n, t);
+    let words = &shared.class_words;
+    for w in words[..k].iter().chain(&words[k + 1..]) {
         let w = CWord(w.load(SeqCst));
-        let version = if j == k {
-            l.version()
-        } else {
-            shared.ring.version(tag, j)
-        };
-        if w.ctag() != version {
-            return None;
-        }
         n_sum += w.in_flight();
         t_sum += w.tokens();
-        if j == k {
-            own = w;
-        }
     }
     // The ring slot's words as stored (`Packed`): the refusal keeps them so.
     let p = shared.ring.read_packed(tag);
     let (sum_pc, sum_pt) = shared.ring.read_sums(tag);
-    if GWord(word.load(SeqCst)).tag() != tag {
+    let g2 = GWord(word.load(SeqCst));
+    if g2.tag() != tag || g2.closed() {
         return None;
     }
-    let (n, t) = (own.in_flight(), own.tokens());
     if p.shape & SHAPE_HAS_BUDGET != 0 {
         let eff = match priority {
             Priority::High => p.budget & 0xffff_ffff,
@@ -208,13 +250,6 @@ pub(crate) fn ceiling_refusal(
             return None;
         }
     }
-    let reason = if l.ceilings() & 2 != 0 && t.saturating_add(r) > l.mt_or_zero() {
-        RejectReason::BudgetLimit
-    } else if l.ceilings() & 1 != 0 && n >= l.mc_or_zero() {
-        RejectReason::ConcurrencyLimit
-    } else {
-        return None;
-    };
     c.rejected[reason.index()].incr();
     c.classes[k].rejected[reason.index()].incr();
     // Every field below is within its packed width by the words it comes from (`n`: 14 bits,
