@@ -148,6 +148,7 @@ mod coarse;
 mod gate;
 mod lease;
 mod redis;
+mod share_fit;
 mod store;
 #[cfg(feature = "cluster-tokio")]
 mod task;
@@ -165,6 +166,7 @@ pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunEr
 pub(crate) use gate::{ClusterWindow, Ticket};
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
+pub use share_fit::ShareTooSmall;
 pub use store::{LeaseStore, MemoryStore, StoreError};
 #[cfg(feature = "cluster-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster-tokio")))]
