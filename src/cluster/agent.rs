@@ -301,7 +301,7 @@ impl ClusterAgent {
         params.classes = class_view::params(&bulkhead, &base, global, params.floor)?;
         // The share changes at a renewal at the earliest: a refusal for a share too small
         // says to retry after one renewal period.
-        let fit = GlobalFit::new(&bulkhead, base.clone(), (params.ttl_ms / 3).max(1));
+        let fit = GlobalFit::new(&bulkhead, base, (params.ttl_ms / 3).max(1));
         let mut agent = ClusterAgent {
             params,
             lease: Lease::new(&config, global),

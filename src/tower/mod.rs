@@ -42,7 +42,10 @@
 //! * **Refusals**: by default ([`Respond`]) a ready response: 429 for capacity, 413 for a
 //!   reservation the current limits could never admit ([`Rejection::never_fits`](crate::Rejection::never_fits): retrying
 //!   it is useless), 503 for a closed bulkhead, a JSON [`RefusalBody`] shaped as OpenAI's
-//!   errors (with `code`), no `Retry-After` (contract §8); the service keeps
+//!   errors (with `code`), no `Retry-After` (contract §8; a layer over a cluster share,
+//!   feature `cluster`, answers 503 `share_lapsed`, and 503 `share_too_small` with the
+//!   renewal period as `Retry-After` where the share, not the global limits, is too small for
+//!   the reservation: see `Refusal::ShareTooSmall`); the service keeps
 //!   the inner error type, so axum needs no `HandleErrorLayer`. With
 //!   [`refuse_with_error`](BulkheadLayer::refuse_with_error) ([`Fail`]) a [`Refused`] error.
 //!   Either way a refused request never reaches the inner service.
@@ -221,7 +224,7 @@ impl Settings {
 
     /// The refusal of the bulkhead's `rejection` of `demand`: on a cluster-managed bulkhead, a
     /// reservation the share can never hold but the global limits can is
-    /// [`Refusal::ShareTooSmall`] (503 with `Retry-After`), not a 413.
+    /// `Refusal::ShareTooSmall` (503 with `Retry-After`), not a 413.
     #[cold]
     fn rejected(&self, _demand: &crate::Demand, rejection: crate::Rejection) -> Refusal {
         #[cfg(feature = "cluster")]
