@@ -15,12 +15,12 @@
 mod cluster_leased;
 mod support;
 
-use cluster_leased::{agent_config, Manual};
+use cluster_leased::{agent_config, counting_handler, Manual};
 use llm_bulkhead::cluster::{ClusterAgent, ClusterRejection, ClusterRunError, MemoryStore};
 use llm_bulkhead::llm::{EstimateError, LlmBulkhead, LlmRequest, RunError, RunOptions};
 use llm_bulkhead::tower::{BulkheadLayer, ClassifyError};
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, FitLimit, Reservation};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// 8 slots and 10 000 tokens; class `batch` has a global token ceiling of 2 000.
@@ -170,15 +170,7 @@ fn a_share_too_small_is_retryable_and_asked_for() {
 async fn the_tower_layer_answers_a_share_too_small_with_a_retryable_503() {
     let b = bulkhead();
     let (clock, store, mut agent) = learning(&b);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c2 = calls.clone();
-    let handler = move || {
-        let c = c2.clone();
-        async move {
-            c.fetch_add(1, Ordering::SeqCst);
-            "ok"
-        }
-    };
+    let (calls, handler) = counting_handler();
     // The reservation from a header (a real gateway estimates it from the body).
     let classify = |parts: &http::request::Parts| {
         let tokens = parts.headers["x-tokens"].to_str().unwrap().parse().unwrap();
