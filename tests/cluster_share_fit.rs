@@ -5,7 +5,9 @@
 //! global budget, or its class's global ceiling) gets the "never fits" refusal (a 413
 //! `request_too_large`). The refused reservation is reported, so the agent's next renewal
 //! asks for room for it and the share grows. Through the handle, the LLM layer and the tower
-//! layer over HTTP on loopback (axum), on an injected clock (no timing).
+//! layer over HTTP on loopback (axum), on an injected clock (no timing); and a model test
+//! (proptest): "share too small" exactly when an idle bulkhead with the global limits admits
+//! the demand (the core's own judgement), over priorities, reserves, class floors and ceilings.
 //!
 //! Run with `LLM_BULKHEAD_CLUSTER_NO_SHARE_FIT=1` (every refusal judged against the share
 //! alone), every test here must fail (`.ci/run` checks it).
@@ -19,20 +21,33 @@ use cluster_leased::{agent_config, counting_handler, Manual};
 use llm_bulkhead::cluster::{ClusterAgent, ClusterRejection, ClusterRunError, MemoryStore};
 use llm_bulkhead::llm::{EstimateError, LlmBulkhead, LlmRequest, RunError, RunOptions};
 use llm_bulkhead::tower::{BulkheadLayer, ClassifyError};
-use llm_bulkhead::{Bulkhead, ClassLimits, Demand, FitLimit, Reservation};
+use llm_bulkhead::{Bulkhead, ClassLimits, Demand, FitLimit, Priority, Reservation};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// 8 slots and 10 000 tokens; class `batch` has a global token ceiling of 2 000.
 fn bulkhead() -> Bulkhead {
+    classed(0, 0, 2_000)
+}
+
+/// As [`bulkhead`], with `reserve` tokens for high priority, a token floor of `floor` for
+/// `interactive` and a token ceiling of `ceiling` for `batch`.
+fn classed(reserve: u64, floor: u64, ceiling: u64) -> Bulkhead {
     Bulkhead::builder()
         .max_concurrent(8)
         .token_budget(10_000)
-        .class("interactive", ClassLimits::default())
+        .high_priority_reserve(reserve)
+        .class(
+            "interactive",
+            ClassLimits {
+                protected_tokens: floor,
+                ..ClassLimits::default()
+            },
+        )
         .class(
             "batch",
             ClassLimits {
-                max_tokens: Some(2_000),
+                max_tokens: Some(ceiling),
                 ..ClassLimits::default()
             },
         )
@@ -231,4 +246,53 @@ async fn the_tower_layer_answers_a_share_too_small_with_a_retryable_503() {
     let call = support::call(server.addr, get("/fast", "500")).await;
     assert_eq!(call.response.status(), 200, "the share grew");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// The model: on share zero every token demand is refused by the core as never fitting
+    /// the share; the cluster answer is "share too small" exactly when the same demand fits an
+    /// idle bulkhead built with the global limits (the core's own never-fits judgement there),
+    /// whatever the priority, the high-priority reserve, the class, its floor and ceiling.
+    #[test]
+    fn too_small_exactly_when_the_global_limits_admit_it(
+        reserve in 0u64..4_000,
+        floor in 0u64..6_000,
+        ceiling in 1_000u64..10_000,
+        demands in proptest::collection::vec((1u64..12_000, proptest::bool::ANY, 0usize..3), 1..16),
+    ) {
+        let b = classed(reserve, floor, ceiling);
+        let global = classed(reserve, floor, ceiling);
+        let (_clock, _store, agent) = learning(&b);
+        let handle = agent.handle();
+        for (tokens, high, class) in demands {
+            let priority = if high { Priority::High } else { Priority::Normal };
+            let demand = |on: &Bulkhead| {
+                let d = Demand::tokens(Reservation::new(tokens, 0).unwrap()).with_priority(priority);
+                match ["", "interactive", "batch"][class] {
+                    "" => d,
+                    name => d.in_class(on.class_id(name).unwrap()),
+                }
+            };
+            let fits_globally = match global.try_acquire(demand(&global)) {
+                Ok(_) => true,
+                Err(r) => {
+                    proptest::prop_assert!(r.never_fits().is_some(), "idle: {r:?}");
+                    false
+                }
+            };
+            match handle.try_acquire(demand(&b)) {
+                Err(ClusterRejection::ShareTooSmall(s)) => {
+                    proptest::prop_assert!(fits_globally, "{tokens} {priority:?} {class}: {s}");
+                    proptest::prop_assert!(s.global >= tokens);
+                }
+                Err(ClusterRejection::Refused(r)) => {
+                    proptest::prop_assert!(!fits_globally, "{tokens} {priority:?} {class}: {r:?}");
+                    proptest::prop_assert!(r.never_fits().is_some());
+                }
+                other => proptest::prop_assert!(false, "share zero: {other:?}"),
+            }
+        }
+    }
 }
