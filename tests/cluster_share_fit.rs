@@ -248,6 +248,66 @@ async fn the_tower_layer_answers_a_share_too_small_with_a_retryable_503() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// With metrics on, the layer counts the cluster refusals by status and code, registered with
+/// the layer: 503 `share_too_small` apart from 413 `request_too_large`.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_tower_layer_counts_a_share_too_small_apart() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower::ServiceExt;
+    use tower_layer::Layer;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let b = bulkhead();
+    let (_clock, _store, agent) = learning(&b);
+    metrics::with_local_recorder(&recorder, || {
+        let svc = BulkheadLayer::clustered(&agent.handle())
+            .classifier(|parts: &http::request::Parts| {
+                let tokens = parts.headers["x-tokens"].to_str().unwrap().parse().unwrap();
+                Ok::<_, ClassifyError>(Demand::tokens(Reservation::new(tokens, 0).unwrap()))
+            })
+            .record_metrics_named("gw")
+            .build()
+            .layer(tower::service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Empty::<
+                    bytes::Bytes,
+                >::new()))
+            }));
+        let call = |tokens: &str| {
+            let r = http::Request::get("/")
+                .header("x-tokens", tokens)
+                .body(())
+                .unwrap();
+            futures_lite::future::block_on(svc.clone().oneshot(r))
+                .unwrap()
+                .status()
+        };
+        assert_eq!(call("500"), 503);
+        assert_eq!(call("600"), 503);
+        assert_eq!(call("20000"), 413);
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let count = |status: &str, code: &str| {
+        snapshot
+            .iter()
+            .find(|(k, _, _, _)| {
+                let key = k.key();
+                key.name() == llm_bulkhead::tower::HTTP_REFUSALS
+                    && key
+                        .labels()
+                        .any(|l| l.key() == "status" && l.value() == status)
+                    && key.labels().any(|l| l.key() == "code" && l.value() == code)
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                other => panic!("{other:?}"),
+            })
+    };
+    assert_eq!(count("503", "share_too_small"), Some(2));
+    assert_eq!(count("413", "request_too_large"), Some(1));
+    assert_eq!(count("503", "share_lapsed"), Some(0));
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
 

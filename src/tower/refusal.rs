@@ -705,7 +705,7 @@ pub(crate) struct HttpRefusals {
     name: Option<String>,
     /// The bulkhead's refusals, registered when the layer is built: one per
     /// [`RejectReason::COUNTED`] reason, then `unknown_class`, then a reservation that can
-    /// never fit. Classifier refusals (client errors, rarer) are looked up when they happen.
+    /// never fit, then (feature `cluster`) `share_lapsed` and `share_too_small`. Classifier refusals (client errors, rarer) are looked up when they happen.
     bulkhead: Vec<metrics::Counter>,
 }
 
@@ -761,6 +761,12 @@ impl HttpRefusals {
             StatusCode::PAYLOAD_TOO_LARGE,
             NEVER_FITS_CODE,
         ));
+        // The cluster refusals come in runs (a learning table refuses every token request of
+        // a replica for `ttl + quarantine`): registered here, not looked up per refusal.
+        #[cfg(feature = "cluster")]
+        for code in [SHARE_LAPSED_CODE, SHARE_TOO_SMALL_CODE] {
+            bulkhead.push(http_refusals(name, StatusCode::SERVICE_UNAVAILABLE, code));
+        }
         HttpRefusals {
             name: name.map(str::to_owned),
             bulkhead,
@@ -774,10 +780,10 @@ impl HttpRefusals {
                 return count_http_refusal(self.name.as_deref(), e.status, e.code);
             }
             #[cfg(feature = "cluster")]
-            Refusal::ShareLapsed | Refusal::ShareTooSmall(_) => {
-                return count_http_refusal(self.name.as_deref(), refusal.status(), refusal.code());
-            }
-            Refusal::Rejected(r) if r.never_fits().is_some() => self.bulkhead.len() - 1,
+            Refusal::ShareLapsed => self.bulkhead.len() - 2,
+            #[cfg(feature = "cluster")]
+            Refusal::ShareTooSmall(_) => self.bulkhead.len() - 1,
+            Refusal::Rejected(r) if r.never_fits().is_some() => RejectReason::COUNTED.len() + 1,
             Refusal::Rejected(r) if r.reason == RejectReason::UnknownClass => {
                 RejectReason::COUNTED.len()
             }
