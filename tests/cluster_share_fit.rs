@@ -253,7 +253,7 @@ async fn the_tower_layer_answers_a_share_too_small_with_a_retryable_503() {
 #[cfg(feature = "metrics")]
 #[test]
 fn the_tower_layer_counts_a_share_too_small_apart() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     use tower::ServiceExt;
     use tower_layer::Layer;
     let recorder = DebuggingRecorder::new();
@@ -287,22 +287,7 @@ fn the_tower_layer_counts_a_share_too_small_apart() {
         assert_eq!(call("20000"), 413);
     });
     let snapshot = snapshotter.snapshot().into_vec();
-    let count = |status: &str, code: &str| {
-        snapshot
-            .iter()
-            .find(|(k, _, _, _)| {
-                let key = k.key();
-                key.name() == llm_bulkhead::tower::HTTP_REFUSALS
-                    && key
-                        .labels()
-                        .any(|l| l.key() == "status" && l.value() == status)
-                    && key.labels().any(|l| l.key() == "code" && l.value() == code)
-            })
-            .map(|(_, _, _, v)| match v {
-                DebugValue::Counter(n) => *n,
-                other => panic!("{other:?}"),
-            })
-    };
+    let count = |status: &str, code: &str| support::http_refusals(&snapshot, status, code, None);
     assert_eq!(count("503", "share_too_small"), Some(2));
     assert_eq!(count("413", "request_too_large"), Some(1));
     assert_eq!(count("503", "share_lapsed"), Some(0));
