@@ -10,7 +10,9 @@
 //! (on a Unix socket in a temporary directory, no persistence) if one is on PATH. Each replica
 //! is a small HTTP gateway on loopback, wired as an operator would: the tower layer built over
 //! the agent's handle (`BulkheadLayer::clustered`), so that its requests admit through the
-//! share's window (a lapsed share answers 503 `share_lapsed`), in front of a handler that
+//! share's window (a lapsed share answers 503 `share_lapsed`) and a request the share cannot
+//! hold yet, while the global budget can, is a retryable 503 `share_too_small` (not a 413),
+//! in front of a handler that
 //! stands in for the provider call; four clients keep it busy. Each replica prints, every
 //! 250 ms, the share its agent installed, its work in flight and its answers so far; the parent
 //! prints them side by side.
@@ -76,10 +78,10 @@ fn replica(url: &str, ns: &str) {
         .enable_all()
         .build()
         .unwrap();
-    // Answers by status: 200; 429, the share is full; 413, the installed share cannot hold
-    // the request at all (share zero: learning, or the agent degraded to zero); 503, the
-    // share lapsed.
-    let answers: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+    // Answers: 200; 429, the share is full; 413, the request is above the global budget
+    // (never here); 503 `share_too_small`, the installed share cannot hold the request yet
+    // (share zero: learning, or the agent degraded to zero), retry; 503 `share_lapsed`.
+    let answers: Arc<[AtomicU64; 5]> = Arc::new(Default::default());
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -96,9 +98,10 @@ fn replica(url: &str, ns: &str) {
             } else {
                 format!("{:?}", st.phase)
             };
-            let [ok, full, zero, lapsed] = [0, 1, 2, 3].map(|i| answers[i].load(Ordering::Relaxed));
+            let [ok, full, large, small, lapsed] =
+                [0, 1, 2, 3, 4].map(|i| answers[i].load(Ordering::Relaxed));
             println!(
-                "{} {} {} {phase} {ok} {full} {zero} {lapsed}",
+                "{} {} {} {phase} {ok} {full} {large} {small} {lapsed}",
                 st.installed.slots, s.in_flight, st.installed.tokens
             );
         }
@@ -111,7 +114,7 @@ fn replica(url: &str, ns: &str) {
 }
 
 /// One keep-alive client posting requests back to back, counting the answers.
-async fn client(addr: SocketAddr, answers: Arc<[AtomicU64; 4]>) {
+async fn client(addr: SocketAddr, answers: Arc<[AtomicU64; 5]>) {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -125,15 +128,19 @@ async fn client(addr: SocketAddr, answers: Arc<[AtomicU64; 4]>) {
         let Ok(response) = sender.send_request(request).await else {
             return;
         };
-        let i = match response.status().as_u16() {
+        let status = response.status().as_u16();
+        let Ok(body) = response.into_body().collect().await else {
+            return;
+        };
+        let i = match status {
             200 => 0,
             429 => 1,
             413 => 2,
-            503 => 3,
+            503 if body.to_bytes().windows(15).any(|w| w == b"share_too_small") => 3,
+            503 => 4,
             other => panic!("unexpected status {other}"),
         };
         answers[i].fetch_add(1, Ordering::Relaxed);
-        let _ = response.into_body().collect().await;
         if i != 0 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -178,14 +185,14 @@ fn main() {
         .collect();
     drop(tx);
     println!("  t(s)  replica 0 share/in flight   replica 1           replica 2");
-    let mut last = [[0u64; 4]; 3];
+    let mut last = [[0u64; 5]; 3];
     let start = Instant::now();
     let mut row = [String::from("-"), String::from("-"), String::from("-")];
     let mut killed = false;
     for (n, line) in rx {
         let f: Vec<&str> = line.split_whitespace().collect();
         row[n] = format!("{}/{} {}", f[0], f[1], f[3]);
-        for (i, v) in f[4..8].iter().enumerate() {
+        for (i, v) in f[4..9].iter().enumerate() {
             last[n][i] = v.parse().unwrap_or(0);
         }
         if n == 2 {
@@ -208,10 +215,10 @@ fn main() {
     for c in children.iter_mut().skip(1) {
         let _ = c.wait();
     }
-    for (n, [ok, full, zero, lapsed]) in last.iter().enumerate() {
+    for (n, [ok, full, large, small, lapsed]) in last.iter().enumerate() {
         println!(
-            "replica {n}: HTTP 200 {ok}, 429 {full} (share full), 413 {zero} (share zero), \
-             503 {lapsed} (share lapsed)"
+            "replica {n}: HTTP 200 {ok}, 429 {full} (share full), 503 {small} (share too small, \
+             retry), 413 {large} (above the global budget), 503 {lapsed} (share lapsed)"
         );
     }
 }

@@ -144,7 +144,9 @@
 //! * an admission lasts until the response body ends, fails or is dropped (or until the
 //!   headers, when asked), and dropping the response future releases it;
 //! * a refused request never reaches the inner service, and its answer is 429 (capacity) or
-//!   503 (shutdown) with the refusal's figures and no `Retry-After`.
+//!   503 (shutdown) with the refusal's figures and no `Retry-After` (on a layer over a cluster
+//!   share, feature `cluster`, also 503 `share_lapsed`, and 503 `share_too_small` with the
+//!   agent's renewal period as `Retry-After`, since that share changes only at a renewal).
 //!
 //! ## §12 The LLM layer (feature `llm`)
 //!

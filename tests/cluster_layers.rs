@@ -15,13 +15,13 @@
 mod cluster_leased;
 mod support;
 
-use cluster_leased::{leased, poll_across_deadline, DropFlag, RENEWED};
+use cluster_leased::{counting_handler, leased, poll_across_deadline, DropFlag, RENEWED};
 use llm_bulkhead::cluster::{ClusterRejection, ClusterRunError};
 use llm_bulkhead::llm::{LlmBulkhead, LlmRequest, RunError, RunOptions, StopCause};
 use llm_bulkhead::tower::BulkheadLayer;
 use llm_bulkhead::{Bulkhead, CancelToken, Demand, Reservation, Usage, WaitOptions};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
@@ -212,15 +212,7 @@ async fn the_tower_layer_refuses_a_lapsed_share_over_http() {
         .build()
         .unwrap();
     let (clock, _store, mut agent, _) = leased(&b);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c2 = calls.clone();
-    let handler = move || {
-        let c = c2.clone();
-        async move {
-            c.fetch_add(1, Ordering::SeqCst);
-            "ok"
-        }
-    };
+    let (calls, handler) = counting_handler();
     let fail_fast = BulkheadLayer::clustered(&agent.handle()).build();
     let queued = BulkheadLayer::clustered(&agent.handle())
         .wait_in_queue(None)

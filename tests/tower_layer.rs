@@ -879,7 +879,7 @@ fn a_duplicated_class_or_priority_header_is_a_400() {
 #[cfg(feature = "metrics")]
 #[test]
 fn refusals_are_counted_by_status_and_code() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
@@ -916,25 +916,8 @@ fn refusals_are_counted_by_status_and_code() {
     });
     // One snapshot: taking one resets the counters.
     let snapshot = snapshotter.snapshot().into_vec();
-    let count = |status: &str, code: &str| {
-        snapshot
-            .iter()
-            .find(|(k, _, _, _)| {
-                let key = k.key();
-                key.name() == llm_bulkhead::tower::HTTP_REFUSALS
-                    && key
-                        .labels()
-                        .any(|l| l.key() == "status" && l.value() == status)
-                    && key.labels().any(|l| l.key() == "code" && l.value() == code)
-                    && key
-                        .labels()
-                        .any(|l| l.key() == "bulkhead" && l.value() == "gw")
-            })
-            .map(|(_, _, _, v)| match v {
-                DebugValue::Counter(n) => *n,
-                other => panic!("{other:?}"),
-            })
-    };
+    let count =
+        |status: &str, code: &str| support::http_refusals(&snapshot, status, code, Some("gw"));
     assert_eq!(count("400", "invalid_priority"), Some(2));
     assert_eq!(count("413", "request_too_large"), Some(1));
     assert_eq!(count("429", "concurrency_limit"), Some(1));

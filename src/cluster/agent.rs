@@ -12,6 +12,7 @@ use super::class_view::{self, ClassDemand};
 use super::classes::ClassShare;
 use super::gate::{ClusterBulkhead, Gate};
 use super::lease::{ClusterConfig, ClusterConfigError, Lease, Phase};
+use super::share_fit::GlobalFit;
 use super::store::{LeaseStore, StoreError};
 use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
 use crate::{Bulkhead, LimitsSnapshot};
@@ -298,6 +299,9 @@ impl ClusterAgent {
         let global = global_of(&base);
         let mut params = config.store_params(global);
         params.classes = class_view::params(&bulkhead, &base, global, params.floor)?;
+        // The share changes at a renewal at the earliest: a refusal for a share too small
+        // says to retry after one renewal period.
+        let fit = GlobalFit::new(&bulkhead, base, (params.ttl_ms / 3).max(1));
         let mut agent = ClusterAgent {
             params,
             lease: Lease::new(&config, global),
@@ -319,7 +323,7 @@ impl ClusterAgent {
             closed_since: None,
             overdue_reported: false,
             on_event: None,
-            gate: Arc::new(Gate::new(clock, max_admission_ms)),
+            gate: Arc::new(Gate::new(clock, max_admission_ms, fit)),
         };
         agent.status.installed = global;
         if !agent.install(Amounts::ZERO, Some(&[])) {
@@ -410,7 +414,10 @@ impl ClusterAgent {
 
     /// What is in flight, the demand, and whether the bulkhead refused or queued work since
     /// the last renewal. The demand is the peak in flight since the last renewal (sampled at
-    /// every step) or, under pressure, twice the share installed.
+    /// every step) or, under pressure, twice the share installed; and at least the tokens in
+    /// flight plus the largest reservation refused since the last renewal because the share
+    /// could not hold it (`ShareTooSmall`), so a share of zero asks for room for one request
+    /// of that size, not one token.
     fn demand(&mut self) -> (Amounts, Amounts, bool) {
         let s = self.bulkhead.stats();
         let held = Amounts::new(
@@ -429,6 +436,10 @@ impl ClusterAgent {
                 (i.tokens * 2).max(held.tokens + 1),
             );
             wants = wants.max(more);
+        }
+        let short = self.gate.fit.short();
+        if short > 0 {
+            wants.tokens = wants.tokens.max(held.tokens.saturating_add(short));
         }
         (held, wants.min(self.global), pressed)
     }
@@ -450,8 +461,9 @@ impl ClusterAgent {
         let gap = (ttl / 10).max(1);
         let now = clock.now_ms();
         let (held, wants, pressed) = self.demand();
+        // Early also when a reservation was refused as too large for the share.
         let early = pressed
-            && self.lease.grant().slots < self.global.slots
+            && (self.lease.grant().slots < self.global.slots || self.gate.fit.short() > 0)
             && self.last_renew.is_none_or(|t| now >= t + gap);
         if now >= self.next_renew || early {
             let stats = self.bulkhead.stats();
@@ -467,6 +479,7 @@ impl ClusterAgent {
             self.last_renew = Some(now);
             self.rejected_seen = self.rejected(&stats);
             self.class_demand.renewed(&req.classes, &stats);
+            self.gate.fit.renewed();
             self.peak = held;
             // A store that stops answering must not hold this thread past the next change of
             // the share (the end of the lease or of the floor): the call gets what is left.

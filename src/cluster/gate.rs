@@ -43,6 +43,7 @@
 //! decision against an older share commits once it returned.
 
 use super::agent::Clock;
+use super::share_fit::{GlobalFit, ShareTooSmall};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use crate::{Admission, Bulkhead, Demand, Rejection};
 use std::future::Future;
@@ -74,11 +75,14 @@ pub(super) struct Gate {
     /// run asking whether it passed hears no, so the LLM layer's runs are never cut.
     /// `tests/cluster_layers.rs` (the cut tests) fail on it.
     no_cut: bool,
+    /// The global limits, for the layers' judgement of a refusal that never fits the share.
+    pub(super) fit: GlobalFit,
 }
 
 impl Gate {
-    pub(super) fn new(clock: Arc<dyn Clock>, max_admission_ms: u64) -> Self {
+    pub(super) fn new(clock: Arc<dyn Clock>, max_admission_ms: u64, fit: GlobalFit) -> Self {
         Gate {
+            fit,
             clock,
             until: AtomicU64::new(u64::MAX),
             max_admission_ms,
@@ -187,6 +191,30 @@ impl ClusterWindow {
         })
     }
 
+    /// The cluster answer to the core's refusal of `demand`: a reservation the installed
+    /// share can never hold but the global limits can is
+    /// [`ClusterRejection::ShareTooSmall`] (retryable, and kept for the agent's next
+    /// renewal); every other refusal, a reservation above the global limits included, is
+    /// [`ClusterRejection::Refused`] as the core made it.
+    #[cold]
+    pub(crate) fn refused(&self, demand: &Demand, rejection: Rejection) -> ClusterRejection {
+        match self.judge(demand, rejection) {
+            Ok(s) => ClusterRejection::ShareTooSmall(s),
+            Err(r) => ClusterRejection::Refused(r),
+        }
+    }
+
+    /// As [`refused`](Self::refused), for the layers' own refusal types: the share too small,
+    /// or the core's refusal given back as it is.
+    #[cold]
+    pub(crate) fn judge(
+        &self,
+        demand: &Demand,
+        rejection: Rejection,
+    ) -> Result<Box<ShareTooSmall>, Rejection> {
+        self.0.fit.judge(demand, rejection).map(Box::new)
+    }
+
     #[cold]
     fn lapsed(&self) -> ClusterRejection {
         self.0.late.fetch_add(1, Ordering::Relaxed);
@@ -293,8 +321,16 @@ pub enum ClusterRejection {
     /// The installed share's window had ended (the agent had not installed the next share
     /// yet): nothing admitted.
     ShareLapsed,
-    /// The bulkhead refused, within the installed share.
+    /// The bulkhead refused, within the installed share. A token reservation whose
+    /// [`Rejection::never_fits`] is set is here only when it is above the **global** limits
+    /// too: do not retry it.
     Refused(Rejection),
+    /// The installed share cannot hold this token reservation however much work ends, but
+    /// the global limits can (the share is zero while the table learns or after the agent
+    /// degraded, or small beside the request): retry after
+    /// [`ShareTooSmall::retry_after_ms`], when the agent has renewed with the demand this
+    /// refusal reported. Boxed: the detail is large.
+    ShareTooSmall(Box<ShareTooSmall>),
 }
 
 impl std::fmt::Display for ClusterRejection {
@@ -302,6 +338,7 @@ impl std::fmt::Display for ClusterRejection {
         match self {
             ClusterRejection::ShareLapsed => f.write_str("the replica's cluster share lapsed"),
             ClusterRejection::Refused(r) => write!(f, "{r}"),
+            ClusterRejection::ShareTooSmall(s) => write!(f, "{s}"),
         }
     }
 }
@@ -340,8 +377,9 @@ impl ClusterBulkhead {
     /// and released.
     ///
     /// # Errors
-    /// [`ClusterRejection::ShareLapsed`] if the share's window had ended at the commit, else
-    /// the core's refusal.
+    /// [`ClusterRejection::ShareLapsed`] if the share's window had ended at the commit;
+    /// [`ClusterRejection::ShareTooSmall`] for a token reservation the installed share can
+    /// never hold but the global limits can; else the core's refusal.
     ///
     /// ```
     /// # use llm_bulkhead::cluster::{ClusterAgent, ClusterConfig, MemoryStore};
@@ -352,7 +390,7 @@ impl ClusterBulkhead {
         let admission = self
             .bulkhead
             .try_acquire(demand)
-            .map_err(ClusterRejection::Refused)?;
+            .map_err(|r| self.window.refused(&demand, r))?;
         // After the commit: the check's read bounds it, however long the thread was paused
         // before. Refused: the admission is given back at once.
         let ticket = self.window().check()?;

@@ -47,6 +47,12 @@
 //! * [`ClusterBulkhead`] (`gate.rs`): the handle to admit through. It closes the share's
 //!   window on the admitting thread and gives every admission its deadline (below, A3 and A4);
 //!   `CoarseClock` (`coarse.rs`, Linux) makes its one clock read cheap.
+//! * [`ShareTooSmall`] (`share_fit.rs`): on the handle and the layers built over it, a token
+//!   reservation is "never fits" only above the **global** limits; one that fits them but not
+//!   the installed share (zero while learning or degraded, or small) is a retryable refusal
+//!   ([`ClusterRejection::ShareTooSmall`]; the tower layer's 503 `share_too_small` with a
+//!   `Retry-After` of the renewal period), and the agent's next renewal asks for room for it.
+//!   Judged after the core refused; the core's decision path carries nothing of it.
 //!
 //! # The invariant, and what it assumes
 //!
@@ -148,6 +154,7 @@ mod coarse;
 mod gate;
 mod lease;
 mod redis;
+mod share_fit;
 mod store;
 #[cfg(feature = "cluster-tokio")]
 mod task;
@@ -165,6 +172,7 @@ pub use gate::{ClusterAdmission, ClusterBulkhead, ClusterRejection, ClusterRunEr
 pub(crate) use gate::{ClusterWindow, Ticket};
 pub use lease::{ClusterConfig, ClusterConfigError, Degrade, Lease, Phase};
 pub use redis::RedisStore;
+pub use share_fit::ShareTooSmall;
 pub use store::{LeaseStore, MemoryStore, StoreError};
 #[cfg(feature = "cluster-tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster-tokio")))]

@@ -78,6 +78,8 @@ pin_project! {
 
 pub(crate) struct Waiting<S, RB> {
     wait: Wait,
+    /// What the wait asks for (a refusal's cluster judgement reads it).
+    demand: crate::Demand,
     service: Option<S>,
     request: Option<Request<RB>>,
     settings: Arc<Settings>,
@@ -113,6 +115,7 @@ where
     pub(crate) fn waiting(
         settings: Arc<Settings>,
         wait: Wait,
+        demand: crate::Demand,
         service: S,
         request: Request<RB>,
     ) -> Self {
@@ -121,6 +124,7 @@ where
             state: State::Waiting {
                 waiting: Box::new(Waiting {
                     wait,
+                    demand,
                     service: Some(service),
                     request: Some(request),
                     settings,
@@ -159,6 +163,7 @@ where
                 StateProj::Waiting { waiting } => {
                     let Waiting {
                         wait,
+                        demand,
                         service,
                         request,
                         settings,
@@ -168,7 +173,7 @@ where
                     settings.record_wait(*started);
                     match outcome {
                         Err(rejection) => {
-                            let refusal = settings.refused(Refusal::Rejected(Box::new(rejection)));
+                            let refusal = settings.refused(settings.rejected(demand, rejection));
                             this.state.set(State::Refused { refusal: None });
                             return Poll::Ready(M::refuse(refusal));
                         }

@@ -42,7 +42,10 @@
 //! * **Refusals**: by default ([`Respond`]) a ready response: 429 for capacity, 413 for a
 //!   reservation the current limits could never admit ([`Rejection::never_fits`](crate::Rejection::never_fits): retrying
 //!   it is useless), 503 for a closed bulkhead, a JSON [`RefusalBody`] shaped as OpenAI's
-//!   errors (with `code`), no `Retry-After` (contract §8); the service keeps
+//!   errors (with `code`), no `Retry-After` (contract §8; a layer over a cluster share,
+//!   feature `cluster`, answers 503 `share_lapsed`, and 503 `share_too_small` with the
+//!   renewal period as `Retry-After` where the share, not the global limits, is too small for
+//!   the reservation: see `Refusal::ShareTooSmall`); the service keeps
 //!   the inner error type, so axum needs no `HandleErrorLayer`. With
 //!   [`refuse_with_error`](BulkheadLayer::refuse_with_error) ([`Fail`]) a [`Refused`] error.
 //!   Either way a refused request never reaches the inner service.
@@ -210,13 +213,28 @@ impl Settings {
             return match self.bulkhead.try_acquire(demand) {
                 Ok(a) => self.hold(a),
                 Err(r) if shadow.contains(r.reason) => self.bypass(&demand, r, counters, advised),
-                Err(r) => Err(Refusal::Rejected(Box::new(r))),
+                Err(r) => Err(self.rejected(&demand, r)),
             };
         }
         match self.bulkhead.try_acquire(demand) {
             Ok(a) => self.hold(a),
-            Err(r) => Err(Refusal::Rejected(Box::new(r))),
+            Err(r) => Err(self.rejected(&demand, r)),
         }
+    }
+
+    /// The refusal of the bulkhead's `rejection` of `demand`: on a cluster-managed bulkhead, a
+    /// reservation the share can never hold but the global limits can is
+    /// `Refusal::ShareTooSmall` (503 with `Retry-After`), not a 413.
+    #[cold]
+    fn rejected(&self, _demand: &crate::Demand, rejection: crate::Rejection) -> Refusal {
+        #[cfg(feature = "cluster")]
+        if let Some(w) = &self.window {
+            return match w.judge(_demand, rejection) {
+                Ok(s) => Refusal::ShareTooSmall(s),
+                Err(r) => Refusal::Rejected(Box::new(r)),
+            };
+        }
+        Refusal::Rejected(Box::new(rejection))
     }
 
     /// Counts `refusal` in [`HTTP_REFUSALS`] (when metrics are recorded) and passes it on.
@@ -705,7 +723,7 @@ where
                 cancel: None,
             };
             let wait = Box::pin(async move { bulkhead.acquire(demand, options).await });
-            return ResponseFuture::waiting(self.settings.clone(), wait, inner, req);
+            return ResponseFuture::waiting(self.settings.clone(), wait, demand, inner, req);
         }
         match self.settings.decide(demand) {
             // The inner service stays ready and untouched: it never sees the request.

@@ -33,11 +33,27 @@ pub enum Refusal {
     #[cfg(feature = "cluster")]
     #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
     ShareLapsed,
+    /// A token reservation the replica's installed cluster share can never hold, but the
+    /// global limits can (a layer built over a
+    /// [`ClusterBulkhead`](crate::cluster::ClusterBulkhead), feature `cluster`): the share is
+    /// zero while the table learns or after the agent degraded, or small beside the request,
+    /// and grows at a later renewal. 503 with code `share_too_small` and a `Retry-After` of
+    /// the agent's renewal period (the share changes at a renewal at the earliest), where a
+    /// bulkhead that is not cluster-managed answers 413 `request_too_large`. A reservation
+    /// above the global limits is still a 413. 503 as [`ShareLapsed`](Self::ShareLapsed):
+    /// clients and load balancers retry it, and another replica may have room.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    ShareTooSmall(Box<crate::cluster::ShareTooSmall>),
 }
 
 /// The code of [`Refusal::ShareLapsed`].
 #[cfg(feature = "cluster")]
 const SHARE_LAPSED_CODE: &str = "share_lapsed";
+
+/// The code of [`Refusal::ShareTooSmall`].
+#[cfg(feature = "cluster")]
+const SHARE_TOO_SMALL_CODE: &str = "share_too_small";
 
 impl Refusal {
     /// The status of the response mode: 503 for `shutdown` (the bulkhead is closed) and
@@ -47,7 +63,9 @@ impl Refusal {
     /// ([`Rejection::never_fits`]): a retry cannot succeed, and clients (the OpenAI SDKs among
     /// them) retry a 429 but not a 413. 500 only for `unknown_class`: a classifier that
     /// returned a class of another bulkhead (the gateway's own bug, not the client's and not a
-    /// capacity refusal).
+    /// capacity refusal). With the feature `cluster`, 503 for [`ShareLapsed`](Self::ShareLapsed)
+    /// and [`ShareTooSmall`](Self::ShareTooSmall): on a layer over a cluster share, a
+    /// reservation is a 413 only when it is above the global limits.
     ///
     /// ```
     /// use llm_bulkhead::tower::{ClassifyError, Refusal};
@@ -61,12 +79,13 @@ impl Refusal {
             Refusal::Rejected(r) => reason_status(r.reason),
             Refusal::Unclassified(e) => e.status,
             #[cfg(feature = "cluster")]
-            Refusal::ShareLapsed => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::ShareLapsed | Refusal::ShareTooSmall(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
     /// The stable code of the body's `code` field (OpenAI's error field): the classifier's
-    /// code, `request_too_large` for a reservation that can never fit, else the bulkhead's
+    /// code, `request_too_large` for a reservation that can never fit, `share_lapsed` and
+    /// `share_too_small` for the cluster refusals (feature `cluster`), else the bulkhead's
     /// reason (`concurrency_limit`, ...).
     ///
     /// ```
@@ -83,6 +102,8 @@ impl Refusal {
             Refusal::Rejected(r) => r.reason.as_str(),
             #[cfg(feature = "cluster")]
             Refusal::ShareLapsed => SHARE_LAPSED_CODE,
+            #[cfg(feature = "cluster")]
+            Refusal::ShareTooSmall(_) => SHARE_TOO_SMALL_CODE,
         }
     }
 
@@ -104,7 +125,10 @@ impl Refusal {
 
     /// The ready response: [`status`](Self::status), `content-type: application/json`, the
     /// [`json`](Self::json) body. No `Retry-After`: a fail-fast bulkhead has no honest estimate
-    /// of when capacity returns (contract §8).
+    /// of when capacity returns (contract §8). The one exception is
+    /// [`ShareTooSmall`](Self::ShareTooSmall) (feature `cluster`), whose share changes at the
+    /// agent's next renewal at the earliest: `Retry-After` is the renewal period, in whole
+    /// seconds rounded up.
     ///
     /// ```
     /// use llm_bulkhead::tower::Refusal;
@@ -121,6 +145,11 @@ impl Refusal {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        #[cfg(feature = "cluster")]
+        if let Refusal::ShareTooSmall(s) = self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s.retry_after_secs()));
+        }
         resp
     }
 }
@@ -134,6 +163,8 @@ impl fmt::Display for Refusal {
             Refusal::ShareLapsed => {
                 fmt::Display::fmt(&crate::cluster::ClusterRejection::ShareLapsed, f)
             }
+            #[cfg(feature = "cluster")]
+            Refusal::ShareTooSmall(s) => fmt::Display::fmt(s, f),
         }
     }
 }
@@ -384,6 +415,10 @@ pub struct LimitBody {
     pub requested: u64,
     /// The most that bound admits.
     pub most: u64,
+    /// The most the global limits admit (a cluster share too small, `share_too_small`, only:
+    /// then `most` is the share's bound and `global ≥ requested`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global: Option<u64>,
 }
 
 /// Slots, queue and, when configured, tokens and class figures.
@@ -561,77 +596,96 @@ impl RefusalBody {
                 revision: None,
                 capacity: None,
             },
-            Refusal::Rejected(r) => {
-                let d = &r.detail();
-                let classes = d.classes.as_deref();
-                let never = r.never_fits();
-                let mut message = r.to_string();
-                if let Some(n) = never {
-                    message = format!(
-                        "{message}; a reservation of {} tokens can never fit: the {} admits at \
-                         most {} tokens under the current limits (do not retry it; ask for \
-                         fewer tokens)",
-                        n.requested,
-                        limit_words(n.limit),
-                        n.most
-                    );
-                }
-                RefusalError {
-                    kind: "admission_rejected",
-                    code: refusal.code(),
-                    reason: r.reason.as_str().to_owned(),
-                    message,
-                    limit: never.map(|n| LimitBody {
-                        name: n.limit.as_str(),
-                        requested: n.requested,
-                        most: n.most,
-                    }),
-                    constraint: r.constraint.map(Constraint::as_str),
-                    class: classes.map(|c| c.class.id.clone()),
-                    revision: Some(r.revision),
-                    capacity: Some(CapacityBody {
-                        in_flight: d.in_flight,
-                        pending: d.pending,
-                        max_concurrent: d.max_concurrent,
-                        max_queue: d.max_queue,
-                        tokens: d.token_budget.map(|t| TokensBody {
-                            budget: t.budget,
-                            in_flight: t.in_flight_tokens,
-                            effective_budget: t.effective_budget,
-                            available: t.available,
-                            requested: t.requested,
-                        }),
-                        shared: classes.map(|c| SharedBody {
-                            concurrency: c.shared.concurrency,
-                            tokens: c.shared.token_budget,
-                        }),
-                        class: classes.map(|c| {
-                            let k = &c.class;
-                            ClassBody {
-                                in_flight: k.in_flight,
-                                protected_concurrent: k.protected_concurrent,
-                                protected_concurrent_in_use: k.protected_concurrent_in_use,
-                                borrowed_concurrent: k.borrowed_concurrent,
-                                available_protected_concurrent: k.available_protected_concurrent,
-                                max_concurrent: k.max_concurrent,
-                                available_concurrent: k.available_concurrent,
-                                tokens: k.token_budget.map(|t| ClassTokensBody {
-                                    in_flight: t.in_flight_tokens,
-                                    protected: t.protected_tokens,
-                                    protected_in_use: t.protected_tokens_in_use,
-                                    borrowed: t.borrowed_tokens,
-                                    available_protected: t.available_protected_tokens,
-                                    max: t.max_tokens,
-                                    available: t.available,
-                                    requested: t.requested,
-                                }),
-                            }
-                        }),
-                    }),
-                }
+            #[cfg(feature = "cluster")]
+            Refusal::ShareTooSmall(s) => {
+                let mut e = rejected_error(&s.rejection, SHARE_TOO_SMALL_CODE);
+                e.message = format!(
+                    "{s}: the replica's share grows at a later renewal of its agent, or \
+                     another replica may admit it (retry it)"
+                );
+                e.limit = Some(LimitBody {
+                    name: s.limit.as_str(),
+                    requested: s.requested,
+                    most: s.share,
+                    global: Some(s.global),
+                });
+                e
             }
+            Refusal::Rejected(r) => rejected_error(r, refusal.code()),
         };
         RefusalBody { error }
+    }
+}
+
+/// The `error` object of the bulkhead's refusal `r`, with `code`.
+fn rejected_error(r: &Rejection, code: &'static str) -> RefusalError {
+    let d = &r.detail();
+    let classes = d.classes.as_deref();
+    let never = r.never_fits();
+    let mut message = r.to_string();
+    if let Some(n) = never {
+        message = format!(
+            "{message}; a reservation of {} tokens can never fit: the {} admits at \
+                         most {} tokens under the current limits (do not retry it; ask for \
+                         fewer tokens)",
+            n.requested,
+            limit_words(n.limit),
+            n.most
+        );
+    }
+    RefusalError {
+        kind: "admission_rejected",
+        code,
+        reason: r.reason.as_str().to_owned(),
+        message,
+        limit: never.map(|n| LimitBody {
+            name: n.limit.as_str(),
+            requested: n.requested,
+            most: n.most,
+            global: None,
+        }),
+        constraint: r.constraint.map(Constraint::as_str),
+        class: classes.map(|c| c.class.id.clone()),
+        revision: Some(r.revision),
+        capacity: Some(CapacityBody {
+            in_flight: d.in_flight,
+            pending: d.pending,
+            max_concurrent: d.max_concurrent,
+            max_queue: d.max_queue,
+            tokens: d.token_budget.map(|t| TokensBody {
+                budget: t.budget,
+                in_flight: t.in_flight_tokens,
+                effective_budget: t.effective_budget,
+                available: t.available,
+                requested: t.requested,
+            }),
+            shared: classes.map(|c| SharedBody {
+                concurrency: c.shared.concurrency,
+                tokens: c.shared.token_budget,
+            }),
+            class: classes.map(|c| {
+                let k = &c.class;
+                ClassBody {
+                    in_flight: k.in_flight,
+                    protected_concurrent: k.protected_concurrent,
+                    protected_concurrent_in_use: k.protected_concurrent_in_use,
+                    borrowed_concurrent: k.borrowed_concurrent,
+                    available_protected_concurrent: k.available_protected_concurrent,
+                    max_concurrent: k.max_concurrent,
+                    available_concurrent: k.available_concurrent,
+                    tokens: k.token_budget.map(|t| ClassTokensBody {
+                        in_flight: t.in_flight_tokens,
+                        protected: t.protected_tokens,
+                        protected_in_use: t.protected_tokens_in_use,
+                        borrowed: t.borrowed_tokens,
+                        available_protected: t.available_protected_tokens,
+                        max: t.max_tokens,
+                        available: t.available,
+                        requested: t.requested,
+                    }),
+                }
+            }),
+        }),
     }
 }
 
@@ -651,7 +705,7 @@ pub(crate) struct HttpRefusals {
     name: Option<String>,
     /// The bulkhead's refusals, registered when the layer is built: one per
     /// [`RejectReason::COUNTED`] reason, then `unknown_class`, then a reservation that can
-    /// never fit. Classifier refusals (client errors, rarer) are looked up when they happen.
+    /// never fit, then (feature `cluster`) `share_lapsed` and `share_too_small`. Classifier refusals (client errors, rarer) are looked up when they happen.
     bulkhead: Vec<metrics::Counter>,
 }
 
@@ -659,7 +713,8 @@ pub(crate) struct HttpRefusals {
 /// named): every refusal a layer built with
 /// [`record_metrics`](super::BulkheadLayerBuilder::record_metrics) answers, by HTTP status
 /// and [`Refusal::code`] (400s of the classifier, 413s of reservations that can never fit,
-/// 429s and 503s of the bulkhead). A gateway counts its own refusals made before the layer
+/// 429s and 503s of the bulkhead, and with the feature `cluster` the 503s `share_lapsed` and
+/// `share_too_small` of a layer over a cluster share). A gateway counts its own refusals made before the layer
 /// (an unreadable body, ...) with [`count_http_refusal`].
 ///
 /// ```
@@ -706,6 +761,12 @@ impl HttpRefusals {
             StatusCode::PAYLOAD_TOO_LARGE,
             NEVER_FITS_CODE,
         ));
+        // The cluster refusals come in runs (a learning table refuses every token request of
+        // a replica for `ttl + quarantine`): registered here, not looked up per refusal.
+        #[cfg(feature = "cluster")]
+        for code in [SHARE_LAPSED_CODE, SHARE_TOO_SMALL_CODE] {
+            bulkhead.push(http_refusals(name, StatusCode::SERVICE_UNAVAILABLE, code));
+        }
         HttpRefusals {
             name: name.map(str::to_owned),
             bulkhead,
@@ -719,14 +780,10 @@ impl HttpRefusals {
                 return count_http_refusal(self.name.as_deref(), e.status, e.code);
             }
             #[cfg(feature = "cluster")]
-            Refusal::ShareLapsed => {
-                return count_http_refusal(
-                    self.name.as_deref(),
-                    refusal.status(),
-                    SHARE_LAPSED_CODE,
-                );
-            }
-            Refusal::Rejected(r) if r.never_fits().is_some() => self.bulkhead.len() - 1,
+            Refusal::ShareLapsed => self.bulkhead.len() - 2,
+            #[cfg(feature = "cluster")]
+            Refusal::ShareTooSmall(_) => self.bulkhead.len() - 1,
+            Refusal::Rejected(r) if r.never_fits().is_some() => RejectReason::COUNTED.len() + 1,
             Refusal::Rejected(r) if r.reason == RejectReason::UnknownClass => {
                 RejectReason::COUNTED.len()
             }

@@ -131,3 +131,25 @@ pub fn poll_across_deadline<F: Future>(
     assert_eq!(b.stats().in_flight, 1, "held until the work ends");
     fut.as_mut().poll(&mut cx)
 }
+
+/// The future of [`counting_handler`]'s handler.
+pub type Answer = Pin<Box<dyn Future<Output = &'static str> + Send>>;
+
+/// The inner service of the tower tests: a handler answering "ok" and the count of its calls
+/// (a refused request must never reach it).
+#[allow(dead_code)]
+pub fn counting_handler() -> (
+    Arc<AtomicUsize>,
+    impl Fn() -> Answer + Clone + Send + Sync + 'static,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c2 = calls.clone();
+    let handler = move || {
+        let c = c2.clone();
+        Box::pin(async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            "ok"
+        }) as Answer
+    };
+    (calls, handler)
+}

@@ -150,3 +150,35 @@ pub async fn until(mut done: impl FnMut() -> bool) {
         tokio::task::yield_now().await;
     }
 }
+
+/// The count of `llm_bulkhead_http_refusals_total` with `status` and `code` (and `bulkhead`,
+/// when given) in `snapshot` (`None`: no such counter registered).
+#[cfg(all(feature = "tower", feature = "metrics"))]
+pub fn http_refusals(
+    snapshot: &[(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        metrics_util::debugging::DebugValue,
+    )],
+    status: &str,
+    code: &str,
+    bulkhead: Option<&str>,
+) -> Option<u64> {
+    snapshot
+        .iter()
+        .find(|(k, _, _, _)| {
+            let key = k.key();
+            let has = |name: &str, value: &str| {
+                key.labels().any(|l| l.key() == name && l.value() == value)
+            };
+            key.name() == llm_bulkhead::tower::HTTP_REFUSALS
+                && has("status", status)
+                && has("code", code)
+                && bulkhead.is_none_or(|b| has("bulkhead", b))
+        })
+        .map(|(_, _, _, v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => *n,
+            other => panic!("{other:?}"),
+        })
+}

@@ -1,5 +1,11 @@
 //! Runs on a cluster-managed bulkhead (feature `cluster`): [`LlmBulkhead::clustered`].
 //!
+//! A refusal for a token reservation the installed share can never hold, while the global
+//! limits can (share zero while the table learns, or a small share), answers
+//! [`RunError::Cluster`]`(`[`ClusterRunError::Refused`]`(`[`ClusterRejection::ShareTooSmall`]`))`:
+//! retry it (the agent's next renewal asks for room for it). Only a reservation above the
+//! global limits is the core's never-fits [`RunError::Rejected`].
+//!
 //! Two steps join a run, both only on a bulkhead built over a
 //! [`ClusterBulkhead`](crate::cluster::ClusterBulkhead), so a plain run carries neither:
 //! * **the window**, right after the core's commit (a run that waited in the queue included):

@@ -179,6 +179,25 @@ impl LlmBulkhead {
         Ok(())
     }
 
+    /// The answer to the core's refusal of `demand`: on a cluster-managed bulkhead, a token
+    /// reservation the installed share can never hold but the global limits can is
+    /// [`RunError::Cluster`] with `ClusterRejection::ShareTooSmall` (retryable), not the
+    /// core's never-fits refusal. Cold: refusals only.
+    #[cold]
+    fn rejected<E>(&self, _demand: &Demand, rejection: Rejection) -> RunError<E> {
+        #[cfg(feature = "cluster")]
+        if let Some(window) = &self.cluster {
+            use crate::cluster::{ClusterRejection, ClusterRunError};
+            return match window.judge(_demand, rejection) {
+                Ok(s) => {
+                    RunError::Cluster(ClusterRunError::Refused(ClusterRejection::ShareTooSmall(s)))
+                }
+                Err(r) => RunError::Rejected(r),
+            };
+        }
+        RunError::Rejected(rejection)
+    }
+
     /// `run_shared` and the request-level acquires cannot carry the cluster admission
     /// deadline to their work: on a cluster-managed bulkhead they refuse, before anything
     /// changes.
@@ -365,7 +384,7 @@ impl LlmBulkhead {
                 );
                 match admitted {
                     Ok(ctx) => ctx,
-                    Err(rej) => return w.refused(rej),
+                    Err(rej) => return w.refused_with(self.rejected(&demand, rej)),
                 }
             }
         };
@@ -612,7 +631,7 @@ impl LlmBulkhead {
                     .await;
                     match admitted {
                         Ok(ctx) => ctx,
-                        Err(rej) => return w.refused(rej),
+                        Err(rej) => return w.refused_with(self.rejected(&demand, rej)),
                     }
                 }
             };

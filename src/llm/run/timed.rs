@@ -125,17 +125,8 @@ pub(in crate::llm) trait Stopwatch: Send {
         self.wrap(settle())
     }
 
-    /// The answer of a run refused by the decision.
-    #[inline(always)]
-    fn refused<R, E>(self, rejection: Rejection) -> Self::Out<Result<R, RunError<E>>>
-    where
-        Self: Sized,
-    {
-        self.refused_with(RunError::Rejected(rejection))
-    }
-
-    /// The answer of a run refused at its decision with `error` (a lapsed cluster share
-    /// refuses right after the core's commit).
+    /// The answer of a run refused at its decision with `error` (the core's refusal, the
+    /// cluster's share too small, or a lapsed cluster share right after the core's commit).
     #[inline(always)]
     fn refused_with<R, E>(mut self, error: RunError<E>) -> Self::Out<Result<R, RunError<E>>>
     where
