@@ -238,6 +238,8 @@ impl Ticket {
     /// Whether the agent's step has passed the deadline: exactly when it fires the cut
     /// signals of this deadline (it stores its step's time before it fires them). One load,
     /// nothing registered: a run that only asks is cut as surely as one that waits.
+    /// Only the LLM layer asks.
+    #[cfg(feature = "llm")]
     #[inline]
     pub(crate) fn passed(&self) -> bool {
         self.arm().passed()
@@ -268,6 +270,7 @@ pub(crate) struct CutArm {
 
 impl CutArm {
     /// As [`Ticket::passed`].
+    #[cfg(feature = "llm")]
     #[inline]
     pub(crate) fn passed(&self) -> bool {
         self.gate.stepped.load(Ordering::Acquire) >= self.deadline_ms && !self.gate.no_cut
