@@ -393,8 +393,10 @@ fn first_try(
     let cw = &*shared.class_words[k];
     let g = GWord(word.load(SeqCst));
     let tag = g.tag();
-    let lim = shared.ring.read(tag);
-    let (ver, l) = shared.ring.read_class_versioned(tag, k);
+    // Read as stored: a refusal at a ceiling keeps these words (`PastCeiling`).
+    let p = shared.ring.read_packed(tag);
+    let cl = shared.ring.read_class_words(tag, k);
+    let (lim, ver, l) = (p.hot(), cl.version(), cl.hot());
     // The absent limits as `u64::MAX`, so that every row is one compare: no count or sum here
     // comes near it (`r` is 0 without a budget, and at most `eff` once the first row passed).
     let eff = lim.effective(priority).unwrap_or(u64::MAX);
@@ -410,7 +412,7 @@ fn first_try(
         || g.u() > mc
     {
         // Perhaps a class ceiling: `ceiling_refusal` decides from these two words.
-        *past_ceiling = Some(PastCeiling { g, c });
+        *past_ceiling = Some(PastCeiling { g, c, p, cl });
         return None;
     }
     let (n, t) = (c.in_flight(), c.tokens());

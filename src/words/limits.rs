@@ -541,6 +541,18 @@ impl ClassLimitWords {
     pub(crate) fn version(self) -> usize {
         ((self.a >> VERSION_SHIFT) & 0xff) as usize
     }
+
+    /// The limits these words store, decoded.
+    #[inline(always)]
+    pub(crate) fn hot(self) -> HotClass {
+        let (a, b) = (self.a, self.b);
+        HotClass {
+            pc: a & 0xffff,
+            mc: (a & HAS_MAX_C != 0).then_some((a >> 16) & 0xffff),
+            pt: b & 0xffff_ffff,
+            mt: (a & HAS_MAX_T != 0).then_some(b >> 32),
+        }
+    }
 }
 
 const _: () = assert!(HAS_MAX_C == 1 << 32 && HAS_MAX_T == 1 << 33);
@@ -563,17 +575,11 @@ fn pack_class(c: &ClassLimits, version: usize) -> (u64, u64) {
 /// The version and limits [`pack_class`] stored.
 #[inline]
 fn unpack_class(c: &[AtomicU64; 2]) -> (usize, HotClass) {
-    let a = c[0].load(Ordering::Acquire);
-    let b = c[1].load(Ordering::Acquire);
-    (
-        ((a >> VERSION_SHIFT) & 0xff) as usize,
-        HotClass {
-            pc: a & 0xffff,
-            mc: (a & HAS_MAX_C != 0).then_some((a >> 16) & 0xffff),
-            pt: b & 0xffff_ffff,
-            mt: (a & HAS_MAX_T != 0).then_some(b >> 32),
-        },
-    )
+    let w = ClassLimitWords {
+        a: c[0].load(Ordering::Acquire),
+        b: c[1].load(Ordering::Acquire),
+    };
+    (w.version(), w.hot())
 }
 
 const VERSION_SHIFT: u32 = 40;

@@ -46,7 +46,8 @@ impl Bulkhead {
         let Some(f) = at_ceiling else {
             return self.try_acquire_classed_contended(k, r, priority);
         };
-        crate::protocol::class_pump::deliver_deferred();
+        // No wake-ups to deliver: the attempt stopped at its first checks, before any step it
+        // could take back (and so before any pump).
         if shared
             .events
             .wants(Interest::REJECT | Interest::DECISION_TIMING)

@@ -149,12 +149,16 @@ pub(super) fn explain<T>(
     }
 }
 
-/// The shared word and the class word the fast attempt read before its first checks failed
-/// (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the same operation.
+/// The shared word, the class word and the limits of the shared word's tag (the ring slot's
+/// words and the class's words in it, as stored) that the fast attempt read before its first
+/// checks failed (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the
+/// same operation, reading none of them again.
 #[derive(Clone, Copy)]
 pub(crate) struct PastCeiling {
     pub(super) g: GWord,
     pub(super) c: CWord,
+    pub(super) p: crate::words::limits::Packed,
+    pub(super) cl: crate::words::limits::ClassLimitWords,
 }
 
 /// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
@@ -208,11 +212,14 @@ pub(crate) fn ceiling_refusal(
     past: PastCeiling,
     _op: &crate::grace::Op<'_>,
 ) -> Option<AtCeiling> {
-    let PastCeiling { g, c: own } = past;
+    let PastCeiling {
+        g,
+        c: own,
+        p,
+        cl: l,
+    } = past;
     let word = &*shared.word;
     let tag = g.tag();
-    // The ring slot of the tag is stable during the operation (`crate::grace`).
-    let l = shared.ring.read_class_words(tag, k);
     if g.closed() || own.ctag() != l.version() {
         return None;
     }
@@ -234,8 +241,6 @@ pub(crate) fn ceiling_refusal(
         n_sum += w.in_flight();
         t_sum += w.tokens();
     }
-    // The ring slot's words as stored (`Packed`): the refusal keeps them so.
-    let p = shared.ring.read_packed(tag);
     let (sum_pc, sum_pt) = shared.ring.read_sums(tag);
     let g2 = GWord(word.load(SeqCst));
     if g2.tag() != tag || g2.closed() {
