@@ -11,9 +11,12 @@
 //! stamp (last: nothing is undone after it). It reads the monotonic clock only when the gate
 //! holds a cooldown, the provider is paced, or the caller needs the start instant (an attempt
 //! timeout, recorded events). Anything it cannot take undoes what it took and sends the ticket
-//! to the queued path, which judges it under the mutex. A completion opens its bracket (below),
-//! frees the key and the provider slot, and closes the bracket giving its client slot back
-//! ([`close_release`]): nine locked RMWs for the pair, against the core's two.
+//! to the queued path, which judges it under the mutex. A completion opens its bracket (below) with
+//! one add (`fetch_add`, then the look at `WAITERS`: if somebody waits it takes the add back
+//! at once, having changed nothing, and goes under the mutex), frees the key and the provider
+//! slot, and closes the bracket giving its client slot back ([`close_release`]). The
+//! admission's bracket closes with a plain subtraction (it still holds its slot, so it
+//! cannot be the last owner). Nine locked RMWs for the pair, against the core's two.
 //!
 //! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
 //! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
@@ -484,7 +487,9 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                 return Err(NotFast(key));
             }
         }
-        drop(self.end_fast(0));
+        // Closes the bracket; the slot stays held, so this cannot be the last owner: a
+        // plain subtraction (no loop, no lifetime check).
+        self.client.fetch_sub(BUSY, Ordering::AcqRel);
         Ok(FastStart { ticket, key, now })
     }
 
@@ -538,20 +543,12 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             };
         #[cfg(not(loom))]
         let flags = WAITERS;
-        let mut w = self.client.load(Ordering::Acquire);
-        loop {
-            if w & flags != 0 {
-                return None;
-            }
-            match self.client.compare_exchange_weak(
-                w,
-                w + BUSY,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(x) => w = x,
-            }
+        // One add, then the look: no load before it and no retry loop. If somebody waits,
+        // the bracket was opened with nothing done inside it; it is closed again at once
+        // (the queued path's drain waited for it a moment, and saw no change).
+        if self.client.fetch_add(BUSY, Ordering::AcqRel) & flags != 0 {
+            self.client.fetch_sub(BUSY, Ordering::AcqRel);
+            return None;
         }
         let signal = self.keys.release(key, ticket);
         self.providers[provider].unclaim();
