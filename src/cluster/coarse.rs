@@ -82,3 +82,18 @@ impl Clock for CoarseClock {
         self.resolution_ms
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The FFI calls and the conversion of what they wrote (Miri runs these: .ci/run).
+    #[test]
+    fn the_coarse_clock_reads_forward_from_its_origin() {
+        let c = CoarseClock::new();
+        let (a, b) = (c.now_ms(), c.now_ms());
+        assert!(a <= b);
+        assert!((1..=1_000).contains(&c.resolution_ms()));
+        assert!(read(false) >= c.origin_ns);
+    }
+}

@@ -83,7 +83,8 @@ pub use classify::estimate_json;
 pub use classify::{Classify, ClassifyError, HeaderClassifier, SlotPerRequest, TokenEstimate};
 pub use future::ResponseFuture;
 pub use pools::{
-    HeaderPoolClassifier, PoolAssignment, PoolClassify, PoolsFuture, PoolsLayer, PoolsService,
+    HeaderPoolClassifier, PoolAssignment, PoolClassify, PoolDegrade, PoolsFuture, PoolsLayer,
+    PoolsService,
 };
 #[cfg(feature = "metrics")]
 pub use refusal::{count_http_refusal, HTTP_REFUSALS};

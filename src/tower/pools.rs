@@ -8,9 +8,10 @@
 //! * The settings (the pools, the classifier) sit behind one `Arc`: every clone and every
 //!   `layer()` call routes through the same pools.
 //! * A refused request never reaches the inner service: it is answered with 429 (a full
-//!   partition, queue or budget), 503 (the class's degraded action: the gateway serves its
-//!   documented degraded result; here, a body that says so) or 400 (a request the classifier
-//!   cannot place), with a JSON body naming the reason and every decision of its route.
+//!   partition, queue or budget), 503 (the class's degraded action, unless the gateway
+//!   serves its own documented degraded result: [`PoolsLayer::degrade_with`]) or 400 (a
+//!   request the classifier cannot place), with a JSON body naming the reason and every
+//!   decision of its route.
 //! * Every response carries `x-pool-route`: the decisions made for it, in order, as
 //!   `partition:decision:reason` joined by commas.
 //! * The permit ends at the body's end, error or drop; a response whose status says the
@@ -192,10 +193,42 @@ pub struct PoolAssignment {
     pub attempt: u32,
 }
 
+/// The class's degraded result, served when the pools answer `degrade` (module docs): any
+/// `Fn(&Pools, &Parts, &Route) -> Response<Bytes>` is one. It sees the request's head and
+/// every decision of its route, and runs on the request's task after the decision, holding no
+/// capacity (a degraded request was admitted nowhere).
+///
+/// ```
+/// use bytes::Bytes;
+/// use llm_bulkhead::pools::{Pools, Route};
+/// use llm_bulkhead::tower::PoolDegrade;
+/// fn busy(_: &Pools, _: &http::request::Parts, _: &Route) -> http::Response<Bytes> {
+///     http::Response::new(Bytes::from_static(b"{\"answer\":\"try again shortly\"}"))
+/// }
+/// fn takes(_: impl PoolDegrade) {}
+/// takes(busy);
+/// ```
+pub trait PoolDegrade: Send + Sync + 'static {
+    /// The response served instead of calling the provider.
+    fn degraded(&self, pools: &Pools, parts: &Parts, route: &Route) -> Response<Bytes>;
+}
+
+impl<F> PoolDegrade for F
+where
+    F: Fn(&Pools, &Parts, &Route) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn degraded(&self, pools: &Pools, parts: &Parts, route: &Route) -> Response<Bytes> {
+        self(pools, parts, route)
+    }
+}
+
+#[derive(Clone)]
 struct Settings {
     pools: Arc<Pools>,
     classifier: Arc<dyn PoolClassify>,
     wait: Option<Duration>,
+    /// `None`: a degraded request gets the 503 JSON body.
+    degrade: Option<Arc<dyn PoolDegrade>>,
 }
 
 /// A tower `Layer` that routes every request through gateway pools (module docs).
@@ -231,6 +264,7 @@ impl PoolsLayer {
                 pools,
                 classifier: Arc::new(classifier),
                 wait: None,
+                degrade: None,
             }),
         }
     }
@@ -249,12 +283,39 @@ impl PoolsLayer {
     /// ```
     #[must_use]
     pub fn wait_at_most(self, d: Duration) -> PoolsLayer {
-        let s = &self.settings;
         PoolsLayer {
             settings: Arc::new(Settings {
-                pools: s.pools.clone(),
-                classifier: s.classifier.clone(),
                 wait: Some(d),
+                ..(*self.settings).clone()
+            }),
+        }
+    }
+
+    /// Serves `degrade`'s response to a request whose class's overflow action is `degrade`
+    /// and that no partition admitted (the seed's "documented degraded result"), instead of
+    /// the default 503 with a JSON body. Its status, headers and body are the caller's; the
+    /// layer adds only `x-pool-route`. Refusals (429) and unplaced requests (400) are
+    /// unchanged.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use llm_bulkhead::pools::{Pools, PoolsConfig};
+    /// use llm_bulkhead::tower::{HeaderPoolClassifier, PoolsLayer};
+    /// let pools = std::sync::Arc::new(Pools::new(&PoolsConfig::single("p", "c", 1))?);
+    /// let layer = PoolsLayer::new(pools, HeaderPoolClassifier::new()).degrade_with(
+    ///     |_: &Pools, _: &http::request::Parts, _: &llm_bulkhead::pools::Route| {
+    ///         http::Response::new(Bytes::from_static(b"a cached answer"))
+    ///     },
+    /// );
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn degrade_with(self, degrade: impl PoolDegrade) -> PoolsLayer {
+        PoolsLayer {
+            settings: Arc::new(Settings {
+                degrade: Some(Arc::new(degrade)),
+                ..(*self.settings).clone()
             }),
         }
     }
@@ -279,6 +340,7 @@ impl fmt::Debug for PoolsLayer {
         f.debug_struct("PoolsLayer")
             .field("pools", &self.settings.pools)
             .field("wait", &self.settings.wait)
+            .field("degrade_with", &self.settings.degrade.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -360,7 +422,10 @@ where
             let (permit, route) = match pools.admit_async(preq, deadline).await {
                 PoolOutcome::Dispatched { permit, route } => (permit, route),
                 PoolOutcome::Degraded { route } => {
-                    return Ok(refused(pools, &route, StatusCode::SERVICE_UNAVAILABLE))
+                    return Ok(match &settings.degrade {
+                        Some(d) => degraded(pools, &route, d.degraded(pools, &parts, &route)),
+                        None => refused(pools, &route, StatusCode::SERVICE_UNAVAILABLE),
+                    })
                 }
                 PoolOutcome::Rejected { route } => {
                     return Ok(refused(pools, &route, StatusCode::TOO_MANY_REQUESTS))
@@ -468,6 +533,15 @@ fn refused<B>(pools: &Pools, route: &Route, status: StatusCode) -> Response<Admi
         resp.headers_mut().insert(ROUTE, v);
     }
     resp
+}
+
+/// The user's degraded response, with the route header added.
+fn degraded<B>(pools: &Pools, route: &Route, resp: Response<Bytes>) -> Response<AdmittedBody<B>> {
+    let (mut head, body) = resp.into_parts();
+    if let Some(v) = route_header(pools, route) {
+        head.headers.insert(ROUTE, v);
+    }
+    Response::from_parts(head, AdmittedBody::refusal(body))
 }
 
 fn unplaced<B>(e: &RouteError) -> Response<AdmittedBody<B>> {
