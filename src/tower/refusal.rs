@@ -63,8 +63,7 @@ impl Refusal {
     /// ([`Rejection::never_fits`]): a retry cannot succeed, and clients (the OpenAI SDKs among
     /// them) retry a 429 but not a 413. 500 only for `unknown_class`: a classifier that
     /// returned a class of another bulkhead (the gateway's own bug, not the client's and not a
-    /// capacity refusal). With the feature `cluster`, 503 for [`ShareLapsed`](Self::ShareLapsed)
-    /// and [`ShareTooSmall`](Self::ShareTooSmall): on a layer over a cluster share, a
+    /// capacity refusal). With the feature `cluster`, 503 for `ShareLapsed` and `ShareTooSmall`: on a layer over a cluster share, a
     /// reservation is a 413 only when it is above the global limits.
     ///
     /// ```
@@ -126,7 +125,7 @@ impl Refusal {
     /// The ready response: [`status`](Self::status), `content-type: application/json`, the
     /// [`json`](Self::json) body. No `Retry-After`: a fail-fast bulkhead has no honest estimate
     /// of when capacity returns (contract §8). The one exception is
-    /// [`ShareTooSmall`](Self::ShareTooSmall) (feature `cluster`), whose share changes at the
+    /// `ShareTooSmall` (feature `cluster`), whose share changes at the
     /// agent's next renewal at the earliest: `Retry-After` is the renewal period, in whole
     /// seconds rounded up.
     ///
