@@ -125,9 +125,15 @@ compile_error!(
 // The layers, bottom up (tests/layers.rs holds the table and checks every `crate::` path
 // against it): the sync facade; the vocabulary; the atomic words and limits; what the layers
 // above record (events, statistics) and the grace period; the waiter list; the shared block;
-// the protocols; the waits; the public handles; the integrations.
+// the protocols; the waits; the public handles; the integrations. Beside the facade, at the
+// bottom: the kernel's coarse clocks.
 mod grace;
 mod handle;
+#[cfg(all(
+    target_os = "linux",
+    any(feature = "coordinator", feature = "cluster", test)
+))]
+mod os_clock;
 mod protocol;
 mod record;
 mod shared;

@@ -19,6 +19,11 @@ const LAYERS: &[(&str, u32, &str)] = &[
         "the sync facade (std or loom primitives, test hooks)",
     ),
     (
+        "os_clock",
+        0,
+        "the kernel's coarse clocks (Linux), read through one unsafe call",
+    ),
+    (
         "vocab",
         1,
         "vocabulary: demands, rejections, errors, ids, class ids",

@@ -115,19 +115,7 @@ impl WallClock for SystemClock {
 /// `CLOCK_REALTIME_COARSE` as a `SystemTime` (`None` if the kernel refuses it).
 #[cfg(target_os = "linux")]
 fn coarse_wall_clock() -> Option<SystemTime> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to a
-    // live, writable `timespec` on this stack frame; it keeps no reference to it.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-    if rc != 0 {
-        return None;
-    }
-    let secs = u64::try_from(ts.tv_sec).ok()?;
-    let nanos = u32::try_from(ts.tv_nsec).ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+    SystemTime::UNIX_EPOCH.checked_add(crate::os_clock::Coarse::Realtime.now()?)
 }
 
 #[cfg(not(target_os = "linux"))]
