@@ -247,6 +247,7 @@ fn sub_client(client: &AtomicU64, sub: u64) -> bool {
 /// bracket and gives its client slot back. A function of the word alone, with no reference
 /// to the gates as an argument: after this RMW another thread may free the state, unless it
 /// returns `true` (this was the last owner: the caller takes the joint reference).
+#[inline]
 pub(crate) fn close_release(client: &AtomicU64) -> bool {
     sub_client(client, BUSY + 1)
 }
