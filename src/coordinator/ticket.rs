@@ -459,7 +459,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
     #[inline]
     fn drop(&mut self) {
-        let Some(g) = self.grant.take() else { return };
+        // The grant stays in place on the uncontended completion (its key is dropped with
+        // the invocation's fields, after this): no copy of it is made.
+        let Some(g) = &self.grant else { return };
         // Key, provider slot, client slot, without the mutex while nobody waits; else under
         // it, followed by the start rule (`gates` module docs).
         let gates = &*self.shared.gates;
@@ -472,9 +474,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
             } else {
                 None
             };
-            drop((g, signal, joint));
+            drop((signal, joint));
             return;
         }
+        let g = self.grant.take().expect("held until drop");
         self.release_queued(g);
     }
 }
