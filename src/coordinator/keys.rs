@@ -12,7 +12,9 @@
 //! and the overflow map is only read or changed by a thread holding the key's home.
 //!
 //! A claim and a release with no collision are one CAS (the lock) and one store (the unlock)
-//! each, with no hash map: that is the uncontended path's whole cost for the key.
+//! each, with no hash map: that is the uncontended path's whole cost for the key. The key is
+//! hashed once per invocation ([`KeyTable::home_of`], before the claim); its home travels in
+//! the grant to the release and the signal.
 //!
 //! # Why a spin lock
 //!
