@@ -72,7 +72,7 @@
 //! locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
-use super::keys::KeyTable;
+use super::keys::{KeyHome, KeyTable};
 use super::TicketId;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::wait::cancel::CancelToken;
@@ -126,6 +126,7 @@ impl ProviderGate {
     }
 
     /// Takes a provider slot if one is free.
+    #[inline]
     fn claim(&self) -> bool {
         let mut n = self.in_flight.load(Ordering::Acquire);
         loop {
@@ -144,6 +145,7 @@ impl ProviderGate {
         }
     }
 
+    #[inline]
     fn unclaim(&self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
@@ -245,6 +247,7 @@ fn sub_client(client: &AtomicU64, sub: u64) -> bool {
 /// bracket and gives its client slot back. A function of the word alone, with no reference
 /// to the gates as an argument: after this RMW another thread may free the state, unless it
 /// returns `true` (this was the last owner: the caller takes the joint reference).
+#[inline]
 pub(crate) fn close_release(client: &AtomicU64) -> bool {
     sub_client(client, BUSY + 1)
 }
@@ -277,10 +280,12 @@ pub(crate) struct Gates<K: Hash + Eq + Clone> {
 /// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it.
 pub(crate) struct NotFast<K>(pub(crate) K);
 
-/// A fast start: the ticket, its key and, when the clock was read, the start instant.
+/// A fast start: the ticket, its key and its home, and, when the clock was read, the start
+/// instant.
 pub(crate) struct FastStart<K> {
     pub(crate) ticket: TicketId,
     pub(crate) key: K,
+    pub(crate) home: KeyHome,
     pub(crate) now: Option<Duration>,
 }
 
@@ -473,7 +478,8 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                     .compare_exchange(cool, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
-        let Some(ticket) = self.keys.claim(&key, || self.next_ticket()) else {
+        let home = self.keys.home_of(&key);
+        let Some(ticket) = self.keys.claim(home, &key, || self.next_ticket()) else {
             p.unclaim();
             drop(self.end_fast(1));
             return Err(NotFast(key));
@@ -481,7 +487,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
         if let Some(n) = now.filter(|_| p.paced()) {
             if !p.pace(n, n) {
-                drop(self.keys.release(&key, ticket));
+                drop(self.keys.release(home, &key, ticket));
                 p.unclaim();
                 drop(self.end_fast(1));
                 return Err(NotFast(key));
@@ -490,17 +496,23 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         // Closes the bracket; the slot stays held, so this cannot be the last owner: a
         // plain subtraction (no loop, no lifetime check).
         self.client.fetch_sub(BUSY, Ordering::AcqRel);
-        Ok(FastStart { ticket, key, now })
+        Ok(FastStart {
+            ticket,
+            key,
+            home,
+            now,
+        })
     }
 
     /// The queued path's start (under the mutex; readiness already checked): client,
-    /// provider, key, undone on a miss. `Err(true)`: no client slot (nobody can start).
+    /// provider, key, undone on a miss; the key's home. `Err(true)`: no client slot (nobody
+    /// can start).
     pub(crate) fn claim_queued(
         &self,
         provider: usize,
         key: &K,
         ticket: TicketId,
-    ) -> Result<(), bool> {
+    ) -> Result<KeyHome, bool> {
         if !self.claim_client(false) {
             return Err(true);
         }
@@ -509,12 +521,13 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             drop(self.unclaim_client());
             return Err(false);
         }
-        if self.keys.claim(key, || ticket).is_none() {
+        let home = self.keys.home_of(key);
+        if self.keys.claim(home, key, || ticket).is_none() {
             p.unclaim();
             drop(self.unclaim_client());
             return Err(false);
         }
-        Ok(())
+        Ok(home)
     }
 
     /// Gives back a start's key and provider slot without the mutex, inside the uncontended
@@ -527,6 +540,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     pub(crate) fn release_open(
         &self,
         provider: usize,
+        home: KeyHome,
         key: &K,
         ticket: TicketId,
     ) -> Option<Option<CancelToken>> {
@@ -550,7 +564,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             self.client.fetch_sub(BUSY, Ordering::AcqRel);
             return None;
         }
-        let signal = self.keys.release(key, ticket);
+        let signal = self.keys.release(home, key, ticket);
         self.providers[provider].unclaim();
         Some(signal)
     }
@@ -561,17 +575,19 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     pub(crate) fn release_locked(
         &self,
         provider: usize,
+        home: KeyHome,
         key: &K,
         ticket: TicketId,
     ) -> (Option<CancelToken>, Joint<K>) {
-        let signal = self.keys.release(key, ticket);
+        let signal = self.keys.release(home, key, ticket);
         self.providers[provider].unclaim();
         (signal, self.unclaim_client())
     }
 
-    /// The signal of the invocation of `ticket` running `key` (made on first use).
-    pub(crate) fn signal(&self, key: &K, ticket: TicketId) -> CancelToken {
-        self.keys.signal(key, ticket, || self.is_closed())
+    /// The signal of the invocation of `ticket` running `key` (home `home`; made on first
+    /// use).
+    pub(crate) fn signal(&self, home: KeyHome, key: &K, ticket: TicketId) -> CancelToken {
+        self.keys.signal(home, key, ticket, || self.is_closed())
     }
 
     /// Every running invocation's signal made so far (the close cancels them; a signal made

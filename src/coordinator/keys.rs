@@ -12,7 +12,9 @@
 //! and the overflow map is only read or changed by a thread holding the key's home.
 //!
 //! A claim and a release with no collision are one CAS (the lock) and one store (the unlock)
-//! each, with no hash map: that is the uncontended path's whole cost for the key.
+//! each, with no hash map: that is the uncontended path's whole cost for the key. The key is
+//! hashed once per invocation ([`KeyTable::home_of`], before the claim); its home travels in
+//! the grant to the release and the signal.
 //!
 //! # Why a spin lock
 //!
@@ -113,6 +115,10 @@ pub(super) fn backoff(spins: &mut u32) {
     }
 }
 
+/// A key's home slot in its [`KeyTable`] (from [`KeyTable::home_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyHome(u32);
+
 /// The running keys (module docs).
 pub(crate) struct KeyTable<K> {
     slots: Box<[Slot<K>]>,
@@ -151,15 +157,28 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
         }
     }
 
-    fn home(&self, key: &K) -> &Slot<K> {
+    /// `key`'s home: the one hash of the key an invocation makes, kept in its grant for
+    /// every later operation on the key (release, signal).
+    #[inline]
+    pub(crate) fn home_of(&self, key: &K) -> KeyHome {
         let h = self.hasher.hash_one(key) as usize;
-        &self.slots[h & (self.slots.len() - 1)]
+        KeyHome((h & (self.slots.len() - 1)) as u32)
     }
 
-    /// Claims `key` for the ticket `ticket()` names, if no invocation of it runs.
+    fn home(&self, at: KeyHome) -> &Slot<K> {
+        &self.slots[at.0 as usize]
+    }
+
+    /// Claims `key` (whose home is `at`) for the ticket `ticket()` names, if no invocation
+    /// of it runs.
     #[inline]
-    pub(crate) fn claim(&self, key: &K, ticket: impl FnOnce() -> TicketId) -> Option<TicketId> {
-        let mut g = self.home(key).lock();
+    pub(crate) fn claim(
+        &self,
+        at: KeyHome,
+        key: &K,
+        ticket: impl FnOnce() -> TicketId,
+    ) -> Option<TicketId> {
+        let mut g = self.home(at).lock();
         g.with(|h| {
             if h.running.as_ref().is_some_and(|(k, _)| k == key) {
                 return None;
@@ -182,11 +201,12 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
         })
     }
 
-    /// Frees `key`, which `ticket` holds; returns its signal, if one was made (the table's
-    /// copy of the key and the signal are dropped after the lock: user code).
+    /// Frees `key` (whose home is `at`), which `ticket` holds; returns its signal, if one
+    /// was made (the table's copy of the key and the signal are dropped after the lock: user
+    /// code).
     #[inline]
-    pub(crate) fn release(&self, key: &K, ticket: TicketId) -> Option<CancelToken> {
-        let mut g = self.home(key).lock();
+    pub(crate) fn release(&self, at: KeyHome, key: &K, ticket: TicketId) -> Option<CancelToken> {
+        let mut g = self.home(at).lock();
         let (k, entry) = g.with(|h| {
             if h.running.as_ref().is_some_and(|(_, e)| e.ticket == ticket) {
                 let (k, e) = h.running.take()?;
@@ -204,10 +224,11 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
         entry.signal
     }
 
-    /// The signal of the invocation running `key` for `ticket`, made on first use (cancelled
-    /// at once if `closed()`: the close's scan may have passed this slot).
+    /// The signal of the invocation running `key` (home `at`) for `ticket`, made on first
+    /// use (cancelled at once if `closed()`: the close's scan may have passed this slot).
     pub(crate) fn signal(
         &self,
+        at: KeyHome,
         key: &K,
         ticket: TicketId,
         closed: impl Fn() -> bool,
@@ -223,7 +244,7 @@ impl<K: Hash + Eq + Clone> KeyTable<K> {
                 })
                 .clone()
         };
-        let mut g = self.home(key).lock();
+        let mut g = self.home(at).lock();
         g.with(|h| match &mut h.running {
             Some((_, e)) if e.ticket == ticket => make(e),
             _ if h.overflow > 0 => match lock(&self.overflow).get_mut(key) {
@@ -277,7 +298,7 @@ mod tests {
 
     /// Two distinct keys that share a home in `t`.
     fn colliding(t: &KeyTable<u64>) -> (u64, u64) {
-        let home = |k: &u64| t.home(k) as *const Slot<u64>;
+        let home = |k: &u64| t.home_of(k);
         let a = 0;
         let b = (1..).find(|b| home(b) == home(&a)).unwrap();
         (a, b)
@@ -287,43 +308,60 @@ mod tests {
     fn a_key_whose_home_is_taken_lives_in_the_overflow_and_stays_unique() {
         let t = KeyTable::<u64>::new(1);
         let (a, b) = colliding(&t);
-        assert_eq!(t.claim(&a, || TicketId(1)), Some(TicketId(1)));
         assert_eq!(
-            t.claim(&b, || TicketId(2)),
+            t.claim(t.home_of(&a), &a, || TicketId(1)),
+            Some(TicketId(1))
+        );
+        assert_eq!(
+            t.claim(t.home_of(&b), &b, || TicketId(2)),
             Some(TicketId(2)),
             "b overflows"
         );
         assert_eq!(
-            t.claim(&b, || TicketId(3)),
+            t.claim(t.home_of(&b), &b, || TicketId(3)),
             None,
             "b runs (in the overflow)"
         );
-        assert_eq!(t.claim(&a, || TicketId(3)), None, "a runs (at home)");
+        assert_eq!(
+            t.claim(t.home_of(&a), &a, || TicketId(3)),
+            None,
+            "a runs (at home)"
+        );
         let mut running = t.running();
         running.sort();
         assert_eq!(running, vec![(a, TicketId(1)), (b, TicketId(2))]);
-        let s = t.signal(&b, TicketId(2), || false);
+        let s = t.signal(t.home_of(&b), &b, TicketId(2), || false);
         assert_eq!(t.signals().len(), 1);
         // The home frees; b is still found in the overflow.
-        assert!(t.release(&a, TicketId(1)).is_none());
-        assert_eq!(t.claim(&b, || TicketId(3)), None, "b still runs");
+        assert!(t.release(t.home_of(&a), &a, TicketId(1)).is_none());
         assert_eq!(
-            t.claim(&a, || TicketId(4)),
+            t.claim(t.home_of(&b), &b, || TicketId(3)),
+            None,
+            "b still runs"
+        );
+        assert_eq!(
+            t.claim(t.home_of(&a), &a, || TicketId(4)),
             Some(TicketId(4)),
             "a back at home"
         );
-        let back = t.release(&b, TicketId(2)).expect("b's signal");
+        let back = t
+            .release(t.home_of(&b), &b, TicketId(2))
+            .expect("b's signal");
         back.cancel();
         assert!(s.is_cancelled(), "the same signal");
         assert_eq!(
-            t.claim(&b, || TicketId(5)),
+            t.claim(t.home_of(&b), &b, || TicketId(5)),
             Some(TicketId(5)),
             "b overflows again"
         );
-        assert!(t.release(&b, TicketId(5)).is_none());
-        assert!(t.release(&a, TicketId(4)).is_none());
+        assert!(t.release(t.home_of(&b), &b, TicketId(5)).is_none());
+        assert!(t.release(t.home_of(&a), &a, TicketId(4)).is_none());
         assert!(t.running().is_empty());
-        assert_eq!(t.claim(&b, || TicketId(6)), Some(TicketId(6)), "b at home");
+        assert_eq!(
+            t.claim(t.home_of(&b), &b, || TicketId(6)),
+            Some(TicketId(6)),
+            "b at home"
+        );
         assert_eq!(t.running(), vec![(b, TicketId(6))]);
     }
 
@@ -343,10 +381,10 @@ mod tests {
                         let which = (i + n) % 2;
                         let key = [a, b][which];
                         let id = || TicketId(ids.fetch_add(1, Ordering::Relaxed));
-                        if let Some(ticket) = t.claim(&key, id) {
+                        if let Some(ticket) = t.claim(t.home_of(&key), &key, id) {
                             assert!(!held[which].swap(true, Ordering::AcqRel), "claimed twice");
                             held[which].store(false, Ordering::Release);
-                            t.release(&key, ticket);
+                            t.release(t.home_of(&key), &key, ticket);
                         }
                     }
                 });

@@ -504,10 +504,23 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         }
         let key = key.into();
         let received_at = self.shared.clocks.now.now();
-        let key = match self.try_fast(provider, key, options, received_at) {
-            Ok(ticket) => return Ok(ticket),
-            Err(NotFast(key)) => key,
-        };
+        match self.try_fast(provider, key, options, received_at) {
+            Ok(ticket) => Ok(ticket),
+            Err(NotFast(key)) => self.submit_queued(provider, key, options, received_at),
+        }
+    }
+
+    /// The queued path of [`submit`](Self::submit): the ticket is judged under the mutex.
+    /// Out of line, so the uncontended submit stays small.
+    #[cold]
+    #[inline(never)]
+    fn submit_queued(
+        &self,
+        provider: usize,
+        key: K,
+        options: SubmitOptions,
+        received_at: std::time::SystemTime,
+    ) -> Result<Ticket<K>, CoordinatorError> {
         let now = self.shared.clocks.elapsed.elapsed();
         let (out, wake) = self.shared.wait.transaction(|t| {
             catch_up(t, now);
@@ -572,6 +585,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
     /// [`FAST_TIMEOUT`]: its deadline is never computed (it starts now), and a shorter one
     /// cannot overflow any clock reading below 2^63 seconds, so the queued path's overflow
     /// error is not skipped.
+    #[inline]
     fn try_fast(
         &self,
         provider: usize,
@@ -586,7 +600,8 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         let need_now = shared.record || options.attempt_timeout.is_some();
         let clock = || shared.clocks.elapsed.elapsed();
         let started = shared.gates.try_admit(provider, key, need_now, clock)?;
-        let (ticket, key, started_at) = (started.ticket, started.key, started.now);
+        let (ticket, key, home, started_at) =
+            (started.ticket, started.key, started.home, started.now);
         if shared.record {
             // The event at the coordinator's instant, as the queued path would record it.
             let wake = shared.wait.transaction(|t| {
@@ -600,6 +615,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
             ticket,
             provider,
             key,
+            home,
             started_at,
         };
         // SAFETY: the ticket holds a client slot taken above, which keeps the joint

@@ -5,6 +5,7 @@
 //! [`multi_wait`]: crate::wait::multi
 
 use super::gates::Gates;
+use super::keys::KeyHome;
 use crate::sync::Arc;
 use crate::wait::multi::{Admit, Leave, Start, Txn};
 use std::hash::Hash;
@@ -36,6 +37,8 @@ pub(crate) struct Grant<K> {
     pub(crate) ticket: TicketId,
     pub(crate) provider: usize,
     pub(crate) key: K,
+    /// The key's home in the running-key table (hashed once, at the claim).
+    pub(crate) home: KeyHome,
     /// The start instant; `None` for a start on the uncontended path that needed no clock
     /// reading (no cooldown to check, no attempt timeout, no events recorded).
     pub(crate) started_at: Option<Duration>,
@@ -101,16 +104,19 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
         if self.ready_at(r.provider).is_some_and(|at| now < at) {
             return Start::NotYet;
         }
-        match self.gates.claim_queued(r.provider, &r.key, r.ticket) {
-            Ok(()) => {}
+        let home = match self.gates.claim_queued(r.provider, &r.key, r.ticket) {
+            Ok(home) => home,
             Err(true) => return Start::Nobody,
             Err(false) => return Start::NotYet,
-        }
+        };
         let stamp = now.max(self.clock_now);
         // The pacing stamp, checked again: with nobody queued an uncontended start may have
         // stamped since the check above (with a ticket queued none runs, and this holds).
         if !self.gates.providers[r.provider].pace(now, stamp) {
-            drop(self.gates.release_locked(r.provider, &r.key, r.ticket));
+            drop(
+                self.gates
+                    .release_locked(r.provider, home, &r.key, r.ticket),
+            );
             return Start::NotYet;
         }
         self.record(r.ticket, EventKind::Start);
@@ -118,6 +124,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
             ticket: r.ticket,
             provider: r.provider,
             key: r.key.clone(),
+            home,
             started_at: Some(stamp),
         })
     }
@@ -126,7 +133,10 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
         // Under the mutex; the start rule runs after this (the wait's give-back). The
         // transaction's caller holds an `Arc` of its own, so the joint reference (if this was
         // the last owner) is not the last reference (`Shared`, "Lifetime").
-        drop(self.gates.release_locked(g.provider, &g.key, g.ticket));
+        drop(
+            self.gates
+                .release_locked(g.provider, g.home, &g.key, g.ticket),
+        );
     }
 
     /// The queue cap counts queued tickets only (C13).

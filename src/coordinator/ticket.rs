@@ -190,19 +190,21 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
 
     /// The invocation of a start: the ticket's handle on the coordinator moves into it (no
     /// reference count changes hands).
+    /// The invocation holds the slots from here: if arming its attempt timeout panics
+    /// (the scheduler is user code), its drop gives them back.
     #[inline]
     fn invocation(&mut self, g: Grant<K>) -> Invocation<K> {
+        let inv = self.invocation_no_timer(g);
         if let Some(d) = self.attempt_timeout {
-            // The attempt timeout counts from the start, not from the submit (a start with an
-            // attempt timeout always read the clock).
-            let signal = self.shared().gates.signal(&g.key, g.ticket);
-            if let Some(at) = g.started_at.and_then(|s| s.checked_add(d)) {
-                self.shared()
-                    .clocks
-                    .scheduler
-                    .schedule(at, Box::new(move || signal.cancel()));
-            }
+            inv.arm_attempt_timeout(d);
         }
+        inv
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
+    #[inline]
+    fn invocation_no_timer(&mut self, g: Grant<K>) -> Invocation<K> {
         Invocation {
             shared: self.shared.take().expect("held until the ticket starts"),
             grant: Some(g),
@@ -228,9 +230,16 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// let inv = c.submit("a", "k", SubmitOptions::default()).unwrap().wait_blocking().unwrap();
     /// inv.complete();
     /// ```
+    #[inline]
     pub fn wait_blocking(mut self) -> Result<Invocation<K>, AdmissionError> {
         match self.place.take().expect("a ticket is waited once") {
-            Place::Started(g) => Ok(self.invocation(g)),
+            Place::Started(g) => {
+                let inv = self.invocation(g);
+                // The ticket holds nothing now (its handle moved into the invocation, its
+                // place was taken): no drop to run.
+                std::mem::forget(self);
+                Ok(inv)
+            }
             Place::Queued(w) => {
                 let out = self.shared().wait.wait_blocking(w, None);
                 self.outcome(out)
@@ -267,21 +276,23 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Ticket<K> {
+    #[inline]
     fn drop(&mut self) {
-        match self.place.take() {
-            None => {}
-            Some(Place::Started(g)) => drop(self.invocation_no_timer(g)),
-            Some(Place::Queued(w)) => self.shared().wait.abandon(w),
+        if self.place.is_some() {
+            self.give_up();
         }
     }
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
-    fn invocation_no_timer(&mut self, g: Grant<K>) -> Invocation<K> {
-        Invocation {
-            shared: self.shared.take().expect("held until the ticket starts"),
-            grant: Some(g),
-            received_at: self.received_at,
+    /// A ticket dropped unwaited: a started one completes, a queued one leaves the queue.
+    #[cold]
+    #[inline(never)]
+    fn give_up(&mut self) {
+        match self.place.take() {
+            None => {}
+            Some(Place::Started(g)) => drop(self.invocation_no_timer(g)),
+            Some(Place::Queued(w)) => self.shared().wait.abandon(w),
         }
     }
 }
@@ -383,7 +394,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
     /// ```
     pub fn signal(&self) -> CancelToken {
         let g = self.grant();
-        self.shared.gates.signal(&g.key, g.ticket)
+        self.shared.gates.signal(g.home, &g.key, g.ticket)
     }
 
     /// The monotonic instant it started (the attempt timeout counts from here), when the
@@ -415,6 +426,22 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
         self.received_at
     }
 
+    /// Arms the attempt timeout of a start: it counts from the start, not from the submit (a
+    /// start with an attempt timeout always read the clock). Out of line: most starts have
+    /// none.
+    #[cold]
+    #[inline(never)]
+    fn arm_attempt_timeout(&self, d: Duration) {
+        let g = self.grant();
+        let signal = self.shared.gates.signal(g.home, &g.key, g.ticket);
+        if let Some(at) = g.started_at.and_then(|s| s.checked_add(d)) {
+            self.shared
+                .clocks
+                .scheduler
+                .schedule(at, Box::new(move || signal.cancel()));
+        }
+    }
+
     /// The work ended: its slots and key go back, and the queued tickets that this makes
     /// eligible start inside this call (the same as dropping it).
     ///
@@ -430,12 +457,15 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
+    #[inline]
     fn drop(&mut self) {
-        let Some(g) = self.grant.take() else { return };
+        // The grant stays in place on the uncontended completion (its key is dropped with
+        // the invocation's fields, after this): no copy of it is made.
+        let Some(g) = &self.grant else { return };
         // Key, provider slot, client slot, without the mutex while nobody waits; else under
         // it, followed by the start rule (`gates` module docs).
         let gates = &*self.shared.gates;
-        if let Some(signal) = gates.release_open(g.provider, &g.key, g.ticket) {
+        if let Some(signal) = gates.release_open(g.provider, g.home, &g.key, g.ticket) {
             // The closing RMW gives the client slot back: from here another thread may free
             // the state (a slot-held pointer may dangle), so nothing touches it again unless
             // this was the last owner, whose joint reference keeps it until dropped last.
@@ -444,15 +474,29 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
             } else {
                 None
             };
-            drop((g, signal, joint));
+            drop((signal, joint));
             return;
         }
+        let g = self.grant.take().expect("held until drop");
+        self.release_queued(g);
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
+    /// The completion while somebody waits: everything goes back under the mutex, followed
+    /// by the start rule. Out of line, so the uncontended completion stays small.
+    #[cold]
+    #[inline(never)]
+    fn release_queued(&mut self, g: Grant<K>) {
         // An `Arc` of its own before the slot goes back under the mutex (`Shared`,
         // "Lifetime"): the mutex and the scheduler are reached after.
         let shared = self.shared.counted();
         let clock = &shared.clocks.elapsed;
         let ((signal, joint), wake) = shared.wait.transaction(|t| {
-            let released = t.state().gates.release_locked(g.provider, &g.key, g.ticket);
+            let released = t
+                .state()
+                .gates
+                .release_locked(g.provider, g.home, &g.key, g.ticket);
             // With nobody queued there is no deadline or ready time to settle, and every other
             // operation catches up before it reads the state: the clock read is skipped.
             if t.queued() > 0 {
