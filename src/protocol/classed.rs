@@ -194,12 +194,14 @@ use crate::vocab::rejection::{Constraint, RejectReason};
 use crate::words::class_word::*;
 
 mod bypass;
+mod fast;
 mod refusal;
 mod returns;
 use crate::words::classes::{ClassView, ShareSums, Summary};
 use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
+use fast::*;
 use refusal::*;
 pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck, Refused};
 pub(crate) use refusal::{try_fast_in, AtCeiling, PastCeiling};
@@ -300,7 +302,7 @@ pub(crate) fn try_fast(
     priority: Priority,
 ) -> Option<Admitted> {
     let _op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
-    first_try(shared, k, r, priority, &mut None)
+    first_try(shared, k, r, priority)
 }
 
 /// The classed `try_acquire`: rows 0–6 for class `k` and a demand of `r` tokens.
@@ -314,7 +316,7 @@ pub(crate) fn acquire(
     // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
     // bring a tag it read back to the same value while it is in progress.
     let _op = crate::grace::op(shared.grace_id);
-    if let Some(a) = first_try(shared, k, r, priority, &mut None) {
+    if let Some(a) = first_try(shared, k, r, priority) {
         return Ok(a);
     }
     contended(shared, k, r, priority, false)
@@ -374,82 +376,6 @@ fn contended(
             in_queue,
         },
     )
-}
-
-/// The common case in a few instructions: every state read once, one CAS per word, no retry.
-/// `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again
-/// from fresh reads; anything this did was undone. When its first checks fail, which is where a
-/// class word past a ceiling stops it, `past_ceiling` is set to the shared word and the class
-/// word it read ([`ceiling_refusal`] decides from them).
-#[inline(always)]
-fn first_try(
-    shared: &Shared,
-    k: usize,
-    r: u64,
-    priority: Priority,
-    past_ceiling: &mut Option<PastCeiling>,
-) -> Option<Admitted> {
-    let word = &*shared.word;
-    let cw = &*shared.class_words[k];
-    let g = GWord(word.load(SeqCst));
-    let tag = g.tag();
-    // Read as stored: a refusal at a ceiling keeps these words (`PastCeiling`).
-    let p = shared.ring.read_packed(tag);
-    let cl = shared.ring.read_class_words(tag, k);
-    let (lim, ver, l) = (p.hot(), cl.version(), cl.hot());
-    // The absent limits as `u64::MAX`, so that every row is one compare: no count or sum here
-    // comes near it (`r` is 0 without a budget, and at most `eff` once the first row passed).
-    let eff = lim.effective(priority).unwrap_or(u64::MAX);
-    let (mt, cmc) = (l.mt.unwrap_or(u64::MAX), l.mc.unwrap_or(u64::MAX));
-    let mc = lim.max_concurrent;
-    let c = CWord(cw.load(SeqCst));
-    if g.closed()
-        || g.waiters()
-        || c.ctag() != ver
-        || r > eff
-        || c.tokens() + r > mt
-        || c.in_flight() >= cmc
-        || g.u() > mc
-    {
-        // Perhaps a class ceiling: `ceiling_refusal` decides from these two words.
-        *past_ceiling = Some(PastCeiling { g, c, p, cl });
-        return None;
-    }
-    let (n, t) = (c.in_flight(), c.tokens());
-    let borrow_c = n >= l.pc;
-    let next = c.0 + C_ONE + r;
-    // Protected: neither a slot nor tokens borrowed (`dv = 0`, which is `r = 0` or
-    // `t + r ≤ pt`), tested directly; `dv` is computed for the borrower only.
-    if !borrow_c && (r == 0 || t + r <= l.pt) {
-        if g.v() > eff {
-            return None;
-        }
-        crate::sync::pause(crate::sync::PausePoint::ClassCas);
-        cw.compare_exchange(c.0, next, SeqCst, SeqCst).ok()?;
-        crate::sync::loom_sc_fence();
-        let g2 = GWord(word.load(SeqCst));
-        if g2.tag() == tag && !g2.closed() && !g2.waiters() && g2.u() <= mc && g2.v() <= eff {
-            return Some(Admitted {
-                revision: lim.revision,
-                resources: Resources::default(),
-            });
-        }
-        undo(shared, k, r, false);
-        return None;
-    }
-    let dv = (t + r).max(l.pt) - t.max(l.pt);
-    // Borrowing: rows 4 and 5 on the shared word, then the class word.
-    let du = u64::from(borrow_c);
-    if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
-        return None;
-    }
-    word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
-        .ok()?;
-    let resources = class_step_after_reserve(shared, k, r, false, c, du, dv)?;
-    Some(Admitted {
-        revision: lim.revision,
-        resources,
-    })
 }
 
 /// How often a refusal that a collect contradicts is decided again before it is reported

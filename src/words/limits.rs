@@ -742,6 +742,18 @@ impl Packed {
         }
     }
 
+    /// The effective budget of a demand of `priority`, 0 without a budget: no class holds or
+    /// asks for tokens then (a demand's tokens are 0, and token floors and ceilings need a
+    /// budget), so every budget row is `0 > 0` and passes, as with no budget at all. One shift
+    /// or mask where [`Hot::effective`] is a flag test and a choice.
+    #[inline(always)]
+    pub(crate) fn eff_or_zero(self, priority: Priority) -> u64 {
+        match priority {
+            Priority::High => self.budget & 0xffff_ffff,
+            Priority::Normal => self.budget >> 32,
+        }
+    }
+
     /// The limits these words encode.
     #[inline(always)]
     pub(crate) fn hot(self) -> Hot {

@@ -27,16 +27,17 @@ impl Bulkhead {
         // the admission's counts.
         let c = shared.counters.local(Counters::new);
         let op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
-        let mut past = None;
-        let fast = crate::protocol::classed::try_fast_in(&op, shared, k, r, priority, &mut past);
-        if let Some(a) = fast {
-            drop(op);
-            // A step the attempt took back may have pumped the queue: the waiters it answered
-            // are woken now that it left its operation (`crate::wait::list`, "Where wake-ups
-            // run"; the full protocol delivers its own).
-            crate::protocol::class_pump::deliver_deferred();
-            return Ok(self.count_class_in(c, k, r, a.revision, a.resources));
-        }
+        let past = match crate::protocol::classed::try_fast_in(&op, shared, k, r, priority) {
+            Ok(a) => {
+                drop(op);
+                // A step the attempt took back may have pumped the queue: the waiters it answered
+                // are woken now that it left its operation (`crate::wait::list`, "Where wake-ups
+                // run"; the full protocol delivers its own).
+                crate::protocol::class_pump::deliver_deferred();
+                return Ok(self.count_class_in(c, k, r, a.revision, a.resources));
+            }
+            Err(past) => past,
+        };
         // The hot path under overload: a refusal at a class ceiling, decided in the attempt's
         // operation from the words it read, counted, and built straight in the result.
         let at_ceiling = past.and_then(|p| {

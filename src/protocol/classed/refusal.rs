@@ -149,22 +149,25 @@ pub(super) fn explain<T>(
     }
 }
 
-/// The shared word, the class word and the limits of the shared word's tag (the ring slot's
-/// words and the class's words in it, as stored) that the fast attempt read before its first
-/// checks failed (perhaps at a class ceiling): what [`ceiling_refusal`] decides from, in the
-/// same operation, reading none of them again.
+/// The shared word, the class word and the class's limits under the shared word's tag (the
+/// ring slot's words for the class, as stored) that the fast attempt read, and the ceiling row
+/// they fail (the class word at the class's version under that tag, the bulkhead open): what
+/// [`ceiling_refusal`] decides from, in the same operation, reading none of them again.
 #[derive(Clone, Copy)]
 pub(crate) struct PastCeiling {
     pub(super) g: GWord,
     pub(super) c: CWord,
-    pub(super) p: crate::words::limits::Packed,
     pub(super) cl: crate::words::limits::ClassLimitWords,
+    /// `BudgetLimit` for the token ceiling (row 2), `ConcurrencyLimit` for the concurrency
+    /// ceiling (row 3).
+    pub(super) reason: RejectReason,
 }
 
 /// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
-/// `super::try_fast` does): the words it stopped at are left in `past` for [`ceiling_refusal`],
-/// which the caller runs in the same operation. Under overload most class
-/// refusals are at a ceiling; this way they enter no second operation and read nothing twice.
+/// `super::try_fast` does): when the class word is past a ceiling, the words it read come back
+/// (`Err(Some(_))`) for [`ceiling_refusal`], which the caller runs in the same operation. Under
+/// overload most class refusals are at a ceiling; this way they enter no second operation and
+/// read nothing twice.
 #[inline(always)]
 pub(crate) fn try_fast_in(
     _op: &crate::grace::Op<'_>,
@@ -172,9 +175,8 @@ pub(crate) fn try_fast_in(
     k: usize,
     r: u64,
     priority: Priority,
-    past: &mut Option<PastCeiling>,
-) -> Option<Admitted> {
-    first_try(shared, k, r, priority, past)
+) -> Result<Admitted, Option<PastCeiling>> {
+    first_try_or_ceiling(shared, k, r, priority)
 }
 
 /// The refusal of a demand of `r` tokens at `priority` in class `k` at one of its class's
@@ -182,18 +184,18 @@ pub(crate) fn try_fast_in(
 /// without allocating: under overload this is the hot path of `try_acquire` with classes.
 /// Runs inside the decision operation `_op` of the fast attempt that found the class word past
 /// a ceiling (`past`, [`super::try_fast_in`]), so that it enters no operation of its own and
-/// reads neither word again. `None` whenever the state does not show a ceiling as the first
-/// failing row: the caller then takes the full protocol, which decides and explains
-/// everything else.
+/// reads neither word again. `None` when row 1, which the sequential model puts before the
+/// ceilings, fails too, or when the tag moved or the bulkhead closed: the caller then takes the
+/// full protocol, which decides and explains everything else.
 ///
 /// The class word decides: read under the shared word's tag (`g`, read before it), at the
-/// class's version under that tag, it is past a ceiling of those limits or it is not. Only then are the other class words
-/// read, for the totals `G` and `T` the refusal reports and for row 1 (`T + r > eff`), which
-/// the sequential model puts before the ceilings (left to the full path when it fails). A
-/// re-read of the shared word with the same tag, still open, shows that the limits read were
-/// in force when the class word was read (no tag comes back during an operation,
-/// `crate::grace`): the refusal takes effect at that read. A migration changes no class's
-/// `(n, t)`, so the totals need no version check of the other words.
+/// class's version under that tag, it is past a ceiling of those limits (the fast attempt
+/// checked both, and which row fails). Only then are the other class words read, for the
+/// totals `G` and `T` the refusal reports and for row 1 (`T + r > eff`). A re-read of the
+/// shared word with the same tag, still open, shows that the limits read were in force when
+/// the class word was read (no tag comes back during an operation, `crate::grace`): the
+/// refusal takes effect at that read. A migration changes no class's `(n, t)`, so the totals
+/// need no version check of the other words.
 ///
 /// What the refusal keeps is what was read: the totals, the class's word and limits, the floor
 /// sums and the shared remainder in use as the shared word stores it (`U − Σ pc`, `V − Σ pt`:
@@ -215,45 +217,39 @@ pub(crate) fn ceiling_refusal(
     let PastCeiling {
         g,
         c: own,
-        p,
         cl: l,
+        reason,
     } = past;
     let word = &*shared.word;
     let tag = g.tag();
-    if g.closed() || own.ctag() != l.version() {
-        return None;
-    }
     let (n, t) = (own.in_flight(), own.tokens());
-    // The token ceiling before the concurrency ceiling, as the model orders rows 2 and 3.
-    let reason = if l.ceilings() & 2 != 0 && t.saturating_add(r) > l.mt_or_zero() {
-        RejectReason::BudgetLimit
-    } else if l.ceilings() & 1 != 0 && n >= l.mc_or_zero() {
-        RejectReason::ConcurrencyLimit
-    } else {
-        return None;
-    };
-    // The totals, with the class's own word as the decision read it (two plain loops around
-    // it: a test of the index in one loop cost about 20 instructions more for two classes).
+    // The totals, with the class's own word as the decision read it: one plain loop over the
+    // words before it and one over those after it (a test of the index in one loop cost about
+    // 20 instructions more for two classes; one loop skipping the own word by its address, 15).
     let (mut n_sum, mut t_sum) = (n, t);
     let words = &shared.class_words;
-    for w in words[..k].iter().chain(&words[k + 1..]) {
+    for w in &words[..k] {
         let w = CWord(w.load(SeqCst));
         n_sum += w.in_flight();
         t_sum += w.tokens();
     }
+    for w in &words[k + 1..] {
+        let w = CWord(w.load(SeqCst));
+        n_sum += w.in_flight();
+        t_sum += w.tokens();
+    }
+    // The slot's other words: the re-read of the shared word below, still at `tag`, shows that
+    // they are `tag`'s (a slot is rewritten only by the install of a tag `RING` later, and no
+    // tag comes back during an operation, `crate::grace`).
+    let p = shared.ring.read_packed(tag);
     let (sum_pc, sum_pt) = shared.ring.read_sums(tag);
     let g2 = GWord(word.load(SeqCst));
     if g2.tag() != tag || g2.closed() {
         return None;
     }
-    if p.shape & SHAPE_HAS_BUDGET != 0 {
-        let eff = match priority {
-            Priority::High => p.budget & 0xffff_ffff,
-            Priority::Normal => p.budget >> 32,
-        };
-        if t_sum.saturating_add(r) > eff {
-            return None;
-        }
+    // Row 1, with a budget only (without, `T`, `r` and the effective budget are all 0).
+    if p.shape & SHAPE_HAS_BUDGET != 0 && t_sum.saturating_add(r) > p.eff_or_zero(priority) {
+        return None;
     }
     c.rejected[reason.index()].incr();
     c.classes[k].rejected[reason.index()].incr();
