@@ -308,60 +308,29 @@ mod tests {
     fn a_key_whose_home_is_taken_lives_in_the_overflow_and_stays_unique() {
         let t = KeyTable::<u64>::new(1);
         let (a, b) = colliding(&t);
-        assert_eq!(
-            t.claim(t.home_of(&a), &a, || TicketId(1)),
-            Some(TicketId(1))
-        );
-        assert_eq!(
-            t.claim(t.home_of(&b), &b, || TicketId(2)),
-            Some(TicketId(2)),
-            "b overflows"
-        );
-        assert_eq!(
-            t.claim(t.home_of(&b), &b, || TicketId(3)),
-            None,
-            "b runs (in the overflow)"
-        );
-        assert_eq!(
-            t.claim(t.home_of(&a), &a, || TicketId(3)),
-            None,
-            "a runs (at home)"
-        );
+        let claim = |k: &u64, id| t.claim(t.home_of(k), k, || TicketId(id));
+        let release = |k: &u64, id| t.release(t.home_of(k), k, TicketId(id));
+        assert_eq!(claim(&a, 1), Some(TicketId(1)));
+        assert_eq!(claim(&b, 2), Some(TicketId(2)), "b overflows");
+        assert_eq!(claim(&b, 3), None, "b runs (in the overflow)");
+        assert_eq!(claim(&a, 3), None, "a runs (at home)");
         let mut running = t.running();
         running.sort();
         assert_eq!(running, vec![(a, TicketId(1)), (b, TicketId(2))]);
         let s = t.signal(t.home_of(&b), &b, TicketId(2), || false);
         assert_eq!(t.signals().len(), 1);
         // The home frees; b is still found in the overflow.
-        assert!(t.release(t.home_of(&a), &a, TicketId(1)).is_none());
-        assert_eq!(
-            t.claim(t.home_of(&b), &b, || TicketId(3)),
-            None,
-            "b still runs"
-        );
-        assert_eq!(
-            t.claim(t.home_of(&a), &a, || TicketId(4)),
-            Some(TicketId(4)),
-            "a back at home"
-        );
-        let back = t
-            .release(t.home_of(&b), &b, TicketId(2))
-            .expect("b's signal");
+        assert!(release(&a, 1).is_none());
+        assert_eq!(claim(&b, 3), None, "b still runs");
+        assert_eq!(claim(&a, 4), Some(TicketId(4)), "a back at home");
+        let back = release(&b, 2).expect("b's signal");
         back.cancel();
         assert!(s.is_cancelled(), "the same signal");
-        assert_eq!(
-            t.claim(t.home_of(&b), &b, || TicketId(5)),
-            Some(TicketId(5)),
-            "b overflows again"
-        );
-        assert!(t.release(t.home_of(&b), &b, TicketId(5)).is_none());
-        assert!(t.release(t.home_of(&a), &a, TicketId(4)).is_none());
+        assert_eq!(claim(&b, 5), Some(TicketId(5)), "b overflows again");
+        assert!(release(&b, 5).is_none());
+        assert!(release(&a, 4).is_none());
         assert!(t.running().is_empty());
-        assert_eq!(
-            t.claim(t.home_of(&b), &b, || TicketId(6)),
-            Some(TicketId(6)),
-            "b at home"
-        );
+        assert_eq!(claim(&b, 6), Some(TicketId(6)), "b at home");
         assert_eq!(t.running(), vec![(b, TicketId(6))]);
     }
 

@@ -190,6 +190,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
 
     /// The invocation of a start: the ticket's handle on the coordinator moves into it (no
     /// reference count changes hands).
+    ///
     /// The invocation holds the slots from here: if arming its attempt timeout panics
     /// (the scheduler is user code), its drop gives them back.
     #[inline]
@@ -200,9 +201,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
         }
         inv
     }
-}
 
-impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
+    /// The invocation of a start, without arming its attempt timeout (a started ticket
+    /// dropped unwaited completes at once).
     #[inline]
     fn invocation_no_timer(&mut self, g: Grant<K>) -> Invocation<K> {
         Invocation {
@@ -285,7 +286,8 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Ticket<K> {
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
-    /// A ticket dropped unwaited: a started one completes, a queued one leaves the queue.
+    /// A ticket dropped unwaited (its `Drop`): a started one completes, a queued one leaves
+    /// the queue.
     #[cold]
     #[inline(never)]
     fn give_up(&mut self) {
