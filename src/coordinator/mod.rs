@@ -354,6 +354,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
         #[cfg(loom)]
         let clocks = self.clocks.expect("loom models pass fake clocks");
         let now = clocks.elapsed.elapsed();
+        let n_providers = providers.len();
         let gates = Gates::new(self.client_limit, provider_gates.into_boxed_slice());
         let state = State {
             now,
@@ -364,6 +365,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             queued: 0,
             events: self.record.then(Vec::new),
             scheduled: None,
+            blocked: state::Blocked::new(n_providers),
         };
         let shared = Arc::new(Shared {
             wait: MultiWait::new(state),
@@ -506,7 +508,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         let received_at = self.shared.clocks.now.now();
         match self.try_fast(provider, key, options, received_at) {
             Ok(ticket) => Ok(ticket),
-            Err(NotFast(key)) => self.submit_queued(provider, key, options, received_at),
+            Err(NotFast(key, id)) => self.submit_queued(provider, key, id, options, received_at),
         }
     }
 
@@ -518,6 +520,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         &self,
         provider: usize,
         key: K,
+        id: Option<TicketId>,
         options: SubmitOptions,
         received_at: std::time::SystemTime,
     ) -> Result<Ticket<K>, CoordinatorError> {
@@ -536,7 +539,8 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                 return Err(CoordinatorError::Admission(AdmissionError::Closed));
             }
             let s = t.state();
-            let ticket = s.gates.next_ticket();
+            // The id an uncontended attempt took, if it took one (no gap in the ids).
+            let ticket = id.unwrap_or_else(|| s.gates.next_ticket());
             let r = Request {
                 ticket,
                 provider,
@@ -549,18 +553,17 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                 if let Start::Now(g) = s.try_start(&r) {
                     return Ok((Ok((ticket, Submitted::Started(g))), plan_wake(t)));
                 }
-                // It may have to queue: `WAITERS` up and every uncontended operation in
-                // flight finished before it is judged again (`gates` module docs); from here
-                // the state changes only under the mutex. (With a ticket queued, `WAITERS` is
-                // up already.)
-                s.gates.raise_waiters();
+                // It may have to queue: `WAITERS` up before it is judged again (`gates`
+                // module docs); from here no uncontended operation takes or gives back a
+                // client slot. (With a ticket queued, `WAITERS` is up already.)
+                s.raise_waiters();
             }
             let submitted = t.submit(r);
             let s = t.state();
             if matches!(submitted, Ok(Submitted::Queued(_))) {
                 s.queued += 1;
             } else if s.queued == 0 {
-                s.gates.lower_waiters();
+                s.lower_waiters();
             }
             let out = match submitted {
                 Ok(s) => Ok((ticket, s)),
@@ -594,7 +597,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         received_at: std::time::SystemTime,
     ) -> Result<Ticket<K>, NotFast<K>> {
         if options.admission_timeout.is_some_and(|d| d >= FAST_TIMEOUT) {
-            return Err(NotFast(key));
+            return Err(NotFast(key, None));
         }
         let shared = &self.shared;
         let need_now = shared.record || options.attempt_timeout.is_some();
