@@ -316,10 +316,10 @@ pub(crate) struct Gates<K: Hash + Eq + Clone> {
     joint: Mutex<Joint<K>>,
 }
 
-/// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it. It holds
-/// the ticket id if the attempt took one (the queued path keeps it: ids stay in submit order
-/// without gaps).
-pub(crate) struct NotFast<K>(pub(crate) K, pub(crate) Option<TicketId>);
+/// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it. An id the
+/// attempt took is not reused: the queued path takes one under its mutex, so queued tickets'
+/// ids follow the queue's order.
+pub(crate) struct NotFast<K>(pub(crate) K);
 
 /// Which claim of a start on the queued path missed ([`Gates::claim_queued`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -499,7 +499,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// then the provider slot, the key (and the ticket id), the client slot, and for a paced
     /// provider the pacing stamp. `clock` is read only when the gate holds a cooldown, the
     /// provider is paced, or `need_now`. On any miss everything taken goes back and the key
-    /// (with the ticket id, if one was taken) is returned for the queued path, which runs
+    /// is returned for the queued path, which runs
     /// the start rule before it judges the ticket: a claim that a scan saw held meanwhile
     /// reaches the start rule after it went back.
     #[inline]
@@ -513,7 +513,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         let p = &self.providers[provider];
         let w = self.client.load(Ordering::Acquire);
         if !self.fast_open(w) {
-            return Err(NotFast(key, None));
+            return Err(NotFast(key));
         }
         let cool = p.cool_until.load(Ordering::Acquire);
         let mut now = None;
@@ -522,7 +522,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             now = Some(n);
             if cool != 0 {
                 if nanos(n) < cool {
-                    return Err(NotFast(key, None));
+                    return Err(NotFast(key));
                 }
                 // Expired: later admissions need not read the clock. Only from this exact
                 // value, so a cooldown raised meanwhile stays.
@@ -532,17 +532,17 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             }
         }
         if !p.claim() {
-            return Err(NotFast(key, None));
+            return Err(NotFast(key));
         }
         let home = self.keys.home_of(&key);
         let Some(ticket) = self.keys.claim(home, &key, || self.next_ticket()) else {
             p.unclaim();
-            return Err(NotFast(key, None));
+            return Err(NotFast(key));
         };
         if !self.commit_client(w) {
             drop(self.keys.release(home, &key, ticket));
             p.unclaim();
-            return Err(NotFast(key, Some(ticket)));
+            return Err(NotFast(key));
         }
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
         if let Some(n) = now.filter(|_| p.paced()) {
@@ -551,7 +551,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                 p.unclaim();
                 // Still held, so this is not the last owner (the caller holds a handle too).
                 drop(self.unclaim_client());
-                return Err(NotFast(key, Some(ticket)));
+                return Err(NotFast(key));
             }
         }
         Ok(FastStart {

@@ -508,7 +508,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         let received_at = self.shared.clocks.now.now();
         match self.try_fast(provider, key, options, received_at) {
             Ok(ticket) => Ok(ticket),
-            Err(NotFast(key, id)) => self.submit_queued(provider, key, id, options, received_at),
+            Err(NotFast(key)) => self.submit_queued(provider, key, options, received_at),
         }
     }
 
@@ -520,7 +520,6 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         &self,
         provider: usize,
         key: K,
-        id: Option<TicketId>,
         options: SubmitOptions,
         received_at: std::time::SystemTime,
     ) -> Result<Ticket<K>, CoordinatorError> {
@@ -539,8 +538,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                 return Err(CoordinatorError::Admission(AdmissionError::Closed));
             }
             let s = t.state();
-            // The id an uncontended attempt took, if it took one (no gap in the ids).
-            let ticket = id.unwrap_or_else(|| s.gates.next_ticket());
+            let ticket = s.gates.next_ticket();
             let r = Request {
                 ticket,
                 provider,
@@ -597,7 +595,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         received_at: std::time::SystemTime,
     ) -> Result<Ticket<K>, NotFast<K>> {
         if options.admission_timeout.is_some_and(|d| d >= FAST_TIMEOUT) {
-            return Err(NotFast(key, None));
+            return Err(NotFast(key));
         }
         let shared = &self.shared;
         let need_now = shared.record || options.attempt_timeout.is_some();
