@@ -433,19 +433,8 @@ impl<K: Hash + Eq + Clone> Gates<K> {
 
     /// Takes a client slot on the queued path (under the mutex), if one is free.
     fn claim_client(&self) -> bool {
-        let mut w = self.client.load(Ordering::Acquire);
-        loop {
-            if w & COUNT >= self.client_limit {
-                return false;
-            }
-            match self
-                .client
-                .compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return true,
-                Err(x) => w = x,
-            }
-        }
+        let limit = self.client_limit;
+        self.take_client(self.client.load(Ordering::Acquire), |w| w & COUNT < limit)
     }
 
     /// Whether the client word `w` lets an uncontended start take a slot: nobody waits, not
@@ -467,11 +456,18 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     }
 
     /// The uncontended start's commitment: takes a client slot while nobody waits, from the
-    /// word `w` read earlier (a CAS; a changed word is judged again).
+    /// word `w` read earlier.
     #[inline]
-    fn commit_client(&self, mut w: u64) -> bool {
+    fn commit_client(&self, w: u64) -> bool {
+        self.take_client(w, |w| self.fast_open(w))
+    }
+
+    /// Adds one client slot to the word with a CAS while `open` says the word allows it,
+    /// starting from `w` (a changed word is judged again).
+    #[inline]
+    fn take_client(&self, mut w: u64, open: impl Fn(u64) -> bool) -> bool {
         loop {
-            if !self.fast_open(w) {
+            if !open(w) {
                 return false;
             }
             match self
