@@ -703,7 +703,9 @@ fn tickets_queued_for_one_key_start_in_queue_order_on_real_threads() {
         .provider("a", ProviderLimits::default())
         .build()
         .unwrap();
-    let log: Arc<Mutex<std::collections::HashMap<String, Vec<(u64, bool)>>>> = Arc::default();
+    // Per key, each start's ticket id and whether it had queued.
+    type Log = std::collections::HashMap<String, Vec<(u64, bool)>>;
+    let log: Arc<Mutex<Log>> = Arc::default();
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let (c, log) = (c.clone(), log.clone());

@@ -30,6 +30,11 @@
 //!    the scan may find it held for the older ticket and free for the younger; the older
 //!    starts, never the younger. Broken variant `LLM_BULKHEAD_LOOM_COORDINATOR_SCAN_FORGETS=1`
 //!    (the scan does not keep what it found held: the younger ticket overtakes).
+//! 7. ticket ids across an epoch of the ticket counter (three bits under loom): an uncontended
+//!    start whose id comes from the client word races a queued submit that starts the next
+//!    epoch; every id stays unique. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER=1` (the uncontended start reads the epoch
+//!    after its RMW only: it takes an id of the next epoch, which a later ticket takes again).
 //!
 //! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
 //! running-key table without its lock: the claim and the release race on it).
@@ -224,6 +229,47 @@ fn a_key_freed_during_a_scan_goes_to_the_older_of_two_queued_tickets() {
         assert_eq!(s.queue, vec![younger.id()]);
         older.wait_blocking().unwrap().complete();
         younger.wait_blocking().unwrap().complete();
+        assert_at_rest(&c);
+    });
+}
+
+#[test]
+fn ticket_ids_stay_unique_across_an_epoch_of_the_counter() {
+    model(|| {
+        // Client limit 4, queue cap 1. Six tickets started and completed: the counter (three
+        // bits under loom) is at 6, its last value for an uncontended start.
+        let c = coordinator(4, 1);
+        let mut ids = Vec::new();
+        for key in 10..16 {
+            let inv = start(&c, key);
+            ids.push(inv.ticket());
+            inv.complete();
+        }
+        // Takes the queued path (the counter is at its last value) or the uncontended one;
+        // either way it may start the next epoch.
+        let c2 = c.clone();
+        let other = thread::spawn(move || {
+            let t = c2.submit("a", 4, SubmitOptions::default()).unwrap();
+            let id = t.id();
+            (t, id)
+        });
+        // Takes id 6 on the uncontended path, or goes the queued way after the other.
+        let racing = c.submit("a", 3, SubmitOptions::default()).unwrap();
+        ids.push(racing.id());
+        let (other, id) = other.join().unwrap();
+        ids.push(id);
+        // Six more tickets in the next epoch: a wrong id of the racer's would come again here.
+        for key in 20..26 {
+            let t = c.submit("a", key, SubmitOptions::default()).unwrap();
+            ids.push(t.id());
+            t.wait_blocking().unwrap().complete();
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len(), "a ticket id was given twice: {ids:?}");
+        racing.wait_blocking().unwrap().complete();
+        other.wait_blocking().unwrap().complete();
         assert_at_rest(&c);
     });
 }

@@ -6,19 +6,19 @@
 //!
 //! A submit first tries [`Gates::try_admit`]: one load of the client word (which says whether
 //! anybody waits, whether the coordinator is closed and whether a client slot is free), one
-//! load of the provider's cooldown gate, a CAS on its provider's word, the key's claim in the
-//! running-key table (`keys`: one CAS and one store, with the ticket id taken under it), and
-//! then the commitment: a CAS on the client word that takes a slot only while nobody waits.
-//! For a paced provider a CAS on its last-start stamp follows (last: nothing is undone after
-//! it). It reads the monotonic clock only when the gate holds a cooldown, the provider is
-//! paced, or the caller needs the start instant (an attempt timeout, recorded events).
-//! Anything it cannot take undoes what it took and sends the ticket to the queued path,
-//! which runs the start rule and then judges it under the mutex.
+//! load of the provider's cooldown gate, a CAS on its provider's word, then the commitment: a
+//! CAS on the client word that takes a slot only while nobody waits and, in the same CAS, the
+//! ticket id (`Gates`, "Ticket ids"); then the key's claim in the running-key table (`keys`:
+//! one CAS and one store). For a paced provider a CAS on its last-start stamp follows (last:
+//! nothing is undone after it). It reads the monotonic clock only when the gate holds a
+//! cooldown, the provider is paced, or the caller needs the start instant (an attempt
+//! timeout, recorded events). Anything it cannot take undoes what it took and sends the
+//! ticket to the queued path, which runs the start rule and then judges it under the mutex.
 //!
 //! A completion gives its key and its provider slot back, then its client slot with a CAS
 //! that looks at `WAITERS` ([`release_client`]): if somebody waits, it changes nothing and
-//! the slot goes back under the mutex instead, followed by the start rule. Seven locked RMWs
-//! for the pair (client 2, provider 2, key 2, ticket id 1), against the core's two.
+//! the slot goes back under the mutex instead, followed by the start rule. Six locked RMWs
+//! for the pair (client 2, provider 2, key 2), against the core's two.
 //!
 //! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
 //! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
@@ -95,6 +95,50 @@ const FREED: u64 = 1 << 61;
 pub(crate) const WAITERS: u64 = 1 << 62;
 /// The coordinator is closed.
 pub(crate) const CLOSED: u64 = 1 << 63;
+/// The parity of the ticket counter's epoch (ticket ids: `Gates` docs).
+const PARITY: u64 = 1 << 59;
+/// The ticket counter's low bits: 27 (three under loom, whose models then cross an epoch).
+#[cfg(not(loom))]
+const CTR_BITS: u32 = 27;
+#[cfg(loom)]
+const CTR_BITS: u32 = 3;
+/// One ticket in the client word's counter (bits 32..32 + `CTR_BITS`).
+const CTR_ONE: u64 = 1 << 32;
+/// The counter's last value in an epoch: no ticket takes it; the queued path, finding it,
+/// starts the next epoch.
+const CTR_MAX: u64 = (1 << CTR_BITS) - 1;
+
+/// The ticket counter in client word `w`.
+fn ctr(w: u64) -> u64 {
+    (w >> 32) & CTR_MAX
+}
+
+/// The id of the ticket whose client-word RMW replaced `w`, read between epoch readings `e1`
+/// (before the RMW) and `e2` (after it); `None` if it cannot be told (two epochs passed).
+///
+/// The epoch of `w` is `E` with `e1 ≤ E ≤ e2` (`Gates` docs, "Ticket ids"), and `w` carries
+/// `E`'s parity: one epoch apart, the parity picks it.
+fn fast_id(e1: u64, e2: u64, w: u64) -> Option<TicketId> {
+    // Broken variant (loom model `coordinator.rs`, model 7): the epoch read after the RMW
+    // alone, so a ticket whose RMW came before a wrap takes an id of the next epoch, which a
+    // later ticket takes again.
+    #[cfg(loom)]
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER") {
+        return Some(TicketId(e2 << CTR_BITS | ctr(w)));
+    }
+    let e = if e1 == e2 {
+        e1
+    } else if e2 == e1 + 1 {
+        if (e1 & 1) == (w & PARITY) >> 59 {
+            e1
+        } else {
+            e2
+        }
+    } else {
+        return None;
+    };
+    Some(TicketId(e << CTR_BITS | ctr(w)))
+}
 
 /// One provider's limit and counters.
 pub(crate) struct ProviderGate {
@@ -303,15 +347,35 @@ fn nanos(d: Duration) -> u64 {
 pub(crate) type Joint<K> = Option<std::sync::Arc<super::Shared<K>>>;
 
 /// What a start holds: a client slot, a provider slot, a key.
+///
+/// # Ticket ids
+///
+/// A ticket's id is `epoch << CTR_BITS | counter`, taken by the same RMW that takes its
+/// client slot on the uncontended path (no RMW of its own): the counter's low bits live in the
+/// client word with the epoch's parity, the epoch in a word of its own. No ticket takes the
+/// counter's last value ([`CTR_MAX`]): the uncontended path goes to the queued path there,
+/// which, under the mutex, starts the next epoch: it stores `epoch + 1`, then sets the counter
+/// past 0 (its own id) and flips the parity in one CAS. Only that path writes the epoch, so
+/// under the mutex it is exact.
+///
+/// An uncontended start reads the epoch before its RMW (`e1`) and after it (`e2`). Its RMW
+/// replaced a word of epoch `E`: the wrap that began `E` stored it before its CAS, which
+/// precedes this RMW in the word's order (every write of the word is an RMW, so this RMW
+/// synchronises with it), so `e2 ≥ E`; the wrap that ends `E` stores `E + 1` only after it
+/// saw the counter at its last value, which this RMW or a later one wrote, so `e1 ≤ E`. One
+/// epoch apart, the word's parity tells which; two apart (2^27 tickets during one start),
+/// the start gives up and goes to the queued path. So ids are unique and, among the tickets
+/// whose RMWs are ordered, in that order.
 pub(crate) struct Gates<K: Hash + Eq + Clone> {
-    /// `[CLOSED @63][WAITERS @62][FREED @61][DETACHED @60][client in flight @0..32]`.
+    /// `[CLOSED @63][WAITERS @62][FREED @61][DETACHED @60][PARITY @59][ticket counter
+    /// @32..32 + CTR_BITS][client in flight @0..32]`.
     client: CachePadded<AtomicU64>,
     client_limit: u64,
     pub(crate) providers: Box<[ProviderGate]>,
     pub(crate) keys: KeyTable<K>,
-    /// The next ticket id, on its own cache line: written by every submit, while the fields
-    /// around it are only read.
-    next_ticket: CachePadded<AtomicU64>,
+    /// The ticket counter's epoch (module docs, "Ticket ids"), on its own cache line: read by
+    /// every start, written once an epoch.
+    epoch: CachePadded<AtomicU64>,
     /// The joint reference (set once the state is built; taken when `FREED` is set).
     joint: Mutex<Joint<K>>,
 }
@@ -348,7 +412,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             client_limit: u64::from(client_limit),
             providers,
             keys: KeyTable::new(client_limit),
-            next_ticket: CachePadded::new(AtomicU64::new(0)),
+            epoch: CachePadded::new(AtomicU64::new(0)),
             joint: Mutex::new(None),
         })
     }
@@ -401,9 +465,28 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// The next ticket id (submit order).
+    /// The next ticket id, on the queued path (under the wait's mutex, which alone writes the
+    /// epoch): the counter's next value, or, at its last value, the next epoch's first.
     pub(crate) fn next_ticket(&self) -> TicketId {
-        TicketId(self.next_ticket.fetch_add(1, Ordering::Relaxed))
+        let e = self.epoch.load(Ordering::Acquire);
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            let (n, id) = if ctr(w) == CTR_MAX {
+                // The next epoch is published before the word shows it (`Gates` docs).
+                self.epoch.store(e + 1, Ordering::Release);
+                let n = ((w & !(CTR_MAX << 32)) ^ PARITY) + CTR_ONE;
+                (n, (e + 1) << CTR_BITS)
+            } else {
+                (w + CTR_ONE, e << CTR_BITS | ctr(w))
+            };
+            match self
+                .client
+                .compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return TicketId(id),
+                Err(x) => w = x,
+            }
+        }
     }
 
     pub(crate) fn client_in_flight(&self) -> u32 {
@@ -434,7 +517,8 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// Takes a client slot on the queued path (under the mutex), if one is free.
     fn claim_client(&self) -> bool {
         let limit = self.client_limit;
-        self.take_client(self.client.load(Ordering::Acquire), |w| w & COUNT < limit)
+        let w = self.client.load(Ordering::Acquire);
+        self.take_client(w, 1, |w| w & COUNT < limit).is_some()
     }
 
     /// Whether the client word `w` lets an uncontended start take a slot: nobody waits, not
@@ -452,29 +536,44 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             };
         #[cfg(not(loom))]
         let flags = WAITERS | CLOSED;
-        w & flags == 0 && w & COUNT < self.client_limit
+        w & flags == 0 && w & COUNT < self.client_limit && ctr(w) != CTR_MAX
     }
 
-    /// The uncontended start's commitment: takes a client slot while nobody waits, from the
-    /// word `w` read earlier.
+    /// The uncontended start's commitment: takes a client slot and the next ticket id while
+    /// nobody waits, from the word `w` read earlier; `None` changes nothing.
     #[inline]
-    fn commit_client(&self, w: u64) -> bool {
-        self.take_client(w, |w| self.fast_open(w))
+    fn commit_client(&self, w: u64) -> Option<TicketId> {
+        let e1 = self.epoch.load(Ordering::Acquire);
+        let w = self.take_client(w, 1 + CTR_ONE, |w| self.fast_open(w))?;
+        // Under loom, the start that takes the epoch's last id lets another thread run before
+        // its second reading: the queued path may start the next epoch right here (model 7).
+        #[cfg(loom)]
+        if ctr(w) == CTR_MAX - 1 {
+            crate::sync::thread::yield_now();
+        }
+        let e2 = self.epoch.load(Ordering::Acquire);
+        let id = fast_id(e1, e2, w);
+        if id.is_none() {
+            // Two epochs passed during this start: the slot goes back, the queued path
+            // takes an id it can tell.
+            drop(self.unclaim_client());
+        }
+        id
     }
 
-    /// Adds one client slot to the word with a CAS while `open` says the word allows it,
-    /// starting from `w` (a changed word is judged again).
+    /// Adds `add` to the word with a CAS while `open` says the word allows it, starting from
+    /// `w` (a changed word is judged again); the word it replaced.
     #[inline]
-    fn take_client(&self, mut w: u64, open: impl Fn(u64) -> bool) -> bool {
+    fn take_client(&self, mut w: u64, add: u64, open: impl Fn(u64) -> bool) -> Option<u64> {
         loop {
             if !open(w) {
-                return false;
+                return None;
             }
             match self
                 .client
-                .compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(w, w + add, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return true,
+                Ok(_) => return Some(w),
                 Err(x) => w = x,
             }
         }
@@ -530,14 +629,15 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         if !p.claim() {
             return Err(NotFast(key));
         }
-        let home = self.keys.home_of(&key);
-        let Some(ticket) = self.keys.claim(home, &key, || self.next_ticket()) else {
+        let Some(ticket) = self.commit_client(w) else {
             p.unclaim();
             return Err(NotFast(key));
         };
-        if !self.commit_client(w) {
-            drop(self.keys.release(home, &key, ticket));
+        let home = self.keys.home_of(&key);
+        if self.keys.claim(home, &key, || ticket).is_none() {
             p.unclaim();
+            // Still held, so this is not the last owner (the caller holds a handle too).
+            drop(self.unclaim_client());
             return Err(NotFast(key));
         }
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
