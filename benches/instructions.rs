@@ -65,6 +65,7 @@ const OPS: &[&str] = &[
     "pool_pair",
     "pool_refusal",
     "coordinator_pair",
+    "dedup_key",
     "dedup_leader",
 ];
 
@@ -370,6 +371,18 @@ fn run(op: &str, n: u64) {
             let c = coordinator_support::coordinator(std::time::Duration::ZERO);
             let started = (0..n).filter(|&k| coordinator_support::pair(&c, k)).count();
             assert_eq!(started as u64, n);
+        }
+        // `benches/dedup.rs`'s `key_1kb`, the anchor of `dedup_leader`: the key alone.
+        #[cfg(feature = "llm")]
+        "dedup_key" => {
+            let r = request::request(1_024);
+            for _ in 0..n {
+                black_box(llm_bulkhead::llm::DedupKey::for_request(
+                    black_box(&r),
+                    "tenant-a",
+                    None,
+                ));
+            }
         }
         // `benches/dedup.rs`'s `run_1kb_leader`: the key of the 1.1 KB request, then
         // `Dedup::run` leading a flight of a ready future, polled once with a no-op waker (key,
