@@ -267,7 +267,11 @@ fn ticket_ids_stay_unique_across_an_epoch_of_the_counter() {
         let mut sorted = ids.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(sorted.len(), ids.len(), "a ticket id was given twice: {ids:?}");
+        assert_eq!(
+            sorted.len(),
+            ids.len(),
+            "a ticket id was given twice: {ids:?}"
+        );
         racing.wait_blocking().unwrap().complete();
         other.wait_blocking().unwrap().complete();
         assert_at_rest(&c);
