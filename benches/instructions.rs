@@ -36,6 +36,9 @@ use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation, WaitOptions};
 #[cfg(feature = "coordinator")]
 #[path = "support/coordinator.rs"]
 mod coordinator_support;
+#[cfg(feature = "llm")]
+#[path = "support/request.rs"]
+mod request;
 use std::hint::black_box;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -62,6 +65,8 @@ const OPS: &[&str] = &[
     "pool_pair",
     "pool_refusal",
     "coordinator_pair",
+    "dedup_key",
+    "dedup_leader",
 ];
 
 fn token_demand() -> Demand {
@@ -367,7 +372,49 @@ fn run(op: &str, n: u64) {
             let started = (0..n).filter(|&k| coordinator_support::pair(&c, k)).count();
             assert_eq!(started as u64, n);
         }
+        // `benches/dedup.rs`'s `key_1kb`, the anchor of `dedup_leader`: the key alone.
+        #[cfg(feature = "llm")]
+        "dedup_key" => {
+            let r = request::request(1_024);
+            for _ in 0..n {
+                black_box(llm_bulkhead::llm::DedupKey::for_request(
+                    black_box(&r),
+                    "tenant-a",
+                    None,
+                ));
+            }
+        }
+        // `benches/dedup.rs`'s `run_1kb_leader`: the key of the 1.1 KB request, then
+        // `Dedup::run` leading a flight of a ready future, polled once with a no-op waker (key,
+        // map entry, the flight, its poll, the key's removal).
+        #[cfg(feature = "llm")]
+        "dedup_leader" => {
+            use llm_bulkhead::llm::{Dedup, DedupKey, FollowerOptions};
+            let r = request::request(1_024);
+            let d: Dedup<u64> = Dedup::new(10_000);
+            let mut sum = 0;
+            for _ in 0..n {
+                let k = DedupKey::for_request(black_box(&r), "tenant-a", None);
+                let run = d.run(Some(k), FollowerOptions::default(), || async {
+                    black_box(7u64)
+                });
+                sum += ready(run).unwrap();
+            }
+            assert_eq!(sum, 7 * n);
+            assert_eq!(d.stats().active, 0);
+        }
         other => panic!("unknown operation {other}"),
+    }
+}
+
+/// A future that completes at once, polled once with a no-op waker (as `benches/dedup.rs`).
+#[cfg(feature = "llm")]
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => unreachable!("the measured futures complete at once"),
     }
 }
 

@@ -240,10 +240,14 @@
 //! table with its own one-word lock, a paced provider's pacing a CAS on its last-start stamp).
 //! A `cooldown` that changes nothing (its deadline no later than the provider's not-before) is
 //! one load and takes no mutex either. The start rule's guarantees above are unchanged: the
-//! queued path raises a `WAITERS` bit in the client word before it judges a newcomer and waits
-//! for the uncontended operations in flight to finish, and from then until the queue is empty
-//! every admission and completion goes through the mutex, so a scan never sees a half-done one
-//! (loom models in `loom-tests/tests/coordinator.rs`). What it changes, and is stated where it
+//! queued path raises a `WAITERS` bit in the client word before it judges a newcomer, and from
+//! then until the queue is empty no admission or completion takes or gives back a client slot
+//! without the mutex. A completion gives its key and provider slot back before its client slot,
+//! and an admission that misses gives back what it claimed, both without the mutex, and each
+//! then runs the start rule under it; a scan that sees such a give-back half done keeps what it
+//! found held as held until its transaction ends, so it decides as on one state and nobody
+//! overtakes (loom models in `loom-tests/tests/coordinator.rs`). Nothing under the mutex waits
+//! for an uncontended operation. What it changes, and is stated where it
 //! shows: an uncontended start reads the monotonic clock only when it must (a cooldown on
 //! record, pacing, an attempt timeout, recorded events), so `Invocation::started_at` is `None`
 //! for one that read none; a running invocation's signal is made on first use

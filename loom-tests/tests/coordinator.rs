@@ -12,11 +12,7 @@
 //!    `fetch_sub` and its start rule) and `LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS=1`
 //!    (a completion never runs the start rule: the queued ticket is never started);
 //! 2. a ticket queued for a running key against that key's completion: whichever comes first,
-//!    the ticket starts (no lost wake-up). Broken variant
-//!    `LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN=1` (the queued path raises `WAITERS` but does not
-//!    wait for the uncontended operations in flight: a completion that opened its bracket
-//!    before frees the key after the judgement saw it held, and runs no start rule, so the
-//!    ticket waits forever) and `..._RELEASE_IGNORES_WAITERS=1`;
+//!    the ticket starts (no lost wake-up). Broken variant `..._RELEASE_IGNORES_WAITERS=1`;
 //! 3. two uncontended admissions for the last client slot: exactly one starts (no
 //!    over-admission), the other is judged by the queued path and refused;
 //! 4. two uncontended admissions racing for one pacing gap of a paced provider: exactly one
@@ -28,6 +24,17 @@
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_DETACH_STALE=1` (the last handle reads the slot count
 //!    before it marks `DETACHED`: the completion between them sees no `DETACHED`, the handle
 //!    saw the slot held, and the state leaks).
+//!
+//! 6. a completion against a scan (a snapshot's catch-up) with two tickets queued for the
+//!    completing key: the completion frees the key without the mutex before its last RMW, so
+//!    the scan may find it held for the older ticket and free for the younger; the older
+//!    starts, never the younger. Broken variant `LLM_BULKHEAD_LOOM_COORDINATOR_SCAN_FORGETS=1`
+//!    (the scan does not keep what it found held: the younger ticket overtakes).
+//! 7. ticket ids across an epoch of the ticket counter (three bits under loom): an uncontended
+//!    start whose id comes from the client word races a queued submit that starts the next
+//!    epoch; every id stays unique. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER=1` (the uncontended start reads the epoch
+//!    after its RMW only: it takes an id of the next epoch, which a later ticket takes again).
 //!
 //! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
 //! running-key table without its lock: the claim and the release race on it).
@@ -195,5 +202,78 @@ fn the_last_handle_and_the_last_invocation_free_the_state_once() {
             1,
             "the state was not freed"
         );
+    });
+}
+
+#[test]
+fn a_key_freed_during_a_scan_goes_to_the_older_of_two_queued_tickets() {
+    model(|| {
+        let c = coordinator(2, 2);
+        let running = start(&c, 1);
+        let older = c.submit("a", 1, SubmitOptions::default()).unwrap();
+        let younger = c.submit("a", 1, SubmitOptions::default()).unwrap();
+        assert!(
+            !older.is_started() && !younger.is_started(),
+            "key 1 is running"
+        );
+        let completion = thread::spawn(move || running.complete());
+        // A scan of the queue (the snapshot catches the clock up and runs the start rule).
+        drop(c.snapshot());
+        completion.join().unwrap();
+        let s = c.snapshot();
+        assert_eq!(
+            s.running,
+            vec![(1, older.id())],
+            "the younger ticket overtook the older one: {s:?}"
+        );
+        assert_eq!(s.queue, vec![younger.id()]);
+        older.wait_blocking().unwrap().complete();
+        younger.wait_blocking().unwrap().complete();
+        assert_at_rest(&c);
+    });
+}
+
+#[test]
+fn ticket_ids_stay_unique_across_an_epoch_of_the_counter() {
+    model(|| {
+        // Client limit 4, queue cap 1. Six tickets started and completed: the counter (three
+        // bits under loom) is at 6, its last value for an uncontended start.
+        let c = coordinator(4, 1);
+        let mut ids = Vec::new();
+        for key in 10..16 {
+            let inv = start(&c, key);
+            ids.push(inv.ticket());
+            inv.complete();
+        }
+        // Takes the queued path (the counter is at its last value) or the uncontended one;
+        // either way it may start the next epoch.
+        let c2 = c.clone();
+        let other = thread::spawn(move || {
+            let t = c2.submit("a", 4, SubmitOptions::default()).unwrap();
+            let id = t.id();
+            (t, id)
+        });
+        // Takes id 6 on the uncontended path, or goes the queued way after the other.
+        let racing = c.submit("a", 3, SubmitOptions::default()).unwrap();
+        ids.push(racing.id());
+        let (other, id) = other.join().unwrap();
+        ids.push(id);
+        // Six more tickets in the next epoch: a wrong id of the racer's would come again here.
+        for key in 20..26 {
+            let t = c.submit("a", key, SubmitOptions::default()).unwrap();
+            ids.push(t.id());
+            t.wait_blocking().unwrap().complete();
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            ids.len(),
+            "a ticket id was given twice: {ids:?}"
+        );
+        racing.wait_blocking().unwrap().complete();
+        other.wait_blocking().unwrap().complete();
+        assert_at_rest(&c);
     });
 }

@@ -4,47 +4,52 @@
 //!
 //! # The uncontended path
 //!
-//! A submit first tries [`Gates::try_admit`]: a CAS on the client word (which also says
-//! whether anybody waits and whether the coordinator is closed), a CAS on its provider's word,
-//! one load of the provider's cooldown gate, the key's claim in the running-key table (`keys`:
-//! one CAS and one store), the ticket id, and for a paced provider a CAS on its last-start
-//! stamp (last: nothing is undone after it). It reads the monotonic clock only when the gate
-//! holds a cooldown, the provider is paced, or the caller needs the start instant (an attempt
-//! timeout, recorded events). Anything it cannot take undoes what it took and sends the ticket
-//! to the queued path, which judges it under the mutex. A completion opens its bracket (below) with
-//! one add (`fetch_add`, then the look at `WAITERS`: if somebody waits it takes the add back
-//! at once, having changed nothing, and goes under the mutex), frees the key and the provider
-//! slot, and closes the bracket giving its client slot back ([`close_release`]). The
-//! admission's bracket closes with a plain subtraction (it still holds its slot, so it
-//! cannot be the last owner). Nine locked RMWs for the pair, against the core's two.
+//! A submit first tries [`Gates::try_admit`]: one load of the client word (which says whether
+//! anybody waits, whether the coordinator is closed and whether a client slot is free), one
+//! load of the provider's cooldown gate, a CAS on its provider's word, then the commitment: a
+//! CAS on the client word that takes a slot only while nobody waits and, in the same CAS, the
+//! ticket id (`Gates`, "Ticket ids"); then the key's claim in the running-key table (`keys`:
+//! one CAS and one store). For a paced provider a CAS on its last-start stamp follows (last:
+//! nothing is undone after it). It reads the monotonic clock only when the gate holds a
+//! cooldown, the provider is paced, or the caller needs the start instant (an attempt
+//! timeout, recorded events). Anything it cannot take undoes what it took and sends the
+//! ticket to the queued path, which runs the start rule and then judges it under the mutex.
+//!
+//! A completion gives its key and its provider slot back, then its client slot with a CAS
+//! that looks at `WAITERS` ([`release_client`]): if somebody waits, it changes nothing and
+//! the slot goes back under the mutex instead, followed by the start rule. Six locked RMWs
+//! for the pair (client 2, provider 2, key 2), against the core's two.
 //!
 //! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
 //! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
 //!
-//! # Why the queued path sees no half-done uncontended operation
+//! # Why the queued path loses no wake-up and lets nobody overtake
 //!
 //! The client word's `WAITERS` bit is up whenever a ticket is queued: the queued path raises
 //! it (under the mutex) *before* it judges a newcomer that may have to queue (one that can
 //! start while nobody is queued jumps nobody and is started without it), and lowers it only
-//! when the queue is empty. Every uncontended operation is bracketed in the client word: its
-//! first RMW (a CAS that fails while `WAITERS` is up) adds one to `BUSY`, its last takes it off. Having raised
-//! `WAITERS`, the queued path waits until `BUSY` is zero before it judges anything: from then
-//! until the queue is empty again, no uncontended operation starts (an admission goes to the
-//! queued path, a completion gives its slots back under the mutex and runs the start rule
-//! there), and none is half done. So the start rule scans a state that only changes under the
-//! mutex: it is the same as if every operation took the mutex (COORDINATOR.md §4.2, C1), and a
-//! slot or key freed while a ticket is queued always reaches the start rule (no lost wake-up).
+//! when the queue is empty. While it is up, no uncontended operation takes or gives back a
+//! client slot: an admission's commitment fails and it goes to the queued path; a
+//! completion's last RMW fails and it gives the slot back under the mutex. Two consequences:
 //!
-//! A half-done operation seen by a scan would break that: a completion that freed its key in
-//! the middle of a scan would let a later ticket for that key start ahead of an earlier one
-//! judged a moment before (I6); an admission's undo, the same.
+//! * **No lost wake-up.** Every claim an uncontended operation gives back without the mutex
+//!   (a completion's key and provider slot; an admission's undo) is followed by that
+//!   operation's own turn under the mutex with the start rule, unless its client-word RMW
+//!   (the completion's last, the admission's load or commitment) came before the raise; then
+//!   the raise, an RMW later in the word's order, sees everything it did. So a slot or key
+//!   freed while a ticket is queued always reaches the start rule.
+//! * **No overtaking.** A scan may still see such a give-back half done: a key freed after the
+//!   scan found it held for an older ticket and before it looks at a younger one. The queued
+//!   path therefore keeps everything it found held as held until its transaction ends
+//!   (`state::Blocked`): its decisions are those of the state with the give-back after them,
+//!   and the giver's own start rule, in a later transaction, starts the older ticket (I6).
+//!   A client slot cannot come free half way through (its RMW fails while `WAITERS` is up),
+//!   except by an admission's undo after a failed pacing stamp, which the same rule covers.
 //!
-//! The wait for `BUSY` to drain spins under the mutex (a few dozen spin hints, then yields:
-//! an operation in flight on another core is done within them); it happens only when a
-//! ticket must queue while an uncontended operation is in flight, which then needs no lock to
-//! finish. It is a wait, not a help: an uncontended operation preempted inside its bracket
-//! (a few dozen instructions) delays the queued path until it runs again. Not waiting would
-//! let a scan see it half done (above); helping would need its steps published.
+//! So the start rule decides as if every operation took the mutex (COORDINATOR.md §4.2, C1).
+//! Nothing waits for an uncontended operation: an operation preempted half way delays no
+//! transaction (an earlier version made the queued path wait for a bracket in the client
+//! word to drain, and paid two more RMWs per pair for the bracket).
 //!
 //! # Pacing
 //!
@@ -59,17 +64,16 @@
 //! The client word also holds `DETACHED` (the last handle is gone) and `FREED` (the joint
 //! reference was given up): see `Shared`, "Lifetime". The RMW that gives the last slot back
 //! after `DETACHED` sets `FREED` in the same CAS, so exactly one thread gives the joint
-//! reference up, and an uncontended completion's closing RMW is made by [`close_release`], a
+//! reference up, and an uncontended completion's last RMW is made by [`release_client`], a
 //! function of the word alone, so no reference to these gates is a live argument when another
 //! thread may free them.
 //!
 //! # Memory ordering
 //!
-//! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): the bracket's
-//! closing RMW is a release that the queued path's drain (an acquire load that reads it, or a
-//! later value of its release sequence) synchronises with, so it sees every change of the key
-//! table and the provider words made inside the bracket. The key table's slots have their own
-//! locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
+//! Every RMW on the client and provider words is `AcqRel` (loads `Acquire`): a completion's
+//! last RMW is a release that the raise of `WAITERS` (an RMW later in the word's order)
+//! synchronises with, so the queued path sees every give-back made before it. The key
+//! table's slots have their own locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
 use super::keys::{KeyHome, KeyTable};
@@ -82,10 +86,6 @@ use std::time::Duration;
 
 /// The client word's in-flight count (the low 32 bits).
 pub(crate) const COUNT: u64 = u32::MAX as u64;
-/// One uncontended operation in flight (bits 32..56).
-const BUSY: u64 = 1 << 32;
-/// The count of uncontended operations in flight.
-const BUSY_MASK: u64 = ((1 << 24) - 1) << 32;
 /// The last [`Coordinator`](super::Coordinator) handle is gone (lifetime: `Shared` docs).
 const DETACHED: u64 = 1 << 60;
 /// The joint reference was given up (set once, with or after `DETACHED`, when no slot is
@@ -95,6 +95,50 @@ const FREED: u64 = 1 << 61;
 pub(crate) const WAITERS: u64 = 1 << 62;
 /// The coordinator is closed.
 pub(crate) const CLOSED: u64 = 1 << 63;
+/// The parity of the ticket counter's epoch (ticket ids: `Gates` docs).
+const PARITY: u64 = 1 << 59;
+/// The ticket counter's low bits: 27 (three under loom, whose models then cross an epoch).
+#[cfg(not(loom))]
+const CTR_BITS: u32 = 27;
+#[cfg(loom)]
+const CTR_BITS: u32 = 3;
+/// One ticket in the client word's counter (bits 32..32 + `CTR_BITS`).
+const CTR_ONE: u64 = 1 << 32;
+/// The counter's last value in an epoch: no ticket takes it; the queued path, finding it,
+/// starts the next epoch.
+const CTR_MAX: u64 = (1 << CTR_BITS) - 1;
+
+/// The ticket counter in client word `w`.
+fn ctr(w: u64) -> u64 {
+    (w >> 32) & CTR_MAX
+}
+
+/// The id of the ticket whose client-word RMW replaced `w`, read between epoch readings `e1`
+/// (before the RMW) and `e2` (after it); `None` if it cannot be told (two epochs passed).
+///
+/// The epoch of `w` is `E` with `e1 ≤ E ≤ e2` (`Gates` docs, "Ticket ids"), and `w` carries
+/// `E`'s parity: one epoch apart, the parity picks it.
+fn fast_id(e1: u64, e2: u64, w: u64) -> Option<TicketId> {
+    // Broken variant (loom model `coordinator.rs`, model 7): the epoch read after the RMW
+    // alone, so a ticket whose RMW came before a wrap takes an id of the next epoch, which a
+    // later ticket takes again.
+    #[cfg(loom)]
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER") {
+        return Some(TicketId(e2 << CTR_BITS | ctr(w)));
+    }
+    let e = if e1 == e2 {
+        e1
+    } else if e2 == e1 + 1 {
+        if (e1 & 1) == (w & PARITY) >> 59 {
+            e1
+        } else {
+            e2
+        }
+    } else {
+        return None;
+    };
+    Some(TicketId(e << CTR_BITS | ctr(w)))
+}
 
 /// One provider's limit and counters.
 pub(crate) struct ProviderGate {
@@ -243,13 +287,53 @@ fn sub_client(client: &AtomicU64, sub: u64) -> bool {
     }
 }
 
-/// The uncontended completion's closing RMW ([`Gates::release_open`] first): closes its
-/// bracket and gives its client slot back. A function of the word alone, with no reference
-/// to the gates as an argument: after this RMW another thread may free the state, unless it
-/// returns `true` (this was the last owner: the caller takes the joint reference).
+/// What the uncontended completion's last RMW ([`release_client`]) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientBack {
+    /// The slot went back; another thread may free the state from here.
+    Given,
+    /// The slot went back and this was the last owner: the caller takes the joint reference.
+    Last,
+    /// Somebody waits: nothing changed, the slot is still held; give it back under the mutex
+    /// and run the start rule there.
+    Waiters,
+}
+
+/// The uncontended completion's last RMW, after its key and provider slot went back: gives
+/// its client slot back if nobody waits. A function of the word alone, with no reference to
+/// the gates as an argument: after this RMW another thread may free the state, unless it
+/// returns [`ClientBack::Last`] (the caller then takes the joint reference) or
+/// [`ClientBack::Waiters`] (nothing changed).
 #[inline]
-pub(crate) fn close_release(client: &AtomicU64) -> bool {
-    sub_client(client, BUSY + 1)
+pub(crate) fn release_client(client: &AtomicU64) -> ClientBack {
+    // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
+    // ignores `WAITERS` gives its slot back outside the mutex and never runs the start rule,
+    // so the ticket queued for its key waits forever.
+    #[cfg(loom)]
+    let flags =
+        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS") {
+            0
+        } else {
+            WAITERS
+        };
+    #[cfg(not(loom))]
+    let flags = WAITERS;
+    let mut w = client.load(Ordering::Acquire);
+    loop {
+        if w & flags != 0 {
+            return ClientBack::Waiters;
+        }
+        let mut n = w - 1;
+        let last = n & (DETACHED | FREED | COUNT) == DETACHED;
+        if last {
+            n |= FREED;
+        }
+        match client.compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) if last => return ClientBack::Last,
+            Ok(_) => return ClientBack::Given,
+            Err(x) => w = x,
+        }
+    }
 }
 
 /// `d` in nanoseconds, saturating.
@@ -263,22 +347,54 @@ fn nanos(d: Duration) -> u64 {
 pub(crate) type Joint<K> = Option<std::sync::Arc<super::Shared<K>>>;
 
 /// What a start holds: a client slot, a provider slot, a key.
+///
+/// # Ticket ids
+///
+/// A ticket's id is `epoch << CTR_BITS | counter`, taken by the same RMW that takes its
+/// client slot on the uncontended path (no RMW of its own): the counter's low bits live in the
+/// client word with the epoch's parity, the epoch in a word of its own. No ticket takes the
+/// counter's last value ([`CTR_MAX`]): the uncontended path goes to the queued path there,
+/// which, under the mutex, starts the next epoch: it stores `epoch + 1`, then sets the counter
+/// past 0 (its own id) and flips the parity in one CAS. Only that path writes the epoch, so
+/// under the mutex it is exact.
+///
+/// An uncontended start reads the epoch before its RMW (`e1`) and after it (`e2`). Its RMW
+/// replaced a word of epoch `E`: the wrap that began `E` stored it before its CAS, which
+/// precedes this RMW in the word's order (every write of the word is an RMW, so this RMW
+/// synchronises with it), so `e2 ≥ E`; the wrap that ends `E` stores `E + 1` only after it
+/// saw the counter at its last value, which this RMW or a later one wrote, so `e1 ≤ E`. One
+/// epoch apart, the word's parity tells which; two apart (2^27 tickets during one start),
+/// the start gives up and goes to the queued path. So ids are unique and, among the tickets
+/// whose RMWs are ordered, in that order.
 pub(crate) struct Gates<K: Hash + Eq + Clone> {
-    /// `[CLOSED @63][WAITERS @62][FREED @61][DETACHED @60][BUSY: uncontended operations in
-    /// flight @32..56][client in flight @0..32]`.
+    /// `[CLOSED @63][WAITERS @62][FREED @61][DETACHED @60][PARITY @59][ticket counter
+    /// @32..32 + CTR_BITS][client in flight @0..32]`.
     client: CachePadded<AtomicU64>,
     client_limit: u64,
     pub(crate) providers: Box<[ProviderGate]>,
     pub(crate) keys: KeyTable<K>,
-    /// The next ticket id, on its own cache line: written by every submit, while the fields
-    /// around it are only read.
-    next_ticket: CachePadded<AtomicU64>,
+    /// The ticket counter's epoch (module docs, "Ticket ids"), on its own cache line: read by
+    /// every start, written once an epoch.
+    epoch: CachePadded<AtomicU64>,
     /// The joint reference (set once the state is built; taken when `FREED` is set).
     joint: Mutex<Joint<K>>,
 }
 
-/// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it.
+/// Why [`Gates::try_admit`] did not start a ticket: the queued path must judge it. An id the
+/// attempt took is not reused: the queued path takes one under its mutex, so queued tickets'
+/// ids follow the queue's order.
 pub(crate) struct NotFast<K>(pub(crate) K);
+
+/// Which claim of a start on the queued path missed ([`Gates::claim_queued`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Miss {
+    /// No client slot: nobody can start.
+    Client,
+    /// The provider is full.
+    Provider,
+    /// The key runs.
+    Key,
+}
 
 /// A fast start: the ticket, its key and its home, and, when the clock was read, the start
 /// instant.
@@ -296,7 +412,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             client_limit: u64::from(client_limit),
             providers,
             keys: KeyTable::new(client_limit),
-            next_ticket: CachePadded::new(AtomicU64::new(0)),
+            epoch: CachePadded::new(AtomicU64::new(0)),
             joint: Mutex::new(None),
         })
     }
@@ -312,7 +428,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         lock(&self.joint).take()
     }
 
-    /// The client word, for the uncontended completion's closing RMW ([`close_release`]).
+    /// The client word, for the uncontended completion's last RMW ([`release_client`]).
     pub(crate) fn client_word(&self) -> &AtomicU64 {
         &self.client
     }
@@ -349,9 +465,28 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// The next ticket id (submit order).
+    /// The next ticket id, on the queued path (under the wait's mutex, which alone writes the
+    /// epoch): the counter's next value, or, at its last value, the next epoch's first.
     pub(crate) fn next_ticket(&self) -> TicketId {
-        TicketId(self.next_ticket.fetch_add(1, Ordering::Relaxed))
+        let e = self.epoch.load(Ordering::Acquire);
+        let mut w = self.client.load(Ordering::Acquire);
+        loop {
+            let (n, id) = if ctr(w) == CTR_MAX {
+                // The next epoch is published before the word shows it (`Gates` docs).
+                self.epoch.store(e + 1, Ordering::Release);
+                let n = ((w & !(CTR_MAX << 32)) ^ PARITY) + CTR_ONE;
+                (n, (e + 1) << CTR_BITS)
+            } else {
+                (w + CTR_ONE, e << CTR_BITS | ctr(w))
+            };
+            match self
+                .client
+                .compare_exchange_weak(w, n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return TicketId(id),
+                Err(x) => w = x,
+            }
+        }
     }
 
     pub(crate) fn client_in_flight(&self) -> u32 {
@@ -362,22 +497,11 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         self.client.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// Raises `WAITERS` and waits until no uncontended operation is in flight (the queued
-    /// path, under the mutex, before it judges a newcomer; module docs).
+    /// Raises `WAITERS` (the queued path, under the mutex, before it judges a newcomer that
+    /// may have to queue; module docs). From this RMW on, no uncontended operation takes or
+    /// gives back a client slot: every one that has not done so yet goes under the mutex.
     pub(crate) fn raise_waiters(&self) {
-        let mut w = self.client.fetch_or(WAITERS, Ordering::AcqRel) | WAITERS;
-        // Broken variant (loom model `coordinator.rs`, model 2): without the wait, a
-        // completion in flight frees its key after the judgement saw it held, outside the
-        // mutex and without the start rule: the ticket queued for the key waits forever.
-        #[cfg(loom)]
-        if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_NO_DRAIN") {
-            return;
-        }
-        let mut spins = 0;
-        while w & BUSY_MASK != 0 {
-            super::keys::backoff(&mut spins);
-            w = self.client.load(Ordering::Acquire);
-        }
+        self.client.fetch_or(WAITERS, Ordering::AcqRel);
     }
 
     /// Lowers `WAITERS` (under the mutex, once the queue is empty).
@@ -390,43 +514,68 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         self.client.fetch_or(CLOSED, Ordering::AcqRel);
     }
 
-    /// Takes a client slot if one is free. `fast`: only while nobody waits and not closed,
-    /// and it opens the uncontended bracket (`BUSY`, module docs).
-    fn claim_client(&self, fast: bool) -> bool {
-        let flags = if fast { WAITERS | CLOSED } else { 0 };
-        let add = if fast { BUSY + 1 } else { 1 };
+    /// Takes a client slot on the queued path (under the mutex), if one is free.
+    fn claim_client(&self) -> bool {
+        let limit = self.client_limit;
+        let w = self.client.load(Ordering::Acquire);
+        self.take_client(w, 1, |w| w & COUNT < limit).is_some()
+    }
+
+    /// Whether the client word `w` lets an uncontended start take a slot: nobody waits, not
+    /// closed, a slot free.
+    #[inline]
+    fn fast_open(&self, w: u64) -> bool {
         // Broken variant (loom model `coordinator.rs`, model 1): a fast admission that does
         // not look at `WAITERS` can take a slot a completion freed for a queued ticket.
         #[cfg(loom)]
         let flags =
             if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_FAST_IGNORES_WAITERS") {
-                flags & !WAITERS
+                CLOSED
             } else {
-                flags
+                WAITERS | CLOSED
             };
-        let mut w = self.client.load(Ordering::Acquire);
+        #[cfg(not(loom))]
+        let flags = WAITERS | CLOSED;
+        w & flags == 0 && w & COUNT < self.client_limit && ctr(w) != CTR_MAX
+    }
+
+    /// The uncontended start's commitment: takes a client slot and the next ticket id while
+    /// nobody waits, from the word `w` read earlier; `None` changes nothing.
+    #[inline]
+    fn commit_client(&self, w: u64) -> Option<TicketId> {
+        let e1 = self.epoch.load(Ordering::Acquire);
+        let w = self.take_client(w, 1 + CTR_ONE, |w| self.fast_open(w))?;
+        // Under loom, the start that takes the epoch's last id lets another thread run before
+        // its second reading: the queued path may start the next epoch right here (model 7).
+        #[cfg(loom)]
+        if ctr(w) == CTR_MAX - 1 {
+            crate::sync::thread::yield_now();
+        }
+        let e2 = self.epoch.load(Ordering::Acquire);
+        let id = fast_id(e1, e2, w);
+        if id.is_none() {
+            // Two epochs passed during this start: the slot goes back, the queued path
+            // takes an id it can tell.
+            drop(self.unclaim_client());
+        }
+        id
+    }
+
+    /// Adds `add` to the word with a CAS while `open` says the word allows it, starting from
+    /// `w` (a changed word is judged again); the word it replaced.
+    #[inline]
+    fn take_client(&self, mut w: u64, add: u64, open: impl Fn(u64) -> bool) -> Option<u64> {
         loop {
-            if w & flags != 0 || w & COUNT >= self.client_limit {
-                return false;
+            if !open(w) {
+                return None;
             }
             match self
                 .client
                 .compare_exchange_weak(w, w + add, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return true,
+                Ok(_) => return Some(w),
                 Err(x) => w = x,
             }
-        }
-    }
-
-    /// Closes the uncontended bracket, giving back `slots` client slots with it; the joint
-    /// reference if that was the last owner.
-    #[must_use]
-    fn end_fast(&self, slots: u64) -> Joint<K> {
-        if sub_client(&self.client, BUSY + slots) {
-            self.take_joint()
-        } else {
-            None
         }
     }
 
@@ -441,9 +590,13 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// The uncontended start (module docs): client, provider, cooldown gate, key. `clock` is
-    /// read only when the gate holds a cooldown or `need_now`. On any miss everything taken
-    /// goes back and the key is returned for the queued path.
+    /// The uncontended start (module docs): a look at the client word, the cooldown gate,
+    /// then the provider slot, the key (and the ticket id), the client slot, and for a paced
+    /// provider the pacing stamp. `clock` is read only when the gate holds a cooldown, the
+    /// provider is paced, or `need_now`. On any miss everything taken goes back and the key
+    /// is returned for the queued path, which runs
+    /// the start rule before it judges the ticket: a claim that a scan saw held meanwhile
+    /// reaches the start rule after it went back.
     #[inline]
     pub(crate) fn try_admit(
         &self,
@@ -453,11 +606,8 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         clock: impl FnOnce() -> Duration,
     ) -> Result<FastStart<K>, NotFast<K>> {
         let p = &self.providers[provider];
-        if !self.claim_client(true) {
-            return Err(NotFast(key));
-        }
-        if !p.claim() {
-            drop(self.end_fast(1));
+        let w = self.client.load(Ordering::Acquire);
+        if !self.fast_open(w) {
             return Err(NotFast(key));
         }
         let cool = p.cool_until.load(Ordering::Acquire);
@@ -467,8 +617,6 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             now = Some(n);
             if cool != 0 {
                 if nanos(n) < cool {
-                    p.unclaim();
-                    drop(self.end_fast(1));
                     return Err(NotFast(key));
                 }
                 // Expired: later admissions need not read the clock. Only from this exact
@@ -478,24 +626,30 @@ impl<K: Hash + Eq + Clone> Gates<K> {
                     .compare_exchange(cool, 0, Ordering::AcqRel, Ordering::Relaxed);
             }
         }
-        let home = self.keys.home_of(&key);
-        let Some(ticket) = self.keys.claim(home, &key, || self.next_ticket()) else {
+        if !p.claim() {
+            return Err(NotFast(key));
+        }
+        let Some(ticket) = self.commit_client(w) else {
             p.unclaim();
-            drop(self.end_fast(1));
             return Err(NotFast(key));
         };
+        let home = self.keys.home_of(&key);
+        if self.keys.claim(home, &key, || ticket).is_none() {
+            p.unclaim();
+            // Still held, so this is not the last owner (the caller holds a handle too).
+            drop(self.unclaim_client());
+            return Err(NotFast(key));
+        }
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
         if let Some(n) = now.filter(|_| p.paced()) {
             if !p.pace(n, n) {
                 drop(self.keys.release(home, &key, ticket));
                 p.unclaim();
-                drop(self.end_fast(1));
+                // Still held, so this is not the last owner (the caller holds a handle too).
+                drop(self.unclaim_client());
                 return Err(NotFast(key));
             }
         }
-        // Closes the bracket; the slot stays held, so this cannot be the last owner: a
-        // plain subtraction (no loop, no lifetime check).
-        self.client.fetch_sub(BUSY, Ordering::AcqRel);
         Ok(FastStart {
             ticket,
             key,
@@ -505,37 +659,37 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     }
 
     /// The queued path's start (under the mutex; readiness already checked): client,
-    /// provider, key, undone on a miss; the key's home. `Err(true)`: no client slot (nobody
-    /// can start).
+    /// provider, key, undone on a miss; the key's home, or which claim missed.
     pub(crate) fn claim_queued(
         &self,
         provider: usize,
         key: &K,
         ticket: TicketId,
-    ) -> Result<KeyHome, bool> {
-        if !self.claim_client(false) {
-            return Err(true);
+    ) -> Result<KeyHome, Miss> {
+        if !self.claim_client() {
+            return Err(Miss::Client);
         }
         let p = &self.providers[provider];
         if !p.claim() {
             drop(self.unclaim_client());
-            return Err(false);
+            return Err(Miss::Provider);
         }
         let home = self.keys.home_of(key);
         if self.keys.claim(home, key, || ticket).is_none() {
             p.unclaim();
             drop(self.unclaim_client());
-            return Err(false);
+            return Err(Miss::Key);
         }
         Ok(home)
     }
 
-    /// Gives back a start's key and provider slot without the mutex, inside the uncontended
-    /// bracket, if nobody waits: `Some`, with the invocation's signal if one was made (to
-    /// drop after). The caller then closes the bracket and gives the client slot back with
-    /// [`close_release`], a function of the word alone. Returns `None`, having given back
-    /// nothing, if somebody waits: the caller then gives everything back with
-    /// [`release_locked`](Self::release_locked) under the mutex and runs the start rule there.
+    /// A completion's first two steps, without the mutex: gives back its key and its
+    /// provider slot; the signal, if one was made (to drop after). The caller then gives the
+    /// client slot back with [`release_client`], a function of the word alone, or, if
+    /// somebody waits, under the mutex with [`unclaim_client_locked`](Self::unclaim_client_locked)
+    /// followed by the start rule. A scan under the mutex may see these two steps done and
+    /// the third not yet: it treats what it saw held as held for the rest of its transaction
+    /// (`State`'s blocked set), and the start rule runs again after the third step.
     #[inline]
     pub(crate) fn release_open(
         &self,
@@ -543,30 +697,17 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         home: KeyHome,
         key: &K,
         ticket: TicketId,
-    ) -> Option<Option<CancelToken>> {
-        // Broken variant (loom model `coordinator.rs`, models 1 and 2): a completion that
-        // ignores `WAITERS` gives back outside the mutex and never runs the start rule, so
-        // the ticket queued for its key waits forever.
-        #[cfg(loom)]
-        let flags =
-            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS")
-            {
-                0
-            } else {
-                WAITERS
-            };
-        #[cfg(not(loom))]
-        let flags = WAITERS;
-        // One add, then the look: no load before it and no retry loop. If somebody waits,
-        // the bracket was opened with nothing done inside it; it is closed again at once
-        // (the queued path's drain waited for it a moment, and saw no change).
-        if self.client.fetch_add(BUSY, Ordering::AcqRel) & flags != 0 {
-            self.client.fetch_sub(BUSY, Ordering::AcqRel);
-            return None;
-        }
+    ) -> Option<CancelToken> {
         let signal = self.keys.release(home, key, ticket);
         self.providers[provider].unclaim();
-        Some(signal)
+        signal
+    }
+
+    /// Gives a completion's client slot back under the mutex (its key and provider slot went
+    /// back in [`release_open`](Self::release_open)); the joint reference if that was the
+    /// last owner, to drop after the mutex (the caller holds a reference of its own).
+    pub(crate) fn unclaim_client_locked(&self) -> Joint<K> {
+        self.unclaim_client()
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start

@@ -103,8 +103,7 @@ impl<K> Slot<K> {
     }
 }
 
-/// One turn of a wait for another thread's few instructions (a slot's holder, an uncontended
-/// operation's bracket): a spin hint for the first 64 turns, then a yield (a preempted
+/// One turn of a wait for another thread's few instructions (a slot's holder): a spin hint for the first 64 turns, then a yield (a preempted
 /// holder gets the core). Under loom every turn yields: the model must let the holder run.
 pub(super) fn backoff(spins: &mut u32) {
     *spins += 1;

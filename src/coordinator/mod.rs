@@ -354,6 +354,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
         #[cfg(loom)]
         let clocks = self.clocks.expect("loom models pass fake clocks");
         let now = clocks.elapsed.elapsed();
+        let n_providers = providers.len();
         let gates = Gates::new(self.client_limit, provider_gates.into_boxed_slice());
         let state = State {
             now,
@@ -364,6 +365,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> CoordinatorBuilder<K> {
             queued: 0,
             events: self.record.then(Vec::new),
             scheduled: None,
+            blocked: state::Blocked::new(n_providers),
         };
         let shared = Arc::new(Shared {
             wait: MultiWait::new(state),
@@ -549,18 +551,17 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                 if let Start::Now(g) = s.try_start(&r) {
                     return Ok((Ok((ticket, Submitted::Started(g))), plan_wake(t)));
                 }
-                // It may have to queue: `WAITERS` up and every uncontended operation in
-                // flight finished before it is judged again (`gates` module docs); from here
-                // the state changes only under the mutex. (With a ticket queued, `WAITERS` is
-                // up already.)
-                s.gates.raise_waiters();
+                // It may have to queue: `WAITERS` up before it is judged again (`gates`
+                // module docs); from here no uncontended operation takes or gives back a
+                // client slot. (With a ticket queued, `WAITERS` is up already.)
+                s.raise_waiters();
             }
             let submitted = t.submit(r);
             let s = t.state();
             if matches!(submitted, Ok(Submitted::Queued(_))) {
                 s.queued += 1;
             } else if s.queued == 0 {
-                s.gates.lower_waiters();
+                s.lower_waiters();
             }
             let out = match submitted {
                 Ok(s) => Ok((ticket, s)),

@@ -4,7 +4,7 @@
 //!
 //! [`multi_wait`]: crate::wait::multi
 
-use super::gates::Gates;
+use super::gates::{Gates, Miss};
 use super::keys::KeyHome;
 use crate::sync::Arc;
 use crate::wait::multi::{Admit, Leave, Start, Txn};
@@ -44,6 +44,83 @@ pub(crate) struct Grant<K> {
     pub(crate) started_at: Option<Duration>,
 }
 
+/// What the queued path found held in the current transaction while `WAITERS` was up, kept
+/// held for the rest of it.
+///
+/// A completion gives its key and provider slot back without the mutex, then its client slot
+/// with a CAS that sees `WAITERS` and goes under the mutex instead (`gates` module docs); a
+/// fast admission that misses gives back what it took, then goes under the mutex too. So a
+/// scan may see a key or a provider slot come free half way through, and a later ticket for
+/// it would overtake an older one judged a moment before (COORDINATOR.md I6). Judging
+/// everything found held as held until the mutex is released makes the transaction's
+/// decisions those of one state (the state with those give-backs after it); each giver runs
+/// the start rule in its own transaction after this one, where the oldest eligible ticket
+/// starts. Only while `WAITERS` is up: a give-back whose last RMW preceded the raise is seen
+/// whole, and one whose last RMW follows it comes under the mutex.
+pub(crate) struct Blocked<K> {
+    /// `WAITERS` is up (raised by this state, under the mutex).
+    on: bool,
+    client: bool,
+    providers: Box<[bool]>,
+    keys: foldhash::HashSet<K>,
+}
+
+impl<K: Hash + Eq + Clone> Blocked<K> {
+    pub(crate) fn new(providers: usize) -> Self {
+        Blocked {
+            on: false,
+            client: false,
+            providers: vec![false; providers].into_boxed_slice(),
+            keys: foldhash::HashSet::default(),
+        }
+    }
+
+    /// Forgets everything (a new transaction, or `WAITERS` raised or lowered).
+    fn clear(&mut self) {
+        if self.client || !self.keys.is_empty() || self.providers.contains(&true) {
+            self.client = false;
+            self.providers.fill(false);
+            self.keys.clear();
+        }
+    }
+
+    /// Whether `r` meets something held earlier in this transaction (and which: `Nobody`
+    /// for the client).
+    fn meets(&self, r: &Request<K>) -> Option<Start<Grant<K>>> {
+        if !self.on {
+            return None;
+        }
+        if self.client {
+            return Some(Start::Nobody);
+        }
+        if self.providers[r.provider] || (!self.keys.is_empty() && self.keys.contains(&r.key)) {
+            return Some(Start::NotYet);
+        }
+        None
+    }
+
+    /// Remembers the claim that missed for `r`.
+    fn missed(&mut self, r: &Request<K>, miss: Miss) {
+        if !self.on {
+            return;
+        }
+        match miss {
+            Miss::Client => self.client = true,
+            Miss::Provider => self.providers[r.provider] = true,
+            Miss::Key => {
+                self.keys.insert(r.key.clone());
+            }
+        }
+    }
+
+    /// This transaction gave a grant back under the mutex: what it held is free.
+    fn freed(&mut self, provider: usize, key: &K) {
+        self.client = false;
+        self.providers[provider] = false;
+        self.keys.remove(key);
+    }
+}
+
 /// Admission state (COORDINATOR.md §2).
 pub(crate) struct State<K: Hash + Eq + Clone> {
     /// The instant the start rule is applied at (moves instant by instant in a catch-up).
@@ -63,6 +140,8 @@ pub(crate) struct State<K: Hash + Eq + Clone> {
     pub(crate) events: Option<Vec<Event>>,
     /// The instant of the earliest wake-up handed to the scheduler and not fired yet.
     pub(crate) scheduled: Option<Duration>,
+    /// What this transaction found held ([`Blocked`]).
+    pub(crate) blocked: Blocked<K>,
 }
 
 impl<K: Hash + Eq + Clone> State<K> {
@@ -81,6 +160,28 @@ impl<K: Hash + Eq + Clone> State<K> {
         if let Some(e) = &mut self.events {
             e.push(Event { at, ticket, kind });
         }
+    }
+
+    /// Raises `WAITERS` (under the mutex, before a newcomer that may have to queue is judged
+    /// again): what was found held before it is forgotten.
+    pub(crate) fn raise_waiters(&mut self) {
+        self.gates.raise_waiters();
+        self.blocked.clear();
+        self.blocked.on = true;
+    }
+
+    /// Lowers `WAITERS` (the queue is empty).
+    pub(crate) fn lower_waiters(&mut self) {
+        self.gates.lower_waiters();
+        self.blocked.clear();
+        self.blocked.on = false;
+    }
+
+    /// Gives a completion's client slot back under the mutex (its key and provider slot went
+    /// back before, without it); the joint reference if that was the last owner.
+    pub(crate) fn client_back(&mut self) -> super::gates::Joint<K> {
+        self.blocked.client = false;
+        self.gates.unclaim_client_locked()
     }
 
     /// Raises a provider's not-before instant to `until` (never lowers it: C11, I7).
@@ -104,10 +205,27 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
         if self.ready_at(r.provider).is_some_and(|at| now < at) {
             return Start::NotYet;
         }
+        // Broken variant (loom model `coordinator.rs`, model 6): a scan that forgets what it
+        // found held lets a later ticket for a key freed half way through overtake an older one.
+        #[cfg(loom)]
+        let forget = crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_SCAN_FORGETS");
+        #[cfg(not(loom))]
+        let forget = false;
+        if !forget {
+            if let Some(held) = self.blocked.meets(r) {
+                return held;
+            }
+        }
         let home = match self.gates.claim_queued(r.provider, &r.key, r.ticket) {
             Ok(home) => home,
-            Err(true) => return Start::Nobody,
-            Err(false) => return Start::NotYet,
+            Err(miss) => {
+                self.blocked.missed(r, miss);
+                return if miss == Miss::Client {
+                    Start::Nobody
+                } else {
+                    Start::NotYet
+                };
+            }
         };
         let stamp = now.max(self.clock_now);
         // The pacing stamp, checked again: with nobody queued an uncontended start may have
@@ -137,6 +255,11 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
             self.gates
                 .release_locked(g.provider, g.home, &g.key, g.ticket),
         );
+        self.blocked.freed(g.provider, &g.key);
+    }
+
+    fn begin(&mut self) {
+        self.blocked.clear();
     }
 
     /// The queue cap counts queued tickets only (C13).
@@ -147,7 +270,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
     fn left_queue(&mut self, r: &Request<K>, why: Option<Leave>) {
         self.queued -= 1;
         if self.queued == 0 {
-            self.gates.lower_waiters();
+            self.lower_waiters();
         }
         match why {
             Some(Leave::TimedOut) => self.record(r.ticket, EventKind::Timeout),

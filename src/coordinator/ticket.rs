@@ -1,7 +1,7 @@
 //! A submitted ticket ([`Ticket`]), its wait (blocking or [`TicketWait`]), and the running
 //! invocation ([`Invocation`]) that holds the slots until the work completes.
 
-use super::gates::close_release;
+use super::gates::{release_client, ClientBack};
 use super::state::{catch_up, Grant, State};
 use super::{plan_wake, schedule_tick, AdmissionError, Shared, TicketId};
 use crate::wait::cancel::CancelToken;
@@ -461,44 +461,41 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
     #[inline]
     fn drop(&mut self) {
-        // The grant stays in place on the uncontended completion (its key is dropped with
-        // the invocation's fields, after this): no copy of it is made.
+        // The grant stays in place (its key is dropped with the invocation's fields, after
+        // this): no copy of it is made.
         let Some(g) = &self.grant else { return };
-        // Key, provider slot, client slot, without the mutex while nobody waits; else under
-        // it, followed by the start rule (`gates` module docs).
+        // Key and provider slot without the mutex, then the client slot while nobody waits;
+        // else under the mutex, followed by the start rule (`gates` module docs).
         let gates = &*self.shared.gates;
-        if let Some(signal) = gates.release_open(g.provider, g.home, &g.key, g.ticket) {
-            // The closing RMW gives the client slot back: from here another thread may free
-            // the state (a slot-held pointer may dangle), so nothing touches it again unless
-            // this was the last owner, whose joint reference keeps it until dropped last.
-            let joint = if close_release(gates.client_word()) {
-                gates.take_joint()
-            } else {
+        let signal = gates.release_open(g.provider, g.home, &g.key, g.ticket);
+        // The last RMW: from here another thread may free the state (a slot-held pointer may
+        // dangle), so nothing touches it again unless this was the last owner, whose joint
+        // reference keeps it until dropped last, or somebody waits (the slot is still held).
+        let joint = match release_client(gates.client_word()) {
+            ClientBack::Given => None,
+            ClientBack::Last => gates.take_joint(),
+            ClientBack::Waiters => {
+                self.release_queued();
                 None
-            };
-            drop((signal, joint));
-            return;
-        }
-        let g = self.grant.take().expect("held until drop");
-        self.release_queued(g);
+            }
+        };
+        drop((signal, joint));
     }
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
-    /// The completion while somebody waits: everything goes back under the mutex, followed
-    /// by the start rule. Out of line, so the uncontended completion stays small.
+    /// The completion while somebody waits (its key and provider slot went back already):
+    /// the client slot goes back under the mutex, followed by the start rule. Out of line,
+    /// so the uncontended completion stays small.
     #[cold]
     #[inline(never)]
-    fn release_queued(&mut self, g: Grant<K>) {
+    fn release_queued(&mut self) {
         // An `Arc` of its own before the slot goes back under the mutex (`Shared`,
         // "Lifetime"): the mutex and the scheduler are reached after.
         let shared = self.shared.counted();
         let clock = &shared.clocks.elapsed;
-        let ((signal, joint), wake) = shared.wait.transaction(|t| {
-            let released = t
-                .state()
-                .gates
-                .release_locked(g.provider, g.home, &g.key, g.ticket);
+        let (joint, wake) = shared.wait.transaction(|t| {
+            let joint = t.state().client_back();
             // With nobody queued there is no deadline or ready time to settle, and every other
             // operation catches up before it reads the state: the clock read is skipped.
             if t.queued() > 0 {
@@ -507,10 +504,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
             // The start rule runs as the transaction ends; its wake plan must see those
             // starts, so run it here first.
             t.start_eligible();
-            (released, plan_wake(t))
+            (joint, plan_wake(t))
         });
-        // The key, the signal and the joint reference are dropped after the mutex.
-        drop((g, signal, joint));
+        // The joint reference is dropped after the mutex.
+        drop(joint);
         schedule_tick(&shared, wake);
     }
 }

@@ -148,6 +148,26 @@ pub trait Admit {
         true
     }
 
+    /// A call on the wait took its mutex: every judgement until the mutex is released belongs
+    /// to one transaction. Nothing by default (a state whose resources can also be given back
+    /// without the mutex may reset what it remembered of the previous transaction here).
+    ///
+    /// ```
+    /// use llm_bulkhead::multi_wait::{Admit, MultiWait, Start};
+    /// struct Counted { begun: u32 }
+    /// impl Admit for Counted {
+    ///     type Request = ();
+    ///     type Grant = ();
+    ///     fn try_start(&mut self, _: &()) -> Start<()> { Start::Now(()) }
+    ///     fn give_back(&mut self, _: ()) {}
+    ///     fn begin(&mut self) { self.begun += 1; }
+    /// }
+    /// let w = MultiWait::new(Counted { begun: 0 });
+    /// w.submit(()).unwrap();
+    /// assert_eq!(w.update(|s| s.begun), 2);
+    /// ```
+    fn begin(&mut self) {}
+
     /// A queued request left the queue: it started (`None`) or left for `Some(reason)`.
     /// Nothing by default (a per-partition pending count would go down here).
     fn left_queue(&mut self, request: &Self::Request, why: Option<Leave>) {
@@ -452,6 +472,7 @@ impl<A: Admit> MultiWait<A> {
         let mut wakes = Wakes::new();
         let out = {
             let mut g = crate::sync::lock(&self.inner);
+            g.admit.begin();
             f(&mut g, &mut wakes)
         };
         wake_all(wakes);
