@@ -32,19 +32,20 @@
 //! client slot: an admission's commitment fails and it goes to the queued path; a
 //! completion's last RMW fails and it gives the slot back under the mutex. Two consequences:
 //!
-//! * **No lost wake-up.** Every claim an uncontended operation gives back without the mutex
-//!   (a completion's key and provider slot; an admission's undo) is followed by that
-//!   operation's own turn under the mutex with the start rule, unless its client-word RMW
-//!   (the completion's last, the admission's load or commitment) came before the raise; then
-//!   the raise, an RMW later in the word's order, sees everything it did. So a slot or key
-//!   freed while a ticket is queued always reaches the start rule.
+//! * **No lost wake-up.** An admission that gives back what it claimed always goes under the
+//!   mutex afterwards, where the start rule runs before it is judged. A completion gives its
+//!   key and provider slot back without the mutex; if its last RMW comes after the raise, it
+//!   fails and the completion runs the start rule under the mutex; if it comes before, the
+//!   raise (an RMW later in the word's order) sees everything it did. So a slot or key freed
+//!   while a ticket is queued always reaches the start rule.
 //! * **No overtaking.** A scan may still see such a give-back half done: a key freed after the
 //!   scan found it held for an older ticket and before it looks at a younger one. The queued
 //!   path therefore keeps everything it found held as held until its transaction ends
 //!   (`state::Blocked`): its decisions are those of the state with the give-back after them,
 //!   and the giver's own start rule, in a later transaction, starts the older ticket (I6).
-//!   A client slot cannot come free half way through (its RMW fails while `WAITERS` is up),
-//!   except by an admission's undo after a failed pacing stamp, which the same rule covers.
+//!   A client slot cannot come free half way through (a completion's RMW fails while
+//!   `WAITERS` is up), except by an admission's undo after its commitment (its key runs, the
+//!   pacing gap was taken meanwhile, or its id cannot be told), which the same rule covers.
 //!
 //! So the start rule decides as if every operation took the mutex (COORDINATOR.md §4.2, C1).
 //! Nothing waits for an uncontended operation: an operation preempted half way delays no
