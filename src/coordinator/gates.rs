@@ -580,10 +580,12 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// Gives a client slot back (under the mutex); the joint reference if that was the last
-    /// owner.
+    /// Gives a client slot back: under the mutex (a completion while somebody waits, a
+    /// queued start's undo), or by an uncontended attempt that missed after its commitment
+    /// (which then goes under the mutex). The joint reference if that was the last owner, to
+    /// drop once nothing else touches the state (the caller holds a reference of its own).
     #[must_use]
-    fn unclaim_client(&self) -> Joint<K> {
+    pub(crate) fn unclaim_client(&self) -> Joint<K> {
         if sub_client(&self.client, 1) {
             self.take_joint()
         } else {
@@ -634,21 +636,22 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             p.unclaim();
             return Err(NotFast(key));
         };
+        // A miss after the commitment gives the provider and client slots back (the client
+        // slot was held, so this is not the last owner: the caller holds a handle too).
+        let miss = |key| {
+            p.unclaim();
+            drop(self.unclaim_client());
+            Err(NotFast(key))
+        };
         let home = self.keys.home_of(&key);
         if self.keys.claim(home, &key, || ticket).is_none() {
-            p.unclaim();
-            // Still held, so this is not the last owner (the caller holds a handle too).
-            drop(self.unclaim_client());
-            return Err(NotFast(key));
+            return miss(key);
         }
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
         if let Some(n) = now.filter(|_| p.paced()) {
             if !p.pace(n, n) {
                 drop(self.keys.release(home, &key, ticket));
-                p.unclaim();
-                // Still held, so this is not the last owner (the caller holds a handle too).
-                drop(self.unclaim_client());
-                return Err(NotFast(key));
+                return miss(key);
             }
         }
         Ok(FastStart {
@@ -687,12 +690,12 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// A completion's first two steps, without the mutex: gives back its key and its
     /// provider slot; the signal, if one was made (to drop after). The caller then gives the
     /// client slot back with [`release_client`], a function of the word alone, or, if
-    /// somebody waits, under the mutex with [`unclaim_client_locked`](Self::unclaim_client_locked)
+    /// somebody waits, under the mutex with [`unclaim_client`](Self::unclaim_client)
     /// followed by the start rule. A scan under the mutex may see these two steps done and
     /// the third not yet: it treats what it saw held as held for the rest of its transaction
     /// (`State`'s blocked set), and the start rule runs again after the third step.
     #[inline]
-    pub(crate) fn release_open(
+    pub(crate) fn give_back_fast(
         &self,
         provider: usize,
         home: KeyHome,
@@ -702,13 +705,6 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         let signal = self.keys.release(home, key, ticket);
         self.providers[provider].unclaim();
         signal
-    }
-
-    /// Gives a completion's client slot back under the mutex (its key and provider slot went
-    /// back in [`release_open`](Self::release_open)); the joint reference if that was the
-    /// last owner, to drop after the mutex (the caller holds a reference of its own).
-    pub(crate) fn unclaim_client_locked(&self) -> Joint<K> {
-        self.unclaim_client()
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start

@@ -60,6 +60,8 @@ pub(crate) struct Grant<K> {
 pub(crate) struct Blocked<K> {
     /// `WAITERS` is up (raised by this state, under the mutex).
     on: bool,
+    /// Something was remembered since the last clear.
+    dirty: bool,
     client: bool,
     providers: Box<[bool]>,
     keys: foldhash::HashSet<K>,
@@ -69,6 +71,7 @@ impl<K: Hash + Eq + Clone> Blocked<K> {
     pub(crate) fn new(providers: usize) -> Self {
         Blocked {
             on: false,
+            dirty: false,
             client: false,
             providers: vec![false; providers].into_boxed_slice(),
             keys: foldhash::HashSet::default(),
@@ -77,7 +80,8 @@ impl<K: Hash + Eq + Clone> Blocked<K> {
 
     /// Forgets everything (a new transaction, or `WAITERS` raised or lowered).
     fn clear(&mut self) {
-        if self.client || !self.keys.is_empty() || self.providers.contains(&true) {
+        if self.dirty {
+            self.dirty = false;
             self.client = false;
             self.providers.fill(false);
             self.keys.clear();
@@ -104,6 +108,7 @@ impl<K: Hash + Eq + Clone> Blocked<K> {
         if !self.on {
             return;
         }
+        self.dirty = true;
         match miss {
             Miss::Client => self.client = true,
             Miss::Provider => self.providers[r.provider] = true,
@@ -181,7 +186,7 @@ impl<K: Hash + Eq + Clone> State<K> {
     /// back before, without it); the joint reference if that was the last owner.
     pub(crate) fn client_back(&mut self) -> super::gates::Joint<K> {
         self.blocked.client = false;
-        self.gates.unclaim_client_locked()
+        self.gates.unclaim_client()
     }
 
     /// Raises a provider's not-before instant to `until` (never lowers it: C11, I7).

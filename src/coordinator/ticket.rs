@@ -467,7 +467,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
         // Key and provider slot without the mutex, then the client slot while nobody waits;
         // else under the mutex, followed by the start rule (`gates` module docs).
         let gates = &*self.shared.gates;
-        let signal = gates.release_open(g.provider, g.home, &g.key, g.ticket);
+        let signal = gates.give_back_fast(g.provider, g.home, &g.key, g.ticket);
         // The last RMW: from here another thread may free the state (a slot-held pointer may
         // dangle), so nothing touches it again unless this was the last owner, whose joint
         // reference keeps it until dropped last, or somebody waits (the slot is still held).
