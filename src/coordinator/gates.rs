@@ -9,7 +9,8 @@
 //! load of the provider's cooldown gate, a CAS on its provider's word, then the commitment: a
 //! CAS on the client word that takes a slot only while nobody waits and, in the same CAS, the
 //! ticket id (`Gates`, "Ticket ids"); then the key's claim in the running-key table (`keys`:
-//! one CAS and one store). For a paced provider a CAS on its last-start stamp follows (last:
+//! one CAS and one store; the entry it writes is the invocation's record, so the invocation
+//! itself is two words: `ticket` module, "Two words"). For a paced provider a CAS on its last-start stamp follows (last:
 //! nothing is undone after it). It reads the monotonic clock only when the gate holds a
 //! cooldown, the provider is paced, or the caller needs the start instant (an attempt
 //! timeout, recorded events). Anything it cannot take undoes what it took and sends the
@@ -77,13 +78,13 @@
 //! table's slots have their own locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
-use super::keys::{KeyHome, KeyTable};
+use super::keys::{KeyTable, Running, Seat, Stamp};
 use super::TicketId;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::wait::cancel::CancelToken;
 use crossbeam_utils::CachePadded;
 use std::hash::Hash;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The client word's in-flight count (the low 32 bits).
 pub(crate) const COUNT: u64 = u32::MAX as u64;
@@ -397,12 +398,11 @@ pub(crate) enum Miss {
     Key,
 }
 
-/// A fast start: the ticket, its key and its home, and, when the clock was read, the start
-/// instant.
-pub(crate) struct FastStart<K> {
+/// A fast start: the ticket, its seat in the key table, and, when the clock was read, the
+/// start instant.
+pub(crate) struct FastStart {
     pub(crate) ticket: TicketId,
-    pub(crate) key: K,
-    pub(crate) home: KeyHome,
+    pub(crate) seat: Seat,
     pub(crate) now: Option<Duration>,
 }
 
@@ -606,8 +606,9 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         provider: usize,
         key: K,
         need_now: bool,
+        received_at: SystemTime,
         clock: impl FnOnce() -> Duration,
-    ) -> Result<FastStart<K>, NotFast<K>> {
+    ) -> Result<FastStart, NotFast<K>> {
         let p = &self.providers[provider];
         let w = self.client.load(Ordering::Acquire);
         if !self.fast_open(w) {
@@ -643,48 +644,47 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             drop(self.unclaim_client());
             Err(NotFast(key))
         };
-        let home = self.keys.home_of(&key);
-        if self.keys.claim(home, &key, || ticket).is_none() {
-            return miss(key);
-        }
+        let stamp = Stamp {
+            ticket,
+            provider,
+            started_at: now,
+            received_at,
+        };
+        let seat = match self.keys.claim(self.keys.home_of(&key), key, stamp) {
+            Ok(seat) => seat,
+            Err(key) => return miss(key),
+        };
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
         if let Some(n) = now.filter(|_| p.paced()) {
             if !p.pace(n, n) {
-                drop(self.keys.release(home, &key, ticket));
-                return miss(key);
+                return match self.keys.release(seat, |e| e.key) {
+                    Some(key) => miss(key),
+                    None => unreachable!("a seat just claimed is taken"),
+                };
             }
         }
-        Ok(FastStart {
-            ticket,
-            key,
-            home,
-            now,
-        })
+        Ok(FastStart { ticket, seat, now })
     }
 
     /// The queued path's start (under the mutex; readiness already checked): client,
-    /// provider, key, undone on a miss; the key's home, or which claim missed.
-    pub(crate) fn claim_queued(
-        &self,
-        provider: usize,
-        key: &K,
-        ticket: TicketId,
-    ) -> Result<KeyHome, Miss> {
+    /// provider, key, undone on a miss; the key's seat, or which claim missed.
+    pub(crate) fn claim_queued(&self, key: K, stamp: Stamp) -> Result<Seat, Miss> {
         if !self.claim_client() {
             return Err(Miss::Client);
         }
-        let p = &self.providers[provider];
+        let p = &self.providers[stamp.provider];
         if !p.claim() {
             drop(self.unclaim_client());
             return Err(Miss::Provider);
         }
-        let home = self.keys.home_of(key);
-        if self.keys.claim(home, key, || ticket).is_none() {
-            p.unclaim();
-            drop(self.unclaim_client());
-            return Err(Miss::Key);
+        match self.keys.claim(self.keys.home_of(&key), key, stamp) {
+            Ok(seat) => Ok(seat),
+            Err(_) => {
+                p.unclaim();
+                drop(self.unclaim_client());
+                Err(Miss::Key)
+            }
         }
-        Ok(home)
     }
 
     /// A completion's first two steps, without the mutex: gives back its key and its
@@ -695,37 +695,26 @@ impl<K: Hash + Eq + Clone> Gates<K> {
     /// the third not yet: it treats what it saw held as held for the rest of its transaction
     /// (`State`'s blocked set), and the start rule runs again after the third step.
     #[inline]
-    pub(crate) fn give_back_fast(
-        &self,
-        provider: usize,
-        home: KeyHome,
-        key: &K,
-        ticket: TicketId,
-    ) -> Option<CancelToken> {
-        let signal = self.keys.release(home, key, ticket);
+    pub(crate) fn give_back_fast(&self, seat: Seat) -> Option<CancelToken> {
+        let (provider, signal) = self.keys.release(seat, |e| (e.provider, e.signal))?;
         self.providers[provider].unclaim();
         signal
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start
-    /// rule runs after it); returns the signal and, if that was the last owner, the joint
+    /// rule runs after it); returns the entry and, if that was the last owner, the joint
     /// reference, to drop after the mutex (the caller holds a reference of its own).
-    pub(crate) fn release_locked(
-        &self,
-        provider: usize,
-        home: KeyHome,
-        key: &K,
-        ticket: TicketId,
-    ) -> (Option<CancelToken>, Joint<K>) {
-        let signal = self.keys.release(home, key, ticket);
-        self.providers[provider].unclaim();
-        (signal, self.unclaim_client())
+    pub(crate) fn release_locked(&self, seat: Seat) -> (Option<Running<K>>, Joint<K>) {
+        let entry = self.keys.release(seat, |e| e);
+        if let Some(e) = &entry {
+            self.providers[e.provider].unclaim();
+        }
+        (entry, self.unclaim_client())
     }
 
-    /// The signal of the invocation of `ticket` running `key` (home `home`; made on first
-    /// use).
-    pub(crate) fn signal(&self, home: KeyHome, key: &K, ticket: TicketId) -> CancelToken {
-        self.keys.signal(home, key, ticket, || self.is_closed())
+    /// The signal of the invocation in `seat` (made on first use).
+    pub(crate) fn signal(&self, seat: Seat) -> CancelToken {
+        self.keys.signal(seat, || self.is_closed())
     }
 
     /// Every running invocation's signal made so far (the close cancels them; a signal made
