@@ -36,8 +36,15 @@
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER=1` (the uncontended start reads the epoch
 //!    after its RMW only: it takes an id of the next epoch, which a later ticket takes again).
 //!
-//! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
-//! running-key table without its lock: the claim and the release race on it).
+//! 8. the next invocation of a key against the completion of the running one, which frees
+//!    its key with a store (no lock): the next one's work sees the last one's (loom checks
+//!    every access to the work's cell). Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_RELEASE_RELAXED=1` (the store is `Relaxed`: a claim
+//!    that reads it is not ordered after the work, and loom reports the two accesses).
+//!
+//! 9. two uncontended admissions of one key: exactly one starts. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the running-key table
+//!    without its lock: the two claims race on it).
 #![cfg(loom)]
 
 mod common;
@@ -274,6 +281,63 @@ fn ticket_ids_stay_unique_across_an_epoch_of_the_counter() {
         );
         racing.wait_blocking().unwrap().complete();
         other.wait_blocking().unwrap().complete();
+        assert_at_rest(&c);
+    });
+}
+
+/// Model 8: the next invocation of a key starts only after the last one's work, also when the
+/// last one freed its key without the key's lock (seat 0's release is a store).
+#[test]
+fn the_next_invocation_of_a_key_sees_the_last_ones_work() {
+    model(|| {
+        // Client limit 2: the later ticket can take the uncontended path while the first runs.
+        let c = coordinator(2, 1);
+        let work = std::sync::Arc::new(loom::cell::UnsafeCell::new(0u32));
+        let running = start(&c, 1);
+        let (c2, w2) = (c.clone(), work.clone());
+        let later = thread::spawn(move || {
+            // Queued (key 1 runs) or started at once (the completion came first).
+            let inv = c2
+                .submit("a", 1, SubmitOptions::default())
+                .unwrap()
+                .wait_blocking()
+                .expect("the later ticket starts");
+            // SAFETY: only the invocation holding key 1 touches `work` (what the model checks:
+            // loom reports two unordered accesses).
+            w2.with_mut(|p| unsafe { *p += 1 });
+            inv.complete();
+        });
+        // SAFETY: as above.
+        work.with_mut(|p| unsafe { *p += 1 });
+        running.complete();
+        later.join().unwrap();
+        // SAFETY: both invocations are done (the join orders them before this).
+        assert_eq!(work.with(|p| unsafe { *p }), 2);
+        assert_at_rest(&c);
+    });
+}
+
+/// Model 9: two uncontended admissions of one key: exactly one starts, the other is judged by
+/// the queued path (the key runs, no queue: overflow); the key's slot is claimed under its
+/// lock, so the two claims never touch it at once.
+#[test]
+fn two_uncontended_admissions_of_one_key_start_one() {
+    model(|| {
+        let c = coordinator(2, 0);
+        let c2 = c.clone();
+        let other = thread::spawn(move || {
+            let r = c2.submit("a", 1, SubmitOptions::default());
+            r.map(|t| t.wait_blocking().unwrap())
+        });
+        let mine = c
+            .submit("a", 1, SubmitOptions::default())
+            .map(|t| t.wait_blocking().unwrap());
+        let other = other.join().unwrap();
+        assert!(
+            mine.is_ok() != other.is_ok(),
+            "exactly one invocation of key 1 starts"
+        );
+        drop((mine, other));
         assert_at_rest(&c);
     });
 }

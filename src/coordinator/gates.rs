@@ -16,10 +16,11 @@
 //! timeout, recorded events). Anything it cannot take undoes what it took and sends the
 //! ticket to the queued path, which runs the start rule and then judges it under the mutex.
 //!
-//! A completion gives its key and its provider slot back, then its client slot with a CAS
-//! that looks at `WAITERS` ([`release_client`]): if somebody waits, it changes nothing and
-//! the slot goes back under the mutex instead, followed by the start rule. Six locked RMWs
-//! for the pair (client 2, provider 2, key 2), against the core's two.
+//! A completion gives its key back (a store: `keys`, "Seat 0's release without the lock") and
+//! its provider slot, then its client slot with a CAS that looks at `WAITERS`
+//! ([`release_client`]): if somebody waits, it changes nothing and the slot goes back under
+//! the mutex instead, followed by the start rule. Five locked RMWs for the pair (client 2,
+//! provider 2, the key's lock 1), against the core's two.
 //!
 //! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
 //! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
@@ -687,18 +688,18 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         }
     }
 
-    /// A completion's first two steps, without the mutex: gives back its key and its
-    /// provider slot; the signal, if one was made (to drop after). The caller then gives the
+    /// A completion's first two steps, without the mutex: gives back its key (seat 0 without
+    /// the key's lock: `keys` module docs) and its provider slot. The caller then gives the
     /// client slot back with [`release_client`], a function of the word alone, or, if
     /// somebody waits, under the mutex with [`unclaim_client`](Self::unclaim_client)
     /// followed by the start rule. A scan under the mutex may see these two steps done and
     /// the third not yet: it treats what it saw held as held for the rest of its transaction
     /// (`State`'s blocked set), and the start rule runs again after the third step.
     #[inline]
-    pub(crate) fn give_back_fast(&self, seat: Seat) -> Option<CancelToken> {
-        let (provider, signal) = self.keys.release(seat, |e| (e.provider, e.signal))?;
-        self.providers[provider].unclaim();
-        signal
+    pub(crate) fn give_back_fast(&self, seat: Seat) {
+        if let Some(provider) = self.keys.release_held(seat) {
+            self.providers[provider].unclaim();
+        }
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start

@@ -12,9 +12,28 @@
 //! seat the key ends up in. An invocation reaches its entry by its seat (home and index):
 //! the release and the signal compare no key.
 //!
-//! A claim and a release with no collision are one CAS (the lock) and one store (the unlock)
-//! each, with no hash map: that is the uncontended path's whole cost for the key. The key is
-//! hashed once per invocation ([`KeyTable::home_of`], before the claim).
+//! A claim with no collision is one CAS (the lock) and one store (the unlock), with no hash
+//! map. The release of seat 0 takes no lock at all (below): it is one load and one store, so a
+//! key costs the uncontended pair one locked instruction. The key is hashed once per
+//! invocation ([`KeyTable::home_of`], before the claim).
+//!
+//! # Seat 0's release without the lock
+//!
+//! Beside its lock, a slot has a word `live`: 0 while seat 0 is free, the running
+//! invocation's provider + 1 while it is taken. Only claims write seat 0's entry, under the
+//! lock, and they store `live` after the entry; every reader of entries (a claim's key
+//! comparisons, a snapshot, the close's scan of signals, the invocation's own accessors) holds
+//! the lock and treats seat 0 as empty while `live` is 0. So the invocation that holds seat 0
+//! frees it with a store of 0 and never touches the entry again: its key and signal stay in
+//! the seat, dead, until the next claim of seat 0 replaces them (dropped after that claim's
+//! unlock; a table holds at most one dead entry per slot, so memory stays flat). A key's
+//! release needs its provider, which the invocation reads from `live` (it wrote it itself, or
+//! it was handed the seat by the thread that did).
+//!
+//! The store is `Release` and a claim loads `live` with `Acquire`: everything the previous
+//! invocation of a key did happens-before the next one's claim of that seat, so two
+//! invocations of one key never overlap, in time or in memory (loom model 8 fails on a
+//! `Relaxed` store).
 //!
 //! # Why a spin lock
 //!
@@ -27,11 +46,11 @@
 //! # Memory ordering
 //!
 //! The lock is taken with an `Acquire` CAS and given back with a `Release` store: everything
-//! a holder wrote to the slot happens-before the next holder's reads.
+//! a holder wrote to the slot happens-before the next holder's reads. `live`: above.
 
 use super::TicketId;
 use crate::sync::cell::UnsafeCell;
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicU32, AtomicUsize, Ordering};
 use crate::wait::cancel::CancelToken;
 use std::hash::{BuildHasher, Hash};
 use std::time::{Duration, SystemTime};
@@ -72,14 +91,23 @@ impl<K> Home<K> {
         }
     }
 
-    fn each(&self) -> impl Iterator<Item = &Running<K>> {
-        self.first.iter().chain(self.more.iter().flatten())
+    /// The running entries (`first_live`: seat 0 is taken, from the slot's `live`).
+    fn each(&self, first_live: bool) -> impl Iterator<Item = &Running<K>> {
+        let first = if first_live {
+            self.first.as_ref()
+        } else {
+            None
+        };
+        first.into_iter().chain(self.more.iter().flatten())
     }
 }
 
 struct Slot<K> {
     /// 0: unlocked; 1: locked.
     locked: AtomicU32,
+    /// 0: seat 0 is free (its entry, if any, is dead); else its invocation's provider + 1
+    /// (module docs, "Seat 0's release without the lock").
+    live: AtomicUsize,
     home: UnsafeCell<Home<K>>,
 }
 
@@ -93,6 +121,11 @@ struct Locked<'a, K> {
 }
 
 impl<K> Locked<'_, K> {
+    /// Whether seat 0 is taken (`Acquire`: a free seat's last invocation happens-before).
+    fn first_live(&self) -> bool {
+        self.slot.live.load(Ordering::Acquire) != 0
+    }
+
     fn with<R>(&mut self, f: impl FnOnce(&mut Home<K>) -> R) -> R {
         // SAFETY: this guard holds the slot's lock, so no other thread reaches `home` until
         // it is dropped; `&mut self` keeps this thread to one access at a time.
@@ -109,8 +142,8 @@ impl<K> Drop for Locked<'_, K> {
 impl<K> Slot<K> {
     #[inline]
     fn lock(&self) -> Locked<'_, K> {
-        // Broken variant (loom model `coordinator.rs`, model 2): no lock, so a claim and a
-        // release of one key touch its slot at once (loom reports the data race).
+        // Broken variant (loom model `coordinator.rs`, model 9): no lock, so two claims of one
+        // key touch its slot at once (loom reports the data race).
         #[cfg(loom)]
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK") {
             return Locked { slot: self };
@@ -195,6 +228,7 @@ impl<K: Hash + Eq> KeyTable<K> {
             slots: (0..n)
                 .map(|_| Slot {
                     locked: AtomicU32::new(0),
+                    live: AtomicUsize::new(0),
                     home: UnsafeCell::new(Home {
                         first: None,
                         more: Vec::new(),
@@ -221,8 +255,9 @@ impl<K: Hash + Eq> KeyTable<K> {
     #[inline]
     pub(crate) fn claim(&self, at: KeyHome, key: K, stamp: Stamp) -> Result<Seat, K> {
         let mut g = self.slot(at).lock();
-        g.with(|h| {
-            if h.each().any(|r| r.key == key) {
+        let first_live = g.first_live();
+        let (index, dead) = g.with(|h| {
+            if h.each(first_live).any(|r| r.key == key) {
                 return Err(key);
             }
             let entry = Running {
@@ -233,49 +268,90 @@ impl<K: Hash + Eq> KeyTable<K> {
                 received_at: stamp.received_at,
                 signal: None,
             };
-            let index = if h.first.is_none() {
-                h.first = Some(entry);
-                0
+            Ok(if !first_live {
+                (0, h.first.replace(entry))
             } else if let Some(i) = h.more.iter().position(Option::is_none) {
                 h.more[i] = Some(entry);
-                i + 1
+                (i + 1, None)
             } else {
                 h.more.push(Some(entry));
-                h.more.len()
-            };
-            Ok(Seat {
-                home: at,
-                index: index as u32,
+                (h.more.len(), None)
             })
+        })?;
+        if index == 0 {
+            // After the entry (module docs): the holder's lock-free release reads it back.
+            g.slot.live.store(stamp.provider + 1, Ordering::Release);
+        }
+        drop(g);
+        // The seat's dead entry (user code: the key's drop) after the unlock.
+        drop(dead);
+        Ok(Seat {
+            home: at,
+            index: index as u32,
         })
     }
 
-    /// Frees the key in `seat`; `f` runs on its entry after the unlock (where the key is
-    /// dropped: user code). `None` if the seat is empty (not while its invocation holds it).
-    #[inline]
+    /// Frees the key in `seat` under its slot's lock; `f` runs on its entry after the unlock
+    /// (where the key is dropped: user code). `None` if the seat is empty (not while its
+    /// invocation holds it).
     pub(crate) fn release<R>(&self, seat: Seat, f: impl FnOnce(Running<K>) -> R) -> Option<R> {
         let mut g = self.slot(seat.home).lock();
+        let first_live = g.first_live();
         let entry = g.with(|h| {
+            if seat.index == 0 {
+                return if first_live { h.first.take() } else { None };
+            }
             let e = h.seat(seat.index).take();
-            if seat.index > 0 {
-                // A collision's seats: the empty ones at the end go, and the vector's memory
-                // with the last of them (memory follows the keys running at once).
-                while h.more.last().is_some_and(Option::is_none) {
-                    h.more.pop();
-                }
-                if h.more.is_empty() {
-                    h.more = Vec::new();
-                }
+            // A collision's seats: the empty ones at the end go, and the vector's memory
+            // with the last of them (memory follows the keys running at once).
+            while h.more.last().is_some_and(Option::is_none) {
+                h.more.pop();
+            }
+            if h.more.is_empty() {
+                h.more = Vec::new();
             }
             e
         });
+        if seat.index == 0 && first_live {
+            g.slot.live.store(0, Ordering::Release);
+        }
         drop(g);
         entry.map(f)
+    }
+
+    /// Frees the key in `seat` for the invocation that holds it; its provider. Seat 0 without
+    /// the lock (module docs); its signal stays in the dead entry. `None` if the seat is empty
+    /// (not while its invocation holds it).
+    #[inline]
+    pub(crate) fn release_held(&self, seat: Seat) -> Option<usize> {
+        if seat.index != 0 {
+            return self.release(seat, |e| e.provider);
+        }
+        let slot = self.slot(seat.home);
+        // `Relaxed`: the holder's claim wrote it, in this thread or in one that handed it
+        // the seat, and nobody else writes it while the seat is held.
+        let provider = slot.live.load(Ordering::Relaxed).checked_sub(1)?;
+        // Broken variant (loom model `coordinator.rs`, model 8): a `Relaxed` release lets the
+        // next invocation of the key start without seeing this one's work.
+        #[cfg(loom)]
+        let order =
+            if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_KEY_RELEASE_RELAXED") {
+                Ordering::Relaxed
+            } else {
+                Ordering::Release
+            };
+        #[cfg(not(loom))]
+        let order = Ordering::Release;
+        slot.live.store(0, order);
+        Some(provider)
     }
 
     /// Runs `f` on the entry in `seat` (`None` if the seat is empty).
     pub(crate) fn with<R>(&self, seat: Seat, f: impl FnOnce(&mut Running<K>) -> R) -> Option<R> {
         let mut g = self.slot(seat.home).lock();
+        if seat.index == 0 && !g.first_live() {
+            return None;
+        }
         g.with(|h| h.seat(seat.index).as_mut().map(f))
     }
 
@@ -300,7 +376,9 @@ impl<K: Hash + Eq> KeyTable<K> {
     /// Runs `f` on every running entry, slot by slot.
     fn each(&self, mut f: impl FnMut(&Running<K>)) {
         for s in self.slots.iter() {
-            s.lock().with(|h| h.each().for_each(&mut f));
+            let mut g = s.lock();
+            let first_live = g.first_live();
+            g.with(|h| h.each(first_live).for_each(&mut f));
         }
     }
 
@@ -390,6 +468,41 @@ mod tests {
         let sb = claim(b, 6).expect("b in the first seat");
         assert_eq!(t.running(), vec![(b, TicketId(6))]);
         assert_eq!(t.with(sb, |e| e.ticket), Some(TicketId(6)));
+    }
+
+    /// Seat 0's holder frees it without the lock: the seat reads as empty at once, and the
+    /// dead entry (its key, its signal) is replaced by the next claim.
+    #[test]
+    fn the_holder_of_seat_0_frees_it_without_the_lock() {
+        let t = KeyTable::<u64>::new(1);
+        let (a, b) = colliding(&t);
+        let mut s = stamp(1);
+        s.provider = 3;
+        let sa = t.claim(t.home_of(&a), a, s).unwrap();
+        let signal = t.signal(sa, || false);
+        let sb = t.claim(t.home_of(&b), b, stamp(2)).unwrap();
+        assert_eq!(t.release_held(sa), Some(3), "its provider");
+        assert_eq!(t.release_held(sa), None, "freed once");
+        assert!(t.with(sa, |_| ()).is_none());
+        assert!(t.release(sa, |_| ()).is_none());
+        assert_eq!(t.running(), vec![(b, TicketId(2))]);
+        assert_eq!(
+            t.signals().len(),
+            0,
+            "a dead entry's signal is not a running one's"
+        );
+        assert!(!signal.is_cancelled());
+        // b still runs in its own seat; a is claimed again, into seat 0.
+        assert_eq!(t.claim(t.home_of(&b), b, stamp(3)), Err(b));
+        let sa2 = t.claim(t.home_of(&a), a, stamp(4)).unwrap();
+        assert_eq!(sa2, sa);
+        assert_eq!(
+            t.with(sa2, |e| (e.ticket, e.signal.is_none())),
+            Some((TicketId(4), true))
+        );
+        assert_eq!(t.release_held(sb), Some(0));
+        assert_eq!(t.release_held(sa2), Some(0));
+        assert!(t.running().is_empty());
     }
 
     /// Threads claim and release two keys that share a home: a key is never claimed twice.

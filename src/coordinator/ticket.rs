@@ -481,7 +481,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
         // Key and provider slot without the mutex, then the client slot while nobody waits;
         // else under the mutex, followed by the start rule (`gates` module docs).
         let gates = &*self.shared().gates;
-        let signal = gates.give_back_fast(self.seat());
+        gates.give_back_fast(self.seat());
         // The last RMW: from here another thread may free the state (a slot-held pointer may
         // dangle), so nothing touches it again unless this was the last owner, whose joint
         // reference keeps it until dropped last, or somebody waits (the slot is still held).
@@ -493,7 +493,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
                 None
             }
         };
-        drop((signal, joint));
+        drop(joint);
         if self.word & COUNTED != 0 {
             // SAFETY: `COUNTED` says the pointer came from `Arc::into_raw` and owns that
             // reference; this drop gives it up, once, after the last use above.
