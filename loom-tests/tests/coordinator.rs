@@ -143,24 +143,31 @@ fn a_ticket_queued_while_its_key_completes_is_started() {
     });
 }
 
+/// Two uncontended admissions, of `keys.0` here and `keys.1` on another thread, with no queue:
+/// how many started; the state is at rest once both are dropped.
+fn race_two_admissions(client_limit: u32, keys: (u8, u8)) -> usize {
+    let c = coordinator(client_limit, 0);
+    let c2 = c.clone();
+    let other = thread::spawn(move || c2.submit("a", keys.1, SubmitOptions::default()).ok());
+    let mine = c.submit("a", keys.0, SubmitOptions::default()).ok();
+    let other = other.join().unwrap();
+    let started = [&mine, &other]
+        .iter()
+        .filter(|t| t.as_ref().is_some_and(|t| t.is_started()))
+        .count();
+    assert_eq!(c.snapshot().client_in_flight as usize, started);
+    drop((mine, other));
+    assert_at_rest(&c);
+    started
+}
+
 /// Two uncontended admissions for the last client slot (client limit 1, no queue): exactly one
 /// starts, the other is refused with overflow after the queued path judged it; nothing leaks.
 #[test]
 fn two_uncontended_admissions_for_the_last_slot_start_one() {
     model(|| {
-        let c = coordinator(1, 0);
-        let c2 = c.clone();
-        let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).ok());
-        let mine = c.submit("a", 1, SubmitOptions::default()).ok();
-        let other = other.join().unwrap();
-        let started = [&mine, &other]
-            .iter()
-            .filter(|t| t.as_ref().is_some_and(|t| t.is_started()))
-            .count();
+        let started = race_two_admissions(1, (1, 2));
         assert_eq!(started, 1, "the client limit of 1 admitted {started}");
-        assert_eq!(c.snapshot().client_in_flight, 1);
-        drop((mine, other));
-        assert_at_rest(&c);
     });
 }
 
@@ -323,21 +330,7 @@ fn the_next_invocation_of_a_key_sees_the_last_ones_work() {
 #[test]
 fn two_uncontended_admissions_of_one_key_start_one() {
     model(|| {
-        let c = coordinator(2, 0);
-        let c2 = c.clone();
-        let other = thread::spawn(move || {
-            let r = c2.submit("a", 1, SubmitOptions::default());
-            r.map(|t| t.wait_blocking().unwrap())
-        });
-        let mine = c
-            .submit("a", 1, SubmitOptions::default())
-            .map(|t| t.wait_blocking().unwrap());
-        let other = other.join().unwrap();
-        assert!(
-            mine.is_ok() != other.is_ok(),
-            "exactly one invocation of key 1 starts"
-        );
-        drop((mine, other));
-        assert_at_rest(&c);
+        let started = race_two_admissions(2, (1, 1));
+        assert_eq!(started, 1, "two invocations of key 1 started: {started}");
     });
 }
