@@ -11,8 +11,12 @@
 //!    not look at the `WAITERS` bit: the newcomer takes the slot between the completion's
 //!    `fetch_sub` and its start rule) and `LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS=1`
 //!    (a completion never runs the start rule: the queued ticket is never started);
-//! 2. a ticket queued for a running key against that key's completion: whichever comes first,
-//!    the ticket starts (no lost wake-up). Broken variant `..._RELEASE_IGNORES_WAITERS=1`;
+//! 2. a ticket queued for a running key against that key's completion, which frees the key
+//!    with a store (no lock): whichever comes first, the ticket starts (no lost wake-up), and
+//!    its work sees the last invocation's (loom checks every access to the work's cell).
+//!    Broken variants `..._RELEASE_IGNORES_WAITERS=1` and
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_RELEASE_RELAXED=1` (the store is `Relaxed`: a claim
+//!    that reads it is not ordered after the work, and loom reports the two accesses);
 //! 3. two uncontended admissions for the last client slot: exactly one starts (no
 //!    over-admission), the other is judged by the queued path and refused;
 //! 4. two uncontended admissions racing for one pacing gap of a paced provider: exactly one
@@ -36,13 +40,7 @@
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER=1` (the uncontended start reads the epoch
 //!    after its RMW only: it takes an id of the next epoch, which a later ticket takes again).
 //!
-//! 8. the next invocation of a key against the completion of the running one, which frees
-//!    its key with a store (no lock): the next one's work sees the last one's (loom checks
-//!    every access to the work's cell). Broken variant
-//!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_RELEASE_RELAXED=1` (the store is `Relaxed`: a claim
-//!    that reads it is not ordered after the work, and loom reports the two accesses).
-//!
-//! 9. two uncontended admissions of one key: exactly one starts. Broken variant
+//! 8. two uncontended admissions of one key: exactly one starts. Broken variant
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the running-key table
 //!    without its lock: the two claims race on it).
 #![cfg(loom)]
@@ -121,24 +119,35 @@ fn a_completion_hands_its_slot_to_the_queued_ticket_not_to_an_uncontended_newcom
     });
 }
 
+/// A ticket for a running key against that key's completion, which frees the key with a
+/// store (no lock): whichever comes first, the ticket starts, and its work sees the last
+/// invocation's.
 #[test]
-fn a_ticket_queued_while_its_key_completes_is_started() {
+fn a_ticket_queued_while_its_key_completes_is_started_after_its_work() {
     model(|| {
+        // Client limit 2: the later ticket can take the uncontended path while the first runs.
         let c = coordinator(2, 1);
+        let work = std::sync::Arc::new(loom::cell::UnsafeCell::new(0u32));
         let running = start(&c, 1);
-        let c2 = c.clone();
+        let (c2, w2) = (c.clone(), work.clone());
         let later = thread::spawn(move || {
-            // Queued (key 1 runs) or started at once (the completion came first): either
-            // way it must start.
+            // Queued (key 1 runs) or started at once (the completion came first).
             let inv = c2
                 .submit("a", 1, SubmitOptions::default())
                 .unwrap()
                 .wait_blocking()
                 .expect("the later ticket starts");
+            // SAFETY: only the invocation holding key 1 touches `work` (what the model checks:
+            // loom reports two unordered accesses).
+            w2.with_mut(|p| unsafe { *p += 1 });
             inv.complete();
         });
+        // SAFETY: as above.
+        work.with_mut(|p| unsafe { *p += 1 });
         running.complete();
         later.join().unwrap();
+        // SAFETY: both invocations are done (the join orders them before this).
+        assert_eq!(work.with(|p| unsafe { *p }), 2);
         assert_at_rest(&c);
     });
 }
@@ -292,39 +301,7 @@ fn ticket_ids_stay_unique_across_an_epoch_of_the_counter() {
     });
 }
 
-/// Model 8: the next invocation of a key starts only after the last one's work, also when the
-/// last one freed its key without the key's lock (seat 0's release is a store).
-#[test]
-fn the_next_invocation_of_a_key_sees_the_last_ones_work() {
-    model(|| {
-        // Client limit 2: the later ticket can take the uncontended path while the first runs.
-        let c = coordinator(2, 1);
-        let work = std::sync::Arc::new(loom::cell::UnsafeCell::new(0u32));
-        let running = start(&c, 1);
-        let (c2, w2) = (c.clone(), work.clone());
-        let later = thread::spawn(move || {
-            // Queued (key 1 runs) or started at once (the completion came first).
-            let inv = c2
-                .submit("a", 1, SubmitOptions::default())
-                .unwrap()
-                .wait_blocking()
-                .expect("the later ticket starts");
-            // SAFETY: only the invocation holding key 1 touches `work` (what the model checks:
-            // loom reports two unordered accesses).
-            w2.with_mut(|p| unsafe { *p += 1 });
-            inv.complete();
-        });
-        // SAFETY: as above.
-        work.with_mut(|p| unsafe { *p += 1 });
-        running.complete();
-        later.join().unwrap();
-        // SAFETY: both invocations are done (the join orders them before this).
-        assert_eq!(work.with(|p| unsafe { *p }), 2);
-        assert_at_rest(&c);
-    });
-}
-
-/// Model 9: two uncontended admissions of one key: exactly one starts, the other is judged by
+/// Model 8: two uncontended admissions of one key: exactly one starts, the other is judged by
 /// the queued path (the key runs, no queue: overflow); the key's slot is claimed under its
 /// lock, so the two claims never touch it at once.
 #[test]

@@ -32,7 +32,7 @@
 //!
 //! The store is `Release` and a claim loads `live` with `Acquire`: everything the previous
 //! invocation of a key did happens-before the next one's claim of that seat, so two
-//! invocations of one key never overlap, in time or in memory (loom model 8 fails on a
+//! invocations of one key never overlap, in time or in memory (loom model 2 fails on a
 //! `Relaxed` store).
 //!
 //! # Why a spin lock
@@ -142,7 +142,7 @@ impl<K> Drop for Locked<'_, K> {
 impl<K> Slot<K> {
     #[inline]
     fn lock(&self) -> Locked<'_, K> {
-        // Broken variant (loom model `coordinator.rs`, model 9): no lock, so two claims of one
+        // Broken variant (loom model `coordinator.rs`, model 8): no lock, so two claims of one
         // key touch its slot at once (loom reports the data race).
         #[cfg(loom)]
         if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK") {
@@ -331,7 +331,7 @@ impl<K: Hash + Eq> KeyTable<K> {
         // `Relaxed`: the holder's claim wrote it, in this thread or in one that handed it
         // the seat, and nobody else writes it while the seat is held.
         let provider = slot.live.load(Ordering::Relaxed).checked_sub(1)?;
-        // Broken variant (loom model `coordinator.rs`, model 8): a `Relaxed` release lets the
+        // Broken variant (loom model `coordinator.rs`, model 2): a `Relaxed` release lets the
         // next invocation of the key start without seeing this one's work.
         #[cfg(loom)]
         let order =
