@@ -401,7 +401,7 @@ impl<K: Hash + Eq> KeyTable<K> {
 
     /// The table's total capacity in entries: its slots and their collision seats (a test
     /// shows it stays flat).
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn capacity(&self) -> usize {
         self.slots.len()
             + self
