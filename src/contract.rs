@@ -237,7 +237,8 @@
 //!
 //! Uncontended path: while no ticket is queued, a submit that can start and a completion take
 //! no mutex (the client and provider slots are atomic words, the key a slot of the running-key
-//! table with its own one-word lock, a paced provider's pacing a CAS on its last-start stamp).
+//! table with its own one-word lock, taken by a claim and freed by its holder with a store, a
+//! paced provider's pacing a CAS on its last-start stamp).
 //! A `cooldown` that changes nothing (its deadline no later than the provider's not-before) is
 //! one load and takes no mutex either. The start rule's guarantees above are unchanged: the
 //! queued path raises a `WAITERS` bit in the client word before it judges a newcomer, and from
@@ -254,7 +255,9 @@
 //! (`Invocation::signal`), cancelled already if the coordinator closed; a snapshot taken while
 //! another thread starts or completes uncontended may read its counters half changed (a paced
 //! start's key taken and its pacing stamp not yet, for one); a ticket with an admission timeout
-//! of 2^32 s or more always takes the queued path. A ticket with a shorter admission timeout
+//! of 2^32 s or more always takes the queued path; a ticket started at its submit arms its
+//! attempt timeout at the start (a started ticket dropped unwaited leaves that timer to fire
+//! on a completed invocation's signal, which nothing reads). A ticket with a shorter admission timeout
 //! that starts at once never has its deadline computed, so a clock reading past 2^63 s (no real
 //! clock; a fake one set there) would start it where the queued path would report
 //! `DeadlineOverflow`.

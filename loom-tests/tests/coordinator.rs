@@ -11,8 +11,12 @@
 //!    not look at the `WAITERS` bit: the newcomer takes the slot between the completion's
 //!    `fetch_sub` and its start rule) and `LLM_BULKHEAD_LOOM_COORDINATOR_RELEASE_IGNORES_WAITERS=1`
 //!    (a completion never runs the start rule: the queued ticket is never started);
-//! 2. a ticket queued for a running key against that key's completion: whichever comes first,
-//!    the ticket starts (no lost wake-up). Broken variant `..._RELEASE_IGNORES_WAITERS=1`;
+//! 2. a ticket queued for a running key against that key's completion, which frees the key
+//!    with a store (no lock): whichever comes first, the ticket starts (no lost wake-up), and
+//!    its work sees the last invocation's (loom checks every access to the work's cell).
+//!    Broken variants `..._RELEASE_IGNORES_WAITERS=1` and
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_RELEASE_RELAXED=1` (the store is `Relaxed`: a claim
+//!    that reads it is not ordered after the work, and loom reports the two accesses);
 //! 3. two uncontended admissions for the last client slot: exactly one starts (no
 //!    over-admission), the other is judged by the queued path and refused;
 //! 4. two uncontended admissions racing for one pacing gap of a paced provider: exactly one
@@ -36,8 +40,9 @@
 //!    `LLM_BULKHEAD_LOOM_COORDINATOR_ID_EPOCH_AFTER=1` (the uncontended start reads the epoch
 //!    after its RMW only: it takes an id of the next epoch, which a later ticket takes again).
 //!
-//! Model 2 also fails on `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the
-//! running-key table without its lock: the claim and the release race on it).
+//! 8. two uncontended admissions of one key: exactly one starts. Broken variant
+//!    `LLM_BULKHEAD_LOOM_COORDINATOR_KEY_NO_LOCK=1` (a key's slot in the running-key table
+//!    without its lock: the two claims race on it).
 #![cfg(loom)]
 
 mod common;
@@ -114,26 +119,55 @@ fn a_completion_hands_its_slot_to_the_queued_ticket_not_to_an_uncontended_newcom
     });
 }
 
+/// A ticket for a running key against that key's completion, which frees the key with a
+/// store (no lock): whichever comes first, the ticket starts, and its work sees the last
+/// invocation's.
 #[test]
-fn a_ticket_queued_while_its_key_completes_is_started() {
+fn a_ticket_queued_while_its_key_completes_is_started_after_its_work() {
     model(|| {
+        // Client limit 2: the later ticket can take the uncontended path while the first runs.
         let c = coordinator(2, 1);
+        let work = std::sync::Arc::new(loom::cell::UnsafeCell::new(0u32));
         let running = start(&c, 1);
-        let c2 = c.clone();
+        let (c2, w2) = (c.clone(), work.clone());
         let later = thread::spawn(move || {
-            // Queued (key 1 runs) or started at once (the completion came first): either
-            // way it must start.
+            // Queued (key 1 runs) or started at once (the completion came first).
             let inv = c2
                 .submit("a", 1, SubmitOptions::default())
                 .unwrap()
                 .wait_blocking()
                 .expect("the later ticket starts");
+            // SAFETY: only the invocation holding key 1 touches `work` (what the model checks:
+            // loom reports two unordered accesses).
+            w2.with_mut(|p| unsafe { *p += 1 });
             inv.complete();
         });
+        // SAFETY: as above.
+        work.with_mut(|p| unsafe { *p += 1 });
         running.complete();
         later.join().unwrap();
+        // SAFETY: both invocations are done (the join orders them before this).
+        assert_eq!(work.with(|p| unsafe { *p }), 2);
         assert_at_rest(&c);
     });
+}
+
+/// Two uncontended admissions, of `keys.0` here and `keys.1` on another thread, with no queue:
+/// how many started; the state is at rest once both are dropped.
+fn race_two_admissions(client_limit: u32, keys: (u8, u8)) -> usize {
+    let c = coordinator(client_limit, 0);
+    let c2 = c.clone();
+    let other = thread::spawn(move || c2.submit("a", keys.1, SubmitOptions::default()).ok());
+    let mine = c.submit("a", keys.0, SubmitOptions::default()).ok();
+    let other = other.join().unwrap();
+    let started = [&mine, &other]
+        .iter()
+        .filter(|t| t.as_ref().is_some_and(|t| t.is_started()))
+        .count();
+    assert_eq!(c.snapshot().client_in_flight as usize, started);
+    drop((mine, other));
+    assert_at_rest(&c);
+    started
 }
 
 /// Two uncontended admissions for the last client slot (client limit 1, no queue): exactly one
@@ -141,19 +175,8 @@ fn a_ticket_queued_while_its_key_completes_is_started() {
 #[test]
 fn two_uncontended_admissions_for_the_last_slot_start_one() {
     model(|| {
-        let c = coordinator(1, 0);
-        let c2 = c.clone();
-        let other = thread::spawn(move || c2.submit("a", 2, SubmitOptions::default()).ok());
-        let mine = c.submit("a", 1, SubmitOptions::default()).ok();
-        let other = other.join().unwrap();
-        let started = [&mine, &other]
-            .iter()
-            .filter(|t| t.as_ref().is_some_and(|t| t.is_started()))
-            .count();
+        let started = race_two_admissions(1, (1, 2));
         assert_eq!(started, 1, "the client limit of 1 admitted {started}");
-        assert_eq!(c.snapshot().client_in_flight, 1);
-        drop((mine, other));
-        assert_at_rest(&c);
     });
 }
 
@@ -275,5 +298,16 @@ fn ticket_ids_stay_unique_across_an_epoch_of_the_counter() {
         racing.wait_blocking().unwrap().complete();
         other.wait_blocking().unwrap().complete();
         assert_at_rest(&c);
+    });
+}
+
+/// Model 8: two uncontended admissions of one key: exactly one starts, the other is judged by
+/// the queued path (the key runs, no queue: overflow); the key's slot is claimed under its
+/// lock, so the two claims never touch it at once.
+#[test]
+fn two_uncontended_admissions_of_one_key_start_one() {
+    model(|| {
+        let started = race_two_admissions(2, (1, 1));
+        assert_eq!(started, 1, "two invocations of key 1 started: {started}");
     });
 }

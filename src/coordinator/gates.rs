@@ -9,16 +9,18 @@
 //! load of the provider's cooldown gate, a CAS on its provider's word, then the commitment: a
 //! CAS on the client word that takes a slot only while nobody waits and, in the same CAS, the
 //! ticket id (`Gates`, "Ticket ids"); then the key's claim in the running-key table (`keys`:
-//! one CAS and one store). For a paced provider a CAS on its last-start stamp follows (last:
+//! one CAS and one store; the entry it writes is the invocation's record, so the invocation
+//! itself is two words: `ticket` module, "Two words"). For a paced provider a CAS on its last-start stamp follows (last:
 //! nothing is undone after it). It reads the monotonic clock only when the gate holds a
 //! cooldown, the provider is paced, or the caller needs the start instant (an attempt
 //! timeout, recorded events). Anything it cannot take undoes what it took and sends the
 //! ticket to the queued path, which runs the start rule and then judges it under the mutex.
 //!
-//! A completion gives its key and its provider slot back, then its client slot with a CAS
-//! that looks at `WAITERS` ([`release_client`]): if somebody waits, it changes nothing and
-//! the slot goes back under the mutex instead, followed by the start rule. Six locked RMWs
-//! for the pair (client 2, provider 2, key 2), against the core's two.
+//! A completion gives its key back (a store: `keys`, "Seat 0's release without the lock") and
+//! its provider slot, then its client slot with a CAS that looks at `WAITERS`
+//! ([`release_client`]): if somebody waits, it changes nothing and the slot goes back under
+//! the mutex instead, followed by the start rule. Five locked RMWs for the pair (client 2,
+//! provider 2, the key's lock 1), against the core's two.
 //!
 //! A `cooldown` whose deadline is no later than the gate changes nothing and returns after one
 //! load ([`ProviderGate::covers`]); the mutex is taken only to extend a cooldown.
@@ -77,13 +79,13 @@
 //! table's slots have their own locks (`keys`). The cooldown gate is raised with `fetch_max` under the wait's mutex and cleared (once
 //! expired) only by a CAS from the exact expired value, so a raise is never lost.
 
-use super::keys::{KeyHome, KeyTable};
+use super::keys::{KeyTable, Running, Seat, Stamp};
 use super::TicketId;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 use crate::wait::cancel::CancelToken;
 use crossbeam_utils::CachePadded;
 use std::hash::Hash;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The client word's in-flight count (the low 32 bits).
 pub(crate) const COUNT: u64 = u32::MAX as u64;
@@ -397,12 +399,11 @@ pub(crate) enum Miss {
     Key,
 }
 
-/// A fast start: the ticket, its key and its home, and, when the clock was read, the start
-/// instant.
-pub(crate) struct FastStart<K> {
+/// A fast start: the ticket, its seat in the key table, and, when the clock was read, the
+/// start instant.
+pub(crate) struct FastStart {
     pub(crate) ticket: TicketId,
-    pub(crate) key: K,
-    pub(crate) home: KeyHome,
+    pub(crate) seat: Seat,
     pub(crate) now: Option<Duration>,
 }
 
@@ -606,8 +607,9 @@ impl<K: Hash + Eq + Clone> Gates<K> {
         provider: usize,
         key: K,
         need_now: bool,
+        received_at: SystemTime,
         clock: impl FnOnce() -> Duration,
-    ) -> Result<FastStart<K>, NotFast<K>> {
+    ) -> Result<FastStart, NotFast<K>> {
         let p = &self.providers[provider];
         let w = self.client.load(Ordering::Acquire);
         if !self.fast_open(w) {
@@ -643,89 +645,77 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             drop(self.unclaim_client());
             Err(NotFast(key))
         };
-        let home = self.keys.home_of(&key);
-        if self.keys.claim(home, &key, || ticket).is_none() {
-            return miss(key);
-        }
+        let stamp = Stamp {
+            ticket,
+            provider,
+            started_at: now,
+            received_at,
+        };
+        let seat = match self.keys.claim(self.keys.home_of(&key), key, stamp) {
+            Ok(seat) => seat,
+            Err(key) => return miss(key),
+        };
         // Pacing last: its stamp is the start's commitment (nothing is undone after it).
         if let Some(n) = now.filter(|_| p.paced()) {
             if !p.pace(n, n) {
-                drop(self.keys.release(home, &key, ticket));
-                return miss(key);
+                return match self.keys.release(seat, |e| e.key) {
+                    Some(key) => miss(key),
+                    None => unreachable!("a seat just claimed is taken"),
+                };
             }
         }
-        Ok(FastStart {
-            ticket,
-            key,
-            home,
-            now,
-        })
+        Ok(FastStart { ticket, seat, now })
     }
 
     /// The queued path's start (under the mutex; readiness already checked): client,
-    /// provider, key, undone on a miss; the key's home, or which claim missed.
-    pub(crate) fn claim_queued(
-        &self,
-        provider: usize,
-        key: &K,
-        ticket: TicketId,
-    ) -> Result<KeyHome, Miss> {
+    /// provider, key, undone on a miss; the key's seat, or which claim missed.
+    pub(crate) fn claim_queued(&self, key: K, stamp: Stamp) -> Result<Seat, Miss> {
         if !self.claim_client() {
             return Err(Miss::Client);
         }
-        let p = &self.providers[provider];
+        let p = &self.providers[stamp.provider];
         if !p.claim() {
             drop(self.unclaim_client());
             return Err(Miss::Provider);
         }
-        let home = self.keys.home_of(key);
-        if self.keys.claim(home, key, || ticket).is_none() {
-            p.unclaim();
-            drop(self.unclaim_client());
-            return Err(Miss::Key);
+        match self.keys.claim(self.keys.home_of(&key), key, stamp) {
+            Ok(seat) => Ok(seat),
+            Err(_) => {
+                p.unclaim();
+                drop(self.unclaim_client());
+                Err(Miss::Key)
+            }
         }
-        Ok(home)
     }
 
-    /// A completion's first two steps, without the mutex: gives back its key and its
-    /// provider slot; the signal, if one was made (to drop after). The caller then gives the
+    /// A completion's first two steps, without the mutex: gives back its key (seat 0 without
+    /// the key's lock: `keys` module docs) and its provider slot. The caller then gives the
     /// client slot back with [`release_client`], a function of the word alone, or, if
     /// somebody waits, under the mutex with [`unclaim_client`](Self::unclaim_client)
     /// followed by the start rule. A scan under the mutex may see these two steps done and
     /// the third not yet: it treats what it saw held as held for the rest of its transaction
     /// (`State`'s blocked set), and the start rule runs again after the third step.
     #[inline]
-    pub(crate) fn give_back_fast(
-        &self,
-        provider: usize,
-        home: KeyHome,
-        key: &K,
-        ticket: TicketId,
-    ) -> Option<CancelToken> {
-        let signal = self.keys.release(home, key, ticket);
-        self.providers[provider].unclaim();
-        signal
+    pub(crate) fn give_back_fast(&self, seat: Seat) {
+        if let Some(provider) = self.keys.release_held(seat) {
+            self.providers[provider].unclaim();
+        }
     }
 
     /// Gives back a start's key, provider slot and client slot under the mutex (the start
-    /// rule runs after it); returns the signal and, if that was the last owner, the joint
+    /// rule runs after it); returns the entry and, if that was the last owner, the joint
     /// reference, to drop after the mutex (the caller holds a reference of its own).
-    pub(crate) fn release_locked(
-        &self,
-        provider: usize,
-        home: KeyHome,
-        key: &K,
-        ticket: TicketId,
-    ) -> (Option<CancelToken>, Joint<K>) {
-        let signal = self.keys.release(home, key, ticket);
-        self.providers[provider].unclaim();
-        (signal, self.unclaim_client())
+    pub(crate) fn release_locked(&self, seat: Seat) -> (Option<Running<K>>, Joint<K>) {
+        let entry = self.keys.release(seat, |e| e);
+        if let Some(e) = &entry {
+            self.providers[e.provider].unclaim();
+        }
+        (entry, self.unclaim_client())
     }
 
-    /// The signal of the invocation of `ticket` running `key` (home `home`; made on first
-    /// use).
-    pub(crate) fn signal(&self, home: KeyHome, key: &K, ticket: TicketId) -> CancelToken {
-        self.keys.signal(home, key, ticket, || self.is_closed())
+    /// The signal of the invocation in `seat` (made on first use).
+    pub(crate) fn signal(&self, seat: Seat) -> CancelToken {
+        self.keys.signal(seat, || self.is_closed())
     }
 
     /// Every running invocation's signal made so far (the close cancels them; a signal made

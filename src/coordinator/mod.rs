@@ -50,7 +50,6 @@ pub use clock::ThreadScheduler;
 pub use clock::{MonotonicClock, Scheduler, SystemClock, Task, WallClock};
 pub use error::{AdmissionError, CoordinatorError};
 pub use retry_after::{parse_retry_after, RetryAfterError};
-use ticket::Owner;
 pub use ticket::{Invocation, Ticket, TicketWait};
 
 use crate::wait::multi::{Admit, MultiWait, Refused, Start, Submitted, Txn};
@@ -544,6 +543,7 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
                 provider,
                 key,
                 deadline,
+                received_at,
             };
             if s.queued == 0 {
                 // Nobody is queued, so starting now jumps nobody: try without raising
@@ -572,8 +572,8 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         })?;
         self.schedule(wake);
         let (id, submitted) = out?;
-        Ok(Ticket::new(
-            Owner::Counted(self.shared.clone()),
+        Ok(ticket::submitted(
+            &self.shared,
             id,
             submitted,
             received_at,
@@ -600,36 +600,27 @@ impl<K: Hash + Eq + Clone + Ord + Send + 'static> Coordinator<K> {
         let shared = &self.shared;
         let need_now = shared.record || options.attempt_timeout.is_some();
         let clock = || shared.clocks.elapsed.elapsed();
-        let started = shared.gates.try_admit(provider, key, need_now, clock)?;
-        let (ticket, key, home, started_at) =
-            (started.ticket, started.key, started.home, started.now);
+        let started = shared
+            .gates
+            .try_admit(provider, key, need_now, received_at, clock)?;
         if shared.record {
             // The event at the coordinator's instant, as the queued path would record it.
+            let (ticket, at) = (started.ticket, started.now.unwrap_or_default());
             let wake = shared.wait.transaction(|t| {
-                catch_up(t, started_at.unwrap_or_default());
+                catch_up(t, at);
                 t.state().record(ticket, EventKind::Start);
                 plan_wake(t)
             });
             self.schedule(wake);
         }
-        let grant = state::Grant {
-            ticket,
-            provider,
-            key,
-            home,
-            started_at,
-        };
-        // SAFETY: the ticket holds a client slot taken above, which keeps the joint
-        // reference, and with it the state, alive until that slot is given back (`Shared`,
-        // "Lifetime"); the ticket and its invocation give it back last.
-        let owner = unsafe { Owner::slot(shared) };
-        Ok(Ticket::new(
-            owner,
-            ticket,
-            Submitted::Started(grant),
-            received_at,
-            options.attempt_timeout,
-        ))
+        // SAFETY: the client slot taken above goes to the invocation, which gives it back
+        // when dropped; it keeps the joint reference, and with it the state, alive until
+        // then (`Shared`, "Lifetime").
+        let inv = unsafe { Invocation::slot_held(shared, started.seat) };
+        if let Some(d) = options.attempt_timeout {
+            inv.arm_attempt_timeout(d);
+        }
+        Ok(Ticket::started(inv))
     }
 
     /// Extends `provider`'s not-before instant to now + `delay` (never shortens it: C11, I7);

@@ -5,11 +5,11 @@
 //! [`multi_wait`]: crate::wait::multi
 
 use super::gates::{Gates, Miss};
-use super::keys::KeyHome;
+use super::keys::{Seat, Stamp};
 use crate::sync::Arc;
 use crate::wait::multi::{Admit, Leave, Start, Txn};
 use std::hash::Hash;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::{Event, EventKind, TicketId};
 
@@ -28,20 +28,15 @@ pub(crate) struct Request<K> {
     pub(crate) provider: usize,
     pub(crate) key: K,
     pub(crate) deadline: Option<Duration>,
+    /// When it was received, on the wall clock (written into its key's entry at the start).
+    pub(crate) received_at: SystemTime,
 }
 
-/// A started ticket's holdings: a client slot, a provider slot, its key (its signal lives in
-/// the key's entry in [`Gates`], made on first use).
-#[derive(Debug)]
-pub(crate) struct Grant<K> {
-    pub(crate) ticket: TicketId,
-    pub(crate) provider: usize,
-    pub(crate) key: K,
-    /// The key's home in the running-key table (hashed once, at the claim).
-    pub(crate) home: KeyHome,
-    /// The start instant; `None` for a start on the uncontended path that needed no clock
-    /// reading (no cooldown to check, no attempt timeout, no events recorded).
-    pub(crate) started_at: Option<Duration>,
+/// A started ticket's holdings: a client slot, a provider slot and its key's seat in the
+/// running-key table, whose entry records the rest (ticket, provider, instants, signal).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) seat: Seat,
 }
 
 /// What the queued path found held in the current transaction while `WAITERS` was up, kept
@@ -90,7 +85,7 @@ impl<K: Hash + Eq + Clone> Blocked<K> {
 
     /// Whether `r` meets something held earlier in this transaction (and which: `Nobody`
     /// for the client).
-    fn meets(&self, r: &Request<K>) -> Option<Start<Grant<K>>> {
+    fn meets(&self, r: &Request<K>) -> Option<Start<Grant>> {
         if !self.on {
             return None;
         }
@@ -201,11 +196,11 @@ impl<K: Hash + Eq + Clone> State<K> {
 
 impl<K: Hash + Eq + Clone> Admit for State<K> {
     type Request = Request<K>;
-    type Grant = Grant<K>;
+    type Grant = Grant;
 
     /// Eligibility (§3): a client slot, a provider slot, the provider ready (inclusive, C2),
     /// the key idle (client-wide keys, C6). The start takes all of them and stamps the pacing.
-    fn try_start(&mut self, r: &Request<K>) -> Start<Grant<K>> {
+    fn try_start(&mut self, r: &Request<K>) -> Start<Grant> {
         let now = self.now;
         if self.ready_at(r.provider).is_some_and(|at| now < at) {
             return Start::NotYet;
@@ -221,8 +216,18 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
                 return held;
             }
         }
-        let home = match self.gates.claim_queued(r.provider, &r.key, r.ticket) {
-            Ok(home) => home,
+        let stamp = now.max(self.clock_now);
+        let claimed = self.gates.claim_queued(
+            r.key.clone(),
+            Stamp {
+                ticket: r.ticket,
+                provider: r.provider,
+                started_at: Some(stamp),
+                received_at: r.received_at,
+            },
+        );
+        let seat = match claimed {
+            Ok(seat) => seat,
             Err(miss) => {
                 self.blocked.missed(r, miss);
                 return if miss == Miss::Client {
@@ -232,35 +237,25 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
                 };
             }
         };
-        let stamp = now.max(self.clock_now);
         // The pacing stamp, checked again: with nobody queued an uncontended start may have
         // stamped since the check above (with a ticket queued none runs, and this holds).
         if !self.gates.providers[r.provider].pace(now, stamp) {
-            drop(
-                self.gates
-                    .release_locked(r.provider, home, &r.key, r.ticket),
-            );
+            drop(self.gates.release_locked(seat));
             return Start::NotYet;
         }
         self.record(r.ticket, EventKind::Start);
-        Start::Now(Grant {
-            ticket: r.ticket,
-            provider: r.provider,
-            key: r.key.clone(),
-            home,
-            started_at: Some(stamp),
-        })
+        Start::Now(Grant { seat })
     }
 
-    fn give_back(&mut self, g: Grant<K>) {
+    fn give_back(&mut self, g: Grant) {
         // Under the mutex; the start rule runs after this (the wait's give-back). The
         // transaction's caller holds an `Arc` of its own, so the joint reference (if this was
         // the last owner) is not the last reference (`Shared`, "Lifetime").
-        drop(
-            self.gates
-                .release_locked(g.provider, g.home, &g.key, g.ticket),
-        );
-        self.blocked.freed(g.provider, &g.key);
+        let (entry, joint) = self.gates.release_locked(g.seat);
+        if let Some(e) = &entry {
+            self.blocked.freed(e.provider, &e.key);
+        }
+        drop((entry, joint));
     }
 
     fn begin(&mut self) {

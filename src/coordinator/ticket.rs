@@ -1,13 +1,26 @@
 //! A submitted ticket ([`Ticket`]), its wait (blocking or [`TicketWait`]), and the running
 //! invocation ([`Invocation`]) that holds the slots until the work completes.
+//!
+//! # Two words
+//!
+//! An invocation is a pointer to the coordinator's state and one word: its key's seat in the
+//! running-key table, whose entry records everything else (ticket, provider, instants,
+//! signal), and one bit saying whether the pointer is a reference of its own. A ticket started
+//! at its submit *is* its invocation; a queued one is a box. So the uncontended path's values
+//! (`Result<Ticket, _>`'s ticket, `Result<Invocation, AdmissionError>`) are two words, passed
+//! in registers: nothing is copied through memory between submit, wait and completion (a
+//! larger ticket was copied field by field and read back whole, and every such read stalled
+//! on the store buffer).
 
 use super::gates::{release_client, ClientBack};
+use super::keys::{Running, Seat};
 use super::state::{catch_up, Grant, State};
 use super::{plan_wake, schedule_tick, AdmissionError, Shared, TicketId};
 use crate::wait::cancel::CancelToken;
 use crate::wait::multi::{Leave, MultiWait, Submitted, WaitFuture, Waited, WaiterId};
 use std::future::Future;
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::ptr::NonNull;
@@ -15,70 +28,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-/// How a ticket or invocation holds the coordinator's state (`Shared`, "Lifetime").
-pub(crate) enum Owner<K: Hash + Eq + Clone> {
-    /// A reference of its own.
-    Counted(Arc<Shared<K>>),
-    /// Kept alive by the client slot its holder holds (started on the uncontended path).
-    Slot(NonNull<Shared<K>>),
-}
-
-// SAFETY: an `Owner` is a way to reach a `Shared<K>`, like the `Arc` it stands for; it is
-// `Send`/`Sync` exactly when `Arc<Shared<K>>` is.
-unsafe impl<K: Hash + Eq + Clone> Send for Owner<K> where Arc<Shared<K>>: Send {}
-// SAFETY: as above.
-unsafe impl<K: Hash + Eq + Clone> Sync for Owner<K> where Arc<Shared<K>>: Sync {}
-
-impl<K: Hash + Eq + Clone> Owner<K> {
-    /// A slot-held pointer to `shared`.
-    ///
-    /// # Safety
-    ///
-    /// The holder must hold a client slot of `shared`'s coordinator from now until it gives
-    /// it back, and must not reach the state through this owner after that.
-    pub(crate) unsafe fn slot(shared: &Arc<Shared<K>>) -> Self {
-        // From `Arc::as_ptr`, not from a reference: the pointer must reach the whole `Arc`
-        // allocation (its counts too), for [`counted`](Self::counted).
-        let p = Arc::as_ptr(shared).cast_mut();
-        // SAFETY: an `Arc`'s pointer is never null.
-        Owner::Slot(unsafe { NonNull::new_unchecked(p) })
-    }
-
-    /// An `Arc` of the state (a new reference for a slot-held pointer; called while the
-    /// slot is still held).
-    fn counted(&self) -> Arc<Shared<K>> {
-        match self {
-            Owner::Counted(a) => a.clone(),
-            Owner::Slot(p) => {
-                let p = p.as_ptr().cast_const();
-                // SAFETY: the slot is still held, so the joint `Arc` is alive (`Shared`,
-                // "Lifetime") and `p` came from an `Arc` of it: adding a reference and making
-                // an `Arc` that owns it is sound.
-                unsafe {
-                    Arc::increment_strong_count(p);
-                    Arc::from_raw(p)
-                }
-            }
-        }
-    }
-}
-
-impl<K: Hash + Eq + Clone> Deref for Owner<K> {
-    type Target = Shared<K>;
-    fn deref(&self) -> &Shared<K> {
-        match self {
-            Owner::Counted(a) => a,
-            // SAFETY: a slot-held pointer is only reached while its holder holds its client
-            // slot (`Owner::slot`'s contract), which keeps the state alive.
-            Owner::Slot(p) => unsafe { p.as_ref() },
-        }
-    }
-}
-
-enum Place<K> {
-    Started(Grant<K>),
-    Queued(WaiterId),
-}
+/// An invocation's word: bit 0 says its pointer is a counted reference.
+const COUNTED: u64 = 1;
 
 /// A submitted ticket: started already, or queued. Wait for it with
 /// [`wait_blocking`](Ticket::wait_blocking) or [`wait`](Ticket::wait); dropping it unwaited
@@ -92,34 +43,47 @@ enum Place<K> {
 /// drop(t);
 /// assert_eq!(c.snapshot().client_in_flight, 0);
 /// ```
-pub struct Ticket<K: Hash + Eq + Clone + Send + 'static> {
-    /// The coordinator; moved into the invocation when the ticket starts (`None` after).
-    shared: Option<Owner<K>>,
+pub struct Ticket<K: Hash + Eq + Clone + Send + 'static>(Repr<K>);
+
+enum Repr<K: Hash + Eq + Clone + Send + 'static> {
+    /// Started at its submit (dropping it completes the invocation).
+    Started(Invocation<K>),
+    /// Queued (dropping it leaves the queue).
+    Queued(Box<Queued<K>>),
+}
+
+/// A queued ticket.
+struct Queued<K: Hash + Eq + Clone + Send + 'static> {
+    shared: Arc<Shared<K>>,
     id: TicketId,
-    place: Option<Place<K>>,
+    /// Its place in the wait (`None` once a wait took it over).
+    waiter: Option<WaiterId>,
     received_at: SystemTime,
     attempt_timeout: Option<Duration>,
 }
 
 impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
-    pub(super) fn new(
-        shared: Owner<K>,
+    /// A ticket started at its submit.
+    #[inline]
+    pub(super) fn started(inv: Invocation<K>) -> Self {
+        Ticket(Repr::Started(inv))
+    }
+
+    /// A queued ticket.
+    pub(super) fn queued(
+        shared: Arc<Shared<K>>,
         id: TicketId,
-        s: Submitted<Grant<K>>,
+        waiter: WaiterId,
         received_at: SystemTime,
         attempt_timeout: Option<Duration>,
     ) -> Self {
-        let place = Some(match s {
-            Submitted::Started(g) => Place::Started(g),
-            Submitted::Queued(w) => Place::Queued(w),
-        });
-        Ticket {
-            shared: Some(shared),
+        Ticket(Repr::Queued(Box::new(Queued {
+            shared,
             id,
-            place,
+            waiter: Some(waiter),
             received_at,
             attempt_timeout,
-        }
+        })))
     }
 
     /// Its id.
@@ -130,7 +94,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// assert_eq!(c.submit("a", "k", SubmitOptions::default()).unwrap().id().get(), 0);
     /// ```
     pub fn id(&self) -> TicketId {
-        self.id
+        match &self.0 {
+            Repr::Started(inv) => inv.ticket(),
+            Repr::Queued(q) => q.id,
+        }
     }
 
     /// Whether it started at its submit (then it took no queue place).
@@ -141,7 +108,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// assert!(c.submit("a", "k", SubmitOptions::default()).unwrap().is_started());
     /// ```
     pub fn is_started(&self) -> bool {
-        matches!(self.place, Some(Place::Started(_)))
+        matches!(self.0, Repr::Started(_))
     }
 
     /// When it was received, on the wall clock (a stamp; no rule reads it).
@@ -152,7 +119,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// assert!(c.submit("a", "k", SubmitOptions::default()).unwrap().received_at() > std::time::UNIX_EPOCH);
     /// ```
     pub fn received_at(&self) -> SystemTime {
-        self.received_at
+        match &self.0 {
+            Repr::Started(inv) => inv.received_at(),
+            Repr::Queued(q) => q.received_at,
+        }
     }
 
     /// Cancels a queued ticket (it leaves the queue; its wait ends with
@@ -168,57 +138,9 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// assert_eq!(queued.wait_blocking().err(), Some(AdmissionError::Cancelled));
     /// ```
     pub fn cancel(&self) -> bool {
-        match self.place {
-            Some(Place::Queued(w)) => {
-                let now = self.shared().clocks.elapsed.elapsed();
-                let (removed, wake) = self.shared().wait.transaction(|t| {
-                    catch_up(t, now);
-                    let removed = t.remove_where(|_, r| r.ticket == self.id, Leave::Cancelled);
-                    (!removed.is_empty(), plan_wake(t))
-                });
-                schedule_tick(&self.shared().counted(), wake);
-                let _ = w;
-                removed
-            }
+        match &self.0 {
+            Repr::Queued(q) if q.waiter.is_some() => q.cancel(),
             _ => false,
-        }
-    }
-
-    fn shared(&self) -> &Owner<K> {
-        self.shared.as_ref().expect("held until the ticket starts")
-    }
-
-    /// The invocation of a start: the ticket's handle on the coordinator moves into it (no
-    /// reference count changes hands).
-    ///
-    /// The invocation holds the slots from here: if arming its attempt timeout panics
-    /// (the scheduler is user code), its drop gives them back.
-    #[inline]
-    fn invocation(&mut self, g: Grant<K>) -> Invocation<K> {
-        let inv = self.invocation_no_timer(g);
-        if let Some(d) = self.attempt_timeout {
-            inv.arm_attempt_timeout(d);
-        }
-        inv
-    }
-
-    /// The invocation of a start, without arming its attempt timeout (a started ticket
-    /// dropped unwaited completes at once).
-    #[inline]
-    fn invocation_no_timer(&mut self, g: Grant<K>) -> Invocation<K> {
-        Invocation {
-            shared: self.shared.take().expect("held until the ticket starts"),
-            grant: Some(g),
-            received_at: self.received_at,
-        }
-    }
-
-    fn outcome(&mut self, w: Waited<Grant<K>>) -> Result<Invocation<K>, AdmissionError> {
-        match w {
-            Waited::Started(g) => Ok(self.invocation(g)),
-            Waited::Left(Leave::TimedOut) => Err(AdmissionError::Timeout),
-            Waited::Left(Leave::Closed) => Err(AdmissionError::Closed),
-            Waited::Left(Leave::Cancelled) => Err(AdmissionError::Cancelled),
         }
     }
 
@@ -232,19 +154,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// inv.complete();
     /// ```
     #[inline]
-    pub fn wait_blocking(mut self) -> Result<Invocation<K>, AdmissionError> {
-        match self.place.take().expect("a ticket is waited once") {
-            Place::Started(g) => {
-                let inv = self.invocation(g);
-                // The ticket holds nothing now (its handle moved into the invocation, its
-                // place was taken): no drop to run.
-                std::mem::forget(self);
-                Ok(inv)
-            }
-            Place::Queued(w) => {
-                let out = self.shared().wait.wait_blocking(w, None);
-                self.outcome(out)
-            }
+    pub fn wait_blocking(self) -> Result<Invocation<K>, AdmissionError> {
+        match self.0 {
+            Repr::Started(inv) => Ok(inv),
+            Repr::Queued(mut q) => q.wait_blocking(),
         }
     }
 
@@ -262,39 +175,61 @@ impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
     /// let inv = futures_lite::future::block_on(t.wait()).unwrap();
     /// inv.complete();
     /// ```
-    pub fn wait(mut self) -> TicketWait<K> {
-        let inner = match self.place.take().expect("a ticket is waited once") {
-            Place::Started(g) => WaitInner::Ready(Some(Ok(self.invocation(g)))),
-            Place::Queued(w) => {
-                WaitInner::Queued(WaitFuture::new(WaitRef(self.shared().counted()), w))
+    pub fn wait(self) -> TicketWait<K> {
+        match self.0 {
+            Repr::Started(inv) => TicketWait {
+                queued: None,
+                inner: WaitInner::Ready(Some(Ok(inv))),
+            },
+            Repr::Queued(mut q) => {
+                let w = q.waiter.take().expect("a ticket is waited once");
+                let inner = WaitInner::Queued(WaitFuture::new(WaitRef(q.shared.clone()), w));
+                TicketWait {
+                    queued: Some(q),
+                    inner,
+                }
             }
-        };
-        TicketWait {
-            ticket: self,
-            inner,
         }
     }
 }
 
-impl<K: Hash + Eq + Clone + Send + 'static> Drop for Ticket<K> {
-    #[inline]
+impl<K: Hash + Eq + Clone + Send + 'static> Queued<K> {
+    fn cancel(&self) -> bool {
+        let now = self.shared.clocks.elapsed.elapsed();
+        let (removed, wake) = self.shared.wait.transaction(|t| {
+            catch_up(t, now);
+            let removed = t.remove_where(|_, r| r.ticket == self.id, Leave::Cancelled);
+            (!removed.is_empty(), plan_wake(t))
+        });
+        schedule_tick(&self.shared, wake);
+        removed
+    }
+
+    fn wait_blocking(&mut self) -> Result<Invocation<K>, AdmissionError> {
+        let w = self.waiter.take().expect("a ticket is waited once");
+        let out = self.shared.wait.wait_blocking(w, None);
+        self.outcome(out)
+    }
+
+    fn outcome(&self, w: Waited<Grant>) -> Result<Invocation<K>, AdmissionError> {
+        match w {
+            Waited::Started(g) => Ok(Invocation::counted(
+                self.shared.clone(),
+                g.seat,
+                self.attempt_timeout,
+            )),
+            Waited::Left(Leave::TimedOut) => Err(AdmissionError::Timeout),
+            Waited::Left(Leave::Closed) => Err(AdmissionError::Closed),
+            Waited::Left(Leave::Cancelled) => Err(AdmissionError::Cancelled),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static> Drop for Queued<K> {
     fn drop(&mut self) {
-        if self.place.is_some() {
-            self.give_up();
-        }
-    }
-}
-
-impl<K: Hash + Eq + Clone + Send + 'static> Ticket<K> {
-    /// A ticket dropped unwaited (its `Drop`): a started one completes, a queued one leaves
-    /// the queue.
-    #[cold]
-    #[inline(never)]
-    fn give_up(&mut self) {
-        match self.place.take() {
-            None => {}
-            Some(Place::Started(g)) => drop(self.invocation_no_timer(g)),
-            Some(Place::Queued(w)) => self.shared().wait.abandon(w),
+        // Dropped unwaited: it leaves the queue (or, started meanwhile, gives its grant back).
+        if let Some(w) = self.waiter.take() {
+            self.shared.wait.abandon(w);
         }
     }
 }
@@ -323,7 +258,8 @@ enum WaitInner<K: Hash + Eq + Clone + Send + 'static> {
 /// assert!(futures_lite::future::block_on(f).is_ok());
 /// ```
 pub struct TicketWait<K: Hash + Eq + Clone + Send + 'static> {
-    ticket: Ticket<K>,
+    /// The queued ticket (its wait moved into `inner`); `None` for a started one.
+    queued: Option<Box<Queued<K>>>,
     inner: WaitInner<K>,
 }
 
@@ -338,7 +274,12 @@ impl<K: Hash + Eq + Clone + Send + 'static> Future for TicketWait<K> {
             WaitInner::Ready(r) => Poll::Ready(r.take().expect("polled after completion")),
             WaitInner::Queued(f) => match Pin::new(f).poll(cx) {
                 Poll::Pending => Poll::Pending,
-                Poll::Ready(w) => Poll::Ready(this.ticket.outcome(w)),
+                Poll::Ready(w) => Poll::Ready(
+                    this.queued
+                        .as_ref()
+                        .expect("a queued wait keeps its ticket")
+                        .outcome(w),
+                ),
             },
         }
     }
@@ -359,14 +300,91 @@ impl<K: Hash + Eq + Clone + Send + 'static> Future for TicketWait<K> {
 /// assert_eq!(c.snapshot().client_in_flight, 0);
 /// ```
 pub struct Invocation<K: Hash + Eq + Clone + Send + 'static> {
-    shared: Owner<K>,
-    grant: Option<Grant<K>>,
-    received_at: SystemTime,
+    /// The state, from `Arc::as_ptr`: a reference of its own when the word has `COUNTED`,
+    /// else kept alive by the client slot this invocation holds (`Shared`, "Lifetime").
+    shared: NonNull<Shared<K>>,
+    /// `COUNTED`, and the key's seat ([`Seat::pack`]).
+    word: u64,
+    _owns: PhantomData<Arc<Shared<K>>>,
 }
 
+// SAFETY: an invocation is a way to reach a `Shared<K>`, like the `Arc` it stands for (its
+// seat is a number); it is `Send`/`Sync` exactly when `Arc<Shared<K>>` is.
+unsafe impl<K: Hash + Eq + Clone + Send + 'static> Send for Invocation<K> where Arc<Shared<K>>: Send {}
+// SAFETY: as above.
+unsafe impl<K: Hash + Eq + Clone + Send + 'static> Sync for Invocation<K> where Arc<Shared<K>>: Sync {}
+
 impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
-    fn grant(&self) -> &Grant<K> {
-        self.grant.as_ref().expect("held until drop")
+    /// The invocation of a start on the uncontended path: its client slot keeps the state
+    /// alive (no reference count changes).
+    ///
+    /// # Safety
+    ///
+    /// The caller must hold a client slot of `shared`'s coordinator and hand it to this
+    /// invocation, which gives it back when dropped, with the key and provider slot in
+    /// `seat`.
+    #[inline]
+    pub(super) unsafe fn slot_held(shared: &Arc<Shared<K>>, seat: Seat) -> Self {
+        // From `Arc::as_ptr`, not from a reference: the pointer must reach the whole `Arc`
+        // allocation (its counts too), for [`arc`](Self::arc).
+        let p = Arc::as_ptr(shared).cast_mut();
+        Invocation {
+            // SAFETY: an `Arc`'s pointer is never null.
+            shared: unsafe { NonNull::new_unchecked(p) },
+            word: seat.pack(),
+            _owns: PhantomData,
+        }
+    }
+
+    /// The invocation of a start on the queued path, holding `shared` as its reference;
+    /// its attempt timeout armed.
+    pub(super) fn counted(
+        shared: Arc<Shared<K>>,
+        seat: Seat,
+        attempt_timeout: Option<Duration>,
+    ) -> Self {
+        let p = Arc::into_raw(shared).cast_mut();
+        let inv = Invocation {
+            // SAFETY: an `Arc`'s pointer is never null.
+            shared: unsafe { NonNull::new_unchecked(p) },
+            word: seat.pack() | COUNTED,
+            _owns: PhantomData,
+        };
+        if let Some(d) = attempt_timeout {
+            inv.arm_attempt_timeout(d);
+        }
+        inv
+    }
+
+    fn shared(&self) -> &Shared<K> {
+        // SAFETY: the pointer came from an `Arc` of the state, which this invocation keeps
+        // alive until it is dropped: by a reference of its own (`COUNTED`), or by the client
+        // slot it holds (`slot_held`'s contract).
+        unsafe { self.shared.as_ref() }
+    }
+
+    /// A new `Arc` of the state (called while the client slot is still held).
+    fn arc(&self) -> Arc<Shared<K>> {
+        let p = self.shared.as_ptr().cast_const();
+        // SAFETY: the state is alive (see `shared`), and `p` came from an `Arc` of it:
+        // adding a reference and making an `Arc` that owns it is sound.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    fn seat(&self) -> Seat {
+        Seat::unpack(self.word)
+    }
+
+    /// Runs `f` on this invocation's entry in the key table.
+    fn entry<R>(&self, f: impl FnOnce(&mut Running<K>) -> R) -> R {
+        self.shared()
+            .gates
+            .keys
+            .with(self.seat(), f)
+            .expect("an invocation holds its seat")
     }
 
     /// Its ticket.
@@ -378,7 +396,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
     /// assert_eq!(inv.ticket().get(), 0);
     /// ```
     pub fn ticket(&self) -> TicketId {
-        self.grant().ticket
+        self.entry(|e| e.ticket)
     }
 
     /// Its fresh cancellation signal (one per invocation; every call returns a handle to
@@ -395,8 +413,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
     /// assert!(inv.signal().is_cancelled());
     /// ```
     pub fn signal(&self) -> CancelToken {
-        let g = self.grant();
-        self.shared.gates.signal(g.home, &g.key, g.ticket)
+        self.shared().gates.signal(self.seat())
     }
 
     /// The monotonic instant it started (the attempt timeout counts from here), when the
@@ -413,7 +430,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
     /// assert!(inv.started_at().is_some());
     /// ```
     pub fn started_at(&self) -> Option<Duration> {
-        self.grant().started_at
+        self.entry(|e| e.started_at)
     }
 
     /// When its ticket was received, on the wall clock.
@@ -425,19 +442,19 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
     /// assert!(inv.received_at() > std::time::UNIX_EPOCH);
     /// ```
     pub fn received_at(&self) -> SystemTime {
-        self.received_at
+        self.entry(|e| e.received_at)
     }
 
     /// Arms the attempt timeout of a start: it counts from the start, not from the submit (a
     /// start with an attempt timeout always read the clock). Out of line: most starts have
-    /// none.
+    /// none. If the scheduler (user code) panics, the caller's invocation is dropped, and
+    /// its slots go back.
     #[cold]
     #[inline(never)]
-    fn arm_attempt_timeout(&self, d: Duration) {
-        let g = self.grant();
-        let signal = self.shared.gates.signal(g.home, &g.key, g.ticket);
-        if let Some(at) = g.started_at.and_then(|s| s.checked_add(d)) {
-            self.shared
+    pub(super) fn arm_attempt_timeout(&self, d: Duration) {
+        let signal = self.signal();
+        if let Some(at) = self.started_at().and_then(|s| s.checked_add(d)) {
+            self.shared()
                 .clocks
                 .scheduler
                 .schedule(at, Box::new(move || signal.cancel()));
@@ -461,13 +478,10 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
 impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
     #[inline]
     fn drop(&mut self) {
-        // The grant stays in place (its key is dropped with the invocation's fields, after
-        // this): no copy of it is made.
-        let Some(g) = &self.grant else { return };
         // Key and provider slot without the mutex, then the client slot while nobody waits;
         // else under the mutex, followed by the start rule (`gates` module docs).
-        let gates = &*self.shared.gates;
-        let signal = gates.give_back_fast(g.provider, g.home, &g.key, g.ticket);
+        let gates = &*self.shared().gates;
+        gates.give_back_fast(self.seat());
         // The last RMW: from here another thread may free the state (a slot-held pointer may
         // dangle), so nothing touches it again unless this was the last owner, whose joint
         // reference keeps it until dropped last, or somebody waits (the slot is still held).
@@ -479,7 +493,12 @@ impl<K: Hash + Eq + Clone + Send + 'static> Drop for Invocation<K> {
                 None
             }
         };
-        drop((signal, joint));
+        drop(joint);
+        if self.word & COUNTED != 0 {
+            // SAFETY: `COUNTED` says the pointer came from `Arc::into_raw` and owns that
+            // reference; this drop gives it up, once, after the last use above.
+            drop(unsafe { Arc::from_raw(self.shared.as_ptr().cast_const()) });
+        }
     }
 }
 
@@ -492,7 +511,7 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
     fn release_queued(&mut self) {
         // An `Arc` of its own before the slot goes back under the mutex (`Shared`,
         // "Lifetime"): the mutex and the scheduler are reached after.
-        let shared = self.shared.counted();
+        let shared = self.arc();
         let clock = &shared.clocks.elapsed;
         let (joint, wake) = shared.wait.transaction(|t| {
             let joint = t.state().client_back();
@@ -509,5 +528,35 @@ impl<K: Hash + Eq + Clone + Send + 'static> Invocation<K> {
         // The joint reference is dropped after the mutex.
         drop(joint);
         schedule_tick(&shared, wake);
+    }
+}
+
+/// What a submit made of its start: the ticket.
+pub(super) fn submitted<K: Hash + Eq + Clone + Send + 'static>(
+    shared: &Arc<Shared<K>>,
+    id: TicketId,
+    s: Submitted<Grant>,
+    received_at: SystemTime,
+    attempt_timeout: Option<Duration>,
+) -> Ticket<K> {
+    match s {
+        Submitted::Started(g) => {
+            Ticket::started(Invocation::counted(shared.clone(), g.seat, attempt_timeout))
+        }
+        Submitted::Queued(w) => Ticket::queued(shared.clone(), id, w, received_at, attempt_timeout),
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    /// The uncontended path's values are two words (module docs, "Two words").
+    #[test]
+    fn a_ticket_and_an_invocation_are_two_words() {
+        assert_eq!(size_of::<Invocation<String>>(), 16);
+        assert_eq!(size_of::<Ticket<String>>(), 16);
+        assert_eq!(size_of::<Result<Invocation<String>, AdmissionError>>(), 16);
     }
 }
