@@ -257,7 +257,7 @@
 //! start's key taken and its pacing stamp not yet, for one); a ticket with an admission timeout
 //! of 2^32 s or more always takes the queued path; a ticket started at its submit arms its
 //! attempt timeout at the start (a started ticket dropped unwaited leaves that timer to fire
-//! on a completed invocation's signal, which nothing reads). A ticket with a shorter admission timeout
-//! that starts at once never has its deadline computed, so a clock reading past 2^63 s (no real
-//! clock; a fake one set there) would start it where the queued path would report
-//! `DeadlineOverflow`.
+//! on a completed invocation's signal, which nothing reads). A ticket with a shorter
+//! admission timeout that starts at once never has its deadline computed, so a clock reading
+//! past 2^63 s (no real clock; a fake one set there) would start it where the queued path
+//! would report `DeadlineOverflow`.

@@ -10,11 +10,12 @@
 //! CAS on the client word that takes a slot only while nobody waits and, in the same CAS, the
 //! ticket id (`Gates`, "Ticket ids"); then the key's claim in the running-key table (`keys`:
 //! one CAS and one store; the entry it writes is the invocation's record, so the invocation
-//! itself is two words: `ticket` module, "Two words"). For a paced provider a CAS on its last-start stamp follows (last:
-//! nothing is undone after it). It reads the monotonic clock only when the gate holds a
-//! cooldown, the provider is paced, or the caller needs the start instant (an attempt
-//! timeout, recorded events). Anything it cannot take undoes what it took and sends the
-//! ticket to the queued path, which runs the start rule and then judges it under the mutex.
+//! itself is two words: `ticket` module, "Two words"). For a paced provider a CAS on its
+//! last-start stamp follows (last: nothing is undone after it). It reads the monotonic clock
+//! only when the gate holds a cooldown, the provider is paced, or the caller needs the start
+//! instant (an attempt timeout, recorded events). Anything it cannot take undoes what it
+//! took and sends the ticket to the queued path, which runs the start rule and then judges it
+//! under the mutex.
 //!
 //! A completion gives its key back (a store: `keys`, "Seat 0's release without the lock") and
 //! its provider slot, then its client slot with a CAS that looks at `WAITERS`
@@ -669,7 +670,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
 
     /// The queued path's start (under the mutex; readiness already checked): client,
     /// provider, key, undone on a miss; the key's seat, or which claim missed.
-    pub(crate) fn claim_queued(&self, key: K, stamp: Stamp) -> Result<Seat, Miss> {
+    pub(crate) fn claim_queued(&self, key: &K, stamp: Stamp) -> Result<Seat, Miss> {
         if !self.claim_client() {
             return Err(Miss::Client);
         }
@@ -678,7 +679,7 @@ impl<K: Hash + Eq + Clone> Gates<K> {
             drop(self.unclaim_client());
             return Err(Miss::Provider);
         }
-        match self.keys.claim(self.keys.home_of(&key), key, stamp) {
+        match self.keys.claim(self.keys.home_of(key), key, stamp) {
             Ok(seat) => Ok(seat),
             Err(_) => {
                 p.unclaim();

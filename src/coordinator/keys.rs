@@ -37,11 +37,13 @@
 //!
 //! # Why a spin lock
 //!
-//! The critical sections are a few loads and stores and one key comparison per seat in use
-//! (a collision's vector grows under it, rarely); the lock is never held across user code
-//! that can block (a key's `Eq` excepted, as a mutex would hold it too; keys are dropped after
-//! the unlock). Readers that walk every slot (a snapshot, the close's scan of signals) take
-//! each slot's lock in turn. A waiter spins briefly, then yields.
+//! The critical sections are a few loads and stores, one key comparison per seat in use and,
+//! for the queued path, one key clone (a collision's vector grows under it, rarely); the lock
+//! is never held across user code that can block (a key's `Eq` and `Clone` excepted, as a
+//! mutex would hold them too; keys are dropped after the unlock, a dead entry's by the claim
+//! that replaces it, which on the queued path is still under the wait's mutex, where keys are
+//! compared and cloned too). Readers that walk every slot (a snapshot, the close's scan of
+//! signals) take each slot's lock in turn. A waiter spins briefly, then yields.
 //!
 //! # Memory ordering
 //!
@@ -66,6 +68,30 @@ pub(crate) struct Running<K> {
     pub(crate) received_at: SystemTime,
     /// The invocation's signal, once somebody asked for it.
     pub(crate) signal: Option<CancelToken>,
+}
+
+/// A key handed to [`KeyTable::claim`]: owned, or borrowed and cloned on success.
+pub(crate) trait ClaimKey<K> {
+    fn key(&self) -> &K;
+    fn into_key(self) -> K;
+}
+
+impl<K> ClaimKey<K> for K {
+    fn key(&self) -> &K {
+        self
+    }
+    fn into_key(self) -> K {
+        self
+    }
+}
+
+impl<K: Clone> ClaimKey<K> for &K {
+    fn key(&self) -> &K {
+        self
+    }
+    fn into_key(self) -> K {
+        self.clone()
+    }
 }
 
 /// What a claim writes besides the key.
@@ -251,17 +277,24 @@ impl<K: Hash + Eq> KeyTable<K> {
     }
 
     /// Claims `key` (whose home is `at`) with the entry `stamp` describes, if no invocation
-    /// of it runs; its seat, or the key back.
+    /// of it runs; its seat, or the key back. An owned key moves into the entry; a borrowed
+    /// one is cloned into it, only when the claim succeeds (the queued path's scans judge
+    /// many tickets that miss).
     #[inline]
-    pub(crate) fn claim(&self, at: KeyHome, key: K, stamp: Stamp) -> Result<Seat, K> {
+    pub(crate) fn claim<Q: ClaimKey<K>>(
+        &self,
+        at: KeyHome,
+        key: Q,
+        stamp: Stamp,
+    ) -> Result<Seat, Q> {
         let mut g = self.slot(at).lock();
         let first_live = g.first_live();
         let (index, dead) = g.with(|h| {
-            if h.each(first_live).any(|r| r.key == key) {
+            if h.each(first_live).any(|r| r.key == *key.key()) {
                 return Err(key);
             }
             let entry = Running {
-                key,
+                key: key.into_key(),
                 ticket: stamp.ticket,
                 provider: stamp.provider,
                 started_at: stamp.started_at,

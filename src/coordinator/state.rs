@@ -218,7 +218,7 @@ impl<K: Hash + Eq + Clone> Admit for State<K> {
         }
         let stamp = now.max(self.clock_now);
         let claimed = self.gates.claim_queued(
-            r.key.clone(),
+            &r.key,
             Stamp {
                 ticket: r.ticket,
                 provider: r.provider,
