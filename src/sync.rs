@@ -498,15 +498,6 @@ pub(crate) fn broken_variant(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| v == "1")
 }
 
-/// Whether the deliberately broken variant `name` is switched on for this test run (feature
-/// `testing`; the environment variable `name` is `1`), read once per switch into `cell`. Each
-/// switch sits in the step it breaks and names, in its doc comment, the regression shown to
-/// fail on it; `.ci/run` runs them.
-#[cfg(feature = "testing")]
-pub(crate) fn broken_for_tests(cell: &'static std::sync::OnceLock<bool>, name: &str) -> bool {
-    *cell.get_or_init(|| std::env::var_os(name).is_some_and(|v| v == "1"))
-}
-
 /// A place in a protocol where a test may stop the calling thread (feature `testing`).
 ///
 /// Each point sits between a read that a decision depends on and the atomic step that commits
@@ -545,10 +536,8 @@ pub enum PausePoint {
     /// now. The last handle's detach reaches it for every class word it counts down, the last
     /// of which is its own count; a release, when its class word emptied after the detach.
     CountedDown,
-    /// `apply_limits` on a bulkhead with classes has bumped the tag (adding to the shared word
-    /// every raise of a floor, the most a raise can add) and is about to migrate the classes
-    /// whose limits changed: until each has migrated, the stored `U`, `V` are above the truth
-    /// (`crate::protocol::classed`, "Reconfiguration").
+    /// `apply_limits` has bumped the tag (with classes, adding every raise of a floor to the
+    /// stored `U`, `V`) and is about to migrate the classes whose limits changed.
     InstallMigrating,
     /// A borrower has added its reservation to the shared word and is about to take its step
     /// on the class word (the CAS that may find the class moved, and then take the reservation

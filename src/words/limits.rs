@@ -468,7 +468,7 @@ struct Slot {
     sums: AtomicU64,
     /// Per class: floor (16) | ceiling (bits 16..32) | has-ceiling (bit 32) | has-token-ceiling
     /// (bit 33); then token floor (32) | token ceiling (32).
-    classes: [ClassLimitCell; MAX_CLASSES],
+    classes: [[AtomicU64; 2]; MAX_CLASSES],
 }
 
 const HAS_MAX_C: u64 = 1 << 32;
@@ -497,26 +497,14 @@ impl From<ClassLimits> for HotClass {
 /// One class's limits as a ring slot stores them ([`pack_class`]): `a` = floor (16 bits) |
 /// ceiling (16 bits, from bit 16) | has-ceiling (bit 32) | has-token-ceiling (bit 33) | the
 /// class's version (bits 40..48), `b` = token floor (32 bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
-/// decoding (`crate::protocol::classed::short_refusal`).
+/// decoding (`crate::protocol::classed::ceiling_refusal`).
 #[derive(Clone, Copy)]
 pub(crate) struct ClassLimitWords {
     a: u64,
     b: u64,
 }
 
-/// Where one class's limits are stored in a ring slot (two words, [`ClassLimitWords`]).
-pub(crate) type ClassLimitCell = [AtomicU64; 2];
-
 impl ClassLimitWords {
-    /// The words of `cell` as stored.
-    #[inline(always)]
-    pub(crate) fn load(cell: &ClassLimitCell) -> ClassLimitWords {
-        ClassLimitWords {
-            a: cell[0].load(Ordering::Acquire),
-            b: cell[1].load(Ordering::Acquire),
-        }
-    }
-
     /// The concurrency floor.
     #[inline(always)]
     pub(crate) fn pc(self) -> u64 {
@@ -650,15 +638,11 @@ impl Ring {
     /// [`Ring::read`]).
     #[inline]
     pub(crate) fn read_class_words(&self, tag: usize, k: usize) -> ClassLimitWords {
-        ClassLimitWords::load(&self.slots[tag % RING].classes[k])
-    }
-
-    /// Every class's limits in the slot for `tag`, as cells to read with
-    /// [`ClassLimitWords::load`] (same caveat as [`Ring::read`]): for a loop over the class
-    /// words beside them that checks no index.
-    #[inline(always)]
-    pub(crate) fn class_limit_cells(&self, tag: usize) -> &[ClassLimitCell; MAX_CLASSES] {
-        &self.slots[tag % RING].classes
+        let c = &self.slots[tag % RING].classes[k];
+        ClassLimitWords {
+            a: c[0].load(Ordering::Acquire),
+            b: c[1].load(Ordering::Acquire),
+        }
     }
 
     /// Writes class `k`'s limits `c` as its version `version` (mod `CTAG_MOD`) into the

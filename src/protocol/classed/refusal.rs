@@ -7,7 +7,6 @@ use super::*;
 use crate::vocab::rejection::{
     Ceilings, ClassCounts, ClassWords, Counts, Rejection, SHAPE_HAS_BUDGET,
 };
-use crate::words::limits::ClassLimitWords;
 
 /// A classed refusal, with the collect that explains it (a few words: no allocation).
 #[derive(Clone, Copy)]
@@ -338,21 +337,20 @@ pub(crate) fn shared_refusal(
     // attempt read it: one loop over the words before it and one over those after it.
     let (mut n_sum, mut t_sum) = (n, t);
     let (mut prot_c, mut prot_t) = (n.min(pc), t.min(pt));
-    let mut add = |w: &crate::sync::AtomicU64, cell| {
-        let w = CWord(w.load(SeqCst));
-        let lj = ClassLimitWords::load(cell);
+    let mut add = |j: usize| {
+        let w = CWord(shared.class_words[j].load(SeqCst));
+        let lj = shared.ring.read_class_words(tag, j);
         let (nj, tj) = (w.in_flight(), w.tokens());
         n_sum += nj;
         t_sum += tj;
         prot_c += nj.min(lj.pc());
         prot_t += tj.min(lj.pt());
     };
-    let (words, cells) = (&shared.class_words, shared.ring.class_limit_cells(tag));
-    for (w, cell) in words[..k].iter().zip(&cells[..k]) {
-        add(w, cell);
+    for j in 0..k {
+        add(j);
     }
-    for (w, cell) in words[k + 1..].iter().zip(&cells[k + 1..]) {
-        add(w, cell);
+    for j in k + 1..shared.class_words.len() {
+        add(j);
     }
     // The slot's other words: the re-read of the shared word below, still at `tag`, shows that
     // they are `tag`'s (a slot is rewritten only by the install of a tag `RING` later, and no
@@ -426,8 +424,11 @@ pub(crate) fn shared_refusal(
 fn trusts_stored_for_tests() -> bool {
     #[cfg(feature = "testing")]
     {
-        static CELL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        crate::sync::broken_for_tests(&CELL, "LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED")
+        // Read once: a test-support switch, not a protocol step.
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            std::env::var_os("LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED").is_some_and(|v| v == "1")
+        })
     }
     #[cfg(not(feature = "testing"))]
     {
