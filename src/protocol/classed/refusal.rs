@@ -215,9 +215,9 @@ pub(crate) fn try_fast_in(
 /// sums and the shared remainder in use as the shared word stores it (`U − Σ pc`, `V − Σ pt`:
 /// exact when no other decision is between its two steps, above the truth by those steps
 /// otherwise, never below it); its detail is computed only when asked
-/// ([`Rejection::detail`]). Runs no user code. Inlined into its one caller, which builds the
-/// refusal in its own result ([`ShortRefusal::rejection`]: a `Rejection` moved out of a call is
-/// copied word by word).
+/// ([`Rejection::detail`]). Runs no user code. Inlined into its callers (the fast attempt's,
+/// and the second attempt's out of line), which build the refusal in their own result
+/// ([`ShortRefusal::rejection`]: a `Rejection` moved out of a call is copied word by word).
 #[inline(always)]
 pub(crate) fn ceiling_refusal(
     shared: &Shared,
