@@ -67,8 +67,9 @@
 //! refusal's collect never exceeds the stored amounts (neither torn nor stale) 2 and 12, four
 //! of those at 30% installs. Their cause is not found: by the protocol's argument no class word
 //! shows a borrowed slot that is not an admission's, and the trial check (not kept) did not
-//! remove them. So the zero asserted below is the goal
-//! (issue 26 §5), not what every run meets.
+//! remove them. So the zero asserted below is the goal (issue 26 §5), not what every run
+//! meets.
+//!
 //! The self-test flags 70-100% of the admissions reported as refusals, so the checker does see
 //! a refusal that no state of its call explains. Its zero is therefore a statement about
 //! refusals explained one at a time; the spurious refusal exists all the same, as

@@ -80,7 +80,7 @@ impl Bulkhead {
     /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
     /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
     /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`). Decided here
-    /// it costs 466 instructions, against 900 through the full protocol; the first attempt's
+    /// it costs 483 instructions, against 900 through the full protocol; the first attempt's
     /// words cannot be carried over, since they were read in an operation that has left.
     #[inline(never)]
     fn try_acquire_classed_contended(
