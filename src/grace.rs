@@ -62,7 +62,7 @@
 //!
 //! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`), the class
 //!   protocol's fast attempt (`crate::protocol::classed::try_fast`, and `try_fast_in`, whose
-//!   operation also holds the refusal at a class ceiling, `ceiling_refusal`) use the thread's
+//!   operation also holds the refusals it stops at, `short_refusal`) use the thread's
 //!   counters entry of that bulkhead, which the decision looks up anyway to
 //!   count the admission or the refusal: one lookup for both. Their callers hold a handle, so the
 //!   entry outlives the operation. Such a marker belongs to one bulkhead: its sequence number

@@ -536,6 +536,9 @@ pub enum PausePoint {
     /// now. The last handle's detach reaches it for every class word it counts down, the last
     /// of which is its own count; a release, when its class word emptied after the detach.
     CountedDown,
+    /// `apply_limits` has bumped the tag (with classes, adding every raise of a floor to the
+    /// stored `U`, `V`) and is about to migrate the classes whose limits changed.
+    InstallMigrating,
     /// A borrower has added its reservation to the shared word and is about to take its step
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.

@@ -1,8 +1,10 @@
 //! Class refusals, the hot path of `try_acquire` under overload with classes: they allocate
 //! nothing (counted by a per-thread counting global allocator, with every refusal kept alive,
-//! as a caller that answers with it does), and a refusal at a class ceiling, decided by its
-//! own short path, explains itself exactly as `would_admit` (which decides from its own
-//! collect of the words) does: same reason, constraint, revision and whole detail.
+//! as a caller that answers with it does), and every refusal, those decided by the short paths
+//! (at a class ceiling, at the shared remainder) included, explains itself exactly as
+//! `would_admit` (which decides from its own collect of the words) does: same reason,
+//! constraint, revision and whole detail. A refusal at the shared remainder is decided by the
+//! rule on a collect, not by the stored shared word (`conservative`, with its broken variant).
 
 use llm_bulkhead::{
     Advice, Bulkhead, ClassId, ClassLimits, Constraint, Demand, RejectReason, Rejection,
@@ -97,8 +99,8 @@ fn a_refusal_at_a_class_ceiling_allocates_nothing() {
     assert_eq!(kept[0].constraint, Some(Constraint::AdmissionClass));
 }
 
-/// The refusals the full class protocol explains (another class's floor, the global slots)
-/// keep their numbers inline too.
+/// The refusals at the shared remainder (the global slots, another class's floor), decided by
+/// their short path, keep their numbers inline too.
 #[test]
 fn other_class_refusals_allocate_nothing() {
     // The global slots: no floors, both slots held.
@@ -250,5 +252,80 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+/// A refusal at the shared remainder is decided by the rule on a collect, not by the stored
+/// shared word, which may count steps in progress: here an install that raised a floor has
+/// added the raise to the stored `U` and is stopped (a pause hook, feature `testing`) before it
+/// migrates the class, whose slot was already in use, so the raise takes nothing. The stored
+/// word then has no room for a borrower of another class, but the truth has, and no state of
+/// the call refuses it: it is admitted (the full protocol helps the migration and decides
+/// again). Refusing on the stored word alone, the deliberately broken variant
+/// `LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED=1` that `.ci/run` runs, fails here.
+#[cfg(feature = "testing")]
+mod conservative {
+    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    use std::sync::mpsc;
+
+    #[test]
+    fn a_conservative_shared_word_refuses_no_one() {
+        // Three slots; `a` and `b` without floors, each holding one (both borrowed).
+        let b = Bulkhead::builder()
+            .max_concurrent(3)
+            .class("a", ClassLimits::default())
+            .class("b", ClassLimits::default())
+            .default_class("a")
+            .build()
+            .unwrap();
+        let (a_id, b_id) = (b.class_id("a").unwrap(), b.class_id("b").unwrap());
+        let held = [
+            b.try_acquire(Demand::slot().in_class(a_id)).unwrap(),
+            b.try_acquire(Demand::slot().in_class(b_id)).unwrap(),
+        ];
+        // `b`'s floor raised to 1: the install adds 1 to the stored `U` (3 of 3) and stops
+        // before the migration takes it back (`b` already holds its floor's slot).
+        let (at_tx, at_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let installer = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let mut first = Some((at_tx, go_rx));
+                set_pause_hook(move |p| {
+                    if p == PausePoint::InstallMigrating {
+                        if let Some((at, go)) = first.take() {
+                            at.send(()).unwrap();
+                            go.recv().unwrap();
+                        }
+                    }
+                });
+                let cur = b.limits();
+                let next = cur.with_revision(cur.revision + 1).with_class(
+                    b_id,
+                    ClassLimits {
+                        protected_concurrent: 1,
+                        ..ClassLimits::default()
+                    },
+                );
+                let out = b.apply_limits(next);
+                clear_pause_hook();
+                out
+            })
+        };
+        at_rx
+            .recv()
+            .expect("the install stops before its migration");
+        // `a` borrows its second slot: one of the two shared slots (3 minus b's floor) is in
+        // use, by `a`, in every state of the call.
+        let second = b.try_acquire(Demand::slot().in_class(a_id));
+        go_tx.send(()).unwrap();
+        installer.join().unwrap().expect("the install lands");
+        let second = second.map_err(|rej| format!("refused by the stored word: {rej:?}"));
+        assert!(second.is_ok(), "{second:?}");
+        drop(second);
+        drop(held);
+        let s = b.stats();
+        assert_eq!(s.in_flight, 0, "{s:?}");
     }
 }

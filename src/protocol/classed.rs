@@ -122,9 +122,27 @@
 //! both overshoot; fast-path deciders never overshoot because `G ≤ U`, `T ≤ V`. These paths
 //! can refuse because of another tentative step that is later undone.
 //!
-//! A refusal is always re-explained from one collect of every word: the reason, constraint and
-//! capacity detail come from that collect; if the collect says the demand fits (a transient
-//! step of another decider caused the refusal) the decision is retried, at most twice.
+//! A refusal is always decided by one collect of every word, never by the stored shared word
+//! alone: the reason, constraint and capacity detail come from that collect; if the collect
+//! says the demand fits (a transient step of another decider caused the refusal) the decision
+//! is retried, a bounded number of times (`FITS_RETRIES`).
+//!
+//! # Short refusals
+//!
+//! Under overload the refusal is the hot path, so the two refusals an overloaded class meets
+//! most are decided without the full protocol, inside the fast attempt's operation, from the
+//! words it read and one read of the other class words, with nothing allocated and the detail
+//! built only when asked (`refusal::ceiling_refusal`, `refusal::shared_refusal`):
+//!
+//! * **at a class ceiling** (rows 2 and 3): the class word decides, read under the shared
+//!   word's tag at the class's version under that tag; the other words give the totals;
+//! * **at the shared remainder** (row 1, or rows 4 and 5 for a borrower): the stored `U`, `V`
+//!   only stop the attempt, before any step; the sequential rule on the collect decides, so a
+//!   stored amount that counts another decider's step in progress refuses no one here (the
+//!   full protocol then decides). `tests/class_refusals.rs` has the regression, with an
+//!   install stopped between its tag bump and its migrations, and its broken variant.
+//!
+//! Either refusal takes effect at a re-read of the shared word at the same tag, still open.
 //!
 //! # Reconfiguration
 //!
@@ -203,8 +221,9 @@ use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use fast::*;
 use refusal::*;
-pub(crate) use refusal::{ceiling_refusal, collect, describe, precheck, Precheck, Refused};
-pub(crate) use refusal::{try_fast_in, AtCeiling, PastCeiling};
+pub(crate) use refusal::{ceiling_refusal, shared_refusal, try_fast_in};
+pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
+pub(crate) use refusal::{ShortRefusal, StopAt, Stopped};
 use returns::*;
 pub(crate) use returns::{grow_tokens, migrate, release, return_slot_only, return_tokens};
 

@@ -76,6 +76,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     }
     canon.tag = tag;
     canon.periods.commit_versions(tag as u64, changed);
+    crate::sync::pause(crate::sync::PausePoint::InstallMigrating);
     let mut visit = false;
     for k in 0..shared.class_words.len() {
         visit |= crate::protocol::classed::migrate(shared, k, tag);

@@ -2,12 +2,13 @@
 //! counting, the class refusals (`crate::protocol::classed`).
 
 use super::*;
-use crate::protocol::classed::AtCeiling;
+use crate::protocol::classed::{ShortRefusal, StopAt};
 
 impl Bulkhead {
     /// The class path of `try_acquire` (the protocol of `crate::protocol::classed`): the fast
-    /// attempt and the refusal at a class ceiling inline (in one operation), the rest out of
-    /// line ([`try_acquire_classed_contended`]). Inlined: out of line, its prologue, spills and `Result` written through memory were about 35
+    /// attempt and the refusal at a class ceiling inline, in one operation; the rest out of
+    /// line ([`try_acquire_classed_contended`], in the same operation). Inlined: out of
+    /// line, its prologue, spills and `Result` written through memory were about 35
     /// instructions of a class pair (392 -> 357 for `pair_protected` in
     /// `benches/instructions.rs`), for about 2 more on the no-class pair beside it.
     ///
@@ -43,33 +44,44 @@ impl Bulkhead {
         let at_ceiling = past.and_then(|p| {
             crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op)
         });
-        drop(op);
         let Some(f) = at_ceiling else {
+            drop(op);
             return self.try_acquire_classed_contended(k, r, priority);
         };
+        drop(op);
         // No wake-ups to deliver: the attempt stopped at its first checks, before any step it
         // could take back (and so before any pump).
         if shared
             .events
             .wants(Interest::REJECT | Interest::DECISION_TIMING)
         {
-            self.publish_ceiling_refusal(k, f, r, priority);
+            self.publish_short_refusal(k, f, r, priority);
         }
         Err(f.rejection(r, priority))
     }
 
-    /// Calls the reject subscribers of a refusal at a class ceiling, with a copy of their own
-    /// (built only for them), after the decision left its operation.
+    /// Calls the reject subscribers of a refusal decided on the short path, with a copy of
+    /// their own (built only for them), after the decision left its operation.
     #[cold]
     #[inline(never)]
-    fn publish_ceiling_refusal(&self, k: usize, f: AtCeiling, r: u64, priority: Priority) {
+    fn publish_short_refusal(&self, k: usize, f: ShortRefusal, r: u64, priority: Priority) {
         let rej = f.rejection(r, priority);
         crate::handle::events::rejected(&self.shared, Some(k), &rej);
     }
 
     /// The classed decision after the fast attempt gave up and no class ceiling refused: the
-    /// fast attempt's wake-ups, the full protocol, and the refusal if it refuses (out of line:
-    /// its result carries the collect that explains it).
+    /// fast attempt's wake-ups, then a second fast attempt, which also decides the other hot
+    /// path under overload, a refusal at the shared remainder (confirmed in the attempt's
+    /// operation by one read of the other class words,
+    /// `crate::protocol::classed::shared_refusal`), and then the full protocol, and the
+    /// refusal if it refuses (out of line: its result carries the collect that explains it).
+    ///
+    /// The refusal at the shared remainder is decided here, out of line, and not beside the
+    /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
+    /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
+    /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`). Decided here
+    /// it costs 483 instructions, against 900 through the full protocol; the first attempt's
+    /// words cannot be carried over, since they were read in an operation that has left.
     #[inline(never)]
     fn try_acquire_classed_contended(
         &self,
@@ -78,6 +90,35 @@ impl Bulkhead {
         priority: Priority,
     ) -> Result<Granted, Rejection> {
         // The fast attempt's wake-ups (if it pumped before giving up), outside its operation.
+        crate::protocol::class_pump::deliver_deferred();
+        let shared = &*self.shared;
+        let c = shared.counters.local(Counters::new);
+        let op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
+        let short = match crate::protocol::classed::try_fast_in(&op, shared, k, r, priority) {
+            Ok(a) => {
+                drop(op);
+                crate::protocol::class_pump::deliver_deferred();
+                return Ok(self.count_class_in(c, k, r, a.revision, a.resources));
+            }
+            Err(Some(p)) => match p.at {
+                StopAt::Shared => {
+                    crate::protocol::classed::shared_refusal(shared, c, k, r, priority, p, &op)
+                }
+                _ => crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op),
+            },
+            Err(None) => None,
+        };
+        drop(op);
+        if let Some(f) = short {
+            // Stopped before any step: no wake-ups to deliver.
+            if shared
+                .events
+                .wants(Interest::REJECT | Interest::DECISION_TIMING)
+            {
+                self.publish_short_refusal(k, f, r, priority);
+            }
+            return Err(f.rejection(r, priority));
+        }
         crate::protocol::class_pump::deliver_deferred();
         self.try_acquire_classed_full(k, r, priority)
     }

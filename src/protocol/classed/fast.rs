@@ -1,6 +1,8 @@
 //! The class protocol's fast attempt (`first_try`): every state read once, one CAS per word,
 //! no retry; the class ceilings checked first, so that a refusal at one (the hot path under
-//! overload, `refusal::ceiling_refusal`) stops before anything else is read.
+//! overload, `refusal::short_refusal`) stops before anything else is read, and a borrower
+//! that the shared word refuses stops before any step (`refusal::short_refusal` confirms
+//! that refusal with one collect).
 
 use super::*;
 
@@ -12,9 +14,11 @@ pub(super) fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -
     first_try_or_ceiling(shared, k, r, priority).ok()
 }
 
-/// [`first_try`], which on a refusal at a class ceiling returns the words it read and the row
-/// that failed (`Err(Some(_))`, [`ceiling_refusal`] decides the refusal from them); `Err(None)`:
-/// the full protocol decides. Rows 2 and 3 (the class ceilings) are checked first, on the class
+/// [`first_try`], which says where it stopped when it may be a refusal: at a class ceiling,
+/// with the words it read and the row that failed (`Err(Some(_))` at a [`StopAt`] ceiling,
+/// [`short_refusal`] decides the refusal from them), or before any step, for a demand that
+/// row 1 or the stored shared word refuses ([`StopAt::Shared`], [`short_refusal`] confirms
+/// it from a collect). `Err(None)`: the full protocol decides. Rows 2 and 3 (the class ceilings) are checked first, on the class
 /// word read under the shared word's tag at the class's version under that tag, before the
 /// slot's other words are read or anything else is decoded: a refusal at a ceiling, the hot
 /// path under overload, stops there.
@@ -24,31 +28,31 @@ pub(super) fn first_try_or_ceiling(
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Option<PastCeiling>> {
+) -> Result<Admitted, Option<Stopped>> {
     let word = &*shared.word;
     let cw = &*shared.class_words[k];
     let g = GWord(word.load(SeqCst));
     let tag = g.tag();
-    // Read as stored: a refusal at a ceiling keeps these words (`PastCeiling`).
+    // Read as stored: a refusal keeps these words (`Stopped`).
     let cl = shared.ring.read_class_words(tag, k);
     let c = CWord(cw.load(SeqCst));
     if g.closed() || c.ctag() != cl.version() {
         return Err(None);
     }
     // The token ceiling before the concurrency ceiling, as the model orders rows 2 and 3 (row
-    // 1, which the model puts before them, is `ceiling_refusal`'s to check). `t + r` wraps
+    // 1, which the model puts before them, is `short_refusal`'s to check). `t + r` wraps
     // only for an `r` above any budget (without a budget `r` is 0), which row 1 refuses: the
-    // ceiling is then not claimed, and `r > eff` below (or row 1 in `ceiling_refusal`) hands
+    // ceiling is then not claimed, and `r > eff` below (or row 1 in `short_refusal`) hands
     // the decision on.
     let at_ceiling = if cl.ceilings() & 2 != 0 && c.tokens().wrapping_add(r) > cl.mt_or_zero() {
-        Some(RejectReason::BudgetLimit)
+        Some(StopAt::TokenCeiling)
     } else if cl.ceilings() & 1 != 0 && c.in_flight() >= cl.mc_or_zero() {
-        Some(RejectReason::ConcurrencyLimit)
+        Some(StopAt::ConcurrencyCeiling)
     } else {
         None
     };
-    if let Some(reason) = at_ceiling {
-        return Err(Some(PastCeiling { g, c, cl, reason }));
+    if let Some(at) = at_ceiling {
+        return Err(Some(Stopped { g, c, cl, at }));
     }
     let p = shared.ring.read_packed(tag);
     let (lim, l) = (p.hot(), cl.hot());
@@ -57,8 +61,17 @@ pub(super) fn first_try_or_ceiling(
     let eff = p.eff_or_zero(priority);
     debug_assert!(lim.budget.is_some() || (r == 0 && g.v() == 0));
     let mc = lim.max_concurrent;
-    if g.waiters() || r > eff || g.u() > mc {
+    if g.waiters() || g.u() > mc {
         return Err(None);
+    }
+    // Row 1 refuses any demand above the effective budget, whatever the state.
+    if r > eff {
+        return Err(Some(Stopped {
+            g,
+            c,
+            cl,
+            at: StopAt::Shared,
+        }));
     }
     let (n, t) = (c.in_flight(), c.tokens());
     let borrow_c = n >= l.pc;
@@ -87,7 +100,14 @@ pub(super) fn first_try_or_ceiling(
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
     let du = u64::from(borrow_c);
     if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
-        return Err(None);
+        // Refused by the stored amounts, which may count other deciders' steps in progress:
+        // nothing was done, and a collect decides (`short_refusal`).
+        return Err(Some(Stopped {
+            g,
+            c,
+            cl,
+            at: StopAt::Shared,
+        }));
     }
     word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
         .map_err(|_| None)?;

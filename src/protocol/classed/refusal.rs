@@ -149,25 +149,39 @@ pub(super) fn explain<T>(
     }
 }
 
-/// The shared word, the class word and the class's limits under the shared word's tag (the
-/// ring slot's words for the class, as stored) that the fast attempt read, and the ceiling row
-/// they fail (the class word at the class's version under that tag, the bulkhead open): what
-/// [`ceiling_refusal`] decides from, in the same operation, reading none of them again.
+/// Where the fast attempt stopped, having taken no step, when what it read may refuse the
+/// demand: the shared word, the class word and the class's limits under the shared word's tag
+/// (the ring slot's words for the class, as stored; the class word at the class's version
+/// under that tag, the bulkhead open), and the row that stopped it. What [`ceiling_refusal`], [`shared_refusal`]
+/// decides from, in the same operation. One struct with a one-byte
+/// `at`, not an enum of two: the attempt's result stays as small as it was with the ceiling
+/// alone (an enum of two cost the pairs 7 to 11 instructions and the ceiling refusal 40).
 #[derive(Clone, Copy)]
-pub(crate) struct PastCeiling {
+pub(crate) struct Stopped {
     pub(super) g: GWord,
     pub(super) c: CWord,
     pub(super) cl: crate::words::limits::ClassLimitWords,
-    /// `BudgetLimit` for the token ceiling (row 2), `ConcurrencyLimit` for the concurrency
-    /// ceiling (row 3).
-    pub(super) reason: RejectReason,
+    pub(crate) at: StopAt,
+}
+
+/// The row a [`Stopped`] attempt stopped at.
+#[derive(Clone, Copy)]
+pub(crate) enum StopAt {
+    /// The class's token ceiling (row 2), which refuses: [`ceiling_refusal`].
+    TokenCeiling,
+    /// The class's concurrency ceiling (row 3), which refuses: [`ceiling_refusal`].
+    ConcurrencyCeiling,
+    /// Within both ceilings (and nobody queued), but row 1 (`r` above the effective budget)
+    /// or the stored shared word (rows 4 and 5 on the stored `U`, `V`, for a borrower)
+    /// refuses: [`shared_refusal`] decides with a collect.
+    Shared,
 }
 
 /// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
-/// `super::try_fast` does): when the class word is past a ceiling, the words it read come back
-/// (`Err(Some(_))`) for [`ceiling_refusal`], which the caller runs in the same operation. Under
-/// overload most class refusals are at a ceiling; this way they enter no second operation and
-/// read nothing twice.
+/// `super::try_fast` does): when the attempt stopped at what may be a refusal, where it stopped
+/// comes back (`Err(Some(_))`) for [`ceiling_refusal`], [`shared_refusal`], which the caller runs in the same
+/// operation. Under overload most class refusals are at a ceiling or at the shared remainder;
+/// this way they enter no second operation and read nothing twice.
 #[inline(always)]
 pub(crate) fn try_fast_in(
     _op: &crate::grace::Op<'_>,
@@ -175,7 +189,7 @@ pub(crate) fn try_fast_in(
     k: usize,
     r: u64,
     priority: Priority,
-) -> Result<Admitted, Option<PastCeiling>> {
+) -> Result<Admitted, Option<Stopped>> {
     first_try_or_ceiling(shared, k, r, priority)
 }
 
@@ -183,8 +197,8 @@ pub(crate) fn try_fast_in(
 /// ceilings (CONTRACT.md §2 rows 2 and 3), decided and counted in this thread's entry `c`
 /// without allocating: under overload this is the hot path of `try_acquire` with classes.
 /// Runs inside the decision operation `_op` of the fast attempt that found the class word past
-/// a ceiling (`past`, [`super::try_fast_in`]), so that it enters no operation of its own and
-/// reads neither word again. `None` when row 1, which the sequential model puts before the
+/// a ceiling (`past`, [`super::try_fast_in`]; `None` for an attempt stopped elsewhere), so
+/// that it enters no operation of its own and reads neither word again. `None` when row 1, which the sequential model puts before the
 /// ceilings, fails too, or when the tag moved or the bulkhead closed: the caller then takes the
 /// full protocol, which decides and explains everything else.
 ///
@@ -201,9 +215,9 @@ pub(crate) fn try_fast_in(
 /// sums and the shared remainder in use as the shared word stores it (`U − Σ pc`, `V − Σ pt`:
 /// exact when no other decision is between its two steps, above the truth by those steps
 /// otherwise, never below it); its detail is computed only when asked
-/// ([`Rejection::detail`]). Runs no user code. Inlined into its one caller, which builds the
-/// refusal in its own result ([`AtCeiling::rejection`]: a `Rejection` moved out of a call is
-/// copied word by word).
+/// ([`Rejection::detail`]). Runs no user code. Inlined into its callers (the fast attempt's,
+/// and the second attempt's out of line), which build the refusal in their own result
+/// ([`ShortRefusal::rejection`]: a `Rejection` moved out of a call is copied word by word).
 #[inline(always)]
 pub(crate) fn ceiling_refusal(
     shared: &Shared,
@@ -211,15 +225,20 @@ pub(crate) fn ceiling_refusal(
     k: usize,
     r: u64,
     priority: Priority,
-    past: PastCeiling,
+    past: Stopped,
     _op: &crate::grace::Op<'_>,
-) -> Option<AtCeiling> {
-    let PastCeiling {
+) -> Option<ShortRefusal> {
+    let Stopped {
         g,
         c: own,
         cl: l,
-        reason,
+        at,
     } = past;
+    let reason = match at {
+        StopAt::TokenCeiling => RejectReason::BudgetLimit,
+        StopAt::ConcurrencyCeiling => RejectReason::ConcurrencyLimit,
+        StopAt::Shared => return None,
+    };
     let word = &*shared.word;
     let tag = g.tag();
     let (n, t) = (own.in_flight(), own.tokens());
@@ -255,8 +274,9 @@ pub(crate) fn ceiling_refusal(
     c.classes[k].rejected[reason.index()].incr();
     // Every field below is within its packed width by the words it comes from (`n`: 14 bits,
     // the ring's class limits: 16 and 32, `U`: 16, `V`: 32); only `Σ pt` can be wider.
-    Some(AtCeiling {
+    Some(ShortRefusal {
         reason,
+        constraint: Constraint::AdmissionClass,
         used: Counts::used(t_sum, n_sum),
         p,
         class: ClassCounts::from_words(
@@ -274,25 +294,169 @@ pub(crate) fn ceiling_refusal(
     })
 }
 
-/// A refusal at a class ceiling ([`ceiling_refusal`]) as the words it was decided on: a few
-/// words the caller turns into the [`Rejection`] in its own result ([`AtCeiling::rejection`]).
+/// The refusal of a demand of `r` tokens at `priority` in class `k` that the fast attempt
+/// stopped at the shared remainder ([`StopAt::Shared`]): row 1 refuses it, or the stored
+/// shared word has no room for what it borrows. Decided and counted in `c` inside the
+/// attempt's operation `_op`, as [`ceiling_refusal`] is, and kept in the same few words.
+///
+/// The stored `U` and `V` may count steps of other deciders in progress (a reservation about
+/// to be taken back, a release between its two words), so they do not decide alone: the
+/// sequential rule does ([`Summary::decide`], rows 1, 4, 5 and 6; rows 2 and 3 passed on the
+/// class word the attempt read), from the collect below, as [`explain`] decides from its
+/// collect. The collect: the class word as the attempt read it and one read of every other
+/// class word, with each class's floors under the tag, for the totals `G` and `T` and the
+/// parts of them inside the floors (`Σ min(n_j, pc_j)`, `Σ min(t_j, pt_j)`). A re-read of the
+/// shared word with the same tag, still open, shows that the limits read were in force when
+/// the words were read (no tag comes back during an operation, `crate::grace`): the refusal
+/// takes effect at that read. A migration in progress changes no class's `(n, t)`, and the
+/// rule applies the tag's limits whatever version a class word is on, so the collect needs
+/// no version check.
+///
+/// `None` when the rule admits the demand (the stored amounts counted steps in progress), or
+/// the tag moved or the bulkhead closed. The refusal keeps the totals, the class's word and
+/// limits, the floor sums and the shared remainder in use from the collect; its detail is
+/// computed only when asked ([`Rejection::detail`]). Runs no user code.
+#[inline(always)]
+pub(crate) fn shared_refusal(
+    shared: &Shared,
+    c: &crate::record::stats::Counters,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    past: Stopped,
+    _op: &crate::grace::Op<'_>,
+) -> Option<ShortRefusal> {
+    let Stopped {
+        g, c: own, cl: l, ..
+    } = past;
+    let word = &*shared.word;
+    let tag = g.tag();
+    let (n, t) = (own.in_flight(), own.tokens());
+    let (pc, pt) = (l.pc(), l.pt());
+    // `G`, `T` and the parts of them inside the floors, with the class's own word as the
+    // attempt read it: one loop over the words before it and one over those after it.
+    let (mut n_sum, mut t_sum) = (n, t);
+    let (mut prot_c, mut prot_t) = (n.min(pc), t.min(pt));
+    let mut add = |j: usize| {
+        let w = CWord(shared.class_words[j].load(SeqCst));
+        let lj = shared.ring.read_class_words(tag, j);
+        let (nj, tj) = (w.in_flight(), w.tokens());
+        n_sum += nj;
+        t_sum += tj;
+        prot_c += nj.min(lj.pc());
+        prot_t += tj.min(lj.pt());
+    };
+    for j in 0..k {
+        add(j);
+    }
+    for j in k + 1..shared.class_words.len() {
+        add(j);
+    }
+    // The slot's other words: the re-read of the shared word below, still at `tag`, shows that
+    // they are `tag`'s (a slot is rewritten only by the install of a tag `RING` later, and no
+    // tag comes back during an operation, `crate::grace`).
+    let p = shared.ring.read_packed(tag);
+    let (sum_pc, sum_pt) = shared.ring.read_sums(tag);
+    let g2 = GWord(word.load(SeqCst));
+    if g2.tag() != tag || g2.closed() {
+        return None;
+    }
+    // Row 1 needs a budget (without, `T`, `r` and the effective budget are all 0).
+    let has_budget = p.shape & SHAPE_HAS_BUDGET != 0;
+    let eff = p.eff_or_zero(priority);
+    let mc = p.hot().max_concurrent;
+    let borrow_t = r - r.min(pt.saturating_sub(t));
+    // The rows of `Summary::decide` after the ceilings, in its order.
+    let (reason, constraint) = if trusts_stored_for_tests() {
+        (RejectReason::ConcurrencyLimit, Constraint::Global)
+    } else if has_budget && t_sum.saturating_add(r) > eff {
+        (RejectReason::BudgetLimit, Constraint::Global)
+    } else if sum_pc > 0 && n >= pc && n_sum - prot_c + 1 > mc.saturating_sub(sum_pc) {
+        (
+            RejectReason::ConcurrencyLimit,
+            Constraint::AdmissionClassProtection,
+        )
+    } else if has_budget
+        && sum_pt > 0
+        && borrow_t > 0
+        && (t_sum - prot_t).saturating_add(borrow_t) > eff.saturating_sub(sum_pt)
+    {
+        (
+            RejectReason::BudgetLimit,
+            Constraint::AdmissionClassProtection,
+        )
+    } else if n_sum >= mc {
+        (RejectReason::ConcurrencyLimit, Constraint::Global)
+    } else {
+        return None;
+    };
+    c.rejected[reason.index()].incr();
+    c.classes[k].rejected[reason.index()].incr();
+    let (shared_c, shared_t) = (n_sum - prot_c, t_sum - prot_t);
+    // Every field below is within its packed width: `n` 14 bits, the ring's class limits 16
+    // and 32, the shared remainder in use cut to its field (the engine's values fit); only
+    // `Σ pt` can be wider.
+    Some(ShortRefusal {
+        reason,
+        constraint,
+        used: Counts::used(t_sum, n_sum),
+        p,
+        class: ClassCounts::from_words(
+            shared.class_ids[k],
+            ClassWords {
+                own: t | (n << 32) | (pc << 48),
+                floors: pt | (l.mc_or_zero() << 32) | (shared_c.min(0xffff) << 48),
+                max_tokens: l.mt_or_zero() as u32,
+                sum_pc: sum_pc as u16,
+                ceilings: Ceilings::from_bits(l.ceilings()),
+                shared_tokens: sum_pt.min(u64::from(u32::MAX))
+                    | (shared_t.min(u64::from(u32::MAX)) << 32),
+            },
+        ),
+    })
+}
+
+/// The deliberately broken variant `LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED=1` (feature
+/// `testing`): [`shared_refusal`] refuses on the stored shared word alone, without the rule on
+/// its collect. `tests/class_refusals.rs`
+/// (`a_conservative_shared_word_refuses_no_one`) fails on it.
+#[inline(always)]
+fn trusts_stored_for_tests() -> bool {
+    #[cfg(feature = "testing")]
+    {
+        // Read once: a test-support switch, not a protocol step.
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            std::env::var_os("LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED").is_some_and(|v| v == "1")
+        })
+    }
+    #[cfg(not(feature = "testing"))]
+    {
+        false
+    }
+}
+
+/// A refusal decided on the short path ([`ceiling_refusal`], [`shared_refusal`]) as the words
+/// it was decided on: a few words the caller turns into the [`Rejection`] in its own result
+/// ([`ShortRefusal::rejection`]).
 #[derive(Clone, Copy)]
-pub(crate) struct AtCeiling {
+pub(crate) struct ShortRefusal {
     reason: RejectReason,
+    constraint: Constraint,
     /// `T` (low 32 bits) and `G` (from bit 32), as [`Counts::used`] keeps them.
     used: u64,
     p: crate::words::limits::Packed,
     class: ClassCounts,
 }
 
-impl AtCeiling {
+impl ShortRefusal {
     /// The refusal of a demand of `r` tokens at `priority`.
     #[inline(always)]
     pub(crate) fn rejection(self, r: u64, priority: Priority) -> Rejection {
         let used = crate::words::state::Word(self.used);
         let mut rej =
             crate::protocol::plain::packed_rejection(used, self.p, self.reason, r, priority);
-        rej.constraint = Some(Constraint::AdmissionClass);
+        rej.constraint = Some(self.constraint);
         rej.set_class(self.class);
         rej
     }
