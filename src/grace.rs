@@ -62,9 +62,9 @@
 //!
 //! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`), the class
 //!   protocol's fast attempt (`crate::protocol::classed::try_fast`, and `try_fast_in`, whose
-//!   operation also holds the refusals it stops at, `short_refusal`) use the thread's
-//!   counters entry of that bulkhead, which the decision looks up anyway to
-//!   count the admission or the refusal: one lookup for both. Their callers hold a handle, so the
+//!   operation also holds the refusals it stops at, `ceiling_refusal` and `shared_refusal`) use
+//!   the thread's counters entry of that bulkhead, which the decision looks up anyway to count
+//!   the admission or the refusal: one lookup for both. Their callers hold a handle, so the
 //!   entry outlives the operation. Such a marker belongs to one bulkhead: its sequence number
 //!   alone (`s + 1` entering, `s + 2` leaving: never nested, [`enter_outermost`]);
 //! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a

@@ -51,13 +51,21 @@ impl Bulkhead {
         drop(op);
         // No wake-ups to deliver: the attempt stopped at its first checks, before any step it
         // could take back (and so before any pump).
-        if shared
+        Err(self.short_refused(k, f, r, priority))
+    }
+
+    /// A refusal decided on a short path, after its operation left: its subscribers (if any),
+    /// then the refusal, built in the caller's result.
+    #[inline(always)]
+    fn short_refused(&self, k: usize, f: ShortRefusal, r: u64, priority: Priority) -> Rejection {
+        if self
+            .shared
             .events
             .wants(Interest::REJECT | Interest::DECISION_TIMING)
         {
             self.publish_short_refusal(k, f, r, priority);
         }
-        Err(f.rejection(r, priority))
+        f.rejection(r, priority)
     }
 
     /// Calls the reject subscribers of a refusal decided on the short path, with a copy of
@@ -80,7 +88,7 @@ impl Bulkhead {
     /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
     /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
     /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`). Decided here
-    /// it costs 483 instructions, against 900 through the full protocol; the first attempt's
+    /// it costs 466 instructions, against 900 through the full protocol; the first attempt's
     /// words cannot be carried over, since they were read in an operation that has left.
     #[inline(never)]
     fn try_acquire_classed_contended(
@@ -111,13 +119,7 @@ impl Bulkhead {
         drop(op);
         if let Some(f) = short {
             // Stopped before any step: no wake-ups to deliver.
-            if shared
-                .events
-                .wants(Interest::REJECT | Interest::DECISION_TIMING)
-            {
-                self.publish_short_refusal(k, f, r, priority);
-            }
-            return Err(f.rejection(r, priority));
+            return Err(self.short_refused(k, f, r, priority));
         }
         crate::protocol::class_pump::deliver_deferred();
         self.try_acquire_classed_full(k, r, priority)

@@ -1,8 +1,8 @@
 //! The class protocol's fast attempt (`first_try`): every state read once, one CAS per word,
 //! no retry; the class ceilings checked first, so that a refusal at one (the hot path under
-//! overload, `refusal::short_refusal`) stops before anything else is read, and a borrower
-//! that the shared word refuses stops before any step (`refusal::short_refusal` confirms
-//! that refusal with one collect).
+//! overload, `refusal::ceiling_refusal`) stops before anything else is read, and a borrower
+//! that the shared word refuses stops before any step (`refusal::shared_refusal` decides that
+//! refusal from one collect).
 
 use super::*;
 
@@ -16,12 +16,12 @@ pub(super) fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -
 
 /// [`first_try`], which says where it stopped when it may be a refusal: at a class ceiling,
 /// with the words it read and the row that failed (`Err(Some(_))` at a [`StopAt`] ceiling,
-/// [`short_refusal`] decides the refusal from them), or before any step, for a demand that
-/// row 1 or the stored shared word refuses ([`StopAt::Shared`], [`short_refusal`] confirms
-/// it from a collect). `Err(None)`: the full protocol decides. Rows 2 and 3 (the class ceilings) are checked first, on the class
-/// word read under the shared word's tag at the class's version under that tag, before the
-/// slot's other words are read or anything else is decoded: a refusal at a ceiling, the hot
-/// path under overload, stops there.
+/// [`ceiling_refusal`] decides the refusal from them), or before any step, for a demand that
+/// row 1 or the stored shared word refuses ([`StopAt::Shared`], [`shared_refusal`] decides it
+/// from a collect). `Err(None)`: the full protocol decides. Rows 2 and 3 (the class ceilings)
+/// are checked first, on the class word read under the shared word's tag at the class's
+/// version under that tag, before the slot's other words are read or anything else is
+/// decoded: a refusal at a ceiling, the hot path under overload, stops there.
 #[inline(always)]
 pub(super) fn first_try_or_ceiling(
     shared: &Shared,
@@ -40,9 +40,9 @@ pub(super) fn first_try_or_ceiling(
         return Err(None);
     }
     // The token ceiling before the concurrency ceiling, as the model orders rows 2 and 3 (row
-    // 1, which the model puts before them, is `short_refusal`'s to check). `t + r` wraps
+    // 1, which the model puts before them, is `ceiling_refusal`'s to check). `t + r` wraps
     // only for an `r` above any budget (without a budget `r` is 0), which row 1 refuses: the
-    // ceiling is then not claimed, and `r > eff` below (or row 1 in `short_refusal`) hands
+    // ceiling is then not claimed, and `r > eff` below (or row 1 in `ceiling_refusal`) hands
     // the decision on.
     let at_ceiling = if cl.ceilings() & 2 != 0 && c.tokens().wrapping_add(r) > cl.mt_or_zero() {
         Some(StopAt::TokenCeiling)
@@ -101,7 +101,7 @@ pub(super) fn first_try_or_ceiling(
     let du = u64::from(borrow_c);
     if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
         // Refused by the stored amounts, which may count other deciders' steps in progress:
-        // nothing was done, and a collect decides (`short_refusal`).
+        // nothing was done, and a collect decides (`shared_refusal`).
         return Err(Some(Stopped {
             g,
             c,

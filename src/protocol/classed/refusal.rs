@@ -152,10 +152,10 @@ pub(super) fn explain<T>(
 /// Where the fast attempt stopped, having taken no step, when what it read may refuse the
 /// demand: the shared word, the class word and the class's limits under the shared word's tag
 /// (the ring slot's words for the class, as stored; the class word at the class's version
-/// under that tag, the bulkhead open), and the row that stopped it. What [`ceiling_refusal`], [`shared_refusal`]
-/// decides from, in the same operation. One struct with a one-byte
-/// `at`, not an enum of two: the attempt's result stays as small as it was with the ceiling
-/// alone (an enum of two cost the pairs 7 to 11 instructions and the ceiling refusal 40).
+/// under that tag, the bulkhead open), and the row that stopped it: what [`ceiling_refusal`] or
+/// [`shared_refusal`] decides from, in the same operation. One struct with a one-byte `at`, not
+/// an enum of two: the attempt's result stays as small as it was with the ceiling alone (an
+/// enum of two cost the pairs 7 to 11 instructions and the ceiling refusal 40).
 #[derive(Clone, Copy)]
 pub(crate) struct Stopped {
     pub(super) g: GWord,
@@ -179,9 +179,9 @@ pub(crate) enum StopAt {
 
 /// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
 /// `super::try_fast` does): when the attempt stopped at what may be a refusal, where it stopped
-/// comes back (`Err(Some(_))`) for [`ceiling_refusal`], [`shared_refusal`], which the caller runs in the same
-/// operation. Under overload most class refusals are at a ceiling or at the shared remainder;
-/// this way they enter no second operation and read nothing twice.
+/// comes back (`Err(Some(_))`) for [`ceiling_refusal`] or [`shared_refusal`], which the caller
+/// runs in the same operation. Under overload most class refusals are at a ceiling or at the
+/// shared remainder; this way they enter no second operation and read nothing twice.
 #[inline(always)]
 pub(crate) fn try_fast_in(
     _op: &crate::grace::Op<'_>,
@@ -198,8 +198,8 @@ pub(crate) fn try_fast_in(
 /// without allocating: under overload this is the hot path of `try_acquire` with classes.
 /// Runs inside the decision operation `_op` of the fast attempt that found the class word past
 /// a ceiling (`past`, [`super::try_fast_in`]; `None` for an attempt stopped elsewhere), so
-/// that it enters no operation of its own and reads neither word again. `None` when row 1, which the sequential model puts before the
-/// ceilings, fails too, or when the tag moved or the bulkhead closed: the caller then takes the
+/// that it enters no operation of its own and reads neither word again. `None` when row 1,
+/// which the sequential model puts before the ceilings, fails too, or when the tag moved or the bulkhead closed: the caller then takes the
 /// full protocol, which decides and explains everything else.
 ///
 /// The class word decides: read under the shared word's tag (`g`, read before it), at the
@@ -297,7 +297,9 @@ pub(crate) fn ceiling_refusal(
 /// The refusal of a demand of `r` tokens at `priority` in class `k` that the fast attempt
 /// stopped at the shared remainder ([`StopAt::Shared`]): row 1 refuses it, or the stored
 /// shared word has no room for what it borrows. Decided and counted in `c` inside the
-/// attempt's operation `_op`, as [`ceiling_refusal`] is, and kept in the same few words.
+/// attempt's operation `_op`, as [`ceiling_refusal`] is, and kept in the same few words (built
+/// as its own, not through a helper shared with it: a helper cost the ceiling refusal 3
+/// instructions).
 ///
 /// The stored `U` and `V` may count steps of other deciders in progress (a reservation about
 /// to be taken back, a release between its two words), so they do not decide alone: the
