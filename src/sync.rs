@@ -539,6 +539,9 @@ pub enum PausePoint {
     /// `apply_limits` has bumped the tag (with classes, adding every raise of a floor to the
     /// stored `U`, `V`) and is about to migrate the classes whose limits changed.
     InstallMigrating,
+    /// A class refusal is about to be reported although its collects said the demand fits,
+    /// after its bounded retries (a step of another decider stayed in progress).
+    RefusedAfterRetries,
     /// A borrower has added its reservation to the shared word and is about to take its step
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.

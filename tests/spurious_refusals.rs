@@ -248,6 +248,9 @@ struct Refusal {
     /// `None`: an admission the test dropped at once and recorded as a refusal (see
     /// [`Run::fabricate_per_mille`]).
     kind: Option<(Option<Constraint>, RejectReason)>,
+    /// Reported after its bounded retries, its collects having said the demand fits
+    /// (`PausePoint::RefusedAfterRetries`).
+    after_retries: bool,
 }
 
 /// One thread's record.
@@ -284,6 +287,13 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
     let classes = if run.classed { CLASSES } else { 1 };
     let mut held: Vec<(Admission, usize, u64, u64)> = Vec::new();
     let mut log = Log::default();
+    let after_retries = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let counter = after_retries.clone();
+    llm_bulkhead::testing::set_pause_hook(move |p| {
+        if p == llm_bulkhead::testing::PausePoint::RefusedAfterRetries {
+            counter.set(counter.get() + 1);
+        }
+    });
     let release = |log: &mut Log, (a, k, r, t): (Admission, usize, u64, u64)| {
         let start = sh.tick();
         drop(a);
@@ -305,7 +315,9 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
         let d = demand(b, run.classed, k, r);
         log.attempts += 1;
         let start = sh.tick();
+        let retried_before = after_retries.get();
         let outcome = b.try_acquire(d);
+        let retried = after_retries.get() != retried_before;
         match outcome {
             Ok(a) if rng.below(1_000) < run.fabricate_per_mille => {
                 drop(a);
@@ -318,6 +330,7 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
                     r,
                     span: (start, end),
                     kind: None,
+                    after_retries: retried,
                 });
             }
             Ok(a) => {
@@ -330,12 +343,14 @@ fn worker(run: &Run, b: &Bulkhead, snaps: &[LimitsSnapshot; 2], sh: &Shared, mut
                 r,
                 span: (start, sh.tick()),
                 kind: Some((rej.constraint, rej.reason)),
+                after_retries: retried,
             }),
         }
     }
     for h in held {
         release(&mut log, h);
     }
+    llm_bulkhead::testing::clear_pause_hook();
     log
 }
 
@@ -374,7 +389,12 @@ fn row(rej: &Refusal) -> String {
     match rej.kind {
         Some((constraint, reason)) => {
             let constraint = constraint.map_or("none", |c| c.as_str());
-            format!("{constraint} / {reason:?}")
+            let retried = if rej.after_retries {
+                " (after retries)"
+            } else {
+                ""
+            };
+            format!("{constraint} / {reason:?}{retried}")
         }
         None => FABRICATED.to_owned(),
     }
@@ -676,3 +696,4 @@ mod tentative {
         assert!(y.is_ok(), "{y:?}");
     }
 }
+

@@ -550,6 +550,7 @@ pub(crate) fn describe(
 /// inside its class's floors is never refused for protection, so it gets `global`.
 #[cold]
 pub(super) fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
+    crate::sync::pause(crate::sync::PausePoint::RefusedAfterRetries);
     let g = GWord(shared.word.load(SeqCst));
     let (sum_pc, sum_pt) = shared.ring.read_sums(g.tag());
     let detail = describe(shared, req.k, req.priority, hint, None);
