@@ -542,6 +542,9 @@ pub enum PausePoint {
     /// A class refusal is about to be reported although its collects said the demand fits,
     /// after its bounded retries (a step of another decider stayed in progress).
     RefusedAfterRetries,
+    /// The fast attempt's protected step is in its class word, not yet validated by its
+    /// load of the shared word (an install landing here moves the tag under it).
+    ProtectedStepTaken,
     /// A borrower has added its reservation to the shared word and is about to take its step
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.

@@ -91,8 +91,11 @@
 //!    which must equal `g`'s tag);
 //! 4. load the shared word again: if its tag is unchanged, it is not closed, `U ≤ MC` and
 //!    `V ≤ eff`, the admission stands, decided at that load, where every condition above held
-//!    with its slot and tokens already in its class word. Otherwise the class step is undone
-//!    (a decrease, so class word first) and the decision starts again.
+//!    with its slot and tokens already in its class word. If only the tag moved, the step is
+//!    kept and decided again under the current tag, and taken back only if that refuses it
+//!    (`moved`: a step taken back after others counted it refuses them spuriously).
+//!    Otherwise the class step is undone (a decrease, so class word first) and the decision
+//!    starts again.
 //!
 //! A newcomer never needs another class's word, so nothing here can be refused because of
 //! another class's tentative step. A same-class decider can see this tentative step (it is in
@@ -116,8 +119,10 @@
 //! Two conditions are not implied by the shared word: row 6 for a protected slot when `U > MC`
 //! (after a floor was raised, or `max_concurrent` lowered, while capacity was in use), and
 //! row 1 for tokens inside the floors when `V > eff` (the high-priority reserve is in use, or
-//! the budget was lowered). Then the demand takes its class step tentatively, reads every class
-//! word (`SeqCst`, after its own `SeqCst` CAS) and checks `G` and `T` exactly. Of two such
+//! the budget was lowered). Then the demand reads every class word first and stops if they
+//! already refuse it (a step taken only to be taken back would refuse others spuriously);
+//! otherwise it takes its class step tentatively, reads every class word again (`SeqCst`,
+//! after its own `SeqCst` CAS) and checks `G` and `T` exactly. Of two such
 //! deciders, the later CAS in the `SeqCst` order sees the earlier one's step, so they cannot
 //! both overshoot; fast-path deciders never overshoot because `G ≤ U`, `T ≤ V`. These paths
 //! can refuse because of another tentative step that is later undone.
@@ -213,6 +218,7 @@ use crate::words::class_word::*;
 
 mod bypass;
 mod fast;
+mod moved;
 mod refusal;
 mod returns;
 use crate::words::classes::{ClassView, ShareSums, Summary};
@@ -220,6 +226,7 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use fast::*;
+use moved::{keep_after_tag_moved, protected_step_missed};
 use refusal::*;
 pub(crate) use refusal::{ceiling_refusal, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
@@ -566,11 +573,16 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                     resources: Resources::default(),
                 });
             }
+            if !g2.closed() && g2.tag() != g.tag() {
+                // Kept and decided again under the current tag (`moved`).
+                return match keep_after_tag_moved(shared, k, r, req.priority, req.in_queue) {
+                    Some(a) => Attempt::Admitted(a),
+                    None => Attempt::Retry,
+                };
+            }
             undo(shared, k, r, req.in_queue);
             return if g2.closed() {
                 Attempt::Refused(RejectReason::Shutdown)
-            } else if g2.tag() != g.tag() {
-                Attempt::Retry
             } else {
                 Attempt::Slow
             };
@@ -729,6 +741,19 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         Ok(x) => x,
         Err(a) => return a,
     };
+    // Rows 6 and 1 on a collect before any step: a step that this collect already refuses
+    // would be taken back after the collect below, and meanwhile other deciders count it
+    // (a tentative step that refuses them spuriously, issue 26 §5).
+    let (g_before, t_before) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
+        let w = CWord(w.load(SeqCst));
+        (a + w.in_flight(), b + w.tokens())
+    });
+    if g_before + 1 > mc {
+        return Attempt::Refused(RejectReason::ConcurrencyLimit);
+    }
+    if eff.is_some_and(|e| t_before + r > e) {
+        return Attempt::Refused(RejectReason::BudgetLimit);
+    }
     let du = u64::from(borrow_c);
     if du + dv > 0 {
         let mut s = g;

@@ -85,6 +85,7 @@ pub(super) fn first_try_or_ceiling(
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         cw.compare_exchange(c.0, next, SeqCst, SeqCst)
             .map_err(|_| None)?;
+        crate::sync::pause(crate::sync::PausePoint::ProtectedStepTaken);
         crate::sync::loom_sc_fence();
         let g2 = GWord(word.load(SeqCst));
         if g2.tag() == tag && !g2.closed() && !g2.waiters() && g2.u() <= mc && g2.v() <= eff {
@@ -93,8 +94,8 @@ pub(super) fn first_try_or_ceiling(
                 resources: Resources::default(),
             });
         }
-        undo(shared, k, r, false);
-        return Err(None);
+        // Taken back, or kept and decided again if the tag moved (`moved`).
+        return protected_step_missed(shared, k, r, priority, tag, g2);
     }
     let dv = (t + r).max(l.pt) - t.max(l.pt);
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
