@@ -100,8 +100,9 @@
 //! A newcomer never needs another class's word, so nothing here can be refused because of
 //! another class's tentative step. A same-class decider can see this tentative step (it is in
 //! the class word) and may be refused or classified as borrowing because of it; the step is
-//! undone only when the limits changed or the bulkhead closed under it, or on the rare paths
-//! below, so such refusals are rare (measured in `tests/stress_classes.rs`).
+//! undone only when the limits changed under it and the new ones refuse it (`moved`), when
+//! the bulkhead closed, or on the rare paths below, so such refusals are rare (measured in
+//! `tests/stress_classes.rs` and `tests/spurious_refusals.rs`).
 //!
 //! # Bypass
 //!
