@@ -521,11 +521,9 @@ pub enum PausePoint {
     /// A waiting acquire (`acquire_blocking`, `acquire`) found no place by its fast decision
     /// and is about to take the queue lock to decide again (and perhaps queue).
     EnterQueue,
-    /// The release of a class admission that borrowed has returned its slot and hold to the
-    /// class word (the `fetch_add` that also marks its pending return) and is about to read
-    /// the floors of the replaced word's class tag, from which it computes the shared
-    /// decrease: an install that rewrote that floors entry meanwhile would give it the wrong
-    /// floors (`crate::grace`).
+    /// The release of a class admission that borrowed has returned its slot and hold (the
+    /// `fetch_add` that marks its pending return) and is about to read the floors its shared
+    /// decrease is computed from: an install that rewrote them meanwhile would mislead it.
     ClassReturned,
     /// A class release has taken its last step on the class word (the CAS that returned its
     /// slot, or the removal of its pending mark) and has not yet returned: from here the last
@@ -545,6 +543,9 @@ pub enum PausePoint {
     /// The fast attempt's protected step is in its class word, not yet validated by its
     /// load of the shared word (an install landing here moves the tag under it).
     ProtectedStepTaken,
+    /// The collect-checked path's step is in its class word, before the collect that checks
+    /// it (`crate::protocol::classed`, "Rare paths").
+    SlowStepTaken,
     /// A borrower has added its reservation to the shared word and is about to take its step
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.

@@ -80,7 +80,8 @@
 //!    now kept and decided under the new limits (`src/protocol/classed/moved.rs`, with the
 //!    regression `moved::a_step_kept_across_an_install_refuses_no_one` below).
 //! 2. **A step of the collect-checked path that its own collect refused.** That path now reads
-//!    every class word before it steps and takes no step they already refuse.
+//!    every class word before it steps and takes no step they already refuse (the regression
+//!    `slow_path::a_step_its_own_collect_refuses_is_not_taken` below).
 //! 3. **Left, and reported after retries:** the stored shared word above the truth while a
 //!    preempted thread owes it a decrease, a borrower's reservation larger than what its
 //!    class needs by the time it steps (the class moved), or a release's or a migration's
@@ -109,8 +110,8 @@
 //! prints its counts and asserts zero (see "Result" for the runs that did not); the `tentative`
 //! regression is `#[ignore]`d because it fails until the class protocol excludes the refusal
 //! it pins (kind 3 above, see the lib.rs "Precision" paragraph). Neither runs in CI. The
-//! `moved` regression runs in CI, and `.ci/run` requires it to fail on its broken variant
-//! `LLM_BULKHEAD_UNDO_MOVED_STEP=1`.
+//! `moved` and `slow_path` regressions run in CI, and `.ci/run` requires them to fail on
+//! their broken variants, `LLM_BULKHEAD_UNDO_MOVED_STEP=1` and `LLM_BULKHEAD_SLOW_NO_PRECHECK=1`.
 
 use llm_bulkhead::model::Model;
 use llm_bulkhead::{
@@ -822,6 +823,88 @@ mod moved {
             Ok(1),
             "x's step refused y and was then taken back: y's refusal is spurious"
         );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+    }
+}
+
+/// The collect-checked path's step (`src/protocol/classed.rs`, "Rare paths"), made
+/// deterministic with the pause hooks (feature `testing`).
+mod slow_path {
+    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation};
+    use std::sync::mpsc;
+
+    /// What the demand on the collect-checked path reports.
+    enum Event {
+        /// Its step is in its class word, before the collect that checks it.
+        Stepped,
+        /// Its decision (admitted or not).
+        Decided(bool),
+    }
+
+    /// Two slots, 100 tokens. Class `q` (no floors) holds one slot and all 100 tokens; then
+    /// an install gives class `p` floors of one slot and 50 tokens, so the stored `V` (150)
+    /// exceeds the budget and a demand inside `p`'s floors takes the collect-checked path.
+    ///
+    /// `x` (`p`, a slot and 50 tokens) cannot fit: `T` would be 150. `y` (`p`, a slot, no
+    /// tokens) fits: `G + 1 = 2`, `T = 100`. If `x` steps before its collect refuses it, `y`
+    /// meanwhile finds `p`'s floor in use, would borrow a slot that `p`'s floor keeps, and is
+    /// refused: no serial order refuses `y` (`x` never holds anything). With the collect
+    /// before the step, `x` never steps and `y` is admitted.
+    #[test]
+    fn a_step_its_own_collect_refuses_is_not_taken() {
+        let b = Bulkhead::builder()
+            .max_concurrent(2)
+            .token_budget(100)
+            .class("p", ClassLimits::default())
+            .class("q", ClassLimits::default())
+            .default_class("q")
+            .build()
+            .unwrap();
+        let (p, q) = (b.class_id("p").unwrap(), b.class_id("q").unwrap());
+        let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+        let held = b.try_acquire(tokens(100).in_class(q)).expect("q borrows");
+        let floors = ClassLimits {
+            protected_concurrent: 1,
+            protected_tokens: 50,
+            ..ClassLimits::default()
+        };
+        b.apply_limits(b.limits().with_revision(1).with_class(p, floors))
+            .unwrap();
+
+        let (ev_tx, ev_rx) = mpsc::channel::<Event>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let x = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let events = ev_tx.clone();
+                set_pause_hook(move |point| {
+                    if point == PausePoint::SlowStepTaken {
+                        events.send(Event::Stepped).unwrap();
+                        go_rx.recv().unwrap();
+                    }
+                });
+                let out = b.try_acquire(tokens(50).in_class(p));
+                clear_pause_hook();
+                ev_tx.send(Event::Decided(out.is_ok())).unwrap();
+            })
+        };
+        let mut y = None;
+        let x_admitted = loop {
+            match ev_rx.recv().unwrap() {
+                Event::Stepped => {
+                    // x's step is in p's class word: y decides now.
+                    y.get_or_insert_with(|| b.try_acquire(Demand::slot().in_class(p)));
+                    go_tx.send(()).unwrap();
+                }
+                Event::Decided(admitted) => break admitted,
+            }
+        };
+        x.join().unwrap();
+        assert!(!x_admitted, "x does not fit: T would pass the budget");
+        let y = y.unwrap_or_else(|| b.try_acquire(Demand::slot().in_class(p)));
+        assert!(y.is_ok(), "no serial order refuses y: {y:?}");
+        drop((y, held));
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 }

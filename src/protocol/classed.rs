@@ -121,9 +121,11 @@
 //! (after a floor was raised, or `max_concurrent` lowered, while capacity was in use), and
 //! row 1 for tokens inside the floors when `V > eff` (the high-priority reserve is in use, or
 //! the budget was lowered). Then the demand reads every class word first and stops if they
-//! already refuse it (a step taken only to be taken back would refuse others spuriously);
-//! otherwise it takes its class step tentatively, reads every class word again (`SeqCst`,
-//! after its own `SeqCst` CAS) and checks `G` and `T` exactly. Of two such
+//! already refuse it (a step taken only to be taken back would refuse others spuriously:
+//! `tests/spurious_refusals.rs`, `slow_path`, fails on the broken variant
+//! `LLM_BULKHEAD_SLOW_NO_PRECHECK=1`); otherwise it takes its class step tentatively, reads
+//! every class word again (`SeqCst`, after its own `SeqCst` CAS) and checks `G` and `T`
+//! exactly. Of two such
 //! deciders, the later CAS in the `SeqCst` order sees the earlier one's step, so they cannot
 //! both overshoot; fast-path deciders never overshoot because `G ≤ U`, `T ≤ V`. These paths
 //! can refuse because of another tentative step that is later undone.
@@ -745,15 +747,17 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     // Rows 6 and 1 on a collect before any step: a step that this collect already refuses
     // would be taken back after the collect below, and meanwhile other deciders count it
     // (a tentative step that refuses them spuriously, issue 26 §5).
-    let (g_before, t_before) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
-        let w = CWord(w.load(SeqCst));
-        (a + w.in_flight(), b + w.tokens())
-    });
-    if g_before + 1 > mc {
-        return Attempt::Refused(RejectReason::ConcurrencyLimit);
-    }
-    if eff.is_some_and(|e| t_before + r > e) {
-        return Attempt::Refused(RejectReason::BudgetLimit);
+    if !skips_slow_precheck_for_tests() {
+        let (g_before, t_before) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
+            let w = CWord(w.load(SeqCst));
+            (a + w.in_flight(), b + w.tokens())
+        });
+        if g_before + 1 > mc {
+            return Attempt::Refused(RejectReason::ConcurrencyLimit);
+        }
+        if eff.is_some_and(|e| t_before + r > e) {
+            return Attempt::Refused(RejectReason::BudgetLimit);
+        }
     }
     let du = u64::from(borrow_c);
     if du + dv > 0 {
@@ -785,6 +789,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         visit_queue(shared, visit, req.in_queue);
         return Attempt::Retry;
     }
+    crate::sync::pause(crate::sync::PausePoint::SlowStepTaken);
     // Every class word, after our own SeqCst CAS.
     crate::sync::loom_sc_fence();
     let (g_all, t_all) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
@@ -816,5 +821,23 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         Attempt::Refused(RejectReason::BudgetLimit)
     } else {
         Attempt::Refused(RejectReason::ConcurrencyLimit)
+    }
+}
+
+/// The broken variant of the collect-checked path's regression ([`slow`]):
+/// `LLM_BULKHEAD_SLOW_NO_PRECHECK=1` (feature `testing` only) skips the collect before its
+/// step, as the path did before, so it steps even where that collect refuses.
+#[inline]
+fn skips_slow_precheck_for_tests() -> bool {
+    #[cfg(feature = "testing")]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            std::env::var_os("LLM_BULKHEAD_SLOW_NO_PRECHECK").is_some_and(|v| v == "1")
+        })
+    }
+    #[cfg(not(feature = "testing"))]
+    {
+        false
     }
 }
