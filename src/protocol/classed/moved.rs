@@ -134,8 +134,11 @@ pub(super) fn keep_after_tag_moved(
 /// `tag`, whose validating load found `g2`, which does not admit it: kept and decided again if
 /// only the tag moved ([`keep_after_tag_moved`]), taken back otherwise. `Err(None)`: taken
 /// back, the full protocol decides. One out-of-line call on the fast attempt's failure path,
-/// where the undo alone was before: the pairs of `benches/instructions.rs` went from 348 and
-/// 386 instructions to 351 and 387 (a check inline on that path cost them 4 to 7).
+/// where the undo alone was before. In `benches/instructions.rs` the pairs went from 348 and
+/// 386 instructions to 351 and 387, the ceiling refusal from 178 to 190 and the refusal at the
+/// shared remainder from 466 to 483 (the inlined attempt's frame grew). The variants tried
+/// cost more: a check inline on that path cost the pairs 4 to 7; returning the revision in a
+/// register instead of this result kept the ceiling refusal at 179 but cost the pairs 19.
 #[inline(never)]
 pub(super) fn protected_step_missed(
     shared: &Shared,
