@@ -219,6 +219,22 @@ use crate::vocab::class::Resources;
 use crate::vocab::rejection::{Constraint, RejectReason};
 use crate::words::class_word::*;
 
+/// A broken variant's switch (feature `testing` only, `false` otherwise): whether `$name=1` is
+/// set, read once per call site. `.ci/run` requires each variant's regression to fail.
+macro_rules! test_switch {
+    ($name:literal) => {{
+        #[cfg(feature = "testing")]
+        {
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *ON.get_or_init(|| std::env::var_os($name).is_some_and(|v| v == "1"))
+        }
+        #[cfg(not(feature = "testing"))]
+        {
+            false
+        }
+    }};
+}
+
 mod bypass;
 mod fast;
 mod moved;
@@ -829,15 +845,5 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
 /// step, as the path did before, so it steps even where that collect refuses.
 #[inline]
 fn skips_slow_precheck_for_tests() -> bool {
-    #[cfg(feature = "testing")]
-    {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            std::env::var_os("LLM_BULKHEAD_SLOW_NO_PRECHECK").is_some_and(|v| v == "1")
-        })
-    }
-    #[cfg(not(feature = "testing"))]
-    {
-        false
-    }
+    test_switch!("LLM_BULKHEAD_SLOW_NO_PRECHECK")
 }

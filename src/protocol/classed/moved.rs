@@ -159,16 +159,5 @@ pub(super) fn protected_step_missed(
 /// (feature `testing` only) takes every moved step back, as the protocol did before.
 #[inline]
 fn undoes_moved_steps_for_tests() -> bool {
-    #[cfg(feature = "testing")]
-    {
-        // Read once: a test-support switch, not a protocol step.
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            std::env::var_os("LLM_BULKHEAD_UNDO_MOVED_STEP").is_some_and(|v| v == "1")
-        })
-    }
-    #[cfg(not(feature = "testing"))]
-    {
-        false
-    }
+    test_switch!("LLM_BULKHEAD_UNDO_MOVED_STEP")
 }

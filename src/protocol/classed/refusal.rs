@@ -424,18 +424,7 @@ pub(crate) fn shared_refusal(
 /// (`a_conservative_shared_word_refuses_no_one`) fails on it.
 #[inline(always)]
 fn trusts_stored_for_tests() -> bool {
-    #[cfg(feature = "testing")]
-    {
-        // Read once: a test-support switch, not a protocol step.
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| {
-            std::env::var_os("LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED").is_some_and(|v| v == "1")
-        })
-    }
-    #[cfg(not(feature = "testing"))]
-    {
-        false
-    }
+    test_switch!("LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED")
 }
 
 /// A refusal decided on the short path ([`ceiling_refusal`], [`shared_refusal`]) as the words
