@@ -125,10 +125,9 @@
 //! `tests/spurious_refusals.rs`, `slow_path`, fails on the broken variant
 //! `LLM_BULKHEAD_SLOW_NO_PRECHECK=1`); otherwise it takes its class step tentatively, reads
 //! every class word again (`SeqCst`, after its own `SeqCst` CAS) and checks `G` and `T`
-//! exactly. Of two such
-//! deciders, the later CAS in the `SeqCst` order sees the earlier one's step, so they cannot
-//! both overshoot; fast-path deciders never overshoot because `G ≤ U`, `T ≤ V`. These paths
-//! can refuse because of another tentative step that is later undone.
+//! exactly. Of two such deciders, the later CAS in the `SeqCst` order sees the earlier one's
+//! step, so they cannot both overshoot; fast-path deciders never overshoot because `G ≤ U`,
+//! `T ≤ V`. These paths can refuse because of another tentative step that is later undone.
 //!
 //! A refusal is always decided by one collect of every word, never by the stored shared word
 //! alone: the reason, constraint and capacity detail come from that collect; if the collect
@@ -764,10 +763,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     // would be taken back after the collect below, and meanwhile other deciders count it
     // (a tentative step that refuses them spuriously, issue 26 §5).
     if !skips_slow_precheck_for_tests() {
-        let (g_before, t_before) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
-            let w = CWord(w.load(SeqCst));
-            (a + w.in_flight(), b + w.tokens())
-        });
+        let (g_before, t_before) = totals(shared);
         if g_before + 1 > mc {
             return Attempt::Refused(RejectReason::ConcurrencyLimit);
         }
@@ -808,10 +804,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     crate::sync::pause(crate::sync::PausePoint::SlowStepTaken);
     // Every class word, after our own SeqCst CAS.
     crate::sync::loom_sc_fence();
-    let (g_all, t_all) = shared.class_words.iter().fold((0, 0), |(a, b), w| {
-        let w = CWord(w.load(SeqCst));
-        (a + w.in_flight(), b + w.tokens())
-    });
+    let (g_all, t_all) = totals(shared);
     let g3 = GWord(word.load(SeqCst));
     let fits_tokens = eff.is_none_or(|e| t_all <= e);
     if g3.tag() == g.tag()
@@ -840,9 +833,17 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
     }
 }
 
-/// The broken variant of the collect-checked path's regression ([`slow`]):
-/// `LLM_BULKHEAD_SLOW_NO_PRECHECK=1` (feature `testing` only) skips the collect before its
-/// step, as the path did before, so it steps even where that collect refuses.
+/// `(G, T)`: the slots and tokens every class word holds, each word read once (`SeqCst`).
+#[inline]
+fn totals(shared: &Shared) -> (u64, u64) {
+    shared.class_words.iter().fold((0, 0), |(a, b), w| {
+        let w = CWord(w.load(SeqCst));
+        (a + w.in_flight(), b + w.tokens())
+    })
+}
+
+/// The broken variant of [`slow`]'s regression: `LLM_BULKHEAD_SLOW_NO_PRECHECK=1` (feature
+/// `testing`) skips the collect before its step, which then happens even where it refuses.
 #[inline]
 fn skips_slow_precheck_for_tests() -> bool {
     test_switch!("LLM_BULKHEAD_SLOW_NO_PRECHECK")

@@ -199,8 +199,9 @@ pub(crate) fn try_fast_in(
 /// Runs inside the decision operation `_op` of the fast attempt that found the class word past
 /// a ceiling (`past`, [`super::try_fast_in`]; `None` for an attempt stopped elsewhere), so
 /// that it enters no operation of its own and reads neither word again. `None` when row 1,
-/// which the sequential model puts before the ceilings, fails too, or when the tag moved or the bulkhead closed: the caller then takes the
-/// full protocol, which decides and explains everything else.
+/// which the sequential model puts before the ceilings, fails too, or when the tag moved or
+/// the bulkhead closed: the caller then takes the full protocol, which decides and explains
+/// everything else.
 ///
 /// The class word decides: read under the shared word's tag (`g`, read before it), at the
 /// class's version under that tag, it is past a ceiling of those limits (the fast attempt
