@@ -228,7 +228,10 @@ fn split(tally: &Tally, outcomes: Vec<Outcome>) -> (Vec<Outcome>, Vec<(ClassId, 
 
 /// Max 4 slots, floors a:1, b:1, c:1: the shared remainder is 1 slot. `a` and `b` each hold
 /// their floor; `c`'s floor is idle, so the global word (2 of 4 used) would admit both racers:
-/// only row 4 can stop the second. `a` and `b` each try one more (borrowed) slot.
+/// only row 4 can stop the second. `a` and `b` each try one more (borrowed) slot. The second
+/// racer's shared CAS fails when the first one's lands between its read and its CAS; its
+/// attempt then checks row 4 again on the word it found before trying again (broken variant:
+/// `LLM_BULKHEAD_LOOM_RESERVE_UNCHECKED=1`, which `.ci/run` requires this model to fail).
 #[test]
 fn two_classes_race_for_the_last_shared_slot() {
     static TALLY: Tally = Tally::new();

@@ -1,13 +1,16 @@
-//! The class protocol's fast attempt (`first_try`): every state read once, one CAS per word,
-//! no retry; the class ceilings checked first, so that a refusal at one (the hot path under
-//! overload, `refusal::ceiling_refusal`) stops before anything else is read, and a borrower
-//! that the shared word refuses stops before any step (`refusal::shared_refusal` decides that
-//! refusal from one collect).
+//! The class protocol's fast attempt (`first_try`): every state read once, one CAS per word;
+//! the class ceilings checked first, so that a refusal at one (the hot path under overload,
+//! `refusal::ceiling_refusal`) stops before anything else is read, and a borrower that the
+//! shared word refuses stops before any step (`refusal::shared_refusal` decides that refusal
+//! from one collect). The one retry is a borrower's shared CAS that another decider's step
+//! or a return beat (`borrow_moved`, out of line): with two threads borrowing in one class
+//! that was two attempts in five, each sent through a second attempt and often the full
+//! protocol.
 
 use super::*;
 
-/// The common case in a few instructions: every state read once, one CAS per word, no retry.
-/// `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again
+/// The common case in a few instructions: every state read once, one CAS per word (a
+/// borrower's shared CAS tried again on the word it found, [`borrow_moved`]). `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again
 /// from fresh reads; anything this did was undone.
 #[inline(always)]
 pub(super) fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -> Option<Admitted> {
@@ -110,11 +113,76 @@ pub(super) fn first_try_or_ceiling(
             at: StopAt::Shared,
         }));
     }
-    word.compare_exchange(g.0, g.0 + du * G_ONE + dv, SeqCst, SeqCst)
-        .map_err(|_| None)?;
-    let resources = class_step_after_reserve(shared, k, r, false, c, du, dv).ok_or(None)?;
+    let step = du * G_ONE + dv;
+    let resources = match word.compare_exchange(g.0, g.0 + step, SeqCst, SeqCst) {
+        Ok(_) => class_step_after_reserve(shared, k, r, false, c, du, dv),
+        Err(a) => borrow_moved(shared, k, r, priority, GWord(a), tag, c, step),
+    }
+    .ok_or(None)?;
     Ok(Admitted {
         revision: lim.revision,
         resources,
     })
+}
+
+/// How many times [`borrow_moved`] tries the borrower's shared CAS again.
+const RESERVE_TRIES: u32 = 4;
+
+/// The borrower's shared CAS in [`first_try_or_ceiling`] found the word at `a`: a return or
+/// another decider's step landed since the attempt read it (two threads borrowing in one
+/// class met this on about two attempts in five). The classification (`step`, the attempt's
+/// `du` and `dv` as one addend) comes from the class word `c` alone, and the limits from the
+/// tag, so while the tag and the flags are as the attempt read them, rows 4 and 5 are checked
+/// again on `a` and the CAS is tried again, as the full protocol's loop does, and then the
+/// class step is taken as on the first try. Giving up at the first failed CAS sent every
+/// such attempt through a second attempt and often the full protocol. `None`: nothing was
+/// done (or the reservation was taken back), and the full protocol decides, also a refusal.
+/// Bounded: each failed CAS is another decider's progress.
+///
+/// A small result and the limits read again from the tag's slot, so that the pairs' inlined
+/// attempt keeps nothing more live across this call (`benches/instructions.rs`).
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn borrow_moved(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    mut a: GWord,
+    tag: usize,
+    c: CWord,
+    step: u64,
+) -> Option<Resources> {
+    let p = shared.ring.read_packed(tag);
+    let (mc, eff) = (p.hot().max_concurrent, p.eff_or_zero(priority));
+    let (du, dv) = (step >> U_SHIFT, step & V_MASK);
+    for _ in 0..RESERVE_TRIES {
+        if a.tag() != tag || a.closed() || a.waiters() || a.u() > mc {
+            return None;
+        }
+        if ((du == 1 && a.u() + 1 > mc) || a.v() + dv > eff) && !unchecked_for_loom() {
+            return None;
+        }
+        match shared
+            .word
+            .compare_exchange(a.0, a.0 + step, SeqCst, SeqCst)
+        {
+            Ok(_) => return class_step_after_reserve(shared, k, r, false, c, du, dv),
+            Err(x) => a = GWord(x),
+        }
+    }
+    None
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_RESERVE_UNCHECKED=1` makes [`borrow_moved`] try its CAS
+/// again without checking rows 4 and 5 on the word it found: the broken variant the model
+/// `two_classes_race_for_the_last_shared_slot` (`loom-tests/tests/classes.rs`) is shown to
+/// fail on (both racers take the one shared slot).
+#[inline(always)]
+fn unchecked_for_loom() -> bool {
+    #[cfg(loom)]
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_RESERVE_UNCHECKED") {
+        return true;
+    }
+    false
 }
