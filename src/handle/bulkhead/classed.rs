@@ -87,9 +87,13 @@ impl Bulkhead {
     /// The refusal at the shared remainder is decided here, out of line, and not beside the
     /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
     /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
-    /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`). Decided here
-    /// it costs 466 instructions, against 900 through the full protocol; the first attempt's
-    /// words cannot be carried over, since they were read in an operation that has left.
+    /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`; measured
+    /// again with a call that takes the stopped attempt and its operation over: this refusal
+    /// 414, the ceiling refusal 254, the pairs 10 more). Decided here it costs 492
+    /// instructions (466 when first measured; the kept protected step and the borrower's
+    /// retried CAS each added a few to the attempt), against 900 through the full protocol; the
+    /// first attempt's words cannot be carried over, since they were read in an operation that
+    /// has left.
     #[inline(never)]
     fn try_acquire_classed_contended(
         &self,
