@@ -137,6 +137,37 @@ type Occupancy = [(u64, u64); CLASSES];
 mod rng;
 use rng::Rng;
 
+/// A decider on its own thread, stopped at pause points (feature `testing`): where `pick`
+/// names an event, the thread reports it and waits for the returned sender's go. `decide` makes
+/// its call; the hook is cleared, the call's `report` sent as the last event, and its result
+/// handed back by `join`. The deterministic regressions below (`moved`, `slow_path`) use it.
+fn stopped_thread<E: Send + 'static, R: Send + 'static>(
+    mut pick: impl FnMut(llm_bulkhead::testing::PausePoint) -> Option<E> + Send + 'static,
+    decide: impl FnOnce() -> R + Send + 'static,
+    report: fn(&R) -> E,
+) -> (
+    std::thread::JoinHandle<R>,
+    std::sync::mpsc::Receiver<E>,
+    std::sync::mpsc::Sender<()>,
+) {
+    let (ev_tx, ev_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let events = ev_tx.clone();
+        llm_bulkhead::testing::set_pause_hook(move |point| {
+            if let Some(event) = pick(point) {
+                events.send(event).unwrap();
+                go_rx.recv().unwrap();
+            }
+        });
+        let out = decide();
+        llm_bulkhead::testing::clear_pause_hook();
+        ev_tx.send(report(&out)).unwrap();
+        out
+    });
+    (thread, ev_rx, go_tx)
+}
+
 fn class(
     protected_concurrent: u32,
     max: Option<u32>,
@@ -728,9 +759,8 @@ mod tentative {
 /// A protected step that an install overtakes (`src/protocol/classed/moved.rs`), made
 /// deterministic with the pause hooks (feature `testing`).
 mod moved {
-    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    use llm_bulkhead::testing::PausePoint;
     use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
-    use std::sync::mpsc;
 
     /// What the stopped thread reports.
     enum Event {
@@ -766,35 +796,26 @@ mod moved {
             .default_class("a")
             .build()
             .unwrap();
-        let (ev_tx, ev_rx) = mpsc::channel::<Event>();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let x = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                let events = ev_tx.clone();
-                let mut stepped = false;
-                set_pause_hook(move |p| {
-                    let event = match p {
-                        PausePoint::ProtectedStepTaken if !stepped => {
-                            stepped = true;
-                            Event::StepTaken
-                        }
-                        PausePoint::ClassCas if stepped => Event::Retrying,
-                        _ => return,
-                    };
-                    events.send(event).unwrap();
-                    go_rx.recv().unwrap();
-                });
-                let out = b.try_acquire(Demand::slot());
-                clear_pause_hook();
-                let decided = match &out {
+        let mut stepped = false;
+        let pick = move |p| match p {
+            PausePoint::ProtectedStepTaken if !stepped => {
+                stepped = true;
+                Some(Event::StepTaken)
+            }
+            PausePoint::ClassCas if stepped => Some(Event::Retrying),
+            _ => None,
+        };
+        let bx = b.clone();
+        let (x, ev_rx, go_tx) = super::stopped_thread(
+            pick,
+            move || bx.try_acquire(Demand::slot()),
+            |out| {
+                Event::Decided(match out {
                     Ok(adm) => Ok(adm.revision()),
                     Err(rej) => Err(format!("{rej:?}")),
-                };
-                ev_tx.send(Event::Decided(decided)).unwrap();
-                out.map(drop).ok();
-            })
-        };
+                })
+            },
+        );
         assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
         b.apply_limits(b.limits().with_revision(1)).unwrap();
         let y = b.try_acquire(Demand::slot());
@@ -815,7 +836,7 @@ mod moved {
                 Event::Decided(d) => break d,
             }
         };
-        x.join().unwrap();
+        drop(x.join().unwrap());
         drop(z);
         // y was refused while x's step stood: only an admission of x explains it.
         assert_eq!(
@@ -830,9 +851,8 @@ mod moved {
 /// The collect-checked path's step (`src/protocol/classed.rs`, "Rare paths"), made
 /// deterministic with the pause hooks (feature `testing`).
 mod slow_path {
-    use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+    use llm_bulkhead::testing::PausePoint;
     use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation};
-    use std::sync::mpsc;
 
     /// What the demand on the collect-checked path reports.
     enum Event {
@@ -872,23 +892,12 @@ mod slow_path {
         b.apply_limits(b.limits().with_revision(1).with_class(p, floors))
             .unwrap();
 
-        let (ev_tx, ev_rx) = mpsc::channel::<Event>();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let x = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                let events = ev_tx.clone();
-                set_pause_hook(move |point| {
-                    if point == PausePoint::SlowStepTaken {
-                        events.send(Event::Stepped).unwrap();
-                        go_rx.recv().unwrap();
-                    }
-                });
-                let out = b.try_acquire(tokens(50).in_class(p));
-                clear_pause_hook();
-                ev_tx.send(Event::Decided(out.is_ok())).unwrap();
-            })
-        };
+        let bx = b.clone();
+        let (x, ev_rx, go_tx) = super::stopped_thread(
+            |point| (point == PausePoint::SlowStepTaken).then_some(Event::Stepped),
+            move || bx.try_acquire(tokens(50).in_class(p)),
+            |out| Event::Decided(out.is_ok()),
+        );
         let mut y = None;
         let x_admitted = loop {
             match ev_rx.recv().unwrap() {
@@ -900,7 +909,7 @@ mod slow_path {
                 Event::Decided(admitted) => break admitted,
             }
         };
-        x.join().unwrap();
+        drop(x.join().unwrap());
         assert!(!x_admitted, "x does not fit: T would pass the budget");
         let y = y.unwrap_or_else(|| b.try_acquire(Demand::slot().in_class(p)));
         assert!(y.is_ok(), "no serial order refuses y: {y:?}");
