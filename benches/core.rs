@@ -32,7 +32,7 @@
 //!   * `ours_slots_tokens` (no classes) and `protected` (a class admitted inside its floors) and
 //!     `borrowing` (a class whose floors are used up by 8 held admissions, so every pair
 //!     borrows a slot and its whole reservation: one CAS on the shared word and one on the
-//!     class word to acquire, and a release with a pending-return mark): one pair per
+//!     class word to acquire, and a `fetch_sub` on each to release): one pair per
 //!     iteration on one thread;
 //!   * `two_threads_parking_lot`, `two_threads_tokio`, `two_threads_ours_slots_tokens`,
 //!     `two_threads_protected` (the two threads in different classes, each inside its floors),

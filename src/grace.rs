@@ -383,6 +383,67 @@ fn wait_for_move(r: &Reader, v: u64) {
     }
 }
 
+/// Waits until no other thread is in an operation of bulkhead `id` that began before this
+/// call: what a class-mode state's free does first (`crate::shared`, "Class mode: a release's
+/// operation keeps the state alive"). Scans the process-wide cells only (a decision marker in a
+/// counters entry belongs to a caller that holds a handle, and there is none left), skipping
+/// the calling thread's own.
+///
+/// Why an operation that may still touch the state is seen: it entered (its marker odd) before
+/// its atomic step on a class word or on `alive`, and the free was decided by a later RMW of
+/// the same chain (a release that emptied the word, the last handle's `fetch_or`, the last
+/// count-down of `alive`), which synchronises with it. So the marker's store happens-before the
+/// loads here, which read it or a later value: odd until the operation left (its leaving store
+/// is a release, so all it did happens-before the free). No barrier is needed.
+///
+/// Never waits for user code (none runs inside an operation) or for another bulkhead's
+/// operations, except one nested on two bulkheads ([`ANY`]).
+pub(crate) fn wait_for_operations(id: GraceId) {
+    if free_unguarded_for_loom() {
+        return;
+    }
+    let own = reader();
+    crate::sync::per_thread::for_each(&mut |r: &Reader| {
+        if std::ptr::eq(r, own) {
+            return;
+        }
+        let v = r.load(Ordering::Acquire);
+        let cell_id = (v >> 32) as GraceId;
+        if v & 1 == 0 || (cell_id != id && cell_id != ANY) {
+            return;
+        }
+        crate::sync::pause(crate::sync::PausePoint::FreeWaits);
+        let backoff = crossbeam_utils::Backoff::new();
+        while r.load(Ordering::Acquire) == v {
+            // As in `wait_for_move`: under loom, hand the turn to loom at once.
+            if cfg!(loom) || backoff.is_completed() {
+                crate::sync::thread::yield_now();
+            } else {
+                backoff.snooze();
+            }
+        }
+    });
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_FREE_UNGUARDED=1` makes [`wait_for_operations`] return at
+/// once: the broken variant `loom-tests/tests/classes.rs`
+/// (`borrowed_release_while_the_last_handle_drops`) is shown to fail on (the free races the
+/// release's shared-word update). With feature `testing`, `LLM_BULKHEAD_FREE_UNGUARDED=1` does the
+/// same for `tests/lifetime_class_release.rs`.
+#[inline]
+fn free_unguarded_for_loom() -> bool {
+    #[cfg(all(feature = "testing", not(loom)))]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *ON.get_or_init(|| {
+            std::env::var_os("LLM_BULKHEAD_FREE_UNGUARDED").is_some_and(|v| v == "1")
+        }) {
+            return true;
+        }
+    }
+    loom_broken("LLM_BULKHEAD_LOOM_FREE_UNGUARDED")
+}
+
 /// Whether the grace period skips its wait: the deliberately broken variants. Under loom,
 /// `LLM_BULKHEAD_LOOM_NO_GRACE=1` (the tag-wrap models are shown to fail on it); with feature
 /// `testing`, `testing::skip_grace_period_on_this_thread(true)` on the calling thread (the

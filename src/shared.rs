@@ -39,6 +39,20 @@
 //! so the unlock cannot be written after the reference is given back. The fast paths never
 //! touch `refs`: the no-class release pays one more `fetch_sub` only when it frees the state.
 //!
+//! # Class mode: a release's operation keeps the state alive
+//!
+//! With classes, a release returns its slot on its class word first and then updates the
+//! shared word (and may visit the queue): after the class step the slot no longer counts, yet
+//! the release still touches the state. The whole release runs inside a grace-period operation
+//! on its thread's process-wide cell (`crate::grace`), which names the bulkhead. So the free
+//! of a class-mode state first waits for every other thread's operation on it
+//! (`crate::grace::wait_for_operations`): whoever frees decided so by an RMW that comes after
+//! the release's class step on the same atomic, so it sees the release's marker. The wait is
+//! for the crate's own steps only (no user code runs inside an operation), and only at the
+//! free. Before, a release marked itself in its class word ("pending returns") for the time
+//! of its shared-word update and removed the mark afterwards: a third RMW on the class word's
+//! contended line in every borrowed release, which this wait replaces.
+//!
 //! # Memory ordering
 //!
 //! Every decrement (`handles.fetch_sub`, the slot-returning CAS, the `DETACHED` `fetch_or`,
@@ -76,7 +90,7 @@ pub(crate) struct Shared {
     /// Live `Bulkhead` handles (not admissions).
     handles: CachePadded<AtomicUsize>,
     /// Lifetime references (module docs, "Slow paths"): one held jointly by every owner the
-    /// words count (handles, slots, class slots, pending returns), plus one per counted
+    /// words count (handles, slots, class slots), plus one per counted
     /// [`SlowPathRef`]. The block is freed when this reaches zero. Cold: the fast paths never
     /// touch it.
     refs: AtomicUsize,
@@ -112,7 +126,7 @@ pub(crate) struct Shared {
     /// The bits all admission ids of this bulkhead share (see `crate::vocab::id`).
     pub(crate) id_prefix: u128,
     /// One word per admission class (layout in `crate::protocol::classed`: queue flag, detached, class
-    /// tag, pending returns, class in flight, class tokens); empty without classes.
+    /// tag, class in flight, class tokens); empty without classes.
     pub(crate) class_words: Box<[CachePadded<AtomicU64>]>,
     /// Class names, in construction order.
     pub(crate) class_names: Box<[String]>,
@@ -155,6 +169,14 @@ const _: () = {
 /// owner leave (see the module docs); nothing can reach the state afterwards.
 #[track_caller]
 unsafe fn free(ptr: NonNull<Shared>) {
+    // SAFETY: not yet freed (the caller's contract); two plain fields nobody writes any more.
+    let (classed, id) = unsafe { (ptr.as_ref().classed, ptr.as_ref().grace_id) };
+    if classed {
+        // A class release may still be inside its operation after its class step, updating
+        // the shared word (module docs, "Class mode: a release's operation keeps the state
+        // alive").
+        crate::grace::wait_for_operations(id);
+    }
     crate::sync::lifetime::freed(ptr.as_ptr().cast());
     #[cfg(all(feature = "testing", not(loom)))]
     crate::sync::hooks::count_live_state(-1);
@@ -341,8 +363,9 @@ impl Handle {
             // SAFETY: this is the last handle, being dropped (the count above reached zero).
             if unsafe { crate::shared::detach(self.0) } {
                 // SAFETY: the last handle is gone and every class word was empty (or emptied
-                // and counted down) with no pending return; we are the unique thread that saw
-                // it (`crate::protocol::classed`, "Lifetime").
+                // and counted down); we are the unique thread that saw it (a release still in
+                // its operation is waited for by the free: `crate::protocol::classed`,
+                // "Lifetime").
                 unsafe { owners_gone(self.0) }
             }
             return;
@@ -513,7 +536,8 @@ pub(crate) struct SlowPathRef<'a> {
 
 impl SlowPathRef<'_> {
     /// An uncounted guard for a caller that stays an owner for all of `'a` (it holds a handle,
-    /// or a slot or pending-return mark that it gives back only after the guard is gone).
+    /// or a slot or a class release's operation that it gives back or leaves only after the
+    /// guard is gone).
     ///
     /// # Safety
     /// The caller is an owner of `shared` for all of `'a`: the state cannot be freed while the
@@ -656,7 +680,7 @@ pub(crate) unsafe fn detach(ptr: NonNull<Shared>) -> bool {
     shared.alive.store(classes + 1, Ordering::Release);
     for cw in shared.class_words.iter() {
         let p = CWord(cw.fetch_or(C_DETACHED, Ordering::AcqRel));
-        if p.in_flight() == 0 && p.pending() == 0 {
+        if p.in_flight() == 0 {
             // Cannot reach zero: this thread's own count is still in `alive`.
             let last = count_down(&shared.alive);
             debug_assert!(!last);

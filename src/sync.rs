@@ -521,14 +521,14 @@ pub enum PausePoint {
     /// A waiting acquire (`acquire_blocking`, `acquire`) found no place by its fast decision
     /// and is about to take the queue lock to decide again (and perhaps queue).
     EnterQueue,
-    /// The release of a class admission that borrowed has returned its slot and hold (the
-    /// `fetch_add` that marks its pending return) and is about to read the floors its shared
-    /// decrease is computed from: an install that rewrote them meanwhile would mislead it.
+    /// A borrowed class release has returned its slot and hold (a `fetch_sub`) and is about to
+    /// read the floors of its shared decrease; only its operation keeps the state allocated.
     ClassReturned,
-    /// A class release has taken its last step on the class word (the CAS that returned its
-    /// slot, or the removal of its pending mark) and has not yet returned: from here the last
-    /// handle, on another thread, may free the state (`crate::protocol::classed`, "Lifetime").
+    /// A class release has left its operation (both words updated) and not yet returned: the
+    /// last handle, on another thread, may free the state now (`protocol::classed`, "Lifetime").
     ClassReleaseGiven,
+    /// A class-mode free waits for another thread's operation (`grace::wait_for_operations`).
+    FreeWaits,
     /// A count-down of `alive` (class mode) has given this thread's count away without
     /// reaching zero and has not yet returned: the thread that reaches zero may free the state
     /// now. The last handle's detach reaches it for every class word it counts down, the last

@@ -141,8 +141,8 @@ fn counters_from_many_threads_sum_exactly() {
 #[test]
 fn class_admissions_pin_and_settle_after_every_handle_is_gone() {
     // With classes the class slots keep the shared state alive (`src/protocol/classed.rs`,
-    // "Lifetime"): a borrowed release marks a pending return in its class word while it updates
-    // the shared word; abandonment pins a handle until release. Here handles disappear while
+    // "Lifetime"): a borrowed release updates the shared word after its class step, inside an
+    // operation the free waits for; abandonment pins a handle until release. Here handles disappear while
     // such admissions are live, on two threads.
     use llm_bulkhead::ClassLimits;
     for _ in 0..N {
@@ -172,7 +172,7 @@ fn class_admissions_pin_and_settle_after_every_handle_is_gone() {
         assert!(borrowed.abandon_borrowed_concurrency());
         let b2 = b.clone();
         let t = std::thread::spawn(move || {
-            drop(other); // a borrowed release: pending return, then the shared word
+            drop(other); // a borrowed release: the class word, then the shared word
             drop(b2);
         });
         drop(b);

@@ -1,9 +1,11 @@
 //! The class mode's last steps, with the state freed on another thread inside each of them,
 //! deterministically on real threads: a class release held at `PausePoint::ClassReleaseGiven`
-//! (its slot given back, or its pending mark removed, and the release not yet returned) while
-//! the main thread drops the last handle, which frees the state; and a count-down of `alive`
-//! held at `PausePoint::CountedDown` (its count given away, not yet returned) while the other
-//! thread reaches zero and frees, once in the last handle's detach and once in a release.
+//! (it has left its operation and not yet returned) while the main thread drops the last
+//! handle, which frees the state; a count-down of `alive` held at `PausePoint::CountedDown`
+//! (its count given away, not yet returned) while the other thread reaches zero and frees, once
+//! in the last handle's detach and once in a release; and a release held **inside** its
+//! operation, after its class step and before its shared-word update, which the free must wait
+//! for.
 //!
 //! What fails without the fix of the release's, the detach's and the count-down's arguments
 //! (they took a `&Shared`, which must stay valid until the function returns) is **Miri only**:
@@ -11,7 +13,8 @@
 //! (`.ci/run` runs this file under Miri with `--features testing`). Natively nothing reads the
 //! freed state, so no run of the old code would fail; natively these tests check that the free
 //! does happen inside the window (`testing::live_states`), so the schedule they pin is the one
-//! Miri needs to see.
+//! Miri needs to see. The last test fails natively on its broken variant
+//! (`LLM_BULKHEAD_FREE_UNGUARDED=1`, the free that does not wait), which `.ci/run` requires.
 //!
 //! The tests of this file take turns (`SERIAL`): they read the process-wide `live_states`
 //! count. Nothing here sleeps or times anything: the threads meet over channels inside the
@@ -70,17 +73,17 @@ fn drop_the_last_handle_inside_the_release(b: Bulkhead, admission: Admission, ba
     releaser.join().unwrap();
 }
 
-/// A release with a shared-word decrease (a class with no floor: its slot was borrowed) marks a
-/// pending return; the last handle frees the state right after the mark's removal, before
-/// `release_pending` and `release` return.
+/// A release with a shared-word decrease (a class with no floor: its slot was borrowed) makes
+/// it inside its operation; the last handle frees the state right after the release left the
+/// operation, before `release` returns.
 #[test]
-fn the_last_handle_frees_the_state_after_a_release_removes_its_pending_mark() {
+fn the_last_handle_frees_the_state_after_a_borrowed_release_leaves_its_operation() {
     release_of_a_slot_in(&[("open", 0)]);
 }
 
 /// A release inside its class's floor (nothing for the shared word, no queue flag) returns its
-/// slot in one CAS with no pending mark; the last handle frees the state right after that CAS,
-/// before `release` returns.
+/// slot in one CAS; the last handle frees the state right after the release left its
+/// operation, before `release` returns.
 #[test]
 fn the_last_handle_frees_the_state_after_a_protected_release_gives_its_slot_back() {
     release_of_a_slot_in(&[("protected", 1)]);
@@ -184,4 +187,57 @@ fn the_last_handle_frees_the_state_while_a_release_is_counting_down() {
     );
     free.send(()).unwrap();
     releaser.join().unwrap();
+}
+
+/// A borrowed release is held at `ClassReturned`: its slot is back in the class word (which is
+/// now empty) and its shared-word decrease not yet made. The last handle's drop, on another
+/// thread, decides to free the state, and must first wait for the release's operation: it
+/// reaches `FreeWaits` with the state still allocated; the release, let go, finishes; only then
+/// is the state freed. With the wait left out (`LLM_BULKHEAD_FREE_UNGUARDED=1`, the broken
+/// variant `.ci/run` requires this test to fail on) the drop frees at once, which this test
+/// reports before the release could touch the freed state.
+#[test]
+fn the_free_waits_for_a_release_inside_its_operation() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let base = live_states();
+    let b = build(&[("open", 0)]);
+    let admission = b.try_acquire(Demand::slot()).unwrap();
+    assert!(admission.resources().borrowed_concurrency);
+    let (at_point, reached) = mpsc::channel();
+    let (go, resume) = mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        set_pause_hook(move |p| {
+            if p == PausePoint::ClassReturned {
+                at_point.send(()).unwrap();
+                resume.recv().unwrap();
+            }
+        });
+        drop(admission);
+        clear_pause_hook();
+    });
+    reached.recv().unwrap();
+    let (events, seen) = mpsc::channel();
+    let waits = events.clone();
+    let dropper = std::thread::spawn(move || {
+        set_pause_hook(move |p| {
+            if p == PausePoint::FreeWaits {
+                waits.send("waits").unwrap();
+            }
+        });
+        drop(b); // the last handle: the class word is empty, so this decides to free
+        clear_pause_hook();
+        events.send("freed").unwrap();
+    });
+    let first = seen.recv().unwrap();
+    if first != "waits" {
+        // Keep the release parked for good: resumed, it would update the freed shared word.
+        std::mem::forget(go);
+        panic!("the last handle freed the state while a release was inside its operation");
+    }
+    assert_eq!(live_states(), base + 1, "freed before the release left");
+    go.send(()).unwrap();
+    releaser.join().unwrap();
+    assert_eq!(seen.recv().unwrap(), "freed");
+    dropper.join().unwrap();
+    assert_eq!(live_states(), base);
 }

@@ -26,8 +26,8 @@
 //! A class release takes one of two paths. A protected admission's release reads its class
 //! word and the floors of its tag, then CASes (the window is before the CAS,
 //! `PausePoint::ClassCas`). A borrowed admission's release returns its slot with one
-//! `fetch_add` and reads the floors of the replaced word's tag afterwards (the window is after
-//! the `fetch_add`, `PausePoint::ClassReturned`): stopped before its `fetch_add` it would find
+//! `fetch_sub` and reads the floors of the replaced word's tag afterwards (the window is after
+//! the `fetch_sub`, `PausePoint::ClassReturned`): stopped before its `fetch_sub` it would find
 //! the class word already migrated and compute a correct decrease, with or without the grace
 //! period, so that regression stops it after.
 #![cfg(feature = "testing")]
@@ -230,7 +230,7 @@ fn assert_release_race(
 const PROTECTED: ((u32, u32), PausePoint) = ((1, 0), PausePoint::ClassCas);
 
 /// A borrowed admission of `a` (no floor yet) released while the floor goes to 2: its
-/// `fetch_add` has returned the slot, and it is stopped before it reads the floors of the
+/// `fetch_sub` has returned the slot, and it is stopped before it reads the floors of the
 /// replaced word's tag.
 const BORROWED: ((u32, u32), PausePoint) = ((0, 2), PausePoint::ClassReturned);
 

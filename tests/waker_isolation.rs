@@ -22,7 +22,8 @@
 //! blocking when a class release wakes it, a drainer's when a class decision's undo wakes it
 //! (the fourth install waits for the operation the wake ran in), and a waker that panics, or
 //! whose drop panics, when a class release wakes it
-//! (the release's pending-return mark is never removed: the state leaks). The others (the
+//! (the release's pending-return mark, which the release then used, was never removed: the
+//! state leaked). The others (the
 //! no-class wakes, panics when cloned or replaced, a panic among several wake-ups, a waker
 //! that releases) passed there too and guard against a regression.
 
@@ -80,8 +81,8 @@ fn bulkhead(path: Path, max_concurrent: u32) -> Bulkhead {
         .max_queue(8);
     match path {
         Path::Plain => b.build(),
-        // No floors: every slot is borrowed, so a release has a shared decrease to make (its
-        // pending-return mark) and visits the queue from inside its operation.
+        // No floors: every slot is borrowed, so a release has a shared decrease to make and
+        // visits the queue from inside its operation.
         Path::Classed => b
             .class("x", ClassLimits::default())
             .default_class("x")

@@ -1,12 +1,12 @@
 //! Models the admission-class protocol (`src/protocol/classed.rs`; CONTRACT.md §2 rows 2–5, §4, §5 and
-//! §10). Each class has a word `[tokens][in flight][pending returns][ctag][DETACHED]`; the
+//! §10). Each class has a word `[tokens][in flight][ctag][DETACHED]`; the
 //! shared word stores `U = Σ max(in_flight_j, floor_j)` and `V = Σ max(tokens_j, token_floor_j)`
 //! beside the limits tag and the flags, and is kept never below the truth: increases reach it
 //! before the class word, decreases after. A protected admission CASes its class word and
 //! validates on a second load of the shared word; a borrower CASes the shared word (rows 4, 5)
 //! and then its class word, expecting exactly the class state it classified. Releases go class
-//! word first; one with a decrease for the shared word marks a pending return so that its
-//! class slot keeps the state alive until it is done. A floor change bumps the tag with an
+//! word first, then the shared word, inside a grace-period operation that a class-mode free
+//! waits for, so that the state stays allocated until the release is done. A floor change bumps the tag with an
 //! advance for every raise, then migrates each class word (deciders help).
 //!
 //! Models, each small (two or three threads) and each asserting its invariants in every
@@ -906,13 +906,13 @@ fn protected_tokens_against_a_shrinking_report_and_a_borrow() {
 // The shared word's lifetime and reconfiguration steps (`src/protocol/classed.rs`)
 // ---------------------------------------------------------------------------------------------
 
-/// A borrowed release has a decrease for the shared word after its class step, so it marks a
-/// pending return in the class word until it is done. Here it races the drop of the last
-/// handle and a protected release of another class: the state is freed exactly once, after
-/// both releases finished with it (checked allocator). With the mark left out of the borrowed
-/// release's `fetch_add` (`LLM_BULKHEAD_LOOM_NO_PENDING_MARK=1`, the broken variant) loom
-/// reports the free racing the release's shared-word update (and so do the two abandonment
-/// models above, whose admissions borrowed).
+/// A borrowed release has a decrease for the shared word after its class step; what keeps the
+/// state allocated meanwhile is its grace-period operation, which a class-mode free waits for
+/// (`crate::grace::wait_for_operations`). Here it races the drop of the last handle and a
+/// protected release of another class: the state is freed exactly once, after both releases
+/// finished with it (checked allocator). With the free's wait left out
+/// (`LLM_BULKHEAD_LOOM_FREE_UNGUARDED=1`, the broken variant `.ci/run` requires this model to
+/// fail on) the free races the release's shared-word update, which then reads freed memory.
 #[test]
 fn borrowed_release_while_the_last_handle_drops() {
     model(|| {

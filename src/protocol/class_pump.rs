@@ -96,7 +96,7 @@ pub(crate) fn wake_class_drainers_if_idle(shared: &Shared, q: &Queue, wake: &mut
 /// Class mode's hand-off: a decrease found the queue flagged. Decides head waiters under the
 /// mutex until one has to keep waiting (module docs, "With admission classes"), then wakes
 /// drainers if the bulkhead is idle. The caller keeps the shared state alive (a handle, or a
-/// release's pending-return mark).
+/// release's grace-period operation, which a class-mode free waits for).
 ///
 /// Called inside the decrease's grace-period operation, so it wakes nobody: the wake-ups go to
 /// the calling thread, which delivers them after the operation
@@ -117,8 +117,8 @@ pub(crate) fn pump_classed_now(shared: &Shared) {
 
 fn pump_classed_into(shared: &Shared, mut wake: WakeList) {
     // SAFETY: every caller is an owner for the whole call: a handle (`apply_limits`, a
-    // decider's undo, an abandonment's pin) or a slot or pending-return mark that a release
-    // gives back only after this returns (`crate::protocol::classed::release_pending`).
+    // decider's undo, an abandonment's pin) or a release's grace-period operation, which it
+    // leaves only after this returns and which a class-mode free waits for (`crate::shared`).
     let guard = unsafe { SlowPathRef::borrowed(shared) };
     let q = pump_classed_locked(&guard, guard.lock_queue(), &mut wake);
     drop(q);

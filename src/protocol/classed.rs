@@ -7,12 +7,11 @@
 //! # The words
 //!
 //! * One **class word** per class, each on its own cache line:
-//!   `[tokens t_k:32][in flight n_k:14 @32][pending returns:14 @46][ctag:2 @60][DETACHED @62]`.
+//!   `[tokens t_k:32][in flight n_k:14 @32][unused:14 @46][ctag:2 @60][DETACHED @62]`.
 //!   `t_k` and `n_k` are the class's held tokens and slots; `ctag` is the class's **version**
 //!   (mod 4) whose floors the class is accounted under: the number of installs that changed
 //!   this class's limits, which names the entry of the class's floors ring
-//!   (`crate::words::limits`); "pending returns" and `DETACHED` belong to the lifetime
-//!   protocol (below).
+//!   (`crate::words::limits`); `DETACHED` belongs to the lifetime protocol (below).
 //! * The **shared word**, the bulkhead's state word in class mode:
 //!   `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED @63]`, with
 //!   `U = Σ_k max(n_k, protected_concurrent_k)` and `V = Σ_k max(t_k, protected_tokens_k)`
@@ -69,7 +68,7 @@
 //! there:
 //!
 //! * a class word loses one slot and `held` tokens only in the release (or undo) of an admission
-//!   whose slot and hold it contains, and a pending-return mark only in the release that set it;
+//!   whose slot and hold it contains;
 //! * the shared word loses `|du|`, `|dv|` computed from the very class word the preceding CAS
 //!   replaced and from the floors of *that word's* tag. The stored `U`/`V` are never below the true
 //!   ones (the invariant above), and the true ones are sums of per-class terms of which this
@@ -176,16 +175,17 @@
 //! # Lifetime
 //!
 //! Class slots are the admissions' references to the shared state (as the global slot is
-//! without classes, see `src/shared.rs`). A release's **last** step must therefore be on its
-//! class word. A release that also has a decrease for the shared word marks itself in the
-//! class word's "pending returns" field in the same RMW that returns its slot, updates the
-//! shared word, then clears the mark with a `fetch_sub`: the class word counts the release as
-//! a reference until it is done. When the last handle goes, it sets `alive = classes + 1`,
-//! sets `DETACHED` on every class word (counting down `alive` for each word that held nothing),
-//! and counts itself down; any release whose last step leaves a detached class word with no
-//! slot and no pending return counts down `alive`. Whoever reaches zero frees. After the last
-//! handle no admission can start and no abandonment can pin, so each class word empties at most
-//! once after being detached.
+//! without classes, see `src/shared.rs`). A release returns its slot on its class word first,
+//! then makes the shared-word decrease that step computed and visits the queue: after its class
+//! step it is no longer counted, and what keeps the state allocated is its grace-period
+//! operation (on the thread's process-wide cell, `crate::grace`): a class-mode free first waits
+//! for every other thread's operation on the bulkhead (`crate::grace::wait_for_operations`;
+//! `src/shared.rs`, "Class mode: a release's operation keeps the state alive"). When the last
+//! handle goes, it sets `alive = classes + 1`, sets `DETACHED` on every class word (counting
+//! down `alive` for each word that held no slot), and counts itself down; a release whose class
+//! step leaves a detached class word with no slot counts down `alive` after it left its
+//! operation. Whoever reaches zero frees. After the last handle no admission can start and no
+//! abandonment can pin, so each class word empties at most once after being detached.
 //!
 //! The functions that take such a last step (the release, the last handle's detach, the
 //! count-down) take the slot, the pointer or the counter, never a `&Shared` argument: a
@@ -194,7 +194,7 @@
 //! reference last used before that step (Miri's Stacked Borrows checks it; loom does not model
 //! reference validity). `tests/lifetime_class_release.rs` (feature `testing`, run under Miri in
 //! CI) is the check: it frees the state on another thread while a release is held right after
-//! that step (`PausePoint::ClassReleaseGiven`, with and without a pending mark) and while a
+//! it left its operation (`PausePoint::ClassReleaseGiven`, borrowed and protected) and while a
 //! count-down that gave its count away is held before returning (`PausePoint::CountedDown`, in
 //! the last handle's detach and in a release); with a `&Shared` argument in any of these
 //! functions Miri reports the free as a deallocation while that protected reference is alive.

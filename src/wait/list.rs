@@ -40,8 +40,8 @@
 //!   decrease ran inside its operation (a release, an undo, an abandonment, a refund, a
 //!   migration's help: `crate::protocol::class_pump::pump_classed`) is not delivered there
 //!   but handed to the calling thread, which delivers it with [`deliver_deferred`] once it
-//!   has left the operation: a class release after its last step on the class word (the
-//!   pending-return mark's removal and the count-down are done, so a waker that panics
+//!   has left the operation: a class release after it left its operation and counted down
+//!   (its shared-word update and the count-down are done, so a waker that panics
 //!   finds the release complete and the state freed if it was the last owner), a decision or
 //!   a return of capacity after its operation;
 //! * a waker that panics does not keep the others from being woken: each runs on its own,

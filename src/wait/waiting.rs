@@ -73,9 +73,9 @@
 //! * **Visiting the queue.** Every decrease (release, abandonment, token return, a decider's
 //!   undo, a borrower's returned reservation, a migration) whose class-word CAS replaced a word
 //!   carrying `C_QUEUE`, or whose shared-word `fetch_sub` replaced a word carrying `WAITERS`,
-//!   pumps the queue afterwards. A release keeps the state alive meanwhile with a pending-return
-//!   mark taken in the same CAS (`crate::protocol::classed`, "Lifetime"), so a protected release pays the
-//!   mark only while the queue is flagged.
+//!   pumps the queue afterwards. A release keeps the state alive meanwhile with its
+//!   grace-period operation, which a class-mode free waits for (`crate::protocol::classed`,
+//!   "Lifetime").
 //! * **The pump** decides the head under the mutex with the full class protocol, `WAITERS`
 //!   excepted: admitted → granted (with its attribution); no free global slot → it stays;
 //!   checks 1–5 fail while a slot is free → answered with that reason and constraint, and the

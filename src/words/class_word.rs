@@ -1,6 +1,6 @@
 //! The class-mode words (layouts only; the protocol that changes them is
 //! `crate::protocol::classed`, whose module docs explain every field): one **class word** per
-//! class, `[tokens t_k:32][in flight n_k:14 @32][pending returns:14 @46][ctag:2 @60][DETACHED
+//! class, `[tokens t_k:32][in flight n_k:14 @32][unused:14 @46][ctag:2 @60][DETACHED
 //! @62][QUEUE @63]`, and the **shared word**, `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED
 //! @63]` (tag and flags where the no-class word of `crate::words::state` has them).
 
@@ -9,8 +9,6 @@
 pub(crate) const CT_MASK: u64 = 0xffff_ffff;
 pub(crate) const CN_SHIFT: u32 = 32;
 pub(crate) const CN_MASK: u64 = ((1 << 14) - 1) << CN_SHIFT;
-pub(crate) const CP_SHIFT: u32 = 46;
-pub(crate) const CP_MASK: u64 = ((1 << 14) - 1) << CP_SHIFT;
 pub(crate) const CTAG_SHIFT: u32 = 60;
 /// The class tag is the class's **version** modulo `CTAG_MOD`: the number of installs that
 /// changed this class's own limits (floors or ceilings). An install that leaves a class's
@@ -23,8 +21,6 @@ pub(crate) const CTAG_MASK: u64 = ((CTAG_MOD - 1) as u64) << CTAG_SHIFT;
 pub(crate) const C_DETACHED: u64 = 1 << 62;
 /// One class slot.
 pub(crate) const C_ONE: u64 = 1 << CN_SHIFT;
-/// One pending return.
-pub(crate) const C_PEND: u64 = 1 << CP_SHIFT;
 /// Set on every class word while waiters are queued or drainers wait (under the queue mutex):
 /// a decrease that replaces a word carrying it must visit the queue (`crate::wait::waiting`).
 pub(crate) const C_QUEUE: u64 = 1 << 63;
@@ -41,10 +37,6 @@ impl CWord {
     #[inline]
     pub(crate) fn in_flight(self) -> u64 {
         (self.0 & CN_MASK) >> CN_SHIFT
-    }
-    #[inline]
-    pub(crate) fn pending(self) -> u64 {
-        (self.0 & CP_MASK) >> CP_SHIFT
     }
     /// The class version (mod `CTAG_MOD`) whose limits this class is accounted under.
     #[inline]
@@ -64,10 +56,10 @@ impl CWord {
     pub(crate) fn queue(self) -> bool {
         self.0 & C_QUEUE != 0
     }
-    /// Whether this word, after a return, leaves a detached class holding nothing.
+    /// Whether this word, after a return, leaves a detached class holding no slot.
     #[inline]
     pub(crate) fn emptied_detached(self) -> bool {
-        self.detached() && self.in_flight() == 0 && self.pending() == 0
+        self.detached() && self.in_flight() == 0
     }
 }
 

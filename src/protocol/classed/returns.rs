@@ -110,107 +110,78 @@ fn returned_from(shared: &Shared, c: CWord, k: usize, held: u64) -> (HotClass, u
     (floors_of(shared, c, k), n, t)
 }
 
-/// Returns one class slot and `held` tokens of class `k` (a release). The last step is on the
-/// class word; returns whether it emptied a detached class word (the caller then counts down
-/// `alive`, and whoever reaches zero ends the owners' lifetime reference).
+/// Returns one class slot and `held` tokens of class `k` (a release): the class word first,
+/// then the shared-word decrease it computes and the queue visit, all inside one grace-period
+/// operation on the thread's process-wide cell. Returns whether it emptied a detached class
+/// word (the caller then counts down `alive`, and whoever reaches zero ends the owners'
+/// lifetime reference).
 ///
 /// # Safety
-/// `slot` stands for the class slot of class `k` being returned: it keeps the state alive
-/// until this release's last step on the class word. The caller does not touch the state
-/// afterwards except to count down when this returns true.
-///
-/// A release that has a decrease for the shared word, or finds the queue flag on its class
-/// word, marks a pending return in the same CAS (or `fetch_add`, below): the mark keeps the
-/// state alive while it
-/// updates the shared word and visits the queue (module docs, "Lifetime"; `crate::wait::waiting`).
+/// `slot` stands for the class slot of class `k` being returned. The slot keeps the state
+/// alive until the class step; after it, the operation does (a class-mode free waits for
+/// every operation of its bulkhead, `crate::shared`, "Class mode: a release's operation keeps
+/// the state alive"), until this function leaves it. The caller does not touch the state
+/// afterwards except to count down when this returns true (its own count in `alive` then
+/// keeps the state alive).
 ///
 /// It takes the slot, not a `&Shared`: a reference argument must stay valid until the function
-/// returns, and after the class word's last CAS (or the pending mark's removal) the last handle
-/// may free the state on another thread before this returns (found by Miri in
-/// `tests/lifetime_stress.rs`; checked deterministically by `tests/lifetime_class_release.rs`,
-/// which frees the state while this is held at `PausePoint::ClassReleaseGiven`, after the
-/// first try's CAS, in [`release_contended`] and after a pending mark's removal alike). The
-/// state is reached through a local
-/// reference, last used before that step.
+/// returns, and once the operation is left the last handle may free the state on another
+/// thread before this returns (found by Miri in `tests/lifetime_stress.rs`; checked
+/// deterministically by `tests/lifetime_class_release.rs`, which frees the state while this is
+/// held at `PausePoint::ClassReleaseGiven`, after the operation). The state is reached through
+/// local references, last used inside the operation.
 ///
 /// `borrowed` is a hint: the admission borrowed a slot or tokens, so its release most likely
-/// returns borrowed capacity (a shared decrease, and so a pending mark). Such a release takes
-/// its class step as one `fetch_add` that returns the slot and the hold and sets the mark,
-/// whatever the word holds, and computes the decrease from the word it replaced (the floors
-/// of that word's `ctag`, which the grace-period operation keeps in the ring): no load before
-/// it and no failed CAS when another release or admission of the class writes the word
-/// meanwhile, which under contention cost a cache-line transfer each. If the decrease turns
-/// out to be zero (the class's other admissions left meanwhile, so this one's slot and tokens
-/// were inside the floors when it returned them), the mark is removed all the same: one RMW
-/// more than the CAS path would have taken. Without the hint:
-///
-/// The first try is inline: one CAS, and for a release with a shared decrease (or a queue
-/// flag) the rest of it out of line ([`release_pending`]). A failed first CAS goes on in
-/// [`release_contended`] (out of line), so that the common release keeps few registers live.
+/// returns borrowed capacity (a shared decrease). Such a release takes its class step as one
+/// `fetch_sub` that returns the slot and the hold, whatever the word holds, and computes the
+/// decrease from the word it replaced (the floors of that word's `ctag`, which the
+/// grace-period operation keeps in the ring): no load before it and no failed CAS when another
+/// release or admission of the class writes the word meanwhile, which under contention cost a
+/// cache-line transfer each. Without the hint the first try is one CAS, inline; a failed one
+/// goes on in [`release_contended`] (out of line), so that the common release keeps few
+/// registers live.
 #[inline(always)]
 pub(crate) unsafe fn release(slot: &SlotRef, k: usize, held: u64, borrowed: bool) -> bool {
+    // SAFETY: as this function's.
+    let last = unsafe { release_in_operation(slot, k, held, borrowed) };
+    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
+    last
+}
+
+/// [`release`] inside its operation.
+///
+/// # Safety
+/// As [`release`]'s.
+#[inline(always)]
+unsafe fn release_in_operation(slot: &SlotRef, k: usize, held: u64, borrowed: bool) -> bool {
     let shared = slot.get();
-    // A grace-period operation (`crate::grace`): the floors read below are those of the class
-    // word's tag until the CAS. Its marker is process-wide, not in `shared`, so leaving it after
-    // the last reference is given away touches nothing freed.
+    // The grace-period operation (`crate::grace`): the floors read below are those of the class
+    // word's tag until the class step, and the state stays allocated until it is left. Its
+    // marker is process-wide, not in `shared`, so leaving it touches nothing of the state.
     let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
     if borrowed {
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
-        // Returns our slot and hold and marks a pending return (wrapping: the fields lose only
-        // what this admission holds, so nothing borrows across a field).
-        let mark = pending_mark();
-        let p = CWord(cw.fetch_add(mark.wrapping_sub(C_ONE + held), SeqCst));
+        let p = CWord(cw.fetch_sub(C_ONE + held, SeqCst));
         crate::sync::pause(crate::sync::PausePoint::ClassReturned);
         // The floors of the replaced word's tag: the operation keeps them in the ring.
         let (l, n, t) = returned_from(shared, p, k, held);
         let (du, dv) = delta(&l, n, t, n - 1, t - held);
-        if mark == 0 {
-            // The broken variant (loom only, `pending_mark`): nothing keeps the state alive.
-            let visit = shared_decrease(slot.get(), du, dv) | p.queue();
-            visit_queue(slot.get(), visit, false);
-            return CWord(p.0 - C_ONE - held).emptied_detached();
-        }
-        return release_pending(slot, k, du, dv, p.queue());
+        release_rest(shared, du, dv, p.queue());
+        return CWord(p.0 - C_ONE - held).emptied_detached();
     }
     let c = CWord(cw.load(SeqCst));
     let (l, n, t) = returned_from(shared, c, k, held);
     crate::sync::pause(crate::sync::PausePoint::ClassCas);
     // One iteration of `release_contended`'s loop.
-    if n <= l.pc && (held == 0 || t <= l.pt) && !c.queue() {
-        if cw
-            .compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst)
-            .is_ok()
-        {
-            let last = CWord(c.0 - C_ONE - held).emptied_detached();
-            crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
-            return last;
-        }
-    } else {
-        let (du, dv) = delta(&l, n, t, n - 1, t - held);
-        if cw
-            .compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst)
-            .is_ok()
-        {
-            return release_pending(slot, k, du, dv, c.queue());
-        }
+    if cw
+        .compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst)
+        .is_ok()
+    {
+        return returned(shared, c, (l, n, t), held);
     }
     // SAFETY: as this function's (the CAS failed: the slot is still ours).
     unsafe { release_contended(slot, k, held) }
-}
-
-/// The pending-return mark a borrowed release sets in its `fetch_add` ([`release`]). Under
-/// loom, `LLM_BULKHEAD_LOOM_NO_PENDING_MARK=1` makes it zero: the release then updates the
-/// shared word after its class step with nothing keeping the state alive, the deliberately
-/// broken variant `loom-tests/tests/classes.rs` (`borrowed_release_while_the_last_handle_drops`)
-/// is shown to fail on (a use after free of the state).
-#[inline(always)]
-fn pending_mark() -> u64 {
-    #[cfg(loom)]
-    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_PENDING_MARK") {
-        return 0;
-    }
-    C_PEND
 }
 
 /// [`release`] after its first try did not return the slot: the whole release, as a CAS loop.
@@ -225,45 +196,37 @@ unsafe fn release_contended(slot: &SlotRef, k: usize, held: u64) -> bool {
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
     loop {
-        let (l, n, t) = returned_from(shared, c, k, held);
+        let read = returned_from(shared, c, k, held);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
-        // `U` and `V` do not change (`delta` is (0, 0)) exactly when the slot was inside the
-        // floor (`n ≤ pc`) and so were the tokens (`t ≤ pt`), or none are returned: tested
-        // directly, `delta` only for the pending branch.
-        if n <= l.pc && (held == 0 || t <= l.pt) && !c.queue() {
-            match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
-                Ok(_) => {
-                    let last = CWord(c.0 - C_ONE - held).emptied_detached();
-                    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
-                    return last;
-                }
-                Err(actual) => c = CWord(actual),
-            }
-        } else {
-            let (du, dv) = delta(&l, n, t, n - 1, t - held);
-            match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held + C_PEND, SeqCst, SeqCst) {
-                Ok(_) => return release_pending(slot, k, du, dv, c.queue()),
-                Err(actual) => c = CWord(actual),
-            }
+        match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
+            Ok(_) => return returned(shared, c, read, held),
+            Err(actual) => c = CWord(actual),
         }
     }
 }
 
-/// The rest of a release that marked a pending return: the shared decrease, the queue visit,
-/// then the mark's removal (the release's last step).
-/// Takes the slot, not a `&Shared`, for the reason [`release`] gives: the mark's removal is
-/// the step after which the state may be freed.
+/// The rest of a release whose CAS replaced `c` (read before it: the floors `l` of its tag,
+/// its slots `n` and tokens `t`) with `c` less one slot and `held` tokens: the shared decrease
+/// and the queue visit, if any; returns whether it emptied a detached class word. `U` and `V`
+/// do not change (`delta` is (0, 0)) exactly when the slot was inside the floor (`n ≤ pc`) and
+/// so were the tokens (`t ≤ pt`), or none were returned: tested directly, `delta` only
+/// otherwise.
 #[inline(always)]
-pub(super) fn release_pending(slot: &SlotRef, k: usize, du: i64, dv: i64, queue: bool) -> bool {
-    let shared = slot.get();
+fn returned(shared: &Shared, c: CWord, (l, n, t): (HotClass, u64, u64), held: u64) -> bool {
+    if !(n <= l.pc && (held == 0 || t <= l.pt)) || c.queue() {
+        let (du, dv) = delta(&l, n, t, n - 1, t - held);
+        release_rest(shared, du, dv, c.queue());
+    }
+    CWord(c.0 - C_ONE - held).emptied_detached()
+}
+
+/// The rest of a release after its class step: the shared decrease `(du, dv)` and the queue
+/// visit (if either word was flagged), inside the release's operation, which keeps the state
+/// alive meanwhile.
+#[inline(always)]
+fn release_rest(shared: &Shared, du: i64, dv: i64, queue: bool) {
     let visit = shared_decrease(shared, du, dv) | queue;
     visit_queue(shared, visit, false);
-    // The last use of `shared`: the word's address. The removal itself is on the atomic alone.
-    let cw: &crate::sync::AtomicU64 = &shared.class_words[k];
-    let p = CWord(cw.fetch_sub(C_PEND, SeqCst));
-    debug_assert!(p.pending() >= 1, "pending-return underflow: {p:?}");
-    crate::sync::pause(crate::sync::PausePoint::ClassReleaseGiven);
-    CWord(p.0 - C_PEND).emptied_detached()
 }
 
 /// Returns one class slot of class `k` but keeps its tokens (abandonment). The caller holds a
