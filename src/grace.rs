@@ -68,8 +68,9 @@
 //!   entry outlives the operation. Such a marker belongs to one bulkhead: its sequence number
 //!   alone (`s + 1` entering, `s + 2` leaving: never nested, [`enter_outermost`]);
 //! * every other operation uses the thread's process-wide cell (`crate::sync::per_thread`): a
-//!   class release may leave its operation after it gave away the last reference to the
-//!   bulkhead, so its marker must not live in the bulkhead. The cell holds `[bulkhead:32]
+//!   class release gives its slot away inside its operation, and the free of the state waits
+//!   for its marker ([`wait_for_operations`]), so the marker must not live in the bulkhead
+//!   (it is left while the free may be under way). The cell holds `[bulkhead:32]
 //!   [sequence:32]`: entering writes the bulkhead's grace id ([`GraceId`]) beside the odd
 //!   sequence, so an installer of another bulkhead skips it. Operations on the cell nest (a
 //!   release that pumps the queue decides for a waiter of the same bulkhead): only the
@@ -124,7 +125,8 @@
 //!
 //! Deciders never wait for anything here. `apply_limits` waits only for an operation of its
 //! own bulkhead that was in progress across a whole tag period, never for another bulkhead's,
-//! and never for a thread of its own (its markers are skipped). **No user code runs inside an
+//! and never for a thread of its own (its markers are skipped). The free of a class-mode state
+//! waits for the operations of its own bulkhead then in progress ([`wait_for_operations`]). **No user code runs inside an
 //! operation**, so the wait is for the crate's own steps, never for a callback that could block
 //! or call back:
 //!
@@ -611,9 +613,10 @@ mod membarrier {
 }
 
 /// The calling thread's reader marker: a process-wide per-thread cell of the facade
-/// ([`crate::sync::per_thread`]). Markers must outlive every bulkhead, because a release leaves
-/// its operation after it may have given away the last reference to the state
-/// (`crate::protocol::classed::release`); the id they carry says whose operation it is.
+/// ([`crate::sync::per_thread`]). Markers must outlive every bulkhead, because a class release
+/// leaves its operation while the free it holds off may already be waiting for it
+/// (`crate::protocol::classed::release`, [`wait_for_operations`]); the id they carry says
+/// whose operation it is.
 #[inline(always)]
 pub(crate) fn reader() -> &'static Reader {
     crate::sync::per_thread::local()
