@@ -373,6 +373,11 @@ fn wait_for_move(r: &Reader, v: u64) {
         return;
     }
     crate::sync::pause(crate::sync::PausePoint::GracePeriod);
+    spin_while_at(r, v);
+}
+
+/// Spins (then yields) while marker `r` holds `v`.
+fn spin_while_at(r: &Reader, v: u64) {
     let backoff = crossbeam_utils::Backoff::new();
     while r.load(Ordering::Acquire) == v {
         // Under loom, hand the turn to loom at once (crossbeam's backoff spins on std
@@ -415,15 +420,7 @@ pub(crate) fn wait_for_operations(id: GraceId) {
             return;
         }
         crate::sync::pause(crate::sync::PausePoint::FreeWaits);
-        let backoff = crossbeam_utils::Backoff::new();
-        while r.load(Ordering::Acquire) == v {
-            // As in `wait_for_move`: under loom, hand the turn to loom at once.
-            if cfg!(loom) || backoff.is_completed() {
-                crate::sync::thread::yield_now();
-            } else {
-                backoff.snooze();
-            }
-        }
+        spin_while_at(r, v);
     });
 }
 

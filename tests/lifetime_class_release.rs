@@ -45,19 +45,7 @@ fn build(classes: &[(&str, u32)]) -> Bulkhead {
 /// Releases `admission` on a new thread, held at `ClassReleaseGiven` while this thread drops
 /// `b`, the last handle: the drop must free the state there (the release's step let it go).
 fn drop_the_last_handle_inside_the_release(b: Bulkhead, admission: Admission, base: u64) {
-    let (at_point, reached) = mpsc::channel();
-    let (go, resume) = mpsc::channel::<()>();
-    let releaser = std::thread::spawn(move || {
-        set_pause_hook(move |p| {
-            if p == PausePoint::ClassReleaseGiven {
-                at_point.send(()).unwrap();
-                resume.recv().unwrap();
-            }
-        });
-        drop(admission);
-        clear_pause_hook();
-    });
-    reached.recv().unwrap();
+    let (go, releaser) = release_held_at(PausePoint::ClassReleaseGiven, admission);
     assert_eq!(
         live_states(),
         base + 1,
@@ -71,6 +59,28 @@ fn drop_the_last_handle_inside_the_release(b: Bulkhead, admission: Admission, ba
     );
     go.send(()).unwrap();
     releaser.join().unwrap();
+}
+
+/// Releases `admission` on a new thread and returns once the release is held at `point`: the
+/// sender that lets it go on, and the thread.
+fn release_held_at(
+    point: PausePoint,
+    admission: Admission,
+) -> (mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (at_point, reached) = mpsc::channel();
+    let (go, resume) = mpsc::channel::<()>();
+    let releaser = std::thread::spawn(move || {
+        set_pause_hook(move |p| {
+            if p == point {
+                at_point.send(()).unwrap();
+                resume.recv().unwrap();
+            }
+        });
+        drop(admission);
+        clear_pause_hook();
+    });
+    reached.recv().unwrap();
+    (go, releaser)
 }
 
 /// A release with a shared-word decrease (a class with no floor: its slot was borrowed) makes
@@ -203,19 +213,7 @@ fn the_free_waits_for_a_release_inside_its_operation() {
     let b = build(&[("open", 0)]);
     let admission = b.try_acquire(Demand::slot()).unwrap();
     assert!(admission.resources().borrowed_concurrency);
-    let (at_point, reached) = mpsc::channel();
-    let (go, resume) = mpsc::channel::<()>();
-    let releaser = std::thread::spawn(move || {
-        set_pause_hook(move |p| {
-            if p == PausePoint::ClassReturned {
-                at_point.send(()).unwrap();
-                resume.recv().unwrap();
-            }
-        });
-        drop(admission);
-        clear_pause_hook();
-    });
-    reached.recv().unwrap();
+    let (go, releaser) = release_held_at(PausePoint::ClassReturned, admission);
     let (events, seen) = mpsc::channel();
     let waits = events.clone();
     let dropper = std::thread::spawn(move || {
