@@ -126,9 +126,9 @@
 //! Deciders never wait for anything here. `apply_limits` waits only for an operation of its
 //! own bulkhead that was in progress across a whole tag period, never for another bulkhead's,
 //! and never for a thread of its own (its markers are skipped). The free of a class-mode state
-//! waits for the operations of its own bulkhead then in progress ([`wait_for_operations`]). **No user code runs inside an
-//! operation**, so the wait is for the crate's own steps, never for a callback that could block
-//! or call back:
+//! waits for the operations of its own bulkhead then in progress ([`wait_for_operations`]).
+//! **No user code runs inside an operation**, so the wait is for the crate's own steps, never
+//! for a callback that could block or call back:
 //!
 //! * a class refusal is built inside its decision's operation and its subscribers are called
 //!   after it left, as without classes;
@@ -406,10 +406,16 @@ fn spin_while_at(r: &Reader, v: u64) {
 /// Never waits for user code (none runs inside an operation) or for another bulkhead's
 /// operations, except one nested on two bulkheads ([`ANY`]).
 pub(crate) fn wait_for_operations(id: GraceId) {
-    if free_unguarded_for_loom() {
+    if free_unguarded() {
         return;
     }
     let own = reader();
+    // The calling thread is in no operation of this bulkhead: such an operation would touch
+    // the state after the free.
+    debug_assert!({
+        let s = own.load(Ordering::Relaxed);
+        s & 1 == 0 || (s >> 32) as GraceId != id
+    });
     crate::sync::per_thread::for_each(&mut |r: &Reader| {
         if std::ptr::eq(r, own) {
             return;
@@ -424,13 +430,13 @@ pub(crate) fn wait_for_operations(id: GraceId) {
     });
 }
 
-/// Under loom, `LLM_BULKHEAD_LOOM_FREE_UNGUARDED=1` makes [`wait_for_operations`] return at
-/// once: the broken variant `loom-tests/tests/classes.rs`
-/// (`borrowed_release_while_the_last_handle_drops`) is shown to fail on (the free races the
-/// release's shared-word update). With feature `testing`, `LLM_BULKHEAD_FREE_UNGUARDED=1` does the
-/// same for `tests/lifetime_class_release.rs`.
+/// The broken variants of [`wait_for_operations`], which then returns at once: under loom,
+/// `LLM_BULKHEAD_LOOM_FREE_UNGUARDED=1` (the model `borrowed_release_while_the_last_handle_drops`
+/// of `loom-tests/tests/classes.rs` is shown to fail on it: the free races the release's
+/// shared-word update); with feature `testing`, `LLM_BULKHEAD_FREE_UNGUARDED=1` (so is
+/// `tests/lifetime_class_release.rs`). Never otherwise.
 #[inline]
-fn free_unguarded_for_loom() -> bool {
+fn free_unguarded() -> bool {
     #[cfg(all(feature = "testing", not(loom)))]
     {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
