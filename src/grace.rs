@@ -437,16 +437,8 @@ pub(crate) fn wait_for_operations(id: GraceId) {
 /// `tests/lifetime_class_release.rs`). Never otherwise.
 #[inline]
 fn free_unguarded() -> bool {
-    #[cfg(all(feature = "testing", not(loom)))]
-    {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *ON.get_or_init(|| {
-            std::env::var_os("LLM_BULKHEAD_FREE_UNGUARDED").is_some_and(|v| v == "1")
-        }) {
-            return true;
-        }
-    }
-    loom_broken("LLM_BULKHEAD_LOOM_FREE_UNGUARDED")
+    crate::sync::test_switch!("LLM_BULKHEAD_FREE_UNGUARDED")
+        || loom_broken("LLM_BULKHEAD_LOOM_FREE_UNGUARDED")
 }
 
 /// Whether the grace period skips its wait: the deliberately broken variants. Under loom,

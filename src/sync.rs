@@ -490,13 +490,10 @@ impl<T: Send + Sync + Default> Stripes<T> {
     }
 }
 
-/// Whether the deliberately broken variant `name` is switched on for this loom run (the
-/// environment variable `name` is `1`). Loom only: each switch sits in the protocol step it
-/// breaks and names, in its doc comment, the model shown to fail on it.
+mod switch;
 #[cfg(loom)]
-pub(crate) fn broken_variant(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
+pub(crate) use switch::broken_variant;
+pub(crate) use switch::test_switch;
 
 /// A place in a protocol where a test may stop the calling thread (feature `testing`).
 ///

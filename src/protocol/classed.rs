@@ -218,21 +218,7 @@ use crate::vocab::class::Resources;
 use crate::vocab::rejection::{Constraint, RejectReason};
 use crate::words::class_word::*;
 
-/// A broken variant's switch (feature `testing` only, `false` otherwise): whether `$name=1` is
-/// set, read once per call site. `.ci/run` requires each variant's regression to fail.
-macro_rules! test_switch {
-    ($name:literal) => {{
-        #[cfg(feature = "testing")]
-        {
-            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *ON.get_or_init(|| std::env::var_os($name).is_some_and(|v| v == "1"))
-        }
-        #[cfg(not(feature = "testing"))]
-        {
-            false
-        }
-    }};
-}
+use crate::sync::test_switch;
 
 mod bypass;
 mod fast;
