@@ -5,8 +5,8 @@
 //! Every decision reads a state word, the limits its tag names (a slot of the ring in
 //! `crate::words::limits`), and then commits with a CAS that expects the word it read. The tag
 //! is what makes a decision read before a reconfiguration fail its CAS after it (CONTRACT.md
-//! §6). But tags are narrow: 14 bits in the shared word, 2 bits in a class word (the class's
-//! version mod 4, which names the entry of the class's floors ring of 4). An operation
+//! §6). But tags are narrow: 14 bits in the shared word and in a class word (the class's
+//! version mod `2^14`, which names the entry of the class's floors table). An operation
 //! preempted between its read and its CAS while a whole tag period of snapshots was installed
 //! would find the word bit-identical again and commit with limits (or class floors) that are
 //! no longer current: an over-admission, or a `U`/`V` decrease computed from the wrong floors,
@@ -29,28 +29,31 @@
 //!
 //! # Class versions
 //!
-//! A class word's tag is the class's **version** mod 4: the number of installs that changed
+//! A class word's tag is the class's **version** mod `M`: the number of installs that changed
 //! that class's own limits (floors or ceilings). An install that leaves a class's limits as
 //! they were leaves its class word alone (`crate::protocol::install`); one that changes them
-//! writes the new version's floors into the class's floors ring (4 entries, indexed by the
-//! version mod 4, `crate::words::limits`) and migrates the word to it. An operation holds a
+//! writes the new version's floors into the class's floors table (`M` entries, indexed by the
+//! version mod `M`, `crate::words::floors`) and migrates the word to it. An operation holds a
 //! class word's value and reads the floors entry its tag names, so it is harmed only by the
-//! install that brings the class to a version `v` with an older version `u ≡ v (mod 4)`, `u ≤
-//! v − 4`, that it may hold. An operation whose count is at least the count at which version
-//! `v − 3` began holds `v − 3` or later (it began after the install of its count had completed,
-//! migrations included: see "The period a marker holds"), so that install waits for the
-//! operations that may hold an older count ([`Periods::next_versions`] gives that bound). Any
-//! other operation, on this bulkhead or another, is not waited for.
+//! install that brings the class to a version `v` with an older version `u = v − M` that it
+//! may hold. That install's count is at least `M − 1` above the count at which version `u + 1`
+//! began, since every version is an install; an operation holding `u` has a count below that
+//! one (it began before the install of `u + 1` had completed, migrations included: see "The
+//! period a marker holds"). So its count is `≤ n − M` for the install `n` of version `v`,
+//! which the limits tag's rule above already makes wait for it: no class bound of its own.
 //!
 //! Nothing waits per install. A preempted operation holds back only the install that would
-//! complete a period over it: the 16,384th install, or the fourth change of one class's limits.
-//! Installs that change only global limits (`max_concurrent`, the budget, the queue) never
-//! wait for a class operation, with or without classes. A busy data plane (threads preempted
-//! inside operations at every instant) therefore costs such an install only a barrier and a
-//! scan of the markers now and then; an install that changes class limits scans every time
-//! and waits, once per four such installs, for an operation preempted across all of them (the
-//! grace period does not know which class an operation holds). An operation on another
-//! bulkhead costs an install nothing at all.
+//! complete a period over it: the 16,384th install after it began, whatever the install
+//! changes, global limits or a class's floors and ceilings. A busy data plane (threads
+//! preempted inside operations at every instant) therefore costs an install only a barrier
+//! and a scan of the markers now and then. An operation on another bulkhead costs an install
+//! nothing at all.
+//!
+//! The class tag used to be 2 bits wide, with a floors ring of 4 entries (CHANGELOG): the
+//! fourth change of a class's limits had to wait for any operation preempted across all four,
+//! which with a busy data plane meant a scheduler quantum once per four such installs (p99
+//! 20-24 ms in `benches/install.rs`'s `classed, floors change`). The 14 bits of the class word
+//! that the release without a pending-return mark left unused now hold the whole period.
 //!
 //! # How an operation is seen: per-thread markers
 //!
@@ -96,19 +99,18 @@
 //!   own barrier between. That is the store→load (Dekker) pattern: since the scan did not see
 //!   the store, the operation's load sees the bump, so it holds a count `≥ p`: `since = p`.
 //!
-//! Install `n` then waits for each odd marker of its bulkhead with `since ≤ n − M` (or below
-//! the class bound of "Class versions") to move, and only then writes the ring slot and the
-//! floors entries, bumps the tag and migrates the class words. An
+//! Install `n` then waits for each odd marker of its bulkhead with `since ≤ n − M` to move,
+//! and only then writes the ring slot and the floors entries, bumps the tag and migrates the
+//! class words. An
 //! operation that starts after the scan reads count `n − 1` or later, which `n` cannot reuse.
 //! The wait is for operations that were in progress when the scan's barrier ran and had been
 //! for a whole period; never for one that began after the install.
 //!
 //! A scan is made only every half period (every install under loom, where the period is 2;
-//! every 8,192 otherwise), at every install that changes a class's limits, or sooner when an
-//! operation the last scan left running could be due: an operation a scan finds new is bounded
-//! by the last scan that ran, which is older, so the bound stays a lower bound and leaves it
-//! at least half a period (or, for class versions, the three changes since the last one).
-//! Most installs therefore issue no barrier at all.
+//! every 8,192 otherwise), or sooner when an operation the last scan left running could be
+//! due: an operation a scan finds new is bounded by the last scan that ran, which is older, so
+//! the bound stays a lower bound and leaves it at least half a period. Most installs
+//! therefore issue no barrier at all, with or without classes.
 //!
 //! # The barriers: asymmetric where the OS offers it
 //!
@@ -140,16 +142,16 @@
 //!   (`crate::wait::list`, "Where wake-ups run"; `tests/waker_isolation.rs` has wakers that
 //!   block, waiting for installs on the same bulkhead and another, and wakers that panic).
 //!
-//! With classes, an install that changes no class's limits waits for no class operation (a
-//! class word's tag is its class's version); one that changes a class's limits waits, once per
-//! four such changes, for an operation preempted across all four ("Class versions" above).
+//! With classes, an install waits for a class operation only if it was preempted across a
+//! whole tag period, whether the install changes a class's limits or not ("Class versions"
+//! above).
 //!
 //! `limits()`, `stats()` and `would_admit()` read a copy the install publishes with its tag
 //! bump (`crate::shared::Shared::published`), so they never wait for a grace period.
 
 use crate::sync::{fence, AtomicU64, Ordering};
 use crate::vocab::class::MAX_CLASSES;
-use crate::words::class_word::CTAG_MOD;
+use crate::words::class_word::ctag_mod;
 use std::collections::HashMap;
 
 /// One thread's reader marker: even when the thread is in no operation. Written only by its
@@ -226,62 +228,38 @@ pub(crate) struct Periods {
     /// The oldest `since` of an odd marker of this bulkhead that the last scan left running
     /// (`u64::MAX`: none).
     oldest: u64,
-    /// Per class: its version (how many installs changed its limits) and the install count at
-    /// which each of its last `CTAG_MOD` versions began (indexed by version mod `CTAG_MOD`).
+    /// Per class, its version: how many installs changed its limits.
     version: [u64; MAX_CLASSES],
-    began: [[u64; CTAG_MOD]; MAX_CLASSES],
 }
 
 impl Periods {
     /// Before the first install of a bulkhead whose tag starts at count `tag` (every class at
-    /// version 0, begun then).
+    /// version 0).
     pub(crate) fn new(tag: u64) -> Periods {
         Periods {
             seen: HashMap::new(),
             last_scan: tag,
             oldest: u64::MAX,
             version: [0; MAX_CLASSES],
-            began: [[tag; CTAG_MOD]; MAX_CLASSES],
         }
     }
 
-    /// The class versions of install `next`, in which the classes `changed` says get new
-    /// limits (each of those moves to its next version): returns every class's version mod
-    /// `CTAG_MOD` under `next`, and the class bound of its grace period (module docs, "Class
-    /// versions"): the lowest install count an operation in progress must be known to hold
-    /// so that no version it holds comes back (0: no class version comes back). Changes
-    /// nothing: [`commit_versions`](Self::commit_versions) records them once the install has
-    /// written them.
-    pub(crate) fn next_versions(
-        &self,
-        changed: impl Fn(usize) -> bool,
-    ) -> ([usize; MAX_CLASSES], u64) {
-        let m = CTAG_MOD as u64;
-        let mut due = 0;
-        let mut versions = [0; MAX_CLASSES];
-        for (k, out) in versions.iter_mut().enumerate() {
-            let mut v = self.version[k];
-            if changed(k) {
-                v += 1;
-                // Version `v` takes the class tag (and floors entry) of `v − CTAG_MOD`. An
-                // operation whose count is at least the one version `v − CTAG_MOD + 1` began
-                // at holds that version or a later one (it began after the install of its
-                // count, migrations included, had completed).
-                if v >= m {
-                    due = due.max(self.began[k][((v + 1) % m) as usize]);
-                }
-            }
-            *out = (v % m) as usize;
-        }
-        (versions, due)
+    /// The class versions of the next install, in which the classes `changed` says get new
+    /// limits (each of those moves to its next version): every class's version mod
+    /// `ctag_mod()`. No class version asks the grace period for more than the limits tag's
+    /// period does (module docs, "Class versions"). Changes nothing:
+    /// [`commit_versions`](Self::commit_versions) records them once the install has written
+    /// them.
+    pub(crate) fn next_versions(&self, changed: impl Fn(usize) -> bool) -> [usize; MAX_CLASSES] {
+        let m = ctag_mod() as u64;
+        std::array::from_fn(|k| ((self.version[k] + u64::from(changed(k))) % m) as usize)
     }
 
-    /// Records the versions of install `next` ([`next_versions`](Self::next_versions) with the
+    /// Records the versions of the install ([`next_versions`](Self::next_versions) with the
     /// same `changed`), after the install wrote them.
-    pub(crate) fn commit_versions(&mut self, next: u64, changed: impl Fn(usize) -> bool) {
+    pub(crate) fn commit_versions(&mut self, changed: impl Fn(usize) -> bool) {
         for k in (0..MAX_CLASSES).filter(|&k| changed(k)) {
             self.version[k] += 1;
-            self.began[k][(self.version[k] % CTAG_MOD as u64) as usize] = next;
         }
     }
 }
@@ -296,35 +274,27 @@ pub(crate) enum Kind {
 }
 
 /// Readies install `next` (the count the tag is about to reach) of the bulkhead `id`, whose
-/// state word's tag period is `period`, and whose class versions this install changes
-/// (`class_due`, from [`Periods::next_versions`]; `None`: it changes none): a heavy barrier, a
-/// scan of every marker `for_each` visits (except `own`, the caller's), and a wait for each
-/// operation of this bulkhead that may hold a count `≤ next − period`, or below the class
-/// bound (module docs). Call under the reconfiguration lock, before the ring slot of `next`
-/// (and the floors of a new class version) is written and the tag bumped.
+/// state word's tag period is `period`: a heavy barrier, a scan of every marker `for_each`
+/// visits (except `own`, the caller's), and a wait for each operation of this bulkhead that
+/// may hold a count `≤ next − period` (module docs). Call under the reconfiguration lock,
+/// before the ring slot of `next` (and the floors of a new class version) is written and the
+/// tag bumped.
 pub(crate) fn before_install(
     periods: &mut Periods,
     id: GraceId,
     next: u64,
     period: u64,
-    class_due: Option<u64>,
     own: &[&Reader],
     for_each: impl FnOnce(&mut dyn FnMut(&Reader, Kind)),
 ) {
-    let class_due = class_due.filter(|_| !class_bound_skipped());
     // The lowest count an operation in progress must be known to hold.
-    let due = next
-        .saturating_add(1)
-        .saturating_sub(period)
-        .max(class_due.unwrap_or(0));
+    let due = next.saturating_add(1).saturating_sub(period);
     // A scan only every half period: an operation the next scan finds new is bounded by the
     // last scan that ran (older, so still a lower bound), and has half a period of installs
     // before it could hold anything back. An operation the last scan left running may be due
-    // sooner: then scan now. An install that changes a class's limits always scans, so that
-    // the bound of an operation found new is the last such install, not an older one.
+    // sooner: then scan now.
     let half = (period / 2).max(1);
-    if next < periods.last_scan.saturating_add(half) && class_due.is_none() && periods.oldest >= due
-    {
+    if next < periods.last_scan.saturating_add(half) && periods.oldest >= due {
         return;
     }
     heavy_barrier();
@@ -456,23 +426,6 @@ fn wait_skipped() -> bool {
         crate::sync::hooks::grace_skipped()
     }
     #[cfg(not(any(loom, feature = "testing")))]
-    {
-        false
-    }
-}
-
-/// Whether the grace period leaves out its class bound: the deliberately broken variant of
-/// "Class versions". With feature `testing`, `testing::skip_class_bound_on_this_thread(true)`
-/// on the calling thread (the class regressions of `tests/tag_wrap.rs` are shown to fail on
-/// it). Otherwise never. (Not a loom variant: with loom's one-bit limits tag, the tag period
-/// alone already waits for every operation a class bound would.)
-#[inline]
-fn class_bound_skipped() -> bool {
-    #[cfg(all(feature = "testing", not(loom)))]
-    {
-        crate::sync::hooks::class_bound_skipped()
-    }
-    #[cfg(not(all(feature = "testing", not(loom))))]
     {
         false
     }

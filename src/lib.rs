@@ -222,7 +222,7 @@ pub use words::state::{MAX_SLOTS, MAX_TOKENS};
 pub mod testing {
     pub use crate::sync::hooks::{
         clear_pause_hook, live_states, queue_locks, set_pause_hook,
-        skip_class_bound_on_this_thread, skip_grace_period_on_this_thread,
+        skip_grace_period_on_this_thread,
     };
     pub use crate::sync::PausePoint;
 

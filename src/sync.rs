@@ -662,34 +662,6 @@ pub(crate) mod hooks {
         SKIP_GRACE.with(|c| c.set(skip));
     }
 
-    std::thread_local! {
-        static SKIP_CLASS_BOUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-
-    /// Whether the calling thread's `apply_limits` leave out the grace period's class bound
-    /// ([`skip_class_bound_on_this_thread`]).
-    pub(crate) fn class_bound_skipped() -> bool {
-        SKIP_CLASS_BOUND.with(std::cell::Cell::get)
-    }
-
-    /// Makes every `apply_limits` of the calling thread leave out the grace period's class
-    /// bound (`true`: it waits only for operations a whole 16,384-install tag period old, as if
-    /// class tags were limits tags) or keep it again (`false`): the deliberately broken
-    /// variant the deterministic class tag-wrap regressions (`tests/tag_wrap.rs`) show they
-    /// fail on. Per thread; never for production: without the bound, the fourth change of a
-    /// class's limits can bring its class tag back to the value a stopped operation read.
-    ///
-    /// ```
-    /// # #[cfg(feature = "testing")] {
-    /// use llm_bulkhead::testing::skip_class_bound_on_this_thread;
-    /// skip_class_bound_on_this_thread(true);
-    /// skip_class_bound_on_this_thread(false);
-    /// # }
-    /// ```
-    pub fn skip_class_bound_on_this_thread(skip: bool) {
-        SKIP_CLASS_BOUND.with(|c| c.set(skip));
-    }
-
     pub(crate) fn fire(point: PausePoint) {
         // Taken out while it runs, so a hook that calls into the crate does not re-enter itself.
         let Some(mut hook) = HOOK.with(|h| h.borrow_mut().take()) else {

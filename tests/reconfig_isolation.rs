@@ -66,7 +66,8 @@ fn reconfigure(b: &Bulkhead, n: usize) {
 
 /// [`reconfigure`], each install also changing class `a`'s limits (its ceiling goes from 1 to
 /// 2 and back): a class's tag is its version, which only a change of its own limits moves, so
-/// these installs complete a class tag period every fourth install.
+/// these installs move the class tag each time (it comes back after a whole tag period, as the
+/// limits tag does).
 fn reconfigure_class(b: &Bulkhead, n: usize) {
     let a = b.class_id("a").unwrap();
     let mut done = 0;
@@ -86,10 +87,17 @@ fn reconfigure_class(b: &Bulkhead, n: usize) {
     }
 }
 
-/// A thread that makes [`INSTALLS`] installs on `b` (changing class `a`'s limits each time,
+/// A whole tag period of installs and a few more: the install that completes the period over
+/// an operation in progress waits for it.
+const PAST_A_PERIOD: usize = (1 << 14) + 4;
+
+/// A thread that makes `n` installs on `b` (changing class `a`'s limits each time,
 /// [`reconfigure_class`]) and reports on the channel, first,
 /// `"waiting"` if one of them waits in a grace period, then `"done"`.
-fn reporting_installer(b: &Bulkhead) -> (thread::JoinHandle<()>, mpsc::Receiver<&'static str>) {
+fn reporting_installer(
+    b: &Bulkhead,
+    n: usize,
+) -> (thread::JoinHandle<()>, mpsc::Receiver<&'static str>) {
     let (tx, rx) = mpsc::channel();
     let b = b.clone();
     let installer = thread::spawn(move || {
@@ -101,7 +109,7 @@ fn reporting_installer(b: &Bulkhead) -> (thread::JoinHandle<()>, mpsc::Receiver<
                 let _ = waiting.send("waiting");
             }
         });
-        reconfigure_class(&b, INSTALLS);
+        reconfigure_class(&b, n);
         clear_pause_hook();
         let _ = tx.send("done");
     });
@@ -140,9 +148,9 @@ fn a_subscriber_reads_the_refusing_bulkhead_while_another_thread_installs() {
             return;
         }
         let b = get(&seen);
-        // Another thread installs a whole tag period while this subscriber runs, and reports
+        // Another thread changes the class's limits while this subscriber runs, and reports
         // when it has finished or when it waits in a grace period.
-        let (installer, rx) = reporting_installer(&b);
+        let (installer, rx) = reporting_installer(&b, INSTALLS);
         let first = rx.recv().unwrap();
         // Readers never wait for the install, whatever it is doing.
         let _ = b.stats();
@@ -313,7 +321,7 @@ fn readers_do_not_wait_for_an_install_held_in_its_grace_period() {
         clear_pause_hook();
     });
     at_rx.recv().unwrap();
-    let (installer, wait_rx) = reporting_installer(&b);
+    let (installer, wait_rx) = reporting_installer(&b, PAST_A_PERIOD);
     assert_eq!(
         wait_rx.recv().unwrap(),
         "waiting",
@@ -326,7 +334,7 @@ fn readers_do_not_wait_for_an_install_held_in_its_grace_period() {
     });
     // Every install before the one that waits has been published.
     assert!(
-        (3..INSTALLS as u64).contains(&revision),
+        (3..PAST_A_PERIOD as u64).contains(&revision),
         "revision {revision}"
     );
     go_tx.send(()).unwrap();

@@ -14,14 +14,18 @@
 //! under the current limits.
 //!
 //! Each test is written so that both outcomes are deterministic: the control thread waits for
-//! whichever comes first of "the installer finished" (the bug: then the stale CAS is resumed
-//! and the invariants are checked, and fail) and "the installer waits in the grace period" (the
-//! fix). The class tests also run their broken variants, in which the installer thread skips
-//! the grace period's wait (`testing::skip_grace_period_on_this_thread`) or its class bound
-//! (`testing::skip_class_bound_on_this_thread`: a class tag is the class's version, which
-//! comes back after four changes of that class's limits, long before the limits tag's period),
-//! and check that the invariant then fails exactly as the bug would make it fail: each
-//! regression is shown to catch what it guards.
+//! whichever comes first of "the installer finished" (then the stale CAS is resumed and the
+//! invariants are checked) and "the installer waits in the grace period". The tests that need
+//! the wait also run its broken variant, in which the installer thread skips it
+//! (`testing::skip_grace_period_on_this_thread`), and check that the invariant then fails
+//! exactly as the bug would make it fail: each regression is shown to catch what it guards.
+//!
+//! A class tag is the class's version mod the limits tag's period (`src/grace.rs`, "Class
+//! versions"), so four changes of a class's limits (which brought a 2-bit class tag back)
+//! wait for nothing and leave the stopped release exact, and only a whole period of them
+//! waits. `.ci/run` also runs the four-change regressions with
+//! `LLM_BULKHEAD_NARROW_CLASS_VERSION=1` (a class tag mod 4 again, with no wait of its own)
+//! and requires them to fail.
 //!
 //! A class release takes one of two paths. A protected admission's release reads its class
 //! word and the floors of its tag, then CASes (the window is before the CAS,
@@ -33,8 +37,7 @@
 #![cfg(feature = "testing")]
 
 use llm_bulkhead::testing::{
-    clear_pause_hook, set_pause_hook, skip_class_bound_on_this_thread,
-    skip_grace_period_on_this_thread, PausePoint,
+    clear_pause_hook, set_pause_hook, skip_grace_period_on_this_thread, PausePoint,
 };
 use llm_bulkhead::{Bulkhead, ClassLimits, Demand, LimitsSnapshot};
 use std::sync::mpsc;
@@ -152,12 +155,18 @@ fn two_classes(a_floor: u32) -> (Bulkhead, llm_bulkhead::ClassId, llm_bulkhead::
     (b, a, cb)
 }
 
-/// Revisions 1 to 4, each a change of class `a`'s limits: its floor goes to `a_floor` and a
+/// Revisions 1 to `n`, each a change of class `a`'s limits: its floor goes to `a_floor` and a
 /// ceiling of 4 (harmless on 4 slots) comes and goes. A class tag is the class's version (one
-/// per change of its limits) mod 4, so the fourth brings `a`'s class tag back to the value of
-/// revision 0 and rewrites the floors entry it named.
-fn four_installs(b: &Bulkhead, a: llm_bulkhead::ClassId, a_floor: u32) -> Vec<LimitsSnapshot> {
-    (1..=4)
+/// per change of its limits) mod the limits tag's period, `2^14`: `n = 4` moves `a`'s class
+/// tag four times (the period it had when it was 2 bits wide), `n = 2^14` brings it back to
+/// the value of revision 0 and rewrites the floors entry it named.
+fn class_changes(
+    b: &Bulkhead,
+    a: llm_bulkhead::ClassId,
+    a_floor: u32,
+    n: u64,
+) -> Vec<LimitsSnapshot> {
+    (1..=n)
         .map(|rev| {
             let limits = ClassLimits {
                 protected_concurrent: a_floor,
@@ -191,32 +200,31 @@ fn capacity_after(
     out
 }
 
-/// A release of class `a` raced against four installs: an admission of `a` (floor
+/// A release of class `a` raced against `n` changes of `a`'s limits: an admission of `a` (floor
 /// `floor_before`) is released on a thread stopped at `point` while the installs move `a`'s
-/// floor to `floor_after`, bring its class word back to the same tag and rewrite the ring slot
-/// it read. With `broken`, the installs run that broken variant (no grace-period wait, or no
-/// class bound): the installer must then finish first, otherwise it must report that it
-/// waits for the stopped release. Afterwards `a` and `b` must be able to take exactly
-/// `capacity` slots.
+/// floor to `floor_after`. `waits`: whether the installer must report that it waits for the
+/// stopped release (it must finish first otherwise). With `broken` (no grace-period wait), it
+/// must finish first. Afterwards `a` and `b` must be able to take exactly `capacity` slots.
 fn assert_release_race(
     (floor_before, floor_after): (u32, u32),
     point: PausePoint,
+    (n, waits): (u64, bool),
     broken: Option<fn(bool)>,
     capacity: (usize, usize),
 ) {
     let (b, a, cb) = two_classes(floor_before);
     let held = b.try_acquire(Demand::slot().in_class(a)).unwrap();
     assert_eq!(held.resources().borrowed_concurrency, floor_before == 0);
-    let installs = four_installs(&b, a, floor_after);
+    let installs = class_changes(&b, a, floor_after, n);
     let ((), first) = race_with(&b, point, move |_| drop(held), installs, broken);
-    let expected = if broken.is_some() {
-        Installer::Done
-    } else {
+    let expected = if waits && broken.is_none() {
         Installer::InGrace
+    } else {
+        Installer::Done
     };
     assert_eq!(
         first, expected,
-        "apply_limits waited for the stopped release iff the grace period is on"
+        "apply_limits waited for the stopped release iff its class tag came back"
     );
     assert_eq!(
         capacity_after(&b, a, cb),
@@ -234,48 +242,57 @@ const PROTECTED: ((u32, u32), PausePoint) = ((1, 0), PausePoint::ClassCas);
 /// replaced word's tag.
 const BORROWED: ((u32, u32), PausePoint) = ((0, 2), PausePoint::ClassReturned);
 
-/// The broken variants: no grace-period wait at all, or no class bound (the installer waits
-/// only for operations a whole 16,384-install tag period old, as if a class tag were a limits
-/// tag).
+/// Four changes of a class's limits (its old tag period): nobody waits.
+const FOUR: (u64, bool) = (4, false);
+/// A whole tag period of changes: the last one waits for the stopped release.
+const PERIOD: (u64, bool) = (1 << 14, true);
+
+/// The broken variant: no grace-period wait.
 const NO_GRACE: Option<fn(bool)> = Some(skip_grace_period_on_this_thread);
-const NO_CLASS_BOUND: Option<fn(bool)> = Some(skip_class_bound_on_this_thread);
+
+// The first two are the regressions `.ci/run` runs with `LLM_BULKHEAD_NARROW_CLASS_VERSION=1`
+// (a class tag mod 4 again, without a wait of its own) and requires to fail: the protected
+// release's stale CAS then succeeds on the bit-identical word and subtracts nothing for a
+// slot the new floor of 0 makes borrowed (b takes 3), and the borrowed release reads the
+// floors of revision 4 (a floor of 2) for a word accounted under revision 0 and subtracts
+// nothing for the slot it borrowed (b borrows 1).
 
 #[test]
-fn without_the_class_bound_a_protected_class_release_leaves_u_too_high() {
-    assert_release_race(PROTECTED.0, PROTECTED.1, NO_CLASS_BOUND, (0, 3));
-}
-
-#[test]
-fn without_the_class_bound_a_borrowed_class_release_leaves_u_too_high() {
-    assert_release_race(BORROWED.0, BORROWED.1, NO_CLASS_BOUND, (2, 1));
-}
-
-#[test]
-fn a_protected_class_release_stopped_across_four_installs_keeps_u_exact() {
+fn a_protected_class_release_stopped_across_four_class_changes_is_not_waited_for() {
     // With no floor left, U must be exact again: b takes all 4 slots.
-    assert_release_race(PROTECTED.0, PROTECTED.1, None, (0, 4));
+    assert_release_race(PROTECTED.0, PROTECTED.1, FOUR, None, (0, 4));
+}
+
+#[test]
+fn a_borrowed_class_release_stopped_across_four_class_changes_is_not_waited_for() {
+    // U exact again: the floor of a (2) plus what b may borrow (2), no more.
+    assert_release_race(BORROWED.0, BORROWED.1, FOUR, None, (2, 2));
+}
+
+#[test]
+fn a_protected_class_release_stopped_across_a_whole_tag_period_keeps_u_exact() {
+    assert_release_race(PROTECTED.0, PROTECTED.1, PERIOD, None, (0, 4));
+}
+
+#[test]
+fn a_borrowed_class_release_stopped_across_a_whole_tag_period_keeps_u_exact() {
+    assert_release_race(BORROWED.0, BORROWED.1, PERIOD, None, (2, 2));
 }
 
 #[test]
 fn without_the_grace_period_a_protected_class_release_leaves_u_too_high() {
-    // The broken variant: the stale CAS succeeds and subtracts nothing (the slot was inside
-    // the old floor of 1), though under the new floor of 0 it was borrowed: U stays one too
-    // high and b can take only 3 slots.
-    assert_release_race(PROTECTED.0, PROTECTED.1, NO_GRACE, (0, 3));
-}
-
-#[test]
-fn a_borrowed_class_release_stopped_after_its_return_keeps_u_exact() {
-    // U exact again: the floor of a (2) plus what b may borrow (2), no more.
-    assert_release_race(BORROWED.0, BORROWED.1, None, (2, 2));
+    // The broken variant: the stale CAS succeeds on the bit-identical word and subtracts
+    // nothing (the slot was inside the old floor of 1), though under the new floor of 0 it was
+    // borrowed: U stays one too high and b can take only 3 slots.
+    assert_release_race(PROTECTED.0, PROTECTED.1, PERIOD, NO_GRACE, (0, 3));
 }
 
 #[test]
 fn without_the_grace_period_a_borrowed_class_release_leaves_u_too_high() {
-    // The broken variant: the release reads the floors of revision 4 (a floor of 2) for a word
-    // accounted under revision 0 (no floor) and subtracts nothing for the slot it borrowed: U
-    // stays one too high and b can borrow only 1 slot.
-    assert_release_race(BORROWED.0, BORROWED.1, NO_GRACE, (2, 1));
+    // The broken variant: the release reads the floors of revision 2^14 (a floor of 2) for a
+    // word accounted under revision 0 (no floor) and subtracts nothing for the slot it
+    // borrowed: U stays one too high and b can borrow only 1 slot.
+    assert_release_race(BORROWED.0, BORROWED.1, PERIOD, NO_GRACE, (2, 1));
 }
 
 #[test]

@@ -7,8 +7,9 @@
 //!
 //! The wakers are built from `std::task::Wake` impls (wake and drop) or a `RawWaker` (clone,
 //! which `Wake` cannot hook). A waker that blocks waits on a gate the test opens only after an
-//! `apply_limits` on the same bulkhead (eight of them: more than a class tag period, so an
-//! install would have to wait for an operation the waker held open) and one on another bulkhead
+//! `apply_limits` on the same bulkhead (`2^14 + 4` of them: more than a tag period, class tags
+//! included, so an install would have to wait for an operation the waker held open) and one
+//! on another bulkhead
 //! have returned. The gate's wait gives up after [`GUARD`] and records it: a failure guard so a
 //! broken build fails instead of hanging, never a synchronisation (every step waits for an
 //! event: a channel message, a poll result).
@@ -99,10 +100,11 @@ fn reconfigure(b: &Bulkhead, times: usize) {
     }
 }
 
-/// The reconfigurations a blocked waker must not hold off: eight installs on its own bulkhead
-/// (two class tag periods) and one on another.
+/// The reconfigurations a blocked waker must not hold off: a whole tag period of installs and a
+/// few more on its own bulkhead (an install that completes a period over an operation in
+/// progress waits for it, `src/grace.rs`) and one on another.
 fn reconfigure_both(b: &Bulkhead, other: &Bulkhead) {
-    reconfigure(b, 8);
+    reconfigure(b, (1 << 14) + 4);
     reconfigure(other, 1);
 }
 

@@ -33,7 +33,11 @@
 //! abandonment). A class's tag is its version, which every change of its limits moves, its
 //! ceilings too: with `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` (a ceiling-only change
 //! leaves the version alone) `a_borrower_never_lands_past_a_lowered_class_ceiling` fails.
-//! `.ci/run` asserts that each of the five variants fails this file.
+//! The class tag is as wide as the limits tag, and each class keeps its floors at every
+//! version of a period (`src/words/floors.rs`), so the grace period of the limits tag is all a
+//! class operation needs: with `LLM_BULKHEAD_LOOM_SHORT_FLOORS_TABLE=1` (one floors entry for
+//! every version, so an install rewrites floors an operation may still read) six models of
+//! class operations fail. `.ci/run` asserts that each of the six variants fails this file.
 //!
 //! Asserted in every interleaving:
 //! * **no-class** (a decision, and the drain-time admission of a decision that found `WAITERS`

@@ -7,11 +7,12 @@
 //! # The words
 //!
 //! * One **class word** per class, each on its own cache line:
-//!   `[tokens t_k:32][in flight n_k:14 @32][unused:14 @46][ctag:2 @60][DETACHED @62]`.
+//!   `[tokens t_k:32][in flight n_k:14 @32][ctag:14 @46][unused:2 @60][DETACHED @62]`.
 //!   `t_k` and `n_k` are the class's held tokens and slots; `ctag` is the class's **version**
-//!   (mod 4) whose floors the class is accounted under: the number of installs that changed
-//!   this class's limits, which names the entry of the class's floors ring
-//!   (`crate::words::limits`); `DETACHED` belongs to the lifetime protocol (below).
+//!   (mod the limits tag's period, `2^14`) whose floors the class is accounted under: the
+//!   number of installs that changed this class's limits, which names the entry of the class's
+//!   floors table (`crate::words::floors`); `DETACHED` belongs to the lifetime protocol
+//!   (below).
 //! * The **shared word**, the bulkhead's state word in class mode:
 //!   `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED @63]`, with
 //!   `U = Σ_k max(n_k, protected_concurrent_k)` and `V = Σ_k max(t_k, protected_tokens_k)`
@@ -75,12 +76,15 @@
 //!   decrease removes at most the part its class word held, so the stored values stay `≥ 0`.
 //!
 //! The second argument needs the floors the decrease reads to be the floors the class word is
-//! accounted under. A narrow `ctag` alone could not promise that: a release stopped between its
-//! read and its CAS while the class's version went round once would find a bit-identical word
-//! and subtract an amount computed from floors that were no longer current (`U` then drifted
-//! below the truth and could underflow into the tag, a livelock). The grace period of
-//! `crate::grace` rules this out: no class version comes back, and no floors entry is
-//! rewritten, while an operation that read it is in progress.
+//! accounted under. A `ctag` alone could not promise that: a release stopped between its read
+//! and its CAS while the class's version went round once would find a bit-identical word and
+//! subtract an amount computed from floors that were no longer current (`U` then drifted below
+//! the truth and could underflow into the tag, a livelock). The grace period of `crate::grace`
+//! rules this out: no class version comes back, and no floors entry is rewritten, while an
+//! operation that read it is in progress. The class version is as wide as the limits tag and
+//! the floors table keeps a whole period of versions, so the limits tag's grace period covers
+//! both ("Class versions" there): an install waits for a class operation no more often than
+//! for any other.
 //!
 //! # Protected path, step by step
 //!
@@ -153,7 +157,7 @@
 //! # Reconfiguration
 //!
 //! `apply_limits` (serialised by its mutex) gives every class whose limits change its next
-//! version and writes that version's limits into the class's floors ring, writes the new
+//! version and writes that version's limits into the class's floors table, writes the new
 //! limits (with every class's version) into the global ring and, in one CAS, bumps the shared
 //! word's tag **and adds to `U`/`V` every raise of a floor** (`Σ max(0, pc' − pc)`, the most a
 //! raise can add). It then migrates each class whose limits changed: a CAS that sets the class
@@ -281,7 +285,7 @@ fn visit_queue(shared: &Shared, visit: bool, in_queue: bool) {
 }
 
 /// The class limits a class word is accounted under (its `ctag`, the class's version, names
-/// the entry of the class's floors ring, `crate::words::limits`).
+/// the entry of the class's floors table, `crate::words::floors`).
 #[inline]
 fn floors_of(shared: &Shared, c: CWord, k: usize) -> HotClass {
     shared.ring.floors(k, c.ctag())

@@ -6,7 +6,7 @@
 //!    a count a whole tag period older than the next tag is still in progress, so no tag value
 //!    or ring slot is reused under anyone;
 //! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`), after the
-//!    new limits of each class whose limits change into that class's floors ring, under its
+//!    new limits of each class whose limits change into that class's floors table, under its
 //!    next version (a class whose limits stay keeps its version and its class word);
 //! 2. bump the state word's tag with one `SeqCst` CAS, which, with classes, also advances `U`
 //!    and `V` by every raise of a floor (`crate::words::class_word::floor_advance`);
@@ -43,9 +43,8 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
         (Some(a), Some(b)) => a != b,
         _ => false,
     };
-    let (versions, class_due) = canon.periods.next_versions(changed);
-    let bumped = (0..shared.class_words.len()).any(&changed);
-    before_install(shared, canon, tag, bumped.then_some(class_due));
+    let versions = canon.periods.next_versions(changed);
+    before_install(shared, canon, tag);
     // Readers of the published limits see the ring, the tag and the class words change
     // together with the copy they read (and wait for nothing else).
     let mut published = crate::sync::lock(&shared.published);
@@ -75,7 +74,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
         }
     }
     canon.tag = tag;
-    canon.periods.commit_versions(tag as u64, changed);
+    canon.periods.commit_versions(changed);
     crate::sync::pause(crate::sync::PausePoint::InstallMigrating);
     let mut visit = false;
     for k in 0..shared.class_words.len() {
@@ -105,7 +104,7 @@ fn floors_only_for_loom() -> bool {
 /// and the tag bumped, waits for every operation of this bulkhead that may still hold a count a
 /// whole tag period older, whether it is marked in the process-wide cells or in this
 /// bulkhead's counters entries (`crate::grace::enter_decision`).
-fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize, class_due: Option<u64>) {
+fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize) {
     use crate::grace::Kind;
     let counters = &shared.counters;
     let own_decisions = counters.local(crate::record::stats::Counters::new).reader();
@@ -115,7 +114,6 @@ fn before_install(shared: &Shared, canon: &mut Canonical, tag: usize, class_due:
         shared.grace_id,
         tag as u64,
         1 << crate::words::state::TAG_BITS,
-        class_due,
         &[own, own_decisions],
         |f| {
             crate::sync::per_thread::for_each(&mut |r| f(r, Kind::Cell));

@@ -1,6 +1,6 @@
 //! The class-mode words (layouts only; the protocol that changes them is
 //! `crate::protocol::classed`, whose module docs explain every field): one **class word** per
-//! class, `[tokens t_k:32][in flight n_k:14 @32][unused:14 @46][ctag:2 @60][DETACHED
+//! class, `[tokens t_k:32][in flight n_k:14 @32][ctag:14 @46][unused:2 @60][DETACHED
 //! @62][QUEUE @63]`, and the **shared word**, `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED
 //! @63]` (tag and flags where the no-class word of `crate::words::state` has them).
 
@@ -9,14 +9,34 @@
 pub(crate) const CT_MASK: u64 = 0xffff_ffff;
 pub(crate) const CN_SHIFT: u32 = 32;
 pub(crate) const CN_MASK: u64 = ((1 << 14) - 1) << CN_SHIFT;
-pub(crate) const CTAG_SHIFT: u32 = 60;
+pub(crate) const CTAG_SHIFT: u32 = 46;
 /// The class tag is the class's **version** modulo `CTAG_MOD`: the number of installs that
 /// changed this class's own limits (floors or ceilings). An install that leaves a class's
 /// limits as they were leaves its word alone, so the class tag comes back to a value only
-/// after `CTAG_MOD` changes of that class (`crate::grace`). One bit under loom, so that a
-/// model with two changes brings it back to the value an operation read.
-pub(crate) const CTAG_MOD: usize = if cfg!(loom) { 2 } else { 4 };
+/// after `CTAG_MOD` changes of that class. As wide as the limits tag (one bit under loom, so
+/// that a model with two changes brings it back to the value an operation read): every
+/// change is an install, so a class tag comes back no sooner than the limits tag, and the
+/// grace period that keeps the limits tag from coming back under an operation keeps the class
+/// tags from it too (`crate::grace`, "Class versions").
+pub(crate) const CTAG_BITS: u32 = crate::words::state::TAG_BITS;
+pub(crate) const CTAG_MOD: usize = 1 << CTAG_BITS;
 pub(crate) const CTAG_MASK: u64 = ((CTAG_MOD - 1) as u64) << CTAG_SHIFT;
+const _: () = assert!(CTAG_SHIFT + CTAG_BITS <= 62 && CN_SHIFT + 14 == CTAG_SHIFT);
+
+/// The modulus class versions are taken in: [`CTAG_MOD`], except in the deliberately broken
+/// variants that narrow it, where a class tag comes back long before the limits tag and the
+/// grace period no longer covers it: `LLM_BULKHEAD_NARROW_CLASS_VERSION=1` (feature `testing`),
+/// 4, the width class tags had when the grace period also waited for class operations. The
+/// class regressions of `tests/tag_wrap.rs` are shown to fail on it. (Under loom the class tag
+/// is already as narrow as it can be; its broken variant shortens the floors table instead,
+/// `crate::words::floors`.)
+#[inline(always)]
+pub(crate) fn ctag_mod() -> usize {
+    if crate::sync::test_switch!("LLM_BULKHEAD_NARROW_CLASS_VERSION") {
+        return 4;
+    }
+    CTAG_MOD
+}
 /// Set on every class word once the last handle is gone.
 pub(crate) const C_DETACHED: u64 = 1 << 62;
 /// One class slot.
@@ -38,7 +58,7 @@ impl CWord {
     pub(crate) fn in_flight(self) -> u64 {
         (self.0 & CN_MASK) >> CN_SHIFT
     }
-    /// The class version (mod `CTAG_MOD`) whose limits this class is accounted under.
+    /// The class version (mod [`ctag_mod`]) whose limits this class is accounted under.
     #[inline]
     pub(crate) fn ctag(self) -> usize {
         ((self.0 & CTAG_MASK) >> CTAG_SHIFT) as usize
@@ -49,7 +69,7 @@ impl CWord {
     }
     #[inline]
     pub(crate) fn with_ctag(self, version: usize) -> CWord {
-        CWord((self.0 & !CTAG_MASK) | (((version % CTAG_MOD) as u64) << CTAG_SHIFT))
+        CWord((self.0 & !CTAG_MASK) | (((version % ctag_mod()) as u64) << CTAG_SHIFT))
     }
     /// Whether a decrease replacing this word must visit the queue.
     #[inline]

@@ -21,9 +21,10 @@
 //! `CTAG_MOD`): how many installs changed that class's limits. A class word carries the
 //! version it is accounted under (its `ctag`, `crate::words::class_word`), and the decreases
 //! of the class protocol need that version's floors after the global slot may have been
-//! rewritten, so each class also keeps its own ring of `CTAG_MOD` entries, indexed by version
-//! (`write_floors`, `floors`). An entry is rewritten only when the class's limits change for
-//! the `CTAG_MOD`th time since, and never while an operation that may read it is in progress
+//! rewritten, so each class also keeps a table of its limits at every version, indexed by
+//! version (`crate::words::floors`, through `write_floors` and `floors`). An entry is
+//! rewritten only when the class's limits change for the `CTAG_MOD`th time since, a whole tag
+//! period of installs later, and never while an operation that may read it is in progress
 //! (`crate::grace`, "Class versions").
 //!
 //! # Memory ordering
@@ -40,8 +41,9 @@ use crate::vocab::class::ClassId;
 use crate::vocab::class::MAX_CLASSES;
 use crate::vocab::error::{ConfigError, ConfigProblem};
 use crate::vocab::rejection::n32;
-use crate::words::class_word::{CTAG_MOD, MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
+use crate::words::class_word::{ctag_mod, MAX_CLASSED_SLOTS, MAX_CLASSED_TOKENS};
 use crate::words::classes::{ClassLimits, ClassTable};
+use crate::words::floors::Floors;
 use crate::words::state::{MAX_SLOTS, MAX_TOKENS};
 use crate::Priority;
 use crossbeam_utils::CachePadded;
@@ -496,7 +498,7 @@ impl From<ClassLimits> for HotClass {
 
 /// One class's limits as a ring slot stores them ([`pack_class`]): `a` = floor (16 bits) |
 /// ceiling (16 bits, from bit 16) | has-ceiling (bit 32) | has-token-ceiling (bit 33) | the
-/// class's version (bits 40..48), `b` = token floor (32 bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
+/// class's version (bits 40..56), `b` = token floor (32 bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
 /// decoding (`crate::protocol::classed::ceiling_refusal`).
 #[derive(Clone, Copy)]
 pub(crate) struct ClassLimitWords {
@@ -539,7 +541,7 @@ impl ClassLimitWords {
     /// carries once migrated to that tag.
     #[inline(always)]
     pub(crate) fn version(self) -> usize {
-        ((self.a >> VERSION_SHIFT) & 0xff) as usize
+        ((self.a >> VERSION_SHIFT) & VERSION_MASK) as usize
     }
 
     /// The limits these words store, decoded.
@@ -557,7 +559,7 @@ impl ClassLimitWords {
 
 const _: () = assert!(HAS_MAX_C == 1 << 32 && HAS_MAX_T == 1 << 33);
 /// A class's limits as one slot (or floors entry) stores them, with the class's version
-/// (mod `CTAG_MOD`) at bits 40..48 of the first word.
+/// (mod `CTAG_MOD`) at bits 40..56 of the first word.
 fn pack_class(c: &ClassLimits, version: usize) -> (u64, u64) {
     let a = u64::from(c.protected_concurrent)
         | (u64::from(c.max_concurrent.unwrap_or(0)) << 16)
@@ -567,7 +569,7 @@ fn pack_class(c: &ClassLimits, version: usize) -> (u64, u64) {
             0
         }
         | if c.max_tokens.is_some() { HAS_MAX_T } else { 0 }
-        | (((version % CTAG_MOD) as u64) << VERSION_SHIFT);
+        | (((version % ctag_mod()) as u64) << VERSION_SHIFT);
     let b = c.protected_tokens | (c.max_tokens.unwrap_or(0) << 32);
     (a, b)
 }
@@ -583,14 +585,16 @@ fn unpack_class(c: &[AtomicU64; 2]) -> (usize, HotClass) {
 }
 
 const VERSION_SHIFT: u32 = 40;
+const VERSION_MASK: u64 = 0xffff;
+const _: () = assert!(crate::words::class_word::CTAG_MOD as u64 - 1 <= VERSION_MASK);
 
 /// The ring of packed limits. See the module docs.
 pub(crate) struct Ring {
     slots: [CachePadded<Slot>; RING],
-    /// Per class, its limits at each of its last `CTAG_MOD` versions (indexed by version mod
-    /// `CTAG_MOD`): what the decreases of the class protocol read for a class word's `ctag`
-    /// (module docs, "Class versions").
-    floors: [CachePadded<[[AtomicU64; 2]; CTAG_MOD]>; MAX_CLASSES],
+    /// Per class, its limits at each of its versions (indexed by version mod `CTAG_MOD`):
+    /// what the decreases of the class protocol read for a class word's `ctag` (module docs,
+    /// "Class versions").
+    floors: [CachePadded<Floors>; MAX_CLASSES],
 }
 
 impl Ring {
@@ -646,16 +650,13 @@ impl Ring {
     }
 
     /// Writes class `k`'s limits `c` as its version `version` (mod `CTAG_MOD`) into the
-    /// class's own floors ring, before the install that brings that version in writes its
-    /// slot ([`write`](Self::write), whose `Release` fence orders these stores too). Only the
-    /// reconfiguration-lock holder (or the constructor) calls this, after the grace period
-    /// made sure no operation may still read the entry it replaces (`crate::grace`).
+    /// class's floors table, before the install that brings that version in writes its slot.
+    /// Only the reconfiguration-lock holder (or the constructor) calls this: the entry it
+    /// replaces is a whole tag period old, and the grace period made sure no operation may
+    /// still read it (`crate::words::floors`).
     pub(crate) fn write_floors(&self, k: usize, version: usize, c: &ClassLimits) {
-        let (a, b) = pack_class(c, version);
-        let e = &self.floors[k][version % CTAG_MOD];
-        fence(Ordering::Release);
-        e[0].store(a, Ordering::Relaxed);
-        e[1].store(b, Ordering::Relaxed);
+        let version = version % ctag_mod();
+        self.floors[k].write(version, pack_class(c, version));
     }
 
     /// Reads class `k`'s limits from the slot for `tag` (same caveat as [`Ring::read`]).
@@ -675,15 +676,15 @@ impl Ring {
     #[inline]
     pub(crate) fn version(&self, tag: usize, k: usize) -> usize {
         let a = self.slots[tag % RING].classes[k][0].load(Ordering::Acquire);
-        ((a >> VERSION_SHIFT) & 0xff) as usize
+        ((a >> VERSION_SHIFT) & VERSION_MASK) as usize
     }
 
     /// The limits of class `k` at its version `version` (a class word's `ctag`): what the
     /// class word carrying it is accounted under. Stable while an operation that read that
-    /// `ctag` is in progress (`crate::grace`).
+    /// `ctag` is in progress (`crate::words::floors`).
     #[inline]
     pub(crate) fn floors(&self, k: usize, version: usize) -> HotClass {
-        unpack_class(&self.floors[k][version % CTAG_MOD]).1
+        unpack_class(self.floors[k].entry(version)).1
     }
 
     /// Σ concurrency floors and Σ token floors of the slot for `tag`.

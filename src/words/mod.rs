@@ -5,5 +5,6 @@
 
 pub(crate) mod class_word;
 pub(crate) mod classes;
+pub(crate) mod floors;
 pub(crate) mod limits;
 pub(crate) mod state;

@@ -45,10 +45,11 @@ pub(super) fn help_migrate(shared: &Shared, k: usize, seen: CWord, in_queue: boo
     }
 }
 
-/// The class version before `ver` (mod `CTAG_MOD`).
+/// The class version before `ver` (mod `ctag_mod()`).
 #[inline]
 fn behind(ver: usize) -> usize {
-    (ver + CTAG_MOD - 1) % CTAG_MOD
+    let m = crate::words::class_word::ctag_mod();
+    (ver + m - 1) % m
 }
 
 /// Moves class `k`'s accounting to the version (and limits) that `tag` gives it (module docs,
