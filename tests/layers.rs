@@ -31,7 +31,7 @@ const LAYERS: &[(&str, u32, &str)] = &[
     (
         "words",
         2,
-        "words: state word layouts, limits snapshot and ring, class table",
+        "words: state word layouts, limits snapshot and ring, class floors table, class table",
     ),
     (
         "record",
