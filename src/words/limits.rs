@@ -469,7 +469,7 @@ struct Slot {
     /// Σ protected_concurrent (16 bits) | Σ protected_tokens (bits 16..49).
     sums: AtomicU64,
     /// Per class: floor (16) | ceiling (bits 16..32) | has-ceiling (bit 32) | has-token-ceiling
-    /// (bit 33); then token floor (32) | token ceiling (32).
+    /// (bit 33) | version (bits 40..56); then token floor (32) | token ceiling (32).
     classes: [[AtomicU64; 2]; MAX_CLASSES],
 }
 
