@@ -65,7 +65,7 @@ fn race<T: Send + 'static>(
 }
 
 /// [`race`]; with `broken` (a per-thread switch of `llm_bulkhead::testing`), the installer's
-/// `apply_limits` run that broken variant (no grace-period wait, or no class bound), and it
+/// `apply_limits` run that broken variant (no grace-period wait), and it
 /// reports only when it has finished.
 fn race_with<T: Send + 'static>(
     b: &Bulkhead,

@@ -60,7 +60,7 @@ impl Floors {
     /// No call and no panic: a class word never carries a version no install wrote, and if one
     /// did (a broken invariant, which debug builds assert), the first entry would be read. With
     /// the chunks' lookup out of line (and a panic for a missing chunk), the class pairs kept
-    /// more registers and cost 2 to 4 instructions more (`benches/instructions.rs`).
+    /// more registers and cost 1 to 4 instructions more (`benches/instructions.rs`).
     #[inline(always)]
     pub(crate) fn entry(&self, version: usize) -> &Entry {
         debug_assert!(version < CTAG_MOD);
@@ -68,12 +68,12 @@ impl Floors {
         if version < FIRST {
             return &self.first[version];
         }
-        let bits = version.ilog2();
+        let (chunk, at) = chunk_of(version);
         let entry = self
             .rest
-            .get((bits - FIRST_BITS) as usize)
+            .get(chunk)
             .and_then(OnceLock::get)
-            .and_then(|chunk| chunk.get(version - (1 << bits)));
+            .and_then(|c| c.get(at));
         debug_assert!(entry.is_some(), "no install wrote version {version}");
         entry.unwrap_or(&self.first[0])
     }
@@ -87,10 +87,11 @@ impl Floors {
         let e = if version < FIRST {
             &self.first[version]
         } else {
-            let bits = version.ilog2();
-            let chunk = self.rest[(bits - FIRST_BITS) as usize]
-                .get_or_init(|| (0..1usize << bits).map(|_| Entry::default()).collect());
-            &chunk[version - (1 << bits)]
+            let (chunk, at) = chunk_of(version);
+            // Chunk `i` holds `FIRST << i` versions, from `FIRST << i` on.
+            let len = FIRST << chunk;
+            let c = self.rest[chunk].get_or_init(|| (0..len).map(|_| Entry::default()).collect());
+            &c[at]
         };
         fence(Ordering::Release);
         e[0].store(a, Ordering::Relaxed);
@@ -108,6 +109,13 @@ impl Floors {
                 .map(|c| c.len())
                 .sum::<usize>()
     }
+}
+
+/// Where `version` (`≥ FIRST`) lives: its chunk, and its place in it.
+#[inline(always)]
+fn chunk_of(version: usize) -> (usize, usize) {
+    let bits = version.ilog2();
+    ((bits - FIRST_BITS) as usize, version - (1 << bits))
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_SHORT_FLOORS_TABLE=1` keeps one entry for every version, so
