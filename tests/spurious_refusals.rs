@@ -767,7 +767,7 @@ mod tentative {
 /// deterministic with the pause hooks (feature `testing`).
 mod moved {
     use llm_bulkhead::testing::PausePoint;
-    use llm_bulkhead::{Bulkhead, ClassLimits, Demand};
+    use llm_bulkhead::{BudgetLimits, Bulkhead, ClassLimits, Demand, Reservation};
 
     /// What the stopped thread reports.
     enum Event {
@@ -851,6 +851,153 @@ mod moved {
             Ok(1),
             "x's step refused y and was then taken back: y's refusal is spurious"
         );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+    }
+
+    /// Two slots, 100 tokens, classes `p` and `q`; `q` holds a slot and `q_tokens` tokens,
+    /// and then an install gives `p` floors of one slot and 50 tokens: the stored `V`
+    /// (`q_tokens + 50`) is past the budget, so a demand inside `p`'s floors takes the
+    /// collect-checked path.
+    fn stored_v_past_the_budget(q_tokens: u64) -> (Bulkhead, llm_bulkhead::Admission) {
+        let b = Bulkhead::builder()
+            .max_concurrent(2)
+            .token_budget(100)
+            .class("p", ClassLimits::default())
+            .class("q", ClassLimits::default())
+            .default_class("q")
+            .build()
+            .unwrap();
+        let q = b.class_id("q").unwrap();
+        let held = b
+            .try_acquire(Demand::tokens(Reservation::new(0, q_tokens).unwrap()).in_class(q))
+            .expect("q borrows");
+        let floors = ClassLimits {
+            protected_concurrent: 1,
+            protected_tokens: 50,
+            ..ClassLimits::default()
+        };
+        let p = b.class_id("p").unwrap();
+        b.apply_limits(b.limits().with_revision(1).with_class(p, floors))
+            .unwrap();
+        (b, held)
+    }
+
+    /// The collect-checked path's step, overtaken by an install (`stored_v_past_the_budget`,
+    /// `q` holding all 100 tokens: the stored `V` is 150):
+    ///
+    /// 1. `x` (`p`, a slot, no tokens: `G + 1 = 2`, `T = 100`, it fits) takes its step and
+    ///    stops before its collect.
+    /// 2. An install (the same limits, revision 2) moves the tag.
+    /// 3. `y` (`p`, a slot) meets `x`'s step: `p`'s floor is in use, so `y` would borrow a
+    ///    slot that the floor keeps. Refused.
+    /// 4. `x` resumes and finds the tag moved.
+    ///
+    /// Taken back (as before), `x` decides again and `z` (`p`, a slot, let in where `x` is
+    /// about to change its class word again) takes the floor first: `x` is refused, and no
+    /// serial order refuses `y`. Kept, `x` is decided under revision 2, where the stored `V`
+    /// still refuses it but the collect (`T = 100`) admits it: it borrows no tokens.
+    #[test]
+    fn a_slow_step_kept_across_an_install_refuses_no_one() {
+        let (b, held) = stored_v_past_the_budget(100);
+        let p = b.class_id("p").unwrap();
+        let mut stepped = false;
+        let pick = move |point| match point {
+            PausePoint::SlowStepTaken if !stepped => {
+                stepped = true;
+                Some(Event::StepTaken)
+            }
+            PausePoint::ClassCas if stepped => Some(Event::Retrying),
+            _ => None,
+        };
+        let bx = b.clone();
+        let (x, ev_rx, go_tx) = super::stopped_thread(
+            pick,
+            move || bx.try_acquire(Demand::slot().in_class(p)),
+            |out| {
+                Event::Decided(match out {
+                    Ok(adm) => Ok(adm.revision()),
+                    Err(rej) => Err(format!("{rej:?}")),
+                })
+            },
+        );
+        assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
+        b.apply_limits(b.limits().with_revision(2)).unwrap();
+        let y = b.try_acquire(Demand::slot().in_class(p));
+        assert!(y.is_err(), "y meets x's step in p's floor: {y:?}");
+        go_tx.send(()).unwrap();
+        let mut z = None;
+        let x_decided = loop {
+            match ev_rx.recv().unwrap() {
+                Event::Retrying => {
+                    if z.is_none() {
+                        z = b.try_acquire(Demand::slot().in_class(p)).ok();
+                    }
+                    go_tx.send(()).unwrap();
+                }
+                Event::StepTaken => unreachable!("one step is reported"),
+                Event::Decided(d) => break d,
+            }
+        };
+        drop(x.join().unwrap());
+        drop((z, held));
+        assert_eq!(
+            x_decided,
+            Ok(2),
+            "x's step refused y and was then taken back: y's refusal is spurious"
+        );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+    }
+
+    /// The exact check of a kept step is a check (`stored_v_past_the_budget`, `q` holding 60
+    /// tokens: `T = 60`, the stored `V` 110): `x` (`p`, a slot and 30 tokens, inside `p`'s
+    /// floors: `T + 30 = 90`, it fits) takes its collect-checked step and stops before its
+    /// collect; an install lowers the budget to 80; `x` resumes, finds the tag moved and is
+    /// kept, but the collect shows `T = 90 > 80`: taken back, and refused. Admitted, the
+    /// bulkhead would hold 90 tokens under a budget of 80.
+    #[test]
+    fn a_kept_step_the_collect_refuses_is_taken_back() {
+        let (b, held) = stored_v_past_the_budget(60);
+        let p = b.class_id("p").unwrap();
+        let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+        assert_eq!(
+            llm_bulkhead::testing::stored_shared(&b),
+            Some((2, 110)),
+            "stored V past the budget"
+        );
+        let (x, ev_rx, go_tx) = {
+            let bx = b.clone();
+            super::stopped_thread(
+                |point| (point == PausePoint::SlowStepTaken).then_some(Event::StepTaken),
+                move || bx.try_acquire(tokens(30).in_class(p)),
+                |out| {
+                    Event::Decided(match out {
+                        Ok(adm) => Ok(adm.revision()),
+                        Err(rej) => Err(format!("{rej:?}")),
+                    })
+                },
+            )
+        };
+        assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
+        let budget = BudgetLimits {
+            budget: 80,
+            high_priority_reserve: 0,
+        };
+        b.apply_limits(b.limits().with_revision(2).with_token_budget(Some(budget)))
+            .unwrap();
+        go_tx.send(()).unwrap();
+        let x_decided = loop {
+            match ev_rx.recv().unwrap() {
+                Event::StepTaken => go_tx.send(()).unwrap(),
+                Event::Retrying => unreachable!("not picked"),
+                Event::Decided(d) => break d,
+            }
+        };
+        let x = x.join().unwrap();
+        assert!(
+            x_decided.is_err(),
+            "x admitted with 90 tokens in flight under a budget of 80: {x_decided:?}"
+        );
+        drop((x, held));
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 }

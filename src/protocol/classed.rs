@@ -130,12 +130,15 @@
 //! every class word again (`SeqCst`, after its own `SeqCst` CAS) and checks `G` and `T`
 //! exactly. Of two such deciders, the later CAS in the `SeqCst` order sees the earlier one's
 //! step, so they cannot both overshoot; fast-path deciders never overshoot because `G ≤ U`,
-//! `T ≤ V`. These paths can refuse because of another tentative step that is later undone.
+//! `T ≤ V`. A step whose tag moved before its collect's last load is kept and decided again
+//! under the current tag, as a protected step is (`moved`). These paths can refuse because of
+//! another tentative step that is later undone.
 //!
 //! A refusal is always decided by one collect of every word, never by the stored shared word
 //! alone: the reason, constraint and capacity detail come from that collect; if the collect
 //! says the demand fits (a transient step of another decider caused the refusal) the decision
-//! is retried, a bounded number of times (`FITS_RETRIES`).
+//! is retried, a bounded number of times (`retries::FITS_RETRIES`), waiting outside any
+//! grace-period operation for the stopped decider to finish.
 //!
 //! # Short refusals
 //!
@@ -228,6 +231,7 @@ mod bypass;
 mod fast;
 mod moved;
 mod refusal;
+mod retries;
 mod returns;
 use crate::words::classes::{ClassView, ShareSums, Summary};
 use crate::words::limits::{Hot, HotClass};
@@ -239,6 +243,7 @@ use refusal::*;
 pub(crate) use refusal::{ceiling_refusal, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
 pub(crate) use refusal::{ShortRefusal, StopAt, Stopped};
+use retries::{acquire_contended, acquire_contended_with};
 use returns::*;
 pub(crate) use returns::{grow_tokens, migrate, release, return_slot_only, return_tokens};
 
@@ -348,10 +353,13 @@ pub(crate) fn acquire(
     priority: Priority,
 ) -> Result<Admitted, Refused> {
     // Every class operation runs inside a grace-period `Op` (`crate::grace`): no install can
-    // bring a tag it read back to the same value while it is in progress.
-    let _op = crate::grace::op(shared.grace_id);
-    if let Some(a) = first_try(shared, k, r, priority) {
-        return Ok(a);
+    // bring a tag it read back to the same value while it is in progress. The full protocol
+    // enters one per attempt (`acquire_contended_with`).
+    {
+        let _op = crate::grace::op(shared.grace_id);
+        if let Some(a) = first_try(shared, k, r, priority) {
+            return Ok(a);
+        }
     }
     contended(shared, k, r, priority, false)
 }
@@ -367,7 +375,6 @@ pub(crate) fn acquire_after_fast<T>(
     priority: Priority,
     refused: impl Fn(&Refused) -> T,
 ) -> Result<Admitted, T> {
-    let _op = crate::grace::op(shared.grace_id);
     acquire_contended_with(
         shared,
         Req {
@@ -392,7 +399,7 @@ pub(crate) fn acquire_in_queue(
     contended(shared, k, r, priority, true)
 }
 
-/// The full protocol for one request, inside its grace-period operation.
+/// The full protocol for one request (each attempt in its own grace-period operation).
 fn contended(
     shared: &Shared,
     k: usize,
@@ -400,7 +407,6 @@ fn contended(
     priority: Priority,
     in_queue: bool,
 ) -> Result<Admitted, Refused> {
-    let _op = crate::grace::op(shared.grace_id);
     acquire_contended(
         shared,
         Req {
@@ -410,52 +416,6 @@ fn contended(
             in_queue,
         },
     )
-}
-
-/// How often a refusal that a collect contradicts is decided again before it is reported
-/// ([`explain_final`]). Each retry waits a little longer (`Backoff::snooze`, which ends in
-/// `yield_now`), so a decider stopped between two steps gets the chance to finish.
-const FITS_RETRIES: u32 = 16;
-
-/// The full protocol: retries, the collect-checked path, and refusals explained by a collect.
-#[inline(never)]
-fn acquire_contended(shared: &Shared, req: Req) -> Result<Admitted, Refused> {
-    acquire_contended_with(shared, req, |f| *f)
-}
-
-/// [`acquire_contended`], with the refusal handed to `refused` by reference where it was
-/// explained.
-#[inline(always)]
-fn acquire_contended_with<T>(
-    shared: &Shared,
-    req: Req,
-    refused: impl Fn(&Refused) -> T,
-) -> Result<Admitted, T> {
-    let backoff = crossbeam_utils::Backoff::new();
-    let mut retries_after_refusal = 0;
-    loop {
-        let outcome = match attempt(shared, req) {
-            Attempt::Slow => slow(shared, req),
-            other => other,
-        };
-        match outcome {
-            Attempt::Admitted(a) => return Ok(a),
-            Attempt::Retry | Attempt::Slow => backoff.spin(),
-            Attempt::Refused(reason) => match explain(shared, req, reason, &refused) {
-                Explained::Refused(rej) => return Err(rej),
-                // The collect says the demand fits: another decider's step was in progress (a
-                // release between its two words, a reservation about to be taken back, a
-                // migration). Decide again, a bounded number of times (lock-free: each retry
-                // follows some other operation's progress), before reporting the refusal.
-                Explained::Fits if retries_after_refusal < FITS_RETRIES => {
-                    retries_after_refusal += 1;
-                    backoff.snooze();
-                }
-                Explained::Fits => return Err(refused(&explain_final(shared, req, reason))),
-                Explained::TagMoved => {}
-            },
-        }
-    }
 }
 
 /// What a decision reads first: the shared word and the limits its tag names.
@@ -783,6 +743,7 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
             }
         }
     }
+    crate::sync::pause(crate::sync::PausePoint::ClassCas);
     if cw
         .compare_exchange(c.0, c.0 + C_ONE + r, SeqCst, SeqCst)
         .is_err()
@@ -811,11 +772,17 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
             },
         });
     }
+    if !g3.closed() && g3.tag() != g.tag() {
+        // An install overtook the step: kept and decided again under the current tag, as a
+        // protected step is (`moved`); taken back there if that refuses it.
+        return match keep_after_tag_moved(shared, k, r, req.priority, req.in_queue) {
+            Some(a) => Attempt::Admitted(a),
+            None => Attempt::Retry,
+        };
+    }
     undo(shared, k, r, req.in_queue);
     if g3.closed() {
         Attempt::Refused(RejectReason::Shutdown)
-    } else if g3.tag() != g.tag() {
-        Attempt::Retry
     } else if !fits_tokens {
         Attempt::Refused(RejectReason::BudgetLimit)
     } else {

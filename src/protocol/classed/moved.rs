@@ -1,5 +1,7 @@
-//! A protected step whose tag moved before it was validated (`super`, "Protected path, step
-//! by step", step 4): the step is kept and decided again under the current tag, instead of
+//! A class step whose tag moved before it was decided: a protected step between its class
+//! CAS and its validating load (`super`, "Protected path, step by step", step 4), or the
+//! collect-checked path's step between its class CAS and the load after its collect
+//! (`super::slow`). The step is kept and decided again under the current tag, instead of
 //! being taken back.
 //!
 //! # Why keep it
@@ -17,6 +19,31 @@
 //! counted was an admission's. It is taken back only when they do not (a refusal the
 //! demand's own collect then explains), or when the bulkhead closed or waiters queued.
 //!
+//! The collect-checked path's step is kept for the same reason. A thread preempted between
+//! that step and its collect's last load stays stopped for a scheduler quantum, during which
+//! hundreds of installs move the tag; taken back then, its step had refused others for the
+//! whole quantum. `tests/spurious_refusals.rs` found bursts of thousands of such refusals in
+//! one run (3,600 in the run examined, all while one such step stood for about 4 ms and was
+//! then taken back).
+//!
+//! # Decided exactly
+//!
+//! The stored `U`, `V` may not admit a kept step that the current limits admit: an install
+//! that raised a floor adds its advance to `U` until the class migrates, and the
+//! collect-checked path is taken precisely when `U > max_concurrent` or `V > eff`. So a kind
+//! (slot, tokens) that the stored word does not admit is decided as the collect-checked path
+//! decides its own step ([`exact_fits`]), when the step borrows nothing of that kind under the
+//! current floors: a collect of every class word after the step's `SeqCst` CAS must show
+//! `G ≤ max_concurrent` (row 6) or `T ≤ eff` (row 1), with the shared word still at the tag,
+//! open. Rows 4 and 5 do not apply to a kind the step does not borrow. A kind it borrows is
+//! decided by the stored word alone, as before (so rows 4 and 5 hold by it).
+//!
+//! Sound for the collect-checked path's reason (`super`, "Rare paths"): of two deciders that
+//! check a collect after their own step, the one whose CAS is later in the `SeqCst` order
+//! sees the other's step; a decider on the fast paths checks the stored amounts, which count
+//! the kept step (it is in its class word, and the stored values bound the truth with every
+//! class-word increment in it).
+//!
 //! # Why it is sound
 //!
 //! The step is decided at a load of the shared word at tag `tag'`, exactly as a step taken
@@ -26,7 +53,8 @@
 //!   the migration counted the step in the class's `n`, `t`, so the stored `U`, `V` bound the
 //!   truth with the step in it (module docs of `super`, "The invariant");
 //! * at that load `U ≤ max_concurrent` and `V ≤ eff` under `tag'`'s limits: rows 1 and 4–6
-//!   hold with the step in, as for a protected step validated under its own tag;
+//!   hold with the step in, as for a protected step validated under its own tag (or, for a
+//!   kind the step does not borrow, the exact check of "Decided exactly" above holds);
 //! * the class ceilings under `tag'` hold for the class word read before that load with the
 //!   step in it; every later class CAS under `tag'` checked its own ceilings with this step
 //!   already counted, and decreases only lower them, so they hold at the load too;
@@ -43,26 +71,31 @@
 //!
 //! # Tests
 //!
-//! * `tests/spurious_refusals.rs` (`moved::a_step_kept_across_an_install_refuses_no_one`) is
-//!   the regression: an install lands between a protected step and its validation, another
-//!   demand meets the step, and the step must become an admission. Its broken variant
-//!   `LLM_BULKHEAD_UNDO_MOVED_STEP=1` (feature `testing`) takes the step back as before.
+//! * `tests/spurious_refusals.rs` (`moved::a_step_kept_across_an_install_refuses_no_one`,
+//!   and `moved::a_slow_step_kept_across_an_install_refuses_no_one` for the collect-checked
+//!   path's step) are the regressions: an install lands between a step and its decision,
+//!   another demand meets the step, and the step must become an admission. Their broken
+//!   variant `LLM_BULKHEAD_UNDO_MOVED_STEP=1` (feature `testing`) takes the step back as
+//!   before.
+//! * `moved::a_kept_step_the_collect_refuses_is_taken_back` (same file) checks the exact
+//!   check: its broken variant `LLM_BULKHEAD_KEEP_EXACT_UNCHECKED=1` skips it, and a kept
+//!   step is admitted past a budget an install lowered.
 //! * The loom model `protected_admission_against_the_kill_switch` (`loom-tests/tests/
 //!   classes.rs`) reaches this path whenever the install lands inside the step's window, and
 //!   the kill switch admits nothing: its broken variant `LLM_BULKHEAD_LOOM_KEEP_UNCHECKED=1`
 //!   keeps the step without deciding it, an admission under the kill switch's revision.
 //!
-//! `.ci/run` requires both to fail on their broken variants.
+//! `.ci/run` requires each to fail on its broken variant.
 
 use super::*;
 
 /// How often a kept step follows a tag move or a migration before it is taken back.
 const KEEP_TRIES: u32 = 4;
 
-/// A protected step of one slot and `r` tokens in class `k`, taken under a tag that moved
-/// before its validation: an admission under the current tag when its limits admit the step
-/// as it stands, `None` after taking it back otherwise (module docs). Out of line and cold:
-/// it runs only when an install lands inside a step's window.
+/// A step of one slot and `r` tokens in class `k` (protected, or the collect-checked path's),
+/// taken under a tag that moved before it was decided: an admission under the current tag
+/// when its limits admit the step as it stands, `None` after taking it back otherwise (module
+/// docs). Out of line and cold: it runs only when an install lands inside a step's window.
 #[cold]
 #[inline(never)]
 pub(super) fn keep_after_tag_moved(
@@ -106,28 +139,86 @@ pub(super) fn keep_after_tag_moved(
         debug_assert!(n >= 1 && t >= r, "a kept step is in its class word: {c:?}");
         let within_ceilings = l.mc.is_none_or(|m| n <= m) && l.mt.is_none_or(|mt| t <= mt);
         let eff = lim.effective(priority);
+        let mc = lim.max_concurrent;
         let g2 = GWord(word.load(SeqCst));
         if g2.tag() != g.tag() {
             continue;
         }
-        if within_ceilings
-            && !g2.closed()
-            && (in_queue || !g2.waiters())
-            && g2.u() <= lim.max_concurrent
-            && eff.is_none_or(|e| g2.v() <= e)
+        if !within_ceilings || g2.closed() || (g2.waiters() && !in_queue) {
+            break;
+        }
+        let borrowed_tokens = t.max(l.pt) - (t - r).max(l.pt);
+        let admitted = Some(Admitted {
+            revision: lim.revision,
+            resources: Resources {
+                borrowed_concurrency: n > l.pc,
+                borrowed_tokens,
+            },
+        });
+        // Each kind (slot, tokens) holds by the stored word, which bounds the truth, or,
+        // for a kind the step does not borrow under these floors, by an exact collect.
+        let slot_stored = g2.u() <= mc;
+        let tokens_stored = eff.is_none_or(|e| g2.v() <= e);
+        if slot_stored && tokens_stored {
+            return admitted;
+        }
+        let slot_protected = n <= l.pc;
+        let tokens_protected = borrowed_tokens == 0;
+        if (slot_stored || slot_protected)
+            && (tokens_stored || tokens_protected)
+            && exact_fits(
+                shared,
+                g.tag(),
+                mc,
+                eff,
+                slot_stored,
+                tokens_stored,
+                in_queue,
+            )
         {
-            return Some(Admitted {
-                revision: lim.revision,
-                resources: Resources {
-                    borrowed_concurrency: n > l.pc,
-                    borrowed_tokens: t.max(l.pt) - (t - r).max(l.pt),
-                },
-            });
+            return admitted;
         }
         break;
     }
     undo(shared, k, r, in_queue);
     None
+}
+
+/// Rows 6 and 1 for a kept step that its stored word does not admit and that borrows
+/// nothing of the kind it fails (module docs, "Decided exactly"): a collect of every class
+/// word, after the step's own `SeqCst` CAS, must show `G ≤ max_concurrent` (unless
+/// `slot_stored`: the stored `U` already bounds it) and `T ≤ eff` (unless `tokens_stored`),
+/// and the shared word must still be at `tag`, open, and without waiters unless `in_queue`.
+/// The collect-checked path's own check (`super::slow`), for a step already taken.
+#[inline(never)]
+fn exact_fits(
+    shared: &Shared,
+    tag: usize,
+    mc: u64,
+    eff: Option<u64>,
+    slot_stored: bool,
+    tokens_stored: bool,
+    in_queue: bool,
+) -> bool {
+    crate::sync::loom_sc_fence();
+    let (g_all, t_all) = super::totals(shared);
+    let g3 = GWord(shared.word.load(SeqCst));
+    if g3.tag() != tag || g3.closed() || (g3.waiters() && !in_queue) {
+        return false;
+    }
+    if skips_exact_check_for_tests() {
+        return true;
+    }
+    (slot_stored || g_all <= mc) && (tokens_stored || eff.is_none_or(|e| t_all <= e))
+}
+
+/// The broken variant of the exact check's regression (`tests/spurious_refusals.rs`,
+/// `moved::a_kept_step_the_collect_refuses_is_taken_back`): `LLM_BULKHEAD_KEEP_EXACT_UNCHECKED=1`
+/// (feature `testing`) keeps a step the stored word does not admit without the collect's
+/// check, an admission past the budget.
+#[inline]
+fn skips_exact_check_for_tests() -> bool {
+    test_switch!("LLM_BULKHEAD_KEEP_EXACT_UNCHECKED")
 }
 
 /// The fast attempt's protected step of one slot and `r` tokens in class `k`, taken under

@@ -541,6 +541,8 @@ pub(crate) fn describe(
 #[cold]
 pub(super) fn explain_final(shared: &Shared, req: Req, hint: RejectReason) -> Refused {
     crate::sync::pause(crate::sync::PausePoint::RefusedAfterRetries);
+    // Its own operation: the retries before it waited outside any (`super::retries::FITS_RETRIES`).
+    let _op = crate::grace::op(shared.grace_id);
     let g = GWord(shared.word.load(SeqCst));
     let (sum_pc, sum_pt) = shared.ring.read_sums(g.tag());
     let detail = describe(shared, req.k, req.priority, hint, None);
