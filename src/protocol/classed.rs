@@ -49,7 +49,9 @@
 //!
 //! * **increases go to the shared word first**: a borrower adds `du`, `dv` by a CAS that checks
 //!   rows 4 and 5, then CASes its class word against exactly the class state it classified
-//!   (if that changed, it takes its increase back and decides again);
+//!   (if that changed, it takes its increase back and decides again), then reads the tag
+//!   again: a step that an install overtook is decided again under the current tag (`moved`,
+//!   "A borrower's step");
 //! * **decreases go to the class word first**: a release (or abandonment, or undo) changes the
 //!   class word (a CAS, or for the release of an admission that borrowed a `fetch_add`) and
 //!   then subtracts the amount it computed from the state it replaced;
@@ -176,8 +178,9 @@
 //! bring it back). Class amounts always use the floors of the class word's own `ctag`, so
 //! the per-class sums still telescope across a migration. Every class CAS compares the `ctag`,
 //! so a decision classified under the old floors cannot land after its class migrated; a
-//! protected admission's final load sees any tag bump and starts again, so after
-//! `apply_limits` returns no decision under the older revision can still succeed.
+//! protected admission's final load, and a borrower's load after its class step, see any tag
+//! bump and decide the step again under the current tag (`moved`), so after `apply_limits`
+//! returns no decision under the older revision can still succeed.
 //!
 //! # Lifetime
 //!
@@ -238,7 +241,7 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use fast::*;
-use moved::{keep_after_tag_moved, protected_step_missed};
+use moved::{borrow_overtaken, keep_after_tag_moved, protected_step_missed};
 use refusal::*;
 pub(crate) use refusal::{ceiling_refusal, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
@@ -593,14 +596,30 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                 Err(actual) => s = GWord(actual),
             }
         }
-        // Then the class word.
-        return match class_step_after_reserve(shared, k, r, req.in_queue, c, du, dv) {
-            Some(resources) => Attempt::Admitted(Admitted {
-                revision: lim.revision,
-                resources,
-            }),
-            None => Attempt::Retry,
+        // Then the class word, and the tag once more (`borrow_overtaken`).
+        let Some(resources) = class_step_after_reserve(shared, k, r, req.in_queue, c, du, dv)
+        else {
+            return Attempt::Retry;
         };
+        if GWord(word.load(SeqCst)).tag() != g.tag() {
+            let revision = lim.revision;
+            return match borrow_overtaken(
+                shared,
+                k,
+                r,
+                req.priority,
+                req.in_queue,
+                revision,
+                resources,
+            ) {
+                Some(a) => Attempt::Admitted(a),
+                None => Attempt::Retry,
+            };
+        }
+        return Attempt::Admitted(Admitted {
+            revision: lim.revision,
+            resources,
+        });
     }
 }
 

@@ -119,6 +119,12 @@ pub(super) fn first_try_or_ceiling(
         Err(a) => borrow_moved(shared, k, r, priority, GWord(a), tag, c, step),
     }
     .ok_or(None)?;
+    // The step stands only if no install came between the reservation and it
+    // (`super::borrow_overtaken`).
+    if GWord(word.load(SeqCst)).tag() != tag {
+        return borrow_overtaken(shared, k, r, priority, false, lim.revision, resources)
+            .ok_or(None);
+    }
     Ok(Admitted {
         revision: lim.revision,
         resources,

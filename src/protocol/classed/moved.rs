@@ -1,8 +1,9 @@
 //! A class step whose tag moved before it was decided: a protected step between its class
-//! CAS and its validating load (`super`, "Protected path, step by step", step 4), or the
+//! CAS and its validating load (`super`, "Protected path, step by step", step 4), the
 //! collect-checked path's step between its class CAS and the load after its collect
-//! (`super::slow`). The step is kept and decided again under the current tag, instead of
-//! being taken back.
+//! (`super::slow`), or a borrower's step whose class CAS came after an install that followed
+//! its reservation ("A borrower's step" below). The step is kept and decided again under the
+//! current tag, instead of being taken back (or, for a borrower, admitted unchecked).
 //!
 //! # Why keep it
 //!
@@ -25,6 +26,27 @@
 //! whole quantum. `tests/spurious_refusals.rs` found bursts of thousands of such refusals in
 //! one run (3,600 in the run examined, all while one such step stood for about 4 ms and was
 //! then taken back).
+//!
+//! # A borrower's step
+//!
+//! A borrower reserves its amounts on the shared word, under the tag it read (the CAS
+//! compares the whole word), and then takes its step on its class word. An install can come
+//! in between: the reservation was checked under the old limits, and a decider under the new
+//! tag that decides from a collect (the collect-checked path, or the exact check below) does
+//! not see the step, which is not in its class word yet. Both were admitted:
+//! `tests/borrow_overtaken.rs` held three admissions under `max_concurrent` 2, after an
+//! install raised a floor (the stored `U` then passes `max_concurrent`, so a protected demand
+//! of that class goes to the collect-checked path, whose collect missed the borrower's step;
+//! with the borrower's revision from before the install that had returned).
+//!
+//! So a borrower reads the tag again after its class CAS. The same tag means no install came
+//! between its reservation and its step (no tag comes back during an operation): its
+//! admission stands as decided at the reservation, and every decider under a later tag
+//! collects after the step. Another tag: the step is kept and decided again under the current
+//! tag ([`borrow_overtaken`]), exactly as a protected step overtaken by an install, and a
+//! decider that collected before the step is seen by this decision's collect (its class CAS
+//! came before this step's). One load on the borrowing path; the regression fails with
+//! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits the step without deciding it again.
 //!
 //! # Decided exactly
 //!
@@ -219,6 +241,39 @@ fn exact_fits(
 #[inline]
 fn skips_exact_check_for_tests() -> bool {
     test_switch!("LLM_BULKHEAD_KEEP_EXACT_UNCHECKED")
+}
+
+/// A borrower's step of one slot and `r` tokens in class `k` (with the `resources` it
+/// borrowed), whose class CAS landed after an install moved the tag from the one its
+/// reservation on the shared word was made under (the load after the class CAS found another
+/// tag): kept and decided again under the current tag ([`keep_after_tag_moved`]), taken back
+/// if that refuses it. See "A borrower's step" in the module docs. Out of line and cold.
+#[cold]
+#[inline(never)]
+pub(super) fn borrow_overtaken(
+    shared: &Shared,
+    k: usize,
+    r: u64,
+    priority: Priority,
+    in_queue: bool,
+    revision: u64,
+    resources: Resources,
+) -> Option<Admitted> {
+    if admits_overtaken_borrows_for_tests() {
+        return Some(Admitted {
+            revision,
+            resources,
+        });
+    }
+    keep_after_tag_moved(shared, k, r, priority, in_queue)
+}
+
+/// The broken variant of the overtaken borrower's regression (`tests/borrow_overtaken.rs`):
+/// `LLM_BULKHEAD_BORROW_UNVALIDATED=1` (feature `testing`) admits a borrower's step whatever
+/// install came between its reservation and its class CAS, as the protocol did before.
+#[inline]
+fn admits_overtaken_borrows_for_tests() -> bool {
+    test_switch!("LLM_BULKHEAD_BORROW_UNVALIDATED")
 }
 
 /// The fast attempt's protected step of one slot and `r` tokens in class `k`, taken under

@@ -1,0 +1,132 @@
+//! A borrower overtaken by an install between its reservation on the shared word and its
+//! step on its class word (`src/protocol/classed/moved.rs`, "A borrower's step"), made
+//! deterministic with the pause hooks (feature `testing`).
+//!
+//! The borrower's reservation was checked under the limits of its tag. An install then
+//! raises another class's floor, so the stored `U` passes `max_concurrent`, and a protected
+//! demand of that class takes the collect-checked path: its collect does not see the
+//! borrower, whose step is not in its class word yet, and it is admitted. Before the borrower
+//! read the tag again after its class CAS, its step landed too, and the bulkhead held three
+//! admissions under `max_concurrent` 2. Now the step, found overtaken, is decided under the
+//! current limits, which refuse it, and is taken back.
+//!
+//! `.ci/run` requires both tests to fail with `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which
+//! admits an overtaken borrower's step without deciding it again.
+#![cfg(feature = "testing")]
+
+use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
+use llm_bulkhead::{Admission, Bulkhead, ClassLimits, Demand, Rejection, Reservation};
+use std::sync::mpsc::channel;
+use std::thread;
+
+/// Runs `decide` on a thread stopped at its first `BorrowReserved` (its reservation made, its
+/// class step not taken); returns once it is stopped, with a sender that resumes it and its
+/// handle.
+fn stopped_borrower(
+    decide: impl FnOnce() -> Result<Admission, Rejection> + Send + 'static,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    thread::JoinHandle<Result<Admission, Rejection>>,
+) {
+    let (stopped_tx, stopped) = channel();
+    let (go_tx, go) = channel::<()>();
+    let t = thread::spawn(move || {
+        let mut first = true;
+        set_pause_hook(move |p| {
+            if p == PausePoint::BorrowReserved && std::mem::take(&mut first) {
+                stopped_tx.send(()).unwrap();
+                go.recv().unwrap();
+            }
+        });
+        let out = decide();
+        clear_pause_hook();
+        out
+    });
+    stopped.recv().unwrap();
+    (go_tx, t)
+}
+
+/// Two slots, classes `a` and `b` without floors (`c` too, for the second test, with the
+/// floor `c_floor`); `b` holds one slot (borrowed).
+fn bulkhead(c_floor: ClassLimits) -> (Bulkhead, Admission) {
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .token_budget(100)
+        .class("a", ClassLimits::default())
+        .class("b", ClassLimits::default())
+        .class("c", c_floor)
+        .default_class("b")
+        .build()
+        .unwrap();
+    let held = b.try_acquire(Demand::slot()).expect("b borrows a slot");
+    (b, held)
+}
+
+/// Gives `a` a floor of one slot: the stored `U` passes `max_concurrent`.
+fn raise_a_floor(b: &Bulkhead) {
+    let a = b.class_id("a").unwrap();
+    let floor = ClassLimits {
+        protected_concurrent: 1,
+        ..ClassLimits::default()
+    };
+    b.apply_limits(b.limits().with_revision(1).with_class(a, floor))
+        .unwrap();
+}
+
+/// `x` (class `b`) borrows the second slot and stops after its reservation; `a`'s floor is
+/// raised; `y` (class `a`, inside its new floor) is admitted by the collect-checked path;
+/// `x` resumes. At most two admissions may be held.
+#[test]
+fn a_slot_borrower_overtaken_by_a_floor_raise_is_decided_again() {
+    let (b, held) = bulkhead(ClassLimits::default());
+    let bx = b.clone();
+    let (go, x) = stopped_borrower(move || bx.try_acquire(Demand::slot()));
+    raise_a_floor(&b);
+    let a = b.class_id("a").unwrap();
+    let y = b.try_acquire(Demand::slot().in_class(a));
+    go.send(()).unwrap();
+    let x = x.join().unwrap();
+    let admitted = 1 + u32::from(x.is_ok()) + u32::from(y.is_ok());
+    assert!(
+        admitted <= 2,
+        "{admitted} admissions under max_concurrent 2 (x: {:?}, y: {:?})",
+        x.as_ref().map(Admission::revision),
+        y.as_ref().map(Admission::revision),
+    );
+    assert_eq!(b.stats().in_flight, u64::from(admitted));
+    drop((x, y, held));
+    assert_eq!(b.stats().in_flight, 0, "everything released");
+}
+
+/// The same race for a borrower of tokens only: `x` (class `c`, inside `c`'s floor of one
+/// slot, with 50 tokens above its floor of none) reserves only tokens, and its slot is one
+/// that `U` counted in `c`'s floor. Once `a`'s floor is raised too, `y` (class `a`) and `x`
+/// cannot both have a slot.
+#[test]
+fn a_token_borrower_overtaken_by_a_floor_raise_is_decided_again() {
+    let c_floor = ClassLimits {
+        protected_concurrent: 1,
+        ..ClassLimits::default()
+    };
+    let (b, held) = bulkhead(c_floor);
+    let c = b.class_id("c").unwrap();
+    let bx = b.clone();
+    let (go, x) = stopped_borrower(move || {
+        bx.try_acquire(Demand::tokens(Reservation::new(0, 50).unwrap()).in_class(c))
+    });
+    raise_a_floor(&b);
+    let a = b.class_id("a").unwrap();
+    let y = b.try_acquire(Demand::slot().in_class(a));
+    go.send(()).unwrap();
+    let x = x.join().unwrap();
+    let admitted = 1 + u32::from(x.is_ok()) + u32::from(y.is_ok());
+    assert!(
+        admitted <= 2,
+        "{admitted} admissions under max_concurrent 2 (x: {:?}, y: {:?})",
+        x.as_ref().map(Admission::revision),
+        y.as_ref().map(Admission::revision),
+    );
+    assert_eq!(b.stats().in_flight, u64::from(admitted));
+    drop((x, y, held));
+    assert_eq!(b.stats().in_flight, 0, "everything released");
+}
