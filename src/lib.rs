@@ -102,16 +102,18 @@
 //! * **Precision:** without classes, a refusal is explained by one real state: no request is
 //!   refused because of another request's tentative step. With classes a decision takes steps
 //!   on two words, and a step that another decider sees before it is taken back can refuse a
-//!   request that no serial order refuses. Two such steps are avoided: a protected step that a
-//!   reconfiguration overtakes is kept and decided under the new limits (taken back only when
-//!   they refuse it), and the collect-checked path takes no step that its own collect already
-//!   refuses. Others remain: a borrower's reservation whose class moved under it, a step taken
-//!   back because the bulkhead closed or the stored amounts passed a limit, and a decrease of a
-//!   release or a migration that has not reached the shared word yet. Such a refusal is
-//!   retried from a fresh collect before it is reported, and its constraint is derived from
-//!   that collect (a demand inside its floors is never labelled
-//!   `admission_class_protection`), but it is not excluded: `tests/stress_classes.rs` and
-//!   `tests/spurious_refusals.rs` measure it (see the README's Performance section).
+//!   request that no serial order refuses. Some such steps are avoided: a step that a
+//!   reconfiguration overtakes (a protected step, the collect-checked path's, a borrower's) is
+//!   kept and decided under the new limits, taken back only when they refuse it; the
+//!   collect-checked path takes no step that its own collect already refuses; and a refusal
+//!   that a fresh collect contradicts is decided again, up to 256 times and yielding, outside
+//!   any operation, while the step in progress lands. Others remain: a kept step that the new
+//!   limits refuse, a borrower's reservation whose class moved under it, a step taken back
+//!   because the bulkhead closed or the stored amounts passed a limit, and a step in progress
+//!   that outlasts those retries. A refusal's constraint is derived from its collect (a demand
+//!   inside its floors is never labelled `admission_class_protection`), but such refusals are
+//!   not excluded: `tests/stress_classes.rs` and `tests/spurious_refusals.rs` measure them (see
+//!   the README's Performance section).
 #![deny(unsafe_op_in_unsafe_fn)]
 // The facade rule (`src/sync.rs`, `clippy.toml`): for the library only.
 #![warn(clippy::disallowed_types, clippy::disallowed_methods)]
