@@ -73,19 +73,27 @@ fn raise_a_floor(b: &Bulkhead) {
         .unwrap();
 }
 
-/// `x` (class `b`) borrows the second slot and stops after its reservation; `a`'s floor is
-/// raised; `y` (class `a`, inside its new floor) is admitted by the collect-checked path;
-/// `x` resumes. At most two admissions may be held.
-#[test]
-fn a_slot_borrower_overtaken_by_a_floor_raise_is_decided_again() {
-    let (b, held) = bulkhead(ClassLimits::default());
+/// The race: `x` (demand `d`) stops after its reservation, `a`'s floor is raised, `y` (class
+/// `a`, a slot) decides, `x` resumes; then [`at_most_two`].
+fn overtaken(b: &Bulkhead, held: Admission, d: Demand) {
     let bx = b.clone();
-    let (go, x) = stopped_borrower(move || bx.try_acquire(Demand::slot()));
-    raise_a_floor(&b);
+    let (go, x) = stopped_borrower(move || bx.try_acquire(d));
+    raise_a_floor(b);
     let a = b.class_id("a").unwrap();
     let y = b.try_acquire(Demand::slot().in_class(a));
     go.send(()).unwrap();
     let x = x.join().unwrap();
+    at_most_two(b, held, x, y);
+}
+
+/// With `held`, `x` and `y`, at most two admissions are held (and counted), and none is left
+/// once they are released.
+fn at_most_two(
+    b: &Bulkhead,
+    held: Admission,
+    x: Result<Admission, Rejection>,
+    y: Result<Admission, Rejection>,
+) {
     let admitted = 1 + u32::from(x.is_ok()) + u32::from(y.is_ok());
     assert!(
         admitted <= 2,
@@ -96,6 +104,15 @@ fn a_slot_borrower_overtaken_by_a_floor_raise_is_decided_again() {
     assert_eq!(b.stats().in_flight, u64::from(admitted));
     drop((x, y, held));
     assert_eq!(b.stats().in_flight, 0, "everything released");
+}
+
+/// `x` (class `b`) borrows the second slot and stops after its reservation; `a`'s floor is
+/// raised; `y` (class `a`, inside its new floor) is admitted by the collect-checked path;
+/// `x` resumes. At most two admissions may be held.
+#[test]
+fn a_slot_borrower_overtaken_by_a_floor_raise_is_decided_again() {
+    let (b, held) = bulkhead(ClassLimits::default());
+    overtaken(&b, held, Demand::slot());
 }
 
 /// The same race for a borrower of tokens only: `x` (class `c`, inside `c`'s floor of one
@@ -110,23 +127,9 @@ fn a_token_borrower_overtaken_by_a_floor_raise_is_decided_again() {
     };
     let (b, held) = bulkhead(c_floor);
     let c = b.class_id("c").unwrap();
-    let bx = b.clone();
-    let (go, x) = stopped_borrower(move || {
-        bx.try_acquire(Demand::tokens(Reservation::new(0, 50).unwrap()).in_class(c))
-    });
-    raise_a_floor(&b);
-    let a = b.class_id("a").unwrap();
-    let y = b.try_acquire(Demand::slot().in_class(a));
-    go.send(()).unwrap();
-    let x = x.join().unwrap();
-    let admitted = 1 + u32::from(x.is_ok()) + u32::from(y.is_ok());
-    assert!(
-        admitted <= 2,
-        "{admitted} admissions under max_concurrent 2 (x: {:?}, y: {:?})",
-        x.as_ref().map(Admission::revision),
-        y.as_ref().map(Admission::revision),
+    overtaken(
+        &b,
+        held,
+        Demand::tokens(Reservation::new(0, 50).unwrap()).in_class(c),
     );
-    assert_eq!(b.stats().in_flight, u64::from(admitted));
-    drop((x, y, held));
-    assert_eq!(b.stats().in_flight, 0, "everything released");
 }

@@ -205,6 +205,34 @@ fn stopped_thread<E: Send + 'static, R: Send + 'static>(
     (thread, ev_rx, go_tx)
 }
 
+/// Two slots, 100 tokens, classes `p` and `q`; `q` holds a slot and `q_tokens` tokens,
+/// and then an install gives `p` floors of one slot and 50 tokens: the stored `V`
+/// (`q_tokens + 50`) is past the budget, so a demand inside `p`'s floors takes the
+/// collect-checked path.
+fn stored_v_past_the_budget(q_tokens: u64) -> (Bulkhead, llm_bulkhead::Admission) {
+    let b = Bulkhead::builder()
+        .max_concurrent(2)
+        .token_budget(100)
+        .class("p", ClassLimits::default())
+        .class("q", ClassLimits::default())
+        .default_class("q")
+        .build()
+        .unwrap();
+    let q = b.class_id("q").unwrap();
+    let held = b
+        .try_acquire(Demand::tokens(Reservation::new(0, q_tokens).unwrap()).in_class(q))
+        .expect("q borrows");
+    let floors = ClassLimits {
+        protected_concurrent: 1,
+        protected_tokens: 50,
+        ..ClassLimits::default()
+    };
+    let p = b.class_id("p").unwrap();
+    b.apply_limits(b.limits().with_revision(1).with_class(p, floors))
+        .unwrap();
+    (b, held)
+}
+
 fn class(
     protected_concurrent: u32,
     max: Option<u32>,
@@ -810,6 +838,62 @@ mod moved {
         Decided(Result<u64, String>),
     }
 
+    /// The race of both kept-step regressions: `x` (demand `d`) takes its step and stops at
+    /// `stepped_at`; an install (the same limits, revision `revision`) moves the tag; `y`
+    /// (demand `d` too) meets `x`'s step and must be refused; `x` resumes, and wherever it is
+    /// about to change its class word again (to take its step back, or to step again), `z`
+    /// (demand `d`) tries to take the capacity first. Returns `x`'s decision, with `x` and `z`
+    /// released.
+    fn kept_step_race(
+        b: &Bulkhead,
+        stepped_at: PausePoint,
+        revision: u64,
+        d: Demand,
+    ) -> Result<u64, String> {
+        let mut stepped = false;
+        let pick = move |p| match p {
+            p if p == stepped_at && !stepped => {
+                stepped = true;
+                Some(Event::StepTaken)
+            }
+            PausePoint::ClassCas if stepped => Some(Event::Retrying),
+            _ => None,
+        };
+        let bx = b.clone();
+        let (x, ev_rx, go_tx) = super::stopped_thread(
+            pick,
+            move || bx.try_acquire(d),
+            |out| {
+                Event::Decided(match out {
+                    Ok(adm) => Ok(adm.revision()),
+                    Err(rej) => Err(format!("{rej:?}")),
+                })
+            },
+        );
+        assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
+        b.apply_limits(b.limits().with_revision(revision)).unwrap();
+        let y = b.try_acquire(d);
+        assert!(y.is_err(), "y meets x's step in the floor: {y:?}");
+        go_tx.send(()).unwrap();
+        let mut z = None;
+        let x_decided = loop {
+            match ev_rx.recv().unwrap() {
+                Event::Retrying => {
+                    // Once x's step is back, z takes the floor before x steps again.
+                    if z.is_none() {
+                        z = b.try_acquire(d).ok();
+                    }
+                    go_tx.send(()).unwrap();
+                }
+                Event::StepTaken => unreachable!("one step is reported"),
+                Event::Decided(d) => break d,
+            }
+        };
+        drop(x.join().unwrap());
+        drop(z);
+        x_decided
+    }
+
     /// 1. `x` (class `a`, inside `a`'s one protected slot) takes its step and stops before
     ///    validating it.
     /// 2. An install (the same limits, a new revision) moves the tag.
@@ -833,48 +917,7 @@ mod moved {
             .default_class("a")
             .build()
             .unwrap();
-        let mut stepped = false;
-        let pick = move |p| match p {
-            PausePoint::ProtectedStepTaken if !stepped => {
-                stepped = true;
-                Some(Event::StepTaken)
-            }
-            PausePoint::ClassCas if stepped => Some(Event::Retrying),
-            _ => None,
-        };
-        let bx = b.clone();
-        let (x, ev_rx, go_tx) = super::stopped_thread(
-            pick,
-            move || bx.try_acquire(Demand::slot()),
-            |out| {
-                Event::Decided(match out {
-                    Ok(adm) => Ok(adm.revision()),
-                    Err(rej) => Err(format!("{rej:?}")),
-                })
-            },
-        );
-        assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
-        b.apply_limits(b.limits().with_revision(1)).unwrap();
-        let y = b.try_acquire(Demand::slot());
-        assert!(y.is_err(), "y meets x's step in a's floor: {y:?}");
-        go_tx.send(()).unwrap();
-        let mut z = None;
-        let x_decided = loop {
-            match ev_rx.recv().unwrap() {
-                Event::Retrying => {
-                    // x is about to take back its step, or to step again: once its step is
-                    // back, z takes a's floor before x steps again.
-                    if z.is_none() {
-                        z = b.try_acquire(Demand::slot()).ok();
-                    }
-                    go_tx.send(()).unwrap();
-                }
-                Event::StepTaken => unreachable!("one step is reported"),
-                Event::Decided(d) => break d,
-            }
-        };
-        drop(x.join().unwrap());
-        drop(z);
+        let x_decided = kept_step_race(&b, PausePoint::ProtectedStepTaken, 1, Demand::slot());
         // y was refused while x's step stood: only an admission of x explains it.
         assert_eq!(
             x_decided,
@@ -884,35 +927,7 @@ mod moved {
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 
-    /// Two slots, 100 tokens, classes `p` and `q`; `q` holds a slot and `q_tokens` tokens,
-    /// and then an install gives `p` floors of one slot and 50 tokens: the stored `V`
-    /// (`q_tokens + 50`) is past the budget, so a demand inside `p`'s floors takes the
-    /// collect-checked path.
-    fn stored_v_past_the_budget(q_tokens: u64) -> (Bulkhead, llm_bulkhead::Admission) {
-        let b = Bulkhead::builder()
-            .max_concurrent(2)
-            .token_budget(100)
-            .class("p", ClassLimits::default())
-            .class("q", ClassLimits::default())
-            .default_class("q")
-            .build()
-            .unwrap();
-        let q = b.class_id("q").unwrap();
-        let held = b
-            .try_acquire(Demand::tokens(Reservation::new(0, q_tokens).unwrap()).in_class(q))
-            .expect("q borrows");
-        let floors = ClassLimits {
-            protected_concurrent: 1,
-            protected_tokens: 50,
-            ..ClassLimits::default()
-        };
-        let p = b.class_id("p").unwrap();
-        b.apply_limits(b.limits().with_revision(1).with_class(p, floors))
-            .unwrap();
-        (b, held)
-    }
-
-    /// The collect-checked path's step, overtaken by an install (`stored_v_past_the_budget`,
+    /// The collect-checked path's step, overtaken by an install (`super::stored_v_past_the_budget`,
     /// `q` holding all 100 tokens: the stored `V` is 150):
     ///
     /// 1. `x` (`p`, a slot, no tokens: `G + 1 = 2`, `T = 100`, it fits) takes its step and
@@ -928,48 +943,11 @@ mod moved {
     /// still refuses it but the collect (`T = 100`) admits it: it borrows no tokens.
     #[test]
     fn a_slow_step_kept_across_an_install_refuses_no_one() {
-        let (b, held) = stored_v_past_the_budget(100);
+        let (b, held) = super::stored_v_past_the_budget(100);
         let p = b.class_id("p").unwrap();
-        let mut stepped = false;
-        let pick = move |point| match point {
-            PausePoint::SlowStepTaken if !stepped => {
-                stepped = true;
-                Some(Event::StepTaken)
-            }
-            PausePoint::ClassCas if stepped => Some(Event::Retrying),
-            _ => None,
-        };
-        let bx = b.clone();
-        let (x, ev_rx, go_tx) = super::stopped_thread(
-            pick,
-            move || bx.try_acquire(Demand::slot().in_class(p)),
-            |out| {
-                Event::Decided(match out {
-                    Ok(adm) => Ok(adm.revision()),
-                    Err(rej) => Err(format!("{rej:?}")),
-                })
-            },
-        );
-        assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
-        b.apply_limits(b.limits().with_revision(2)).unwrap();
-        let y = b.try_acquire(Demand::slot().in_class(p));
-        assert!(y.is_err(), "y meets x's step in p's floor: {y:?}");
-        go_tx.send(()).unwrap();
-        let mut z = None;
-        let x_decided = loop {
-            match ev_rx.recv().unwrap() {
-                Event::Retrying => {
-                    if z.is_none() {
-                        z = b.try_acquire(Demand::slot().in_class(p)).ok();
-                    }
-                    go_tx.send(()).unwrap();
-                }
-                Event::StepTaken => unreachable!("one step is reported"),
-                Event::Decided(d) => break d,
-            }
-        };
-        drop(x.join().unwrap());
-        drop((z, held));
+        let x_decided =
+            kept_step_race(&b, PausePoint::SlowStepTaken, 2, Demand::slot().in_class(p));
+        drop(held);
         assert_eq!(
             x_decided,
             Ok(2),
@@ -978,7 +956,7 @@ mod moved {
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 
-    /// The exact check of a kept step is a check (`stored_v_past_the_budget`, `q` holding 60
+    /// The exact check of a kept step is a check (`super::stored_v_past_the_budget`, `q` holding 60
     /// tokens: `T = 60`, the stored `V` 110): `x` (`p`, a slot and 30 tokens, inside `p`'s
     /// floors: `T + 30 = 90`, it fits) takes its collect-checked step and stops before its
     /// collect; an install lowers the budget to 80; `x` resumes, finds the tag moved and is
@@ -986,7 +964,7 @@ mod moved {
     /// bulkhead would hold 90 tokens under a budget of 80.
     #[test]
     fn a_kept_step_the_collect_refuses_is_taken_back() {
-        let (b, held) = stored_v_past_the_budget(60);
+        let (b, held) = super::stored_v_past_the_budget(60);
         let p = b.class_id("p").unwrap();
         let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
         assert_eq!(
@@ -1036,7 +1014,7 @@ mod moved {
 /// deterministic with the pause hooks (feature `testing`).
 mod slow_path {
     use llm_bulkhead::testing::PausePoint;
-    use llm_bulkhead::{Bulkhead, ClassLimits, Demand, Reservation};
+    use llm_bulkhead::{Demand, Reservation};
 
     /// What the demand on the collect-checked path reports.
     enum Event {
@@ -1057,25 +1035,9 @@ mod slow_path {
     /// before the step, `x` never steps and `y` is admitted.
     #[test]
     fn a_step_its_own_collect_refuses_is_not_taken() {
-        let b = Bulkhead::builder()
-            .max_concurrent(2)
-            .token_budget(100)
-            .class("p", ClassLimits::default())
-            .class("q", ClassLimits::default())
-            .default_class("q")
-            .build()
-            .unwrap();
-        let (p, q) = (b.class_id("p").unwrap(), b.class_id("q").unwrap());
+        let (b, held) = super::stored_v_past_the_budget(100);
+        let p = b.class_id("p").unwrap();
         let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-        let held = b.try_acquire(tokens(100).in_class(q)).expect("q borrows");
-        let floors = ClassLimits {
-            protected_concurrent: 1,
-            protected_tokens: 50,
-            ..ClassLimits::default()
-        };
-        b.apply_limits(b.limits().with_revision(1).with_class(p, floors))
-            .unwrap();
-
         let bx = b.clone();
         let (x, ev_rx, go_tx) = super::stopped_thread(
             |point| (point == PausePoint::SlowStepTaken).then_some(Event::Stepped),
