@@ -12,10 +12,15 @@
 //!
 //! `.ci/run` requires both tests to fail with `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which
 //! admits an overtaken borrower's step without deciding it again.
+//!
+//! The last test needs no install: a borrower in flight while a usage report grows the tokens
+//! held past the budget, and the collect-checked path's exact check, which now counts what
+//! the stored word holds beyond its collect. `.ci/run` requires it to fail with
+//! `LLM_BULKHEAD_EXACT_IGNORES_STORED=1`, which decides on the collect alone.
 #![cfg(feature = "testing")]
 
 use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
-use llm_bulkhead::{Admission, Bulkhead, ClassLimits, Demand, Rejection, Reservation};
+use llm_bulkhead::{Admission, Bulkhead, ClassLimits, Demand, Rejection, Reservation, Usage};
 use std::sync::mpsc::channel;
 use std::thread;
 
@@ -132,4 +137,44 @@ fn a_token_borrower_overtaken_by_a_floor_raise_is_decided_again() {
         held,
         Demand::tokens(Reservation::new(0, 50).unwrap()).in_class(c),
     );
+}
+
+/// No install at all: a borrower of tokens is in flight (its 20 tokens reserved on the shared
+/// word, its class step not taken) when a usage report grows another admission's hold past
+/// the budget, so a demand inside `p`'s token floor takes the collect-checked path. Its
+/// collect does not show the borrower's tokens; decided on the collect alone, it was admitted
+/// (`T = 60 + 40 ≤ 100`), the borrower's step landed, and admissions held 120 tokens under a
+/// budget of 100 (the 30 of growth aside, 90 of which 40 were admitted past it). The exact
+/// check now adds what the stored word holds beyond the collect's own accounting (20 here).
+#[test]
+fn a_token_borrower_in_flight_while_usage_grows_is_counted() {
+    let b = Bulkhead::builder()
+        .max_concurrent(8)
+        .token_budget(100)
+        .class(
+            "p",
+            ClassLimits {
+                protected_tokens: 50,
+                ..ClassLimits::default()
+            },
+        )
+        .class("q", ClassLimits::default())
+        .default_class("q")
+        .build()
+        .unwrap();
+    let p = b.class_id("p").unwrap();
+    let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+    let mut grows = b.try_acquire(tokens(30)).expect("q borrows 30");
+    let bx = b.clone();
+    let (go, x) = stopped_borrower(move || bx.try_acquire(tokens(20)));
+    assert_eq!(grows.report_usage(Usage::new(0, 60)).unwrap().held, 60);
+    let y = b.try_acquire(tokens(40).in_class(p));
+    go.send(()).unwrap();
+    let x = x.join().unwrap();
+    assert!(
+        !(x.is_ok() && y.is_ok()),
+        "both admitted: 60 + 20 + 40 tokens under a budget of 100"
+    );
+    drop((x, y, grows));
+    assert_eq!(b.stats().in_flight, 0, "everything released");
 }

@@ -772,10 +772,10 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         return Attempt::Retry;
     }
     crate::sync::pause(crate::sync::PausePoint::SlowStepTaken);
-    // Every class word, after our own SeqCst CAS.
+    // Every class word, after our own SeqCst CAS, and what the stored word holds beyond them
+    // (`moved`, "Steps in flight").
     crate::sync::loom_sc_fence();
-    let (g_all, t_all) = totals(shared);
-    let g3 = GWord(word.load(SeqCst));
+    let (g3, g_all, t_all) = moved::exact_totals(shared);
     let fits_tokens = eff.is_none_or(|e| t_all <= e);
     if g3.tag() == g.tag()
         && !g3.closed()
