@@ -1072,6 +1072,74 @@ fn protected_admission_against_close() {
     });
 }
 
+/// A borrower of tokens only (class `c`: its slot inside `c`'s floor of one, its 50 tokens
+/// beyond `c`'s token floor of none) against an install that gives class `a` a floor of one
+/// slot, followed by a protected demand of `a`, which the stored `U` (past `max_concurrent`
+/// once the floor is raised) sends to the collect-checked path. `b` holds the other slot.
+/// Whatever the interleaving, at most two admissions are held: a borrower whose class step
+/// lands after the install (its reservation before it) must decide again, since the
+/// collect-checked path's collect may not have seen its slot, which the stored word does not
+/// reserve (`src/protocol/classed/moved.rs`, "A borrower's step"). Fails with
+/// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, which admits such a step unchecked.
+#[test]
+fn a_borrower_overtaken_by_a_floor_raise() {
+    model(|| {
+        let (b, [cb, ca, cc]) = build(
+            2,
+            Some(100),
+            [("b", floor(0)), ("a", floor(0)), ("c", floor(1))],
+        );
+        let held = b.try_acquire(slot(cb)).unwrap();
+        let raised = b.limits().with_revision(1).with_class(ca, floor(1));
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(classed_tokens(cc, 0, 50)).ok())
+        };
+        b.apply_limits(raised).unwrap();
+        let protected = b.try_acquire(slot(ca)).ok();
+        let borrowed = borrower.join().unwrap();
+        let admitted = 1 + u64::from(protected.is_some()) + u64::from(borrowed.is_some());
+        assert!(
+            admitted <= 2,
+            "{admitted} admissions under max_concurrent 2: protected {:?}, borrowed {:?}",
+            protected.as_ref().map(|a| (a.revision(), a.resources())),
+            borrowed.as_ref().map(|a| (a.revision(), a.resources())),
+        );
+        assert_eq!(b.stats().in_flight, admitted);
+        drop((held, protected, borrowed));
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// A borrower of 20 tokens (class `q`, no floors) while a usage report grows another
+/// admission of `q` from 30 to 60 tokens, past what the budget of 100 leaves once `p`'s token
+/// floor of 50 is counted; then a demand of 40 tokens inside `p`'s floor, which the stored
+/// `V` sends to the collect-checked path. Its collect may miss the borrower's tokens (reserved,
+/// not yet in `q`'s word): both admitted would hold 120 tokens, 40 admitted past the budget.
+/// The exact check counts what the stored word holds beyond its collect
+/// (`src/protocol/classed/moved.rs`, "Steps in flight"); fails with
+/// `LLM_BULKHEAD_LOOM_EXACT_IGNORES_STORED=1`, which decides on the collect alone.
+#[test]
+fn a_borrower_in_flight_while_usage_grows() {
+    model(|| {
+        let (b, [cq, cp]) = build(8, Some(100), [("q", floor(0)), ("p", token_floor(50))]);
+        let mut grows = b.try_acquire(classed_tokens(cq, 0, 30)).unwrap();
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(classed_tokens(cq, 0, 20)).ok())
+        };
+        grows.report_usage(llm_bulkhead::Usage::new(0, 60)).unwrap();
+        let inside = b.try_acquire(classed_tokens(cp, 0, 40)).ok();
+        let borrowed = borrower.join().unwrap();
+        assert!(
+            !(inside.is_some() && borrowed.is_some()),
+            "60 + 20 + 40 tokens held under a budget of 100"
+        );
+        drop((grows, inside, borrowed));
+        assert_classes_quiescent(&b);
+    });
+}
+
 /// A protected admission against `apply_limits` installing the kill switch
 /// (`max_concurrent = 0`, floors 0). Its class CAS can land after the tag bump, so its final
 /// load must see the new tag and start again. An admission carries revision 0 and started

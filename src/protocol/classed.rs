@@ -601,6 +601,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
         else {
             return Attempt::Retry;
         };
+        crate::sync::loom_sc_fence();
         if GWord(word.load(SeqCst)).tag() != g.tag() {
             let revision = lim.revision;
             return match borrow_overtaken(

@@ -120,7 +120,8 @@ pub(super) fn first_try_or_ceiling(
     }
     .ok_or(None)?;
     // The step stands only if no install came between the reservation and it
-    // (`super::borrow_overtaken`).
+    // (`super::borrow_overtaken`): a load after the class CAS in the `SeqCst` order.
+    crate::sync::loom_sc_fence();
     if GWord(word.load(SeqCst)).tag() != tag {
         return borrow_overtaken(shared, k, r, priority, false, lim.revision, resources)
             .ok_or(None);

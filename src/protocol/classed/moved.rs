@@ -45,8 +45,11 @@
 //! collects after the step. Another tag: the step is kept and decided again under the current
 //! tag ([`borrow_overtaken`]), exactly as a protected step overtaken by an install, and a
 //! decider that collected before the step is seen by this decision's collect (its class CAS
-//! came before this step's). One load on the borrowing path; the regression fails with
-//! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits the step without deciding it again.
+//! came before this step's). One load on the borrowing path. The regressions fail with
+//! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits the step without deciding it again, and
+//! the loom model `a_borrower_overtaken_by_a_floor_raise` (`loom-tests/tests/classes.rs`)
+//! with `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1` (under loom the load needs its `SeqCst`
+//! fence, `crate::sync::loom_sc_fence`: without it the model found three admissions).
 //!
 //! # Decided exactly
 //!
@@ -78,7 +81,9 @@
 //! collect's own accounting (`U − Σ max(n_j, pc_j)`, `V − Σ max(t_j, pt_j)`, each word under
 //! the floors of its own version), read after the collect: every reservation whose step the
 //! collect missed is in it (with the decreases still owed and the advance of an install still
-//! migrating, which make the check stricter, never looser).
+//! migrating, which make the check stricter, never looser). The loom model
+//! `a_borrower_in_flight_while_usage_grows` fails without it
+//! (`LLM_BULKHEAD_LOOM_EXACT_IGNORES_STORED=1`).
 //!
 //! A change between the collect and that load keeps the bound: a release there is still
 //! counted by the collect and lowers the excess by at most what it returned; a reservation
@@ -272,7 +277,13 @@ pub(super) fn exact_totals(shared: &Shared) -> (GWord, u64, u64) {
         acc_v += tk.max(l.pt);
     }
     let g3 = GWord(shared.word.load(SeqCst));
-    if ignores_stored_excess_for_tests() {
+    // Under loom, `LLM_BULKHEAD_LOOM_EXACT_IGNORES_STORED=1` is the same broken variant: the
+    // model `a_borrower_in_flight_while_usage_grows` (`loom-tests/tests/classes.rs`) fails.
+    #[cfg(loom)]
+    let ignores = crate::sync::broken_variant("LLM_BULKHEAD_LOOM_EXACT_IGNORES_STORED");
+    #[cfg(not(loom))]
+    let ignores = false;
+    if ignores || ignores_stored_excess_for_tests() {
         return (g3, g, t);
     }
     (
@@ -316,7 +327,13 @@ pub(super) fn borrow_overtaken(
     revision: u64,
     resources: Resources,
 ) -> Option<Admitted> {
-    if admits_overtaken_borrows_for_tests() {
+    // Under loom, `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1` is the same broken variant: the
+    // model `a_borrower_overtaken_by_a_floor_raise` (`loom-tests/tests/classes.rs`) fails on it.
+    #[cfg(loom)]
+    let unvalidated = crate::sync::broken_variant("LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED");
+    #[cfg(not(loom))]
+    let unvalidated = false;
+    if unvalidated || admits_overtaken_borrows_for_tests() {
         return Some(Admitted {
             revision,
             resources,
