@@ -10,8 +10,11 @@
 //! admissions under `max_concurrent` 2. Now the step, found overtaken, is decided under the
 //! current limits, which refuse it, and is taken back.
 //!
-//! `.ci/run` requires both tests to fail with `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which
-//! admits an overtaken borrower's step without deciding it again.
+//! `.ci/run` requires the token borrower's test to fail with
+//! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits an overtaken borrower's step without
+//! deciding it again. The slot borrower's reservation is in the stored `U`, so the exact
+//! check of the third test's fix catches it as well: its test fails only with both broken
+//! variants, which `.ci/run` requires.
 //!
 //! The last test needs no install: a borrower in flight while a usage report grows the tokens
 //! held past the budget, and the collect-checked path's exact check, which now counts what
