@@ -32,7 +32,10 @@
 //! of class operations marked there fail (token return, protected release, usage growth,
 //! abandonment). A class's tag is its version, which every change of its limits moves, its
 //! ceilings too: with `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` (a ceiling-only change
-//! leaves the version alone) `a_borrower_never_lands_past_a_lowered_class_ceiling` fails.
+//! leaves the version alone) `a_borrower_never_lands_past_a_lowered_class_ceiling` fails, when
+//! the borrower's tag check after its class step is off as well
+//! (`LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`): that check alone also decides such a step
+//! again under the lowered ceiling.
 //! The class tag is as wide as the limits tag, and each class keeps its floors at every
 //! version of a period (`src/words/floors.rs`), so the grace period of the limits tag is all a
 //! class operation needs: with `LLM_BULKHEAD_LOOM_SHORT_FLOORS_TABLE=1` (one floors entry for
@@ -336,8 +339,10 @@ fn a_token_return_never_lands_on_a_wrapped_class_tag() {
 /// may be admitted only before the install: if it was admitted under revision 0, the installer
 /// saw its slot right after `apply_limits` returned. With
 /// `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` (the broken variant: the ceiling-only change
-/// leaves `a`'s version and word alone) loom finds the class step landing on the unchanged
-/// word after the install: two in flight in `a` under a ceiling of 1.
+/// leaves `a`'s version and word alone) and `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1` (no tag
+/// check after the borrower's class step, which alone would decide it again under the new
+/// ceiling) loom finds the class step landing on the unchanged word after the install: two in
+/// flight in `a` under a ceiling of 1.
 #[test]
 fn a_borrower_never_lands_past_a_lowered_class_ceiling() {
     model(|| {
