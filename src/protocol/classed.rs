@@ -130,9 +130,11 @@
 //! `tests/spurious_refusals.rs`, `slow_path`, fails on the broken variant
 //! `LLM_BULKHEAD_SLOW_NO_PRECHECK=1`); otherwise it takes its class step tentatively, reads
 //! every class word again (`SeqCst`, after its own `SeqCst` CAS) and checks `G` and `T`
-//! exactly. Of two such deciders, the later CAS in the `SeqCst` order sees the earlier one's
-//! step, so they cannot both overshoot; fast-path deciders never overshoot because `G ≤ U`,
-//! `T ≤ V`. A step whose tag moved before its collect's last load is kept and decided again
+//! exactly, each raised by what the stored word holds beyond that collect's own accounting
+//! (a borrower's reservation whose class step the collect does not show yet is there: `moved`,
+//! "Steps in flight"). Of two such deciders, the later CAS in the `SeqCst` order sees the
+//! earlier one's step, so they cannot both overshoot; fast-path deciders never overshoot
+//! because `G ≤ U`, `T ≤ V`. A step whose tag moved before its collect's last load is kept and decided again
 //! under the current tag, as a protected step is (`moved`). These paths can refuse because of
 //! another tentative step that is later undone.
 //!

@@ -59,7 +59,8 @@
 //! (slot, tokens) that the stored word does not admit is decided as the collect-checked path
 //! decides its own step ([`exact_fits`]), when the step borrows nothing of that kind under the
 //! current floors: a collect of every class word after the step's `SeqCst` CAS must show
-//! `G ≤ max_concurrent` (row 6) or `T ≤ eff` (row 1), with the shared word still at the tag,
+//! `G ≤ max_concurrent` (row 6) or `T ≤ eff` (row 1), each raised by what the stored word
+//! holds beyond the collect ("Steps in flight" below), with the shared word still at the tag,
 //! open. Rows 4 and 5 do not apply to a kind the step does not borrow. A kind it borrows is
 //! decided by the stored word alone, as before (so rows 4 and 5 hold by it).
 //!
@@ -235,8 +236,9 @@ pub(super) fn keep_after_tag_moved(
 
 /// Rows 6 and 1 for a kept step that its stored word does not admit and that borrows
 /// nothing of the kind it fails (module docs, "Decided exactly"): a collect of every class
-/// word, after the step's own `SeqCst` CAS, must show `G ≤ max_concurrent` (unless
-/// `slot_stored`: the stored `U` already bounds it) and `T ≤ eff` (unless `tokens_stored`),
+/// word, after the step's own `SeqCst` CAS, raised by the stored word's excess over it
+/// ([`exact_totals`]), must show `G ≤ max_concurrent` (unless `slot_stored`: the stored `U`
+/// already bounds it) and `T ≤ eff` (unless `tokens_stored`),
 /// and the shared word must still be at `tag`, open, and without waiters unless `in_queue`.
 /// The collect-checked path's own check (`super::slow`), for a step already taken.
 #[inline(never)]
