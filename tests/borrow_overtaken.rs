@@ -20,6 +20,12 @@
 //! held past the budget, and the collect-checked path's exact check, which now counts what
 //! the stored word holds beyond its collect. `.ci/run` requires it to fail with
 //! `LLM_BULKHEAD_EXACT_IGNORES_STORED=1`, which decides on the collect alone.
+//!
+//! The last two tests are the same race with a borrower whose tokens lie inside its class's
+//! token floor, in part (it straddles the floor) or in whole (it borrows only a slot): that
+//! part is reserved by no one, so neither the collect nor the stored word's excess shows it.
+//! `.ci/run` requires both to fail with `LLM_BULKHEAD_BORROW_FLOOR_UNVALIDATED=1`, which skips
+//! the protected step's check the borrower now makes of that part.
 #![cfg(feature = "testing")]
 
 use llm_bulkhead::testing::{clear_pause_hook, set_pause_hook, PausePoint};
@@ -180,4 +186,75 @@ fn a_token_borrower_in_flight_while_usage_grows_is_counted() {
     );
     drop((x, y, grows));
     assert_eq!(b.stats().in_flight, 0, "everything released");
+}
+
+/// A borrower whose tokens lie (partly) inside its class's token floor: that part is in the
+/// stored `V` as the floor, reserved by no one, so a collect that misses the borrower's step
+/// misses it too. A usage report grows another hold past the budget while the borrower is in
+/// flight, and a demand of 45 tokens inside `p`'s token floor takes the collect-checked path:
+/// decided on the collect and the stored word's excess (the tokens the borrower borrowed),
+/// it was admitted, and the borrower's step landed. The borrower now validates its in-floor
+/// part as a protected step does, with the load after its class CAS (`moved`, "A borrower's
+/// step"); `.ci/run` requires both tests to fail with `LLM_BULKHEAD_BORROW_FLOOR_UNVALIDATED=1`.
+///
+/// `q_floor` is `q`'s class limits; the borrower asks for `r` tokens in `q` with nothing held.
+fn borrower_inside_its_token_floor(q_floor: ClassLimits, r: u64) {
+    let b = Bulkhead::builder()
+        .max_concurrent(8)
+        .token_budget(100)
+        .class(
+            "p",
+            ClassLimits {
+                protected_tokens: 50,
+                ..ClassLimits::default()
+            },
+        )
+        .class("q", q_floor)
+        .class("g", ClassLimits::default())
+        .default_class("g")
+        .build()
+        .unwrap();
+    let (p, q) = (b.class_id("p").unwrap(), b.class_id("q").unwrap());
+    let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+    let mut grows = b.try_acquire(tokens(10)).expect("g borrows 10");
+    let bx = b.clone();
+    let (go, x) = stopped_borrower(move || bx.try_acquire(tokens(r).in_class(q)));
+    assert_eq!(grows.report_usage(Usage::new(0, 40)).unwrap().held, 40);
+    let y = b.try_acquire(tokens(45).in_class(p));
+    go.send(()).unwrap();
+    let x = x.join().unwrap();
+    assert!(
+        !(x.is_ok() && y.is_ok()),
+        "both admitted: 40 + {r} + 45 tokens under a budget of 100"
+    );
+    drop((x, y, grows));
+    let s = b.stats();
+    assert_eq!(
+        (s.in_flight, s.token_budget.unwrap().in_flight_tokens),
+        (0, 0),
+        "everything released"
+    );
+}
+
+/// The borrower straddles its floor (`q`: a token floor of 20, a demand of 25): it borrows
+/// 5 tokens, reserved on the shared word, and the other 20 are inside the floor. Before the
+/// fix, 110 tokens were held under a budget of 100 (`40 + 25 + 45` at the decision).
+#[test]
+fn a_borrower_straddling_its_token_floor_in_flight_is_counted() {
+    let q_floor = ClassLimits {
+        protected_tokens: 20,
+        ..ClassLimits::default()
+    };
+    borrower_inside_its_token_floor(q_floor, 25);
+}
+
+/// The borrower borrows a slot (`q` has no concurrency floor) and its 20 tokens are all
+/// inside its token floor of 20: nothing of its tokens is reserved on the shared word.
+#[test]
+fn a_slot_borrower_with_its_tokens_inside_its_floor_in_flight_is_counted() {
+    let q_floor = ClassLimits {
+        protected_tokens: 20,
+        ..ClassLimits::default()
+    };
+    borrower_inside_its_token_floor(q_floor, 20);
 }

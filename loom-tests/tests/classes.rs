@@ -1140,6 +1140,44 @@ fn a_borrower_in_flight_while_usage_grows() {
     });
 }
 
+/// A borrower of 25 tokens in class `q`, whose token floor of 20 holds nothing: it borrows 5,
+/// reserved on the shared word, and the other 20 lie inside its floor, which the stored `V`
+/// counts as the floor, reserved by no one. Meanwhile a usage report grows an admission of
+/// `g` from 10 to 40 tokens, so the stored `V` passes the budget of 100, and a demand of 45
+/// inside `p`'s token floor of 50 takes the collect-checked path. Its collect may miss the
+/// borrower's step and count only the 5 reserved: both admitted would hold 110 tokens. The
+/// borrower checks its in-floor part as a protected step does, on its load after the class
+/// CAS (`src/protocol/classed/moved.rs`, "A borrower's step"); fails with
+/// `LLM_BULKHEAD_LOOM_BORROW_FLOOR_UNVALIDATED=1`, which skips that check.
+#[test]
+fn a_borrower_inside_its_token_floor_while_usage_grows() {
+    model(|| {
+        let (b, [cg, cq, cp]) = build(
+            8,
+            Some(100),
+            [
+                ("g", floor(0)),
+                ("q", token_floor(20)),
+                ("p", token_floor(50)),
+            ],
+        );
+        let mut grows = b.try_acquire(classed_tokens(cg, 0, 10)).unwrap();
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(classed_tokens(cq, 0, 25)).ok())
+        };
+        grows.report_usage(llm_bulkhead::Usage::new(0, 40)).unwrap();
+        let inside = b.try_acquire(classed_tokens(cp, 0, 45)).ok();
+        let borrowed = borrower.join().unwrap();
+        assert!(
+            !(inside.is_some() && borrowed.is_some()),
+            "40 + 25 + 45 tokens held under a budget of 100"
+        );
+        drop((grows, inside, borrowed));
+        assert_classes_quiescent(&b);
+    });
+}
+
 /// A protected admission against `apply_limits` installing the kill switch
 /// (`max_concurrent = 0`, floors 0). Its class CAS can land after the tag bump, so its final
 /// load must see the new tag and start again. An admission carries revision 0 and started

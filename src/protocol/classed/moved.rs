@@ -45,7 +45,22 @@
 //! collects after the step. Another tag: the step is kept and decided again under the current
 //! tag ([`borrow_overtaken`]), exactly as a protected step overtaken by an install, and a
 //! decider that collected before the step is seen by this decision's collect (its class CAS
-//! came before this step's). One load on the borrowing path. The regressions fail with
+//! came before this step's). One load on the borrowing path.
+//!
+//! The same load checks the part of the borrower's tokens that lies inside its class's
+//! token floor ("Steps in flight" below): it was reserved by no one, so it is a protected
+//! step's tokens, and it stands, as they do, only if the stored `V` is within the budget at
+//! that load. Otherwise the step is kept and decided again ([`borrow_overtaken`]), whose
+//! exact check sees every step that a collect-checked decider before it took: the slot
+//! borrower with its tokens inside its floor is decided by that collect, the borrower that
+//! straddles its floor is taken back (its borrowed part, on a stored `V` past the budget,
+//! refuses it). A borrower with no tokens inside its floor does not check `V` there: its
+//! reservation decided all of its tokens. The broken variants
+//! `LLM_BULKHEAD_BORROW_FLOOR_UNVALIDATED=1` and, under loom,
+//! `LLM_BULKHEAD_LOOM_BORROW_FLOOR_UNVALIDATED=1` skip that check
+//! (`a_borrower_inside_its_token_floor_while_usage_grows`).
+//!
+//! The regressions of the install between the two steps fail with
 //! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits the step without deciding it again, and
 //! the loom model `a_borrower_overtaken_by_a_floor_raise` (`loom-tests/tests/classes.rs`)
 //! with `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1` (under loom the load needs its `SeqCst`
@@ -88,11 +103,17 @@
 //!
 //! A change between the collect and that load keeps the bound: a release there is still
 //! counted by the collect and lowers the excess by at most what it returned; a reservation
-//! there raises the excess. Not covered: the part of a borrower's tokens that falls inside
-//! its class's token floor is reserved nowhere (the floor already counts it in `V`), so a
-//! collect that misses such a step undercounts `T` by that part. It has not been reproduced:
-//! it needs a borrower whose demand straddles its class's token floor in flight while the
-//! stored `V` is past the budget (a usage report, a lowered budget, a raised token floor).
+//! there raises the excess.
+//!
+//! The part of a borrower's tokens that falls inside its class's token floor is reserved
+//! nowhere (the floor already counts it in `V`), so the excess does not show it, and a
+//! collect that misses the step undercounts `T` by that part. `tests/borrow_overtaken.rs`
+//! reproduced it for a borrower straddling its floor (20 of its 25 tokens inside it) and for
+//! a slot borrower whose tokens were all inside it: a usage report grew another hold past the
+//! budget meanwhile, a demand inside another class's floor was admitted on the collect, and
+//! the borrower's step landed, 110 and 105 tokens held under a budget of 100. That part is
+//! now checked as a protected step's tokens are: on the borrower's load after its class CAS
+//! ("A borrower's step" above).
 //!
 //! # Why it is sound
 //!
@@ -314,10 +335,11 @@ fn skips_exact_check_for_tests() -> bool {
 }
 
 /// A borrower's step of one slot and `r` tokens in class `k` (with the `resources` it
-/// borrowed), whose class CAS landed after an install moved the tag from the one its
-/// reservation on the shared word was made under (the load after the class CAS found another
-/// tag): kept and decided again under the current tag ([`keep_after_tag_moved`]), taken back
-/// if that refuses it. See "A borrower's step" in the module docs. Out of line and cold.
+/// borrowed), whose load after its class CAS found another tag than the one its reservation
+/// on the shared word was made under (an install came in between), or, for a step with
+/// tokens inside its class's token floor, a stored `V` past the budget: kept and decided
+/// again under the current tag ([`keep_after_tag_moved`]), taken back if that refuses it.
+/// See "A borrower's step" in the module docs. Out of line and cold.
 #[cold]
 #[inline(never)]
 pub(super) fn borrow_overtaken(
@@ -342,6 +364,22 @@ pub(super) fn borrow_overtaken(
         });
     }
     keep_after_tag_moved(shared, k, r, priority, in_queue)
+}
+
+/// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, holds
+/// tokens inside its class's token floor (it borrowed fewer than `r`): that part is in the
+/// stored `V` only as the floor, reserved by no one, so a collect that misses the step misses
+/// it, and it is checked as a protected step's tokens are, on the load after the class CAS
+/// (module docs, "A borrower's step"). The broken variant `LLM_BULKHEAD_BORROW_FLOOR_UNVALIDATED=1`
+/// (feature `testing`) skips that check, as the protocol did before: `tests/
+/// borrow_overtaken.rs` then admits past the budget.
+#[inline(always)]
+pub(super) fn floor_part_checked(resources: Resources, r: u64) -> bool {
+    #[cfg(loom)]
+    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_BORROW_FLOOR_UNVALIDATED") {
+        return false;
+    }
+    resources.borrowed_tokens != r && !test_switch!("LLM_BULKHEAD_BORROW_FLOOR_UNVALIDATED")
 }
 
 /// The broken variant of the overtaken borrower's regression (`tests/borrow_overtaken.rs`):
