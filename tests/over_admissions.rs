@@ -26,7 +26,9 @@
 //! * per class, the same with the class's own holds, latest start and ceilings,
 //!
 //! under the limits of the snapshot in force over `[s, now]`, or the looser of both when an
-//! install began or returned in between. Sound (a linearizable bulkhead never fails it) and
+//! install began or returned in between. And every admission carries a revision in force at
+//! some point of its call: none older than an install that returned before it began (the
+//! contract of `apply_limits`), none newer than the last install begun by its end. Sound (a linearizable bulkhead never fails it) and
 //! sensitive to what the per-call checks of `tests/spurious_refusals.rs` cannot see: two
 //! racing admissions that each fit without the other and together pass a limit. It caught the
 //! over-admission of a borrower with tokens inside its class's token floor
@@ -164,6 +166,8 @@ struct Hold {
     release: u64,
     /// The tokens it holds for certain from each ticket on (the first at `end`).
     tokens: Vec<(u64, u64)>,
+    /// The limits revision it was admitted under.
+    revision: u64,
 }
 
 /// One thread's record.
@@ -262,6 +266,7 @@ fn worker(b: &Bulkhead, snaps: &[LimitsSnapshot; 2], clock: &Clock, ops: usize, 
                     end,
                     release: u64::MAX,
                     tokens: vec![(end, r)],
+                    revision: admission.revision(),
                 });
                 held.push(Held {
                     admission,
@@ -414,8 +419,23 @@ fn check(logs: &[Log], ticks: usize) -> Vec<Violation> {
         Leave(&'a Hold),
     }
     let mut events: Vec<(u64, Event)> = Vec::new();
+    let mut violations = Vec::new();
     for log in logs {
         for h in &log.holds {
+            // Its revision was in force at some point of its call: install `n` applies
+            // revision `2 + n`, so no older than the last install returned before the call,
+            // no newer than the last one begun by its end.
+            let (oldest, newest) = (
+                2 + force.returned[h.start as usize],
+                2 + force.begun[h.end as usize],
+            );
+            if !(oldest..=newest).contains(&h.revision) {
+                violations.push(format!(
+                    "admitted under revision {} between tickets {} and {}, when {oldest} to \
+                     {newest} were in force",
+                    h.revision, h.start, h.end
+                ));
+            }
             events.push((h.end, Event::Enter(h)));
             let mut before = h.tokens[0].1;
             for &(t, tokens) in &h.tokens[1..] {
@@ -430,7 +450,6 @@ fn check(logs: &[Log], ticks: usize) -> Vec<Violation> {
     let mut class_starts: [Starts; CLASSES] = Default::default();
     let (mut slots, mut tokens) = (0u64, 0u64);
     let mut class_held = [(0u64, 0u64); CLASSES];
-    let mut violations = Vec::new();
     for (t, e) in events {
         match e {
             Event::Tokens(k, grew) => {
