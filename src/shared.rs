@@ -89,6 +89,12 @@ pub(crate) struct Shared {
     pub(crate) word: CachePadded<AtomicU64>,
     /// Live `Bulkhead` handles (not admissions).
     handles: CachePadded<AtomicUsize>,
+    /// The tag the latest install moves (or moved) the state word to, stored before its CAS
+    /// (`crate::protocol::install`): a borrower whose load of it after its class step still
+    /// shows its reservation's tag knows that no install came in between
+    /// (`crate::protocol::classed`, `moved`, "A borrower's step"). On its own line, written
+    /// only by installs: read where the state word, contended, would cost a line transfer.
+    pub(crate) announced: CachePadded<AtomicUsize>,
     /// Lifetime references (module docs, "Slow paths"): one held jointly by every owner the
     /// words count (handles, slots, class slots), plus one per counted
     /// [`SlowPathRef`]. The block is freed when this reaches zero. Cold: the fast paths never
@@ -263,6 +269,7 @@ impl Handle {
         let shared = Shared {
             word: CachePadded::new(AtomicU64::new(first_word)),
             handles: CachePadded::new(AtomicUsize::new(1)),
+            announced: CachePadded::new(AtomicUsize::new(0)),
             refs: AtomicUsize::new(1),
             ring,
             counters: Stripes::new(),

@@ -1080,7 +1080,8 @@ fn protected_admission_against_close() {
 /// lands after the install (its reservation before it) must decide again, since the
 /// collect-checked path's collect may not have seen its slot, which the stored word does not
 /// reserve (`src/protocol/classed/moved.rs`, "A borrower's step"). Fails with
-/// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, which admits such a step unchecked.
+/// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, which admits such a step unchecked, and with
+/// `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1`, whose install moves the tag without announcing it.
 #[test]
 fn a_borrower_overtaken_by_a_floor_raise() {
     model(|| {
@@ -1106,6 +1107,47 @@ fn a_borrower_overtaken_by_a_floor_raise() {
             borrowed.as_ref().map(|a| (a.revision(), a.resources())),
         );
         assert_eq!(b.stats().in_flight, admitted);
+        drop((held, protected, borrowed));
+        assert_classes_quiescent(&b);
+    });
+}
+
+/// The same race with the protected demand on a third thread, concurrent with the install:
+/// it may decide between the install's CAS of the tag and `apply_limits`' return. The
+/// borrower, whose tokens are all borrowed, learns of the install from the tag the install
+/// announces before its CAS (`Shared::announced`). Fails with
+/// `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1` (the tag moves unannounced) and with
+/// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, as the model above does. (Announcing after the
+/// CAS is unsound too, when the demand decides between the CAS and the announcement; with
+/// three preemptions loom did not reach that window.)
+#[test]
+fn a_borrower_overtaken_while_the_install_is_in_progress() {
+    model(|| {
+        let (b, [cb, ca, cc]) = build(
+            2,
+            Some(100),
+            [("b", floor(0)), ("a", floor(0)), ("c", floor(1))],
+        );
+        let held = b.try_acquire(slot(cb)).unwrap();
+        let raised = b.limits().with_revision(1).with_class(ca, floor(1));
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(classed_tokens(cc, 0, 50)).ok())
+        };
+        let protected = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(slot(ca)).ok())
+        };
+        b.apply_limits(raised).unwrap();
+        let protected = protected.join().unwrap();
+        let borrowed = borrower.join().unwrap();
+        let admitted = 1 + u64::from(protected.is_some()) + u64::from(borrowed.is_some());
+        assert!(
+            admitted <= 2,
+            "{admitted} admissions under max_concurrent 2: protected {:?}, borrowed {:?}",
+            protected.as_ref().map(|a| (a.revision(), a.resources())),
+            borrowed.as_ref().map(|a| (a.revision(), a.resources())),
+        );
         drop((held, protected, borrowed));
         assert_classes_quiescent(&b);
     });

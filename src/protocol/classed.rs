@@ -243,7 +243,7 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use fast::*;
-use moved::{borrow_overtaken, floor_part_checked, keep_after_tag_moved, protected_step_missed};
+use moved::{borrow_overtaken, borrow_unsettled, keep_after_tag_moved, protected_step_missed};
 use refusal::*;
 pub(crate) use refusal::{ceiling_refusal, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
@@ -604,10 +604,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             return Attempt::Retry;
         };
         crate::sync::loom_sc_fence();
-        let g2 = GWord(word.load(SeqCst));
-        if g2.tag() != g.tag()
-            || (eff.is_some_and(|e| g2.v() > e) && floor_part_checked(resources, r))
-        {
+        if borrow_unsettled(shared, g.tag(), eff.unwrap_or(u64::MAX), resources, r) {
             let revision = lim.revision;
             return match borrow_overtaken(
                 shared,

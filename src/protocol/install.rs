@@ -8,8 +8,9 @@
 //! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`), after the
 //!    new limits of each class whose limits change into that class's floors table, under its
 //!    next version (a class whose limits stay keeps its version and its class word);
-//! 2. bump the state word's tag with one `SeqCst` CAS, which, with classes, also advances `U`
-//!    and `V` by every raise of a floor (`crate::words::class_word::floor_advance`);
+//! 2. announce the next tag (`Shared::announced`, a `SeqCst` store), then bump the state
+//!    word's tag with one `SeqCst` CAS, which, with classes, also advances `U` and `V` by
+//!    every raise of a floor (`crate::words::class_word::floor_advance`);
 //! 3. migrate every class word whose limits changed to its new version and floors
 //!    (`crate::protocol::classed`, "Reconfiguration").
 //!
@@ -60,6 +61,15 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
         0
     };
     let word = &*shared.word;
+    // Announced before the tag moves, in the `SeqCst` order: a borrower that loads this
+    // after its class step and finds its reservation's tag knows the tag had not moved by
+    // then (`crate::protocol::classed`, `moved`, "A borrower's step").
+    if !skips_announce_for_loom() {
+        shared
+            .announced
+            .store(tag % (1 << crate::words::state::TAG_BITS), Ordering::SeqCst);
+        crate::sync::loom_sc_fence();
+    }
     let mut w = Word(word.load(Ordering::Acquire));
     loop {
         debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
@@ -82,6 +92,22 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     }
     *published = *next;
     visit
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1` moves the tag without announcing it: the
+/// deliberately broken variant the model `a_borrower_overtaken_by_a_floor_raise`
+/// (`loom-tests/tests/classes.rs`) is shown to fail on (a borrower whose reservation the
+/// install overtook finds its own tag announced and is admitted unchecked).
+#[inline]
+fn skips_announce_for_loom() -> bool {
+    #[cfg(loom)]
+    {
+        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_ANNOUNCE")
+    }
+    #[cfg(not(loom))]
+    {
+        false
+    }
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` gives a class a new version only

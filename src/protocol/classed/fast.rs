@@ -122,10 +122,9 @@ pub(super) fn first_try_or_ceiling(
     // The step stands only if no install came between the reservation and it, and if the
     // part of its tokens inside the class's floor, reserved by no one, passes a protected
     // step's check (`super::borrow_overtaken`): a load after the class CAS in the `SeqCst`
-    // order.
+    // order (`super::borrow_unsettled`).
     crate::sync::loom_sc_fence();
-    let g2 = GWord(word.load(SeqCst));
-    if g2.tag() != tag || (g2.v() > eff && floor_part_checked(resources, r)) {
+    if borrow_unsettled(shared, tag, eff, resources, r) {
         return borrow_overtaken(shared, k, r, priority, false, lim.revision, resources)
             .ok_or(None);
     }

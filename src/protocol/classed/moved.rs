@@ -45,12 +45,21 @@
 //! collects after the step. Another tag: the step is kept and decided again under the current
 //! tag ([`borrow_overtaken`]), exactly as a protected step overtaken by an install, and a
 //! decider that collected before the step is seen by this decision's collect (its class CAS
-//! came before this step's). One load on the borrowing path.
+//! came before this step's). One load on the borrowing path: of the tag the latest install
+//! announced (`Shared::announced`, stored before that install's CAS of the tag, on a line
+//! only installs write), not of the state word, which the other borrowers of a contended
+//! class write on every pair. Its reservation's tag there means that no install's CAS came
+//! before the load, and so none between the reservation and the step ([`borrow_unsettled`]).
+//! With the state word's tag, two threads borrowing in one class measured 186 ns a pair
+//! against 150 without the load; with the announced tag, 153 (`benches/core.rs`, alternated
+//! runs). The loom models `a_borrower_overtaken_by_a_floor_raise` and
+//! `a_borrower_overtaken_while_the_install_is_in_progress` fail with
+//! `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1`, whose install does not announce.
 //!
-//! The same load checks the part of the borrower's tokens that lies inside its class's
-//! token floor ("Steps in flight" below): it was reserved by no one, so it is a protected
-//! step's tokens, and it stands, as they do, only if the stored `V` is within the budget at
-//! that load. Otherwise the step is kept and decided again ([`borrow_overtaken`]), whose
+//! A borrower with tokens inside its class's token floor ("Steps in flight" below) loads the
+//! state word instead, which also shows `V`: that part was reserved by no one, so it is a
+//! protected step's tokens, and it stands, as they do, only if the stored `V` is within the
+//! budget at that load. Otherwise the step is kept and decided again ([`borrow_overtaken`]), whose
 //! exact check sees every step that a collect-checked decider before it took: the slot
 //! borrower with its tokens inside its floor is decided by that collect, the borrower that
 //! straddles its floor is taken back (its borrowed part, on a stored `V` past the budget,
@@ -366,15 +375,41 @@ pub(super) fn borrow_overtaken(
     keep_after_tag_moved(shared, k, r, priority, in_queue)
 }
 
+/// Whether a borrower's step under `tag`, admitted with `resources` for a demand of `r`
+/// tokens at the effective budget `eff`, must be decided again ([`borrow_overtaken`]): one
+/// `SeqCst` load after its class CAS (module docs, "A borrower's step"). A step with tokens
+/// inside its class's token floor ([`floor_part_checked`]) loads the state word, whose tag
+/// and `V` it checks. Any other loads the tag the latest install announced
+/// (`Shared::announced`, stored before that install's CAS of the tag), on a line only
+/// installs write: the state word, which the other borrowers of a contended class write on
+/// every pair, would cost a line transfer here. Its reservation's tag there means that no
+/// install's CAS of the tag came before this load, so none came between the reservation and
+/// the step; another means one may have, and the step is decided again.
+#[inline(always)]
+pub(super) fn borrow_unsettled(
+    shared: &Shared,
+    tag: usize,
+    eff: u64,
+    resources: Resources,
+    r: u64,
+) -> bool {
+    if floor_part_checked(resources, r) {
+        let g2 = GWord(shared.word.load(SeqCst));
+        g2.tag() != tag || g2.v() > eff
+    } else {
+        shared.announced.load(SeqCst) != tag
+    }
+}
+
 /// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, holds
-/// tokens inside its class's token floor (it borrowed fewer than `r`): that part is in the
+/// tokens inside its class's token floor (it borrowed fewer than `r`, and there is a budget): that part is in the
 /// stored `V` only as the floor, reserved by no one, so a collect that misses the step misses
 /// it, and it is checked as a protected step's tokens are, on the load after the class CAS
 /// (module docs, "A borrower's step"). The broken variant `LLM_BULKHEAD_BORROW_FLOOR_UNVALIDATED=1`
 /// (feature `testing`) skips that check, as the protocol did before: `tests/
 /// borrow_overtaken.rs` then admits past the budget.
 #[inline(always)]
-pub(super) fn floor_part_checked(resources: Resources, r: u64) -> bool {
+fn floor_part_checked(resources: Resources, r: u64) -> bool {
     #[cfg(loom)]
     if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_BORROW_FLOOR_UNVALIDATED") {
         return false;
