@@ -172,20 +172,39 @@ fn a_token_borrower_in_flight_while_usage_grows_is_counted() {
         .build()
         .unwrap();
     let p = b.class_id("p").unwrap();
-    let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-    let mut grows = b.try_acquire(tokens(30)).expect("q borrows 30");
+    against_growth(&b, (30, 60), tokens(20), tokens(40).in_class(p));
+}
+
+/// `r` tokens, no input.
+fn tokens(r: u64) -> Demand {
+    Demand::tokens(Reservation::new(0, r).unwrap())
+}
+
+/// `borrower` stopped in flight (its reservation made, its class step not taken) while a
+/// usage report grows an admission of the default class from `from` to `to` tokens, past the
+/// budget of 100, and then `inside`, a demand inside `p`'s token floor, which the stored `V`
+/// sends to the collect-checked path: never both admitted, and nothing held at the end.
+fn against_growth(b: &Bulkhead, (from, to): (u64, u64), borrower: Demand, inside: Demand) {
+    let mut grows = b
+        .try_acquire(tokens(from))
+        .expect("the default class borrows");
     let bx = b.clone();
-    let (go, x) = stopped_borrower(move || bx.try_acquire(tokens(20)));
-    assert_eq!(grows.report_usage(Usage::new(0, 60)).unwrap().held, 60);
-    let y = b.try_acquire(tokens(40).in_class(p));
+    let (go, x) = stopped_borrower(move || bx.try_acquire(borrower));
+    assert_eq!(grows.report_usage(Usage::new(0, to)).unwrap().held, to);
+    let y = b.try_acquire(inside);
     go.send(()).unwrap();
     let x = x.join().unwrap();
     assert!(
         !(x.is_ok() && y.is_ok()),
-        "both admitted: 60 + 20 + 40 tokens under a budget of 100"
+        "both admitted, with {to} tokens held already, under a budget of 100"
     );
     drop((x, y, grows));
-    assert_eq!(b.stats().in_flight, 0, "everything released");
+    let s = b.stats();
+    assert_eq!(
+        (s.in_flight, s.token_budget.unwrap().in_flight_tokens),
+        (0, 0),
+        "everything released"
+    );
 }
 
 /// A borrower whose tokens lie (partly) inside its class's token floor: that part is in the
@@ -215,25 +234,7 @@ fn borrower_inside_its_token_floor(q_floor: ClassLimits, r: u64) {
         .build()
         .unwrap();
     let (p, q) = (b.class_id("p").unwrap(), b.class_id("q").unwrap());
-    let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-    let mut grows = b.try_acquire(tokens(10)).expect("g borrows 10");
-    let bx = b.clone();
-    let (go, x) = stopped_borrower(move || bx.try_acquire(tokens(r).in_class(q)));
-    assert_eq!(grows.report_usage(Usage::new(0, 40)).unwrap().held, 40);
-    let y = b.try_acquire(tokens(45).in_class(p));
-    go.send(()).unwrap();
-    let x = x.join().unwrap();
-    assert!(
-        !(x.is_ok() && y.is_ok()),
-        "both admitted: 40 + {r} + 45 tokens under a budget of 100"
-    );
-    drop((x, y, grows));
-    let s = b.stats();
-    assert_eq!(
-        (s.in_flight, s.token_budget.unwrap().in_flight_tokens),
-        (0, 0),
-        "everything released"
-    );
+    against_growth(&b, (10, 40), tokens(r).in_class(q), tokens(45).in_class(p));
 }
 
 /// The borrower straddles its floor (`q`: a token floor of 20, a demand of 25): it borrows

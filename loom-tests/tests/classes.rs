@@ -1084,32 +1084,7 @@ fn protected_admission_against_close() {
 /// `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1`, whose install moves the tag without announcing it.
 #[test]
 fn a_borrower_overtaken_by_a_floor_raise() {
-    model(|| {
-        let (b, [cb, ca, cc]) = build(
-            2,
-            Some(100),
-            [("b", floor(0)), ("a", floor(0)), ("c", floor(1))],
-        );
-        let held = b.try_acquire(slot(cb)).unwrap();
-        let raised = b.limits().with_revision(1).with_class(ca, floor(1));
-        let borrower = {
-            let b = b.clone();
-            thread::spawn(move || b.try_acquire(classed_tokens(cc, 0, 50)).ok())
-        };
-        b.apply_limits(raised).unwrap();
-        let protected = b.try_acquire(slot(ca)).ok();
-        let borrowed = borrower.join().unwrap();
-        let admitted = 1 + u64::from(protected.is_some()) + u64::from(borrowed.is_some());
-        assert!(
-            admitted <= 2,
-            "{admitted} admissions under max_concurrent 2: protected {:?}, borrowed {:?}",
-            protected.as_ref().map(|a| (a.revision(), a.resources())),
-            borrowed.as_ref().map(|a| (a.revision(), a.resources())),
-        );
-        assert_eq!(b.stats().in_flight, admitted);
-        drop((held, protected, borrowed));
-        assert_classes_quiescent(&b);
-    });
+    overtaken_by_a_floor_raise(false);
 }
 
 /// The same race with the protected demand on a third thread, concurrent with the install:
@@ -1122,7 +1097,13 @@ fn a_borrower_overtaken_by_a_floor_raise() {
 /// three preemptions loom did not reach that window.)
 #[test]
 fn a_borrower_overtaken_while_the_install_is_in_progress() {
-    model(|| {
+    overtaken_by_a_floor_raise(true);
+}
+
+/// The two models above: the protected demand after `apply_limits` returned, or
+/// (`concurrent`) on a third thread while it runs.
+fn overtaken_by_a_floor_raise(concurrent: bool) {
+    model(move || {
         let (b, [cb, ca, cc]) = build(
             2,
             Some(100),
@@ -1134,12 +1115,17 @@ fn a_borrower_overtaken_while_the_install_is_in_progress() {
             let b = b.clone();
             thread::spawn(move || b.try_acquire(classed_tokens(cc, 0, 50)).ok())
         };
-        let protected = {
-            let b = b.clone();
-            thread::spawn(move || b.try_acquire(slot(ca)).ok())
+        let protected = if concurrent {
+            let protected = {
+                let b = b.clone();
+                thread::spawn(move || b.try_acquire(slot(ca)).ok())
+            };
+            b.apply_limits(raised).unwrap();
+            protected.join().unwrap()
+        } else {
+            b.apply_limits(raised).unwrap();
+            b.try_acquire(slot(ca)).ok()
         };
-        b.apply_limits(raised).unwrap();
-        let protected = protected.join().unwrap();
         let borrowed = borrower.join().unwrap();
         let admitted = 1 + u64::from(protected.is_some()) + u64::from(borrowed.is_some());
         assert!(
@@ -1148,6 +1134,7 @@ fn a_borrower_overtaken_while_the_install_is_in_progress() {
             protected.as_ref().map(|a| (a.revision(), a.resources())),
             borrowed.as_ref().map(|a| (a.revision(), a.resources())),
         );
+        assert_eq!(b.stats().in_flight, admitted);
         drop((held, protected, borrowed));
         assert_classes_quiescent(&b);
     });
@@ -1165,21 +1152,34 @@ fn a_borrower_overtaken_while_the_install_is_in_progress() {
 fn a_borrower_in_flight_while_usage_grows() {
     model(|| {
         let (b, [cq, cp]) = build(8, Some(100), [("q", floor(0)), ("p", token_floor(50))]);
-        let mut grows = b.try_acquire(classed_tokens(cq, 0, 30)).unwrap();
-        let borrower = {
-            let b = b.clone();
-            thread::spawn(move || b.try_acquire(classed_tokens(cq, 0, 20)).ok())
-        };
-        grows.report_usage(llm_bulkhead::Usage::new(0, 60)).unwrap();
-        let inside = b.try_acquire(classed_tokens(cp, 0, 40)).ok();
-        let borrowed = borrower.join().unwrap();
-        assert!(
-            !(inside.is_some() && borrowed.is_some()),
-            "60 + 20 + 40 tokens held under a budget of 100"
-        );
-        drop((grows, inside, borrowed));
-        assert_classes_quiescent(&b);
+        against_growth(&b, (cq, 30, 60), (cq, 20), (cp, 40));
     });
+}
+
+/// An admission of `grown.0` of `grown.1` tokens; a borrower of `borrower.1` tokens in class
+/// `borrower.0` on its own thread while a usage report grows that admission to `grown.2`
+/// tokens, past the budget of 100; then a demand of `inside.1` tokens inside the token floor
+/// of class `inside.0`: never both admitted, and nothing held at the end.
+fn against_growth(
+    b: &Bulkhead,
+    (cg, from, to): (ClassId, u64, u64),
+    (cq, r): (ClassId, u64),
+    (cp, inside): (ClassId, u64),
+) {
+    let mut grows = b.try_acquire(classed_tokens(cg, 0, from)).unwrap();
+    let borrower = {
+        let b = b.clone();
+        thread::spawn(move || b.try_acquire(classed_tokens(cq, 0, r)).ok())
+    };
+    grows.report_usage(llm_bulkhead::Usage::new(0, to)).unwrap();
+    let admitted = b.try_acquire(classed_tokens(cp, 0, inside)).ok();
+    let borrowed = borrower.join().unwrap();
+    assert!(
+        !(admitted.is_some() && borrowed.is_some()),
+        "{to} + {r} + {inside} tokens held under a budget of 100"
+    );
+    drop((grows, admitted, borrowed));
+    assert_classes_quiescent(b);
 }
 
 /// A borrower of 25 tokens in class `q`, whose token floor of 20 holds nothing: it borrows 5,
@@ -1203,20 +1203,7 @@ fn a_borrower_inside_its_token_floor_while_usage_grows() {
                 ("p", token_floor(50)),
             ],
         );
-        let mut grows = b.try_acquire(classed_tokens(cg, 0, 10)).unwrap();
-        let borrower = {
-            let b = b.clone();
-            thread::spawn(move || b.try_acquire(classed_tokens(cq, 0, 25)).ok())
-        };
-        grows.report_usage(llm_bulkhead::Usage::new(0, 40)).unwrap();
-        let inside = b.try_acquire(classed_tokens(cp, 0, 45)).ok();
-        let borrowed = borrower.join().unwrap();
-        assert!(
-            !(inside.is_some() && borrowed.is_some()),
-            "40 + 25 + 45 tokens held under a budget of 100"
-        );
-        drop((grows, inside, borrowed));
-        assert_classes_quiescent(&b);
+        against_growth(&b, (cg, 10, 40), (cq, 25), (cp, 45));
     });
 }
 
