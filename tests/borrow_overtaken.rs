@@ -157,7 +157,15 @@ fn a_token_borrower_overtaken_by_a_floor_raise_is_decided_again() {
 /// check now adds what the stored word holds beyond the collect's own accounting (20 here).
 #[test]
 fn a_token_borrower_in_flight_while_usage_grows_is_counted() {
-    let b = Bulkhead::builder()
+    let b = growth_bulkhead(ClassLimits::default());
+    let p = b.class_id("p").unwrap();
+    against_growth(&b, (30, 60), tokens(20), tokens(40).in_class(p));
+}
+
+/// A budget of 100 tokens and eight slots; classes `p` (a token floor of 50), `q` (limits
+/// `q_limits`) and `g` (the default, no floors).
+fn growth_bulkhead(q_limits: ClassLimits) -> Bulkhead {
+    Bulkhead::builder()
         .max_concurrent(8)
         .token_budget(100)
         .class(
@@ -167,12 +175,11 @@ fn a_token_borrower_in_flight_while_usage_grows_is_counted() {
                 ..ClassLimits::default()
             },
         )
-        .class("q", ClassLimits::default())
-        .default_class("q")
+        .class("q", q_limits)
+        .class("g", ClassLimits::default())
+        .default_class("g")
         .build()
-        .unwrap();
-    let p = b.class_id("p").unwrap();
-    against_growth(&b, (30, 60), tokens(20), tokens(40).in_class(p));
+        .unwrap()
 }
 
 /// `r` tokens, no input.
@@ -218,21 +225,7 @@ fn against_growth(b: &Bulkhead, (from, to): (u64, u64), borrower: Demand, inside
 ///
 /// `q_floor` is `q`'s class limits; the borrower asks for `r` tokens in `q` with nothing held.
 fn borrower_inside_its_token_floor(q_floor: ClassLimits, r: u64) {
-    let b = Bulkhead::builder()
-        .max_concurrent(8)
-        .token_budget(100)
-        .class(
-            "p",
-            ClassLimits {
-                protected_tokens: 50,
-                ..ClassLimits::default()
-            },
-        )
-        .class("q", q_floor)
-        .class("g", ClassLimits::default())
-        .default_class("g")
-        .build()
-        .unwrap();
+    let b = growth_bulkhead(q_floor);
     let (p, q) = (b.class_id("p").unwrap(), b.class_id("q").unwrap());
     against_growth(&b, (10, 40), tokens(r).in_class(q), tokens(45).in_class(p));
 }
