@@ -269,6 +269,7 @@ impl Handle {
         let shared = Shared {
             word: CachePadded::new(AtomicU64::new(first_word)),
             handles: CachePadded::new(AtomicUsize::new(1)),
+            // The state word's first tag, as `Canonical::tag` starts (0).
             announced: CachePadded::new(AtomicUsize::new(0)),
             refs: AtomicUsize::new(1),
             ring,

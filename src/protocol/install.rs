@@ -95,9 +95,10 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1` moves the tag without announcing it: the
-/// deliberately broken variant the model `a_borrower_overtaken_by_a_floor_raise`
-/// (`loom-tests/tests/classes.rs`) is shown to fail on (a borrower whose reservation the
-/// install overtook finds its own tag announced and is admitted unchecked).
+/// deliberately broken variant the models `a_borrower_overtaken_by_a_floor_raise` and
+/// `a_borrower_overtaken_while_the_install_is_in_progress` (`loom-tests/tests/classes.rs`) are
+/// shown to fail on (a borrower whose reservation the install overtook finds its own tag
+/// announced and is admitted unchecked).
 #[inline]
 fn skips_announce_for_loom() -> bool {
     #[cfg(loom)]
