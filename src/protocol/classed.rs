@@ -245,7 +245,7 @@ pub(crate) use bypass::may_bypass;
 use fast::*;
 use moved::{borrow_overtaken, borrow_unsettled, keep_after_tag_moved, protected_step_missed};
 use refusal::*;
-pub(crate) use refusal::{ceiling_refusal, shared_refusal, try_fast_in};
+pub(crate) use refusal::{ceiling_refusal, read_stopped, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
 pub(crate) use refusal::{ShortRefusal, StopAt, Stopped};
 use retries::{acquire_contended, acquire_contended_with};

@@ -41,12 +41,15 @@ impl Bulkhead {
         };
         // The hot path under overload: a refusal at a class ceiling, decided in the attempt's
         // operation from the words it read, counted, and built straight in the result.
-        let at_ceiling = past.and_then(|p| {
-            crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op)
-        });
+        let Some(p) = past else {
+            drop(op);
+            return self.try_acquire_classed_contended::<false>(k, r, priority);
+        };
+        let at_ceiling =
+            crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op);
         let Some(f) = at_ceiling else {
             drop(op);
-            return self.try_acquire_classed_contended(k, r, priority);
+            return self.try_acquire_classed_contended::<true>(k, r, priority);
         };
         drop(op);
         // No wake-ups to deliver: the attempt stopped at its first checks, before any step it
@@ -77,34 +80,55 @@ impl Bulkhead {
         crate::handle::events::rejected(&self.shared, Some(k), &rej);
     }
 
-    /// The classed decision after the fast attempt gave up and no class ceiling refused: the
-    /// fast attempt's wake-ups, then a second fast attempt, which also decides the other hot
-    /// path under overload, a refusal at the shared remainder (confirmed in the attempt's
-    /// operation by one read of the other class words,
-    /// `crate::protocol::classed::shared_refusal`), and then the full protocol, and the
-    /// refusal if it refuses (out of line: its result carries the collect that explains it).
+    /// The classed decision after the fast attempt gave up and no class ceiling refused, out
+    /// of line. `STOPPED`: the attempt stopped where the demand may be refused, having taken
+    /// no step (at the shared remainder, [`StopAt::Shared`], or at a ceiling whose refusal
+    /// row 1 or a moved tag kept [`ceiling_refusal`] from deciding). Then the other hot path
+    /// under overload, a refusal at the shared remainder, is decided first, in one operation:
+    /// the words the attempt stopped on read again (`read_stopped`: no second attempt) and
+    /// one read of the other class words (`shared_refusal`). Otherwise, and when that does
+    /// not refuse: the fast attempt's wake-ups, a second fast attempt (which decides a
+    /// refusal at a ceiling or at the shared remainder in its own operation the same way),
+    /// then the full protocol, and the refusal if it refuses (its result carries the collect
+    /// that explains it).
+    ///
+    /// Two functions, not one with a flag: a flag computed from the attempt's result cost the
+    /// pairs 3 to 11 instructions (`benches/instructions.rs`), two call sites nothing.
     ///
     /// The refusal at the shared remainder is decided here, out of line, and not beside the
     /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
     /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
-    /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`; measured
-    /// again with a call that takes the stopped attempt and its operation over: this refusal
-    /// 414, the ceiling refusal 254, the pairs 10 more). Decided here it costs 492
-    /// instructions (466 when first measured; the kept protected step and the borrower's
-    /// retried CAS each added a few to the attempt), against 900 through the full protocol; the
-    /// first attempt's words cannot be carried over, since they were read in an operation that
-    /// has left.
+    /// instructions and the ceiling refusal 40 to 90 (measured again with a call that takes
+    /// the stopped attempt and its operation over: this refusal 414, the ceiling refusal 254,
+    /// the pairs 10 more; and with only the operation taken over: 441, the ceiling refusal
+    /// 242). Decided here it costs 427 instructions, against 485 through a second attempt
+    /// (stop 44) and 900 through the full protocol. The first attempt's words cannot be
+    /// carried over, since they were read in an operation that has left.
+    ///
+    /// [`StopAt::Shared`]: crate::protocol::classed::StopAt::Shared
+    /// [`ceiling_refusal`]: crate::protocol::classed::ceiling_refusal
     #[inline(never)]
-    fn try_acquire_classed_contended(
+    fn try_acquire_classed_contended<const STOPPED: bool>(
         &self,
         k: usize,
         r: u64,
         priority: Priority,
     ) -> Result<Granted, Rejection> {
-        // The fast attempt's wake-ups (if it pumped before giving up), outside its operation.
-        crate::protocol::class_pump::deliver_deferred();
         let shared = &*self.shared;
         let c = shared.counters.local(Counters::new);
+        if STOPPED {
+            let first = crate::grace::enter_decision(c.reader(), shared.asymmetric);
+            let short =
+                crate::protocol::classed::read_stopped(&first, shared, k, r).and_then(|p| {
+                    crate::protocol::classed::shared_refusal(shared, c, k, r, priority, p, &first)
+                });
+            drop(first);
+            if let Some(f) = short {
+                return Err(self.short_refused(k, f, r, priority));
+            }
+        }
+        // The fast attempt's wake-ups (if it pumped before giving up), outside its operation.
+        crate::protocol::class_pump::deliver_deferred();
         let op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
         let short = match crate::protocol::classed::try_fast_in(&op, shared, k, r, priority) {
             Ok(a) => {

@@ -295,6 +295,37 @@ pub(crate) fn ceiling_refusal(
     })
 }
 
+/// The words a fast attempt that stopped reads, read again inside the same operation `_op`:
+/// the shared word, the class's limits under its tag and the class word, as a [`Stopped`] at
+/// [`StopAt::Shared`] for [`shared_refusal`], when the bulkhead is open, nobody is queued, the
+/// class word is at its version under the tag and within both ceilings (rows 2 and 3, as
+/// `first_try_or_ceiling` checks them). `None` otherwise: the caller decides another way.
+#[inline(always)]
+pub(crate) fn read_stopped(
+    _op: &crate::grace::Op<'_>,
+    shared: &Shared,
+    k: usize,
+    r: u64,
+) -> Option<Stopped> {
+    let g = GWord(shared.word.load(SeqCst));
+    let cl = shared.ring.read_class_words(g.tag(), k);
+    let c = CWord(shared.class_words[k].load(SeqCst));
+    if g.closed() || g.waiters() || c.ctag() != cl.version() {
+        return None;
+    }
+    if (cl.ceilings() & 2 != 0 && c.tokens().wrapping_add(r) > cl.mt_or_zero())
+        || (cl.ceilings() & 1 != 0 && c.in_flight() >= cl.mc_or_zero())
+    {
+        return None;
+    }
+    Some(Stopped {
+        g,
+        c,
+        cl,
+        at: StopAt::Shared,
+    })
+}
+
 /// The refusal of a demand of `r` tokens at `priority` in class `k` that the fast attempt
 /// stopped at the shared remainder ([`StopAt::Shared`]): row 1 refuses it, or the stored
 /// shared word has no room for what it borrows. Decided and counted in `c` inside the
