@@ -41,15 +41,12 @@ impl Bulkhead {
         };
         // The hot path under overload: a refusal at a class ceiling, decided in the attempt's
         // operation from the words it read, counted, and built straight in the result.
-        let Some(p) = past else {
-            drop(op);
-            return self.try_acquire_classed_contended::<false>(k, r, priority);
-        };
-        let at_ceiling =
-            crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op);
+        let at_ceiling = past.and_then(|p| {
+            crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op)
+        });
         let Some(f) = at_ceiling else {
             drop(op);
-            return self.try_acquire_classed_contended::<true>(k, r, priority);
+            return self.try_acquire_classed_contended(k, r, priority);
         };
         drop(op);
         // No wake-ups to deliver: the attempt stopped at its first checks, before any step it
@@ -81,34 +78,31 @@ impl Bulkhead {
     }
 
     /// The classed decision after the fast attempt gave up and no class ceiling refused, out
-    /// of line. `STOPPED`: the attempt stopped where the demand may be refused, having taken
-    /// no step (at the shared remainder, [`StopAt::Shared`], or at a ceiling whose refusal
-    /// row 1 or a moved tag kept [`ceiling_refusal`] from deciding). Then the other hot path
-    /// under overload, a refusal at the shared remainder, is decided first, in one operation:
-    /// the words the attempt stopped on read again (`read_stopped`: no second attempt) and
-    /// one read of the other class words (`shared_refusal`). Otherwise, and when that does
-    /// not refuse: the fast attempt's wake-ups, a second fast attempt (which decides a
-    /// refusal at a ceiling or at the shared remainder in its own operation the same way),
-    /// then the full protocol, and the refusal if it refuses (its result carries the collect
-    /// that explains it).
-    ///
-    /// Two functions, not one with a flag: a flag computed from the attempt's result cost the
-    /// pairs 3 to 11 instructions (`benches/instructions.rs`), two call sites nothing.
+    /// of line. First the other hot path under overload, a refusal at the shared remainder,
+    /// in one operation: the words the attempt read, read again, and where it would stop on
+    /// them without a step (`read_stopped`: row 1, or a borrower that the stored shared word
+    /// refuses), then one read of the other class words decides (`shared_refusal`). When
+    /// that does not refuse: the fast attempt's wake-ups, a second fast attempt (which
+    /// decides a refusal at a ceiling or at the shared remainder in its own operation), then
+    /// the full protocol, and the refusal if it refuses (its result carries the collect that
+    /// explains it).
     ///
     /// The refusal at the shared remainder is decided here, out of line, and not beside the
     /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
     /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
-    /// instructions and the ceiling refusal 40 to 90 (measured again with a call that takes
-    /// the stopped attempt and its operation over: this refusal 414, the ceiling refusal 254,
-    /// the pairs 10 more; and with only the operation taken over: 441, the ceiling refusal
-    /// 242). Decided here it costs 427 instructions, against 485 through a second attempt
-    /// (stop 44) and 900 through the full protocol. The first attempt's words cannot be
-    /// carried over, since they were read in an operation that has left.
-    ///
-    /// [`StopAt::Shared`]: crate::protocol::classed::StopAt::Shared
-    /// [`ceiling_refusal`]: crate::protocol::classed::ceiling_refusal
+    /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`; measured
+    /// again with a call that takes the stopped attempt and its operation over: this refusal
+    /// 414, the ceiling refusal 254, the pairs 10 more; with only the operation taken over:
+    /// 441, the ceiling refusal 242). Two call sites, one for an attempt that stopped and one
+    /// for an attempt that gave up, let the first skip the re-check of where it stopped (427
+    /// instructions, the pairs unchanged), but the larger inlined caller moved the code of the
+    /// no-class pair beside it in `benches/core.rs`, which then took 15-16 ns a pair instead
+    /// of 12-13 with the same instructions. One call site, as here, leaves the caller as it
+    /// was: 458 instructions, against 485 through a second attempt and 900 through the full
+    /// protocol. The first attempt's words cannot be carried over, since they were read in an
+    /// operation that has left.
     #[inline(never)]
-    fn try_acquire_classed_contended<const STOPPED: bool>(
+    fn try_acquire_classed_contended(
         &self,
         k: usize,
         r: u64,
@@ -116,16 +110,14 @@ impl Bulkhead {
     ) -> Result<Granted, Rejection> {
         let shared = &*self.shared;
         let c = shared.counters.local(Counters::new);
-        if STOPPED {
-            let first = crate::grace::enter_decision(c.reader(), shared.asymmetric);
-            let short =
-                crate::protocol::classed::read_stopped(&first, shared, k, r).and_then(|p| {
-                    crate::protocol::classed::shared_refusal(shared, c, k, r, priority, p, &first)
-                });
-            drop(first);
-            if let Some(f) = short {
-                return Err(self.short_refused(k, f, r, priority));
-            }
+        let first = crate::grace::enter_decision(c.reader(), shared.asymmetric);
+        let short = crate::protocol::classed::read_stopped(&first, shared, k, r, priority)
+            .and_then(|p| {
+                crate::protocol::classed::shared_refusal(shared, c, k, r, priority, p, &first)
+            });
+        drop(first);
+        if let Some(f) = short {
+            return Err(self.short_refused(k, f, r, priority));
         }
         // The fast attempt's wake-ups (if it pumped before giving up), outside its operation.
         crate::protocol::class_pump::deliver_deferred();

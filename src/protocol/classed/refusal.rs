@@ -295,20 +295,25 @@ pub(crate) fn ceiling_refusal(
     })
 }
 
-/// The words a fast attempt that stopped reads, read again inside the same operation `_op`:
-/// the shared word, the class's limits under its tag and the class word, as a [`Stopped`] at
-/// [`StopAt::Shared`] for [`shared_refusal`], when the bulkhead is open, nobody is queued, the
-/// class word is at its version under the tag and within both ceilings (rows 2 and 3, as
-/// `first_try_or_ceiling` checks them). `None` otherwise: the caller decides another way.
+/// The words the fast attempt reads, read again inside the operation `_op`, and where it
+/// would stop on them without a step: the shared word, the class's limits under its tag and
+/// the class word, as a [`Stopped`] at [`StopAt::Shared`] for [`shared_refusal`] when the
+/// bulkhead is open, nobody is queued, the class word is at its version under the tag, within
+/// both ceilings (rows 2 and 3), and row 1 or the stored shared word refuses the demand (a
+/// borrower's rows 4 and 5 on the stored `U`, `V`): the checks of `first_try_or_ceiling`, in
+/// its order, without its steps. `None` otherwise (the caller decides another way): a step
+/// would be tried, or the attempt would give up or stop at a ceiling.
 #[inline(always)]
 pub(crate) fn read_stopped(
     _op: &crate::grace::Op<'_>,
     shared: &Shared,
     k: usize,
     r: u64,
+    priority: Priority,
 ) -> Option<Stopped> {
     let g = GWord(shared.word.load(SeqCst));
-    let cl = shared.ring.read_class_words(g.tag(), k);
+    let tag = g.tag();
+    let cl = shared.ring.read_class_words(tag, k);
     let c = CWord(shared.class_words[k].load(SeqCst));
     if g.closed() || g.waiters() || c.ctag() != cl.version() {
         return None;
@@ -318,7 +323,18 @@ pub(crate) fn read_stopped(
     {
         return None;
     }
-    Some(Stopped {
+    let p = shared.ring.read_packed(tag);
+    let (eff, mc, l) = (p.eff_or_zero(priority), p.hot().max_concurrent, cl.hot());
+    if g.u() > mc {
+        return None;
+    }
+    let (n, t) = (c.in_flight(), c.tokens());
+    let borrow_c = n >= l.pc;
+    let stops = r > eff || {
+        let dv = (t + r).max(l.pt) - t.max(l.pt);
+        (borrow_c || dv > 0) && ((borrow_c && g.u() + 1 > mc) || g.v() + dv > eff)
+    };
+    stops.then_some(Stopped {
         g,
         c,
         cl,
