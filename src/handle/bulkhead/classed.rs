@@ -58,6 +58,12 @@ impl Bulkhead {
     /// then the refusal, built in the caller's result.
     #[inline(always)]
     fn short_refused(&self, k: usize, f: ShortRefusal, r: u64, priority: Priority) -> Rejection {
+        // Every wake-up a step taken back deferred was delivered before the refusal ends its
+        // decision: kept, it would wait for this thread's next decision, which may never come.
+        debug_assert!(
+            !crate::sync::notify::pending(),
+            "a short refusal returned with wake-ups still deferred"
+        );
         if self
             .shared
             .events
@@ -98,9 +104,10 @@ impl Bulkhead {
     /// instructions, the pairs unchanged), but the larger inlined caller moved the code of the
     /// no-class pair beside it in `benches/core.rs`, which then took 15-16 ns a pair instead
     /// of 12-13 with the same instructions. One call site, as here, leaves the caller as it
-    /// was: 458 instructions, against 485 through a second attempt and 900 through the full
-    /// protocol. The first attempt's words cannot be carried over, since they were read in an
-    /// operation that has left.
+    /// was: 468 instructions (10 of them the delivery, before the refusal, of the wake-ups a
+    /// step the first attempt took back may have deferred), against 485 through a second
+    /// attempt and 900 through the full protocol. The first attempt's words cannot be carried
+    /// over, since they were read in an operation that has left.
     #[inline(never)]
     fn try_acquire_classed_contended(
         &self,
@@ -116,11 +123,14 @@ impl Bulkhead {
                 crate::protocol::classed::shared_refusal(shared, c, k, r, priority, p, &first)
             });
         drop(first);
+        // The fast attempt's wake-ups (if it took a step back and pumped before giving up),
+        // outside any operation, before this decision ends either way.
+        if short.is_none() || !keeps_deferred_for_tests() {
+            crate::protocol::class_pump::deliver_deferred();
+        }
         if let Some(f) = short {
             return Err(self.short_refused(k, f, r, priority));
         }
-        // The fast attempt's wake-ups (if it pumped before giving up), outside its operation.
-        crate::protocol::class_pump::deliver_deferred();
         let op = crate::grace::enter_decision(c.reader(), shared.asymmetric);
         let short = match crate::protocol::classed::try_fast_in(&op, shared, k, r, priority) {
             Ok(a) => {
@@ -375,4 +385,15 @@ pub(crate) fn unknown_class() -> Rejection {
     // Nothing is published for it, so a timed decision's clock ends here (`try_acquire`).
     crate::record::timing::end();
     Rejection::unknown_class()
+}
+
+/// The deliberately broken variant `LLM_BULKHEAD_SHORT_REFUSAL_KEEPS_DEFERRED=1` (feature
+/// `testing`): a refusal at the shared remainder decided after the fast attempt took a step
+/// back returns with that step's wake-ups still deferred to this thread (a waiter its pump
+/// answered then waits for this thread's next decision). `short_refused`'s debug assertion
+/// fails on it in `tests/over_admissions.rs`' bounded test (debug build), which `.ci/run`
+/// requires.
+#[inline(always)]
+fn keeps_deferred_for_tests() -> bool {
+    crate::sync::test_switch!("LLM_BULKHEAD_SHORT_REFUSAL_KEEPS_DEFERRED")
 }
