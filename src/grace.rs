@@ -408,7 +408,7 @@ pub(crate) fn wait_for_operations(id: GraceId) {
 #[inline]
 fn free_unguarded() -> bool {
     crate::sync::test_switch!("LLM_BULKHEAD_FREE_UNGUARDED")
-        || loom_broken("LLM_BULKHEAD_LOOM_FREE_UNGUARDED")
+        || crate::sync::loom_broken("LLM_BULKHEAD_LOOM_FREE_UNGUARDED")
 }
 
 /// Whether the grace period skips its wait: the deliberately broken variants. Under loom,
@@ -437,7 +437,7 @@ fn wait_skipped() -> bool {
 /// them, a decision's marker is invisible to `apply_limits`, as if it had none).
 #[inline]
 pub(crate) fn skip_decision_markers_for_loom() -> bool {
-    loom_broken("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_SKIP_DECISION_MARKERS")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW=1` takes an odd marker the previous scan did
@@ -446,7 +446,7 @@ pub(crate) fn skip_decision_markers_for_loom() -> bool {
 /// operation reads between the previous scan and its bump.
 #[inline]
 fn bound_from_this_scan() -> bool {
-    loom_broken("LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW")
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_GRACE_BOUND_NOW")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS=1` counts no process-wide cell as an
@@ -455,22 +455,7 @@ fn bound_from_this_scan() -> bool {
 /// the process-wide cell).
 #[inline]
 fn cells_ignored() -> bool {
-    loom_broken("LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS")
-}
-
-/// Whether the loom-only broken variant `name` is switched on (`crate::sync::broken_variant`);
-/// never outside loom.
-#[inline]
-fn loom_broken(name: &str) -> bool {
-    #[cfg(loom)]
-    {
-        crate::sync::broken_variant(name)
-    }
-    #[cfg(not(loom))]
-    {
-        let _ = name;
-        false
-    }
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_GRACE_IGNORE_CELLS")
 }
 
 /// 0: not yet known; 1: membarrier registered; 2: fences on both sides. A process-wide setting

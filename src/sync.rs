@@ -493,6 +493,7 @@ impl<T: Send + Sync + Default> Stripes<T> {
 mod switch;
 #[cfg(loom)]
 pub(crate) use switch::broken_variant;
+pub(crate) use switch::loom_broken;
 pub(crate) use switch::test_switch;
 
 /// A place in a protocol where a test may stop the calling thread (feature `testing`).

@@ -101,14 +101,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
 /// announced and is admitted unchecked).
 #[inline]
 fn skips_announce_for_loom() -> bool {
-    #[cfg(loom)]
-    {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_ANNOUNCE")
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_NO_ANNOUNCE")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY=1` gives a class a new version only
@@ -117,14 +110,7 @@ fn skips_announce_for_loom() -> bool {
 /// reserved before the install lands its class step on the unchanged word after it).
 #[inline]
 fn floors_only_for_loom() -> bool {
-    #[cfg(loom)]
-    {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY")
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_CLASS_VERSION_FLOORS_ONLY")
 }
 
 /// The grace period of install `tag` (`crate::grace`): before the ring slot of `tag` is written

@@ -183,14 +183,7 @@ pub(crate) fn after_refund(shared: &Shared, prev: Word) {
 /// of tokens is never woken by a refund: loom reports the deadlock).
 #[inline]
 pub(crate) fn broken_for_loom() -> bool {
-    #[cfg(loom)]
-    {
-        crate::sync::broken_variant("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP")
-    }
-    #[cfg(not(loom))]
-    {
-        false
-    }
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_NO_TOKEN_PUMP")
 }
 
 /// A reconfiguration was installed: answers, in FIFO order, every queued waiter whose demand

@@ -189,9 +189,5 @@ fn borrow_moved(
 /// fail on (both racers take the one shared slot).
 #[inline(always)]
 fn unchecked_for_loom() -> bool {
-    #[cfg(loom)]
-    if crate::sync::broken_variant("LLM_BULKHEAD_LOOM_RESERVE_UNCHECKED") {
-        return true;
-    }
-    false
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_RESERVE_UNCHECKED")
 }
