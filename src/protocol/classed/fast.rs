@@ -47,14 +47,7 @@ pub(super) fn first_try_or_ceiling(
     // only for an `r` above any budget (without a budget `r` is 0), which row 1 refuses: the
     // ceiling is then not claimed, and `r > eff` below (or row 1 in `ceiling_refusal`) hands
     // the decision on.
-    let at_ceiling = if cl.ceilings() & 2 != 0 && c.tokens().wrapping_add(r) > cl.mt_or_zero() {
-        Some(StopAt::TokenCeiling)
-    } else if cl.ceilings() & 1 != 0 && c.in_flight() >= cl.mc_or_zero() {
-        Some(StopAt::ConcurrencyCeiling)
-    } else {
-        None
-    };
-    if let Some(at) = at_ceiling {
+    if let Some(at) = ceiling_stop(cl, c, r) {
         return Err(Some(Stopped { g, c, cl, at }));
     }
     let p = shared.ring.read_packed(tag);
@@ -103,7 +96,7 @@ pub(super) fn first_try_or_ceiling(
     let dv = (t + r).max(l.pt) - t.max(l.pt);
     // Borrowing: rows 4 and 5 on the shared word, then the class word.
     let du = u64::from(borrow_c);
-    if (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff {
+    if stored_refuses_borrower(g, borrow_c, dv, mc, eff) {
         // Refused by the stored amounts, which may count other deciders' steps in progress:
         // nothing was done, and a collect decides (`shared_refusal`).
         return Err(Some(Stopped {
@@ -132,6 +125,39 @@ pub(super) fn first_try_or_ceiling(
         revision: lim.revision,
         resources,
     })
+}
+
+/// Rows 2 and 3 on the class word `c` under the class limits `cl` for `r` tokens: the ceiling
+/// it is past, if any, the token ceiling first (the model's order; the caller says why a
+/// wrapped `t + r` is harmless). Shared by the fast attempt and the re-read of a
+/// stopped one (`refusal::read_stopped`).
+#[inline(always)]
+pub(super) fn ceiling_stop(
+    cl: crate::words::limits::ClassLimitWords,
+    c: CWord,
+    r: u64,
+) -> Option<StopAt> {
+    if cl.ceilings() & 2 != 0 && c.tokens().wrapping_add(r) > cl.mt_or_zero() {
+        Some(StopAt::TokenCeiling)
+    } else if cl.ceilings() & 1 != 0 && c.in_flight() >= cl.mc_or_zero() {
+        Some(StopAt::ConcurrencyCeiling)
+    } else {
+        None
+    }
+}
+
+/// Rows 4 and 5 on the stored shared word `g` for a borrower (a slot if `borrow_c`, `dv`
+/// tokens past its floor): whether the stored `U`, `V` leave it no room (then a collect decides,
+/// `refusal::shared_refusal`). Shared by the fast attempt and `refusal::read_stopped`.
+#[inline(always)]
+pub(super) fn stored_refuses_borrower(
+    g: GWord,
+    borrow_c: bool,
+    dv: u64,
+    mc: u64,
+    eff: u64,
+) -> bool {
+    (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff
 }
 
 /// How many times [`borrow_moved`] tries the borrower's shared CAS again.

@@ -318,9 +318,7 @@ pub(crate) fn read_stopped(
     if g.closed() || g.waiters() || c.ctag() != cl.version() {
         return None;
     }
-    if (cl.ceilings() & 2 != 0 && c.tokens().wrapping_add(r) > cl.mt_or_zero())
-        || (cl.ceilings() & 1 != 0 && c.in_flight() >= cl.mc_or_zero())
-    {
+    if ceiling_stop(cl, c, r).is_some() {
         return None;
     }
     let p = shared.ring.read_packed(tag);
@@ -332,7 +330,7 @@ pub(crate) fn read_stopped(
     let borrow_c = n >= l.pc;
     let stops = r > eff || {
         let dv = (t + r).max(l.pt) - t.max(l.pt);
-        (borrow_c || dv > 0) && ((borrow_c && g.u() + 1 > mc) || g.v() + dv > eff)
+        (borrow_c || dv > 0) && stored_refuses_borrower(g, borrow_c, dv, mc, eff)
     };
     stops.then_some(Stopped {
         g,
