@@ -548,6 +548,10 @@ pub enum PausePoint {
     /// on the class word (the CAS that may find the class moved, and then take the reservation
     /// back): the tentative step other decisions can see.
     BorrowReserved,
+    /// A borrower has taken its step on the class word, after its reservation, and is about
+    /// to read the tag again to learn whether an install came in between
+    /// (`crate::protocol::classed`, `moved`, "A borrower's step").
+    BorrowStepped,
     /// A pools decision has taken its partition's active unit, still tentative, and is about
     /// to take its next step (tokens, connection, guard), any of which may refuse it and undo
     /// the unit (`crate::pools`, "Spurious refusals").

@@ -12,7 +12,9 @@
 //!
 //! `.ci/run` requires the token borrower's test to fail with
 //! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits an overtaken borrower's step without
-//! deciding it again. The slot borrower's reservation is in the stored `U`, so the exact
+//! deciding it again, and with `LLM_BULKHEAD_NO_EPOCH_FLIP=1`, whose install leaves the class
+//! words' `EPOCH` alone, so that the borrower, stepping after the install, passes for one
+//! that stepped before it (`src/protocol/classed/moved.rs`, "A borrower's step"). The slot borrower's reservation is in the stored `U`, so the exact
 //! check of the third test's fix catches it as well: its test fails only with both broken
 //! variants, which `.ci/run` requires.
 //!

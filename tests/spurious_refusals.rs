@@ -963,6 +963,66 @@ mod moved {
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 
+    /// A borrower whose class step came before an install's CAS of the tag
+    /// (`src/protocol/classed/moved.rs`, "A borrower's step"):
+    ///
+    /// 1. `x` (class `a`, no floors: it borrows the one slot) reserves it, takes its class
+    ///    step, and stops before it reads the tag again.
+    /// 2. `y` (class `a` too) meets `x`'s step and is refused: the slot is taken.
+    /// 3. An install closes the switch (`max_concurrent` 0).
+    /// 4. `x` resumes and finds the install announced.
+    ///
+    /// `y`'s refusal is explained only if `x` holds the slot. Decided again under the kill
+    /// switch (as before, `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`), `x` is taken back and
+    /// refused, and no serial order refuses `y`. Its class CAS replaced a word the install
+    /// had not reached, so it came before the install's CAS of the tag: `x` stands under the
+    /// first revision, as a step before the install does.
+    #[test]
+    fn a_borrower_stepped_before_an_install_refuses_no_one() {
+        let b = Bulkhead::builder()
+            .max_concurrent(1)
+            .class("a", ClassLimits::default())
+            .default_class("a")
+            .build()
+            .unwrap();
+        let first = b.limits().revision;
+        let mut stepped = false;
+        let pick = move |p| match p {
+            PausePoint::BorrowStepped if !stepped => {
+                stepped = true;
+                Some(Event::StepTaken)
+            }
+            _ => None,
+        };
+        let bx = b.clone();
+        let (x, ev_rx, go_tx) = super::stopped_thread(
+            pick,
+            move || bx.try_acquire(Demand::slot()),
+            |out| {
+                Event::Decided(match out {
+                    Ok(adm) => Ok(adm.revision()),
+                    Err(rej) => Err(format!("{rej:?}")),
+                })
+            },
+        );
+        assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
+        let y = b.try_acquire(Demand::slot());
+        assert!(y.is_err(), "y meets x's step: {y:?}");
+        let killed = b.limits().with_revision(first + 1).with_max_concurrent(0);
+        b.apply_limits(killed).unwrap();
+        go_tx.send(()).unwrap();
+        let Event::Decided(x_decided) = ev_rx.recv().unwrap() else {
+            unreachable!("one step is reported")
+        };
+        drop(x.join().unwrap());
+        assert_eq!(
+            x_decided,
+            Ok(first),
+            "x's step refused y and was then taken back: y's refusal is spurious"
+        );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+    }
+
     /// The exact check of a kept step is a check (`super::stored_v_past_the_budget`, `q` holding 60
     /// tokens: `T = 60`, the stored `V` 110): `x` (`p`, a slot and 30 tokens, inside `p`'s
     /// floors: `T + 30 = 90`, it fits) takes its collect-checked step and stops before its

@@ -1081,7 +1081,12 @@ fn protected_admission_against_close() {
 /// collect-checked path's collect may not have seen its slot, which the stored word does not
 /// reserve (`src/protocol/classed/moved.rs`, "A borrower's step"). Fails with
 /// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, which admits such a step unchecked, and with
-/// `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1`, whose install moves the tag without announcing it.
+/// `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1`, whose install moves the tag without announcing it. A
+/// borrower whose class step came before the install's CAS of the tag stands (the install
+/// sets every class word's `EPOCH` in between): the model fails with
+/// `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1`, whose install leaves the words alone, and with
+/// `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1`, whose borrower retries its class CAS on a word
+/// the install already marked.
 #[test]
 fn a_borrower_overtaken_by_a_floor_raise() {
     overtaken_by_a_floor_raise(false);
@@ -1092,7 +1097,8 @@ fn a_borrower_overtaken_by_a_floor_raise() {
 /// borrower, whose tokens are all borrowed, learns of the install from the tag the install
 /// announces before its CAS (`Shared::announced`). Fails with
 /// `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1` (the tag moves unannounced) and with
-/// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, as the model above does. (Announcing after the
+/// `LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED=1`, `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1` and
+/// `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1`, as the model above does. (Announcing after the
 /// CAS is unsound too, when the demand decides between the CAS and the announcement; with
 /// three preemptions loom did not reach that window.)
 #[test]

@@ -7,12 +7,13 @@
 //! # The words
 //!
 //! * One **class word** per class, each on its own cache line:
-//!   `[tokens t_k:32][in flight n_k:14 @32][ctag:14 @46][unused:2 @60][DETACHED @62]`.
+//!   `[tokens t_k:32][in flight n_k:14 @32][ctag:14 @46][EPOCH @60][DETACHED @62]`.
 //!   `t_k` and `n_k` are the class's held tokens and slots; `ctag` is the class's **version**
 //!   (mod the limits tag's period, `2^14`) whose floors the class is accounted under: the
 //!   number of installs that changed this class's limits, which names the entry of the class's
-//!   floors table (`crate::words::floors`); `DETACHED` belongs to the lifetime protocol
-//!   (below).
+//!   floors table (`crate::words::floors`); `EPOCH` is the parity of the limits tag whose
+//!   install last passed the word (`moved`, "A borrower's step"); `DETACHED` belongs to the
+//!   lifetime protocol (below).
 //! * The **shared word**, the bulkhead's state word in class mode:
 //!   `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED @63]`, with
 //!   `U = Σ_k max(n_k, protected_concurrent_k)` and `V = Σ_k max(t_k, protected_tokens_k)`
@@ -603,6 +604,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
         else {
             return Attempt::Retry;
         };
+        crate::sync::pause(crate::sync::PausePoint::BorrowStepped);
         crate::sync::loom_sc_fence();
         if borrow_unsettled(shared, g.tag(), eff.unwrap_or(u64::MAX), resources, r) {
             let revision = lim.revision;
@@ -612,6 +614,8 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
                 r,
                 req.priority,
                 req.in_queue,
+                g.tag(),
+                c,
                 revision,
                 resources,
             ) {
@@ -630,7 +634,8 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
 /// class state `c`. If the class word moved meanwhile, the step is taken on the new state as
 /// long as its own amounts are no larger than the reservation (the excess is given back after
 /// the class step, a decrease), so a reservation is taken back only when the class now needs
-/// more than was reserved, hit a ceiling, or migrated. `None`: the reservation was taken back.
+/// more than was reserved, hit a ceiling, or migrated, or an install set its `EPOCH`
+/// meanwhile (`moved`, "A borrower's step"). `None`: the reservation was taken back.
 /// (Reserving the difference instead was measured: no better on `tests/stress_classes.rs`.)
 ///
 /// `k`, `r`: the class and tokens of the step; `in_queue` as in `Req`; `c`: the class word the
@@ -682,7 +687,10 @@ fn class_step_moved(
         let (n, t) = (a.in_flight(), a.tokens());
         let du2 = u64::from(n >= l.pc);
         let dv2 = (t + r).max(l.pt) - t.max(l.pt);
+        // An install that set the class word's `EPOCH` came in between: the step must not
+        // pass for one taken before that install (`moved`, "A borrower's step").
         let ok = a.ctag() == c.ctag()
+            && (a.epoch() == c.epoch() || moved_ignores_epoch_for_loom())
             && l.mt.is_none_or(|mt| t + r <= mt)
             && l.mc.is_none_or(|m| n < m)
             && du2 <= du
@@ -706,6 +714,15 @@ fn class_step_moved(
             Err(actual) => a = CWord(actual),
         }
     }
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` lets [`class_step_moved`] step on a
+/// word whose `EPOCH` an install changed since the borrower classified: the deliberately
+/// broken variant on which that borrower, whose classified word has its reservation's parity,
+/// passes for one that stepped before the install.
+#[inline(always)]
+fn moved_ignores_epoch_for_loom() -> bool {
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH")
 }
 
 /// The collect-checked path (module docs, "Rare paths").

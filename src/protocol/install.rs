@@ -8,7 +8,8 @@
 //! 1. write the snapshot into the ring slot of the next tag (`crate::words::limits`), after the
 //!    new limits of each class whose limits change into that class's floors table, under its
 //!    next version (a class whose limits stay keeps its version and its class word);
-//! 2. announce the next tag (`Shared::announced`, a `SeqCst` store), then bump the state
+//! 2. announce the next tag (`Shared::announced`, a `SeqCst` store), with classes set every
+//!    class word's `EPOCH` to the next tag's parity ([`set_epochs`]), then bump the state
 //!    word's tag with one `SeqCst` CAS, which, with classes, also advances `U` and `V` by
 //!    every raise of a floor (`crate::words::class_word::floor_advance`);
 //! 3. migrate every class word whose limits changed to its new version and floors
@@ -70,6 +71,9 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
             .store(tag % (1 << crate::words::state::TAG_BITS), Ordering::SeqCst);
         crate::sync::loom_sc_fence();
     }
+    if shared.classed {
+        set_epochs(shared, tag);
+    }
     let mut w = Word(word.load(Ordering::Acquire));
     loop {
         debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
@@ -92,6 +96,33 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     }
     *published = *next;
     visit
+}
+
+/// Step 2's middle: sets every class word's `EPOCH` to the parity of `tag`, after the
+/// announcement and before the CAS of the tag, one `SeqCst` read-modify-write each. A
+/// borrower whose class CAS replaced a word of the old parity then knows its step came before
+/// this install's CAS of the tag (`crate::protocol::classed`, `moved`, "A borrower's step").
+/// The deciders whose class CAS meets it fail once and read the word again.
+///
+/// `LLM_BULKHEAD_NO_EPOCH_FLIP=1` (feature `testing`) and, under loom,
+/// `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1` leave the words alone: the deliberately broken
+/// variant on which a borrower overtaken before its class step reads the old parity and is
+/// admitted unchecked (`tests/borrow_overtaken.rs`, and the overtaken-borrower models of
+/// `loom-tests/tests/classes.rs`).
+fn set_epochs(shared: &Shared, tag: usize) {
+    use crate::words::class_word::{epoch_of, C_EPOCH};
+    if crate::sync::test_switch!("LLM_BULKHEAD_NO_EPOCH_FLIP")
+        || crate::sync::loom_broken("LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP")
+    {
+        return;
+    }
+    for cw in shared.class_words.iter() {
+        if epoch_of(tag) == C_EPOCH {
+            cw.fetch_or(C_EPOCH, Ordering::SeqCst);
+        } else {
+            cw.fetch_and(!C_EPOCH, Ordering::SeqCst);
+        }
+    }
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1` moves the tag without announcing it: the

@@ -1,7 +1,7 @@
 //! The class-mode words (layouts only; the protocol that changes them is
 //! `crate::protocol::classed`, whose module docs explain every field): one **class word** per
-//! class, `[tokens t_k:32][in flight n_k:14 @32][ctag:14 @46][unused:2 @60][DETACHED
-//! @62][QUEUE @63]`, and the **shared word**, `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED
+//! class, `[tokens t_k:32][in flight n_k:14 @32][ctag:14 @46][EPOCH @60][unused @61]
+//! [DETACHED @62][QUEUE @63]`, and the **shared word**, `[V:32][U:16 @32][tag:14 @48][WAITERS @62][CLOSED
 //! @63]` (tag and flags where the no-class word of `crate::words::state` has them).
 
 // ---- class word ----
@@ -37,6 +37,22 @@ pub(crate) fn ctag_mod() -> usize {
     }
     CTAG_MOD
 }
+/// The parity of the limits tag whose install last passed this word: every install sets it
+/// on every class word to the parity of its new tag, after announcing that tag and before its
+/// CAS of the state word's tag (`crate::protocol::install`). A borrower whose class CAS
+/// replaced a word with its reservation's parity, and which then finds the next tag
+/// announced, stepped before that install's CAS of the tag (`crate::protocol::classed`,
+/// `moved`, "A borrower's step"). Every other writer keeps it.
+pub(crate) const C_EPOCH: u64 = 1 << 60;
+/// The [`C_EPOCH`] bit of every class word while the limits tag is `tag`.
+#[inline(always)]
+pub(crate) fn epoch_of(tag: usize) -> u64 {
+    if tag & 1 == 1 {
+        C_EPOCH
+    } else {
+        0
+    }
+}
 /// Set on every class word once the last handle is gone.
 pub(crate) const C_DETACHED: u64 = 1 << 62;
 /// One class slot.
@@ -62,6 +78,11 @@ impl CWord {
     #[inline]
     pub(crate) fn ctag(self) -> usize {
         ((self.0 & CTAG_MASK) >> CTAG_SHIFT) as usize
+    }
+    /// Its [`C_EPOCH`] bit (compare with [`epoch_of`]).
+    #[inline(always)]
+    pub(crate) fn epoch(self) -> u64 {
+        self.0 & C_EPOCH
     }
     #[inline]
     pub(crate) fn detached(self) -> bool {

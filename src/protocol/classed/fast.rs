@@ -116,9 +116,11 @@ pub(super) fn first_try_or_ceiling(
     // part of its tokens inside the class's floor, reserved by no one, passes a protected
     // step's check (`super::borrow_overtaken`): a load after the class CAS in the `SeqCst`
     // order (`super::borrow_unsettled`).
+    crate::sync::pause(crate::sync::PausePoint::BorrowStepped);
     crate::sync::loom_sc_fence();
     if borrow_unsettled(shared, tag, eff, resources, r) {
-        return borrow_overtaken(shared, k, r, priority, false, lim.revision, resources)
+        let revision = lim.revision;
+        return borrow_overtaken(shared, k, r, priority, false, tag, c, revision, resources)
             .ok_or(None);
     }
     Ok(Admitted {

@@ -45,7 +45,34 @@
 //! collects after the step. Another tag: the step is kept and decided again under the current
 //! tag ([`borrow_overtaken`]), exactly as a protected step overtaken by an install, and a
 //! decider that collected before the step is seen by this decision's collect (its class CAS
-//! came before this step's). One load on the borrowing path: of the tag the latest install
+//! came before this step's).
+//!
+//! Another tag does not always mean the install came before the step: a borrower preempted
+//! between its class CAS and that load finds the install there, although its step came
+//! first. Decided again under limits that then refuse it, it was taken back after standing
+//! for a scheduler quantum, and every refusal that had counted it meanwhile was spurious
+//! (issue 26 §5; `tests/spurious_refusals.rs` attributed bursts of thousands to such
+//! borrowers, 4 to 8 ms between their class CAS and their take-back). So the words carry the
+//! install's mark: every install sets each class word's `EPOCH` to its new tag's parity after
+//! announcing the tag and before its CAS of it (`crate::protocol::install::set_epochs`). A
+//! borrower whose class CAS replaced a word with its reservation tag's parity, and which then
+//! loads the next tag as the announced one, stepped before that install wrote its class word,
+//! so before the CAS of the tag, and no later install had written an `EPOCH` yet
+//! ([`stepped_before_the_install`]). That is the case above, of the same tag: its admission
+//! stands under its reservation's revision, decided before the install's CAS of the tag, as
+//! the CAS of a decision without classes that returns after `apply_limits` does. A borrower
+//! whose class CAS meets the install's write fails once, and its retry (`super::
+//! class_step_moved`) steps only on a word of the parity it classified: otherwise it takes
+//! the reservation back, and the demand decides again from fresh reads. A borrower with tokens inside its
+//! floor is decided again as before: that part needs `V ≤ eff` at a load under its tag.
+//! The broken variants: `LLM_BULKHEAD_NO_EPOCH_FLIP=1` (feature `testing`) and, under loom,
+//! `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1` (the install leaves the words alone: an overtaken
+//! borrower reads the old parity and is admitted unchecked), and
+//! `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` (the retry steps on a word of the new parity):
+//! `tests/borrow_overtaken.rs` and both overtaken-borrower models fail on them. The
+//! regression, `moved::a_borrower_stepped_before_an_install_refuses_no_one`
+//! (`tests/spurious_refusals.rs`), fails with `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`, which
+//! decides every such borrower again, as before. One load on the borrowing path: of the tag the latest install
 //! announced (`Shared::announced`, stored before that install's CAS of the tag, on a line
 //! only installs write), not of the state word, which the other borrowers of a contended
 //! class write on every pair. Its reservation's tag there means that no install's CAS came
@@ -343,20 +370,29 @@ fn skips_exact_check_for_tests() -> bool {
     test_switch!("LLM_BULKHEAD_KEEP_EXACT_UNCHECKED")
 }
 
-/// A borrower's step of one slot and `r` tokens in class `k` (with the `resources` it
-/// borrowed), whose load after its class CAS found another tag than the one its reservation
-/// on the shared word was made under (an install came in between), or, for a step with
-/// tokens inside its class's token floor, a stored `V` past the budget: kept and decided
-/// again under the current tag ([`keep_after_tag_moved`]), taken back if that refuses it.
-/// See "A borrower's step" in the module docs. Out of line and cold.
+/// A borrower's step (with the `resources` it borrowed), whose load after its class CAS found
+/// another tag than the one its reservation on the shared word was made under (an install
+/// came in between), or, for a step with tokens inside its class's token floor, a stored `V`
+/// past the budget. Its admission stands under its reservation's `revision` when its class
+/// CAS came before the install's CAS of the tag ([`stepped_before_the_install`]); otherwise
+/// it is kept and decided again under the current tag ([`keep_after_tag_moved`]), taken back
+/// if that refuses it. See "A borrower's step" in the module docs. Out of line and cold.
+///
+/// `k`, `r`, `priority`, `in_queue`: the demand; `tag`: its reservation's tag; `c`: the class
+/// word it classified (its class CAS replaced `c`, or a word with `c`'s `EPOCH`). Plain
+/// arguments: a structure or a tuple built on the pairs' inlined path cost them 10
+/// instructions (`benches/instructions.rs`).
 #[cold]
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn borrow_overtaken(
     shared: &Shared,
     k: usize,
     r: u64,
     priority: Priority,
     in_queue: bool,
+    tag: usize,
+    c: CWord,
     revision: u64,
     resources: Resources,
 ) -> Option<Admitted> {
@@ -366,13 +402,38 @@ pub(super) fn borrow_overtaken(
     let unvalidated = crate::sync::broken_variant("LLM_BULKHEAD_LOOM_BORROW_UNVALIDATED");
     #[cfg(not(loom))]
     let unvalidated = false;
-    if unvalidated || admits_overtaken_borrows_for_tests() {
+    if unvalidated
+        || admits_overtaken_borrows_for_tests()
+        || (!floor_part_checked(resources, r) && stepped_before_the_install(shared, tag, c))
+    {
         return Some(Admitted {
             revision,
             resources,
         });
     }
     keep_after_tag_moved(shared, k, r, priority, in_queue)
+}
+
+/// Whether a borrower's class step, which found an install announced, came before that
+/// install's CAS of the tag (module docs, "A borrower's step"): its class CAS replaced a
+/// word with its reservation tag's `EPOCH`, and, loaded now, after that CAS, the announced
+/// tag is the next one. The install sets every class word's `EPOCH` to the next tag's parity
+/// after announcing it and before its CAS of the tag (`crate::protocol::install`), so the
+/// step's CAS came before that write, and so before the CAS of the tag; and no later install
+/// had announced, so none had written an `EPOCH` before the step. The broken variant
+/// `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1` (feature `testing`) answers `false`, as the protocol
+/// did before: `tests/spurious_refusals.rs`, `moved::a_borrower_stepped_before_an_install_refuses_no_one`.
+#[inline(never)]
+fn stepped_before_the_install(shared: &Shared, tag: usize, c: CWord) -> bool {
+    if test_switch!("LLM_BULKHEAD_BORROW_IGNORES_EPOCH") {
+        return false;
+    }
+    if c.epoch() != epoch_of(tag) {
+        return false;
+    }
+    crate::sync::loom_sc_fence();
+    let next = tag.wrapping_add(1) % (1 << crate::words::state::TAG_BITS);
+    shared.announced.load(SeqCst) == next
 }
 
 /// Whether a borrower's step under `tag`, admitted with `resources` for a demand of `r`
