@@ -14,9 +14,10 @@
 //! `LLM_BULKHEAD_BORROW_UNVALIDATED=1`, which admits an overtaken borrower's step without
 //! deciding it again, and with `LLM_BULKHEAD_NO_EPOCH_FLIP=1`, whose install leaves the class
 //! words' `EPOCH` alone, so that the borrower, stepping after the install, passes for one
-//! that stepped before it (`src/protocol/classed/moved.rs`, "A borrower's step"). The slot borrower's reservation is in the stored `U`, so the exact
-//! check of the third test's fix catches it as well: its test fails only with both broken
-//! variants, which `.ci/run` requires.
+//! that stepped before it (`src/protocol/classed/moved.rs`, "A borrower's step"). The slot
+//! borrower is reserved whole: its admission stands from its reservation, and what counts it
+//! for `y` is the stored word's excess over `y`'s collect, so its test fails with
+//! `LLM_BULKHEAD_EXACT_IGNORES_STORED=1`, which `.ci/run` requires.
 //!
 //! The last test needs no install: a borrower in flight while a usage report grows the tokens
 //! held past the budget, and the collect-checked path's exact check, which now counts what
@@ -123,10 +124,12 @@ fn at_most_two(
 }
 
 /// `x` (class `b`) borrows the second slot and stops after its reservation; `a`'s floor is
-/// raised; `y` (class `a`, inside its new floor) is admitted by the collect-checked path;
-/// `x` resumes. At most two admissions may be held.
+/// raised; `y` (class `a`, inside its new floor) decides on the collect-checked path; `x`
+/// resumes. At most two admissions may be held. `x` is reserved whole, so it stands from its
+/// reservation (`src/protocol/classed/moved.rs`, "A borrower's step"), and `y`'s exact check
+/// counts it in the stored word's excess over its collect: `y` is refused.
 #[test]
-fn a_slot_borrower_overtaken_by_a_floor_raise_is_decided_again() {
+fn a_slot_borrower_overtaken_by_a_floor_raise_is_counted() {
     let (b, held) = bulkhead(ClassLimits::default());
     overtaken(&b, held, Demand::slot());
 }

@@ -963,33 +963,20 @@ mod moved {
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 
-    /// A borrower whose class step came before an install's CAS of the tag
-    /// (`src/protocol/classed/moved.rs`, "A borrower's step"):
-    ///
-    /// 1. `x` (class `a`, no floors: it borrows the one slot) reserves it, takes its class
-    ///    step, and stops before it reads the tag again.
-    /// 2. `y` (class `a` too) meets `x`'s step and is refused: the slot is taken.
-    /// 3. An install closes the switch (`max_concurrent` 0).
-    /// 4. `x` resumes and finds the install announced.
-    ///
-    /// `y`'s refusal is explained only if `x` holds the slot. Decided again under the kill
-    /// switch (as before, `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`), `x` is taken back and
-    /// refused, and no serial order refuses `y`. Its class CAS replaced a word the install
-    /// had not reached, so it came before the install's CAS of the tag: `x` stands under the
-    /// first revision, as a step before the install does.
-    #[test]
-    fn a_borrower_stepped_before_an_install_refuses_no_one() {
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .class("a", ClassLimits::default())
-            .default_class("a")
-            .build()
-            .unwrap();
-        let first = b.limits().revision;
-        let mut stepped = false;
+    /// The race of both overtaken-borrower regressions: `x` (demand `dx`) stops at `stop_at`
+    /// (its first); `y` (demand `dy`) meets `x`'s reservation or step and must be refused; an
+    /// install of `next` lands; `x` resumes. Returns `x`'s decision, with `x` released.
+    fn overtaken_borrower_race(
+        b: &Bulkhead,
+        stop_at: PausePoint,
+        dx: Demand,
+        dy: Demand,
+        next: llm_bulkhead::LimitsSnapshot,
+    ) -> Result<u64, String> {
+        let mut stopped = false;
         let pick = move |p| match p {
-            PausePoint::BorrowStepped if !stepped => {
-                stepped = true;
+            p if p == stop_at && !stopped => {
+                stopped = true;
                 Some(Event::StepTaken)
             }
             _ => None,
@@ -997,7 +984,7 @@ mod moved {
         let bx = b.clone();
         let (x, ev_rx, go_tx) = super::stopped_thread(
             pick,
-            move || bx.try_acquire(Demand::slot()),
+            move || bx.try_acquire(dx),
             |out| {
                 Event::Decided(match out {
                     Ok(adm) => Ok(adm.revision()),
@@ -1006,19 +993,101 @@ mod moved {
             },
         );
         assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
-        let y = b.try_acquire(Demand::slot());
-        assert!(y.is_err(), "y meets x's step: {y:?}");
-        let killed = b.limits().with_revision(first + 1).with_max_concurrent(0);
-        b.apply_limits(killed).unwrap();
+        let y = b.try_acquire(dy);
+        assert!(y.is_err(), "y meets x: {y:?}");
+        b.apply_limits(next).unwrap();
         go_tx.send(()).unwrap();
         let Event::Decided(x_decided) = ev_rx.recv().unwrap() else {
-            unreachable!("one step is reported")
+            unreachable!("one stop is reported")
         };
         drop(x.join().unwrap());
+        x_decided
+    }
+
+    /// A borrower whose class step came before an install's CAS of the tag
+    /// (`src/protocol/classed/moved.rs`, "A borrower's step"), its slot inside its class's
+    /// floor and its tokens borrowed:
+    ///
+    /// 1. `x` (class `a`, whose floor of one slot is idle, and all 100 tokens of the budget,
+    ///    borrowed) reserves the tokens, takes its class step, and stops before it reads the
+    ///    tag again.
+    /// 2. `y` (class `a` too, 10 tokens) meets `x`'s tokens and is refused.
+    /// 3. An install lowers the budget to 50.
+    /// 4. `x` resumes and finds the install announced.
+    ///
+    /// `y`'s refusal is explained only if `x` holds the tokens. Decided again under the lower
+    /// budget (as before, `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`), `x` is taken back and
+    /// refused, and no serial order refuses `y`. Its class CAS replaced a word the install
+    /// had not marked (`EPOCH`), so it came before the install's CAS of the tag: `x` stands
+    /// under the first revision, as a step before the install does.
+    #[test]
+    fn a_borrower_stepped_before_an_install_refuses_no_one() {
+        let floor = ClassLimits {
+            protected_concurrent: 1,
+            ..ClassLimits::default()
+        };
+        let b = Bulkhead::builder()
+            .max_concurrent(2)
+            .token_budget(100)
+            .class("a", floor)
+            .default_class("a")
+            .build()
+            .unwrap();
+        let first = b.limits().revision;
+        let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+        let lower = BudgetLimits {
+            budget: 50,
+            ..b.limits().token_budget.unwrap()
+        };
+        let next = b
+            .limits()
+            .with_revision(first + 1)
+            .with_token_budget(Some(lower));
+        let x_decided =
+            overtaken_borrower_race(&b, PausePoint::BorrowStepped, tokens(100), tokens(10), next);
         assert_eq!(
             x_decided,
             Ok(first),
             "x's step refused y and was then taken back: y's refusal is spurious"
+        );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+    }
+
+    /// A borrower reserved whole (its slot and all of its tokens borrowed), overtaken by an
+    /// install before its class step (`src/protocol/classed/moved.rs`, "A borrower's step"):
+    ///
+    /// 1. `x` (class `a`, no floors: it borrows the one slot) reserves it and stops before its
+    ///    class step.
+    /// 2. `y` (class `a` too) meets `x`'s reservation and is refused: the slot is taken.
+    /// 3. An install closes the switch (`max_concurrent` 0).
+    /// 4. `x` resumes, and its class CAS finds the word the install marked.
+    ///
+    /// Decided again under the kill switch (as before,
+    /// `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1`), `x` is taken back and refused, and no serial
+    /// order refuses `y`. Reserved whole, `x` is counted by every decider from its
+    /// reservation on, in the stored word or in the excess an exact check adds to its
+    /// collect: it stands under the first revision.
+    #[test]
+    fn a_reserved_borrower_overtaken_refuses_no_one() {
+        let b = Bulkhead::builder()
+            .max_concurrent(1)
+            .class("a", ClassLimits::default())
+            .default_class("a")
+            .build()
+            .unwrap();
+        let first = b.limits().revision;
+        let killed = b.limits().with_revision(first + 1).with_max_concurrent(0);
+        let x_decided = overtaken_borrower_race(
+            &b,
+            PausePoint::BorrowReserved,
+            Demand::slot(),
+            Demand::slot(),
+            killed,
+        );
+        assert_eq!(
+            x_decided,
+            Ok(first),
+            "x's reservation refused y and was then taken back: y's refusal is spurious"
         );
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }

@@ -45,34 +45,7 @@
 //! collects after the step. Another tag: the step is kept and decided again under the current
 //! tag ([`borrow_overtaken`]), exactly as a protected step overtaken by an install, and a
 //! decider that collected before the step is seen by this decision's collect (its class CAS
-//! came before this step's).
-//!
-//! Another tag does not always mean the install came before the step: a borrower preempted
-//! between its class CAS and that load finds the install there, although its step came
-//! first. Decided again under limits that then refuse it, it was taken back after standing
-//! for a scheduler quantum, and every refusal that had counted it meanwhile was spurious
-//! (issue 26 §5; `tests/spurious_refusals.rs` attributed bursts of thousands to such
-//! borrowers, 4 to 8 ms between their class CAS and their take-back). So the words carry the
-//! install's mark: every install sets each class word's `EPOCH` to its new tag's parity after
-//! announcing the tag and before its CAS of it (`crate::protocol::install::set_epochs`). A
-//! borrower whose class CAS replaced a word with its reservation tag's parity, and which then
-//! loads the next tag as the announced one, stepped before that install wrote its class word,
-//! so before the CAS of the tag, and no later install had written an `EPOCH` yet
-//! ([`stepped_before_the_install`]). That is the case above, of the same tag: its admission
-//! stands under its reservation's revision, decided before the install's CAS of the tag, as
-//! the CAS of a decision without classes that returns after `apply_limits` does. A borrower
-//! whose class CAS meets the install's write fails once, and its retry (`super::
-//! class_step_moved`) steps only on a word of the parity it classified: otherwise it takes
-//! the reservation back, and the demand decides again from fresh reads. A borrower with tokens inside its
-//! floor is decided again as before: that part needs `V ≤ eff` at a load under its tag.
-//! The broken variants: `LLM_BULKHEAD_NO_EPOCH_FLIP=1` (feature `testing`) and, under loom,
-//! `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1` (the install leaves the words alone: an overtaken
-//! borrower reads the old parity and is admitted unchecked), and
-//! `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` (the retry steps on a word of the new parity):
-//! `tests/borrow_overtaken.rs` and both overtaken-borrower models fail on them. The
-//! regression, `moved::a_borrower_stepped_before_an_install_refuses_no_one`
-//! (`tests/spurious_refusals.rs`), fails with `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`, which
-//! decides every such borrower again, as before. One load on the borrowing path: of the tag the latest install
+//! came before this step's). One load on the borrowing path: of the tag the latest install
 //! announced (`Shared::announced`, stored before that install's CAS of the tag, on a line
 //! only installs write), not of the state word, which the other borrowers of a contended
 //! class write on every pair. Its reservation's tag there means that no install's CAS came
@@ -82,6 +55,53 @@
 //! runs). The loom models `a_borrower_overtaken_by_a_floor_raise` and
 //! `a_borrower_overtaken_while_the_install_is_in_progress` fail with
 //! `LLM_BULKHEAD_LOOM_NO_ANNOUNCE=1`, whose install does not announce.
+//!
+//! A borrower **reserved whole** (its slot and all of its tokens borrowed, [`fully_reserved`])
+//! needs no such load: every decider counts it from its reservation on. A decider on the
+//! fast paths checks the stored `U`, `V`, which hold the reservation (an install carries
+//! them over); an exact check adds to its collect what the stored word holds beyond it
+//! ("Steps in flight" below), which holds the reservation until the class step lands, and
+//! the class word holds it after. What an install overtaking it could break is only what
+//! the reservation does not hold: a slot inside the class's floor (the over-admission of
+//! `tests/borrow_overtaken.rs` above) or tokens inside its token floor. So its admission
+//! stands from its reservation, decided under the tag it was made at, before the install's
+//! CAS of the tag; its class step is taken as long as the class word keeps the version it
+//! classified (a migration takes the reservation back, as before). Decided again, such a
+//! borrower preempted between its two steps was taken back a scheduler quantum later, when
+//! the installs in between made the limits in force refuse it, and every refusal that had
+//! counted it meanwhile was spurious (issue 26 §5). The broken variant
+//! `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1` (feature `testing`) decides it again:
+//! `moved::a_reserved_borrower_overtaken_refuses_no_one` (`tests/spurious_refusals.rs`) fails.
+//! The slot borrower's regression of `tests/borrow_overtaken.rs` now fails with
+//! `LLM_BULKHEAD_EXACT_IGNORES_STORED=1` alone: the excess is what counts that borrower.
+//!
+//! Another tag does not always mean the install came before the step: a borrower preempted
+//! between its class CAS and that load finds the install there, although its step came
+//! first. Decided again under limits that then refuse it, it was taken back after standing
+//! for a scheduler quantum, and every refusal that had counted it meanwhile was spurious
+//! (issue 26 §5; `tests/spurious_refusals.rs` attributed bursts of thousands to such
+//! borrowers, 4 to 8 ms between their class CAS and their take-back). For a borrower not
+//! reserved whole (its slot inside its floor), the words carry the
+//! install's mark: every install sets each class word's `EPOCH` to its new tag's parity after
+//! announcing the tag and before its CAS of it (`crate::protocol::install::set_epochs`). A
+//! borrower whose class CAS replaced a word with its reservation tag's parity, and which then
+//! loads the next tag as the announced one, stepped before that install wrote its class word,
+//! so before the CAS of the tag, and no later install had written an `EPOCH` yet
+//! ([`stepped_before_the_install`]). That is the case above, of the same tag: its admission
+//! stands under its reservation's revision, decided before the install's CAS of the tag, as
+//! the CAS of a decision without classes that returns after `apply_limits` does. A borrower
+//! whose class CAS meets the install's write fails once, and its retry (`super::reserve`)
+//! steps on a word of another parity only if the step is reserved whole: otherwise it takes
+//! the reservation back, and the demand decides again from fresh reads. A borrower with
+//! tokens inside its floor is decided again as before: that part needs `V ≤ eff` at a load
+//! under its tag. The broken variants: `LLM_BULKHEAD_NO_EPOCH_FLIP=1` (feature `testing`) and, under loom,
+//! `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1` (the install leaves the words alone: an overtaken
+//! borrower reads the old parity and is admitted unchecked), and
+//! `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` (the retry steps on a word of the new parity):
+//! `tests/borrow_overtaken.rs` and both overtaken-borrower models fail on them. The
+//! regression, `moved::a_borrower_stepped_before_an_install_refuses_no_one`
+//! (`tests/spurious_refusals.rs`), fails with `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`, which
+//! decides every such borrower again, as before.
 //!
 //! A borrower with tokens inside its class's token floor ("Steps in flight" below) loads the
 //! state word instead, which also shows `V`: that part was reserved by no one, so it is a
@@ -457,9 +477,24 @@ pub(super) fn borrow_unsettled(
     if floor_part_checked(resources, r) {
         let g2 = GWord(shared.word.load(SeqCst));
         g2.tag() != tag || g2.v() > eff
+    } else if fully_reserved(resources, r) {
+        false
     } else {
         shared.announced.load(SeqCst) != tag
     }
+}
+
+/// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, was
+/// reserved whole on the shared word: its slot and all of its tokens borrowed (module docs,
+/// "A borrower's step"). Its admission then stands from the reservation on, whatever install
+/// came before its class step. The broken variant `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1`
+/// (feature `testing`) decides it again as any other borrower, as the protocol did before:
+/// `tests/spurious_refusals.rs`, `moved::a_reserved_borrower_overtaken_refuses_no_one`.
+#[inline(always)]
+pub(super) fn fully_reserved(resources: Resources, r: u64) -> bool {
+    resources.borrowed_concurrency
+        && resources.borrowed_tokens == r
+        && !test_switch!("LLM_BULKHEAD_RESERVED_DECIDED_AGAIN")
 }
 
 /// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, holds
