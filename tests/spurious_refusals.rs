@@ -134,6 +134,19 @@
 //!    and 8,532, the largest) had no long take-back printed (the full protocol's protected
 //!    step has no pause point after its CAS, so it was not seen).
 //!
+//!    The same diagnostic, timing also each borrower's class CAS, then showed two kinds of
+//!    those borrowers: preempted after their class CAS (about half), and preempted between
+//!    their reservation and their class CAS. Two changes answer them
+//!    (`src/protocol/classed/moved.rs`, "A borrower's step"): a borrower reserved whole (its
+//!    slot and all of its tokens borrowed) stands from its reservation, whatever install
+//!    follows (`moved::a_reserved_borrower_overtaken_refuses_no_one`); one whose class CAS
+//!    came before the install's CAS of the tag stands under its tag, which the install's mark
+//!    on every class word (`EPOCH`) shows when one install came in between
+//!    (`moved::a_borrower_stepped_before_an_install_refuses_no_one`). Left: borrowers with
+//!    part of their demand inside their class's floors, overtaken by several installs (at 2%
+//!    of operations, a preempted thread sees hundreds), and protected steps kept across an
+//!    install.
+//!
 //! Measured with this file's run (4 threads, 2% and 30% installs, 2026-12-06): before 1 and 2,
 //! 22 runs flagged 122 spurious refusals, 104 of them not after retries (about 2 in a million
 //! refusals); with 2 only, 16 runs flagged 63 (40); with both, 16 runs flagged 25, of which 4

@@ -1085,8 +1085,8 @@ fn protected_admission_against_close() {
 /// borrower whose class step came before the install's CAS of the tag stands (the install
 /// sets every class word's `EPOCH` in between): the model fails with
 /// `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1`, whose install leaves the words alone, and with
-/// `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1`, whose borrower retries its class CAS on a word
-/// the install already marked.
+/// `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1`, whose borrower, retrying its class CAS on a
+/// word the install already marked, reports the word it classified instead.
 #[test]
 fn a_borrower_overtaken_by_a_floor_raise() {
     overtaken_by_a_floor_raise(false);

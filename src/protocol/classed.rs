@@ -607,7 +607,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
             }
         }
         // Then the class word, and the tag once more (`borrow_overtaken`).
-        let Some(resources) = class_step_after_reserve(shared, k, r, req.in_queue, c, du, dv)
+        let Some(resources) = class_step_after_reserve(shared, k, r, req.in_queue, &mut c, du, dv)
         else {
             return Attempt::Retry;
         };
@@ -695,10 +695,13 @@ fn slow(shared: &Shared, req: Req) -> Attempt {
         }
     }
     crate::sync::pause(crate::sync::PausePoint::ClassCas);
-    if cw
-        .compare_exchange(c.0, c.0 + C_ONE + r, SeqCst, SeqCst)
-        .is_err()
-    {
+    // An install's mark (`EPOCH`) alone changes nothing this step was classified on: the CAS
+    // is tried again on the marked word, rather than the reservation taken back.
+    let stepped = match cw.compare_exchange(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
+        Err(a) if a ^ c.0 == C_EPOCH => cw.compare_exchange(a, a + C_ONE + r, SeqCst, SeqCst),
+        other => other,
+    };
+    if stepped.is_err() {
         let visit = shared_decrease(shared, -(du as i64), -(dv as i64));
         visit_queue(shared, visit, req.in_queue);
         return Attempt::Retry;

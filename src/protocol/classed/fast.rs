@@ -107,9 +107,11 @@ pub(super) fn first_try_or_ceiling(
         }));
     }
     let step = du * G_ONE + dv;
+    // `c` becomes the word the class CAS replaced (`class_step_after_reserve`).
+    let mut c = c;
     let resources = match word.compare_exchange(g.0, g.0 + step, SeqCst, SeqCst) {
-        Ok(_) => class_step_after_reserve(shared, k, r, false, c, du, dv),
-        Err(a) => borrow_moved(shared, k, r, priority, GWord(a), tag, c, step),
+        Ok(_) => class_step_after_reserve(shared, k, r, false, &mut c, du, dv),
+        Err(a) => borrow_moved(shared, k, r, priority, GWord(a), tag, &mut c, step),
     }
     .ok_or(None)?;
     // The step stands only if no install came between the reservation and it, and if the
@@ -187,7 +189,7 @@ fn borrow_moved(
     priority: Priority,
     mut a: GWord,
     tag: usize,
-    c: CWord,
+    c: &mut CWord,
     step: u64,
 ) -> Option<Resources> {
     let p = shared.ring.read_packed(tag);

@@ -91,13 +91,16 @@
 //! stands under its reservation's revision, decided before the install's CAS of the tag, as
 //! the CAS of a decision without classes that returns after `apply_limits` does. A borrower
 //! whose class CAS meets the install's write fails once, and its retry (`super::reserve`)
-//! steps on a word of another parity only if the step is reserved whole: otherwise it takes
-//! the reservation back, and the demand decides again from fresh reads. A borrower with
+//! steps on the marked word and reports it as the word its CAS replaced, so the step is
+//! decided again. (Taking the reservation back there instead would make every install take
+//! back the reservation of each borrower in flight, a tentative amount that other refusals
+//! may have counted.) A borrower with
 //! tokens inside its floor is decided again as before: that part needs `V ≤ eff` at a load
 //! under its tag. The broken variants: `LLM_BULKHEAD_NO_EPOCH_FLIP=1` (feature `testing`) and, under loom,
 //! `LLM_BULKHEAD_LOOM_NO_EPOCH_FLIP=1` (the install leaves the words alone: an overtaken
 //! borrower reads the old parity and is admitted unchecked), and
-//! `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` (the retry steps on a word of the new parity):
+//! `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` (the retry reports the word it classified, not
+//! the marked one it replaced):
 //! `tests/borrow_overtaken.rs` and both overtaken-borrower models fail on them. The
 //! regression, `moved::a_borrower_stepped_before_an_install_refuses_no_one`
 //! (`tests/spurious_refusals.rs`), fails with `LLM_BULKHEAD_BORROW_IGNORES_EPOCH=1`, which

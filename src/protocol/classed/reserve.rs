@@ -9,26 +9,27 @@ use super::*;
 /// class state `c`. If the class word moved meanwhile, the step is taken on the new state as
 /// long as its own amounts are no larger than the reservation (the excess is given back after
 /// the class step, a decrease), so a reservation is taken back only when the class now needs
-/// more than was reserved, hit a ceiling, or migrated, or an install set its `EPOCH`
-/// meanwhile (`moved`, "A borrower's step"). `None`: the reservation was taken back.
+/// more than was reserved, hit a ceiling, or migrated. `None`: the reservation was taken back.
 /// (Reserving the difference instead was measured: no better on `tests/stress_classes.rs`.)
 ///
 /// `k`, `r`: the class and tokens of the step; `in_queue` as in `Req`; `c`: the class word the
-/// borrower classified, whose floors (those of its `ctag`) it classified with.
+/// borrower classified, whose floors (those of its `ctag`) it classified with, and, on
+/// return, the word its class CAS replaced, whose `EPOCH` tells whether the step came before
+/// an install's CAS of the tag (`moved`, "A borrower's step").
 #[inline]
 pub(super) fn class_step_after_reserve(
     shared: &Shared,
     k: usize,
     r: u64,
     in_queue: bool,
-    c: CWord,
+    c: &mut CWord,
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
     let cw = &*shared.class_words[k];
     crate::sync::pause(crate::sync::PausePoint::BorrowReserved);
     match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
-        // The amounts are those reserved: nothing to give back.
+        // The amounts are those reserved: nothing to give back, and `c` is the word replaced.
         Ok(_) => Some(Resources {
             borrowed_concurrency: du == 1,
             borrowed_tokens: dv,
@@ -38,7 +39,8 @@ pub(super) fn class_step_after_reserve(
 }
 
 /// [`class_step_after_reserve`] after its CAS expecting `c` found `a`: classifies `a`, and takes
-/// the step on it (and on every later state its CAS finds) or takes the reservation back.
+/// the step on it (and on every later state its CAS finds), leaving in `c` the word it
+/// replaced, or takes the reservation back.
 ///
 /// The floors are read again here, from `c`'s `ctag` (the slot the borrower read them from:
 /// the caller checked `c`'s `ctag` against the shared word's tag, and the grace-period
@@ -51,29 +53,19 @@ fn class_step_moved(
     k: usize,
     r: u64,
     in_queue: bool,
-    mut c: CWord,
+    c: &mut CWord,
     mut a: CWord,
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
-    let l = &floors_of(shared, c, k);
+    let l = &floors_of(shared, *c, k);
+    let classified = *c;
     let cw = &*shared.class_words[k];
     loop {
         let (n, t) = (a.in_flight(), a.tokens());
         let du2 = u64::from(n >= l.pc);
         let dv2 = (t + r).max(l.pt) - t.max(l.pt);
-        // An install that set the class word's `EPOCH` came in between: the step must not
-        // pass for one taken before that install (`moved`, "A borrower's step").
-        let ok = a.ctag() == c.ctag()
-            && (a.epoch() == c.epoch()
-                || moved::fully_reserved(
-                    Resources {
-                        borrowed_concurrency: du2 == 1,
-                        borrowed_tokens: dv2,
-                    },
-                    r,
-                )
-                || moved_ignores_epoch_for_loom())
+        let ok = a.ctag() == classified.ctag()
             && l.mt.is_none_or(|mt| t + r <= mt)
             && l.mc.is_none_or(|m| n < m)
             && du2 <= du
@@ -84,9 +76,13 @@ fn class_step_moved(
             visit_queue(shared, visit, in_queue);
             return None;
         }
-        c = a;
-        match cw.compare_exchange_weak(c.0, c.0 + C_ONE + r, SeqCst, SeqCst) {
+        match cw.compare_exchange_weak(a.0, a.0 + C_ONE + r, SeqCst, SeqCst) {
             Ok(_) => {
+                // The word replaced, whose `EPOCH` an install may have set since the borrower
+                // classified: the step must not pass for one taken before that install.
+                if !moved_ignores_epoch_for_loom() {
+                    *c = a;
+                }
                 let visit = shared_decrease(shared, du2 as i64 - du as i64, dv2 as i64 - dv as i64);
                 visit_queue(shared, visit, in_queue);
                 return Some(Resources {
@@ -99,10 +95,10 @@ fn class_step_moved(
     }
 }
 
-/// Under loom, `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` lets [`class_step_moved`] step on a
-/// word whose `EPOCH` an install changed since the borrower classified: the deliberately
-/// broken variant on which that borrower, whose classified word has its reservation's parity,
-/// passes for one that stepped before the install.
+/// Under loom, `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` makes [`class_step_moved`] leave the
+/// classified word in `c` instead of the word its CAS replaced: the deliberately broken
+/// variant on which a borrower that stepped on a word an install had marked since it
+/// classified passes for one that stepped before the install.
 #[inline(always)]
 fn moved_ignores_epoch_for_loom() -> bool {
     crate::sync::loom_broken("LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH")
