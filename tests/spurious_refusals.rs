@@ -858,6 +858,50 @@ mod moved {
         Decided(Result<u64, String>),
     }
 
+    /// `x`: `b.try_acquire(d)` on a thread stopped where `pick` names an event
+    /// (`super::stopped_thread`), its decision reported last.
+    fn stopped_decider(
+        b: &Bulkhead,
+        d: Demand,
+        pick: impl FnMut(PausePoint) -> Option<Event> + Send + 'static,
+    ) -> (
+        std::thread::JoinHandle<Result<llm_bulkhead::Admission, llm_bulkhead::Rejection>>,
+        std::sync::mpsc::Receiver<Event>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let bx = b.clone();
+        super::stopped_thread(
+            pick,
+            move || bx.try_acquire(d),
+            |out| {
+                Event::Decided(match out {
+                    Ok(adm) => Ok(adm.revision()),
+                    Err(rej) => Err(format!("{rej:?}")),
+                })
+            },
+        )
+    }
+
+    /// A floor of one slot.
+    fn one_slot_floor() -> ClassLimits {
+        ClassLimits {
+            protected_concurrent: 1,
+            ..ClassLimits::default()
+        }
+    }
+
+    /// One class `a`, the default, with `limits`, under `max_concurrent` and `budget`.
+    fn only_a(max_concurrent: u32, budget: Option<u64>, limits: ClassLimits) -> Bulkhead {
+        let mut builder = Bulkhead::builder()
+            .max_concurrent(max_concurrent)
+            .class("a", limits)
+            .default_class("a");
+        if let Some(budget) = budget {
+            builder = builder.token_budget(budget);
+        }
+        builder.build().unwrap()
+    }
+
     /// The race of both kept-step regressions: `x` (demand `d`) takes its step and stops at
     /// `stepped_at`; an install (the same limits, revision `revision`) moves the tag; `y`
     /// (demand `d` too) meets `x`'s step and must be refused; `x` resumes, and wherever it is
@@ -879,17 +923,7 @@ mod moved {
             PausePoint::ClassCas if stepped => Some(Event::Retrying),
             _ => None,
         };
-        let bx = b.clone();
-        let (x, ev_rx, go_tx) = super::stopped_thread(
-            pick,
-            move || bx.try_acquire(d),
-            |out| {
-                Event::Decided(match out {
-                    Ok(adm) => Ok(adm.revision()),
-                    Err(rej) => Err(format!("{rej:?}")),
-                })
-            },
-        );
+        let (x, ev_rx, go_tx) = stopped_decider(b, d, pick);
         assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
         b.apply_limits(b.limits().with_revision(revision)).unwrap();
         let y = b.try_acquire(d);
@@ -927,16 +961,7 @@ mod moved {
     /// under the new revision and `z` never runs.
     #[test]
     fn a_step_kept_across_an_install_refuses_no_one() {
-        let a = ClassLimits {
-            protected_concurrent: 1,
-            ..ClassLimits::default()
-        };
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .class("a", a)
-            .default_class("a")
-            .build()
-            .unwrap();
+        let b = only_a(1, None, one_slot_floor());
         let x_decided = kept_step_race(&b, PausePoint::ProtectedStepTaken, 1, Demand::slot());
         // y was refused while x's step stood: only an admission of x explains it.
         assert_eq!(
@@ -994,17 +1019,7 @@ mod moved {
             }
             _ => None,
         };
-        let bx = b.clone();
-        let (x, ev_rx, go_tx) = super::stopped_thread(
-            pick,
-            move || bx.try_acquire(dx),
-            |out| {
-                Event::Decided(match out {
-                    Ok(adm) => Ok(adm.revision()),
-                    Err(rej) => Err(format!("{rej:?}")),
-                })
-            },
-        );
+        let (x, ev_rx, go_tx) = stopped_decider(b, dx, pick);
         assert!(matches!(ev_rx.recv().unwrap(), Event::StepTaken));
         let y = b.try_acquire(dy);
         assert!(y.is_err(), "y meets x: {y:?}");
@@ -1035,17 +1050,7 @@ mod moved {
     /// under the first revision, as a step before the install does.
     #[test]
     fn a_borrower_stepped_before_an_install_refuses_no_one() {
-        let floor = ClassLimits {
-            protected_concurrent: 1,
-            ..ClassLimits::default()
-        };
-        let b = Bulkhead::builder()
-            .max_concurrent(2)
-            .token_budget(100)
-            .class("a", floor)
-            .default_class("a")
-            .build()
-            .unwrap();
+        let b = only_a(2, Some(100), one_slot_floor());
         let first = b.limits().revision;
         let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
         let lower = BudgetLimits {
@@ -1082,12 +1087,7 @@ mod moved {
     /// collect: it stands under the first revision.
     #[test]
     fn a_reserved_borrower_overtaken_refuses_no_one() {
-        let b = Bulkhead::builder()
-            .max_concurrent(1)
-            .class("a", ClassLimits::default())
-            .default_class("a")
-            .build()
-            .unwrap();
+        let b = only_a(1, None, ClassLimits::default());
         let first = b.limits().revision;
         let killed = b.limits().with_revision(first + 1).with_max_concurrent(0);
         let x_decided = overtaken_borrower_race(
