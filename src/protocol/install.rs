@@ -68,7 +68,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     if !skips_announce_for_loom() {
         shared
             .announced
-            .store(tag % (1 << crate::words::state::TAG_BITS), Ordering::SeqCst);
+            .store(crate::words::state::tag_of(tag), Ordering::SeqCst);
         crate::sync::loom_sc_fence();
     }
     if shared.classed {
@@ -76,7 +76,7 @@ pub(crate) fn install(shared: &Shared, canon: &mut Canonical, next: &LimitsSnaps
     }
     let mut w = Word(word.load(Ordering::Acquire));
     loop {
-        debug_assert_eq!(w.tag(), canon.tag % (1 << crate::words::state::TAG_BITS));
+        debug_assert_eq!(w.tag(), crate::words::state::tag_of(canon.tag));
         match word.compare_exchange_weak(
             w.0,
             w.with_next_tag().0 + advance,
@@ -117,11 +117,17 @@ fn set_epochs(shared: &Shared, tag: usize) {
         return;
     }
     for cw in shared.class_words.iter() {
-        if epoch_of(tag) == C_EPOCH {
-            cw.fetch_or(C_EPOCH, Ordering::SeqCst);
+        let before = if epoch_of(tag) == C_EPOCH {
+            cw.fetch_or(C_EPOCH, Ordering::SeqCst)
         } else {
-            cw.fetch_and(!C_EPOCH, Ordering::SeqCst);
-        }
+            cw.fetch_and(!C_EPOCH, Ordering::SeqCst)
+        };
+        // Every other writer keeps the mark: each word still carries the previous install's.
+        debug_assert_eq!(
+            before & C_EPOCH,
+            epoch_of(tag.wrapping_sub(1)),
+            "a class word lost its install mark"
+        );
     }
 }
 

@@ -123,6 +123,12 @@ const TAG_SHIFT: u32 = 48;
 const TOKEN_MASK: u64 = (1 << TOKEN_BITS) - 1;
 const SLOT_MASK: u64 = ((1 << SLOT_BITS) - 1) << SLOT_SHIFT;
 pub(crate) const TAG_MASK: u64 = ((1 << TAG_BITS) - 1) << TAG_SHIFT;
+/// The tag the word carries for the install count `n` (the limits tag is that count modulo
+/// the field's width, `2^TAG_BITS`).
+#[inline(always)]
+pub(crate) fn tag_of(n: usize) -> usize {
+    n % (1 << TAG_BITS)
+}
 pub(crate) const DETACHED: u64 = 1 << 47;
 pub(crate) const WAITERS: u64 = 1 << 62;
 pub(crate) const CLOSED: u64 = 1 << 63;

@@ -402,7 +402,7 @@ fn skips_exact_check_for_tests() -> bool {
 /// if that refuses it. See "A borrower's step" in the module docs. Out of line and cold.
 ///
 /// `k`, `r`, `priority`, `in_queue`: the demand; `tag`: its reservation's tag; `c`: the class
-/// word it classified (its class CAS replaced `c`, or a word with `c`'s `EPOCH`). Plain
+/// word its class CAS replaced (`super::reserve::class_step_after_reserve`). Plain
 /// arguments: a structure or a tuple built on the pairs' inlined path cost them 10
 /// instructions (`benches/instructions.rs`).
 #[cold]
@@ -455,7 +455,7 @@ fn stepped_before_the_install(shared: &Shared, tag: usize, c: CWord) -> bool {
         return false;
     }
     crate::sync::loom_sc_fence();
-    let next = tag.wrapping_add(1) % (1 << crate::words::state::TAG_BITS);
+    let next = crate::words::state::tag_of(tag.wrapping_add(1));
     shared.announced.load(SeqCst) == next
 }
 

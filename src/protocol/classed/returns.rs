@@ -95,7 +95,7 @@ pub(crate) fn migrate(shared: &Shared, k: usize, tag: usize) -> bool {
 #[inline]
 fn tag_is(shared: &Shared, tag: usize) -> bool {
     let now = GWord(shared.word.load(SeqCst)).tag();
-    now == tag % (1 << crate::words::state::TAG_BITS)
+    now == crate::words::state::tag_of(tag)
 }
 
 /// What a release of one slot and `held` tokens of class `k` reads from the class word `c` it
