@@ -1105,6 +1105,55 @@ mod moved {
         assert_eq!(b.stats().in_flight, 0, "everything released");
     }
 
+    /// A borrower whose class an install migrated between its reservation and its class step
+    /// (`src/protocol/classed/reserve.rs`, `class_step_moved`):
+    ///
+    /// 1. `x` (class `a`, no floors: it borrows the one slot and 10 tokens) reserves them and
+    ///    stops before its class step.
+    /// 2. `y` (class `a` too, 95 tokens) meets `x`'s reservation and is refused.
+    /// 3. An install gives `a` a token ceiling of 50 (a new version of the class: its word
+    ///    migrates) and lowers the budget to 5.
+    /// 4. `x` resumes, and its class CAS finds the migrated word.
+    ///
+    /// With its reservation taken back whenever the class migrated (as before,
+    /// `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1`), `x` decides again under the budget
+    /// of 5 and is refused, and no serial order refuses `y`. Classified under the new
+    /// version (within the ceiling of 50, and what it needs no more than it reserved), `x`
+    /// steps on the migrated word; reserved whole, it stands under the first revision.
+    #[test]
+    fn a_borrower_whose_class_migrated_refuses_no_one() {
+        let b = only_a(1, Some(100), ClassLimits::default());
+        let first = b.limits().revision;
+        let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+        let a = b.class_id("a").unwrap();
+        let ceiling = ClassLimits {
+            max_tokens: Some(50),
+            ..ClassLimits::default()
+        };
+        let lower = BudgetLimits {
+            budget: 5,
+            ..b.limits().token_budget.unwrap()
+        };
+        let next = b
+            .limits()
+            .with_revision(first + 1)
+            .with_class(a, ceiling)
+            .with_token_budget(Some(lower));
+        let x_decided =
+            overtaken_borrower_race(&b, PausePoint::BorrowReserved, tokens(10), tokens(95), next);
+        assert_eq!(
+            x_decided,
+            Ok(first),
+            "x's reservation refused y and was then taken back: y's refusal is spurious"
+        );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+        assert_eq!(
+            llm_bulkhead::testing::stored_shared(&b),
+            Some((0, 0)),
+            "the shared word back to the floors"
+        );
+    }
+
     /// The exact check of a kept step is a check (`super::stored_v_past_the_budget`, `q` holding 60
     /// tokens: `T = 60`, the stored `V` 110): `x` (`p`, a slot and 30 tokens, inside `p`'s
     /// floors: `T + 30 = 90`, it fits) takes its collect-checked step and stops before its

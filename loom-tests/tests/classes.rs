@@ -1146,6 +1146,41 @@ fn overtaken_by_a_floor_raise(concurrent: bool) {
     });
 }
 
+/// Max 2, classes `a` and `b` without floors. A borrower of `a` (a slot) against an install
+/// that raises `a`'s floor to 1, a new version of the class: its word migrates, and the
+/// borrower's class step may find the migrated word (`src/protocol/classed/reserve.rs`,
+/// `class_step_moved`). Then, with the borrower released, the raised floor and the other
+/// slot must both be usable: a protected admission in `a` and a borrower in `b`, with a
+/// third refused. Fails with `LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS=1`, which classifies the
+/// migrated word under the floors of the version the borrower read: its slot, inside the
+/// raised floor, stays counted in the shared word as borrowed, and `b` finds no slot.
+#[test]
+fn a_borrower_whose_class_migrates_between_its_two_steps() {
+    model(|| {
+        let (b, [ca, cb]) = build(2, None, [("a", floor(0)), ("b", floor(0))]);
+        let raised = b.limits().with_revision(1).with_class(ca, floor(1));
+        let borrower = {
+            let b = b.clone();
+            thread::spawn(move || b.try_acquire(slot(ca)).ok())
+        };
+        b.apply_limits(raised).unwrap();
+        let admitted = borrower.join().unwrap();
+        let a = admitted.expect("one slot of two in use at most: never refused");
+        let s = b.stats();
+        assert_eq!((s.in_flight, held(&s, ca)), (1, (1, 0)), "{s:?}");
+        drop(a);
+        let protected = b.try_acquire(slot(ca)).expect("a's raised floor is idle");
+        assert!(!protected.resources().borrowed_concurrency);
+        let other = b
+            .try_acquire(slot(cb))
+            .expect("U = 1 (a's floor): one shared slot left for b");
+        let third = b.try_acquire(slot(cb));
+        assert!(third.is_err(), "two slots, two admissions: {third:?}");
+        drop((protected, other));
+        assert_classes_quiescent(&b);
+    });
+}
+
 /// A borrower of 20 tokens (class `q`, no floors) while a usage report grows another
 /// admission of `q` from 30 to 60 tokens, past what the budget of 100 leaves once `p`'s token
 /// floor of 50 is counted; then a demand of 40 tokens inside `p`'s floor, which the stored

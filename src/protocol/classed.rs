@@ -49,8 +49,11 @@
 //! (with tentative class increments counted as true):
 //!
 //! * **increases go to the shared word first**: a borrower adds `du`, `dv` by a CAS that checks
-//!   rows 4 and 5, then CASes its class word against exactly the class state it classified
-//!   (if that changed, it takes its increase back and decides again), then reads the tag
+//!   rows 4 and 5, then CASes its class word against the class state it classified (if
+//!   that changed, it steps on the new state when what that needs, under the floors of the
+//!   state's own version, is no more than it reserved, and gives the excess back after; it
+//!   takes its increase back and decides again otherwise, and on a migrated state unless it
+//!   reserved its whole demand: `reserve`), then reads the tag
 //!   again: a step that an install overtook is decided again under the current tag (`moved`,
 //!   "A borrower's step");
 //! * **decreases go to the class word first**: a release (or abandonment, or undo) changes the

@@ -65,8 +65,10 @@
 //! the reservation does not hold: a slot inside the class's floor (the over-admission of
 //! `tests/borrow_overtaken.rs` above) or tokens inside its token floor. So its admission
 //! stands from its reservation, decided under the tag it was made at, before the install's
-//! CAS of the tag; its class step is taken as long as the class word keeps the version it
-//! classified (a migration takes the reservation back, as before). Decided again, such a
+//! CAS of the tag. Its class step is taken on whatever state the class word moved to, as
+//! long as the class's ceilings allow it (`super::reserve`), also a state an install
+//! migrated meanwhile, classified under the new version's floors and ceilings, if those
+//! leave it borrowing its whole demand (if not, its reservation is taken back, as before). Decided again, such a
 //! borrower preempted between its two steps was taken back a scheduler quantum later, when
 //! the installs in between made the limits in force refuse it, and every refusal that had
 //! counted it meanwhile was spurious (issue 26 §5). The broken variant

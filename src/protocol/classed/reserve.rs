@@ -9,7 +9,8 @@ use super::*;
 /// class state `c`. If the class word moved meanwhile, the step is taken on the new state as
 /// long as its own amounts are no larger than the reservation (the excess is given back after
 /// the class step, a decrease), so a reservation is taken back only when the class now needs
-/// more than was reserved, hit a ceiling, or migrated. `None`: the reservation was taken back.
+/// more than was reserved or hit a ceiling, or migrated under a borrower not reserved whole
+/// ([`class_step_moved`]). `None`: the reservation was taken back.
 /// (Reserving the difference instead was measured: no better on `tests/stress_classes.rs`.)
 ///
 /// `k`, `r`: the class and tokens of the step; `in_queue` as in `Req`; `c`: the class word the
@@ -42,10 +43,34 @@ pub(super) fn class_step_after_reserve(
 /// the step on it (and on every later state its CAS finds), leaving in `c` the word it
 /// replaced, or takes the reservation back.
 ///
+/// Each state is classified under the floors and ceilings of its own version (`ctag`), as
+/// every class amount is (`super`, "The invariant"). A state on a later version than `c`'s
+/// is a class an install migrated after the reservation: the migration accounted the class
+/// under the new floors without this step, so the step's own amounts under those floors are
+/// what it adds. A borrower reserved whole (its slot and all of its tokens) that the new
+/// floors leave borrowing all of it steps on that state: its admission stands from its
+/// reservation (`moved`, "A borrower's step"), and the new version's ceilings hold for the
+/// class word it writes. Any other borrower takes its reservation back there, as every
+/// borrower did before: stepped, it would be decided again under the current tag, later, and
+/// taken back then if that refused it (measured: more spurious refusals in
+/// `tests/spurious_refusals.rs`). Taking back the reservation of a borrower reserved whole
+/// made every install that changed a class's limits take back the reservation of each such
+/// borrower in flight: a tentative amount that other refusals had counted (issue 26 §5; the
+/// take-backs of reservations held for more than 20 µs in that test were mostly on
+/// migrations, about a third of them reserved whole). The broken variant
+/// `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1` (feature `testing`) takes it back as
+/// before: `moved::a_borrower_whose_class_migrated_refuses_no_one` fails. Under loom,
+/// `LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS=1` classifies the migrated state under the floors the
+/// borrower classified with, on which a raised floor leaves the step borrowing whole and the
+/// shared word counts its slot twice: `a_borrower_whose_class_migrates_between_its_two_steps`
+/// (`loom-tests/tests/classes.rs`) fails.
+///
 /// The floors are read again here, from `c`'s `ctag` (the slot the borrower read them from:
 /// the caller checked `c`'s `ctag` against the shared word's tag, and the grace-period
 /// operation keeps that slot unchanged), so that the common path, whose CAS succeeds, does
-/// not keep them or pass them through memory.
+/// not keep them or pass them through memory. A later version's entry was written before the
+/// migration that this state shows, and is not rewritten while this operation is in progress
+/// (`crate::grace`, "Class versions").
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
 fn class_step_moved(
@@ -58,14 +83,23 @@ fn class_step_moved(
     du: u64,
     dv: u64,
 ) -> Option<Resources> {
-    let l = &floors_of(shared, *c, k);
     let classified = *c;
     let cw = &*shared.class_words[k];
     loop {
+        let migrated = a.ctag() != classified.ctag();
+        let l = &if migrated && !old_floors_for_loom() {
+            floors_of(shared, a, k)
+        } else {
+            floors_of(shared, classified, k)
+        };
         let (n, t) = (a.in_flight(), a.tokens());
         let du2 = u64::from(n >= l.pc);
         let dv2 = (t + r).max(l.pt) - t.max(l.pt);
-        let ok = a.ctag() == classified.ctag()
+        // On a migrated word only a borrower reserved whole, and borrowing all of its demand
+        // under the new floors, steps (its admission stands from its reservation); any other
+        // takes its reservation back at once, as before.
+        let stands = du == 1 && dv == r && du2 == 1 && dv2 == r;
+        let ok = !(migrated && (!stands || takes_migrated_back_for_tests()))
             && l.mt.is_none_or(|mt| t + r <= mt)
             && l.mc.is_none_or(|m| n < m)
             && du2 <= du
@@ -93,6 +127,24 @@ fn class_step_moved(
             Err(actual) => a = CWord(actual),
         }
     }
+}
+
+/// The broken variant of the migrated borrower's regression (`tests/spurious_refusals.rs`,
+/// `moved::a_borrower_whose_class_migrated_refuses_no_one`):
+/// `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1` (feature `testing`) takes the reservation
+/// back whenever the class word migrated, as the protocol did before.
+#[inline]
+fn takes_migrated_back_for_tests() -> bool {
+    test_switch!("LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK")
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS=1` makes [`class_step_moved`] classify a
+/// migrated class word under the floors the borrower classified with: the broken variant on
+/// which the shared word keeps a raised floor's slot twice after the step
+/// (`a_borrower_whose_class_migrates_between_its_two_steps`, `loom-tests/tests/classes.rs`).
+#[inline(always)]
+fn old_floors_for_loom() -> bool {
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_MOVED_IGNORES_EPOCH=1` makes [`class_step_moved`] leave the
