@@ -1154,6 +1154,42 @@ mod moved {
         );
     }
 
+    /// The same race, with the install also raising `a`'s floor to one slot: classified
+    /// under the new version, `x`'s slot is inside the floor, and the slot it reserved goes
+    /// back to the shared word after its step. Reserved whole, `x` still stands under the
+    /// first revision (decided again instead, as with `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1`,
+    /// or taken back, as with `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1`, it is refused
+    /// under the budget of 5, and no serial order refuses `y`).
+    #[test]
+    fn a_borrower_whose_class_migrated_into_a_raised_floor_refuses_no_one() {
+        let b = only_a(1, Some(100), ClassLimits::default());
+        let first = b.limits().revision;
+        let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
+        let a = b.class_id("a").unwrap();
+        let lower = BudgetLimits {
+            budget: 5,
+            ..b.limits().token_budget.unwrap()
+        };
+        let next = b
+            .limits()
+            .with_revision(first + 1)
+            .with_class(a, one_slot_floor())
+            .with_token_budget(Some(lower));
+        let x_decided =
+            overtaken_borrower_race(&b, PausePoint::BorrowReserved, tokens(10), tokens(95), next);
+        assert_eq!(
+            x_decided,
+            Ok(first),
+            "x's reservation refused y and was then taken back: y's refusal is spurious"
+        );
+        assert_eq!(b.stats().in_flight, 0, "everything released");
+        assert_eq!(
+            llm_bulkhead::testing::stored_shared(&b),
+            Some((1, 0)),
+            "the shared word back to a's raised floor: the slot went back once"
+        );
+    }
+
     /// The exact check of a kept step is a check (`super::stored_v_past_the_budget`, `q` holding 60
     /// tokens: `T = 60`, the stored `V` 110): `x` (`p`, a slot and 30 tokens, inside `p`'s
     /// floors: `T + 30 = 90`, it fits) takes its collect-checked step and stops before its

@@ -616,7 +616,15 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
         };
         crate::sync::pause(crate::sync::PausePoint::BorrowStepped);
         crate::sync::loom_sc_fence();
-        if borrow_unsettled(shared, g.tag(), eff.unwrap_or(u64::MAX), resources, r) {
+        let whole = du == 1 && dv == r;
+        if borrow_unsettled(
+            shared,
+            g.tag(),
+            eff.unwrap_or(u64::MAX),
+            resources,
+            r,
+            whole,
+        ) {
             let revision = lim.revision;
             return match borrow_overtaken(
                 shared,

@@ -114,13 +114,13 @@ pub(super) fn first_try_or_ceiling(
         Err(a) => borrow_moved(shared, k, r, priority, GWord(a), tag, &mut c, step),
     }
     .ok_or(None)?;
-    // The step stands only if no install came between the reservation and it, and if the
-    // part of its tokens inside the class's floor, reserved by no one, passes a protected
-    // step's check (`super::borrow_overtaken`): a load after the class CAS in the `SeqCst`
-    // order (`super::borrow_unsettled`).
+    // The step stands if it was reserved whole; otherwise only if no install came between
+    // the reservation and it, and if the part of its tokens inside the class's floor,
+    // reserved by no one, passes a protected step's check (`super::borrow_overtaken`): a
+    // load after the class CAS in the `SeqCst` order (`super::borrow_unsettled`).
     crate::sync::pause(crate::sync::PausePoint::BorrowStepped);
     crate::sync::loom_sc_fence();
-    if borrow_unsettled(shared, tag, eff, resources, r) {
+    if borrow_unsettled(shared, tag, eff, resources, r, du == 1 && dv == r) {
         let revision = lim.revision;
         return borrow_overtaken(shared, k, r, priority, false, tag, c, revision, resources)
             .ok_or(None);

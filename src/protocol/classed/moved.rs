@@ -67,8 +67,9 @@
 //! stands from its reservation, decided under the tag it was made at, before the install's
 //! CAS of the tag. Its class step is taken on whatever state the class word moved to, as
 //! long as the class's ceilings allow it (`super::reserve`), also a state an install
-//! migrated meanwhile, classified under the new version's floors and ceilings, if those
-//! leave it borrowing its whole demand (if not, its reservation is taken back, as before). Decided again, such a
+//! migrated meanwhile, classified under the new version's floors and ceilings (what those
+//! leave it not borrowing goes back to the shared word after its step; it stands from its
+//! reservation all the same, which its caller tells from the amounts it reserved). Decided again, such a
 //! borrower preempted between its two steps was taken back a scheduler quantum later, when
 //! the installs in between made the limits in force refuse it, and every refusal that had
 //! counted it meanwhile was spurious (issue 26 §5). The broken variant
@@ -470,7 +471,8 @@ fn stepped_before_the_install(shared: &Shared, tag: usize, c: CWord) -> bool {
 /// installs write: the state word, which the other borrowers of a contended class write on
 /// every pair, would cost a line transfer here. Its reservation's tag there means that no
 /// install's CAS of the tag came before this load, so none came between the reservation and
-/// the step; another means one may have, and the step is decided again.
+/// the step; another means one may have, and the step is decided again. A step reserved
+/// whole (`whole`, [`fully_reserved`]) loads nothing: it stands.
 #[inline(always)]
 pub(super) fn borrow_unsettled(
     shared: &Shared,
@@ -478,28 +480,29 @@ pub(super) fn borrow_unsettled(
     eff: u64,
     resources: Resources,
     r: u64,
+    whole: bool,
 ) -> bool {
-    if floor_part_checked(resources, r) {
+    if fully_reserved(whole) {
+        false
+    } else if floor_part_checked(resources, r) {
         let g2 = GWord(shared.word.load(SeqCst));
         g2.tag() != tag || g2.v() > eff
-    } else if fully_reserved(resources, r) {
-        false
     } else {
         shared.announced.load(SeqCst) != tag
     }
 }
 
-/// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, was
-/// reserved whole on the shared word: its slot and all of its tokens borrowed (module docs,
-/// "A borrower's step"). Its admission then stands from the reservation on, whatever install
-/// came before its class step. The broken variant `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1`
-/// (feature `testing`) decides it again as any other borrower, as the protocol did before:
-/// `tests/spurious_refusals.rs`, `moved::a_reserved_borrower_overtaken_refuses_no_one`.
+/// Whether a borrower's step was reserved whole on the shared word (`whole`: its reservation
+/// was a slot and all of its tokens, module docs, "A borrower's step"). Its admission then
+/// stands from the reservation on, whatever install came before its class step, and also
+/// when its class step, on a class word that moved or migrated meanwhile, borrows less and
+/// gave the rest back (`super::reserve`): the reservation counted all of it until then. The broken
+/// variant `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1` (feature `testing`) decides it again as any
+/// other borrower, as the protocol did before: `tests/spurious_refusals.rs`,
+/// `moved::a_reserved_borrower_overtaken_refuses_no_one`.
 #[inline(always)]
-pub(super) fn fully_reserved(resources: Resources, r: u64) -> bool {
-    resources.borrowed_concurrency
-        && resources.borrowed_tokens == r
-        && !test_switch!("LLM_BULKHEAD_RESERVED_DECIDED_AGAIN")
+pub(super) fn fully_reserved(whole: bool) -> bool {
+    whole && !test_switch!("LLM_BULKHEAD_RESERVED_DECIDED_AGAIN")
 }
 
 /// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, holds

@@ -47,10 +47,11 @@ pub(super) fn class_step_after_reserve(
 /// every class amount is (`super`, "The invariant"). A state on a later version than `c`'s
 /// is a class an install migrated after the reservation: the migration accounted the class
 /// under the new floors without this step, so the step's own amounts under those floors are
-/// what it adds. A borrower reserved whole (its slot and all of its tokens) that the new
-/// floors leave borrowing all of it steps on that state: its admission stands from its
-/// reservation (`moved`, "A borrower's step"), and the new version's ceilings hold for the
-/// class word it writes. Any other borrower takes its reservation back there, as every
+/// what it adds. A borrower reserved whole (its slot and all of its tokens) steps on that
+/// state, and gives back after its step what the new floors leave it not borrowing: its
+/// admission stands from its reservation (`moved`, "A borrower's step"; the caller tells it
+/// from what it reserved, not from what the step borrows), and the new version's ceilings
+/// hold for the class word it writes. Any other borrower takes its reservation back there, as every
 /// borrower did before: stepped, it would be decided again under the current tag, later, and
 /// taken back then if that refused it (measured: more spurious refusals in
 /// `tests/spurious_refusals.rs`). Taking back the reservation of a borrower reserved whole
@@ -61,9 +62,10 @@ pub(super) fn class_step_after_reserve(
 /// `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1` (feature `testing`) takes it back as
 /// before: `moved::a_borrower_whose_class_migrated_refuses_no_one` fails. Under loom,
 /// `LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS=1` classifies the migrated state under the floors the
-/// borrower classified with, on which a raised floor leaves the step borrowing whole and the
-/// shared word counts its slot twice: `a_borrower_whose_class_migrates_between_its_two_steps`
-/// (`loom-tests/tests/classes.rs`) fails.
+/// borrower classified with, on which a raised floor leaves the step borrowing its slot and
+/// nothing goes back: the shared word counts the slot twice,
+/// `a_borrower_whose_class_migrates_between_its_two_steps` (`loom-tests/tests/classes.rs`)
+/// fails.
 ///
 /// The floors are read again here, from `c`'s `ctag` (the slot the borrower read them from:
 /// the caller checked `c`'s `ctag` against the shared word's tag, and the grace-period
@@ -95,10 +97,10 @@ fn class_step_moved(
         let (n, t) = (a.in_flight(), a.tokens());
         let du2 = u64::from(n >= l.pc);
         let dv2 = (t + r).max(l.pt) - t.max(l.pt);
-        // On a migrated word only a borrower reserved whole, and borrowing all of its demand
-        // under the new floors, steps (its admission stands from its reservation); any other
-        // takes its reservation back at once, as before.
-        let stands = du == 1 && dv == r && du2 == 1 && dv2 == r;
+        // On a migrated word only a borrower reserved whole steps (its admission stands from
+        // its reservation, whatever the new floors leave it borrowing); any other takes its
+        // reservation back at once, as before.
+        let stands = du == 1 && dv == r;
         let ok = !(migrated && (!stands || takes_migrated_back_for_tests()))
             && l.mt.is_none_or(|mt| t + r <= mt)
             && l.mc.is_none_or(|m| n < m)
