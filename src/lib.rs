@@ -104,7 +104,8 @@
 //!   on two words, and a step that another decider sees before it is taken back can refuse a
 //!   request that no serial order refuses. Some such steps are avoided: a borrower whose
 //!   reservation holds its whole demand stands from that reservation, whatever
-//!   reconfiguration follows; a borrower whose class step came before a reconfiguration's
+//!   reconfiguration follows (also one that changes its class's limits under it); a borrower
+//!   whose class step came before a reconfiguration's
 //!   change of the tag stands under its tag (the install marks every class word first); any
 //!   other step that a reconfiguration overtakes (a protected step, the collect-checked
 //!   path's, a borrower with part of its demand inside its class's floors) is kept and
@@ -112,8 +113,9 @@
 //!   path takes no step that its own collect already refuses; and a refusal that a fresh
 //!   collect contradicts is decided again, up to 256 times and yielding, outside any
 //!   operation, while the step in progress lands. Others remain: a kept step that the new
-//!   limits refuse, a borrower's reservation whose class moved under it (a migration, a
-//!   ceiling reached, or a class that now needs more than was reserved), a step taken back
+//!   limits refuse, a borrower's reservation whose class moved under it (a ceiling reached,
+//!   a class that now needs more than was reserved, or, for a reservation that does not hold
+//!   its whole demand, a change of the class's limits), a step taken back
 //!   because the bulkhead closed or the stored amounts passed a limit, and a step in progress
 //!   that outlasts those retries. A refusal's constraint is derived from its collect (a demand
 //!   inside its floors is never labelled `admission_class_protection`), but such refusals are

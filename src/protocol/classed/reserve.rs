@@ -58,7 +58,7 @@ pub(super) fn class_step_after_reserve(
 /// made every install that changed a class's limits take back the reservation of each such
 /// borrower in flight: a tentative amount that other refusals had counted (issue 26 §5; the
 /// take-backs of reservations held for more than 20 µs in that test were mostly on
-/// migrations, about a third of them reserved whole). The broken variant
+/// migrations, half of them reserved whole). The broken variant
 /// `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1` (feature `testing`) takes it back as
 /// before: `moved::a_borrower_whose_class_migrated_refuses_no_one` fails. Under loom,
 /// `LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS=1` classifies the migrated state under the floors the
