@@ -1122,34 +1122,13 @@ mod moved {
     /// steps on the migrated word; reserved whole, it stands under the first revision.
     #[test]
     fn a_borrower_whose_class_migrated_refuses_no_one() {
-        let b = only_a(1, Some(100), ClassLimits::default());
-        let first = b.limits().revision;
-        let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-        let a = b.class_id("a").unwrap();
         let ceiling = ClassLimits {
             max_tokens: Some(50),
             ..ClassLimits::default()
         };
-        let lower = BudgetLimits {
-            budget: 5,
-            ..b.limits().token_budget.unwrap()
-        };
-        let next = b
-            .limits()
-            .with_revision(first + 1)
-            .with_class(a, ceiling)
-            .with_token_budget(Some(lower));
-        let x_decided =
-            overtaken_borrower_race(&b, PausePoint::BorrowReserved, tokens(10), tokens(95), next);
         assert_eq!(
-            x_decided,
-            Ok(first),
-            "x's reservation refused y and was then taken back: y's refusal is spurious"
-        );
-        assert_eq!(b.stats().in_flight, 0, "everything released");
-        assert_eq!(
-            llm_bulkhead::testing::stored_shared(&b),
-            Some((0, 0)),
+            migrated_race(ceiling),
+            (0, 0),
             "the shared word back to the floors"
         );
     }
@@ -1162,10 +1141,21 @@ mod moved {
     /// under the budget of 5, and no serial order refuses `y`).
     #[test]
     fn a_borrower_whose_class_migrated_into_a_raised_floor_refuses_no_one() {
+        assert_eq!(
+            migrated_race(one_slot_floor()),
+            (1, 0),
+            "the shared word back to a's raised floor: the slot went back once"
+        );
+    }
+
+    /// The race of both migrated-borrower regressions: class `a`, without floors, alone on
+    /// one slot and 100 tokens; `x` (10 tokens) stops after its reservation; `y` (95 tokens)
+    /// meets it; an install gives `a` the limits `migrated` and lowers the budget to 5; `x`
+    /// must stand under the first revision. Returns the stored `(U, V)` once both are gone.
+    fn migrated_race(migrated: ClassLimits) -> (u64, u64) {
         let b = only_a(1, Some(100), ClassLimits::default());
         let first = b.limits().revision;
         let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-        let a = b.class_id("a").unwrap();
         let lower = BudgetLimits {
             budget: 5,
             ..b.limits().token_budget.unwrap()
@@ -1173,7 +1163,7 @@ mod moved {
         let next = b
             .limits()
             .with_revision(first + 1)
-            .with_class(a, one_slot_floor())
+            .with_class(b.class_id("a").unwrap(), migrated)
             .with_token_budget(Some(lower));
         let x_decided =
             overtaken_borrower_race(&b, PausePoint::BorrowReserved, tokens(10), tokens(95), next);
@@ -1183,11 +1173,7 @@ mod moved {
             "x's reservation refused y and was then taken back: y's refusal is spurious"
         );
         assert_eq!(b.stats().in_flight, 0, "everything released");
-        assert_eq!(
-            llm_bulkhead::testing::stored_shared(&b),
-            Some((1, 0)),
-            "the shared word back to a's raised floor: the slot went back once"
-        );
+        llm_bulkhead::testing::stored_shared(&b).unwrap()
     }
 
     /// The exact check of a kept step is a check (`super::stored_v_past_the_budget`, `q` holding 60
