@@ -1053,14 +1053,7 @@ mod moved {
         let b = only_a(2, Some(100), one_slot_floor());
         let first = b.limits().revision;
         let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-        let lower = BudgetLimits {
-            budget: 50,
-            ..b.limits().token_budget.unwrap()
-        };
-        let next = b
-            .limits()
-            .with_revision(first + 1)
-            .with_token_budget(Some(lower));
+        let next = budget_lowered(&b, 50);
         let x_decided =
             overtaken_borrower_race(&b, PausePoint::BorrowStepped, tokens(100), tokens(10), next);
         assert_eq!(
@@ -1148,6 +1141,17 @@ mod moved {
         );
     }
 
+    /// `b`'s limits with the next revision and the token budget lowered to `budget`.
+    fn budget_lowered(b: &Bulkhead, budget: u64) -> llm_bulkhead::LimitsSnapshot {
+        let lower = BudgetLimits {
+            budget,
+            ..b.limits().token_budget.unwrap()
+        };
+        b.limits()
+            .with_revision(b.limits().revision + 1)
+            .with_token_budget(Some(lower))
+    }
+
     /// The race of both migrated-borrower regressions: class `a`, without floors, alone on
     /// one slot and 100 tokens; `x` (10 tokens) stops after its reservation; `y` (95 tokens)
     /// meets it; an install gives `a` the limits `migrated` and lowers the budget to 5; `x`
@@ -1156,15 +1160,7 @@ mod moved {
         let b = only_a(1, Some(100), ClassLimits::default());
         let first = b.limits().revision;
         let tokens = |r| Demand::tokens(Reservation::new(0, r).unwrap());
-        let lower = BudgetLimits {
-            budget: 5,
-            ..b.limits().token_budget.unwrap()
-        };
-        let next = b
-            .limits()
-            .with_revision(first + 1)
-            .with_class(b.class_id("a").unwrap(), migrated)
-            .with_token_budget(Some(lower));
+        let next = budget_lowered(&b, 5).with_class(b.class_id("a").unwrap(), migrated);
         let x_decided =
             overtaken_borrower_race(&b, PausePoint::BorrowReserved, tokens(10), tokens(95), next);
         assert_eq!(

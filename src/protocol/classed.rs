@@ -253,7 +253,9 @@ use crate::words::limits::{Hot, HotClass};
 use crate::Priority;
 pub(crate) use bypass::may_bypass;
 use fast::*;
-use moved::{borrow_overtaken, borrow_unsettled, keep_after_tag_moved, protected_step_missed};
+use moved::{
+    borrow_overtaken, borrow_unsettled, keep_after_tag_moved, protected_step_missed, reserved_whole,
+};
 use refusal::*;
 pub(crate) use refusal::{ceiling_refusal, read_stopped, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
@@ -616,7 +618,7 @@ fn attempt(shared: &Shared, req: Req) -> Attempt {
         };
         crate::sync::pause(crate::sync::PausePoint::BorrowStepped);
         crate::sync::loom_sc_fence();
-        let whole = du == 1 && dv == r;
+        let whole = reserved_whole(du, dv, r);
         if borrow_unsettled(
             shared,
             g.tag(),

@@ -120,7 +120,7 @@ pub(super) fn first_try_or_ceiling(
     // load after the class CAS in the `SeqCst` order (`super::borrow_unsettled`).
     crate::sync::pause(crate::sync::PausePoint::BorrowStepped);
     crate::sync::loom_sc_fence();
-    if borrow_unsettled(shared, tag, eff, resources, r, du == 1 && dv == r) {
+    if borrow_unsettled(shared, tag, eff, resources, r, reserved_whole(du, dv, r)) {
         let revision = lim.revision;
         return borrow_overtaken(shared, k, r, priority, false, tag, c, revision, resources)
             .ok_or(None);

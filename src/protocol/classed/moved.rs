@@ -69,10 +69,11 @@
 //! long as the class's ceilings allow it (`super::reserve`), also a state an install
 //! migrated meanwhile, classified under the new version's floors and ceilings (what those
 //! leave it not borrowing goes back to the shared word after its step; it stands from its
-//! reservation all the same, which its caller tells from the amounts it reserved). Decided again, such a
-//! borrower preempted between its two steps was taken back a scheduler quantum later, when
-//! the installs in between made the limits in force refuse it, and every refusal that had
-//! counted it meanwhile was spurious (issue 26 §5). The broken variant
+//! reservation all the same, which its caller tells from the amounts it reserved,
+//! [`reserved_whole`]). Decided again, such a borrower preempted between its two steps was
+//! taken back a scheduler quantum later, when the installs in between made the limits in
+//! force refuse it, and every refusal that had counted it meanwhile was spurious (issue 26
+//! §5). The broken variant
 //! `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1` (feature `testing`) decides it again:
 //! `moved::a_reserved_borrower_overtaken_refuses_no_one` (`tests/spurious_refusals.rs`) fails.
 //! The slot borrower's regression of `tests/borrow_overtaken.rs` now fails with
@@ -496,13 +497,20 @@ pub(super) fn borrow_unsettled(
 /// was a slot and all of its tokens, module docs, "A borrower's step"). Its admission then
 /// stands from the reservation on, whatever install came before its class step, and also
 /// when its class step, on a class word that moved or migrated meanwhile, borrows less and
-/// gave the rest back (`super::reserve`): the reservation counted all of it until then. The broken
-/// variant `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1` (feature `testing`) decides it again as any
+/// gave the rest back (`super::reserve`): the reservation counted all of it until then. The
+/// broken variant `LLM_BULKHEAD_RESERVED_DECIDED_AGAIN=1` (feature `testing`) decides it again as any
 /// other borrower, as the protocol did before: `tests/spurious_refusals.rs`,
 /// `moved::a_reserved_borrower_overtaken_refuses_no_one`.
 #[inline(always)]
 pub(super) fn fully_reserved(whole: bool) -> bool {
     whole && !test_switch!("LLM_BULKHEAD_RESERVED_DECIDED_AGAIN")
+}
+
+/// Whether a reservation of `du` slots and `dv` tokens for a demand of `r` tokens holds the
+/// whole demand: a slot and all of its tokens ([`fully_reserved`]).
+#[inline(always)]
+pub(super) fn reserved_whole(du: u64, dv: u64, r: u64) -> bool {
+    du == 1 && dv == r
 }
 
 /// Whether a borrower's step, admitted with `resources` for a demand of `r` tokens, holds

@@ -47,18 +47,20 @@ pub(super) fn class_step_after_reserve(
 /// every class amount is (`super`, "The invariant"). A state on a later version than `c`'s
 /// is a class an install migrated after the reservation: the migration accounted the class
 /// under the new floors without this step, so the step's own amounts under those floors are
-/// what it adds. A borrower reserved whole (its slot and all of its tokens) steps on that
-/// state, and gives back after its step what the new floors leave it not borrowing: its
-/// admission stands from its reservation (`moved`, "A borrower's step"; the caller tells it
-/// from what it reserved, not from what the step borrows), and the new version's ceilings
-/// hold for the class word it writes. Any other borrower takes its reservation back there, as every
-/// borrower did before: stepped, it would be decided again under the current tag, later, and
-/// taken back then if that refused it (measured: more spurious refusals in
-/// `tests/spurious_refusals.rs`). Taking back the reservation of a borrower reserved whole
-/// made every install that changed a class's limits take back the reservation of each such
-/// borrower in flight: a tentative amount that other refusals had counted (issue 26 §5; the
-/// take-backs of reservations held for more than 20 µs in that test were mostly on
-/// migrations, half of them reserved whole). The broken variant
+/// what it adds. A borrower reserved whole (its slot and all of its tokens,
+/// [`super::moved::reserved_whole`]) steps on that state, and gives back after its step what
+/// the new floors leave it not borrowing: its admission stands from its reservation (`moved`,
+/// "A borrower's step"; the caller tells it from what it reserved, not from what the step
+/// borrows), and the new version's ceilings hold for the class word it writes. Any other
+/// borrower takes its reservation back there, as every borrower did before: stepped, it
+/// would be decided again under the current tag, later, and taken back then if that refused
+/// it (one set of alternated runs of `tests/spurious_refusals.rs` flagged more spurious
+/// refusals so; that count is too noisy to settle it either way). Taking back the
+/// reservation of a borrower reserved whole made every install that changed a class's
+/// limits take back the reservation of each such borrower in flight: a tentative amount that
+/// other refusals had counted (issue 26 §5; the take-backs of reservations held for more
+/// than 20 µs in that test were mostly on migrations, half of them reserved whole). The
+/// broken variant
 /// `LLM_BULKHEAD_MIGRATED_RESERVATION_TAKEN_BACK=1` (feature `testing`) takes it back as
 /// before: `moved::a_borrower_whose_class_migrated_refuses_no_one` fails. Under loom,
 /// `LLM_BULKHEAD_LOOM_MIGRATED_OLD_FLOORS=1` classifies the migrated state under the floors the
@@ -86,13 +88,14 @@ fn class_step_moved(
     dv: u64,
 ) -> Option<Resources> {
     let classified = *c;
+    let own = floors_of(shared, classified, k);
     let cw = &*shared.class_words[k];
     loop {
         let migrated = a.ctag() != classified.ctag();
         let l = &if migrated && !old_floors_for_loom() {
             floors_of(shared, a, k)
         } else {
-            floors_of(shared, classified, k)
+            own
         };
         let (n, t) = (a.in_flight(), a.tokens());
         let du2 = u64::from(n >= l.pc);
@@ -100,7 +103,7 @@ fn class_step_moved(
         // On a migrated word only a borrower reserved whole steps (its admission stands from
         // its reservation, whatever the new floors leave it borrowing); any other takes its
         // reservation back at once, as before.
-        let stands = du == 1 && dv == r;
+        let stands = reserved_whole(du, dv, r);
         let ok = !(migrated && (!stands || takes_migrated_back_for_tests()))
             && l.mt.is_none_or(|mt| t + r <= mt)
             && l.mc.is_none_or(|m| n < m)
