@@ -1299,6 +1299,43 @@ fn protected_admission_against_the_kill_switch() {
     });
 }
 
+/// Two protected admissions of one class race for the last slot of its floor, with no shared
+/// slot beyond the floors. Both read the floor idle; the loser's class CAS finds the slot
+/// taken, so its step is no longer protected: the fast attempt's retry on the word it found
+/// must see that and hand the decision on (which refuses it at the protection), never step
+/// past the floor as a protected step, which no shared word counts. Exactly one is admitted,
+/// and nothing ever exceeds `max_concurrent`. `LLM_BULKHEAD_LOOM_PROTECTED_RETRY_UNCHECKED=1`
+/// (the retry takes its step without checking the word) must fail it (`.ci/run`).
+#[test]
+fn protected_admissions_race_for_the_last_floor_slot() {
+    model(|| {
+        let (b, [cp, _]) = build(1, None, [("p", floor(1)), ("q", floor(0))]);
+        let racers: Vec<_> = (0..2)
+            .map(|_| {
+                let b = b.clone();
+                thread::spawn(move || b.try_acquire(slot(cp)))
+            })
+            .collect();
+        let outcomes: Vec<_> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        let s = b.stats();
+        assert_eq!(s.in_flight, 1, "one slot: {s:?}");
+        let refused: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        assert_eq!(refused.len(), 1, "the floor's one slot admits one: {s:?}");
+        assert_eq!(
+            (refused[0].reason, refused[0].constraint),
+            (
+                RejectReason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "{:?}",
+            refused[0]
+        );
+        drop(outcomes);
+        assert_quiescent(&b, 1, 1);
+        assert_classes_quiescent(&b);
+    });
+}
+
 /// Two admissions of the same class race at its floor boundary, each with tokens beyond the
 /// token floor (so each reserves its borrowed tokens in the shared word before its class
 /// CAS). Both read an idle floor; the loser's class CAS finds the floor taken, so its slot is

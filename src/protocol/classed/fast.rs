@@ -2,11 +2,14 @@
 //! the class ceilings checked first, so that a refusal at one (the hot path under overload,
 //! `refusal::ceiling_refusal`) stops before anything else is read, and a borrower that the
 //! shared word refuses stops before any step (`refusal::shared_refusal` decides that refusal
-//! from one collect). The one retry is a borrower's shared CAS that another decider's step
-//! or a return beat (`borrow_moved`, out of line): with two threads borrowing in one class
-//! that was two attempts in five, each sent through a second attempt and often the full
-//! protocol.
+//! from one collect). The retries, out of line, are of a CAS that another decider's step or
+//! a return beat: a borrower's shared CAS (`borrow_moved`; with two threads borrowing in one
+//! class that was two attempts in five, each sent through a second attempt and often the full
+//! protocol) and a protected step's class CAS (`protected_moved`). Each waits a little
+//! before it tries again (`super::backoff`), which is what makes two threads in one class
+//! fast: the thread that won finishes its pair on the lines it holds.
 
+use super::backoff::Retry;
 use super::*;
 
 /// The common case in a few instructions: every state read once, one CAS per word (a
@@ -79,8 +82,9 @@ pub(super) fn first_try_or_ceiling(
             return Err(None);
         }
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
-        cw.compare_exchange(c.0, next, SeqCst, SeqCst)
-            .map_err(|_| None)?;
+        if let Err(a) = cw.compare_exchange(c.0, next, SeqCst, SeqCst) {
+            protected_moved(shared, k, r, tag, CWord(a)).ok_or(None)?;
+        }
         crate::sync::pause(crate::sync::PausePoint::ProtectedStepTaken);
         crate::sync::loom_sc_fence();
         let g2 = GWord(word.load(SeqCst));
@@ -164,7 +168,52 @@ pub(super) fn stored_refuses_borrower(
     (borrow_c && g.u() + 1 > mc) || g.v() + dv > eff
 }
 
-/// How many times [`borrow_moved`] tries the borrower's shared CAS again.
+/// A protected step's class CAS in [`first_try_or_ceiling`] found the class word at `a`:
+/// another decision or a return in this class wrote it since the attempt read it (two threads
+/// in one class, inside its floors). After a wait ([`Retry`]), the step is tried again on the
+/// word found, as long as it is still at the class's version under the attempt's tag and the
+/// step on it is still protected (its slot and tokens inside the floors) and within both
+/// ceilings: the checks the attempt made on the word it read. The caller's load of the shared
+/// word after the CAS then decides, as after a first CAS that succeeded (`super`, "Protected
+/// path": the argument holds for whichever class state the CAS replaced, once it passed
+/// these checks). Giving up at the first failed CAS sent every such attempt through a
+/// second attempt, and some through the full protocol (two threads in one class: 84 ns a pair
+/// against 57 with the retries, `benches/core.rs`). `None`: nothing was done, and the full
+/// protocol decides. Bounded: each failed CAS is another decision's progress.
+///
+/// The class's limits are read again from the tag's slot, as the attempt read them, so that
+/// the inlined attempt keeps nothing more live across this call (a slot rewritten meanwhile
+/// harms nobody: the caller's load then finds another tag, `crate::grace`, "The rule").
+/// Under loom, `LLM_BULKHEAD_LOOM_PROTECTED_RETRY_UNCHECKED=1` tries the CAS again without
+/// checking the word it found: the broken variant on which the model
+/// `protected_admissions_race_for_the_last_floor_slot` (`loom-tests/tests/classes.rs`)
+/// fails (the loser steps past the floor as protected, and both are admitted on one slot).
+#[inline(never)]
+fn protected_moved(shared: &Shared, k: usize, r: u64, tag: usize, mut a: CWord) -> Option<()> {
+    let cl = shared.ring.read_class_words(tag, k);
+    let l = cl.hot();
+    let cw = &*shared.class_words[k];
+    let retry = Retry::new();
+    for _ in 0..RESERVE_TRIES {
+        retry.wait();
+        let protected = a.ctag() == cl.version()
+            && ceiling_stop(cl, a, r).is_none()
+            && a.in_flight() < l.pc
+            && (r == 0 || a.tokens() + r <= l.pt);
+        if !protected && !protected_unchecked_for_loom() {
+            return None;
+        }
+        crate::sync::pause(crate::sync::PausePoint::ClassCas);
+        match cw.compare_exchange(a.0, a.0 + C_ONE + r, SeqCst, SeqCst) {
+            Ok(_) => return Some(()),
+            Err(x) => a = CWord(x),
+        }
+    }
+    None
+}
+
+/// How many times the fast attempt tries a CAS that lost again: a borrower's shared CAS
+/// ([`borrow_moved`]) and a protected step's class CAS ([`protected_moved`]).
 const RESERVE_TRIES: u32 = 4;
 
 /// The borrower's shared CAS in [`first_try_or_ceiling`] found the word at `a`: a return or
@@ -172,8 +221,8 @@ const RESERVE_TRIES: u32 = 4;
 /// class met this on about two attempts in five). The classification (`step`, the attempt's
 /// `du` and `dv` as one addend) comes from the class word `c` alone, and the limits from the
 /// tag, so while the tag and the flags are as the attempt read them, rows 4 and 5 are checked
-/// again on `a` and the CAS is tried again, as the full protocol's loop does, and then the
-/// class step is taken as on the first try. Giving up at the first failed CAS sent every
+/// again on `a` and the CAS is tried again after a wait (`super::backoff`), as the full
+/// protocol's loop does, and then the class step is taken as on the first try. Giving up at the first failed CAS sent every
 /// such attempt through a second attempt and often the full protocol. `None`: nothing was
 /// done (or the reservation was taken back), and the full protocol decides, also a refusal.
 /// Bounded: each failed CAS is another decider's progress.
@@ -195,7 +244,9 @@ fn borrow_moved(
     let p = shared.ring.read_packed(tag);
     let (mc, eff) = (p.hot().max_concurrent, p.eff_or_zero(priority));
     let (du, dv) = (step >> U_SHIFT, step & V_MASK);
+    let retry = Retry::new();
     for _ in 0..RESERVE_TRIES {
+        retry.wait();
         if a.tag() != tag || a.closed() || a.waiters() || a.u() > mc {
             return None;
         }
@@ -211,6 +262,13 @@ fn borrow_moved(
         }
     }
     None
+}
+
+/// Under loom, `LLM_BULKHEAD_LOOM_PROTECTED_RETRY_UNCHECKED=1`: [`protected_moved`]'s broken
+/// variant.
+#[inline(always)]
+fn protected_unchecked_for_loom() -> bool {
+    crate::sync::loom_broken("LLM_BULKHEAD_LOOM_PROTECTED_RETRY_UNCHECKED")
 }
 
 /// Under loom, `LLM_BULKHEAD_LOOM_RESERVE_UNCHECKED=1` makes [`borrow_moved`] try its CAS

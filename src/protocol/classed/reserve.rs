@@ -3,6 +3,7 @@
 //! classified, and, when the class word moved meanwhile, the step on the state it moved to,
 //! or the reservation taken back.
 
+use super::backoff::Retry;
 use super::*;
 
 /// A borrower's class step, after it reserved `du` (0 or 1) and `dv` in the shared word for
@@ -40,8 +41,8 @@ pub(super) fn class_step_after_reserve(
 }
 
 /// [`class_step_after_reserve`] after its CAS expecting `c` found `a`: classifies `a`, and takes
-/// the step on it (and on every later state its CAS finds), leaving in `c` the word it
-/// replaced, or takes the reservation back.
+/// the step on it (and on every later state its CAS finds, each after a wait,
+/// `super::backoff`), leaving in `c` the word it replaced, or takes the reservation back.
 ///
 /// Each state is classified under the floors and ceilings of its own version (`ctag`), as
 /// every class amount is (`super`, "The invariant"). A state on a later version than `c`'s
@@ -90,7 +91,9 @@ fn class_step_moved(
     let classified = *c;
     let own = floors_of(shared, classified, k);
     let cw = &*shared.class_words[k];
+    let retry = Retry::new();
     loop {
+        retry.wait();
         let migrated = a.ctag() != classified.ctag();
         let l = &if migrated && !old_floors_for_loom() {
             floors_of(shared, a, k)

@@ -1,6 +1,7 @@
 //! The class protocol's returns of capacity: undoing a step, the class decrease and its
 //! migration to the current floors, the release, usage growth (`super`, "Lifetime").
 
+use super::backoff::Retry;
 use super::*;
 use crate::shared::SlotRef;
 
@@ -185,7 +186,8 @@ unsafe fn release_in_operation(slot: &SlotRef, k: usize, held: u64, borrowed: bo
     unsafe { release_contended(slot, k, held) }
 }
 
-/// [`release`] after its first try did not return the slot: the whole release, as a CAS loop.
+/// [`release`] after its first try did not return the slot: the whole release, as a CAS loop
+/// that waits before each try (`super::backoff`).
 ///
 /// # Safety
 /// As [`release`]'s.
@@ -196,7 +198,9 @@ unsafe fn release_contended(slot: &SlotRef, k: usize, held: u64) -> bool {
     let _op = crate::grace::op(shared.grace_id);
     let cw = &*shared.class_words[k];
     let mut c = CWord(cw.load(SeqCst));
+    let retry = Retry::new();
     loop {
+        retry.wait();
         let read = returned_from(shared, c, k, held);
         crate::sync::pause(crate::sync::PausePoint::ClassCas);
         match cw.compare_exchange_weak(c.0, c.0 - C_ONE - held, SeqCst, SeqCst) {
