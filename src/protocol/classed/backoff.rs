@@ -7,13 +7,26 @@
 //! little first lets the winner finish its pair on lines it holds, as a thread holding a lock
 //! would, before the loser takes them over.
 //!
-//! The wait is two steps of crossbeam's [`Backoff::spin`] per retry: 3 spin hints, then 12,
-//! 48 and 128. Measured on the 2-core machine, with two threads borrowing in one class (`benches/core.rs`,
-//! `classes/two_threads_borrowing_same_class`, and a paired run of each build, alternated):
-//! about 150 ns a pair without a wait, 100 ns with one step per retry (1, 2, 4, 8 hints), 62
-//! ns with two, and no better with three. Reloading the word after the wait, instead of trying
-//! the CAS on the value the failed one returned, doubled the time again (a load then a CAS is
-//! two transfers of the line). Only the retries wait: a first CAS that succeeds pays nothing.
+//! The wait is three steps of crossbeam's [`Backoff::spin`] per retry: 7 spin hints, then 56,
+//! then 192 (a hint took about 25 ns on the 2-core EPYC machine this was tuned on, so the
+//! first wait is about three pairs of the thread that won). Two threads, one build whose step
+//! count was read from a variable for the runs, each count run for 9 rounds of 500,000 to
+//! 1,000,000 pairs a thread, the counts alternated (the shapes of `benches/core.rs`'s
+//! `classes` group), median ns a pair:
+//!
+//! | steps per retry | borrowing, one class | borrowing, two classes | protected, one class |
+//! |---|---|---|---|
+//! | none (before) | about 150 | about 75 | about 85 |
+//! | 1 | 100-250 (two builds) | | |
+//! | 2 | 70-74 | 66-67 | 63-65 |
+//! | 3 | 58-65 | 54-55 | 52-53 |
+//! | 4 | 54-72 | 54-57 | 50-64 |
+//!
+//! Reloading the word after the wait, instead of trying the CAS on the value the failed one
+//! returned, doubled the time (a load then a CAS is two transfers of the line). Only the
+//! retries wait: a first CAS that succeeds pays nothing, and a thread pays at most the
+//! waits of the retries it makes (the fast attempt's are bounded, and every failed CAS is
+//! another thread's progress).
 
 use crossbeam_utils::Backoff;
 
@@ -29,10 +42,11 @@ impl Retry {
         Self(Backoff::new())
     }
 
-    /// Waits before the next retry, longer each time (3, 12, 48, then 128 spin hints). Under
-    /// loom the hints do nothing: the models explore the retries' interleavings.
+    /// Waits before the next retry, longer each time (7, 56, then 192 spin hints). Under loom
+    /// the hints do nothing: the models explore the retries' interleavings.
     #[inline(always)]
     pub(super) fn wait(&self) {
+        self.0.spin();
         self.0.spin();
         self.0.spin();
     }

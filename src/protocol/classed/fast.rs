@@ -177,8 +177,9 @@ pub(super) fn stored_refuses_borrower(
 /// word after the CAS then decides, as after a first CAS that succeeded (`super`, "Protected
 /// path": the argument holds for whichever class state the CAS replaced, once it passed
 /// these checks). Giving up at the first failed CAS sent every such attempt through a
-/// second attempt, and some through the full protocol (two threads in one class: 84 ns a pair
-/// against 57 with the retries, `benches/core.rs`). `None`: nothing was done, and the full
+/// second attempt, and some through the full protocol (two threads in one class,
+/// `classes/two_threads_protected_same_class` in `benches/core.rs`: about 80 ns a pair in
+/// the README's table, 52 with the retries and their waits, one run). `None`: nothing was done, and the full
 /// protocol decides. Bounded: each failed CAS is another decision's progress.
 ///
 /// The class's limits are read again from the tag's slot, as the attempt read them, so that
