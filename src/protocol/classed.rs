@@ -241,7 +241,6 @@ use crate::words::class_word::*;
 
 use crate::sync::test_switch;
 
-mod backoff;
 mod bypass;
 mod fast;
 mod moved;

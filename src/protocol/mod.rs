@@ -1,9 +1,11 @@
 //! The protocols (layer 5): how a decision changes the words. The no-class protocol (`plain`:
 //! its enter, refusal and returns; its hand-off, pump and close in `handoff`), the class
 //! protocol (`classed`) with its enter, return, pump and refusal code, the token-waiting rules
-//! both share (`token_wait`) and the events' hooks on their paths (`hooks`). They do not reach
+//! both share (`token_wait`), the wait of a CAS that lost before it tries again (`backoff`) and
+//! the events' hooks on their paths (`hooks`). They do not reach
 //! up into the waits (`crate::wait`) nor the handles.
 
+pub(crate) mod backoff;
 pub(crate) mod class_pump;
 pub(crate) mod classed;
 pub(crate) mod handoff;

@@ -243,7 +243,7 @@ fn decide_loop<'a, E>(
     #[cfg(loom)]
     let mut op = Some(crate::grace::enter_decision(c.reader(), shared.asymmetric));
     let mut w = Word(word.load(Ordering::Acquire));
-    let backoff = crossbeam_utils::Backoff::new();
+    let retry = crate::protocol::backoff::Retry::new();
     loop {
         let packed = shared.ring.read_packed(w.tag());
         let lim = packed.hot();
@@ -253,7 +253,7 @@ fn decide_loop<'a, E>(
                 match word.compare_exchange_weak(w.0, next.0, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => return Ok(count_in(shared, c, lim.revision, r)),
                     Err(actual) => {
-                        backoff.spin();
+                        retry.wait();
                         w = Word(actual);
                     }
                 }

@@ -9,8 +9,8 @@
 //! before it tries again (`super::backoff`), which is what makes two threads in one class
 //! fast: the thread that won finishes its pair on the lines it holds.
 
-use super::backoff::Retry;
 use super::*;
+use crate::protocol::backoff::Retry;
 
 /// The common case in a few instructions: every state read once, one CAS per word (a
 /// borrower's shared CAS tried again on the word it found, [`borrow_moved`]). `None` hands the decision to the full protocol ([`acquire_contended`]), which starts again

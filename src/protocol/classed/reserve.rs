@@ -3,8 +3,8 @@
 //! classified, and, when the class word moved meanwhile, the step on the state it moved to,
 //! or the reservation taken back.
 
-use super::backoff::Retry;
 use super::*;
+use crate::protocol::backoff::Retry;
 
 /// A borrower's class step, after it reserved `du` (0 or 1) and `dv` in the shared word for
 /// class state `c`. If the class word moved meanwhile, the step is taken on the new state as

@@ -1,8 +1,8 @@
 //! The class protocol's returns of capacity: undoing a step, the class decrease and its
 //! migration to the current floors, the release, usage growth (`super`, "Lifetime").
 
-use super::backoff::Retry;
 use super::*;
+use crate::protocol::backoff::Retry;
 use crate::shared::SlotRef;
 
 /// Takes back a class step of one slot and `r` tokens. The step's own amount is already in the

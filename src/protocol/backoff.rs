@@ -1,4 +1,7 @@
-//! How a class-protocol CAS that lost to another thread's write waits before it tries again.
+//! How a CAS that lost to another thread's write waits before it tries again, in both
+//! protocols: the no-class decision's CAS on the state word (`super::plain`), and the class
+//! protocol's retries (`super::classed`: a borrower's shared and class CAS, a protected
+//! step's class CAS, a contended release).
 //!
 //! Two threads deciding in one class write the same two cache lines, the class word and the
 //! shared word, four times a borrowing pair (a CAS on each to admit, a `fetch_sub` on each to
@@ -22,6 +25,10 @@
 //! | 3 | 58-65 | 54-55 | 52-53 |
 //! | 4 | 54-72 | 54-57 | 50-64 |
 //!
+//! The no-class decision, one word, waited one step before: two threads on the slot pair took
+//! 39.3 ns a pair with one step and 20.7 with three (one-round runs of `benches/core.rs`'s
+//! `two_threads` group; 33-41 and 18-20 in paired runs of the two counts).
+//!
 //! Reloading the word after the wait, instead of trying the CAS on the value the failed one
 //! returned, doubled the time (a load then a CAS is two transfers of the line). Only the
 //! retries wait: a first CAS that succeeds pays nothing, and a thread pays at most the
@@ -33,19 +40,19 @@ use crossbeam_utils::Backoff;
 /// The wait before each retry of a CAS that another thread's write beat (module docs): made
 /// when the first CAS failed, waited on before each retry, which tries the CAS on the value
 /// the failed one returned.
-pub(super) struct Retry(Backoff);
+pub(crate) struct Retry(Backoff);
 
 impl Retry {
     /// A wait that starts at its shortest.
     #[inline(always)]
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(Backoff::new())
     }
 
     /// Waits before the next retry, longer each time (7, 56, then 192 spin hints). Under loom
     /// the hints do nothing: the models explore the retries' interleavings.
     #[inline(always)]
-    pub(super) fn wait(&self) {
+    pub(crate) fn wait(&self) {
         self.0.spin();
         self.0.spin();
         self.0.spin();
