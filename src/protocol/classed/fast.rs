@@ -189,6 +189,7 @@ pub(super) fn stored_refuses_borrower(
 /// checking the word it found: the broken variant on which the model
 /// `protected_admissions_race_for_the_last_floor_slot` (`loom-tests/tests/classes.rs`)
 /// fails (the loser steps past the floor as protected, and both are admitted on one slot).
+#[cold]
 #[inline(never)]
 fn protected_moved(shared: &Shared, k: usize, r: u64, tag: usize, mut a: CWord) -> Option<()> {
     let cl = shared.ring.read_class_words(tag, k);
