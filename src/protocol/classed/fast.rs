@@ -77,7 +77,7 @@ pub(super) fn first_try_or_ceiling(
     let next = c.0 + C_ONE + r;
     // Protected: neither a slot nor tokens borrowed (`dv = 0`, which is `r = 0` or
     // `t + r ≤ pt`), tested directly; `dv` is computed for the borrower only.
-    if !borrow_c && (r == 0 || t + r <= l.pt) {
+    if inside_floors(l, n, t, r) {
         if g.v() > eff {
             return Err(None);
         }
@@ -154,6 +154,18 @@ pub(super) fn ceiling_stop(
     }
 }
 
+/// Whether a step of one slot and `r` tokens on a class word holding `n` slots and `t` tokens
+/// is protected under the class limits `l`: neither its slot nor any of its tokens borrowed
+/// (`du = 0` and `dv = 0`, tested directly). The fast attempt's test and the one its retry
+/// makes on the word a lost CAS found ([`protected_moved`]), so that both are the same.
+#[inline(always)]
+fn inside_floors(l: HotClass, n: u64, t: u64, r: u64) -> bool {
+    // Written as the attempt's `borrow_c` test negated: `n < l.pc` compiled the inlined
+    // attempt 3 to 6 instructions longer (`benches/instructions.rs`).
+    let borrows_slot = n >= l.pc;
+    !borrows_slot && (r == 0 || t + r <= l.pt)
+}
+
 /// Rows 4 and 5 on the stored shared word `g` for a borrower (a slot if `borrow_c`, `dv`
 /// tokens past its floor): whether the stored `U`, `V` leave it no room (then a collect decides,
 /// `refusal::shared_refusal`). Shared by the fast attempt and `refusal::read_stopped`.
@@ -200,8 +212,7 @@ fn protected_moved(shared: &Shared, k: usize, r: u64, tag: usize, mut a: CWord) 
         retry.wait();
         let protected = a.ctag() == cl.version()
             && ceiling_stop(cl, a, r).is_none()
-            && a.in_flight() < l.pc
-            && (r == 0 || a.tokens() + r <= l.pt);
+            && inside_floors(l, a.in_flight(), a.tokens(), r);
         if !protected && !protected_unchecked_for_loom() {
             return None;
         }
