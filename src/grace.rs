@@ -65,7 +65,7 @@
 //!
 //! * a no-class decision (`crate::protocol::plain::try_admit` and `try_decide`), the class
 //!   protocol's fast attempt (`crate::protocol::classed::try_fast`, and `try_fast_in`, whose
-//!   operation also holds the refusals it stops at, `ceiling_refusal` and `shared_refusal`) use
+//!   operation also holds the refusals it stops at, `own_word_refusal` and `shared_refusal`) use
 //!   the thread's counters entry of that bulkhead, which the decision looks up anyway to count
 //!   the admission or the refusal: one lookup for both. Their callers hold a handle, so the
 //!   entry outlives the operation. Such a marker belongs to one bulkhead: its sequence number

@@ -329,3 +329,117 @@ mod conservative {
         assert_eq!(s.in_flight, 0, "{s:?}");
     }
 }
+
+/// A borrower refused at the shared remainder is refused for the first row that refuses it,
+/// also when the fast attempt's own class word decides the refusal (what the class alone
+/// borrows is a lower bound of what all classes borrow): here `b` fills the shared slots and
+/// `a`'s tokens would pass the shared tokens, so rows 4 (slots) and 5 (tokens) both refuse,
+/// and row 4 comes first. `a` alone does not fill the shared slots, so its word cannot tell
+/// row 4 and leaves the refusal to a collect; checking the token row on its word there, the
+/// deliberately broken variant `LLM_BULKHEAD_OWN_PROTECTION_ROW_5_FIRST=1` that `.ci/run`
+/// runs, reports a refusal for tokens and fails here.
+mod own_word {
+    use super::both;
+    use llm_bulkhead::{
+        Bulkhead, ClassLimits, Constraint, Demand, RejectReason, Rejection, Reservation,
+    };
+
+    /// 4 slots and 10,000 tokens. `a`: a floor of 1 slot and 1,000 tokens. `b`: a floor of 1
+    /// slot and 2,000 tokens. Shared: 2 slots and 7,000 tokens.
+    fn bulkhead() -> Bulkhead {
+        let floors = |pc, pt| ClassLimits {
+            protected_concurrent: pc,
+            protected_tokens: pt,
+            ..ClassLimits::default()
+        };
+        Bulkhead::builder()
+            .max_concurrent(4)
+            .token_budget(10_000)
+            .class("a", floors(1, 1_000))
+            .class("b", floors(1, 2_000))
+            .default_class("a")
+            .build()
+            .unwrap()
+    }
+
+    fn demand(b: &Bulkhead, class: &str, tokens: u64) -> Demand {
+        let id = b.class_id(class).unwrap();
+        if tokens == 0 {
+            Demand::slot().in_class(id)
+        } else {
+            Demand::tokens(Reservation::new(tokens, 0).unwrap()).in_class(id)
+        }
+    }
+
+    fn refused(b: &Bulkhead, d: Demand) -> Rejection {
+        let (r, w) = both(b, d).expect("refused");
+        assert_eq!(r, w, "try_acquire and would_admit explain it alike");
+        r
+    }
+
+    #[test]
+    fn a_class_word_decides_only_the_row_it_can_tell() {
+        let b = bulkhead();
+        // `a` inside its floors (1 slot, 1,000 tokens); `b` its floor slot and both shared
+        // slots, no tokens.
+        let _a = b.try_acquire(demand(&b, "a", 1_000)).unwrap();
+        let _b: Vec<_> = (0..3)
+            .map(|_| b.try_acquire(demand(&b, "b", 0)).unwrap())
+            .collect();
+        // `a` asks for a slot (borrowed: its floor slot is in use) and 7,500 tokens (all
+        // borrowed: 7,500 > 7,000 shared). Row 1 passes (1,000 + 7,500 ≤ 10,000).
+        let r = refused(&b, demand(&b, "a", 7_500));
+        assert_eq!(
+            (r.reason, r.constraint),
+            (
+                RejectReason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "row 4 (slots) comes before row 5 (tokens): {r:?}"
+        );
+        // With `b` gone, row 4 passes; the tokens refuse (a collect decides: `a`'s slot is
+        // borrowed, and its word alone cannot tell row 4).
+        drop(_b);
+        let r = refused(&b, demand(&b, "a", 7_500));
+        assert_eq!(
+            (r.reason, r.constraint),
+            (
+                RejectReason::BudgetLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "{r:?}"
+        );
+        // With `a` gone too, its slot is inside its floor, so row 4 cannot refuse it and its
+        // own word decides the token row: 8,500 tokens borrow 7,500 (past the floor's 1,000),
+        // more than the 7,000 shared.
+        drop(_a);
+        let r = refused(&b, demand(&b, "a", 8_500));
+        assert_eq!(
+            (r.reason, r.constraint),
+            (
+                RejectReason::BudgetLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "{r:?}"
+        );
+    }
+
+    /// The refusal the class's own word decides, where it alone fills the shared slots: `a`
+    /// holds both shared slots and asks for a third.
+    #[test]
+    fn a_class_that_fills_the_shared_slots_is_refused_by_its_own_word() {
+        let b = bulkhead();
+        let _a: Vec<_> = (0..3)
+            .map(|_| b.try_acquire(demand(&b, "a", 0)).unwrap())
+            .collect();
+        let r = refused(&b, demand(&b, "a", 0));
+        assert_eq!(
+            (r.reason, r.constraint),
+            (
+                RejectReason::ConcurrencyLimit,
+                Some(Constraint::AdmissionClassProtection)
+            ),
+            "{r:?}"
+        );
+    }
+}

@@ -153,15 +153,19 @@
 //! Under overload the refusal is the hot path, so the two refusals an overloaded class meets
 //! most are decided without the full protocol, inside the fast attempt's operation, from the
 //! words it read and one read of the other class words, with nothing allocated and the detail
-//! built only when asked (`refusal::ceiling_refusal`, `refusal::shared_refusal`):
+//! built only when asked (`refusal::own_word_refusal`, `refusal::shared_refusal`):
 //!
 //! * **at a class ceiling** (rows 2 and 3): the class word decides, read under the shared
 //!   word's tag at the class's version under that tag; the other words give the totals;
 //! * **at the shared remainder** (row 1, or rows 4 and 5 for a borrower): the stored `U`, `V`
-//!   only stop the attempt, before any step; the sequential rule on the collect decides, so a
-//!   stored amount that counts another decider's step in progress refuses no one here (the
-//!   full protocol then decides). `tests/class_refusals.rs` has the regression, with an
-//!   install stopped between its tag bump and its migrations, and its broken variant.
+//!   only stop the attempt, before any step. When what the class alone borrows already
+//!   passes the shared remainder, the class word decides, as at a ceiling (its own borrowing
+//!   is a lower bound of every class's: `refusal::own_protection`); otherwise the sequential
+//!   rule on a collect decides, out of line. So a stored amount that counts another
+//!   decider's step in progress refuses no one here (the full protocol then decides).
+//!   `tests/class_refusals.rs` has the regressions, with an install stopped between its tag
+//!   bump and its migrations (`conservative`) and with the rows' order (`own_word`), and
+//!   their broken variants.
 //!
 //! Either refusal takes effect at a re-read of the shared word at the same tag, still open.
 //!
@@ -257,8 +261,8 @@ use moved::{
     borrow_overtaken, borrow_unsettled, keep_after_tag_moved, protected_step_missed, reserved_whole,
 };
 use refusal::*;
-pub(crate) use refusal::{ceiling_refusal, read_stopped, shared_refusal, try_fast_in};
 pub(crate) use refusal::{collect, describe, precheck, Precheck, Refused};
+pub(crate) use refusal::{own_word_refusal, read_stopped, shared_refusal, try_fast_in};
 pub(crate) use refusal::{ShortRefusal, StopAt, Stopped};
 use reserve::class_step_after_reserve;
 use retries::{acquire_contended, acquire_contended_with};

@@ -499,7 +499,7 @@ impl From<ClassLimits> for HotClass {
 /// One class's limits as a ring slot stores them ([`pack_class`]): `a` = floor (16 bits) |
 /// ceiling (16 bits, from bit 16) | has-ceiling (bit 32) | has-token-ceiling (bit 33) | the
 /// class's version (bits 40..56), `b` = token floor (32 bits) | token ceiling (32 bits). What a refusal at a class ceiling reads and packs without
-/// decoding (`crate::protocol::classed::ceiling_refusal`).
+/// decoding (`crate::protocol::classed::own_word_refusal`).
 #[derive(Clone, Copy)]
 pub(crate) struct ClassLimitWords {
     a: u64,

@@ -39,10 +39,11 @@ impl Bulkhead {
             }
             Err(past) => past,
         };
-        // The hot path under overload: a refusal at a class ceiling, decided in the attempt's
+        // The hot paths under overload: a refusal at a class ceiling, or at the shared
+        // remainder when the class's own borrowing explains it, decided in the attempt's
         // operation from the words it read, counted, and built straight in the result.
         let at_ceiling = past.and_then(|p| {
-            crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op)
+            crate::protocol::classed::own_word_refusal(shared, c, k, r, priority, p, &op)
         });
         let Some(f) = at_ceiling else {
             drop(op);
@@ -83,31 +84,33 @@ impl Bulkhead {
         crate::handle::events::rejected(&self.shared, Some(k), &rej);
     }
 
-    /// The classed decision after the fast attempt gave up and no class ceiling refused, out
-    /// of line. First the other hot path under overload, a refusal at the shared remainder,
-    /// in one operation: the words the attempt read, read again, and where it would stop on
-    /// them without a step (`read_stopped`: row 1, or a borrower that the stored shared word
-    /// refuses), then one read of the other class words decides (`shared_refusal`). When
-    /// that does not refuse: the fast attempt's wake-ups, a second fast attempt (which
-    /// decides a refusal at a ceiling or at the shared remainder in its own operation), then
-    /// the full protocol, and the refusal if it refuses (its result carries the collect that
-    /// explains it).
+    /// The classed decision after the fast attempt gave up and its class's word refused
+    /// nothing, out of line. First a refusal at the shared remainder that the class's own
+    /// borrowing does not explain (other classes borrow too, or the stored amounts count
+    /// steps in progress), in one operation: the words the attempt read, read again, and
+    /// where it would stop on them without a step (`read_stopped`: row 1, or a borrower that
+    /// the stored shared word refuses), then one read of the other class words decides
+    /// (`shared_refusal`). When that does not refuse: the fast attempt's wake-ups, a second
+    /// fast attempt (which decides a refusal at a ceiling or at the shared remainder in its
+    /// own operation), then the full protocol, and the refusal if it refuses (its result
+    /// carries the collect that explains it).
     ///
-    /// The refusal at the shared remainder is decided here, out of line, and not beside the
-    /// ceiling's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or
-    /// called, with the first attempt's words carried over or not, it cost the pairs 10 to 30
-    /// instructions and the ceiling refusal 40 to 90 (`benches/instructions.rs`; measured
+    /// The collect-decided refusal is decided here, out of line, and not beside the class
+    /// word's in [`try_acquire_classed`](Self::try_acquire_classed): there, inlined or called,
+    /// with the first attempt's words carried over or not, it cost the pairs 10 to 30
+    /// instructions and the ceiling refusal 40 to 190 (`benches/instructions.rs`; measured
     /// again with a call that takes the stopped attempt and its operation over: this refusal
-    /// 414, the ceiling refusal 254, the pairs 10 more; with only the operation taken over:
-    /// 441, the ceiling refusal 242). Two call sites, one for an attempt that stopped and one
-    /// for an attempt that gave up, let the first skip the re-check of where it stopped (427
+    /// 414 to 437, the ceiling refusal 254; with only the operation taken over: 441, the
+    /// ceiling refusal 242). Two call sites, one for an attempt that stopped and one for an
+    /// attempt that gave up, let the first skip the re-check of where it stopped (427
     /// instructions, the pairs unchanged), but the larger inlined caller moved the code of the
     /// no-class pair beside it in `benches/core.rs`, which then took 15-16 ns a pair instead
     /// of 12-13 with the same instructions. One call site, as here, leaves the caller as it
     /// was: 468 instructions (10 of them the delivery, before the refusal, of the wake-ups a
     /// step the first attempt took back may have deferred), against 485 through a second
-    /// attempt and 900 through the full protocol. The first attempt's words cannot be carried
-    /// over, since they were read in an operation that has left.
+    /// attempt and 900 through the full protocol; a refusal that the class's own borrowing
+    /// explains, decided in the attempt's operation instead, takes 259. The first attempt's
+    /// words cannot be carried over, since they were read in an operation that has left.
     #[inline(never)]
     fn try_acquire_classed_contended(
         &self,
@@ -142,7 +145,7 @@ impl Bulkhead {
                 StopAt::Shared => {
                     crate::protocol::classed::shared_refusal(shared, c, k, r, priority, p, &op)
                 }
-                _ => crate::protocol::classed::ceiling_refusal(shared, c, k, r, priority, p, &op),
+                _ => crate::protocol::classed::own_word_refusal(shared, c, k, r, priority, p, &op),
             },
             Err(None) => None,
         };

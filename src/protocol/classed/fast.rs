@@ -1,8 +1,9 @@
 //! The class protocol's fast attempt (`first_try`): every state read once, one CAS per word;
 //! the class ceilings checked first, so that a refusal at one (the hot path under overload,
-//! `refusal::ceiling_refusal`) stops before anything else is read, and a borrower that the
-//! shared word refuses stops before any step (`refusal::shared_refusal` decides that refusal
-//! from one collect). The retries, out of line, are of a CAS that another decider's step or
+//! `refusal::own_word_refusal`) stops before anything else is read, and a borrower that the
+//! shared word refuses stops before any step (`refusal::own_word_refusal` decides that
+//! refusal when the class's own borrowing explains it, `refusal::shared_refusal` from one
+//! collect otherwise). The retries, out of line, are of a CAS that another decider's step or
 //! a return beat: a borrower's shared CAS (`borrow_moved`; with two threads borrowing in one
 //! class that was two attempts in five, each sent through a second attempt and often the full
 //! protocol) and a protected step's class CAS (`protected_moved`). Each waits a little
@@ -22,9 +23,10 @@ pub(super) fn first_try(shared: &Shared, k: usize, r: u64, priority: Priority) -
 
 /// [`first_try`], which says where it stopped when it may be a refusal: at a class ceiling,
 /// with the words it read and the row that failed (`Err(Some(_))` at a [`StopAt`] ceiling,
-/// [`ceiling_refusal`] decides the refusal from them), or before any step, for a demand that
-/// row 1 or the stored shared word refuses ([`StopAt::Shared`], [`shared_refusal`] decides it
-/// from a collect). `Err(None)`: the full protocol decides. Rows 2 and 3 (the class ceilings)
+/// [`own_word_refusal`] decides the refusal from them), or before any step, for a demand that
+/// row 1 or the stored shared word refuses ([`StopAt::Shared`]: [`own_word_refusal`] decides
+/// it when the class's own borrowing explains it, [`shared_refusal`] from a collect
+/// otherwise). `Err(None)`: the full protocol decides. Rows 2 and 3 (the class ceilings)
 /// are checked first, on the class word read under the shared word's tag at the class's
 /// version under that tag, before the slot's other words are read or anything else is
 /// decoded: a refusal at a ceiling, the hot path under overload, stops there.
@@ -46,9 +48,9 @@ pub(super) fn first_try_or_ceiling(
         return Err(None);
     }
     // The token ceiling before the concurrency ceiling, as the model orders rows 2 and 3 (row
-    // 1, which the model puts before them, is `ceiling_refusal`'s to check). `t + r` wraps
+    // 1, which the model puts before them, is `own_word_refusal`'s to check). `t + r` wraps
     // only for an `r` above any budget (without a budget `r` is 0), which row 1 refuses: the
-    // ceiling is then not claimed, and `r > eff` below (or row 1 in `ceiling_refusal`) hands
+    // ceiling is then not claimed, and `r > eff` below (or row 1 in `own_word_refusal`) hands
     // the decision on.
     if let Some(at) = ceiling_stop(cl, c, r) {
         return Err(Some(Stopped { g, c, cl, at }));
@@ -102,7 +104,8 @@ pub(super) fn first_try_or_ceiling(
     let du = u64::from(borrow_c);
     if stored_refuses_borrower(g, borrow_c, dv, mc, eff) {
         // Refused by the stored amounts, which may count other deciders' steps in progress:
-        // nothing was done, and a collect decides (`shared_refusal`).
+        // nothing was done, and the class's own word (`own_word_refusal`) or a collect
+        // (`shared_refusal`) decides.
         return Err(Some(Stopped {
             g,
             c,

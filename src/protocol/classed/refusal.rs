@@ -152,8 +152,8 @@ pub(super) fn explain<T>(
 /// Where the fast attempt stopped, having taken no step, when what it read may refuse the
 /// demand: the shared word, the class word and the class's limits under the shared word's tag
 /// (the ring slot's words for the class, as stored; the class word at the class's version
-/// under that tag, the bulkhead open), and the row that stopped it: what [`ceiling_refusal`] or
-/// [`shared_refusal`] decides from, in the same operation. One struct with a one-byte `at`, not
+/// under that tag, the bulkhead open), and the row that stopped it: what [`own_word_refusal`]
+/// (or, for a shared stop it leaves, [`shared_refusal`]) decides from. One struct with a one-byte `at`, not
 /// an enum of two: the attempt's result stays as small as it was with the ceiling alone (an
 /// enum of two cost the pairs 7 to 11 instructions and the ceiling refusal 40).
 #[derive(Clone, Copy)]
@@ -167,21 +167,22 @@ pub(crate) struct Stopped {
 /// The row a [`Stopped`] attempt stopped at.
 #[derive(Clone, Copy)]
 pub(crate) enum StopAt {
-    /// The class's token ceiling (row 2), which refuses: [`ceiling_refusal`].
+    /// The class's token ceiling (row 2), which refuses: [`own_word_refusal`].
     TokenCeiling,
-    /// The class's concurrency ceiling (row 3), which refuses: [`ceiling_refusal`].
+    /// The class's concurrency ceiling (row 3), which refuses: [`own_word_refusal`].
     ConcurrencyCeiling,
     /// Within both ceilings (and nobody queued), but row 1 (`r` above the effective budget)
     /// or the stored shared word (rows 4 and 5 on the stored `U`, `V`, for a borrower)
-    /// refuses: [`shared_refusal`] decides with a collect.
+    /// refuses: [`own_word_refusal`] decides when the class's own borrowing explains it,
+    /// [`shared_refusal`] with a collect otherwise.
     Shared,
 }
 
 /// [`super::try_fast`] inside the caller's decision operation `_op` (entered on `c`'s marker, as
 /// `super::try_fast` does): when the attempt stopped at what may be a refusal, where it stopped
-/// comes back (`Err(Some(_))`) for [`ceiling_refusal`] or [`shared_refusal`], which the caller
-/// runs in the same operation. Under overload most class refusals are at a ceiling or at the
-/// shared remainder; this way they enter no second operation and read nothing twice.
+/// comes back (`Err(Some(_))`) for [`own_word_refusal`], which the caller runs in the same
+/// operation. Under overload most class refusals are at a ceiling or at the shared remainder;
+/// those the class's word decides enter no second operation and read nothing twice.
 #[inline(always)]
 pub(crate) fn try_fast_in(
     _op: &crate::grace::Op<'_>,
@@ -193,24 +194,28 @@ pub(crate) fn try_fast_in(
     first_try_or_ceiling(shared, k, r, priority)
 }
 
-/// The refusal of a demand of `r` tokens at `priority` in class `k` at one of its class's
-/// ceilings (CONTRACT.md §2 rows 2 and 3), decided and counted in this thread's entry `c`
-/// without allocating: under overload this is the hot path of `try_acquire` with classes.
-/// Runs inside the decision operation `_op` of the fast attempt that found the class word past
-/// a ceiling (`past`, [`super::try_fast_in`]; `None` for an attempt stopped elsewhere), so
-/// that it enters no operation of its own and reads neither word again. `None` when row 1,
-/// which the sequential model puts before the ceilings, fails too, or when the tag moved or
-/// the bulkhead closed: the caller then takes the full protocol, which decides and explains
-/// everything else.
+/// The refusal of a demand of `r` tokens at `priority` in class `k` that the class's own word
+/// decides: at one of its class's ceilings (CONTRACT.md §2 rows 2 and 3), or, for a borrower
+/// that the stored shared word refused ([`StopAt::Shared`]), at the shared remainder when what
+/// its class alone borrows already leaves it no room (rows 4 and 5, [`own_protection`]).
+/// Decided and counted in this thread's entry `c` without allocating: under overload these
+/// are the hot paths of `try_acquire` with classes. Runs inside the decision operation `_op`
+/// of the fast attempt that stopped (`past`, [`super::try_fast_in`]), so that it enters no
+/// operation of its own and reads neither word again. `None` when the class's word does not
+/// decide it (a shared stop that its class alone does not explain), when row 1, which the
+/// sequential model puts before the others, fails too, or when the tag moved or the bulkhead
+/// closed: the caller then takes the full protocol, which decides and explains everything
+/// else (a shared stop first through [`shared_refusal`]'s collect).
 ///
 /// The class word decides: read under the shared word's tag (`g`, read before it), at the
 /// class's version under that tag, it is past a ceiling of those limits (the fast attempt
-/// checked both, and which row fails). Only then are the other class words read, for the
-/// totals `G` and `T` the refusal reports and for row 1 (`T + r > eff`). A re-read of the
-/// shared word with the same tag, still open, shows that the limits read were in force when
-/// the class word was read (no tag comes back during an operation, `crate::grace`): the
-/// refusal takes effect at that read. A migration changes no class's `(n, t)`, so the totals
-/// need no version check of the other words.
+/// checked both, and which row fails), or its own borrowing passes the shared remainder of
+/// those limits. Only then are the other class words read, for the totals `G` and `T` the
+/// refusal reports and for row 1 (`T + r > eff`). A re-read of the shared word with the same
+/// tag, still open, shows that the limits read were in force when the class word was read
+/// (no tag comes back during an operation, `crate::grace`): the refusal takes effect at that
+/// read. A migration changes no class's `(n, t)`, so the totals need no version check of the
+/// other words.
 ///
 /// What the refusal keeps is what was read: the totals, the class's word and limits, the floor
 /// sums and the shared remainder in use as the shared word stores it (`U − Σ pc`, `V − Σ pt`:
@@ -219,8 +224,11 @@ pub(crate) fn try_fast_in(
 /// ([`Rejection::detail`]). Runs no user code. Inlined into its callers (the fast attempt's,
 /// and the second attempt's out of line), which build the refusal in their own result
 /// ([`ShortRefusal::rejection`]: a `Rejection` moved out of a call is copied word by word).
+/// The shared stop's check sits in its own arm, with its own reads of the ring: computed
+/// after the totals, beside the ceiling's reason, it cost the ceiling refusal about 20
+/// instructions and 3 to 4 ns (`benches/instructions.rs`, `benches/core.rs`).
 #[inline(always)]
-pub(crate) fn ceiling_refusal(
+pub(crate) fn own_word_refusal(
     shared: &Shared,
     c: &crate::record::stats::Counters,
     k: usize,
@@ -235,14 +243,20 @@ pub(crate) fn ceiling_refusal(
         cl: l,
         at,
     } = past;
-    let reason = match at {
-        StopAt::TokenCeiling => RejectReason::BudgetLimit,
-        StopAt::ConcurrencyCeiling => RejectReason::ConcurrencyLimit,
-        StopAt::Shared => return None,
-    };
     let word = &*shared.word;
     let tag = g.tag();
     let (n, t) = (own.in_flight(), own.tokens());
+    let (reason, constraint) = match at {
+        StopAt::TokenCeiling => (RejectReason::BudgetLimit, Constraint::AdmissionClass),
+        StopAt::ConcurrencyCeiling => (RejectReason::ConcurrencyLimit, Constraint::AdmissionClass),
+        StopAt::Shared => {
+            // The tag's slot, read here for this arm only (see above).
+            let p = shared.ring.read_packed(tag);
+            let (sum_pc, sum_pt) = shared.ring.read_sums(tag);
+            let (mc, eff) = (p.hot().max_concurrent, p.eff_or_zero(priority));
+            own_protection(l.pc(), l.pt(), n, t, r, mc, eff, sum_pc, sum_pt)?
+        }
+    };
     // The totals, with the class's own word as the decision read it: one plain loop over the
     // words before it and one over those after it (a test of the index in one loop cost about
     // 20 instructions more for two classes; one loop skipping the own word by its address, 15).
@@ -277,7 +291,7 @@ pub(crate) fn ceiling_refusal(
     // the ring's class limits: 16 and 32, `U`: 16, `V`: 32); only `Σ pt` can be wider.
     Some(ShortRefusal {
         reason,
-        constraint: Constraint::AdmissionClass,
+        constraint,
         used: Counts::used(t_sum, n_sum),
         p,
         class: ClassCounts::from_words(
@@ -293,6 +307,62 @@ pub(crate) fn ceiling_refusal(
             },
         ),
     })
+}
+
+/// The refusal of a borrower that the stored shared word refused ([`StopAt::Shared`]) when
+/// what its class alone borrows already refuses it (rows 4 and 5 of [`Summary::decide`]),
+/// as `(reason, constraint)`; `None` when the class alone does not decide it (a collect
+/// does, [`shared_refusal`]). From the class word the attempt read (`n` slots and `t` tokens
+/// under the class's floors `pc`, `pt`), for a demand of `r` tokens, under the tag's
+/// `max_concurrent` `mc`, effective budget `eff` and floor sums.
+///
+/// The class's own borrowing is a lower bound of every class's: row 4 counts
+/// `G − Σ min(n_j, pc_j) ≥ n − pc` slots borrowed when the class borrows its slot
+/// (`n ≥ pc`), row 5 `T − Σ min(t_j, pt_j) ≥ t − min(t, pt)` tokens. So when the class's own
+/// amounts, read at once in one word, pass the row's limit, the row refuses in the state of
+/// that read, whatever the other classes held. Row 4 comes before row 5: when row 4 applies
+/// (a slot borrowed, and some class has a floor of slots) and the class alone does not fill
+/// the shared slots, the other classes may, and only a collect can tell which row refuses;
+/// the token row decides here only when row 4 cannot refuse, whatever the other classes
+/// hold. The stored `U` and `V`, which may count steps in progress, decide nothing here.
+/// Under `LLM_BULKHEAD_OWN_PROTECTION_ROW_5_FIRST=1` (feature `testing`), the token row is
+/// checked where row 4 applies: the broken variant on which a borrower that other classes'
+/// slots refuse is reported refused for its tokens
+/// (`tests/class_refusals.rs`, `own_word`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn own_protection(
+    pc: u64,
+    pt: u64,
+    n: u64,
+    t: u64,
+    r: u64,
+    mc: u64,
+    eff: u64,
+    sum_pc: u64,
+    sum_pt: u64,
+) -> Option<(RejectReason, Constraint)> {
+    if trusts_stored_for_tests() {
+        return Some((RejectReason::ConcurrencyLimit, Constraint::Global));
+    }
+    if n >= pc && sum_pc > 0 && !row_5_first_for_tests() {
+        return (n - pc + 1 > mc.saturating_sub(sum_pc)).then_some((
+            RejectReason::ConcurrencyLimit,
+            Constraint::AdmissionClassProtection,
+        ));
+    }
+    let borrow_t = r - r.min(pt.saturating_sub(t));
+    (sum_pt > 0 && borrow_t > 0 && (t - t.min(pt)) + borrow_t > eff.saturating_sub(sum_pt))
+        .then_some((
+            RejectReason::BudgetLimit,
+            Constraint::AdmissionClassProtection,
+        ))
+}
+
+/// The broken variant of [`own_protection`]'s row order (see there).
+#[inline(always)]
+fn row_5_first_for_tests() -> bool {
+    test_switch!("LLM_BULKHEAD_OWN_PROTECTION_ROW_5_FIRST")
 }
 
 /// The words the fast attempt reads, read again inside the operation `_op`, and where it
@@ -341,11 +411,12 @@ pub(crate) fn read_stopped(
 }
 
 /// The refusal of a demand of `r` tokens at `priority` in class `k` that the fast attempt
-/// stopped at the shared remainder ([`StopAt::Shared`]): row 1 refuses it, or the stored
-/// shared word has no room for what it borrows. Decided and counted in `c` inside the
-/// attempt's operation `_op`, as [`ceiling_refusal`] is, and kept in the same few words (built
-/// as its own, not through a helper shared with it: a helper cost the ceiling refusal 3
-/// instructions).
+/// stopped at the shared remainder ([`StopAt::Shared`]) and that its class's own borrowing
+/// does not explain ([`own_word_refusal`] left it): row 1 refuses it, or the stored shared
+/// word has no room for what it borrows. Decided and counted in `c` inside an attempt's
+/// operation `_op` (the second attempt's, or the re-read's, out of line), and kept in the
+/// same few words as [`own_word_refusal`]'s (built as its own, not through a helper shared
+/// with it: a helper cost the ceiling refusal 3 instructions).
 ///
 /// The stored `U` and `V` may count steps of other deciders in progress (a reservation about
 /// to be taken back, a release between its two words), so they do not decide alone: the
@@ -465,15 +536,15 @@ pub(crate) fn shared_refusal(
 }
 
 /// The deliberately broken variant `LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED=1` (feature
-/// `testing`): [`shared_refusal`] refuses on the stored shared word alone, without the rule on
-/// its collect. `tests/class_refusals.rs`
+/// `testing`): [`own_protection`] and [`shared_refusal`] refuse on the stored shared word
+/// alone, without the rule on the class's word or on a collect. `tests/class_refusals.rs`
 /// (`a_conservative_shared_word_refuses_no_one`) fails on it.
 #[inline(always)]
 fn trusts_stored_for_tests() -> bool {
     test_switch!("LLM_BULKHEAD_SHORT_REFUSAL_TRUSTS_STORED")
 }
 
-/// A refusal decided on the short path ([`ceiling_refusal`], [`shared_refusal`]) as the words
+/// A refusal decided on the short path ([`own_word_refusal`], [`shared_refusal`]) as the words
 /// it was decided on: a few words the caller turns into the [`Rejection`] in its own result
 /// ([`ShortRefusal::rejection`]).
 #[derive(Clone, Copy)]
