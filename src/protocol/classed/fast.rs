@@ -170,8 +170,9 @@ fn inside_floors(l: HotClass, n: u64, t: u64, r: u64) -> bool {
 }
 
 /// Rows 4 and 5 on the stored shared word `g` for a borrower (a slot if `borrow_c`, `dv`
-/// tokens past its floor): whether the stored `U`, `V` leave it no room (then a collect decides,
-/// `refusal::shared_refusal`). Shared by the fast attempt and `refusal::read_stopped`.
+/// tokens past its floor): whether the stored `U`, `V` leave it no room (then the class word
+/// decides, `refusal::own_word_refusal`, or a collect, `refusal::shared_refusal`). Shared by
+/// the fast attempt and `refusal::read_stopped`.
 #[inline(always)]
 pub(super) fn stored_refuses_borrower(
     g: GWord,
