@@ -339,10 +339,8 @@ mod conservative {
 /// deliberately broken variant `LLM_BULKHEAD_OWN_PROTECTION_ROW_5_FIRST=1` that `.ci/run`
 /// runs, reports a refusal for tokens and fails here.
 mod own_word {
-    use super::both;
-    use llm_bulkhead::{
-        Bulkhead, ClassLimits, Constraint, Demand, RejectReason, Rejection, Reservation,
-    };
+    use super::{both, demand};
+    use llm_bulkhead::{Bulkhead, ClassLimits, Constraint, Demand, RejectReason};
 
     /// 4 slots and 10,000 tokens. `a`: a floor of 1 slot and 1,000 tokens. `b`: a floor of 1
     /// slot and 2,000 tokens. Shared: 2 slots and 7,000 tokens.
@@ -362,19 +360,16 @@ mod own_word {
             .unwrap()
     }
 
-    fn demand(b: &Bulkhead, class: &str, tokens: u64) -> Demand {
-        let id = b.class_id(class).unwrap();
-        if tokens == 0 {
-            Demand::slot().in_class(id)
-        } else {
-            Demand::tokens(Reservation::new(tokens, 0).unwrap()).in_class(id)
-        }
-    }
-
-    fn refused(b: &Bulkhead, d: Demand) -> Rejection {
+    /// Why `d` is refused (`try_acquire` and `would_admit` agreeing on the whole refusal).
+    fn refused(b: &Bulkhead, d: Demand) -> (RejectReason, Option<Constraint>) {
         let (r, w) = both(b, d).expect("refused");
         assert_eq!(r, w, "try_acquire and would_admit explain it alike");
-        r
+        (r.reason, r.constraint)
+    }
+
+    /// A refusal for another class's floor, of slots or of tokens.
+    fn protection(reason: RejectReason) -> (RejectReason, Option<Constraint>) {
+        (reason, Some(Constraint::AdmissionClassProtection))
     }
 
     #[test]
@@ -388,40 +383,22 @@ mod own_word {
             .collect();
         // `a` asks for a slot (borrowed: its floor slot is in use) and 7,500 tokens (all
         // borrowed: 7,500 > 7,000 shared). Row 1 passes (1,000 + 7,500 ≤ 10,000).
-        let r = refused(&b, demand(&b, "a", 7_500));
+        let slots = protection(RejectReason::ConcurrencyLimit);
+        let tokens = protection(RejectReason::BudgetLimit);
         assert_eq!(
-            (r.reason, r.constraint),
-            (
-                RejectReason::ConcurrencyLimit,
-                Some(Constraint::AdmissionClassProtection)
-            ),
-            "row 4 (slots) comes before row 5 (tokens): {r:?}"
+            refused(&b, demand(&b, "a", 7_500)),
+            slots,
+            "row 4 comes before row 5"
         );
         // With `b` gone, row 4 passes; the tokens refuse (a collect decides: `a`'s slot is
         // borrowed, and its word alone cannot tell row 4).
         drop(_b);
-        let r = refused(&b, demand(&b, "a", 7_500));
-        assert_eq!(
-            (r.reason, r.constraint),
-            (
-                RejectReason::BudgetLimit,
-                Some(Constraint::AdmissionClassProtection)
-            ),
-            "{r:?}"
-        );
+        assert_eq!(refused(&b, demand(&b, "a", 7_500)), tokens);
         // With `a` gone too, its slot is inside its floor, so row 4 cannot refuse it and its
         // own word decides the token row: 8,500 tokens borrow 7,500 (past the floor's 1,000),
         // more than the 7,000 shared.
         drop(_a);
-        let r = refused(&b, demand(&b, "a", 8_500));
-        assert_eq!(
-            (r.reason, r.constraint),
-            (
-                RejectReason::BudgetLimit,
-                Some(Constraint::AdmissionClassProtection)
-            ),
-            "{r:?}"
-        );
+        assert_eq!(refused(&b, demand(&b, "a", 8_500)), tokens);
     }
 
     /// The refusal the class's own word decides, where it alone fills the shared slots: `a`
@@ -432,14 +409,7 @@ mod own_word {
         let _a: Vec<_> = (0..3)
             .map(|_| b.try_acquire(demand(&b, "a", 0)).unwrap())
             .collect();
-        let r = refused(&b, demand(&b, "a", 0));
-        assert_eq!(
-            (r.reason, r.constraint),
-            (
-                RejectReason::ConcurrencyLimit,
-                Some(Constraint::AdmissionClassProtection)
-            ),
-            "{r:?}"
-        );
+        let slots = protection(RejectReason::ConcurrencyLimit);
+        assert_eq!(refused(&b, demand(&b, "a", 0)), slots);
     }
 }
