@@ -153,9 +153,10 @@ pub(super) fn explain<T>(
 /// demand: the shared word, the class word and the class's limits under the shared word's tag
 /// (the ring slot's words for the class, as stored; the class word at the class's version
 /// under that tag, the bulkhead open), and the row that stopped it: what [`own_word_refusal`]
-/// (or, for a shared stop it leaves, [`shared_refusal`]) decides from. One struct with a one-byte `at`, not
-/// an enum of two: the attempt's result stays as small as it was with the ceiling alone (an
-/// enum of two cost the pairs 7 to 11 instructions and the ceiling refusal 40).
+/// (or, for a shared stop it leaves, [`shared_refusal`]) decides from. One struct with a
+/// one-byte `at`, not an enum of two: the attempt's result stays as small as it was with the
+/// ceiling alone (an enum of two cost the pairs 7 to 11 instructions and the ceiling refusal
+/// 40).
 #[derive(Clone, Copy)]
 pub(crate) struct Stopped {
     pub(super) g: GWord,
