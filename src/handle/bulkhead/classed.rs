@@ -42,10 +42,10 @@ impl Bulkhead {
         // The hot paths under overload: a refusal at a class ceiling, or at the shared
         // remainder when the class's own borrowing explains it, decided in the attempt's
         // operation from the words it read, counted, and built straight in the result.
-        let at_ceiling = past.and_then(|p| {
+        let by_own_word = past.and_then(|p| {
             crate::protocol::classed::own_word_refusal(shared, c, k, r, priority, p, &op)
         });
-        let Some(f) = at_ceiling else {
+        let Some(f) = by_own_word else {
             drop(op);
             return self.try_acquire_classed_contended(k, r, priority);
         };
