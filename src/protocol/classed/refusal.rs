@@ -183,7 +183,8 @@ pub(crate) enum StopAt {
 /// `super::try_fast` does): when the attempt stopped at what may be a refusal, where it stopped
 /// comes back (`Err(Some(_))`) for [`own_word_refusal`], which the caller runs in the same
 /// operation. Under overload most class refusals are at a ceiling or at the shared remainder;
-/// those the class's word decides enter no second operation and read nothing twice.
+/// those the class's word decides enter no second operation and read the class word once
+/// (the shared word again only to confirm its tag).
 #[inline(always)]
 pub(crate) fn try_fast_in(
     _op: &crate::grace::Op<'_>,
@@ -202,7 +203,8 @@ pub(crate) fn try_fast_in(
 /// Decided and counted in this thread's entry `c` without allocating: under overload these
 /// are the hot paths of `try_acquire` with classes. Runs inside the decision operation `_op`
 /// of the fast attempt that stopped (`past`, [`super::try_fast_in`]), so that it enters no
-/// operation of its own and reads neither word again. `None` when the class's word does not
+/// operation of its own and reads the class word no second time (the shared word is read
+/// once more, to confirm its tag: below). `None` when the class's word does not
 /// decide it (a shared stop that its class alone does not explain), when row 1, which the
 /// sequential model puts before the others, fails too, or when the tag moved or the bulkhead
 /// closed: the caller then takes the full protocol, which decides and explains everything
@@ -227,7 +229,10 @@ pub(crate) fn try_fast_in(
 /// ([`ShortRefusal::rejection`]: a `Rejection` moved out of a call is copied word by word).
 /// The shared stop's check sits in its own arm, with its own reads of the ring: computed
 /// after the totals, beside the ceiling's reason, it cost the ceiling refusal about 20
-/// instructions and 3 to 4 ns (`benches/instructions.rs`, `benches/core.rs`).
+/// instructions and 3 to 4 ns (`benches/instructions.rs`, `benches/core.rs`). So the slot's
+/// words are read twice on that stop: reading them once, before the totals, for both the
+/// check and the refusal saved it 3 instructions and cost the ceiling refusal 5; one tail
+/// shared by both arms cost each about 25.
 #[inline(always)]
 pub(crate) fn own_word_refusal(
     shared: &Shared,
